@@ -1,0 +1,252 @@
+//! Credit-based flow control, sans-IO. A receiver grants its sender one credit
+//! per batch it can hold; a sender never has more batches in flight than it
+//! was granted. Control events (barriers, cancel markers, end of partition)
+//! take no credit but keep their place in the order.
+//!
+//! The same two halves serve both links of a channel: subtask → output
+//! endpoint, and output endpoint → input endpoint. Both keep their queued
+//! events in the open, so that an unaligned checkpoint can take them.
+
+use crate::event::ChannelEvent;
+use std::collections::VecDeque;
+use thiserror::Error;
+
+/// Credits of each link of a channel; buffered memory per channel is bounded
+/// by their sum times the batch size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChannelConfig {
+    /// Batches the output endpoint queues for its subtask.
+    pub output_credits: u32,
+    /// Batches in flight to, or queued in, the input endpoint.
+    pub input_credits: u32,
+    /// Batches the input endpoint hands to its subtask before the first is
+    /// consumed; the rest wait in the endpoint, where they can be taken.
+    pub prefetch: u32,
+}
+
+impl Default for ChannelConfig {
+    fn default() -> Self {
+        ChannelConfig {
+            output_credits: 2,
+            input_credits: 4,
+            prefetch: 2,
+        }
+    }
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ChannelError {
+    #[error("received a batch without credit: {queued} batches held, {capacity} granted")]
+    CreditOverrun { queued: u32, capacity: u32 },
+    #[error("a batch was consumed that was never delivered")]
+    NothingDelivered,
+}
+
+/// Sending half: queues events and releases them as credit allows.
+#[derive(Debug, Default)]
+pub struct CreditSender {
+    queue: VecDeque<ChannelEvent>,
+    credits: u32,
+    queued_batches: u32,
+}
+
+impl CreditSender {
+    pub fn push(&mut self, event: ChannelEvent) {
+        self.queued_batches += u32::from(event.is_batch());
+        self.queue.push_back(event);
+    }
+
+    pub fn grant(&mut self, credits: u32) {
+        self.credits += credits;
+    }
+
+    /// Next event the link may carry now.
+    pub fn poll_send(&mut self) -> Option<ChannelEvent> {
+        let front = self.queue.front()?;
+        if front.is_batch() {
+            if self.credits == 0 {
+                return None;
+            }
+            self.credits -= 1;
+            self.queued_batches -= 1;
+        }
+        self.queue.pop_front()
+    }
+
+    /// Events that are waiting for credit.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    pub fn queued_batches(&self) -> u32 {
+        self.queued_batches
+    }
+
+    pub fn credits(&self) -> u32 {
+        self.credits
+    }
+}
+
+/// Receiving half: holds what arrived, hands at most `prefetch` batches to
+/// the consumer at a time, and returns a credit for each batch consumed.
+#[derive(Debug)]
+pub struct CreditReceiver {
+    queue: VecDeque<ChannelEvent>,
+    queued_batches: u32,
+    delivered: u32,
+    capacity: u32,
+    prefetch: u32,
+}
+
+impl CreditReceiver {
+    /// `capacity` is the number of credits granted to the sender up front.
+    pub fn new(capacity: u32, prefetch: u32) -> Self {
+        assert!(capacity > 0 && prefetch > 0, "credits must be positive");
+        CreditReceiver {
+            queue: VecDeque::new(),
+            queued_batches: 0,
+            delivered: 0,
+            capacity,
+            prefetch: prefetch.min(capacity),
+        }
+    }
+
+    pub fn initial_credits(&self) -> u32 {
+        self.capacity
+    }
+
+    pub fn receive(&mut self, event: ChannelEvent) -> Result<(), ChannelError> {
+        if event.is_batch() {
+            if self.buffered() >= self.capacity {
+                return Err(ChannelError::CreditOverrun {
+                    queued: self.buffered(),
+                    capacity: self.capacity,
+                });
+            }
+            self.queued_batches += 1;
+        }
+        self.queue.push_back(event);
+        Ok(())
+    }
+
+    /// Next event to hand to the consumer, if the prefetch window allows.
+    pub fn poll_deliver(&mut self) -> Option<ChannelEvent> {
+        let front = self.queue.front()?;
+        if front.is_batch() {
+            if self.delivered >= self.prefetch {
+                return None;
+            }
+            self.delivered += 1;
+            self.queued_batches -= 1;
+        }
+        self.queue.pop_front()
+    }
+
+    /// The consumer finished a delivered batch; returns the credit to grant
+    /// back to the sender.
+    pub fn consumed(&mut self) -> Result<u32, ChannelError> {
+        if self.delivered == 0 {
+            return Err(ChannelError::NothingDelivered);
+        }
+        self.delivered -= 1;
+        Ok(1)
+    }
+
+    /// Batches held here or by the consumer: never more than the capacity.
+    pub fn buffered(&self) -> u32 {
+        self.queued_batches + self.delivered
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Batch;
+    use crate::ids::CheckpointId;
+
+    fn batch(n: u64) -> ChannelEvent {
+        ChannelEvent::Batch(Batch::new(vec![n]))
+    }
+
+    fn value(event: ChannelEvent) -> u64 {
+        match event {
+            ChannelEvent::Batch(b) => b.into_records::<u64>().unwrap()[0],
+            other => panic!("expected a batch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn sender_stops_at_zero_credit_and_resumes_on_grant() {
+        let mut s = CreditSender::default();
+        for n in 0..3 {
+            s.push(batch(n));
+        }
+        assert!(s.poll_send().is_none());
+        s.grant(2);
+        assert_eq!(value(s.poll_send().unwrap()), 0);
+        assert_eq!(value(s.poll_send().unwrap()), 1);
+        assert!(s.poll_send().is_none());
+        assert_eq!(s.queued_batches(), 1);
+        s.grant(1);
+        assert_eq!(value(s.poll_send().unwrap()), 2);
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn control_events_take_no_credit_but_keep_order() {
+        let mut s = CreditSender::default();
+        s.push(ChannelEvent::CancelMarker(CheckpointId(1)));
+        s.push(batch(0));
+        s.push(ChannelEvent::EndOfPartition);
+        assert!(matches!(s.poll_send(), Some(ChannelEvent::CancelMarker(_))));
+        assert!(s.poll_send().is_none(), "end of partition must not pass the batch");
+        s.grant(1);
+        assert_eq!(value(s.poll_send().unwrap()), 0);
+        assert!(matches!(s.poll_send(), Some(ChannelEvent::EndOfPartition)));
+    }
+
+    #[test]
+    fn receiver_bounds_what_it_holds_and_returns_credit_per_consumed_batch() {
+        let mut r = CreditReceiver::new(3, 2);
+        let mut s = CreditSender::default();
+        s.grant(r.initial_credits());
+        for n in 0..10 {
+            s.push(batch(n));
+        }
+        let mut received = Vec::new();
+        // A slow consumer: consume one batch per round.
+        for _ in 0..40 {
+            while let Some(e) = s.poll_send() {
+                r.receive(e).unwrap();
+            }
+            assert!(r.buffered() <= 3);
+            let mut delivered = Vec::new();
+            while let Some(e) = r.poll_deliver() {
+                delivered.push(value(e));
+            }
+            assert!(delivered.len() <= 2);
+            received.extend(delivered);
+            if r.buffered() > 0 && r.queued_batches < r.buffered() {
+                s.grant(r.consumed().unwrap());
+            }
+        }
+        assert_eq!(received, (0..10).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn receiver_rejects_a_batch_beyond_its_credits() {
+        let mut r = CreditReceiver::new(1, 1);
+        r.receive(batch(0)).unwrap();
+        assert_eq!(
+            r.receive(batch(1)),
+            Err(ChannelError::CreditOverrun {
+                queued: 1,
+                capacity: 1
+            })
+        );
+        assert_eq!(
+            CreditReceiver::new(1, 1).consumed(),
+            Err(ChannelError::NothingDelivered)
+        );
+    }
+}

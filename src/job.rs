@@ -1,0 +1,340 @@
+//! The typed job builder. It checks record types at compile time, chains
+//! stateless steps into the operator before them, and cuts a new operator at
+//! every shuffle (`key_by`, `rebalance`, `broadcast`). What it produces, a
+//! `Job`, is the untyped `JobGraph` plus one task factory per operator: the
+//! runtime needs nothing else to deploy it.
+
+use crate::batch::{BatchLimits, Data};
+use crate::channel::ChannelConfig;
+use crate::graph::{Edge, GraphError, JobGraph, Partitioner};
+use crate::ids::OperatorId;
+use crate::key_group::key_group_of;
+use crate::operator::{
+    Collector, Downstream, KeyedFunctionFactory, KeyedProcess, KeyedProcessFunction,
+    RecordWriter, Route, SinkWriter, Stateless,
+};
+use crate::sink::{Sink, SinkContext};
+use crate::source::{Source, SourceContext};
+use crate::state::{HeapKeyedStateBackend, Key, StateRegistrar};
+use crate::task::{InputTask, OutputContext, SourceTask, Task, TaskContext};
+use std::sync::Arc;
+
+/// Builds the task of one subtask of an operator.
+pub type TaskFactory = Arc<dyn Fn(&TaskContext) -> Box<dyn Task> + Send + Sync>;
+
+/// Builds the part of a chain before a given downstream.
+type ChainFactory<T> =
+    Arc<dyn Fn(&TaskContext, Box<dyn Downstream<T>>) -> Box<dyn Task> + Send + Sync>;
+
+/// Runtime settings that belong to the job rather than to one operator.
+#[derive(Clone, Debug)]
+pub struct JobConfig {
+    /// Parallelism of operators that do not set their own.
+    pub parallelism: u32,
+    pub batch_limits: BatchLimits,
+    pub channels: ChannelConfig,
+    /// Total records per second over all source subtasks.
+    pub source_rate: Option<f64>,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        JobConfig {
+            parallelism: std::thread::available_parallelism()
+                .map_or(1, |n| n.get() as u32),
+            batch_limits: BatchLimits::default(),
+            channels: ChannelConfig::default(),
+            source_rate: None,
+        }
+    }
+}
+
+/// A complete, deployable job.
+pub struct Job {
+    pub name: String,
+    pub graph: JobGraph,
+    pub config: JobConfig,
+    tasks: Vec<TaskFactory>,
+}
+
+impl Job {
+    pub fn builder(name: &str) -> JobBuilder {
+        JobBuilder {
+            name: name.to_owned(),
+            config: JobConfig::default(),
+            graph: JobGraph::default(),
+            tasks: Vec::new(),
+        }
+    }
+
+    pub fn task_factory(&self, operator: OperatorId) -> &TaskFactory {
+        &self.tasks[operator.0 as usize]
+    }
+
+    pub fn validate(&self) -> Result<(), GraphError> {
+        self.graph.validate()
+    }
+}
+
+pub struct JobBuilder {
+    name: String,
+    config: JobConfig,
+    graph: JobGraph,
+    tasks: Vec<Option<TaskFactory>>,
+}
+
+impl JobBuilder {
+    pub fn parallelism(mut self, parallelism: u32) -> Self {
+        self.config.parallelism = parallelism;
+        self
+    }
+
+    pub fn batch_limits(mut self, limits: BatchLimits) -> Self {
+        self.config.batch_limits = limits;
+        self
+    }
+
+    pub fn channels(mut self, channels: ChannelConfig) -> Self {
+        self.config.channels = channels;
+        self
+    }
+
+    /// Caps the total rate of all source subtasks, in records per second.
+    pub fn source_rate(mut self, records_per_second: f64) -> Self {
+        self.config.source_rate = Some(records_per_second);
+        self
+    }
+
+    fn add_operator(&mut self, name: &str) -> OperatorId {
+        self.tasks.push(None);
+        self.graph.add_operator(name, self.config.parallelism)
+    }
+
+    pub fn source<T, S, F>(mut self, name: &str, factory: F) -> Stream<T>
+    where
+        T: Data,
+        S: Source<T> + 'static,
+        F: Fn(SourceContext) -> S + Send + Sync + 'static,
+    {
+        let op = self.add_operator(name);
+        Stream {
+            job: self,
+            op,
+            build: Arc::new(move |ctx, next| {
+                let source = factory(SourceContext {
+                    subtask: ctx.subtask,
+                    parallelism: ctx.parallelism,
+                    start_offset: ctx.source_offset,
+                });
+                Box::new(SourceTask::new(Box::new(source), next))
+            }),
+        }
+    }
+}
+
+/// A stream of `T` inside the operator being built.
+pub struct Stream<T> {
+    job: JobBuilder,
+    op: OperatorId,
+    build: ChainFactory<T>,
+}
+
+impl<T: Data> Stream<T> {
+    /// Names the current operator (the chain since the last shuffle).
+    pub fn name(mut self, name: &str) -> Self {
+        self.job.graph.operator_mut(self.op).name = name.to_owned();
+        self
+    }
+
+    /// Sets the stable identity of the current operator.
+    pub fn uid(mut self, uid: &str) -> Self {
+        self.job.graph.operator_mut(self.op).uid = uid.to_owned();
+        self
+    }
+
+    /// Sets the parallelism of the current operator, its whole chain.
+    pub fn parallelism(mut self, parallelism: u32) -> Self {
+        self.job.graph.operator_mut(self.op).parallelism = parallelism;
+        self
+    }
+
+    pub fn max_parallelism(mut self, max_parallelism: u32) -> Self {
+        self.job.graph.operator_mut(self.op).max_parallelism = max_parallelism;
+        self
+    }
+
+    fn then<O, F>(self, f: F) -> Stream<O>
+    where
+        O: Data,
+        F: FnMut(T, &mut Collector<'_, O>) + Clone + Send + Sync + 'static,
+    {
+        let build = self.build;
+        Stream {
+            job: self.job,
+            op: self.op,
+            build: Arc::new(move |ctx, next| build(ctx, Box::new(Stateless::new(f.clone(), next)))),
+        }
+    }
+
+    pub fn map<O, F>(self, mut f: F) -> Stream<O>
+    where
+        O: Data,
+        F: FnMut(T) -> O + Clone + Send + Sync + 'static,
+    {
+        self.then(move |record, out| out.collect(f(record)))
+    }
+
+    pub fn filter<F>(self, mut f: F) -> Stream<T>
+    where
+        F: FnMut(&T) -> bool + Clone + Send + Sync + 'static,
+    {
+        self.then(move |record, out| {
+            if f(&record) {
+                out.collect(record)
+            }
+        })
+    }
+
+    pub fn flat_map<O, I, F>(self, mut f: F) -> Stream<O>
+    where
+        O: Data,
+        I: IntoIterator<Item = O>,
+        F: FnMut(T) -> I + Clone + Send + Sync + 'static,
+    {
+        self.then(move |record, out| {
+            for o in f(record) {
+                out.collect(o)
+            }
+        })
+    }
+
+    /// Ends the current operator with a record writer on a new edge and
+    /// starts the next operator, which reads that edge.
+    fn shuffle(
+        mut self,
+        partitioner: Partitioner,
+        name: &str,
+        route: impl Fn(&OutputContext) -> Route<T> + Send + Sync + 'static,
+    ) -> (JobBuilder, OperatorId) {
+        let build = self.build;
+        let task: TaskFactory = Arc::new(move |ctx| {
+            let out = ctx
+                .output
+                .expect("an operator that feeds an edge is deployed with its output");
+            let per_batch = ctx.batch_limits.records_of::<T>();
+            build(
+                ctx,
+                Box::new(RecordWriter::new(route(&out), out.channels, per_batch)),
+            )
+        });
+        self.job.tasks[self.op.0 as usize] = Some(task);
+        let next = self.job.add_operator(name);
+        self.job.graph.edges.push(Edge {
+            from: self.op,
+            to: next,
+            partitioner,
+        });
+        (self.job, next)
+    }
+
+    fn input_stream(job: JobBuilder, op: OperatorId) -> Stream<T> {
+        Stream {
+            job,
+            op,
+            build: Arc::new(|_, next| Box::new(InputTask::new(next))),
+        }
+    }
+
+    /// Spreads records round robin over the next operator's subtasks.
+    pub fn rebalance(self) -> Stream<T> {
+        let (job, op) = self.shuffle(Partitioner::Rebalance, "rebalance", |_| Route::Rebalance);
+        Self::input_stream(job, op)
+    }
+
+    /// Sends every record to every subtask of the next operator.
+    pub fn broadcast(self) -> Stream<T> {
+        let (job, op) = self.shuffle(Partitioner::Broadcast, "broadcast", |_| Route::Broadcast);
+        Self::input_stream(job, op)
+    }
+
+    /// Partitions by key: every record of a key reaches the same subtask,
+    /// the one owning the key's key group.
+    pub fn key_by<K, F>(self, key_of: F) -> KeyedStream<K, T>
+    where
+        K: Key,
+        F: Fn(&T) -> K + Send + Sync + 'static,
+    {
+        KeyedStream {
+            stream: self,
+            key_of: Arc::new(key_of),
+        }
+    }
+
+    /// Ends the job in a sink, chained to the current operator.
+    pub fn sink<S, F>(mut self, name: &str, factory: F) -> Job
+    where
+        S: Sink<T> + 'static,
+        F: Fn(SinkContext) -> S + Send + Sync + 'static,
+    {
+        let build = self.build;
+        self.job.tasks[self.op.0 as usize] = Some(Arc::new(move |ctx| {
+            let sink = factory(SinkContext {
+                subtask: ctx.subtask,
+                parallelism: ctx.parallelism,
+            });
+            build(ctx, Box::new(SinkWriter::new(Box::new(sink))))
+        }));
+        let name_of_chain = &mut self.job.graph.operator_mut(self.op).name;
+        *name_of_chain = format!("{name_of_chain} -> {name}");
+        Job {
+            name: self.job.name,
+            graph: self.job.graph,
+            config: self.job.config,
+            tasks: self
+                .job
+                .tasks
+                .into_iter()
+                .map(|t| t.expect("every operator before the sink feeds an edge"))
+                .collect(),
+        }
+    }
+}
+
+pub struct KeyedStream<K, T> {
+    stream: Stream<T>,
+    key_of: Arc<dyn Fn(&T) -> K + Send + Sync>,
+}
+
+impl<K: Key, T: Data> KeyedStream<K, T> {
+    /// Runs a keyed function in a new operator; `factory` builds each
+    /// subtask's instance and declares its states.
+    pub fn process<O, P, F>(self, name: &str, factory: F) -> Stream<O>
+    where
+        O: Data,
+        P: KeyedProcessFunction<K, T, O> + 'static,
+        F: Fn(&mut StateRegistrar<'_, K>) -> P + Send + Sync + 'static,
+    {
+        let key_of = self.key_of;
+        let route_key = key_of.clone();
+        let (job, op) = self.stream.shuffle(Partitioner::Hash, name, move |out| {
+            let key_of = route_key.clone();
+            let max_parallelism = out.consumer_max_parallelism;
+            Route::Hash {
+                key_group_of: Arc::new(move |record| key_group_of(&key_of(record), max_parallelism)),
+                parallelism: out.consumer_parallelism,
+                max_parallelism,
+            }
+        });
+        let factory: KeyedFunctionFactory<K, T, O> =
+            Arc::new(move |states| Box::new(factory(states)));
+        Stream {
+            job,
+            op,
+            build: Arc::new(move |ctx, next| {
+                let states = HeapKeyedStateBackend::new(ctx.key_groups, ctx.max_parallelism);
+                let process = KeyedProcess::new(key_of.clone(), &factory, states, next);
+                Box::new(InputTask::new(Box::new(process)))
+            }),
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! Operator chains. A subtask runs a chain of operators as a push pipeline:
+//! each operator hands its output to the next one, and the last one is either
+//! a record writer (partitioning into output channels) or a sink. Only whole
+//! batches cross channels; inside a chain records are passed one by one.
+
+use crate::batch::{Batch, Data};
+use crate::error::TaskError;
+use crate::ids::KeyGroup;
+use crate::sink::Sink;
+use crate::state::{AllKeys, HeapKeyedStateBackend, Key, KeyedContext, StateRegistrar};
+use std::sync::Arc;
+
+/// Full batches ready to be sent, with the index of their output channel.
+pub type Outgoing = Vec<(usize, Batch)>;
+
+/// The rest of a chain, seen from the operator before it.
+pub trait Downstream<T>: Send {
+    fn push(&mut self, record: T);
+
+    /// End of an input batch: write out what is buffered.
+    fn flush(&mut self, out: &mut Outgoing) -> Result<(), TaskError>;
+
+    /// No more input will come: emit what is held back, then flush.
+    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError>;
+}
+
+/// Hands a function's output to the rest of the chain.
+pub struct Collector<'a, T> {
+    next: &'a mut dyn Downstream<T>,
+}
+
+impl<T> Collector<'_, T> {
+    pub fn collect(&mut self, record: T) {
+        self.next.push(record);
+    }
+}
+
+/// A stateless step: map, filter and flat_map are all a function of one
+/// record that collects zero or more outputs.
+pub struct Stateless<F, O> {
+    f: F,
+    next: Box<dyn Downstream<O>>,
+}
+
+impl<F, O> Stateless<F, O> {
+    pub fn new(f: F, next: Box<dyn Downstream<O>>) -> Self {
+        Stateless { f, next }
+    }
+}
+
+impl<I, O, F> Downstream<I> for Stateless<F, O>
+where
+    O: Send,
+    F: FnMut(I, &mut Collector<'_, O>) + Send,
+{
+    fn push(&mut self, record: I) {
+        (self.f)(
+            record,
+            &mut Collector {
+                next: self.next.as_mut(),
+            },
+        )
+    }
+
+    fn flush(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.next.flush(out)
+    }
+
+    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.next.end_of_input(out)
+    }
+}
+
+/// A function over a keyed stream: sees one record at a time with the state
+/// of its key.
+pub trait KeyedProcessFunction<K: Key, I, O>: Send {
+    fn process(&mut self, record: I, ctx: &mut KeyedContext<'_, K>, out: &mut Collector<'_, O>);
+
+    /// End of input: a function that holds results back emits them here.
+    fn end_of_input(&mut self, _states: AllKeys<'_, K>, _out: &mut Collector<'_, O>) {}
+}
+
+impl<K, I, O, F> KeyedProcessFunction<K, I, O> for F
+where
+    K: Key,
+    F: FnMut(I, &mut KeyedContext<'_, K>, &mut Collector<'_, O>) + Send,
+{
+    fn process(&mut self, record: I, ctx: &mut KeyedContext<'_, K>, out: &mut Collector<'_, O>) {
+        self(record, ctx, out)
+    }
+}
+
+/// Builds a subtask's instance of a keyed function, declaring its states.
+pub type KeyedFunctionFactory<K, I, O> =
+    Arc<dyn Fn(&mut StateRegistrar<'_, K>) -> Box<dyn KeyedProcessFunction<K, I, O>> + Send + Sync>;
+
+pub struct KeyedProcess<K: Key, I, O> {
+    key_of: Arc<dyn Fn(&I) -> K + Send + Sync>,
+    function: Box<dyn KeyedProcessFunction<K, I, O>>,
+    states: HeapKeyedStateBackend<K>,
+    next: Box<dyn Downstream<O>>,
+}
+
+impl<K: Key, I, O> KeyedProcess<K, I, O> {
+    pub fn new(
+        key_of: Arc<dyn Fn(&I) -> K + Send + Sync>,
+        factory: &KeyedFunctionFactory<K, I, O>,
+        mut states: HeapKeyedStateBackend<K>,
+        next: Box<dyn Downstream<O>>,
+    ) -> Self {
+        let function = factory(&mut StateRegistrar::new(&mut states));
+        KeyedProcess {
+            key_of,
+            function,
+            states,
+            next,
+        }
+    }
+}
+
+impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
+    fn push(&mut self, record: I) {
+        let key = (self.key_of)(&record);
+        let group = self.states.group_offset(&key);
+        let mut ctx = KeyedContext::new(&mut self.states, &key, group);
+        self.function.process(
+            record,
+            &mut ctx,
+            &mut Collector {
+                next: self.next.as_mut(),
+            },
+        );
+    }
+
+    fn flush(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.next.flush(out)
+    }
+
+    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.function.end_of_input(
+            AllKeys::new(&self.states),
+            &mut Collector {
+                next: self.next.as_mut(),
+            },
+        );
+        self.next.end_of_input(out)
+    }
+}
+
+/// How a record writer picks the output channel of a record.
+pub enum Route<T> {
+    /// The single channel of a forward edge.
+    Forward,
+    Rebalance,
+    Broadcast,
+    /// By key group; `parallelism` and `max_parallelism` of the consumer.
+    Hash {
+        key_group_of: Arc<dyn Fn(&T) -> KeyGroup + Send + Sync>,
+        parallelism: u32,
+        max_parallelism: u32,
+    },
+}
+
+/// Last step of a chain that feeds an edge: partitions records into one
+/// buffer per output channel and cuts them into batches.
+pub struct RecordWriter<T> {
+    route: Route<T>,
+    buffers: Vec<Vec<T>>,
+    per_batch: usize,
+    next_channel: usize,
+    full: Outgoing,
+}
+
+impl<T: Data> RecordWriter<T> {
+    pub fn new(route: Route<T>, channels: usize, per_batch: usize) -> Self {
+        RecordWriter {
+            route,
+            buffers: (0..channels).map(|_| Vec::with_capacity(per_batch)).collect(),
+            per_batch,
+            next_channel: 0,
+            full: Vec::new(),
+        }
+    }
+
+    fn append(&mut self, channel: usize, record: T) {
+        let buffer = &mut self.buffers[channel];
+        buffer.push(record);
+        if buffer.len() >= self.per_batch {
+            let records = std::mem::replace(buffer, Vec::with_capacity(self.per_batch));
+            self.full.push((channel, Batch::new(records)));
+        }
+    }
+}
+
+impl<T: Data> Downstream<T> for RecordWriter<T> {
+    fn push(&mut self, record: T) {
+        match &self.route {
+            Route::Forward => self.append(0, record),
+            Route::Rebalance => {
+                let channel = self.next_channel;
+                self.next_channel = (channel + 1) % self.buffers.len();
+                self.append(channel, record);
+            }
+            Route::Broadcast => {
+                for channel in 1..self.buffers.len() {
+                    self.append(channel, record.clone());
+                }
+                self.append(0, record);
+            }
+            Route::Hash {
+                key_group_of,
+                parallelism,
+                max_parallelism,
+            } => {
+                let group = key_group_of(&record);
+                let channel =
+                    crate::key_group::subtask_for_key_group(*max_parallelism, *parallelism, group);
+                self.append(channel.0 as usize, record);
+            }
+        }
+    }
+
+    fn flush(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        out.append(&mut self.full);
+        for (channel, buffer) in self.buffers.iter_mut().enumerate() {
+            if !buffer.is_empty() {
+                let records = std::mem::replace(buffer, Vec::with_capacity(self.per_batch));
+                out.push((channel, Batch::new(records)));
+            }
+        }
+        Ok(())
+    }
+
+    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.flush(out)
+    }
+}
+
+/// Last step of a chain that ends in a sink.
+pub struct SinkWriter<T> {
+    sink: Box<dyn Sink<T>>,
+    buffer: Vec<T>,
+}
+
+impl<T> SinkWriter<T> {
+    pub fn new(sink: Box<dyn Sink<T>>) -> Self {
+        SinkWriter {
+            sink,
+            buffer: Vec::new(),
+        }
+    }
+}
+
+impl<T: Send> Downstream<T> for SinkWriter<T> {
+    fn push(&mut self, record: T) {
+        self.buffer.push(record);
+    }
+
+    fn flush(&mut self, _out: &mut Outgoing) -> Result<(), TaskError> {
+        if !self.buffer.is_empty() {
+            self.sink.write(&mut self.buffer).map_err(TaskError::Sink)?;
+            self.buffer.clear();
+        }
+        Ok(())
+    }
+
+    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.flush(out)?;
+        self.sink.finish().map_err(TaskError::Sink)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key_group::key_group_of;
+
+    fn records(out: Outgoing) -> Vec<(usize, Vec<u64>)> {
+        out.into_iter()
+            .map(|(c, b)| (c, b.into_records::<u64>().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn writer_cuts_full_batches_and_flushes_the_rest() {
+        let mut w = RecordWriter::<u64>::new(Route::Rebalance, 2, 2);
+        for n in 0..5 {
+            w.push(n);
+        }
+        let mut out = Vec::new();
+        w.flush(&mut out).unwrap();
+        assert_eq!(records(out), [(0, vec![0, 2]), (1, vec![1, 3]), (0, vec![4])]);
+    }
+
+    #[test]
+    fn hash_route_sends_each_key_to_the_owner_of_its_key_group() {
+        let route = Route::Hash {
+            key_group_of: Arc::new(|k: &u64| key_group_of(k, 128)),
+            parallelism: 3,
+            max_parallelism: 128,
+        };
+        let mut w = RecordWriter::new(route, 3, 1000);
+        for k in 0..1000u64 {
+            w.push(k);
+        }
+        let mut out = Vec::new();
+        w.end_of_input(&mut out).unwrap();
+        for (channel, keys) in records(out) {
+            for k in keys {
+                let owner = crate::key_group::KeyGroupRange::for_subtask(
+                    128,
+                    3,
+                    crate::ids::SubtaskIndex(channel as u32),
+                );
+                assert!(owner.contains(key_group_of(&k, 128)));
+            }
+        }
+    }
+
+    #[test]
+    fn broadcast_reaches_every_channel() {
+        let mut w = RecordWriter::<u64>::new(Route::Broadcast, 3, 10);
+        w.push(7);
+        let mut out = Vec::new();
+        w.flush(&mut out).unwrap();
+        assert_eq!(records(out), [(0, vec![7]), (1, vec![7]), (2, vec![7])]);
+    }
+}

@@ -1,0 +1,213 @@
+//! Keyed state: value, map and list state over serde types, scoped to the key
+//! of the record being processed and partitioned by key group. Operator
+//! functions declare their states once, at open, and get typed handles; the
+//! backend behind the handles is chosen per job.
+
+mod heap;
+
+pub use heap::HeapKeyedStateBackend;
+
+use crate::batch::Data;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::marker::PhantomData;
+
+/// What a key must be: hashable to a key group, and storable.
+pub trait Key: Data + Hash + Eq + Debug {}
+impl<K: Data + Hash + Eq + Debug> Key for K {}
+
+macro_rules! state_handle {
+    ($(#[$doc:meta])* $name:ident<$($p:ident),+>) => {
+        $(#[$doc])*
+        pub struct $name<$($p),+> {
+            id: usize,
+            _types: PhantomData<fn() -> ($($p,)+)>,
+        }
+
+        impl<$($p),+> Clone for $name<$($p),+> {
+            fn clone(&self) -> Self {
+                *self
+            }
+        }
+
+        impl<$($p),+> Copy for $name<$($p),+> {}
+
+        impl<$($p),+> $name<$($p),+> {
+            fn new(id: usize) -> Self {
+                $name { id, _types: PhantomData }
+            }
+        }
+    };
+}
+
+state_handle!(
+    /// One value per key.
+    ValueState<V>
+);
+state_handle!(
+    /// A map per key.
+    MapState<UK, UV>
+);
+state_handle!(
+    /// A list per key.
+    ListState<V>
+);
+
+/// Declares the states of a keyed function when a subtask opens it.
+pub struct StateRegistrar<'a, K: Key> {
+    backend: &'a mut HeapKeyedStateBackend<K>,
+}
+
+impl<'a, K: Key> StateRegistrar<'a, K> {
+    pub fn new(backend: &'a mut HeapKeyedStateBackend<K>) -> Self {
+        StateRegistrar { backend }
+    }
+
+    pub fn value<V: Data>(&mut self, name: &str) -> ValueState<V> {
+        ValueState::new(self.backend.register::<V>(name))
+    }
+
+    pub fn map<UK: Key, UV: Data>(&mut self, name: &str) -> MapState<UK, UV> {
+        MapState::new(self.backend.register::<rustc_hash::FxHashMap<UK, UV>>(name))
+    }
+
+    pub fn list<V: Data>(&mut self, name: &str) -> ListState<V> {
+        ListState::new(self.backend.register::<Vec<V>>(name))
+    }
+}
+
+/// The state of the current key, handed to a keyed function with each record.
+pub struct KeyedContext<'a, K: Key> {
+    backend: &'a mut HeapKeyedStateBackend<K>,
+    key: &'a K,
+    group: usize,
+}
+
+impl<'a, K: Key> KeyedContext<'a, K> {
+    pub(crate) fn new(backend: &'a mut HeapKeyedStateBackend<K>, key: &'a K, group: usize) -> Self {
+        KeyedContext {
+            backend,
+            key,
+            group,
+        }
+    }
+
+    pub fn key(&self) -> &K {
+        self.key
+    }
+
+    pub fn value<V: Data>(&mut self, state: &ValueState<V>) -> Entry<'_, K, V> {
+        self.entry(state.id)
+    }
+
+    pub fn map<UK: Key, UV: Data>(
+        &mut self,
+        state: &MapState<UK, UV>,
+    ) -> Entry<'_, K, rustc_hash::FxHashMap<UK, UV>> {
+        self.entry(state.id)
+    }
+
+    pub fn list<V: Data>(&mut self, state: &ListState<V>) -> Entry<'_, K, Vec<V>> {
+        self.entry(state.id)
+    }
+
+    fn entry<S: Data>(&mut self, id: usize) -> Entry<'_, K, S> {
+        Entry {
+            table: self.backend.group_mut::<S>(id, self.group),
+            key: self.key,
+        }
+    }
+}
+
+/// One key's slot of one state.
+pub struct Entry<'a, K: Key, S> {
+    table: &'a mut rustc_hash::FxHashMap<K, S>,
+    key: &'a K,
+}
+
+impl<K: Key, S: Data> Entry<'_, K, S> {
+    pub fn get(&self) -> Option<&S> {
+        self.table.get(self.key)
+    }
+
+    pub fn set(&mut self, value: S) {
+        self.table.insert(self.key.clone(), value);
+    }
+
+    pub fn clear(&mut self) -> Option<S> {
+        self.table.remove(self.key)
+    }
+
+    /// The slot, created with `S::default()` if empty: one lookup for a
+    /// read-modify-write, which is what counters and lists want.
+    pub fn get_or_default(&mut self) -> &mut S
+    where
+        S: Default,
+    {
+        if !self.table.contains_key(self.key) {
+            self.table.insert(self.key.clone(), S::default());
+        }
+        self.table.get_mut(self.key).expect("just inserted")
+    }
+}
+
+/// Read access to every key's state, for work that is not about one record:
+/// emitting final results at the end of input.
+pub struct AllKeys<'a, K: Key> {
+    backend: &'a HeapKeyedStateBackend<K>,
+}
+
+impl<'a, K: Key> AllKeys<'a, K> {
+    pub(crate) fn new(backend: &'a HeapKeyedStateBackend<K>) -> Self {
+        AllKeys { backend }
+    }
+
+    pub fn values<V: Data>(&self, state: &ValueState<V>) -> impl Iterator<Item = (&'a K, &'a V)> {
+        self.backend.entries(state.id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::SubtaskIndex;
+    use crate::key_group::KeyGroupRange;
+
+    #[test]
+    fn states_are_per_key_and_typed() {
+        let range = KeyGroupRange::for_subtask(128, 1, SubtaskIndex(0));
+        let mut backend = HeapKeyedStateBackend::<String>::new(range, 128);
+        let mut reg = StateRegistrar::new(&mut backend);
+        let count = reg.value::<u64>("count");
+        let seen = reg.list::<u32>("seen");
+        let by_day = reg.map::<u8, u64>("by-day");
+        for (key, n) in [("a", 1u32), ("b", 2), ("a", 3)] {
+            let key = key.to_string();
+            let group = backend.group_offset(&key);
+            let mut ctx = KeyedContext::new(&mut backend, &key, group);
+            *ctx.value(&count).get_or_default() += 1;
+            ctx.list(&seen).get_or_default().push(n);
+            *ctx.map(&by_day).get_or_default().entry(n as u8 % 2).or_default() += 1;
+        }
+        let key = "a".to_string();
+        let group = backend.group_offset(&key);
+        let mut ctx = KeyedContext::new(&mut backend, &key, group);
+        assert_eq!(ctx.value(&count).get(), Some(&2));
+        assert_eq!(ctx.list(&seen).get(), Some(&vec![1, 3]));
+        assert_eq!(ctx.map(&by_day).get().unwrap()[&1], 2);
+        assert_eq!(ctx.value(&count).clear(), Some(2));
+        let mut all: Vec<_> = AllKeys::new(&backend).values(&count).collect();
+        all.sort();
+        assert_eq!(all, [(&"b".to_string(), &1)]);
+    }
+
+    #[test]
+    #[should_panic(expected = "declared twice")]
+    fn a_state_name_is_declared_once() {
+        let range = KeyGroupRange::for_subtask(128, 1, SubtaskIndex(0));
+        let mut backend = HeapKeyedStateBackend::<u64>::new(range, 128);
+        let mut reg = StateRegistrar::new(&mut backend);
+        reg.value::<u64>("count");
+        reg.value::<u64>("count");
+    }
+}
