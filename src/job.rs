@@ -84,6 +84,11 @@ pub struct JobBuilder {
 }
 
 impl JobBuilder {
+    pub fn config(mut self, config: JobConfig) -> Self {
+        self.config = config;
+        self
+    }
+
     pub fn parallelism(mut self, parallelism: u32) -> Self {
         self.config.parallelism = parallelism;
         self

@@ -34,15 +34,19 @@ pub struct OutputContext {
 
 pub trait Task: Send {
     /// Sources only: read up to `max` records and push them through the chain.
-    fn produce(&mut self, max: usize, out: &mut Outgoing) -> Result<SourceStatus, TaskError>;
+    fn produce(&mut self, max: usize, out: &mut Outgoing) -> Result<Produced, TaskError>;
 
     /// Subtasks with input: push one batch through the chain.
     fn process(&mut self, batch: Batch, out: &mut Outgoing) -> Result<(), TaskError>;
 
     fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError>;
+}
 
-    /// Offset a source has reached; `None` for subtasks with input.
-    fn source_offset(&self) -> Option<u64>;
+/// What one `produce` call read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Produced {
+    pub records: usize,
+    pub status: SourceStatus,
 }
 
 pub struct SourceTask<T> {
@@ -62,16 +66,17 @@ impl<T> SourceTask<T> {
 }
 
 impl<T: Data> Task for SourceTask<T> {
-    fn produce(&mut self, max: usize, out: &mut Outgoing) -> Result<SourceStatus, TaskError> {
+    fn produce(&mut self, max: usize, out: &mut Outgoing) -> Result<Produced, TaskError> {
         let status = self
             .source
             .read(&mut self.buffer, max)
             .map_err(TaskError::Source)?;
+        let records = self.buffer.len();
         for record in self.buffer.drain(..) {
             self.next.push(record);
         }
         self.next.flush(out)?;
-        Ok(status)
+        Ok(Produced { records, status })
     }
 
     fn process(&mut self, _batch: Batch, _out: &mut Outgoing) -> Result<(), TaskError> {
@@ -80,10 +85,6 @@ impl<T: Data> Task for SourceTask<T> {
 
     fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
         self.next.end_of_input(out)
-    }
-
-    fn source_offset(&self) -> Option<u64> {
-        Some(self.source.offset())
     }
 }
 
@@ -98,7 +99,7 @@ impl<T> InputTask<T> {
 }
 
 impl<T: Data> Task for InputTask<T> {
-    fn produce(&mut self, _max: usize, _out: &mut Outgoing) -> Result<SourceStatus, TaskError> {
+    fn produce(&mut self, _max: usize, _out: &mut Outgoing) -> Result<Produced, TaskError> {
         Err(TaskError::Protocol("a subtask with input was asked to produce".into()))
     }
 
@@ -111,9 +112,5 @@ impl<T: Data> Task for InputTask<T> {
 
     fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
         self.next.end_of_input(out)
-    }
-
-    fn source_offset(&self) -> Option<u64> {
-        None
     }
 }

@@ -1,1 +1,41 @@
-pub fn y(){}
+//! Tidemark's actix shells. This crate owns everything that needs threads,
+//! mailboxes or a clock: the subtask, channel-endpoint and job-supervisor
+//! actors, the runtime that spreads them over a pool of arbiters, the job
+//! handle, the example topologies and the `tidemark` command line. Every
+//! decision of the protocols lives in the core crate, `tidemark`; the actors
+//! feed its state machines and carry out what they return.
+//!
+//! ```no_run
+//! use tidemark_actors::prelude::*;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let report = Job::builder("lengths")
+//!     .source("numbers", |ctx: SourceContext| tidemark_actors::wordcount::Generator::new(1000, 10, 0, ctx))
+//!     .map(|key: u64| key * 2)
+//!     .sink("print", |_| tidemark_actors::sinks::Discard)
+//!     .run()?
+//!     .wait()?;
+//! println!("{} records", report.records_in);
+//! # Ok(()) }
+//! ```
+
+pub mod cli;
+mod endpoint;
+mod messages;
+pub mod metrics;
+pub mod runtime;
+pub mod sinks;
+mod subtask;
+mod supervisor;
+pub mod wordcount;
+
+pub use runtime::{JobError, JobHandle, JobReport, RunJob, Runtime};
+
+/// What an embedding application needs in scope.
+pub mod prelude {
+    pub use crate::runtime::{JobHandle, RunJob, Runtime};
+    pub use tidemark::{
+        AllKeys, Collector, Job, KeyedContext, KeyedProcessFunction, Sink, SinkContext, Source,
+        SourceContext, SourceStatus, StateRegistrar, UserError, ValueState,
+    };
+}

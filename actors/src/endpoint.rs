@@ -1,0 +1,171 @@
+//! Channel endpoints. The output endpoint holds what its subtask produced
+//! until the input endpoint grants credit; the input endpoint holds what
+//! arrived until its subtask consumes it. Both keep their queues in a core
+//! `CreditSender` / `CreditReceiver`, in the open, so an unaligned checkpoint
+//! can take the batches they hold.
+
+use crate::messages::{ConnectUpstream, Consumed, Credit, Deliver, OutputCredit, Push, SubtaskFailed, Transfer};
+use crate::metrics::ChannelGauge;
+use crate::subtask::SubtaskActor;
+use crate::supervisor::JobSupervisor;
+use actix::{Actor, Addr, Context, Handler};
+use std::sync::Arc;
+use tidemark::channel::{CreditReceiver, CreditSender};
+use tidemark::error::TaskError;
+use tidemark::ids::ChannelId;
+
+pub struct OutputEndpoint {
+    producer: Addr<SubtaskActor>,
+    /// Index of this channel among the producer's outputs.
+    producer_channel: usize,
+    downstream: Addr<InputEndpoint>,
+    link: CreditSender,
+    capacity: u32,
+    gauge: Arc<ChannelGauge>,
+}
+
+impl OutputEndpoint {
+    pub fn new(
+        producer: Addr<SubtaskActor>,
+        producer_channel: usize,
+        downstream: Addr<InputEndpoint>,
+        gauge: Arc<ChannelGauge>,
+    ) -> Self {
+        OutputEndpoint {
+            producer,
+            producer_channel,
+            downstream,
+            link: CreditSender::default(),
+            capacity: gauge.output_credits,
+            gauge,
+        }
+    }
+
+    fn pump(&mut self) {
+        while let Some(event) = self.link.poll_send() {
+            if event.is_batch() {
+                self.producer.do_send(OutputCredit {
+                    channel: self.producer_channel,
+                    credits: 1,
+                });
+            }
+            self.downstream.do_send(Transfer(event));
+        }
+    }
+}
+
+impl Actor for OutputEndpoint {
+    type Context = Context<Self>;
+
+    fn started(&mut self, _ctx: &mut Context<Self>) {
+        self.producer.do_send(OutputCredit {
+            channel: self.producer_channel,
+            credits: self.capacity,
+        });
+    }
+}
+
+impl Handler<Push> for OutputEndpoint {
+    type Result = ();
+
+    fn handle(&mut self, Push(event): Push, _ctx: &mut Context<Self>) {
+        self.link.push(event);
+        self.gauge.observe_output(self.link.queued_batches());
+        self.pump();
+    }
+}
+
+impl Handler<Credit> for OutputEndpoint {
+    type Result = ();
+
+    fn handle(&mut self, Credit(credits): Credit, _ctx: &mut Context<Self>) {
+        self.link.grant(credits);
+        self.pump();
+    }
+}
+
+pub struct InputEndpoint {
+    channel: ChannelId,
+    consumer: Addr<SubtaskActor>,
+    /// Index of this channel in the consumer's input gate.
+    consumer_channel: usize,
+    upstream: Option<Addr<OutputEndpoint>>,
+    receiver: CreditReceiver,
+    gauge: Arc<ChannelGauge>,
+    supervisor: Addr<JobSupervisor>,
+}
+
+impl InputEndpoint {
+    pub fn new(
+        channel: ChannelId,
+        consumer: Addr<SubtaskActor>,
+        consumer_channel: usize,
+        prefetch: u32,
+        gauge: Arc<ChannelGauge>,
+        supervisor: Addr<JobSupervisor>,
+    ) -> Self {
+        InputEndpoint {
+            channel,
+            consumer,
+            consumer_channel,
+            upstream: None,
+            receiver: CreditReceiver::new(gauge.input_credits, prefetch),
+            gauge,
+            supervisor,
+        }
+    }
+
+    fn pump(&mut self) {
+        while let Some(event) = self.receiver.poll_deliver() {
+            self.consumer.do_send(Deliver {
+                channel: self.consumer_channel,
+                event,
+            });
+        }
+    }
+
+    fn fail(&self, error: impl ToString) {
+        self.supervisor.do_send(SubtaskFailed {
+            subtask: self.channel.to,
+            error: TaskError::Protocol(format!("channel {}: {}", self.channel, error.to_string())),
+        });
+    }
+}
+
+impl Actor for InputEndpoint {
+    type Context = Context<Self>;
+}
+
+impl Handler<ConnectUpstream> for InputEndpoint {
+    type Result = ();
+
+    fn handle(&mut self, ConnectUpstream(upstream): ConnectUpstream, _ctx: &mut Context<Self>) {
+        upstream.do_send(Credit(self.receiver.initial_credits()));
+        self.upstream = Some(upstream);
+    }
+}
+
+impl Handler<Transfer> for InputEndpoint {
+    type Result = ();
+
+    fn handle(&mut self, Transfer(event): Transfer, _ctx: &mut Context<Self>) {
+        if let Err(e) = self.receiver.receive(event) {
+            return self.fail(e);
+        }
+        self.gauge.observe_input(self.receiver.buffered());
+        self.pump();
+    }
+}
+
+impl Handler<Consumed> for InputEndpoint {
+    type Result = ();
+
+    fn handle(&mut self, _: Consumed, _ctx: &mut Context<Self>) {
+        match (self.receiver.consumed(), &self.upstream) {
+            (Ok(credits), Some(upstream)) => upstream.do_send(Credit(credits)),
+            (Ok(_), None) => return self.fail("consumed before the upstream was connected"),
+            (Err(e), _) => return self.fail(e),
+        }
+        self.pump();
+    }
+}

@@ -1,0 +1,134 @@
+//! Running a job: an actix system on its own thread with a pool of arbiters
+//! sized to the cores, so that a job can be embedded in any application,
+//! async or not, and a handle to wait for it or cancel it.
+
+use crate::messages::Cancel;
+use crate::metrics::JobMetrics;
+use crate::supervisor::JobSupervisor;
+use actix::{Actor, Addr, Arbiter, System};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use thiserror::Error;
+use tidemark::error::TaskError;
+use tidemark::graph::GraphError;
+use tidemark::ids::SubtaskId;
+use tidemark::job::Job;
+
+#[derive(Debug, Error)]
+pub enum JobError {
+    #[error("invalid job: {0}")]
+    InvalidJob(#[from] GraphError),
+    #[error("subtask {subtask} failed: {error}")]
+    TaskFailed { subtask: SubtaskId, error: TaskError },
+    #[error("the job was cancelled")]
+    Cancelled,
+    #[error("the runtime failed: {0}")]
+    Runtime(String),
+}
+
+/// What a finished job reports.
+#[derive(Clone, Debug)]
+pub struct JobReport {
+    /// Records read by all sources.
+    pub records_in: u64,
+    pub elapsed: Duration,
+}
+
+impl JobReport {
+    pub fn throughput(&self) -> f64 {
+        self.records_in as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+pub struct JobHandle {
+    outcome: mpsc::Receiver<Result<JobReport, JobError>>,
+    supervisor: Addr<JobSupervisor>,
+    metrics: Arc<JobMetrics>,
+    thread: JoinHandle<()>,
+}
+
+impl JobHandle {
+    /// Blocks until the job has finished, failed or been cancelled, and its
+    /// threads are gone.
+    pub fn wait(self) -> Result<JobReport, JobError> {
+        let outcome = self
+            .outcome
+            .recv()
+            .unwrap_or_else(|_| Err(JobError::Runtime("the runtime stopped without an outcome".into())));
+        self.thread
+            .join()
+            .map_err(|_| JobError::Runtime("the runtime thread panicked".into()))?;
+        outcome
+    }
+
+    pub fn cancel(&self) {
+        self.supervisor.do_send(Cancel);
+    }
+
+    pub fn metrics(&self) -> &Arc<JobMetrics> {
+        &self.metrics
+    }
+}
+
+/// Deploys jobs; `threads` arbiters run their actors.
+#[derive(Clone, Debug)]
+pub struct Runtime {
+    pub threads: usize,
+}
+
+impl Default for Runtime {
+    fn default() -> Self {
+        Runtime {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+impl Runtime {
+    pub fn run(&self, job: Job) -> Result<JobHandle, JobError> {
+        job.validate()?;
+        let metrics = Arc::new(JobMetrics::default());
+        let (outcome_tx, outcome) = mpsc::channel();
+        let (addr_tx, addr_rx) = mpsc::channel();
+        let threads = self.threads.max(1);
+        let job_metrics = metrics.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("tidemark-{}", job.name))
+            .spawn(move || {
+                let system = System::new();
+                let arbiters: Vec<Arbiter> = (0..threads).map(|_| Arbiter::new()).collect();
+                let handles = arbiters.iter().map(Arbiter::handle).collect();
+                system.block_on(async move {
+                    let supervisor = JobSupervisor::new(job, handles, job_metrics, outcome_tx).start();
+                    let _ = addr_tx.send(supervisor);
+                });
+                let _ = system.run();
+                for arbiter in arbiters {
+                    arbiter.stop();
+                    let _ = arbiter.join();
+                }
+            })
+            .map_err(|e| JobError::Runtime(format!("cannot start the runtime thread: {e}")))?;
+        let supervisor = addr_rx
+            .recv()
+            .map_err(|_| JobError::Runtime("the runtime did not start".into()))?;
+        Ok(JobHandle {
+            outcome,
+            supervisor,
+            metrics,
+            thread,
+        })
+    }
+}
+
+/// `job.run()`: deploys on a default runtime, one arbiter per core.
+pub trait RunJob {
+    fn run(self) -> Result<JobHandle, JobError>;
+}
+
+impl RunJob for Job {
+    fn run(self) -> Result<JobHandle, JobError> {
+        Runtime::default().run(self)
+    }
+}

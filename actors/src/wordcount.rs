@@ -1,0 +1,142 @@
+//! The wordcount topology: a deterministic generator of keyed records, a
+//! keyed count, and a sink of `(key, count)`.
+
+use crate::sinks::{Discard, FileSink};
+use std::path::PathBuf;
+use std::sync::Arc;
+use tidemark::job::JobConfig;
+use tidemark::{AllKeys, Collector, Job, KeyedContext, KeyedProcessFunction, Source, SourceContext, SourceStatus, StateRegistrar, UserError, ValueState};
+
+/// The standard SplitMix64 output function.
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Source subtask j of P emits the keys of records i in 0..N with
+/// i mod P == j, in increasing i; record i's key is
+/// `splitmix64(seed + i) % keys`. Its offset counts the records it emitted.
+pub struct Generator {
+    records: u64,
+    keys: u64,
+    seed: u64,
+    subtask: u64,
+    parallelism: u64,
+    offset: u64,
+}
+
+impl Generator {
+    pub fn new(records: u64, keys: u64, seed: u64, ctx: SourceContext) -> Self {
+        Generator {
+            records,
+            keys,
+            seed,
+            subtask: u64::from(ctx.subtask.0),
+            parallelism: u64::from(ctx.parallelism),
+            offset: ctx.start_offset,
+        }
+    }
+}
+
+impl Source<u64> for Generator {
+    fn read(&mut self, out: &mut Vec<u64>, max: usize) -> Result<SourceStatus, UserError> {
+        let mut i = self.subtask + self.offset * self.parallelism;
+        for _ in 0..max {
+            if i >= self.records {
+                return Ok(SourceStatus::Finished);
+            }
+            out.push(splitmix64(self.seed.wrapping_add(i)) % self.keys);
+            i += self.parallelism;
+            self.offset += 1;
+        }
+        Ok(if i >= self.records {
+            SourceStatus::Finished
+        } else {
+            SourceStatus::Running
+        })
+    }
+
+    fn offset(&self) -> u64 {
+        self.offset
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Emit {
+    /// One (key, count after this record) per record.
+    Updates,
+    /// One (key, final count) per key at the end of input.
+    Final,
+}
+
+pub struct Counter {
+    count: ValueState<u64>,
+    emit: Emit,
+}
+
+impl Counter {
+    pub fn open(states: &mut StateRegistrar<'_, u64>, emit: Emit) -> Self {
+        Counter {
+            count: states.value("count"),
+            emit,
+        }
+    }
+}
+
+impl KeyedProcessFunction<u64, u64, (u64, u64)> for Counter {
+    fn process(&mut self, key: u64, ctx: &mut KeyedContext<'_, u64>, out: &mut Collector<'_, (u64, u64)>) {
+        let mut entry = ctx.value(&self.count);
+        let count = entry.get_or_default();
+        *count += 1;
+        if self.emit == Emit::Updates {
+            out.collect((key, *count));
+        }
+    }
+
+    fn end_of_input(&mut self, states: AllKeys<'_, u64>, out: &mut Collector<'_, (u64, u64)>) {
+        if self.emit == Emit::Final {
+            for (key, count) in states.values(&self.count) {
+                out.collect((*key, *count));
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Wordcount {
+    pub records: u64,
+    pub keys: u64,
+    pub seed: u64,
+    pub emit: Emit,
+    /// Directory of committed `key,count` files; `None` discards results.
+    pub output: Option<PathBuf>,
+}
+
+impl Wordcount {
+    pub fn job(&self, config: JobConfig) -> Job {
+        let Wordcount {
+            records,
+            keys,
+            seed,
+            emit,
+            ..
+        } = *self;
+        let counted = Job::builder("wordcount")
+            .config(config)
+            .source("generator", move |ctx| Generator::new(records, keys, seed, ctx))
+            .uid("generator")
+            .key_by(|key: &u64| *key)
+        .process("count", move |states| Counter::open(states, emit))
+        .uid("count");
+        match &self.output {
+            None => counted.sink("discard", |_| Discard),
+            Some(dir) => {
+                let dir = Arc::new(dir.clone());
+                let run = format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+                counted.sink("files", move |ctx| FileSink::new(&dir, &run, ctx))
+            }
+        }
+    }
+}
