@@ -131,7 +131,10 @@ mod tests {
         let b = Batch::new(vec![(1u64, 2u64), (3, 4)]);
         assert_eq!(b.len(), 2);
         assert_eq!(b.bytes(), 32);
-        assert_eq!(b.clone().into_records::<(u64, u64)>().unwrap(), vec![(1, 2), (3, 4)]);
+        assert_eq!(
+            b.clone().into_records::<(u64, u64)>().unwrap(),
+            vec![(1, 2), (3, 4)]
+        );
         let err = b.into_records::<String>().unwrap_err();
         assert_eq!(err.found, "(u64, u64)");
     }

@@ -199,7 +199,10 @@ mod tests {
         s.push(batch(0));
         s.push(ChannelEvent::EndOfPartition);
         assert!(matches!(s.poll_send(), Some(ChannelEvent::CancelMarker(_))));
-        assert!(s.poll_send().is_none(), "end of partition must not pass the batch");
+        assert!(
+            s.poll_send().is_none(),
+            "end of partition must not pass the batch"
+        );
         s.grant(1);
         assert_eq!(value(s.poll_send().unwrap()), 0);
         assert!(matches!(s.poll_send(), Some(ChannelEvent::EndOfPartition)));

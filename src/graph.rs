@@ -149,7 +149,9 @@ impl JobGraph {
         };
         match edge.partitioner {
             Partitioner::Forward => vec![from(index.0)],
-            _ => (0..self.operator(edge.from).parallelism).map(from).collect(),
+            _ => (0..self.operator(edge.from).parallelism)
+                .map(from)
+                .collect(),
         }
     }
 
@@ -254,7 +256,10 @@ mod tests {
         assert!(matches!(g.validate(), Err(GraphError::Parallelism { .. })));
         let mut g = two_stage(2, 2, Partitioner::Hash);
         g.operators[1].uid = g.operators[0].uid.clone();
-        assert_eq!(g.validate(), Err(GraphError::DuplicateUid("source-0".into())));
+        assert_eq!(
+            g.validate(),
+            Err(GraphError::DuplicateUid("source-0".into()))
+        );
         assert_eq!(JobGraph::default().validate(), Err(GraphError::Empty));
     }
 }

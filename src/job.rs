@@ -10,8 +10,8 @@ use crate::graph::{Edge, GraphError, JobGraph, Partitioner};
 use crate::ids::OperatorId;
 use crate::key_group::key_group_of;
 use crate::operator::{
-    Collector, Downstream, KeyedFunctionFactory, KeyedProcess, KeyedProcessFunction,
-    RecordWriter, Route, SinkWriter, Stateless,
+    Collector, Downstream, KeyedFunctionFactory, KeyedProcess, KeyedProcessFunction, RecordWriter,
+    Route, SinkWriter, Stateless,
 };
 use crate::sink::{Sink, SinkContext};
 use crate::source::{Source, SourceContext};
@@ -40,8 +40,7 @@ pub struct JobConfig {
 impl Default for JobConfig {
     fn default() -> Self {
         JobConfig {
-            parallelism: std::thread::available_parallelism()
-                .map_or(1, |n| n.get() as u32),
+            parallelism: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
             batch_limits: BatchLimits::default(),
             channels: ChannelConfig::default(),
             source_rate: None,
@@ -324,11 +323,11 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         let (job, op) = self.stream.shuffle(Partitioner::Hash, name, move |out| {
             let key_of = route_key.clone();
             let max_parallelism = out.consumer_max_parallelism;
-            Route::Hash {
-                key_group_of: Arc::new(move |record| key_group_of(&key_of(record), max_parallelism)),
-                parallelism: out.consumer_parallelism,
+            Route::hash(
+                Arc::new(move |record| key_group_of(&key_of(record), max_parallelism)),
+                out.consumer_parallelism,
                 max_parallelism,
-            }
+            )
         });
         let factory: KeyedFunctionFactory<K, T, O> =
             Arc::new(move |states| Box::new(factory(states)));

@@ -69,12 +69,21 @@ pub fn subtask_for_key_group(
     SubtaskIndex((u64::from(group.0) * u64::from(parallelism) / u64::from(max_parallelism)) as u32)
 }
 
-/// Key group of a key: a hash that does not depend on the process (no random
-/// seed), mixed by MurmurHash3's finaliser as Flink mixes `hashCode()`.
-pub fn key_group_of<K: Hash + ?Sized>(key: &K, max_parallelism: u32) -> KeyGroup {
+/// Hash of a key that does not depend on the process (no random seed),
+/// mixed by MurmurHash3's finaliser as Flink mixes `hashCode()`. State tables
+/// reuse it, so a record's key is hashed once per operator.
+pub fn key_hash<K: Hash + ?Sized>(key: &K) -> u64 {
     let mut hasher = rustc_hash::FxHasher::default();
     key.hash(&mut hasher);
-    KeyGroup((fmix64(hasher.finish()) % u64::from(max_parallelism)) as u32)
+    fmix64(hasher.finish())
+}
+
+pub fn key_group_for_hash(hash: u64, max_parallelism: u32) -> KeyGroup {
+    KeyGroup((hash % u64::from(max_parallelism)) as u32)
+}
+
+pub fn key_group_of<K: Hash + ?Sized>(key: &K, max_parallelism: u32) -> KeyGroup {
+    key_group_for_hash(key_hash(key), max_parallelism)
 }
 
 fn fmix64(mut h: u64) -> u64 {
@@ -95,10 +104,22 @@ mod tests {
         let r = |p, i| KeyGroupRange::for_subtask(128, p, SubtaskIndex(i));
         assert_eq!(r(1, 0), KeyGroupRange { start: 0, end: 127 });
         assert_eq!(r(2, 0), KeyGroupRange { start: 0, end: 63 });
-        assert_eq!(r(2, 1), KeyGroupRange { start: 64, end: 127 });
+        assert_eq!(
+            r(2, 1),
+            KeyGroupRange {
+                start: 64,
+                end: 127
+            }
+        );
         assert_eq!(r(3, 0), KeyGroupRange { start: 0, end: 42 });
         assert_eq!(r(3, 1), KeyGroupRange { start: 43, end: 85 });
-        assert_eq!(r(3, 2), KeyGroupRange { start: 86, end: 127 });
+        assert_eq!(
+            r(3, 2),
+            KeyGroupRange {
+                start: 86,
+                end: 127
+            }
+        );
     }
 
     #[test]

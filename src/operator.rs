@@ -6,6 +6,7 @@
 use crate::batch::{Batch, Data};
 use crate::error::TaskError;
 use crate::ids::KeyGroup;
+use crate::key_group::subtask_for_key_group;
 use crate::sink::Sink;
 use crate::state::{AllKeys, HeapKeyedStateBackend, Key, KeyedContext, StateRegistrar};
 use std::sync::Arc;
@@ -121,8 +122,7 @@ impl<K: Key, I, O> KeyedProcess<K, I, O> {
 impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
     fn push(&mut self, record: I) {
         let key = (self.key_of)(&record);
-        let group = self.states.group_offset(&key);
-        let mut ctx = KeyedContext::new(&mut self.states, &key, group);
+        let mut ctx = KeyedContext::new(&mut self.states, &key);
         self.function.process(
             record,
             &mut ctx,
@@ -153,12 +153,28 @@ pub enum Route<T> {
     Forward,
     Rebalance,
     Broadcast,
-    /// By key group; `parallelism` and `max_parallelism` of the consumer.
+    /// By key group, through a table from key group to consumer subtask.
     Hash {
+        key_group_of: Arc<dyn Fn(&T) -> KeyGroup + Send + Sync>,
+        channel_of_group: Vec<u32>,
+    },
+}
+
+impl<T> Route<T> {
+    /// `parallelism` and `max_parallelism` of the consumer.
+    pub fn hash(
         key_group_of: Arc<dyn Fn(&T) -> KeyGroup + Send + Sync>,
         parallelism: u32,
         max_parallelism: u32,
-    },
+    ) -> Self {
+        let channel_of_group = (0..max_parallelism)
+            .map(|g| subtask_for_key_group(max_parallelism, parallelism, KeyGroup(g)).0)
+            .collect();
+        Route::Hash {
+            key_group_of,
+            channel_of_group,
+        }
+    }
 }
 
 /// Last step of a chain that feeds an edge: partitions records into one
@@ -175,7 +191,9 @@ impl<T: Data> RecordWriter<T> {
     pub fn new(route: Route<T>, channels: usize, per_batch: usize) -> Self {
         RecordWriter {
             route,
-            buffers: (0..channels).map(|_| Vec::with_capacity(per_batch)).collect(),
+            buffers: (0..channels)
+                .map(|_| Vec::with_capacity(per_batch))
+                .collect(),
             per_batch,
             next_channel: 0,
             full: Vec::new(),
@@ -209,13 +227,10 @@ impl<T: Data> Downstream<T> for RecordWriter<T> {
             }
             Route::Hash {
                 key_group_of,
-                parallelism,
-                max_parallelism,
+                channel_of_group,
             } => {
-                let group = key_group_of(&record);
-                let channel =
-                    crate::key_group::subtask_for_key_group(*max_parallelism, *parallelism, group);
-                self.append(channel.0 as usize, record);
+                let channel = channel_of_group[key_group_of(&record).0 as usize];
+                self.append(channel as usize, record);
             }
         }
     }
@@ -289,16 +304,15 @@ mod tests {
         }
         let mut out = Vec::new();
         w.flush(&mut out).unwrap();
-        assert_eq!(records(out), [(0, vec![0, 2]), (1, vec![1, 3]), (0, vec![4])]);
+        assert_eq!(
+            records(out),
+            [(0, vec![0, 2]), (1, vec![1, 3]), (0, vec![4])]
+        );
     }
 
     #[test]
     fn hash_route_sends_each_key_to_the_owner_of_its_key_group() {
-        let route = Route::Hash {
-            key_group_of: Arc::new(|k: &u64| key_group_of(k, 128)),
-            parallelism: 3,
-            max_parallelism: 128,
-        };
+        let route = Route::hash(Arc::new(|k: &u64| key_group_of(k, 128)), 3, 128);
         let mut w = RecordWriter::new(route, 3, 1000);
         for k in 0..1000u64 {
             w.push(k);

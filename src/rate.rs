@@ -52,7 +52,12 @@ mod tests {
         assert_eq!(r.acquire(1000, t0 + Duration::from_secs(10)), Ok(100));
         let mut total = 0;
         for ms in 1..=1000 {
-            total += r.acquire(4096, t0 + Duration::from_secs(10) + Duration::from_millis(ms)).unwrap_or(0);
+            total += r
+                .acquire(
+                    4096,
+                    t0 + Duration::from_secs(10) + Duration::from_millis(ms),
+                )
+                .unwrap_or(0);
         }
         assert_eq!(total, 1000);
     }

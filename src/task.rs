@@ -80,7 +80,9 @@ impl<T: Data> Task for SourceTask<T> {
     }
 
     fn process(&mut self, _batch: Batch, _out: &mut Outgoing) -> Result<(), TaskError> {
-        Err(TaskError::Protocol("a source subtask received a batch".into()))
+        Err(TaskError::Protocol(
+            "a source subtask received a batch".into(),
+        ))
     }
 
     fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
@@ -100,7 +102,9 @@ impl<T> InputTask<T> {
 
 impl<T: Data> Task for InputTask<T> {
     fn produce(&mut self, _max: usize, _out: &mut Outgoing) -> Result<Produced, TaskError> {
-        Err(TaskError::Protocol("a subtask with input was asked to produce".into()))
+        Err(TaskError::Protocol(
+            "a subtask with input was asked to produce".into(),
+        ))
     }
 
     fn process(&mut self, batch: Batch, out: &mut Outgoing) -> Result<(), TaskError> {

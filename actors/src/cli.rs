@@ -10,7 +10,11 @@ use thiserror::Error;
 use tidemark::job::JobConfig;
 
 #[derive(Debug, Parser)]
-#[command(name = "tidemark", version, about = "Fault-tolerant stream topologies on actix")]
+#[command(
+    name = "tidemark",
+    version,
+    about = "Fault-tolerant stream topologies on actix"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -72,7 +76,9 @@ pub enum CheckpointInterval {
 fn parse_checkpoint_interval(s: &str) -> Result<CheckpointInterval, String> {
     match (s, humantime::parse_duration(s)) {
         ("off", _) => Ok(CheckpointInterval::Off),
-        (_, Ok(_)) => Err("checkpointing is not available in this version; only `off` is accepted".into()),
+        (_, Ok(_)) => {
+            Err("checkpointing is not available in this version; only `off` is accepted".into())
+        }
         (_, Err(e)) => Err(format!("expected `off` ({e})")),
     }
 }
@@ -89,7 +95,10 @@ fn parse_rate(s: &str) -> Result<f64, String> {
 pub enum CliError {
     /// A bad argument found after parsing: exit code 2, like clap's own.
     #[error("{argument}: {problem}")]
-    Usage { argument: &'static str, problem: String },
+    Usage {
+        argument: &'static str,
+        problem: String,
+    },
     #[error(transparent)]
     Job(#[from] JobError),
 }
@@ -149,16 +158,30 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         records_in,
         elapsed,
     } = handle.wait()?;
-    let gauges = || metrics.channels.iter().map(|g| g.value().clone()).collect::<Vec<_>>();
+    let gauges = || {
+        metrics
+            .channels
+            .iter()
+            .map(|g| g.value().clone())
+            .collect::<Vec<_>>()
+    };
     Ok(RunReport {
         topology: args.topology,
         records_in,
         elapsed_s: elapsed.as_secs_f64(),
         throughput_rps: records_in as f64 / elapsed.max(Duration::from_nanos(1)).as_secs_f64(),
         parallelism,
-        max_output_queued: gauges().iter().map(|g| g.max_output_queued()).max().unwrap_or(0),
+        max_output_queued: gauges()
+            .iter()
+            .map(|g| g.max_output_queued())
+            .max()
+            .unwrap_or(0),
         output_credits: channels.output_credits,
-        max_input_buffered: gauges().iter().map(|g| g.max_input_buffered()).max().unwrap_or(0),
+        max_input_buffered: gauges()
+            .iter()
+            .map(|g| g.max_input_buffered())
+            .max()
+            .unwrap_or(0),
         input_credits: channels.input_credits,
     })
 }

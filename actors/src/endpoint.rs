@@ -4,7 +4,9 @@
 //! `CreditSender` / `CreditReceiver`, in the open, so an unaligned checkpoint
 //! can take the batches they hold.
 
-use crate::messages::{ConnectUpstream, Consumed, Credit, Deliver, OutputCredit, Push, SubtaskFailed, Transfer};
+use crate::messages::{
+    ConnectUpstream, Consumed, Credit, Deliver, OutputCredit, Push, SubtaskFailed, Transfer,
+};
 use crate::metrics::ChannelGauge;
 use crate::subtask::SubtaskActor;
 use crate::supervisor::JobSupervisor;

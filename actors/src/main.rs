@@ -18,7 +18,11 @@ fn main() {
             ),
             Ok(report) => println!(
                 "{:?}: {} records in {:.3} s, {:.0} records/s at parallelism {}",
-                report.topology, report.records_in, report.elapsed_s, report.throughput_rps, report.parallelism
+                report.topology,
+                report.records_in,
+                report.elapsed_s,
+                report.throughput_rps,
+                report.parallelism
             ),
             Err(e) => {
                 eprintln!("tidemark: {e}");

@@ -28,7 +28,8 @@ impl ChannelGauge {
     }
 
     pub fn observe_input(&self, buffered: u32) {
-        self.max_input_buffered.fetch_max(buffered, Ordering::Relaxed);
+        self.max_input_buffered
+            .fetch_max(buffered, Ordering::Relaxed);
     }
 
     /// Most batches ever queued in the output endpoint.
@@ -58,7 +59,12 @@ impl JobMetrics {
         self.records_in.load(Ordering::Relaxed)
     }
 
-    pub fn channel(&self, id: ChannelId, output_credits: u32, input_credits: u32) -> Arc<ChannelGauge> {
+    pub fn channel(
+        &self,
+        id: ChannelId,
+        output_credits: u32,
+        input_credits: u32,
+    ) -> Arc<ChannelGauge> {
         self.channels
             .entry(id)
             .or_insert_with(|| Arc::new(ChannelGauge::new(output_credits, input_credits)))

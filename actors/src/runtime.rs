@@ -20,7 +20,10 @@ pub enum JobError {
     #[error("invalid job: {0}")]
     InvalidJob(#[from] GraphError),
     #[error("subtask {subtask} failed: {error}")]
-    TaskFailed { subtask: SubtaskId, error: TaskError },
+    TaskFailed {
+        subtask: SubtaskId,
+        error: TaskError,
+    },
     #[error("the job was cancelled")]
     Cancelled,
     #[error("the runtime failed: {0}")]
@@ -52,10 +55,11 @@ impl JobHandle {
     /// Blocks until the job has finished, failed or been cancelled, and its
     /// threads are gone.
     pub fn wait(self) -> Result<JobReport, JobError> {
-        let outcome = self
-            .outcome
-            .recv()
-            .unwrap_or_else(|_| Err(JobError::Runtime("the runtime stopped without an outcome".into())));
+        let outcome = self.outcome.recv().unwrap_or_else(|_| {
+            Err(JobError::Runtime(
+                "the runtime stopped without an outcome".into(),
+            ))
+        });
         self.thread
             .join()
             .map_err(|_| JobError::Runtime("the runtime thread panicked".into()))?;
@@ -100,7 +104,8 @@ impl Runtime {
                 let arbiters: Vec<Arbiter> = (0..threads).map(|_| Arbiter::new()).collect();
                 let handles = arbiters.iter().map(Arbiter::handle).collect();
                 system.block_on(async move {
-                    let supervisor = JobSupervisor::new(job, handles, job_metrics, outcome_tx).start();
+                    let supervisor =
+                        JobSupervisor::new(job, handles, job_metrics, outcome_tx).start();
                     let _ = addr_tx.send(supervisor);
                 });
                 let _ = system.run();

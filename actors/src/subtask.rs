@@ -5,10 +5,12 @@
 //! mailbox.
 
 use crate::endpoint::{InputEndpoint, OutputEndpoint};
-use crate::messages::{Consumed, Deliver, OutputCredit, Produce, Push, SubtaskFailed, SubtaskFinished, Wire};
+use crate::messages::{
+    Consumed, Deliver, OutputCredit, Produce, Push, SubtaskFailed, SubtaskFinished, Wire,
+};
 use crate::metrics::JobMetrics;
 use crate::supervisor::JobSupervisor;
-use actix::{Actor, AsyncContext, Addr, Context, Handler};
+use actix::{Actor, Addr, AsyncContext, Context, Handler};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
@@ -61,7 +63,11 @@ pub struct SubtaskSpec {
 }
 
 impl SubtaskActor {
-    pub fn new(spec: SubtaskSpec, supervisor: Addr<JobSupervisor>, metrics: Arc<JobMetrics>) -> Self {
+    pub fn new(
+        spec: SubtaskSpec,
+        supervisor: Addr<JobSupervisor>,
+        metrics: Arc<JobMetrics>,
+    ) -> Self {
         SubtaskActor {
             id: spec.id,
             is_source: spec.inputs == 0,
@@ -87,8 +93,10 @@ impl SubtaskActor {
         &mut self,
         f: impl FnOnce(&mut dyn Task, &mut Outgoing) -> Result<R, TaskError>,
     ) -> Option<R> {
-        let result = catch_unwind(AssertUnwindSafe(|| f(self.task.as_mut(), &mut self.outgoing)))
-            .unwrap_or_else(|panic| Err(TaskError::Panic(panic_message(panic.as_ref()))));
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            f(self.task.as_mut(), &mut self.outgoing)
+        }))
+        .unwrap_or_else(|panic| Err(TaskError::Panic(panic_message(panic.as_ref()))));
         match result {
             Ok(r) => Some(r),
             Err(error) => {
@@ -241,7 +249,11 @@ impl Handler<Produce> for SubtaskActor {
         if self.state != Phase::Running || self.output_blocked() {
             return;
         }
-        let max = match self.limiter.as_mut().map(|l| l.acquire(self.records_per_batch, Instant::now())) {
+        let max = match self
+            .limiter
+            .as_mut()
+            .map(|l| l.acquire(self.records_per_batch, Instant::now()))
+        {
             None => self.records_per_batch,
             Some(Ok(granted)) => granted,
             Some(Err(wait)) => {
@@ -264,7 +276,10 @@ impl Handler<Produce> for SubtaskActor {
 
 impl Drop for SubtaskActor {
     fn drop(&mut self) {
-        if matches!(self.state, Phase::Running | Phase::Draining | Phase::Waiting) {
+        if matches!(
+            self.state,
+            Phase::Running | Phase::Draining | Phase::Waiting
+        ) {
             self.supervisor.do_send(SubtaskFailed {
                 subtask: self.id,
                 error: TaskError::Protocol("subtask actor stopped before its input ended".into()),

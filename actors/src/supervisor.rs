@@ -53,7 +53,11 @@ impl JobSupervisor {
             subtask: subtask.index,
             parallelism: op.parallelism,
             max_parallelism: op.max_parallelism,
-            key_groups: KeyGroupRange::for_subtask(op.max_parallelism, op.parallelism, subtask.index),
+            key_groups: KeyGroupRange::for_subtask(
+                op.max_parallelism,
+                op.parallelism,
+                subtask.index,
+            ),
             batch_limits: self.job.config.batch_limits,
             output: graph.output_edge(op.id).map(|edge| {
                 let consumer = graph.operator(edge.to);
@@ -116,27 +120,45 @@ impl JobSupervisor {
         let channels = config.channels;
         for edge in &graph.edges {
             for i in 0..graph.operator(edge.from).parallelism {
-                for (k, channel) in graph.output_channels(edge, SubtaskIndex(i)).into_iter().enumerate() {
+                for (k, channel) in graph
+                    .output_channels(edge, SubtaskIndex(i))
+                    .into_iter()
+                    .enumerate()
+                {
                     let consumer_channel = graph
                         .input_channels(edge, channel.to.index)
                         .iter()
                         .position(|c| *c == channel)
                         .expect("both sides of an edge list the same channels");
-                    let gauge = self.metrics.channel(channel, channels.output_credits, channels.input_credits);
+                    let gauge = self.metrics.channel(
+                        channel,
+                        channels.output_credits,
+                        channels.input_credits,
+                    );
                     let consumer = subtasks[&channel.to].clone();
                     let supervisor = me.clone();
                     let ie_gauge = gauge.clone();
                     let ie = InputEndpoint::start_in_arbiter(self.arbiter(channel.to), move |_| {
-                        InputEndpoint::new(channel, consumer, consumer_channel, channels.prefetch, ie_gauge, supervisor)
+                        InputEndpoint::new(
+                            channel,
+                            consumer,
+                            consumer_channel,
+                            channels.prefetch,
+                            ie_gauge,
+                            supervisor,
+                        )
                     });
                     let producer = subtasks[&channel.from].clone();
                     let downstream = ie.clone();
-                    let oe = OutputEndpoint::start_in_arbiter(self.arbiter(channel.from), move |_| {
-                        OutputEndpoint::new(producer, k, downstream, gauge)
-                    });
+                    let oe =
+                        OutputEndpoint::start_in_arbiter(self.arbiter(channel.from), move |_| {
+                            OutputEndpoint::new(producer, k, downstream, gauge)
+                        });
                     ie.do_send(ConnectUpstream(oe.clone()));
                     outputs.entry(channel.from).or_default().push(oe);
-                    inputs.get_mut(&channel.to).expect("every subtask has an entry")[consumer_channel] = Some(ie);
+                    inputs
+                        .get_mut(&channel.to)
+                        .expect("every subtask has an entry")[consumer_channel] = Some(ie);
                 }
             }
         }

@@ -5,7 +5,10 @@ use crate::sinks::{Discard, FileSink};
 use std::path::PathBuf;
 use std::sync::Arc;
 use tidemark::job::JobConfig;
-use tidemark::{AllKeys, Collector, Job, KeyedContext, KeyedProcessFunction, Source, SourceContext, SourceStatus, StateRegistrar, UserError, ValueState};
+use tidemark::{
+    AllKeys, Collector, Job, KeyedContext, KeyedProcessFunction, Source, SourceContext,
+    SourceStatus, StateRegistrar, UserError, ValueState,
+};
 
 /// The standard SplitMix64 output function.
 pub fn splitmix64(x: u64) -> u64 {
@@ -86,7 +89,12 @@ impl Counter {
 }
 
 impl KeyedProcessFunction<u64, u64, (u64, u64)> for Counter {
-    fn process(&mut self, key: u64, ctx: &mut KeyedContext<'_, u64>, out: &mut Collector<'_, (u64, u64)>) {
+    fn process(
+        &mut self,
+        key: u64,
+        ctx: &mut KeyedContext<'_, u64>,
+        out: &mut Collector<'_, (u64, u64)>,
+    ) {
         let mut entry = ctx.value(&self.count);
         let count = entry.get_or_default();
         *count += 1;
@@ -125,16 +133,23 @@ impl Wordcount {
         } = *self;
         let counted = Job::builder("wordcount")
             .config(config)
-            .source("generator", move |ctx| Generator::new(records, keys, seed, ctx))
+            .source("generator", move |ctx| {
+                Generator::new(records, keys, seed, ctx)
+            })
             .uid("generator")
             .key_by(|key: &u64| *key)
-        .process("count", move |states| Counter::open(states, emit))
-        .uid("count");
+            .process("count", move |states| Counter::open(states, emit))
+            .uid("count");
         match &self.output {
             None => counted.sink("discard", |_| Discard),
             Some(dir) => {
                 let dir = Arc::new(dir.clone());
-                let run = format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+                let run = format!(
+                    "{:x}",
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos())
+                );
                 counted.sink("files", move |ctx| FileSink::new(&dir, &run, ctx))
             }
         }

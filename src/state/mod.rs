@@ -5,7 +5,10 @@
 
 mod heap;
 
-pub use heap::HeapKeyedStateBackend;
+pub use heap::{HeapKeyedStateBackend, KeySlot};
+
+use hashbrown::hash_table;
+use heap::{table_hash, GroupTable};
 
 use crate::batch::Data;
 use std::fmt::Debug;
@@ -80,16 +83,13 @@ impl<'a, K: Key> StateRegistrar<'a, K> {
 pub struct KeyedContext<'a, K: Key> {
     backend: &'a mut HeapKeyedStateBackend<K>,
     key: &'a K,
-    group: usize,
+    slot: KeySlot,
 }
 
 impl<'a, K: Key> KeyedContext<'a, K> {
-    pub(crate) fn new(backend: &'a mut HeapKeyedStateBackend<K>, key: &'a K, group: usize) -> Self {
-        KeyedContext {
-            backend,
-            key,
-            group,
-        }
+    pub(crate) fn new(backend: &'a mut HeapKeyedStateBackend<K>, key: &'a K) -> Self {
+        let slot = backend.locate(key);
+        KeyedContext { backend, key, slot }
     }
 
     pub fn key(&self) -> &K {
@@ -113,29 +113,43 @@ impl<'a, K: Key> KeyedContext<'a, K> {
 
     fn entry<S: Data>(&mut self, id: usize) -> Entry<'_, K, S> {
         Entry {
-            table: self.backend.group_mut::<S>(id, self.group),
+            table: self.backend.group_mut::<S>(id, self.slot.group),
             key: self.key,
+            hash: self.slot.hash,
         }
     }
 }
 
 /// One key's slot of one state.
 pub struct Entry<'a, K: Key, S> {
-    table: &'a mut rustc_hash::FxHashMap<K, S>,
+    table: &'a mut GroupTable<K, S>,
     key: &'a K,
+    hash: u64,
 }
 
 impl<K: Key, S: Data> Entry<'_, K, S> {
     pub fn get(&self) -> Option<&S> {
-        self.table.get(self.key)
+        self.table
+            .find(self.hash, |(k, _)| k == self.key)
+            .map(|(_, s)| s)
     }
 
     pub fn set(&mut self, value: S) {
-        self.table.insert(self.key.clone(), value);
+        let key = self.key;
+        match self.slot() {
+            hash_table::Entry::Occupied(mut slot) => slot.get_mut().1 = value,
+            hash_table::Entry::Vacant(slot) => {
+                slot.insert((key.clone(), value));
+            }
+        }
     }
 
     pub fn clear(&mut self) -> Option<S> {
-        self.table.remove(self.key)
+        let entry = self
+            .table
+            .find_entry(self.hash, |(k, _)| k == self.key)
+            .ok()?;
+        Some(entry.remove().0 .1)
     }
 
     /// The slot, created with `S::default()` if empty: one lookup for a
@@ -144,10 +158,22 @@ impl<K: Key, S: Data> Entry<'_, K, S> {
     where
         S: Default,
     {
-        if !self.table.contains_key(self.key) {
-            self.table.insert(self.key.clone(), S::default());
-        }
-        self.table.get_mut(self.key).expect("just inserted")
+        self.get_or_insert_with(S::default)
+    }
+
+    fn get_or_insert_with(&mut self, make: impl FnOnce() -> S) -> &mut S {
+        let key = self.key;
+        &mut self
+            .slot()
+            .or_insert_with(|| (key.clone(), make()))
+            .into_mut()
+            .1
+    }
+
+    fn slot(&mut self) -> hash_table::Entry<'_, (K, S)> {
+        let key = self.key;
+        self.table
+            .entry(self.hash, |(k, _)| k == key, |(k, _)| table_hash(k))
     }
 }
 
@@ -183,15 +209,16 @@ mod tests {
         let by_day = reg.map::<u8, u64>("by-day");
         for (key, n) in [("a", 1u32), ("b", 2), ("a", 3)] {
             let key = key.to_string();
-            let group = backend.group_offset(&key);
-            let mut ctx = KeyedContext::new(&mut backend, &key, group);
+            let mut ctx = KeyedContext::new(&mut backend, &key);
             *ctx.value(&count).get_or_default() += 1;
             ctx.list(&seen).get_or_default().push(n);
-            *ctx.map(&by_day).get_or_default().entry(n as u8 % 2).or_default() += 1;
+            *ctx.map(&by_day)
+                .get_or_default()
+                .entry(n as u8 % 2)
+                .or_default() += 1;
         }
         let key = "a".to_string();
-        let group = backend.group_offset(&key);
-        let mut ctx = KeyedContext::new(&mut backend, &key, group);
+        let mut ctx = KeyedContext::new(&mut backend, &key);
         assert_eq!(ctx.value(&count).get(), Some(&2));
         assert_eq!(ctx.list(&seen).get(), Some(&vec![1, 3]));
         assert_eq!(ctx.map(&by_day).get().unwrap()[&1], 2);

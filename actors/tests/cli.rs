@@ -1,0 +1,93 @@
+//! The `tidemark` binary as a user runs it.
+
+use std::process::{Command, Output};
+
+fn tidemark(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn json_report_is_the_last_line_of_stdout() {
+    let out = tidemark(&[
+        "run",
+        "wordcount",
+        "--records",
+        "50000",
+        "--keys",
+        "100",
+        "--parallelism",
+        "2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last = stdout.lines().last().expect("a report");
+    let report: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(report["records_in"], 50_000);
+    assert_eq!(report["parallelism"], 2);
+    assert!(report["elapsed_s"].as_f64().unwrap() > 0.0);
+    assert!(report["throughput_rps"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn bad_arguments_exit_2_naming_the_argument() {
+    for (args, argument) in [
+        (&["run", "wordcount", "--keys", "0"][..], "--keys"),
+        (
+            &["run", "wordcount", "--parallelism", "0"][..],
+            "--parallelism",
+        ),
+        (
+            &["run", "wordcount", "--parallelism", "129"][..],
+            "--parallelism",
+        ),
+        (&["run", "wordcount", "--records=-5"][..], "--records"),
+        (&["run", "wordcount", "--records", "many"][..], "--records"),
+        (&["run", "wordcount", "--rate", "0"][..], "--rate"),
+        (&["run", "wordcount", "--rate", "fast"][..], "--rate"),
+        (&["run", "wordcount", "--emit", "sometimes"][..], "--emit"),
+        (
+            &["run", "wordcount", "--checkpoint-interval", "1s"][..],
+            "--checkpoint-interval",
+        ),
+        (
+            &["run", "wordcount", "--checkpoint-interval", "soon"][..],
+            "--checkpoint-interval",
+        ),
+        (
+            &["run", "wordcount", "--no-such-flag"][..],
+            "--no-such-flag",
+        ),
+        (&["run", "pagerank"][..], "pagerank"),
+    ] {
+        let out = tidemark(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(argument),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn an_output_path_that_is_a_file_is_refused() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let out = tidemark(&[
+        "run",
+        "wordcount",
+        "--records",
+        "10",
+        "--output",
+        file.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--output"), "{}", stderr(&out));
+}

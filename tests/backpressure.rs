@@ -1,0 +1,139 @@
+//! Credit-based flow control under a sink 100× slower than the source: the
+//! batches buffered on every channel stay within its credits, and the source
+//! is held back instead of filling memory.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tidemark::channel::ChannelConfig;
+use tidemark::job::JobConfig;
+use tidemark::BatchLimits;
+use tidemark_actors::prelude::*;
+use tidemark_actors::wordcount::{Counter, Emit, Generator};
+
+/// Counts what the source has read.
+struct Counted {
+    inner: Generator,
+    read: Arc<AtomicU64>,
+}
+
+impl Source<u64> for Counted {
+    fn read(&mut self, out: &mut Vec<u64>, max: usize) -> Result<SourceStatus, UserError> {
+        let before = out.len();
+        let status = self.inner.read(out, max)?;
+        self.read
+            .fetch_add((out.len() - before) as u64, Ordering::SeqCst);
+        Ok(status)
+    }
+
+    fn offset(&self) -> u64 {
+        self.inner.offset()
+    }
+}
+
+/// Takes 100× longer per record than the source, and records the most
+/// records ever read but not yet written.
+struct Slow {
+    read: Arc<AtomicU64>,
+    written: Arc<AtomicU64>,
+    max_in_flight: Arc<AtomicU64>,
+}
+
+impl Sink<(u64, u64)> for Slow {
+    fn write(&mut self, records: &mut Vec<(u64, u64)>) -> Result<(), UserError> {
+        std::thread::sleep(Duration::from_micros(20 * records.len() as u64));
+        let written = self
+            .written
+            .fetch_add(records.len() as u64, Ordering::SeqCst)
+            + records.len() as u64;
+        let in_flight = self.read.load(Ordering::SeqCst) - written;
+        self.max_in_flight.fetch_max(in_flight, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), UserError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn buffered_batches_never_exceed_credits_when_the_sink_is_slow() {
+    let parallelism = 2u32;
+    let batch = 64usize;
+    let channels = ChannelConfig {
+        output_credits: 2,
+        input_credits: 3,
+        prefetch: 1,
+    };
+    let records = 20_000u64;
+    let read = Arc::new(AtomicU64::new(0));
+    let written = Arc::new(AtomicU64::new(0));
+    let max_in_flight = Arc::new(AtomicU64::new(0));
+    let config = JobConfig {
+        parallelism,
+        batch_limits: BatchLimits {
+            max_records: batch,
+            max_bytes: 1 << 20,
+        },
+        channels,
+        source_rate: None,
+    };
+    let (source_read, sink_read) = (read.clone(), read.clone());
+    let (sink_written, sink_max) = (written.clone(), max_in_flight.clone());
+    let job = Job::builder("slow-sink")
+        .config(config)
+        .source("generator", move |ctx| Counted {
+            inner: Generator::new(records, 1_000, 0, ctx),
+            read: source_read.clone(),
+        })
+        .key_by(|k: &u64| *k)
+        .process("count", |states| Counter::open(states, Emit::Updates))
+        .rebalance()
+        .sink("slow", move |_| Slow {
+            read: sink_read.clone(),
+            written: sink_written.clone(),
+            max_in_flight: sink_max.clone(),
+        });
+    let handle = job.run().unwrap();
+    let metrics = handle.metrics().clone();
+    let report = handle.wait().unwrap();
+    assert_eq!(report.records_in, records);
+    assert_eq!(written.load(Ordering::SeqCst), records);
+
+    let mut saturated = 0;
+    for gauge in metrics.channels.iter() {
+        let (id, g) = (gauge.key(), gauge.value());
+        assert!(
+            g.max_output_queued() <= channels.output_credits,
+            "{id}: {} queued",
+            g.max_output_queued()
+        );
+        assert!(
+            g.max_input_buffered() <= channels.input_credits,
+            "{id}: {} buffered",
+            g.max_input_buffered()
+        );
+        if g.max_input_buffered() == channels.input_credits {
+            saturated += 1;
+        }
+    }
+    assert_eq!(metrics.channels.len(), 2 * 2 * parallelism as usize);
+    assert!(
+        saturated > 0,
+        "the slow sink must have filled some channel to its credits"
+    );
+
+    // Everything between source and sink: two edges of p×p channels, each
+    // holding at most its credits in batches, plus what each of the 2p
+    // subtasks holds locally (one batch per output channel) or is working on.
+    let channel_count = 2 * (parallelism * parallelism) as u64;
+    let per_channel = u64::from(channels.output_credits + channels.input_credits);
+    let local = 2 * u64::from(parallelism) * (u64::from(parallelism) + 1);
+    let bound = (channel_count * per_channel + local) * batch as u64;
+    let seen = max_in_flight.load(Ordering::SeqCst);
+    assert!(seen <= bound, "{seen} records in flight, bound {bound}");
+    assert!(
+        seen < records / 2,
+        "the source must have been held back: {seen} in flight"
+    );
+}
