@@ -3,6 +3,7 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use tidemark::{Sink, SinkContext, UserError};
 
 /// Drops every record: for benchmarks and jobs run for their side effects.
@@ -65,6 +66,32 @@ impl Sink<(u64, u64)> for FileSink {
         file.sync_all()?;
         std::fs::rename(&self.pending, &self.committed)
             .map_err(|e| format!("cannot commit {}: {e}", self.committed.display()))?;
+        Ok(())
+    }
+}
+
+/// Collects every record into a shared vector: for tests and for embedding
+/// applications that want the results in memory.
+pub struct Collect<T> {
+    into: Arc<Mutex<Vec<T>>>,
+}
+
+impl<T> Collect<T> {
+    pub fn new(into: Arc<Mutex<Vec<T>>>) -> Self {
+        Collect { into }
+    }
+}
+
+impl<T: Send> Sink<T> for Collect<T> {
+    fn write(&mut self, records: &mut Vec<T>) -> Result<(), UserError> {
+        self.into
+            .lock()
+            .map_err(|_| "the collecting vector was poisoned")?
+            .append(records);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), UserError> {
         Ok(())
     }
 }
