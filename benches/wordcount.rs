@@ -66,7 +66,9 @@ fn main() {
                 .output()
                 .expect("child runs");
             let line = String::from_utf8_lossy(&out.stdout);
-            let mut fields = line.split_whitespace().map(|f| f.parse::<f64>().expect("number"));
+            let mut fields = line
+                .split_whitespace()
+                .map(|f| f.parse::<f64>().expect("number"));
             let (rps, rss) = (fields.next().expect("rps"), fields.next().expect("rss"));
             results.push((p, rps, rss));
         }
@@ -75,7 +77,11 @@ fn main() {
     let mut medians = Vec::new();
     for p in [1u32, 2] {
         let rps: Vec<f64> = results.iter().filter(|r| r.0 == p).map(|r| r.1).collect();
-        let rss = results.iter().filter(|r| r.0 == p).map(|r| r.2).fold(0.0, f64::max);
+        let rss = results
+            .iter()
+            .filter(|r| r.0 == p)
+            .map(|r| r.2)
+            .fold(0.0, f64::max);
         let best = rps.iter().copied().fold(0.0, f64::max);
         let m = median(rps);
         medians.push(m);

@@ -23,7 +23,11 @@ impl KeyedProcessFunction<String, String, (String, u64)> for WordCount {
         *ctx.value(&self.count).get_or_default() += 1;
     }
 
-    fn end_of_input(&mut self, states: AllKeys<'_, String>, out: &mut Collector<'_, (String, u64)>) {
+    fn end_of_input(
+        &mut self,
+        states: AllKeys<'_, String>,
+        out: &mut Collector<'_, (String, u64)>,
+    ) {
         for (word, count) in states.values(&self.count) {
             out.collect((word.clone(), *count));
         }
@@ -46,7 +50,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let report = Job::builder("embedded-wordcount")
         .parallelism(2)
         .source("lines", move |ctx| Items::new(lines.clone(), ctx))
-        .flat_map(|line: String| line.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+        .flat_map(|line: String| {
+            line.split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
         .filter(|word: &String| word.len() > 1)
         .key_by(|word: &String| word.clone())
         .process("count", |states| WordCount {

@@ -92,7 +92,10 @@ mod tests {
             parallelism: 3,
             start_offset,
         };
-        assert_eq!(read_all(&mut Items::new(items.clone(), ctx(1, 0))), [1, 4, 7]);
+        assert_eq!(
+            read_all(&mut Items::new(items.clone(), ctx(1, 0))),
+            [1, 4, 7]
+        );
         let mut resumed = Items::new(items.clone(), ctx(0, 2));
         assert_eq!(read_all(&mut resumed), [6, 9]);
         assert_eq!(resumed.offset(), 4);
