@@ -9,6 +9,7 @@
 
 pub mod batch;
 pub mod channel;
+pub mod checkpoint;
 pub mod error;
 pub mod event;
 pub mod gate;

@@ -1,0 +1,1 @@
+//! Barrier alignment (in progress).

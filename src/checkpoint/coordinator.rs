@@ -1,0 +1,1 @@
+//! The checkpoint coordinator (in progress).

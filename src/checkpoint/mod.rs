@@ -1,0 +1,141 @@
+//! Checkpoints: the protocol that makes a job's state fault tolerant, as
+//! sans-IO state machines (the coordinator, the barrier aligner) plus the
+//! formats and storage they hand their results to.
+
+pub mod aligner;
+pub mod coordinator;
+
+use crate::event::CheckpointKind;
+use crate::ids::{CheckpointId, SubtaskId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// How often and how carefully checkpoints are taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointConfig {
+    /// Periodic trigger; `None` disables periodic checkpoints (manual ones
+    /// still work).
+    pub interval: Option<Duration>,
+    /// A checkpoint not complete this long after its trigger is aborted.
+    pub timeout: Duration,
+    /// Least time from the end of one checkpoint to the trigger of the next.
+    pub min_pause: Duration,
+    pub max_concurrent: usize,
+    /// Consecutive failed checkpoints tolerated; one more fails the job.
+    pub tolerable_failures: u32,
+    /// Completed checkpoints kept; older ones are subsumed and discarded.
+    pub retain: usize,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig {
+            interval: Some(Duration::from_secs(1)),
+            timeout: Duration::from_secs(600),
+            min_pause: Duration::ZERO,
+            max_concurrent: 1,
+            tolerable_failures: 0,
+            retain: 1,
+        }
+    }
+}
+
+/// Where the bytes of one state object live, relative to the job's
+/// directory in checkpoint storage.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateHandle {
+    pub path: String,
+    pub size: u64,
+}
+
+/// Keyed state of one subtask: one object holding its key groups back to
+/// back, with the offset of each, so that a restore at another parallelism
+/// can read exactly the key groups it owns.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyedStateHandle {
+    pub start_group: u32,
+    /// Byte offset of each key group of the range, in order, in `handle`.
+    pub offsets: Vec<u64>,
+    pub handle: StateHandle,
+}
+
+/// The acknowledged state of one subtask for one checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubtaskState {
+    pub keyed: Option<KeyedStateHandle>,
+    /// Small operator state travelling inline: a source's offset, a sink's
+    /// pre-committed transactions.
+    pub operator: BTreeMap<String, Vec<u8>>,
+}
+
+impl SubtaskState {
+    /// State objects this snapshot wrote, to delete if it is discarded.
+    pub fn handles(&self) -> impl Iterator<Item = &StateHandle> {
+        self.keyed.iter().map(|k| &k.handle)
+    }
+
+    pub fn size(&self) -> u64 {
+        self.handles().map(|h| h.size).sum::<u64>()
+            + self.operator.values().map(|v| v.len() as u64).sum::<u64>()
+    }
+}
+
+/// What one subtask measured for one checkpoint (Flink's names).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointMetrics {
+    /// From the first barrier of the checkpoint at this subtask to the last.
+    pub alignment: Duration,
+    pub bytes_during_alignment: u64,
+    /// From the trigger to the first barrier reaching this subtask.
+    pub start_delay: Duration,
+    pub sync: Duration,
+    pub async_: Duration,
+    pub state_size: u64,
+}
+
+/// A subtask's acknowledgement: its state and what it measured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ack {
+    pub subtask: SubtaskId,
+    pub checkpoint: CheckpointId,
+    pub state: SubtaskState,
+    pub metrics: CheckpointMetrics,
+}
+
+/// A checkpoint whose every subtask acknowledged, ready to be made durable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompletedCheckpoint {
+    pub id: CheckpointId,
+    pub kind: CheckpointKind,
+    /// Trigger time, milliseconds since the Unix epoch.
+    pub timestamp: u64,
+    pub subtasks: BTreeMap<SubtaskId, SubtaskState>,
+    /// State returned by master hooks at trigger, by hook name.
+    pub master_states: BTreeMap<String, Vec<u8>>,
+}
+
+/// Why a checkpoint did not complete.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CheckpointFailure {
+    #[error("checkpoint {0} expired before completing")]
+    Expired(CheckpointId),
+    #[error("subtask {subtask} declined checkpoint {checkpoint}: {reason}")]
+    Declined {
+        checkpoint: CheckpointId,
+        subtask: SubtaskId,
+        reason: String,
+    },
+    #[error("checkpoint {checkpoint} could not be finalized: {reason}")]
+    FinalizeFailed {
+        checkpoint: CheckpointId,
+        reason: String,
+    },
+    #[error("checkpoint {checkpoint} was aborted: {reason}")]
+    Aborted {
+        checkpoint: CheckpointId,
+        reason: String,
+    },
+    #[error("checkpoint not triggered: {0}")]
+    NotTriggered(String),
+}
