@@ -2,6 +2,7 @@
 //! `UserError`; the runtime wraps them with the place they came from.
 
 use crate::batch::BatchTypeError;
+use crate::state::StateError;
 use thiserror::Error;
 
 /// An error raised by user code: a source, a sink or a function.
@@ -17,6 +18,8 @@ pub enum TaskError {
     Panic(String),
     #[error(transparent)]
     BatchType(#[from] BatchTypeError),
+    #[error("restoring state failed: {0}")]
+    State(#[from] StateError),
     #[error("{0}")]
     Protocol(String),
 }

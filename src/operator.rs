@@ -5,10 +5,11 @@
 
 use crate::batch::{Batch, Data};
 use crate::error::TaskError;
-use crate::ids::KeyGroup;
+use crate::ids::{CheckpointId, KeyGroup};
 use crate::key_group::subtask_for_key_group;
 use crate::sink::Sink;
 use crate::state::{AllKeys, HeapKeyedStateBackend, Key, KeyedContext, StateRegistrar};
+use crate::task::{RestoreState, TaskSnapshot, SINK};
 use std::sync::Arc;
 
 /// Full batches ready to be sent, with the index of their output channel.
@@ -23,7 +24,21 @@ pub trait Downstream<T>: Send {
 
     /// No more input will come: emit what is held back, then flush.
     fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError>;
+
+    /// Synchronous part of a checkpoint: everything buffered before the
+    /// barrier goes to `out`, state goes to `snapshot`.
+    fn snapshot(
+        &mut self,
+        checkpoint: CheckpointId,
+        out: &mut Outgoing,
+        snapshot: &mut TaskSnapshot,
+    ) -> Result<(), TaskError>;
+
+    fn notify_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError>;
+
+    fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError>;
 }
+
 
 /// Hands a function's output to the rest of the chain.
 pub struct Collector<'a, T> {
@@ -69,6 +84,23 @@ where
 
     fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
         self.next.end_of_input(out)
+    }
+
+    fn snapshot(
+        &mut self,
+        checkpoint: CheckpointId,
+        out: &mut Outgoing,
+        snapshot: &mut TaskSnapshot,
+    ) -> Result<(), TaskError> {
+        self.next.snapshot(checkpoint, out, snapshot)
+    }
+
+    fn notify_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError> {
+        self.next.notify_complete(checkpoint)
+    }
+
+    fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
+        self.next.restore(state)
     }
 }
 
@@ -144,6 +176,27 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
             },
         );
         self.next.end_of_input(out)
+    }
+
+    fn snapshot(
+        &mut self,
+        checkpoint: CheckpointId,
+        out: &mut Outgoing,
+        snapshot: &mut TaskSnapshot,
+    ) -> Result<(), TaskError> {
+        snapshot.keyed = Some(self.states.snapshot());
+        self.next.snapshot(checkpoint, out, snapshot)
+    }
+
+    fn notify_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError> {
+        self.next.notify_complete(checkpoint)
+    }
+
+    fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
+        for (group, bytes) in &state.key_groups {
+            self.states.restore_group(*group, bytes)?;
+        }
+        self.next.restore(state)
     }
 }
 
@@ -249,6 +302,23 @@ impl<T: Data> Downstream<T> for RecordWriter<T> {
     fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
         self.flush(out)
     }
+
+    fn snapshot(
+        &mut self,
+        _checkpoint: CheckpointId,
+        out: &mut Outgoing,
+        _snapshot: &mut TaskSnapshot,
+    ) -> Result<(), TaskError> {
+        self.flush(out)
+    }
+
+    fn notify_complete(&mut self, _checkpoint: CheckpointId) -> Result<(), TaskError> {
+        Ok(())
+    }
+
+    fn restore(&mut self, _state: &RestoreState) -> Result<(), TaskError> {
+        Ok(())
+    }
 }
 
 /// Last step of a chain that ends in a sink.
@@ -282,6 +352,28 @@ impl<T: Send> Downstream<T> for SinkWriter<T> {
     fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
         self.flush(out)?;
         self.sink.finish().map_err(TaskError::Sink)
+    }
+
+    fn snapshot(
+        &mut self,
+        checkpoint: CheckpointId,
+        out: &mut Outgoing,
+        snapshot: &mut TaskSnapshot,
+    ) -> Result<(), TaskError> {
+        self.flush(out)?;
+        let state = self.sink.pre_commit(checkpoint).map_err(TaskError::Sink)?;
+        snapshot.operator.insert(SINK.into(), state);
+        Ok(())
+    }
+
+    fn notify_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError> {
+        self.sink.commit(checkpoint).map_err(TaskError::Sink)
+    }
+
+    fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
+        self.sink
+            .restore(state.operator.get(SINK).map(Vec::as_slice))
+            .map_err(TaskError::Sink)
     }
 }
 

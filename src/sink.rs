@@ -1,7 +1,11 @@
-//! Sinks: where a job's results leave it.
+//! Sinks: where a job's results leave it. A transactional sink takes part in
+//! checkpoints with a two-phase commit: it pre-commits at the barrier
+//! (durable, not yet visible), commits when the checkpoint completes, and on
+//! restore commits what the restored checkpoint pre-committed and aborts
+//! everything newer. The defaults suit sinks without transactions.
 
 use crate::error::UserError;
-use crate::ids::SubtaskIndex;
+use crate::ids::{CheckpointId, SubtaskIndex};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SinkContext {
@@ -15,4 +19,21 @@ pub trait Sink<T>: Send {
 
     /// End of input: make everything written durable and visible.
     fn finish(&mut self) -> Result<(), UserError>;
+
+    /// The barrier of `checkpoint` passed: make what was written since the
+    /// last barrier durable but invisible; returns the state to restore from.
+    fn pre_commit(&mut self, _checkpoint: CheckpointId) -> Result<Vec<u8>, UserError> {
+        Ok(Vec::new())
+    }
+
+    /// `checkpoint` completed: make everything pre-committed up to it visible.
+    fn commit(&mut self, _checkpoint: CheckpointId) -> Result<(), UserError> {
+        Ok(())
+    }
+
+    /// Called before any write with what `pre_commit` returned for the
+    /// restored checkpoint (`None` on a fresh start).
+    fn restore(&mut self, _state: Option<&[u8]>) -> Result<(), UserError> {
+        Ok(())
+    }
 }

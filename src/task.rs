@@ -4,7 +4,10 @@
 use crate::batch::{Batch, BatchLimits, Data};
 use crate::error::TaskError;
 use crate::graph::Partitioner;
-use crate::ids::SubtaskIndex;
+use crate::ids::{CheckpointId, KeyGroup, SubtaskIndex};
+use crate::state::HeapSnapshot;
+use bytes::Bytes;
+use std::collections::BTreeMap;
 use crate::key_group::KeyGroupRange;
 use crate::operator::{Downstream, Outgoing};
 use crate::source::{Source, SourceStatus};
@@ -32,6 +35,39 @@ pub struct OutputContext {
     pub consumer_max_parallelism: u32,
 }
 
+/// Operator-state entry of a source: its offset, u64 little endian.
+pub const SOURCE_OFFSET: &str = "source-offset";
+/// Operator-state entry of a sink: what its `pre_commit` returned.
+pub const SINK: &str = "sink";
+
+/// What the synchronous part of a snapshot captured.
+#[derive(Default)]
+pub struct TaskSnapshot {
+    pub keyed: Option<HeapSnapshot>,
+    pub operator: BTreeMap<String, Vec<u8>>,
+}
+
+/// The state a subtask resumes from: the key groups it owns and its operator
+/// state.
+#[derive(Clone, Debug, Default)]
+pub struct RestoreState {
+    pub key_groups: Vec<(KeyGroup, Bytes)>,
+    pub operator: BTreeMap<String, Vec<u8>>,
+}
+
+impl RestoreState {
+    pub fn source_offset(&self) -> Result<u64, TaskError> {
+        match self.operator.get(SOURCE_OFFSET) {
+            None => Ok(0),
+            Some(bytes) => bytes
+                .as_slice()
+                .try_into()
+                .map(u64::from_le_bytes)
+                .map_err(|_| TaskError::Protocol(format!("a source offset of {} bytes", bytes.len()))),
+        }
+    }
+}
+
 pub trait Task: Send {
     /// Sources only: read up to `max` records and push them through the chain.
     fn produce(&mut self, max: usize, out: &mut Outgoing) -> Result<Produced, TaskError>;
@@ -40,6 +76,15 @@ pub trait Task: Send {
     fn process(&mut self, batch: Batch, out: &mut Outgoing) -> Result<(), TaskError>;
 
     fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError>;
+
+    /// Synchronous part of checkpoint `checkpoint`: flushes what precedes the
+    /// barrier into `out` and captures the state.
+    fn snapshot(&mut self, checkpoint: CheckpointId, out: &mut Outgoing) -> Result<TaskSnapshot, TaskError>;
+
+    fn notify_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError>;
+
+    /// Before any input: load the restored state into the chain.
+    fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError>;
 }
 
 /// What one `produce` call read.
@@ -88,6 +133,20 @@ impl<T: Data> Task for SourceTask<T> {
     fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
         self.next.end_of_input(out)
     }
+
+    fn snapshot(&mut self, checkpoint: CheckpointId, out: &mut Outgoing) -> Result<TaskSnapshot, TaskError> {
+        let mut snapshot = TaskSnapshot::default();
+        self.next.snapshot(checkpoint, out, &mut snapshot)?;
+        Ok(snapshot)
+    }
+
+    fn notify_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError> {
+        self.next.notify_complete(checkpoint)
+    }
+
+    fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
+        self.next.restore(state)
+    }
 }
 
 pub struct InputTask<T> {
@@ -116,5 +175,19 @@ impl<T: Data> Task for InputTask<T> {
 
     fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
         self.next.end_of_input(out)
+    }
+
+    fn snapshot(&mut self, checkpoint: CheckpointId, out: &mut Outgoing) -> Result<TaskSnapshot, TaskError> {
+        let mut snapshot = TaskSnapshot::default();
+        self.next.snapshot(checkpoint, out, &mut snapshot)?;
+        Ok(snapshot)
+    }
+
+    fn notify_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError> {
+        self.next.notify_complete(checkpoint)
+    }
+
+    fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
+        self.next.restore(state)
     }
 }

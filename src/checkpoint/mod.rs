@@ -4,6 +4,9 @@
 
 pub mod aligner;
 pub mod coordinator;
+pub mod metadata;
+pub mod storage;
+pub mod store;
 
 use crate::event::CheckpointKind;
 use crate::ids::{CheckpointId, SubtaskId};

@@ -4,6 +4,7 @@
 
 use super::Key;
 use crate::batch::Data;
+use crate::ids::KeyGroup;
 use crate::key_group::{key_group_for_hash, key_hash, KeyGroupRange};
 use hashbrown::HashTable;
 use std::any::Any;
@@ -14,6 +15,15 @@ pub(super) type GroupTable<K, S> = HashTable<(K, S)>;
 trait StateTable: Send {
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// The synchronous part of a snapshot: an owned copy, so that processing
+    /// goes on while the copy is serialized elsewhere.
+    fn copy(&self) -> Box<dyn TableCopy>;
+    fn restore_group(&mut self, group: usize, input: &mut &[u8]) -> Result<(), StateError>;
+}
+
+/// A copied table, serialized key group by key group off the subtask.
+trait TableCopy: Send {
+    fn write_group(&self, group: usize, out: &mut Vec<u8>);
 }
 
 struct Table<K, S> {
@@ -26,6 +36,66 @@ impl<K: Key, S: Data> StateTable for Table<K, S> {
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+    fn copy(&self) -> Box<dyn TableCopy> {
+        Box::new(Table {
+            groups: self.groups.clone(),
+        })
+    }
+    fn restore_group(&mut self, group: usize, input: &mut &[u8]) -> Result<(), StateError> {
+        let entries: Vec<(K, S)> =
+            rmp_serde::from_read(input).map_err(|e| StateError::Decode(e.to_string()))?;
+        let table = &mut self.groups[group];
+        for (key, value) in entries {
+            let hash = table_hash(&key);
+            table.insert_unique(hash, (key, value), |(k, _)| table_hash(k));
+        }
+        Ok(())
+    }
+}
+
+impl<K: Key, S: Data> TableCopy for Table<K, S> {
+    fn write_group(&self, group: usize, out: &mut Vec<u8>) {
+        let entries: Vec<&(K, S)> = self.groups[group].iter().collect();
+        rmp_serde::encode::write(out, &entries).expect("writing to a vector cannot fail");
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum StateError {
+    #[error("keyed state {0:?} in the snapshot is not declared by the operator")]
+    UnknownState(String),
+    #[error("{0} is not owned by this subtask")]
+    ForeignKeyGroup(KeyGroup),
+    #[error("keyed state does not decode: {0}")]
+    Decode(String),
+}
+
+/// An owned copy of a backend's state, to serialize off the subtask.
+pub struct HeapSnapshot {
+    range: KeyGroupRange,
+    names: Vec<String>,
+    tables: Vec<Box<dyn TableCopy>>,
+}
+
+impl HeapSnapshot {
+    pub fn key_groups(&self) -> KeyGroupRange {
+        self.range
+    }
+
+    /// Key groups back to back; returns the offset of each in `out`. A key
+    /// group holds, for every state, its name and its entries.
+    pub fn write(&self, out: &mut Vec<u8>) -> Vec<u64> {
+        let mut offsets = Vec::with_capacity(self.range.len());
+        for group in 0..self.range.len() {
+            offsets.push(out.len() as u64);
+            rmp_serde::encode::write(out, &(self.names.len() as u32)).expect("in memory");
+            for (name, table) in self.names.iter().zip(&self.tables) {
+                rmp_serde::encode::write(out, name).expect("in memory");
+                table.write_group(group, out);
+            }
+        }
+        offsets
     }
 }
 
@@ -93,6 +163,36 @@ impl<K: Key> HeapKeyedStateBackend<K> {
             groups: (0..self.range.len()).map(|_| HashTable::new()).collect(),
         }));
         self.tables.len() - 1
+    }
+
+    pub fn snapshot(&self) -> HeapSnapshot {
+        HeapSnapshot {
+            range: self.range,
+            names: self.names.clone(),
+            tables: self.tables.iter().map(|t| t.copy()).collect(),
+        }
+    }
+
+    /// Loads one key group as `HeapSnapshot::write` wrote it. States must
+    /// have been declared (by opening the operator) first.
+    pub fn restore_group(&mut self, group: KeyGroup, mut bytes: &[u8]) -> Result<(), StateError> {
+        if !self.range.contains(group) {
+            return Err(StateError::ForeignKeyGroup(group));
+        }
+        let offset = self.range.offset(group);
+        let input = &mut bytes;
+        let states: u32 = rmp_serde::from_read(&mut *input).map_err(|e| StateError::Decode(e.to_string()))?;
+        for _ in 0..states {
+            let name: String =
+                rmp_serde::from_read(&mut *input).map_err(|e| StateError::Decode(e.to_string()))?;
+            let id = self
+                .names
+                .iter()
+                .position(|n| *n == name)
+                .ok_or(StateError::UnknownState(name))?;
+            self.tables[id].restore_group(offset, input)?;
+        }
+        Ok(())
     }
 
     fn table<S: Data>(&self, id: usize) -> &Table<K, S> {

@@ -1,0 +1,95 @@
+//! `CompletedCheckpointStore`: the completed checkpoints a job keeps, newest
+//! last. Adding one beyond the retained number subsumes the oldest, whose
+//! objects the caller then deletes. Recovered from storage by listing.
+
+use super::storage::{CheckpointStorage, StorageError};
+use super::CompletedCheckpoint;
+use std::collections::VecDeque;
+
+#[derive(Debug)]
+pub struct CompletedCheckpointStore {
+    retain: usize,
+    checkpoints: VecDeque<CompletedCheckpoint>,
+}
+
+impl CompletedCheckpointStore {
+    pub fn new(retain: usize) -> Self {
+        assert!(retain > 0, "at least one completed checkpoint is retained");
+        CompletedCheckpointStore {
+            retain,
+            checkpoints: VecDeque::new(),
+        }
+    }
+
+    /// The newest `retain` checkpoints found in storage. Their metadata must
+    /// read back: a corrupted one is an error, not a silent fallback to an
+    /// older checkpoint.
+    pub async fn recover(storage: &CheckpointStorage, retain: usize) -> Result<Self, StorageError> {
+        let mut store = Self::new(retain);
+        let ids = storage.completed_ids().await?;
+        for id in ids.iter().skip(ids.len().saturating_sub(retain)) {
+            store.checkpoints.push_back(storage.read_metadata(*id).await?);
+        }
+        Ok(store)
+    }
+
+    /// Returns the checkpoints this one subsumes.
+    pub fn add(&mut self, checkpoint: CompletedCheckpoint) -> Vec<CompletedCheckpoint> {
+        self.checkpoints.push_back(checkpoint);
+        let excess = self.checkpoints.len().saturating_sub(self.retain);
+        self.checkpoints.drain(..excess).collect()
+    }
+
+    pub fn latest(&self) -> Option<&CompletedCheckpoint> {
+        self.checkpoints.back()
+    }
+
+    pub fn retained(&self) -> impl Iterator<Item = &CompletedCheckpoint> {
+        self.checkpoints.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::CheckpointKind;
+    use crate::ids::{CheckpointId, JobId};
+    use std::collections::BTreeMap;
+
+    fn checkpoint(id: u64) -> CompletedCheckpoint {
+        CompletedCheckpoint {
+            id: CheckpointId(id),
+            kind: CheckpointKind::Checkpoint,
+            timestamp: id,
+            subtasks: BTreeMap::new(),
+            master_states: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn retains_the_newest_and_hands_back_the_subsumed() {
+        let mut store = CompletedCheckpointStore::new(2);
+        assert!(store.add(checkpoint(1)).is_empty());
+        assert!(store.add(checkpoint(2)).is_empty());
+        let subsumed = store.add(checkpoint(3));
+        assert_eq!(subsumed.iter().map(|c| c.id.0).collect::<Vec<_>>(), [1]);
+        assert_eq!(store.latest().unwrap().id, CheckpointId(3));
+        assert_eq!(store.retained().count(), 2);
+    }
+
+    #[tokio::test]
+    async fn recovers_the_newest_from_storage_and_refuses_corrupted_metadata() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), JobId(1)).unwrap();
+        for id in [1, 2, 3] {
+            storage.write_metadata(&checkpoint(id)).await.unwrap();
+        }
+        let store = CompletedCheckpointStore::recover(&storage, 2).await.unwrap();
+        let ids: Vec<u64> = store.retained().map(|c| c.id.0).collect();
+        assert_eq!(ids, [2, 3]);
+
+        storage.put("chk-3/_metadata", bytes::Bytes::from_static(b"garbage")).await.unwrap();
+        let err = CompletedCheckpointStore::recover(&storage, 2).await.unwrap_err();
+        assert!(err.to_string().contains("chk-3/_metadata"), "{err}");
+    }
+}
