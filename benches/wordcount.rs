@@ -8,8 +8,7 @@
 //! `TIDEMARK_BENCH_RECORDS` and `TIDEMARK_BENCH_REPS` to change the size.
 
 use std::process::Command;
-use tidemark_actors::cli::{self, CheckpointInterval, RunArgs, Topology};
-use tidemark_actors::wordcount::Emit;
+use tidemark_actors::cli::{self, RunArgs};
 
 const CHILD: &str = "TIDEMARK_BENCH_CHILD";
 
@@ -30,19 +29,15 @@ fn peak_rss_mib() -> f64 {
 }
 
 fn child(parallelism: u32, records: u64) {
-    let report = cli::run(&RunArgs {
-        topology: Topology::Wordcount,
-        records,
-        keys: 100_000,
-        seed: 0,
-        parallelism: Some(parallelism),
-        rate: None,
-        emit: Emit::Final,
-        output: None,
-        checkpoint_interval: CheckpointInterval::Off,
-        json: true,
-    })
-    .expect("wordcount runs");
+    let args = RunArgs::parse([
+        "wordcount".to_string(),
+        format!("--records={records}"),
+        "--keys=100000".to_string(),
+        format!("--parallelism={parallelism}"),
+        "--checkpoint-interval=off".to_string(),
+    ])
+    .expect("valid arguments");
+    let report = cli::run(&args).expect("wordcount runs");
     println!("{} {}", report.throughput_rps, peak_rss_mib());
 }
 

@@ -6,6 +6,8 @@
 
 use crate::batch::{BatchLimits, Data};
 use crate::channel::ChannelConfig;
+use crate::checkpoint::CheckpointSettings;
+use crate::fault::{Fault, KillSchedule};
 use crate::graph::{Edge, GraphError, JobGraph, Partitioner};
 use crate::ids::OperatorId;
 use crate::key_group::key_group_of;
@@ -13,6 +15,7 @@ use crate::operator::{
     Collector, Downstream, KeyedFunctionFactory, KeyedProcess, KeyedProcessFunction, RecordWriter,
     Route, SinkWriter, Stateless,
 };
+use crate::restart::RestartStrategy;
 use crate::sink::{Sink, SinkContext};
 use crate::source::{Source, SourceContext};
 use crate::state::{HeapKeyedStateBackend, Key, StateRegistrar};
@@ -35,6 +38,12 @@ pub struct JobConfig {
     pub channels: ChannelConfig,
     /// Total records per second over all source subtasks.
     pub source_rate: Option<f64>,
+    /// `None`: no checkpoints, and a failure fails the job.
+    pub checkpointing: Option<CheckpointSettings>,
+    pub restart: RestartStrategy,
+    /// Seeded kills of random subtasks during the run.
+    pub kills: Option<KillSchedule>,
+    pub faults: Vec<Fault>,
 }
 
 impl Default for JobConfig {
@@ -44,6 +53,13 @@ impl Default for JobConfig {
             batch_limits: BatchLimits::default(),
             channels: ChannelConfig::default(),
             source_rate: None,
+            checkpointing: None,
+            restart: RestartStrategy::FixedDelay {
+                delay: std::time::Duration::from_millis(10),
+                max_attempts: 10,
+            },
+            kills: None,
+            faults: Vec::new(),
         }
     }
 }
@@ -100,6 +116,11 @@ impl JobBuilder {
 
     pub fn channels(mut self, channels: ChannelConfig) -> Self {
         self.config.channels = channels;
+        self
+    }
+
+    pub fn checkpointing(mut self, settings: CheckpointSettings) -> Self {
+        self.config.checkpointing = Some(settings);
         self
     }
 

@@ -39,7 +39,6 @@ pub trait Downstream<T>: Send {
     fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError>;
 }
 
-
 /// Hands a function's output to the rest of the chain.
 pub struct Collector<'a, T> {
     next: &'a mut dyn Downstream<T>,

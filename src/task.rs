@@ -5,12 +5,12 @@ use crate::batch::{Batch, BatchLimits, Data};
 use crate::error::TaskError;
 use crate::graph::Partitioner;
 use crate::ids::{CheckpointId, KeyGroup, SubtaskIndex};
-use crate::state::HeapSnapshot;
-use bytes::Bytes;
-use std::collections::BTreeMap;
 use crate::key_group::KeyGroupRange;
 use crate::operator::{Downstream, Outgoing};
 use crate::source::{Source, SourceStatus};
+use crate::state::HeapSnapshot;
+use bytes::Bytes;
+use std::collections::BTreeMap;
 
 /// Everything a subtask's chain is built from.
 #[derive(Clone, Debug)]
@@ -37,6 +37,10 @@ pub struct OutputContext {
 
 /// Operator-state entry of a source: its offset, u64 little endian.
 pub const SOURCE_OFFSET: &str = "source-offset";
+/// Operator-state entry of a source that had read everything when the
+/// snapshot was taken: once a checkpoint holding it for every source
+/// completes, the input can end without anything left to replay.
+pub const SOURCE_EXHAUSTED: &str = "source-exhausted";
 /// Operator-state entry of a sink: what its `pre_commit` returned.
 pub const SINK: &str = "sink";
 
@@ -63,7 +67,9 @@ impl RestoreState {
                 .as_slice()
                 .try_into()
                 .map(u64::from_le_bytes)
-                .map_err(|_| TaskError::Protocol(format!("a source offset of {} bytes", bytes.len()))),
+                .map_err(|_| {
+                    TaskError::Protocol(format!("a source offset of {} bytes", bytes.len()))
+                }),
         }
     }
 }
@@ -79,7 +85,11 @@ pub trait Task: Send {
 
     /// Synchronous part of checkpoint `checkpoint`: flushes what precedes the
     /// barrier into `out` and captures the state.
-    fn snapshot(&mut self, checkpoint: CheckpointId, out: &mut Outgoing) -> Result<TaskSnapshot, TaskError>;
+    fn snapshot(
+        &mut self,
+        checkpoint: CheckpointId,
+        out: &mut Outgoing,
+    ) -> Result<TaskSnapshot, TaskError>;
 
     fn notify_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError>;
 
@@ -98,6 +108,7 @@ pub struct SourceTask<T> {
     source: Box<dyn Source<T>>,
     buffer: Vec<T>,
     next: Box<dyn Downstream<T>>,
+    exhausted: bool,
 }
 
 impl<T> SourceTask<T> {
@@ -106,6 +117,7 @@ impl<T> SourceTask<T> {
             source,
             buffer: Vec::new(),
             next,
+            exhausted: false,
         }
     }
 }
@@ -121,6 +133,7 @@ impl<T: Data> Task for SourceTask<T> {
             self.next.push(record);
         }
         self.next.flush(out)?;
+        self.exhausted = status == SourceStatus::Finished;
         Ok(Produced { records, status })
     }
 
@@ -134,8 +147,21 @@ impl<T: Data> Task for SourceTask<T> {
         self.next.end_of_input(out)
     }
 
-    fn snapshot(&mut self, checkpoint: CheckpointId, out: &mut Outgoing) -> Result<TaskSnapshot, TaskError> {
+    fn snapshot(
+        &mut self,
+        checkpoint: CheckpointId,
+        out: &mut Outgoing,
+    ) -> Result<TaskSnapshot, TaskError> {
         let mut snapshot = TaskSnapshot::default();
+        snapshot.operator.insert(
+            SOURCE_OFFSET.into(),
+            self.source.offset().to_le_bytes().to_vec(),
+        );
+        if self.exhausted {
+            snapshot
+                .operator
+                .insert(SOURCE_EXHAUSTED.into(), Vec::new());
+        }
         self.next.snapshot(checkpoint, out, &mut snapshot)?;
         Ok(snapshot)
     }
@@ -177,7 +203,11 @@ impl<T: Data> Task for InputTask<T> {
         self.next.end_of_input(out)
     }
 
-    fn snapshot(&mut self, checkpoint: CheckpointId, out: &mut Outgoing) -> Result<TaskSnapshot, TaskError> {
+    fn snapshot(
+        &mut self,
+        checkpoint: CheckpointId,
+        out: &mut Outgoing,
+    ) -> Result<TaskSnapshot, TaskError> {
         let mut snapshot = TaskSnapshot::default();
         self.next.snapshot(checkpoint, out, &mut snapshot)?;
         Ok(snapshot)

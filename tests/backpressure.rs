@@ -76,7 +76,7 @@ fn buffered_batches_never_exceed_credits_when_the_sink_is_slow() {
             max_bytes: 1 << 20,
         },
         channels,
-        source_rate: None,
+        ..JobConfig::default()
     };
     let (source_read, sink_read) = (read.clone(), read.clone());
     let (sink_written, sink_max) = (written.clone(), max_in_flight.clone());

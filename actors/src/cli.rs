@@ -1,13 +1,20 @@
 //! The `tidemark` command line: runs an example topology and reports on it.
 
+use crate::metrics::CheckpointStats;
 use crate::runtime::{JobError, JobReport, Runtime};
 use crate::wordcount::{Emit, Wordcount};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use thiserror::Error;
+use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings, Restore};
+use tidemark::event::Alignment;
+use tidemark::fault::{Fault, FaultPoint, KillSchedule};
+use tidemark::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use tidemark::job::JobConfig;
+use tidemark::restart::RestartStrategy;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -59,28 +66,104 @@ pub struct RunArgs {
     /// whose names do not start with `.` or `_`.
     #[arg(long)]
     pub output: Option<PathBuf>,
-    /// Checkpoint interval; only `off` until checkpointing is enabled.
-    #[arg(long, default_value = "off", value_parser = parse_checkpoint_interval)]
+    /// Checkpoint interval (`200ms`, `2s`), or `off`.
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub checkpoint_interval: CheckpointInterval,
+    /// Checkpoint storage: a path, `file://` path or `memory://`.
+    #[arg(long, default_value = "./tidemark-data/checkpoints")]
+    pub checkpoint_dir: String,
+    /// A checkpoint not complete this long after its trigger is aborted.
+    #[arg(long, default_value = "10min", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// Least time between the end of a checkpoint and the next trigger.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub min_pause: Duration,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent: u32,
+    /// Consecutive failed checkpoints tolerated before the job fails.
+    #[arg(long, default_value_t = 0)]
+    pub tolerable_failures: u32,
+    /// Completed checkpoints kept.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub retain: u32,
+    /// Start from `latest` (the newest completed checkpoint in the checkpoint
+    /// directory) or from a given `chk-N` of it.
+    #[arg(long, value_parser = parse_restore)]
+    pub restore: Option<Restore>,
+    /// Kill a random subtask this many times at random moments (seeded by
+    /// `--seed`); the job restores and goes on.
+    #[arg(long, default_value_t = 0)]
+    pub inject_failures: u32,
+    /// A targeted fault, `POINT:CHECKPOINT:OPERATOR:SUBTASK` with POINT one of
+    /// sync-snapshot, async-write, after-ack, sink-commit.
+    #[arg(long, value_parser = parse_fault)]
+    pub inject_fault: Vec<Fault>,
+    /// Restarts allowed after failures [default: 10 + --inject-failures].
+    #[arg(long)]
+    pub max_restarts: Option<u32>,
+    /// Delay before a restart.
+    #[arg(long, default_value = "10ms", value_parser = parse_duration)]
+    pub restart_delay: Duration,
+    /// Double the restart delay after every restart, up to 1 s.
+    #[arg(long)]
+    pub restart_backoff: bool,
     /// Print a JSON report as the last line of stdout.
     #[arg(long)]
     pub json: bool,
 }
 
-/// `off` is the only interval this version accepts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CheckpointInterval {
-    Off,
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("expected a duration like 200ms or 2s ({e})"))
 }
 
-fn parse_checkpoint_interval(s: &str) -> Result<CheckpointInterval, String> {
-    match (s, humantime::parse_duration(s)) {
-        ("off", _) => Ok(CheckpointInterval::Off),
-        (_, Ok(_)) => {
-            Err("checkpointing is not available in this version; only `off` is accepted".into())
-        }
-        (_, Err(e)) => Err(format!("expected `off` ({e})")),
+/// A checkpoint interval; `None` is `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckpointInterval(pub Option<Duration>);
+
+fn parse_interval(s: &str) -> Result<CheckpointInterval, String> {
+    match s {
+        "off" => Ok(CheckpointInterval(None)),
+        _ => match parse_duration(s)? {
+            d if d.is_zero() => Err("must be positive, or `off`".into()),
+            d => Ok(CheckpointInterval(Some(d))),
+        },
     }
+}
+
+fn parse_restore(s: &str) -> Result<Restore, String> {
+    if s == "latest" {
+        return Ok(Restore::Latest);
+    }
+    let dir = s.trim_end_matches('/').trim_end_matches("/_metadata");
+    let name = dir.rsplit('/').next().unwrap_or(dir);
+    name.strip_prefix("chk-")
+        .and_then(|id| id.parse().ok())
+        .map(|id| Restore::Checkpoint(CheckpointId(id)))
+        .ok_or_else(|| format!("expected `latest` or a checkpoint directory chk-N, got {s:?}"))
+}
+
+fn parse_fault(s: &str) -> Result<Fault, String> {
+    let usage = || format!("expected POINT:CHECKPOINT:OPERATOR:SUBTASK, got {s:?}");
+    let parts: Vec<&str> = s.split(':').collect();
+    let [point, checkpoint, operator, index] = parts[..] else {
+        return Err(usage());
+    };
+    let point = match point {
+        "sync-snapshot" => FaultPoint::SyncSnapshot,
+        "async-write" => FaultPoint::AsyncWrite,
+        "after-ack" => FaultPoint::AfterAck,
+        "sink-commit" => FaultPoint::SinkCommit,
+        other => return Err(format!("unknown fault point {other:?}")),
+    };
+    let number = |v: &str| v.parse::<u64>().map_err(|_| usage());
+    Ok(Fault {
+        point,
+        checkpoint: CheckpointId(number(checkpoint)?),
+        subtask: SubtaskId {
+            operator: OperatorId(number(operator)? as u32),
+            index: SubtaskIndex(number(index)? as u32),
+        },
+    })
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
@@ -88,6 +171,21 @@ fn parse_rate(s: &str) -> Result<f64, String> {
         Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
         Ok(_) => Err("must be a positive number of records per second".into()),
         Err(e) => Err(format!("not a number: {e}")),
+    }
+}
+
+impl RunArgs {
+    /// Arguments as the command line would take them after `tidemark run`:
+    /// for tests and benchmarks that drive the same code path.
+    pub fn parse<I: IntoIterator<Item = S>, S: Into<String>>(
+        args: I,
+    ) -> Result<RunArgs, clap::Error> {
+        let argv = ["tidemark".to_owned(), "run".to_owned()]
+            .into_iter()
+            .chain(args.into_iter().map(Into::into));
+        match Cli::try_parse_from(argv)?.command {
+            Command::Run(args) => Ok(args),
+        }
     }
 }
 
@@ -126,6 +224,98 @@ pub struct RunReport {
     /// Most batches held by any input endpoint and its subtask, and its credits.
     pub max_input_buffered: u32,
     pub input_credits: u32,
+    pub checkpoints_completed: u64,
+    pub checkpoints_failed: u64,
+    pub restarts: u64,
+    pub checkpoint_duration_ms: Percentiles,
+    pub alignment_ms: Percentiles,
+    pub checkpointed_bytes_last: u64,
+    /// From a failure to the restored attempt's deployment.
+    pub recovery_ms: Percentiles,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Percentiles {
+    fn of(samples: &std::sync::Mutex<Vec<f64>>) -> Self {
+        let (p50, p99, max) = CheckpointStats::percentiles(samples);
+        Percentiles { p50, p99, max }
+    }
+}
+
+impl RunArgs {
+    fn job_config(&self) -> JobConfig {
+        let mut config = JobConfig::default();
+        if let Some(p) = self.parallelism {
+            config.parallelism = p;
+        }
+        config.source_rate = self.rate;
+        config.checkpointing = self
+            .checkpoint_interval
+            .0
+            .map(|interval| CheckpointSettings {
+                config: CheckpointConfig {
+                    interval: Some(interval),
+                    timeout: self.timeout,
+                    min_pause: self.min_pause,
+                    max_concurrent: self.max_concurrent as usize,
+                    tolerable_failures: self.tolerable_failures,
+                    retain: self.retain as usize,
+                },
+                storage_url: self.checkpoint_dir.clone(),
+                alignment: Alignment::Aligned,
+                restore: self.restore.unwrap_or(Restore::Fresh),
+            });
+        let max_attempts = self.max_restarts.unwrap_or(10 + self.inject_failures);
+        config.restart = if self.restart_backoff {
+            RestartStrategy::ExponentialBackoff {
+                initial: self.restart_delay,
+                max: Duration::from_secs(1),
+                multiplier: 2.0,
+                max_attempts,
+            }
+        } else {
+            RestartStrategy::FixedDelay {
+                delay: self.restart_delay,
+                max_attempts,
+            }
+        };
+        if self.inject_failures > 0 {
+            let subtasks = 2 * config.parallelism as usize;
+            config.kills = Some(KillSchedule::new(
+                self.seed,
+                self.inject_failures as usize,
+                self.records,
+                subtasks,
+            ));
+        }
+        config.faults = self.inject_fault.clone();
+        config
+    }
+
+    fn validate(&self) -> Result<(), CliError> {
+        let needs_checkpoints = |argument| CliError::Usage {
+            argument,
+            problem: "needs checkpointing; --checkpoint-interval is off".into(),
+        };
+        if self.checkpoint_interval.0.is_none() {
+            if self.restore.is_some() {
+                return Err(needs_checkpoints("--restore"));
+            }
+            if self.inject_failures > 0 {
+                return Err(needs_checkpoints("--inject-failures"));
+            }
+            if !self.inject_fault.is_empty() {
+                return Err(needs_checkpoints("--inject-fault"));
+            }
+        }
+        Ok(())
+    }
 }
 
 pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
@@ -135,11 +325,8 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
             problem: format!("cannot use {} as the output directory: {e}", dir.display()),
         })?;
     }
-    let mut config = JobConfig::default();
-    if let Some(p) = args.parallelism {
-        config.parallelism = p;
-    }
-    config.source_rate = args.rate;
+    args.validate()?;
+    let config = args.job_config();
     let parallelism = config.parallelism;
     let channels = config.channels;
     let job = match args.topology {
@@ -158,6 +345,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         records_in,
         elapsed,
     } = handle.wait()?;
+    let stats = &metrics.checkpoints;
     let gauges = || {
         metrics
             .channels
@@ -183,5 +371,12 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
             .max()
             .unwrap_or(0),
         input_credits: channels.input_credits,
+        checkpoints_completed: stats.completed.load(Ordering::Relaxed),
+        checkpoints_failed: stats.failed.load(Ordering::Relaxed),
+        restarts: stats.restarts.load(Ordering::Relaxed),
+        checkpoint_duration_ms: Percentiles::of(&stats.durations_ms),
+        alignment_ms: Percentiles::of(&stats.alignments_ms),
+        checkpointed_bytes_last: stats.bytes_last.load(Ordering::Relaxed),
+        recovery_ms: Percentiles::of(&stats.recoveries_ms),
     })
 }

@@ -5,16 +5,16 @@
 //! can take the batches they hold.
 
 use crate::messages::{
-    ConnectUpstream, Consumed, Credit, Deliver, OutputCredit, Push, SubtaskFailed, Transfer,
+    ConnectUpstream, Consumed, Credit, Deliver, OutputCredit, Push, Stop, SubtaskFailed, Transfer,
 };
 use crate::metrics::ChannelGauge;
 use crate::subtask::SubtaskActor;
 use crate::supervisor::JobSupervisor;
-use actix::{Actor, Addr, Context, Handler};
+use actix::{Actor, ActorContext, Addr, Context, Handler};
 use std::sync::Arc;
 use tidemark::channel::{CreditReceiver, CreditSender};
 use tidemark::error::TaskError;
-use tidemark::ids::ChannelId;
+use tidemark::ids::{Attempt, ChannelId};
 
 pub struct OutputEndpoint {
     producer: Addr<SubtaskActor>,
@@ -88,6 +88,7 @@ impl Handler<Credit> for OutputEndpoint {
 
 pub struct InputEndpoint {
     channel: ChannelId,
+    attempt: Attempt,
     consumer: Addr<SubtaskActor>,
     /// Index of this channel in the consumer's input gate.
     consumer_channel: usize,
@@ -100,6 +101,7 @@ pub struct InputEndpoint {
 impl InputEndpoint {
     pub fn new(
         channel: ChannelId,
+        attempt: Attempt,
         consumer: Addr<SubtaskActor>,
         consumer_channel: usize,
         prefetch: u32,
@@ -108,6 +110,7 @@ impl InputEndpoint {
     ) -> Self {
         InputEndpoint {
             channel,
+            attempt,
             consumer,
             consumer_channel,
             upstream: None,
@@ -128,6 +131,7 @@ impl InputEndpoint {
 
     fn fail(&self, error: impl ToString) {
         self.supervisor.do_send(SubtaskFailed {
+            attempt: self.attempt,
             subtask: self.channel.to,
             error: TaskError::Protocol(format!("channel {}: {}", self.channel, error.to_string())),
         });
@@ -169,5 +173,21 @@ impl Handler<Consumed> for InputEndpoint {
             (Err(e), _) => return self.fail(e),
         }
         self.pump();
+    }
+}
+
+impl Handler<Stop> for OutputEndpoint {
+    type Result = ();
+
+    fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+impl Handler<Stop> for InputEndpoint {
+    type Result = ();
+
+    fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
+        ctx.stop();
     }
 }

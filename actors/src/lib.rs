@@ -20,11 +20,13 @@
 //! ```
 
 pub mod cli;
+mod coordinator;
 mod endpoint;
 mod messages;
 pub mod metrics;
 pub mod runtime;
 pub mod sinks;
+mod snapshot;
 mod subtask;
 mod supervisor;
 pub mod wordcount;

@@ -2,9 +2,10 @@
 
 use crate::endpoint::{InputEndpoint, OutputEndpoint};
 use actix::{Addr, Message};
+use tidemark::checkpoint::Ack;
 use tidemark::error::TaskError;
-use tidemark::event::ChannelEvent;
-use tidemark::ids::SubtaskId;
+use tidemark::event::{Barrier, ChannelEvent};
+use tidemark::ids::{Attempt, CheckpointId, SubtaskId};
 
 /// Output endpoint → its producer subtask: room for `credits` more batches.
 #[derive(Message)]
@@ -63,17 +64,79 @@ pub struct Produce;
 /// Subtask → supervisor: end of input processed and handed downstream.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct SubtaskFinished(pub SubtaskId);
+pub struct SubtaskFinished {
+    pub attempt: Attempt,
+    pub subtask: SubtaskId,
+}
 
-/// Any actor → supervisor.
+/// Any actor of an attempt → supervisor.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct SubtaskFailed {
+    pub attempt: Attempt,
     pub subtask: SubtaskId,
     pub error: TaskError,
 }
+
+/// Supervisor → every actor of an attempt: the attempt is over.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Stop;
+
+/// Coordinator → source subtask: inject this barrier.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct TriggerCheckpoint(pub Barrier);
+
+/// Subtask → coordinator.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AcknowledgeCheckpoint {
+    pub attempt: Attempt,
+    pub ack: Ack,
+}
+
+/// Subtask → coordinator: the subtask abandoned the checkpoint.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct DeclineCheckpoint {
+    pub attempt: Attempt,
+    pub checkpoint: CheckpointId,
+    pub subtask: SubtaskId,
+    pub reason: String,
+}
+
+/// Coordinator → subtasks.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct NotifyCheckpointComplete(pub CheckpointId);
+
+/// Coordinator → subtasks.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct NotifyCheckpointAborted(pub CheckpointId);
+
+/// Source subtask → coordinator: everything was read; the source waits for a
+/// checkpoint that holds its final offset before it ends its output.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SourceExhausted {
+    pub attempt: Attempt,
+    pub subtask: SubtaskId,
+}
+
+/// Coordinator → source subtasks: a checkpoint holding every source's final
+/// offset completed; end the output.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct EndInput;
 
 /// Job handle → supervisor.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Cancel;
+
+/// Supervisor → subtask: fail now, as a crash would (failure injection).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Kill;

@@ -2,7 +2,7 @@
 
 use dashmap::DashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tidemark::ids::ChannelId;
 
 /// High-water marks of one channel, against the credits that bound them.
@@ -47,6 +47,40 @@ impl ChannelGauge {
 pub struct JobMetrics {
     records_in: AtomicU64,
     pub channels: DashMap<ChannelId, Arc<ChannelGauge>>,
+    pub checkpoints: CheckpointStats,
+}
+
+/// Figures of the checkpoints of a run.
+#[derive(Debug, Default)]
+pub struct CheckpointStats {
+    pub completed: AtomicU64,
+    pub failed: AtomicU64,
+    pub restarts: AtomicU64,
+    /// Trigger to completion, per completed checkpoint, in milliseconds.
+    pub durations_ms: Mutex<Vec<f64>>,
+    /// Per acknowledgement, in milliseconds.
+    pub alignments_ms: Mutex<Vec<f64>>,
+    /// State size of the last completed checkpoint.
+    pub bytes_last: AtomicU64,
+    /// From a failure to the restored attempt's first records, in milliseconds.
+    pub recoveries_ms: Mutex<Vec<f64>>,
+}
+
+impl CheckpointStats {
+    pub fn record(samples: &Mutex<Vec<f64>>, value: f64) {
+        samples.lock().expect("metrics lock").push(value);
+    }
+
+    /// (p50, p99, max) of the samples; zeros when there are none.
+    pub fn percentiles(samples: &Mutex<Vec<f64>>) -> (f64, f64, f64) {
+        let mut v = samples.lock().expect("metrics lock").clone();
+        if v.is_empty() {
+            return (0.0, 0.0, 0.0);
+        }
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        (at(0.5), at(0.99), v[v.len() - 1])
+    }
 }
 
 impl JobMetrics {

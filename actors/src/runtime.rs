@@ -2,17 +2,23 @@
 //! sized to the cores, so that a job can be embedded in any application,
 //! async or not, and a handle to wait for it or cancel it.
 
+use crate::coordinator::TriggerManual;
 use crate::messages::Cancel;
 use crate::metrics::JobMetrics;
-use crate::supervisor::JobSupervisor;
+use crate::supervisor::{JobSupervisor, TriggerCheckpointRequest};
 use actix::{Actor, Addr, Arbiter, System};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use thiserror::Error;
+use tidemark::checkpoint::restore::RestoreError;
+use tidemark::checkpoint::storage::{CheckpointStorage, StorageError};
+use tidemark::checkpoint::CheckpointFailure;
 use tidemark::error::TaskError;
+use tidemark::event::CheckpointKind;
 use tidemark::graph::GraphError;
 use tidemark::ids::SubtaskId;
+use tidemark::ids::{CheckpointId, JobId};
 use tidemark::job::Job;
 
 #[derive(Debug, Error)]
@@ -26,6 +32,14 @@ pub enum JobError {
     },
     #[error("the job was cancelled")]
     Cancelled,
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("cannot restore: {0}")]
+    Restore(#[from] RestoreError),
+    #[error("checkpointing failed: {0}")]
+    Checkpointing(String),
+    #[error("gave up after {restarts} restarts; last failure: {last}")]
+    RestartsExhausted { restarts: u32, last: Box<JobError> },
     #[error("the runtime failed: {0}")]
     Runtime(String),
 }
@@ -70,9 +84,29 @@ impl JobHandle {
         self.supervisor.do_send(Cancel);
     }
 
+    /// Triggers a checkpoint (or savepoint) now and blocks until it completed
+    /// or failed.
+    pub fn trigger_checkpoint(
+        &self,
+        kind: CheckpointKind,
+    ) -> Result<CheckpointId, CheckpointFailure> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.supervisor
+            .do_send(TriggerCheckpointRequest(TriggerManual { kind, reply }));
+        answer
+            .blocking_recv()
+            .unwrap_or_else(|_| Err(CheckpointFailure::NotTriggered("the job has ended".into())))
+    }
+
     pub fn metrics(&self) -> &Arc<JobMetrics> {
         &self.metrics
     }
+}
+
+/// A job's id follows from its name, so that a restarted process finds the
+/// checkpoints of the same job in the checkpoint directory.
+pub fn job_id(name: &str) -> JobId {
+    JobId(tidemark::key_group::key_hash(name))
 }
 
 /// Deploys jobs; `threads` arbiters run their actors.
@@ -92,6 +126,12 @@ impl Default for Runtime {
 impl Runtime {
     pub fn run(&self, job: Job) -> Result<JobHandle, JobError> {
         job.validate()?;
+        let storage = job
+            .config
+            .checkpointing
+            .as_ref()
+            .map(|c| CheckpointStorage::open(&c.storage_url, job_id(&job.name)))
+            .transpose()?;
         let metrics = Arc::new(JobMetrics::default());
         let (outcome_tx, outcome) = mpsc::channel();
         let (addr_tx, addr_rx) = mpsc::channel();
@@ -105,7 +145,7 @@ impl Runtime {
                 let handles = arbiters.iter().map(Arbiter::handle).collect();
                 system.block_on(async move {
                     let supervisor =
-                        JobSupervisor::new(job, handles, job_metrics, outcome_tx).start();
+                        JobSupervisor::new(job, handles, job_metrics, outcome_tx, storage).start();
                     let _ = addr_tx.send(supervisor);
                 });
                 let _ = system.run();

@@ -4,6 +4,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use tidemark::ids::CheckpointId;
 use tidemark::{Sink, SinkContext, UserError};
 
 /// Drops every record: for benchmarks and jobs run for their side effects.
@@ -19,35 +20,104 @@ impl<T> Sink<T> for Discard {
     }
 }
 
-/// Writes `key,count` lines to a hidden in-progress file and renames it into
-/// the output directory at the end of input, so a reader of the directory
-/// sees a subtask's results whole or not at all.
+/// Exactly-once files of `key,count` lines, by two-phase commit. Records go
+/// to a hidden in-progress file; at a checkpoint barrier it is flushed,
+/// synced and renamed to a hidden pending name (pre-commit); when the
+/// checkpoint completes the pending files are renamed to their visible names
+/// (commit). A restore commits what the restored checkpoint pre-committed
+/// and deletes every other hidden file of this subtask: what was written
+/// after that checkpoint is replayed into new files.
 pub struct FileSink {
-    writer: Option<BufWriter<File>>,
-    pending: PathBuf,
-    committed: PathBuf,
+    dir: PathBuf,
+    subtask: u32,
+    run: String,
+    writer: Option<(BufWriter<File>, PathBuf)>,
+    sequence: u64,
+    /// Pre-committed, not yet committed: (checkpoint, visible name).
+    pending: Vec<(CheckpointId, String)>,
 }
 
+const IN_PROGRESS: &str = ".inprogress-";
+const PENDING: &str = ".pending-";
+
 impl FileSink {
-    /// `run` distinguishes the files of successive runs into one directory.
-    /// The file is created on first use, so that an error names the file.
+    /// `run` keeps the files of one process apart from those of others
+    /// writing into the same directory.
     pub fn new(dir: &Path, run: &str, ctx: SinkContext) -> Self {
-        let name = format!("part-{run}-{}", ctx.subtask.0);
         FileSink {
+            dir: dir.to_path_buf(),
+            subtask: ctx.subtask.0,
+            run: run.to_owned(),
             writer: None,
-            pending: dir.join(format!(".{name}.inprogress")),
-            committed: dir.join(name),
+            sequence: 0,
+            pending: Vec::new(),
         }
     }
 
     fn writer(&mut self) -> Result<&mut BufWriter<File>, UserError> {
         if self.writer.is_none() {
-            let file = File::create(&self.pending)
-                .map_err(|e| format!("cannot create {}: {e}", self.pending.display()))?;
-            self.writer = Some(BufWriter::with_capacity(1 << 20, file));
+            let path = self.dir.join(format!(
+                "{IN_PROGRESS}{}-{}-{}",
+                self.subtask, self.run, self.sequence
+            ));
+            self.sequence += 1;
+            let file = File::create(&path)
+                .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+            self.writer = Some((BufWriter::with_capacity(1 << 20, file), path));
         }
-        Ok(self.writer.as_mut().expect("just created"))
+        Ok(&mut self.writer.as_mut().expect("just created").0)
     }
+
+    /// Flushes and syncs the in-progress file and renames it to `name`.
+    fn seal(&mut self, name: &str) -> Result<bool, UserError> {
+        let Some((writer, path)) = self.writer.take() else {
+            return Ok(false);
+        };
+        writer
+            .into_inner()
+            .map_err(|e| e.into_error())?
+            .sync_all()?;
+        rename(&path, &self.dir.join(name))?;
+        Ok(true)
+    }
+
+    fn commit_pending(&mut self, upto: Option<CheckpointId>) -> Result<(), UserError> {
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|(id, _)| upto.is_none_or(|upto| *id <= upto));
+        self.pending = later;
+        for (_, name) in due {
+            rename(
+                &self.dir.join(format!("{PENDING}{name}")),
+                &self.dir.join(&name),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Hidden files of this subtask, committed or not.
+    fn own_hidden_files(&self) -> Result<Vec<PathBuf>, UserError> {
+        let prefixes = [
+            format!("{IN_PROGRESS}{}-", self.subtask),
+            format!("{PENDING}part-{}-", self.subtask),
+        ];
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)
+            .map_err(|e| format!("cannot list {}: {e}", self.dir.display()))?
+        {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if prefixes.iter().any(|p| name.starts_with(p.as_str())) {
+                out.push(entry.path());
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn rename(from: &Path, to: &Path) -> Result<(), UserError> {
+    std::fs::rename(from, to)
+        .map_err(|e| format!("cannot rename {} to {}: {e}", from.display(), to.display()).into())
 }
 
 impl Sink<(u64, u64)> for FileSink {
@@ -60,12 +130,45 @@ impl Sink<(u64, u64)> for FileSink {
     }
 
     fn finish(&mut self) -> Result<(), UserError> {
-        self.writer()?;
-        let writer = self.writer.take().expect("opened above");
-        let file = writer.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        std::fs::rename(&self.pending, &self.committed)
-            .map_err(|e| format!("cannot commit {}: {e}", self.committed.display()))?;
+        self.commit_pending(None)?;
+        let name = format!("part-{}-{}-final", self.subtask, self.run);
+        self.seal(&name)?;
+        Ok(())
+    }
+
+    fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<Vec<u8>, UserError> {
+        let name = format!("part-{}-{}-{}", self.subtask, self.run, checkpoint.0);
+        if self.seal(&format!("{PENDING}{name}"))? {
+            self.pending.push((checkpoint, name));
+        }
+        let names: Vec<&String> = self.pending.iter().map(|(_, n)| n).collect();
+        Ok(rmp_serde::to_vec(&names)?)
+    }
+
+    fn commit(&mut self, checkpoint: CheckpointId) -> Result<(), UserError> {
+        self.commit_pending(Some(checkpoint))
+    }
+
+    fn restore(&mut self, state: Option<&[u8]>) -> Result<(), UserError> {
+        let names: Vec<String> = match state {
+            Some(bytes) => rmp_serde::from_slice(bytes)?,
+            None => Vec::new(),
+        };
+        for name in names {
+            let (pending, visible) = (
+                self.dir.join(format!("{PENDING}{name}")),
+                self.dir.join(&name),
+            );
+            if pending.exists() {
+                rename(&pending, &visible)?;
+            } else if !visible.exists() {
+                return Err(format!("pre-committed file {} is missing", pending.display()).into());
+            }
+        }
+        for leftover in self.own_hidden_files()? {
+            std::fs::remove_file(&leftover)
+                .map_err(|e| format!("cannot delete {}: {e}", leftover.display()))?;
+        }
         Ok(())
     }
 }

@@ -1,44 +1,57 @@
 //! The subtask actor: runs one operator chain. It pulls input from its gate
 //! only while every output has room, so a slow consumer backpressures it, and
-//! a source subtask stops reading. User code runs inside `catch_unwind`: a
-//! panic becomes a failure message to the supervisor instead of a dead
-//! mailbox.
+//! a source subtask stops reading. Barriers go through the core's aligner;
+//! the synchronous part of a snapshot runs here, the asynchronous part on a
+//! blocking thread. User code runs inside `catch_unwind`: a panic becomes a
+//! failure message to the supervisor instead of a dead mailbox.
 
+use crate::coordinator::CoordinatorActor;
 use crate::endpoint::{InputEndpoint, OutputEndpoint};
 use crate::messages::{
-    Consumed, Deliver, OutputCredit, Produce, Push, SubtaskFailed, SubtaskFinished, Wire,
+    AcknowledgeCheckpoint, Consumed, DeclineCheckpoint, Deliver, EndInput, Kill,
+    NotifyCheckpointAborted, NotifyCheckpointComplete, OutputCredit, Produce, Push,
+    SourceExhausted, Stop, SubtaskFailed, SubtaskFinished, TriggerCheckpoint, Wire,
 };
 use crate::metrics::JobMetrics;
+use crate::snapshot;
 use crate::supervisor::JobSupervisor;
-use actix::{Actor, Addr, AsyncContext, Context, Handler};
+use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tidemark::channel::CreditSender;
+use tidemark::checkpoint::aligner::{AlignerAction, BarrierAligner};
+use tidemark::checkpoint::storage::CheckpointStorage;
+use tidemark::checkpoint::{Ack, CheckpointMetrics};
 use tidemark::error::TaskError;
-use tidemark::event::ChannelEvent;
+use tidemark::event::{Barrier, ChannelEvent};
+use tidemark::fault::{Fault, FaultPoint};
 use tidemark::gate::InputGate;
-use tidemark::ids::SubtaskId;
+use tidemark::ids::{Attempt, CheckpointId, SubtaskId};
 use tidemark::operator::Outgoing;
 use tidemark::rate::RateLimiter;
 use tidemark::source::SourceStatus;
 use tidemark::task::Task;
 
-pub struct SubtaskActor {
-    id: SubtaskId,
-    task: Box<dyn Task>,
-    is_source: bool,
-    gate: InputGate,
-    outputs: Vec<CreditSender>,
-    output_addrs: Vec<Addr<OutputEndpoint>>,
-    input_addrs: Vec<Addr<InputEndpoint>>,
-    outgoing: Outgoing,
-    supervisor: Addr<JobSupervisor>,
-    metrics: Arc<JobMetrics>,
-    records_per_batch: usize,
-    limiter: Option<RateLimiter>,
-    state: Phase,
-    produce_scheduled: bool,
+/// What a subtask needs to take part in checkpoints.
+#[derive(Clone)]
+pub struct Checkpointing {
+    pub coordinator: Addr<CoordinatorActor>,
+    pub storage: CheckpointStorage,
+    /// Targeted faults of this subtask.
+    pub faults: Vec<Fault>,
+}
+
+pub struct SubtaskSpec {
+    pub id: SubtaskId,
+    pub attempt: Attempt,
+    pub task: Box<dyn Task>,
+    pub inputs: usize,
+    pub outputs: usize,
+    pub records_per_batch: usize,
+    /// Records per second for this source subtask.
+    pub rate: Option<f64>,
+    pub checkpointing: Option<Checkpointing>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,20 +59,45 @@ enum Phase {
     /// Endpoints not wired yet.
     Waiting,
     Running,
+    /// A source that read everything, waiting for a checkpoint that holds
+    /// its final offset before it ends its output.
+    Exhausted,
     /// End of input processed; end of partition queued on every output.
     Draining,
     Finished,
     Failed,
 }
 
-pub struct SubtaskSpec {
-    pub id: SubtaskId,
-    pub task: Box<dyn Task>,
-    pub inputs: usize,
-    pub outputs: usize,
-    pub records_per_batch: usize,
-    /// Records per second for this source subtask.
-    pub rate: Option<f64>,
+pub struct SubtaskActor {
+    id: SubtaskId,
+    attempt: Attempt,
+    task: Box<dyn Task>,
+    is_source: bool,
+    gate: InputGate,
+    aligner: BarrierAligner,
+    outputs: Vec<CreditSender>,
+    output_addrs: Vec<Addr<OutputEndpoint>>,
+    input_addrs: Vec<Addr<InputEndpoint>>,
+    outgoing: Outgoing,
+    supervisor: Addr<JobSupervisor>,
+    metrics: Arc<JobMetrics>,
+    checkpointing: Option<Checkpointing>,
+    records_per_batch: usize,
+    limiter: Option<RateLimiter>,
+    phase: Phase,
+    produce_scheduled: bool,
+    /// Delay of the first barrier of the checkpoint being aligned.
+    start_delay: Option<(CheckpointId, Duration)>,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn delay_since(barrier: &Barrier) -> Duration {
+    Duration::from_millis(unix_ms().saturating_sub(barrier.timestamp))
 }
 
 impl SubtaskActor {
@@ -70,22 +108,35 @@ impl SubtaskActor {
     ) -> Self {
         SubtaskActor {
             id: spec.id,
+            attempt: spec.attempt,
             is_source: spec.inputs == 0,
             task: spec.task,
             gate: InputGate::new(spec.inputs),
+            aligner: BarrierAligner::new(spec.inputs),
             outputs: (0..spec.outputs).map(|_| CreditSender::default()).collect(),
             output_addrs: Vec::new(),
             input_addrs: Vec::new(),
             outgoing: Vec::new(),
             supervisor,
             metrics,
+            checkpointing: spec.checkpointing,
             records_per_batch: spec.records_per_batch,
             limiter: spec
                 .rate
                 .map(|rate| RateLimiter::new(rate, spec.records_per_batch, Instant::now())),
-            state: Phase::Waiting,
+            phase: Phase::Waiting,
             produce_scheduled: false,
+            start_delay: None,
         }
+    }
+
+    fn fail(&mut self, error: TaskError) {
+        self.phase = Phase::Failed;
+        self.supervisor.do_send(SubtaskFailed {
+            attempt: self.attempt,
+            subtask: self.id,
+            error,
+        });
     }
 
     /// Runs user code; a returned error or a panic fails the subtask.
@@ -93,21 +144,27 @@ impl SubtaskActor {
         &mut self,
         f: impl FnOnce(&mut dyn Task, &mut Outgoing) -> Result<R, TaskError>,
     ) -> Option<R> {
+        if self.phase == Phase::Failed {
+            return None;
+        }
         let result = catch_unwind(AssertUnwindSafe(|| {
             f(self.task.as_mut(), &mut self.outgoing)
         }))
         .unwrap_or_else(|panic| Err(TaskError::Panic(panic_message(panic.as_ref()))));
-        match result {
-            Ok(r) => Some(r),
-            Err(error) => {
-                self.state = Phase::Failed;
-                self.supervisor.do_send(SubtaskFailed {
-                    subtask: self.id,
-                    error,
-                });
-                None
-            }
-        }
+        result.map_err(|error| self.fail(error)).ok()
+    }
+
+    /// A targeted fault at `point` of `checkpoint` for this subtask.
+    fn fault(&self, point: FaultPoint, checkpoint: CheckpointId) -> bool {
+        self.checkpointing.as_ref().is_some_and(|c| {
+            c.faults
+                .iter()
+                .any(|f| f.point == point && f.checkpoint == checkpoint && f.subtask == self.id)
+        })
+    }
+
+    fn injected(point: FaultPoint, checkpoint: CheckpointId) -> TaskError {
+        TaskError::Panic(format!("injected failure at {point:?} of {checkpoint}"))
     }
 
     fn send_outgoing(&mut self) {
@@ -144,14 +201,17 @@ impl SubtaskActor {
             if self.output_blocked() {
                 return;
             }
-            match self.state {
+            match self.phase {
                 Phase::Running => {}
                 Phase::Draining => {
-                    self.state = Phase::Finished;
-                    self.supervisor.do_send(SubtaskFinished(self.id));
+                    self.phase = Phase::Finished;
+                    self.supervisor.do_send(SubtaskFinished {
+                        attempt: self.attempt,
+                        subtask: self.id,
+                    });
                     return;
                 }
-                Phase::Waiting | Phase::Finished | Phase::Failed => return,
+                Phase::Waiting | Phase::Exhausted | Phase::Finished | Phase::Failed => return,
             }
             if self.is_source {
                 if !self.produce_scheduled {
@@ -168,29 +228,142 @@ impl SubtaskActor {
     }
 
     fn on_input(&mut self, channel: usize, event: ChannelEvent) {
+        let now = Instant::now();
         match event {
             ChannelEvent::Batch(batch) => {
+                self.aligner.on_batch(batch.bytes() as u64);
                 if self.guarded(|task, out| task.process(batch, out)).is_some() {
                     self.input_addrs[channel].do_send(Consumed);
                     self.send_outgoing();
                 }
             }
+            ChannelEvent::Barrier(barrier) => {
+                if self.start_delay.is_none_or(|(id, _)| id < barrier.id) {
+                    self.start_delay = Some((barrier.id, delay_since(&barrier)));
+                }
+                let actions = self.aligner.on_barrier(now, channel, barrier);
+                self.apply(actions);
+            }
+            ChannelEvent::CancelMarker(checkpoint) => {
+                let actions = self.aligner.on_cancel_marker(now, channel, checkpoint);
+                self.apply(actions);
+            }
             ChannelEvent::EndOfPartition => {
+                let actions = self.aligner.on_end_of_partition(now, channel);
+                self.apply(actions);
                 if self.gate.all_ended() {
                     self.end_of_input();
                 }
             }
-            control @ (ChannelEvent::Barrier(_) | ChannelEvent::CancelMarker(_)) => {
-                self.broadcast_event(control);
+        }
+    }
+
+    fn apply(&mut self, actions: Vec<AlignerAction>) {
+        for action in actions {
+            match action {
+                AlignerAction::Block(channel) => self.gate.set_blocked(channel, true),
+                AlignerAction::UnblockAll => self.gate.unblock_all(),
+                AlignerAction::Snapshot {
+                    barrier,
+                    alignment,
+                    bytes_during_alignment,
+                } => {
+                    let start_delay = match self.start_delay {
+                        Some((id, delay)) if id == barrier.id => delay,
+                        _ => Duration::ZERO,
+                    };
+                    self.snapshot(
+                        barrier,
+                        CheckpointMetrics {
+                            alignment,
+                            bytes_during_alignment,
+                            start_delay,
+                            ..CheckpointMetrics::default()
+                        },
+                    );
+                }
+                AlignerAction::Abort { checkpoint, reason } => {
+                    if let Some(c) = &self.checkpointing {
+                        c.coordinator.do_send(DeclineCheckpoint {
+                            attempt: self.attempt,
+                            checkpoint,
+                            subtask: self.id,
+                            reason: format!("{reason:?}"),
+                        });
+                    }
+                    self.broadcast_event(ChannelEvent::CancelMarker(checkpoint));
+                }
             }
         }
+    }
+
+    /// The synchronous part here, the barrier downstream right after it, the
+    /// asynchronous part off the actor; it acknowledges when done.
+    fn snapshot(&mut self, barrier: Barrier, mut metrics: CheckpointMetrics) {
+        let Some(checkpointing) = self.checkpointing.clone() else {
+            return self.fail(TaskError::Protocol(
+                "a barrier reached a job without checkpointing".into(),
+            ));
+        };
+        let id = barrier.id;
+        let started = Instant::now();
+        let sync_fault = self.fault(FaultPoint::SyncSnapshot, id);
+        let Some(state) = self.guarded(|task, out| {
+            if sync_fault {
+                return Err(Self::injected(FaultPoint::SyncSnapshot, id));
+            }
+            task.snapshot(id, out)
+        }) else {
+            return;
+        };
+        self.send_outgoing();
+        self.broadcast_event(ChannelEvent::Barrier(barrier));
+        metrics.sync = started.elapsed();
+
+        let (subtask, attempt) = (self.id, self.attempt);
+        let supervisor = self.supervisor.clone();
+        let async_fault = self.fault(FaultPoint::AsyncWrite, id);
+        let after_ack_fault = self.fault(FaultPoint::AfterAck, id);
+        actix_rt::spawn(async move {
+            let fail = |error| {
+                supervisor.do_send(SubtaskFailed {
+                    attempt,
+                    subtask,
+                    error,
+                })
+            };
+            if async_fault {
+                return fail(Self::injected(FaultPoint::AsyncWrite, id));
+            }
+            match snapshot::write(&checkpointing.storage, subtask, id, state).await {
+                Ok((state, took)) => {
+                    metrics.async_ = took;
+                    metrics.state_size = state.size();
+                    checkpointing.coordinator.do_send(AcknowledgeCheckpoint {
+                        attempt,
+                        ack: Ack {
+                            subtask,
+                            checkpoint: id,
+                            state,
+                            metrics,
+                        },
+                    });
+                    if after_ack_fault {
+                        fail(Self::injected(FaultPoint::AfterAck, id));
+                    }
+                }
+                Err(reason) => fail(TaskError::Protocol(format!(
+                    "asynchronous part of {id} failed: {reason}"
+                ))),
+            }
+        });
     }
 
     fn end_of_input(&mut self) {
         if self.guarded(|task, out| task.end_of_input(out)).is_some() {
             self.send_outgoing();
             self.broadcast_event(ChannelEvent::EndOfPartition);
-            self.state = Phase::Draining;
+            self.phase = Phase::Draining;
         }
     }
 }
@@ -215,7 +388,7 @@ impl Handler<Wire> for SubtaskActor {
         debug_assert_eq!(wire.inputs.len(), self.gate.channels());
         self.output_addrs = wire.outputs;
         self.input_addrs = wire.inputs;
-        self.state = Phase::Running;
+        self.phase = Phase::Running;
         self.drive(ctx);
     }
 }
@@ -246,14 +419,14 @@ impl Handler<Produce> for SubtaskActor {
 
     fn handle(&mut self, _: Produce, ctx: &mut Context<Self>) {
         self.produce_scheduled = false;
-        if self.state != Phase::Running || self.output_blocked() {
+        if self.phase != Phase::Running || self.output_blocked() {
             return;
         }
-        let max = match self
+        let limited = self
             .limiter
             .as_mut()
-            .map(|l| l.acquire(self.records_per_batch, Instant::now()))
-        {
+            .map(|l| l.acquire(self.records_per_batch, Instant::now()));
+        let max = match limited {
             None => self.records_per_batch,
             Some(Ok(granted)) => granted,
             Some(Err(wait)) => {
@@ -268,22 +441,119 @@ impl Handler<Produce> for SubtaskActor {
         self.metrics.add_records_in(produced.records as u64);
         self.send_outgoing();
         if produced.status == SourceStatus::Finished {
-            self.end_of_input();
+            match &self.checkpointing {
+                Some(c) => {
+                    self.phase = Phase::Exhausted;
+                    c.coordinator.do_send(SourceExhausted {
+                        attempt: self.attempt,
+                        subtask: self.id,
+                    });
+                }
+                None => self.end_of_input(),
+            }
         }
         self.drive(ctx);
+    }
+}
+
+impl Handler<TriggerCheckpoint> for SubtaskActor {
+    type Result = ();
+
+    fn handle(&mut self, TriggerCheckpoint(barrier): TriggerCheckpoint, _ctx: &mut Context<Self>) {
+        match self.phase {
+            Phase::Running | Phase::Exhausted => {
+                let metrics = CheckpointMetrics {
+                    start_delay: delay_since(&barrier),
+                    ..CheckpointMetrics::default()
+                };
+                self.snapshot(barrier, metrics);
+            }
+            phase => {
+                if let Some(c) = &self.checkpointing {
+                    c.coordinator.do_send(DeclineCheckpoint {
+                        attempt: self.attempt,
+                        checkpoint: barrier.id,
+                        subtask: self.id,
+                        reason: format!("source is {phase:?}"),
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl Handler<NotifyCheckpointComplete> for SubtaskActor {
+    type Result = ();
+
+    fn handle(
+        &mut self,
+        NotifyCheckpointComplete(id): NotifyCheckpointComplete,
+        _ctx: &mut Context<Self>,
+    ) {
+        let commit_fault = self.fault(FaultPoint::SinkCommit, id);
+        self.guarded(|task, _| {
+            if commit_fault {
+                return Err(Self::injected(FaultPoint::SinkCommit, id));
+            }
+            task.notify_complete(id)
+        });
+    }
+}
+
+impl Handler<NotifyCheckpointAborted> for SubtaskActor {
+    type Result = ();
+
+    fn handle(
+        &mut self,
+        NotifyCheckpointAborted(id): NotifyCheckpointAborted,
+        ctx: &mut Context<Self>,
+    ) {
+        let actions = self.aligner.abort(id);
+        self.apply(actions);
+        self.drive(ctx);
+    }
+}
+
+impl Handler<EndInput> for SubtaskActor {
+    type Result = ();
+
+    fn handle(&mut self, _: EndInput, ctx: &mut Context<Self>) {
+        if self.phase == Phase::Exhausted {
+            self.phase = Phase::Running;
+            self.end_of_input();
+            self.drive(ctx);
+        }
+    }
+}
+
+impl Handler<Kill> for SubtaskActor {
+    type Result = ();
+
+    /// Dies like a crashed actor: the panic closes the mailbox and the
+    /// supervisor hears of it from `Drop`.
+    fn handle(&mut self, _: Kill, _ctx: &mut Context<Self>) {
+        panic!("injected failure of {}", self.id);
+    }
+}
+
+impl Handler<Stop> for SubtaskActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
+        self.phase = Phase::Finished;
+        ctx.stop();
     }
 }
 
 impl Drop for SubtaskActor {
     fn drop(&mut self) {
         if matches!(
-            self.state,
-            Phase::Running | Phase::Draining | Phase::Waiting
+            self.phase,
+            Phase::Running | Phase::Draining | Phase::Waiting | Phase::Exhausted
         ) {
-            self.supervisor.do_send(SubtaskFailed {
-                subtask: self.id,
-                error: TaskError::Protocol("subtask actor stopped before its input ended".into()),
-            });
+            self.fail(TaskError::Protocol(
+                "subtask actor stopped before its input ended".into(),
+            ));
         }
     }
 }

@@ -1,32 +1,104 @@
 //! The job supervisor: deploys the subtask and endpoint actors of a job over
 //! the arbiter pool, watches them, and ends the job when every subtask has
-//! finished, when one fails, or when the job is cancelled.
+//! finished, when it is cancelled, or when a failure cannot be recovered.
+//! With checkpointing, a failure stops the attempt, aborts pending
+//! checkpoints and, after the restart strategy's delay, deploys a new attempt
+//! restored from the latest completed checkpoint. Messages of an older
+//! attempt are recognised by their attempt number and dropped.
 
+use crate::coordinator::{
+    AbortPending, CoordinatorActor, Deployed, LatestCheckpoint, TriggerManual,
+};
 use crate::endpoint::{InputEndpoint, OutputEndpoint};
-use crate::messages::{Cancel, ConnectUpstream, SubtaskFailed, SubtaskFinished, Wire};
-use crate::metrics::JobMetrics;
+use crate::messages::{Cancel, ConnectUpstream, Stop, SubtaskFailed, SubtaskFinished, Wire};
+use crate::metrics::{CheckpointStats, JobMetrics};
 use crate::runtime::{JobError, JobReport};
-use crate::subtask::{panic_message, SubtaskActor, SubtaskSpec};
-use actix::{Actor, Addr, AsyncContext, Context, Handler, System};
+use crate::subtask::{panic_message, Checkpointing, SubtaskActor, SubtaskSpec};
+use actix::{
+    Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, Recipient, System,
+    WrapFuture,
+};
 use actix_rt::ArbiterHandle;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use tidemark::checkpoint::coordinator::{CheckpointCoordinator, Now};
+use tidemark::checkpoint::restore::{self, RestorePlan};
+use tidemark::checkpoint::storage::CheckpointStorage;
+use tidemark::checkpoint::store::CompletedCheckpointStore;
+use tidemark::checkpoint::{CompletedCheckpoint, Restore};
 use tidemark::error::TaskError;
-use tidemark::ids::{SubtaskId, SubtaskIndex};
+use tidemark::ids::{Attempt, SubtaskId, SubtaskIndex};
 use tidemark::job::Job;
 use tidemark::key_group::KeyGroupRange;
-use tidemark::task::{OutputContext, TaskContext};
+use tidemark::task::{OutputContext, RestoreState, TaskContext};
+
+/// Coordinator → supervisor: checkpoints failed more often than tolerated.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CheckpointingFailed(pub String);
+
+/// Job handle → supervisor → coordinator.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct TriggerCheckpointRequest(pub TriggerManual);
 
 pub struct JobSupervisor {
     job: Job,
     arbiters: Vec<ArbiterHandle>,
     metrics: Arc<JobMetrics>,
     started: Instant,
-    unfinished: usize,
     outcome: Option<mpsc::Sender<Result<JobReport, JobError>>>,
+    storage: Option<CheckpointStorage>,
+    coordinator: Option<Addr<CoordinatorActor>>,
+    attempt: Attempt,
+    restarts: u32,
+    unfinished: usize,
+    subtasks: Vec<(SubtaskId, Addr<SubtaskActor>)>,
+    /// Every actor of the current attempt.
+    actors: Vec<Recipient<Stop>>,
+    /// When the current attempt's predecessor failed.
+    failed_at: Option<Instant>,
+}
+
+fn unix_now() -> Now {
+    Now {
+        instant: Instant::now(),
+        unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    }
+}
+
+/// Reads the objects a restore plan names and cuts them into key groups.
+async fn load(
+    storage: CheckpointStorage,
+    plans: HashMap<SubtaskId, RestorePlan>,
+) -> Result<HashMap<SubtaskId, RestoreState>, JobError> {
+    let reads = plans.into_iter().map(|(subtask, plan)| {
+        let storage = storage.clone();
+        async move {
+            let mut state = RestoreState {
+                key_groups: Vec::new(),
+                operator: plan.operator,
+            };
+            for slices in plan.keyed {
+                let bytes = storage.get(&slices.path).await.map_err(JobError::Storage)?;
+                for (group, range) in slices.groups {
+                    state
+                        .key_groups
+                        .push((group, bytes.slice(range.start as usize..range.end as usize)));
+                }
+            }
+            Ok::<_, JobError>((subtask, state))
+        }
+    });
+    futures::future::try_join_all(reads)
+        .await
+        .map(|v| v.into_iter().collect())
 }
 
 impl JobSupervisor {
@@ -35,18 +107,26 @@ impl JobSupervisor {
         arbiters: Vec<ArbiterHandle>,
         metrics: Arc<JobMetrics>,
         outcome: mpsc::Sender<Result<JobReport, JobError>>,
+        storage: Option<CheckpointStorage>,
     ) -> Self {
         JobSupervisor {
             job,
             arbiters,
             metrics,
             started: Instant::now(),
-            unfinished: 0,
             outcome: Some(outcome),
+            storage,
+            coordinator: None,
+            attempt: Attempt(0),
+            restarts: 0,
+            unfinished: 0,
+            subtasks: Vec::new(),
+            actors: Vec::new(),
+            failed_at: None,
         }
     }
 
-    fn task_context(&self, subtask: SubtaskId) -> TaskContext {
+    fn task_context(&self, subtask: SubtaskId, source_offset: u64) -> TaskContext {
         let graph = &self.job.graph;
         let op = graph.operator(subtask.operator);
         TaskContext {
@@ -68,7 +148,7 @@ impl JobSupervisor {
                     consumer_max_parallelism: consumer.max_parallelism,
                 }
             }),
-            source_offset: 0,
+            source_offset,
         }
     }
 
@@ -76,22 +156,125 @@ impl JobSupervisor {
         &self.arbiters[subtask.index.0 as usize % self.arbiters.len()]
     }
 
-    fn deploy(&mut self, me: Addr<Self>) -> Result<(), JobError> {
+    /// Opens the coordinator (recovering the completed checkpoints and the id
+    /// counter from storage) and loads the state to start from.
+    fn boot(&mut self, ctx: &mut Context<Self>) {
+        let (Some(storage), Some(settings)) =
+            (self.storage.clone(), self.job.config.checkpointing.clone())
+        else {
+            let attempt = self.attempt;
+            return self.start(attempt, HashMap::new(), ctx);
+        };
+        let graph = self.job.graph.clone();
+        let subtasks: Vec<SubtaskId> = graph.subtasks().collect();
+        let me = ctx.address();
+        let metrics = self.metrics.clone();
+        ctx.spawn(
+            async move {
+                let store = CompletedCheckpointStore::recover(&storage, settings.config.retain)
+                    .await
+                    .map_err(JobError::Storage)?;
+                let next_id = storage
+                    .next_checkpoint_id()
+                    .await
+                    .map_err(JobError::Storage)?;
+                let from = match settings.restore {
+                    Restore::Fresh => None,
+                    Restore::Latest => store.latest().cloned(),
+                    Restore::Checkpoint(id) => {
+                        Some(storage.read_metadata(id).await.map_err(JobError::Storage)?)
+                    }
+                };
+                let restore = match &from {
+                    None => HashMap::new(),
+                    Some(checkpoint) => {
+                        let plans = restore::plan(checkpoint, &graph).map_err(JobError::Restore)?;
+                        load(storage.clone(), plans).await?
+                    }
+                };
+                let core = CheckpointCoordinator::new(
+                    settings.config.clone(),
+                    subtasks,
+                    settings.alignment,
+                    next_id,
+                    unix_now(),
+                );
+                let coordinator = CoordinatorActor::new(core, storage, store, me, metrics).start();
+                Ok::<_, JobError>((coordinator, restore))
+            }
+            .into_actor(self)
+            .map(|result, act, ctx| match result {
+                Ok((coordinator, restore)) => {
+                    act.coordinator = Some(coordinator);
+                    let attempt = act.attempt;
+                    act.start(attempt, restore, ctx);
+                }
+                Err(e) => act.complete(Err(e)),
+            }),
+        );
+    }
+
+    fn start(
+        &mut self,
+        attempt: Attempt,
+        restore: HashMap<SubtaskId, RestoreState>,
+        ctx: &mut Context<Self>,
+    ) {
+        if attempt != self.attempt || self.outcome.is_none() {
+            return;
+        }
+        if let Err(e) = self.deploy(ctx.address(), restore) {
+            return self.fail(e, ctx);
+        }
+        if let Some(at) = self.failed_at.take() {
+            CheckpointStats::record(
+                &self.metrics.checkpoints.recoveries_ms,
+                at.elapsed().as_secs_f64() * 1e3,
+            );
+        }
+        if let Some(coordinator) = &self.coordinator {
+            let graph = &self.job.graph;
+            let sources = self
+                .subtasks
+                .iter()
+                .filter(|(id, _)| graph.input_edge(id.operator).is_none())
+                .cloned()
+                .collect();
+            coordinator.do_send(Deployed {
+                attempt,
+                sources,
+                subtasks: self.subtasks.iter().map(|(_, a)| a.clone()).collect(),
+            });
+        }
+    }
+
+    fn deploy(
+        &mut self,
+        me: Addr<Self>,
+        mut restore: HashMap<SubtaskId, RestoreState>,
+    ) -> Result<(), JobError> {
         let graph = &self.job.graph;
         let config = &self.job.config;
+        let attempt = self.attempt;
+        let checkpointing = self.coordinator.clone().zip(self.storage.clone());
         let mut subtasks: HashMap<SubtaskId, Addr<SubtaskActor>> = HashMap::new();
+        let mut actors: Vec<Recipient<Stop>> = Vec::new();
         for id in graph.subtasks().collect::<Vec<_>>() {
-            let ctx = self.task_context(id);
+            let state = restore.remove(&id).unwrap_or_default();
+            let failed = |error| JobError::TaskFailed { subtask: id, error };
+            let offset = state.source_offset().map_err(failed)?;
+            let ctx = self.task_context(id, offset);
             let factory = self.job.task_factory(id.operator).clone();
-            let task = catch_unwind(AssertUnwindSafe(|| factory(&ctx))).map_err(|panic| {
-                JobError::TaskFailed {
-                    subtask: id,
-                    error: TaskError::Panic(panic_message(panic.as_ref())),
-                }
-            })?;
+            let task = catch_unwind(AssertUnwindSafe(|| {
+                let mut task = factory(&ctx);
+                task.restore(&state).map(|()| task)
+            }))
+            .unwrap_or_else(|panic| Err(TaskError::Panic(panic_message(panic.as_ref()))))
+            .map_err(failed)?;
             let input_edge = graph.input_edge(id.operator);
             let spec = SubtaskSpec {
                 id,
+                attempt,
                 task,
                 inputs: input_edge.map_or(0, |e| graph.input_channels(e, id.index).len()),
                 outputs: ctx.output.map_or(0, |o| o.channels),
@@ -100,11 +283,28 @@ impl JobSupervisor {
                     .source_rate
                     .filter(|_| input_edge.is_none())
                     .map(|rate| rate / f64::from(ctx.parallelism)),
+                checkpointing: checkpointing
+                    .clone()
+                    .map(|(coordinator, storage)| Checkpointing {
+                        coordinator,
+                        storage,
+                        faults: if attempt == Attempt(0) {
+                            config
+                                .faults
+                                .iter()
+                                .filter(|f| f.subtask == id)
+                                .copied()
+                                .collect()
+                        } else {
+                            Vec::new()
+                        },
+                    }),
             };
             let (supervisor, metrics) = (me.clone(), self.metrics.clone());
             let addr = SubtaskActor::start_in_arbiter(self.arbiter(id), move |_| {
                 SubtaskActor::new(spec, supervisor, metrics)
             });
+            actors.push(addr.clone().recipient());
             subtasks.insert(id, addr);
         }
         let mut outputs: HashMap<SubtaskId, Vec<Addr<OutputEndpoint>>> = HashMap::new();
@@ -141,6 +341,7 @@ impl JobSupervisor {
                     let ie = InputEndpoint::start_in_arbiter(self.arbiter(channel.to), move |_| {
                         InputEndpoint::new(
                             channel,
+                            attempt,
                             consumer,
                             consumer_channel,
                             channels.prefetch,
@@ -155,6 +356,8 @@ impl JobSupervisor {
                             OutputEndpoint::new(producer, k, downstream, gauge)
                         });
                     ie.do_send(ConnectUpstream(oe.clone()));
+                    actors.push(ie.clone().recipient());
+                    actors.push(oe.clone().recipient());
                     outputs.entry(channel.from).or_default().push(oe);
                     inputs
                         .get_mut(&channel.to)
@@ -174,14 +377,114 @@ impl JobSupervisor {
             });
         }
         self.unfinished = subtasks.len();
+        let mut subtasks: Vec<_> = subtasks.into_iter().collect();
+        subtasks.sort_by_key(|(id, _)| *id);
+        self.subtasks = subtasks;
+        self.actors = actors;
         Ok(())
+    }
+
+    fn stop_attempt(&mut self) {
+        for actor in self.actors.drain(..) {
+            actor.do_send(Stop);
+        }
+        self.subtasks.clear();
+    }
+
+    /// A failure of the current attempt: restart if the strategy allows.
+    fn fail(&mut self, error: JobError, ctx: &mut Context<Self>) {
+        self.stop_attempt();
+        let Some(coordinator) = self.coordinator.clone() else {
+            return self.complete(Err(error));
+        };
+        coordinator.do_send(AbortPending {
+            reason: error.to_string(),
+        });
+        self.restarts += 1;
+        let Some(delay) = self.job.config.restart.delay(self.restarts) else {
+            return self.complete(Err(JobError::RestartsExhausted {
+                restarts: self.restarts - 1,
+                last: Box::new(error),
+            }));
+        };
+        tracing::warn!(%error, restart = self.restarts, ?delay, "restarting the job");
+        self.metrics
+            .checkpoints
+            .restarts
+            .fetch_add(1, Ordering::Relaxed);
+        self.failed_at.get_or_insert_with(Instant::now);
+        self.attempt = Attempt(self.attempt.0 + 1);
+        let attempt = self.attempt;
+        ctx.run_later(delay, move |act, ctx| {
+            act.restart(attempt, coordinator, ctx)
+        });
+    }
+
+    fn restart(
+        &mut self,
+        attempt: Attempt,
+        coordinator: Addr<CoordinatorActor>,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(storage) = self.storage.clone() else {
+            return;
+        };
+        let graph = self.job.graph.clone();
+        ctx.spawn(
+            async move {
+                let latest: Option<CompletedCheckpoint> = coordinator
+                    .send(LatestCheckpoint)
+                    .await
+                    .map_err(|e| JobError::Runtime(format!("the coordinator is gone: {e}")))?;
+                match latest {
+                    None => Ok(HashMap::new()),
+                    Some(checkpoint) => {
+                        let plans =
+                            restore::plan(&checkpoint, &graph).map_err(JobError::Restore)?;
+                        load(storage, plans).await
+                    }
+                }
+            }
+            .into_actor(self)
+            .map(move |result, act, ctx| match result {
+                Ok(restore) => act.start(attempt, restore, ctx),
+                Err(e) => act.complete(Err(e)),
+            }),
+        );
     }
 
     fn complete(&mut self, outcome: Result<JobReport, JobError>) {
         if let Some(tx) = self.outcome.take() {
+            self.stop_attempt();
             let _ = tx.send(outcome);
             System::current().stop();
         }
+    }
+
+    fn schedule_kills(&mut self, ctx: &mut Context<Self>) {
+        if self.job.config.kills.is_none() {
+            return;
+        }
+        let mut killed: Option<Attempt> = None;
+        ctx.run_interval(Duration::from_millis(2), move |act, _ctx| {
+            if act.subtasks.is_empty() || killed == Some(act.attempt) {
+                return;
+            }
+            let progress = act.metrics.records_in();
+            let Some(victim) = act
+                .job
+                .config
+                .kills
+                .as_mut()
+                .and_then(|s| s.pop_due(progress))
+            else {
+                return;
+            };
+            let (id, subtask) = &act.subtasks[victim % act.subtasks.len()];
+            tracing::info!(subtask = %id, "injecting a failure");
+            subtask.do_send(crate::messages::Kill);
+            killed = Some(act.attempt);
+        });
     }
 }
 
@@ -190,17 +493,19 @@ impl Actor for JobSupervisor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         self.started = Instant::now();
-        if let Err(e) = self.deploy(ctx.address()) {
-            self.complete(Err(e));
-        }
+        self.schedule_kills(ctx);
+        self.boot(ctx);
     }
 }
 
 impl Handler<SubtaskFinished> for JobSupervisor {
     type Result = ();
 
-    fn handle(&mut self, SubtaskFinished(id): SubtaskFinished, _ctx: &mut Context<Self>) {
-        tracing::debug!(subtask = %id, "finished");
+    fn handle(&mut self, msg: SubtaskFinished, _ctx: &mut Context<Self>) {
+        if msg.attempt != self.attempt {
+            return;
+        }
+        tracing::debug!(subtask = %msg.subtask, "finished");
         self.unfinished -= 1;
         if self.unfinished == 0 {
             let report = JobReport {
@@ -215,12 +520,48 @@ impl Handler<SubtaskFinished> for JobSupervisor {
 impl Handler<SubtaskFailed> for JobSupervisor {
     type Result = ();
 
-    fn handle(&mut self, msg: SubtaskFailed, _ctx: &mut Context<Self>) {
-        tracing::error!(subtask = %msg.subtask, error = %msg.error, "subtask failed");
-        self.complete(Err(JobError::TaskFailed {
-            subtask: msg.subtask,
-            error: msg.error,
-        }));
+    fn handle(&mut self, msg: SubtaskFailed, ctx: &mut Context<Self>) {
+        if msg.attempt != self.attempt || self.outcome.is_none() {
+            return;
+        }
+        tracing::warn!(subtask = %msg.subtask, error = %msg.error, "subtask failed");
+        self.fail(
+            JobError::TaskFailed {
+                subtask: msg.subtask,
+                error: msg.error,
+            },
+            ctx,
+        );
+    }
+}
+
+impl Handler<CheckpointingFailed> for JobSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: CheckpointingFailed, _ctx: &mut Context<Self>) {
+        self.complete(Err(JobError::Checkpointing(msg.0)));
+    }
+}
+
+impl Handler<TriggerCheckpointRequest> for JobSupervisor {
+    type Result = ();
+
+    fn handle(
+        &mut self,
+        TriggerCheckpointRequest(request): TriggerCheckpointRequest,
+        _ctx: &mut Context<Self>,
+    ) {
+        match &self.coordinator {
+            Some(coordinator) => coordinator.do_send(request),
+            None => {
+                let _ =
+                    request
+                        .reply
+                        .send(Err(tidemark::checkpoint::CheckpointFailure::NotTriggered(
+                            "the job runs without checkpointing".into(),
+                        )));
+            }
+        }
     }
 }
 

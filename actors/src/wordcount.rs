@@ -5,18 +5,11 @@ use crate::sinks::{Discard, FileSink};
 use std::path::PathBuf;
 use std::sync::Arc;
 use tidemark::job::JobConfig;
+use tidemark::rng::splitmix64;
 use tidemark::{
     AllKeys, Collector, Job, KeyedContext, KeyedProcessFunction, Source, SourceContext,
     SourceStatus, StateRegistrar, UserError, ValueState,
 };
-
-/// The standard SplitMix64 output function.
-pub fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 /// Source subtask j of P emits the keys of records i in 0..N with
 /// i mod P == j, in increasing i; record i's key is

@@ -1,1 +1,1836 @@
-//! The checkpoint coordinator (in progress).
+//! The checkpoint coordinator, after Flink's `CheckpointCoordinator`, as a
+//! sans-IO state machine: it decides when a checkpoint starts, collects the
+//! subtasks' acknowledgements, and decides when each checkpoint completes,
+//! fails or is subsumed. The shell feeds it events with the current time and
+//! carries out the actions it returns — persist the id counter, send barriers
+//! and notifications, write `_metadata`, delete discarded state — and arms a
+//! timer at [`CheckpointCoordinator::poll_timeout`] after every call. It owns
+//! no clock, timer, storage or channel.
+//!
+//! A rejected event changes nothing: `handle` validates the event before it
+//! looks at the clock, so an error never swallows actions that are due.
+
+use super::{Ack, CheckpointConfig, CheckpointFailure, CompletedCheckpoint, SubtaskState};
+use crate::event::{Alignment, Barrier, CheckpointKind, CheckpointOptions};
+use crate::ids::{CheckpointId, SubtaskId};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::mem;
+use std::time::Instant;
+
+pub type RequestId = u64;
+
+/// Ended checkpoints remembered, so that a late message for one of them can
+/// be told from a bogus id (Flink keeps 16 as well).
+const RECENTLY_ENDED: usize = 16;
+
+/// Wall and monotonic time of one step: the instant drives timers, the Unix
+/// milliseconds go into barriers.
+#[derive(Clone, Copy, Debug)]
+pub struct Now {
+    pub instant: Instant,
+    pub unix_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A timer fired (or any moment the shell wants the coordinator to look
+    /// at the clock). Only a Tick starts a periodic checkpoint.
+    Tick,
+    /// Manual trigger of a checkpoint or savepoint; answered with
+    /// `Action::Resolve`.
+    Trigger {
+        request: RequestId,
+        kind: CheckpointKind,
+    },
+    Ack(Ack),
+    Decline {
+        checkpoint: CheckpointId,
+        subtask: SubtaskId,
+        reason: String,
+    },
+    /// The shell made a finalized checkpoint durable (metadata written,
+    /// added to the completed-checkpoint store).
+    Persisted(CheckpointId),
+    PersistFailed {
+        checkpoint: CheckpointId,
+        reason: String,
+    },
+    /// The job is restarting or stopping: abandon everything pending and
+    /// queued.
+    AbortAll {
+        reason: String,
+    },
+}
+
+/// What the shell must do, in order.
+#[derive(Debug, PartialEq)]
+pub enum Action {
+    /// Persist the id counter (`next_id` = barrier.id + 1) then tell every
+    /// source subtask to inject this barrier.
+    Trigger {
+        barrier: Barrier,
+        next_id: CheckpointId,
+    },
+    /// Every subtask acknowledged: write `_metadata`, add to the store, then
+    /// feed back Persisted or PersistFailed.
+    Finalize(CompletedCheckpoint),
+    NotifyComplete(CheckpointId),
+    NotifyAbort {
+        checkpoint: CheckpointId,
+        reason: CheckpointFailure,
+    },
+    /// Delete the objects these states wrote (an aborted checkpoint's acks,
+    /// a late ack).
+    Discard(Vec<SubtaskState>),
+    /// Consecutive failures exceeded the tolerable number.
+    FailJob(String),
+    Resolve {
+        request: RequestId,
+        result: Result<CheckpointId, CheckpointFailure>,
+    },
+}
+
+/// An event that contradicts what the coordinator knows; it was not applied.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CoordinatorError {
+    #[error("{subtask} reported on unknown checkpoint {checkpoint}")]
+    UnknownCheckpoint {
+        checkpoint: CheckpointId,
+        subtask: SubtaskId,
+    },
+    #[error("{subtask} is not expected to acknowledge checkpoint {checkpoint}")]
+    UnknownSubtask {
+        checkpoint: CheckpointId,
+        subtask: SubtaskId,
+    },
+    #[error("{subtask} acknowledged checkpoint {checkpoint} twice")]
+    DuplicateAck {
+        checkpoint: CheckpointId,
+        subtask: SubtaskId,
+    },
+    /// Persisted or PersistFailed for a checkpoint that was never handed out
+    /// with `Action::Finalize`, or whose outcome is already known.
+    #[error("checkpoint {checkpoint} is not being finalized")]
+    NotFinalizing { checkpoint: CheckpointId },
+}
+
+/// User code run by the coordinator on trigger and on restore (Flink's
+/// `MasterTriggerRestoreHook`).
+pub trait MasterHook: Send {
+    /// Keys the hook's state in `CompletedCheckpoint::master_states`.
+    fn name(&self) -> &str;
+    fn trigger(&mut self, checkpoint: CheckpointId) -> Result<Option<Vec<u8>>, String>;
+    fn restore(&mut self, checkpoint: CheckpointId, state: Option<&[u8]>) -> Result<(), String>;
+}
+
+struct PendingCheckpoint {
+    kind: CheckpointKind,
+    /// Trigger time, Unix milliseconds.
+    timestamp: u64,
+    triggered: Instant,
+    request: Option<RequestId>,
+    acks: BTreeMap<SubtaskId, SubtaskState>,
+    master_states: BTreeMap<String, Vec<u8>>,
+    /// Every ack is in and `Finalize` went out: the shell is persisting it,
+    /// so it no longer expires.
+    finalizing: bool,
+}
+
+enum Ended {
+    Completed,
+    /// Expired, declined, subsumed, aborted, or failed to persist: its
+    /// states were discarded, so a late ack's state goes the same way.
+    Failed,
+    /// Aborted by `AbortAll` while the shell was persisting it. It may yet
+    /// become durable, so its states are kept, not discarded, until the
+    /// shell reports the outcome.
+    Abandoned(Vec<SubtaskState>),
+}
+
+/// Where a checkpoint stands for a message about it, as of `now`.
+enum Status<'a> {
+    /// Triggered, waiting for acks, not expired.
+    Open(&'a PendingCheckpoint),
+    /// Every expected subtask acked it: finalizing, completed, or abandoned
+    /// while finalizing.
+    AllAcked,
+    /// Ended without completing, or expires at `now`.
+    Failed,
+    Unknown,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Decline, timeout or failed persist: the subtasks are told, and it
+    /// counts against the tolerable failures.
+    Failure,
+    /// A master hook failed before any barrier went out: nobody to tell.
+    HookFailure,
+    /// A newer checkpoint completed: not a failure.
+    Subsumed,
+    /// The job is going away: nobody to tell, not a failure.
+    AbortAll,
+}
+
+/// Decides when checkpoints start and end, for one job run.
+pub struct CheckpointCoordinator {
+    config: CheckpointConfig,
+    subtasks: BTreeSet<SubtaskId>,
+    alignment: Alignment,
+    next_id: CheckpointId,
+    hooks: Vec<Box<dyn MasterHook>>,
+    /// Pending and finalizing checkpoints, iterated in id order so that the
+    /// actions of one call come out in a deterministic order.
+    pending: BTreeMap<CheckpointId, PendingCheckpoint>,
+    /// Manual requests waiting for a free slot, FIFO. Non-empty only while
+    /// every slot is taken.
+    queued: VecDeque<(RequestId, CheckpointKind)>,
+    ended: VecDeque<(CheckpointId, Ended)>,
+    consecutive_failures: u32,
+    /// The periodic interval counts from here: the start, the last periodic
+    /// trigger, or the last `AbortAll`.
+    periodic_from: Instant,
+    /// When the most recent checkpoint ended; `min_pause` counts from here.
+    last_end: Option<Instant>,
+}
+
+impl CheckpointCoordinator {
+    /// `subtasks`: every subtask that must acknowledge; `sources` is not
+    /// needed (the shell knows them).
+    /// `alignment`: the job's mode for checkpoints; savepoints are always
+    /// `Alignment::Aligned`.
+    /// `next_id`: first id to use (recovered from storage by the shell; ids
+    /// strictly increase).
+    pub fn new(
+        config: CheckpointConfig,
+        subtasks: Vec<SubtaskId>,
+        alignment: Alignment,
+        next_id: CheckpointId,
+        now: Now,
+    ) -> Self {
+        CheckpointCoordinator {
+            config,
+            subtasks: subtasks.into_iter().collect(),
+            alignment,
+            next_id,
+            hooks: Vec::new(),
+            pending: BTreeMap::new(),
+            queued: VecDeque::new(),
+            ended: VecDeque::new(),
+            consecutive_failures: 0,
+            periodic_from: now.instant,
+            last_end: None,
+        }
+    }
+
+    /// Hooks run in the order they were added. A hook replaces an earlier one
+    /// of the same name, since their states are keyed by name.
+    pub fn add_master_hook(&mut self, hook: Box<dyn MasterHook>) {
+        self.hooks.retain(|h| h.name() != hook.name());
+        self.hooks.push(hook);
+    }
+
+    /// Calls every hook's `restore` with the state it returned for that
+    /// checkpoint (None if it returned none), stopping at the first error.
+    pub fn restore_master_hooks(&mut self, checkpoint: &CompletedCheckpoint) -> Result<(), String> {
+        for hook in &mut self.hooks {
+            let state = checkpoint.master_states.get(hook.name()).map(Vec::as_slice);
+            hook.restore(checkpoint.id, state).map_err(|e| {
+                format!(
+                    "master hook {} failed to restore {}: {e}",
+                    hook.name(),
+                    checkpoint.id
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    pub fn handle(&mut self, now: Now, event: Event) -> Result<Vec<Action>, CoordinatorError> {
+        self.check(now.instant, &event)?;
+        let mut out = Vec::new();
+        self.expire(now, &mut out);
+        let tick = matches!(event, Event::Tick);
+        match event {
+            Event::Tick => {}
+            Event::Trigger { request, kind } => self.queued.push_back((request, kind)),
+            Event::Ack(ack) => self.ack(ack, &mut out),
+            Event::Decline {
+                checkpoint,
+                subtask,
+                reason,
+            } => {
+                if self.pending.get(&checkpoint).is_some_and(|p| !p.finalizing) {
+                    let failure = CheckpointFailure::Declined {
+                        checkpoint,
+                        subtask,
+                        reason,
+                    };
+                    self.end(now, checkpoint, failure, Ending::Failure, &mut out);
+                }
+            }
+            Event::Persisted(checkpoint) => self.persisted(now, checkpoint, &mut out),
+            Event::PersistFailed { checkpoint, reason } => {
+                if self.pending.contains_key(&checkpoint) {
+                    let failure = CheckpointFailure::FinalizeFailed { checkpoint, reason };
+                    self.end(now, checkpoint, failure, Ending::Failure, &mut out);
+                } else if let Some(entry) = self.ended_mut(checkpoint) {
+                    if let Ended::Abandoned(states) = mem::replace(entry, Ended::Failed) {
+                        discard(states, &mut out);
+                    }
+                }
+            }
+            Event::AbortAll { reason } => self.abort_all(now, reason, &mut out),
+        }
+        self.trigger_queued(now, &mut out);
+        if tick {
+            self.trigger_periodic(now, &mut out);
+        }
+        Ok(out)
+    }
+
+    /// Earliest instant at which a Tick has work: the next periodic trigger
+    /// (if a slot is free) or the earliest pending expiry. It may lie in the
+    /// past: tick at once.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let periodic = (self.pending.len() < self.config.max_concurrent)
+            .then(|| self.periodic_due())
+            .flatten();
+        let expiry = self
+            .pending
+            .values()
+            .filter(|p| !p.finalizing)
+            .map(|p| p.triggered + self.config.timeout)
+            .min();
+        periodic.into_iter().chain(expiry).min()
+    }
+
+    pub fn next_id(&self) -> CheckpointId {
+        self.next_id
+    }
+
+    /// Pending plus finalizing checkpoints: the slots `max_concurrent` limits.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn check(&self, now: Instant, event: &Event) -> Result<(), CoordinatorError> {
+        match event {
+            Event::Ack(Ack {
+                checkpoint,
+                subtask,
+                ..
+            }) => {
+                let (checkpoint, subtask) = (*checkpoint, *subtask);
+                match self.status(checkpoint, now) {
+                    Status::Unknown => Err(CoordinatorError::UnknownCheckpoint {
+                        checkpoint,
+                        subtask,
+                    }),
+                    Status::Failed => Ok(()),
+                    _ if !self.subtasks.contains(&subtask) => {
+                        Err(CoordinatorError::UnknownSubtask {
+                            checkpoint,
+                            subtask,
+                        })
+                    }
+                    Status::Open(p) if !p.acks.contains_key(&subtask) => Ok(()),
+                    // Never a late ack to discard: its state may be the very
+                    // objects the checkpoint references.
+                    _ => Err(CoordinatorError::DuplicateAck {
+                        checkpoint,
+                        subtask,
+                    }),
+                }
+            }
+            Event::Decline {
+                checkpoint,
+                subtask,
+                ..
+            } => {
+                let (checkpoint, subtask) = (*checkpoint, *subtask);
+                match self.status(checkpoint, now) {
+                    Status::Unknown => Err(CoordinatorError::UnknownCheckpoint {
+                        checkpoint,
+                        subtask,
+                    }),
+                    Status::Open(_) if !self.subtasks.contains(&subtask) => {
+                        Err(CoordinatorError::UnknownSubtask {
+                            checkpoint,
+                            subtask,
+                        })
+                    }
+                    _ => Ok(()),
+                }
+            }
+            Event::Persisted(checkpoint) | Event::PersistFailed { checkpoint, .. } => {
+                let awaited = self.pending.get(checkpoint).is_some_and(|p| p.finalizing)
+                    || matches!(self.ended_entry(*checkpoint), Some(Ended::Abandoned(_)));
+                if awaited {
+                    Ok(())
+                } else {
+                    Err(CoordinatorError::NotFinalizing {
+                        checkpoint: *checkpoint,
+                    })
+                }
+            }
+            Event::Tick | Event::Trigger { .. } | Event::AbortAll { .. } => Ok(()),
+        }
+    }
+
+    fn status(&self, checkpoint: CheckpointId, now: Instant) -> Status<'_> {
+        match self.pending.get(&checkpoint) {
+            Some(p) if p.finalizing => Status::AllAcked,
+            Some(p) if self.expired(p, now) => Status::Failed,
+            Some(p) => Status::Open(p),
+            None => match self.ended_entry(checkpoint) {
+                Some(Ended::Failed) => Status::Failed,
+                Some(_) => Status::AllAcked,
+                None => Status::Unknown,
+            },
+        }
+    }
+
+    fn expired(&self, p: &PendingCheckpoint, now: Instant) -> bool {
+        !p.finalizing && p.triggered + self.config.timeout <= now
+    }
+
+    fn expire(&mut self, now: Now, out: &mut Vec<Action>) {
+        let expired: Vec<CheckpointId> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| self.expired(p, now.instant))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            self.end(
+                now,
+                id,
+                CheckpointFailure::Expired(id),
+                Ending::Failure,
+                out,
+            );
+        }
+    }
+
+    /// Only called for an ack `check` accepted: either a new ack of an open
+    /// checkpoint or a late one.
+    fn ack(&mut self, ack: Ack, out: &mut Vec<Action>) {
+        match self.pending.get_mut(&ack.checkpoint) {
+            Some(p) => {
+                p.acks.insert(ack.subtask, ack.state);
+                self.finalize_if_acked(ack.checkpoint, out);
+            }
+            None => out.push(Action::Discard(vec![ack.state])),
+        }
+    }
+
+    fn finalize_if_acked(&mut self, id: CheckpointId, out: &mut Vec<Action>) {
+        let Some(p) = self.pending.get_mut(&id) else {
+            return;
+        };
+        if p.acks.len() < self.subtasks.len() {
+            return;
+        }
+        p.finalizing = true;
+        // The acks stay: a failed persist must discard them.
+        out.push(Action::Finalize(CompletedCheckpoint {
+            id,
+            kind: p.kind,
+            timestamp: p.timestamp,
+            subtasks: p.acks.clone(),
+            master_states: mem::take(&mut p.master_states),
+        }));
+    }
+
+    fn persisted(&mut self, now: Now, id: CheckpointId, out: &mut Vec<Action>) {
+        let Some(p) = self.pending.remove(&id) else {
+            // Abandoned while finalizing, durable after all; the job has
+            // moved on, so there is nobody to notify.
+            if let Some(entry) = self.ended_mut(id) {
+                *entry = Ended::Completed;
+            }
+            return;
+        };
+        // Savepoints are the user's business, not a sign of the job's health.
+        if p.kind == CheckpointKind::Checkpoint {
+            self.consecutive_failures = 0;
+        }
+        self.last_end = Some(now.instant);
+        self.record_ended(id, Ended::Completed);
+        out.push(Action::NotifyComplete(id));
+        if let Some(request) = p.request {
+            out.push(Action::Resolve {
+                request,
+                result: Ok(id),
+            });
+        }
+        let subsumed: Vec<CheckpointId> = self
+            .pending
+            .range(..id)
+            .filter(|(_, p)| !p.finalizing && p.kind == CheckpointKind::Checkpoint)
+            .map(|(old, _)| *old)
+            .collect();
+        for old in subsumed {
+            let failure = CheckpointFailure::Aborted {
+                checkpoint: old,
+                reason: format!("subsumed by {id}"),
+            };
+            self.end(now, old, failure, Ending::Subsumed, out);
+        }
+    }
+
+    /// Ends a pending or finalizing checkpoint without completing it.
+    fn end(
+        &mut self,
+        now: Now,
+        id: CheckpointId,
+        failure: CheckpointFailure,
+        ending: Ending,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(p) = self.pending.remove(&id) else {
+            return;
+        };
+        let states: Vec<SubtaskState> = p.acks.into_values().collect();
+        let ended = if p.finalizing && ending == Ending::AbortAll {
+            Ended::Abandoned(states)
+        } else {
+            discard(states, out);
+            Ended::Failed
+        };
+        if matches!(ending, Ending::Failure | Ending::Subsumed) {
+            out.push(Action::NotifyAbort {
+                checkpoint: id,
+                reason: failure.clone(),
+            });
+        }
+        if let Some(request) = p.request {
+            out.push(Action::Resolve {
+                request,
+                result: Err(failure.clone()),
+            });
+        }
+        self.last_end = Some(now.instant);
+        self.record_ended(id, ended);
+        let counts = matches!(ending, Ending::Failure | Ending::HookFailure);
+        if counts && p.kind == CheckpointKind::Checkpoint {
+            self.consecutive_failures += 1;
+            if self.consecutive_failures > self.config.tolerable_failures {
+                out.push(Action::FailJob(format!(
+                    "{} consecutive checkpoint failures exceed the tolerable {}: {failure}",
+                    self.consecutive_failures, self.config.tolerable_failures
+                )));
+                // As Flink does: the job fails once, not again on every
+                // further failure while it goes down.
+                self.consecutive_failures = 0;
+            }
+        }
+    }
+
+    fn abort_all(&mut self, now: Now, reason: String, out: &mut Vec<Action>) {
+        let ids: Vec<CheckpointId> = self.pending.keys().copied().collect();
+        for id in ids {
+            let failure = CheckpointFailure::Aborted {
+                checkpoint: id,
+                reason: reason.clone(),
+            };
+            self.end(now, id, failure, Ending::AbortAll, out);
+        }
+        // A queued request has no checkpoint id yet, so it cannot be
+        // `Aborted { checkpoint, .. }`.
+        for (request, _) in self.queued.drain(..) {
+            out.push(Action::Resolve {
+                request,
+                result: Err(CheckpointFailure::NotTriggered(reason.clone())),
+            });
+        }
+        self.periodic_from = now.instant;
+        self.last_end = None;
+    }
+
+    fn trigger_queued(&mut self, now: Now, out: &mut Vec<Action>) {
+        while self.pending.len() < self.config.max_concurrent {
+            let Some((request, kind)) = self.queued.pop_front() else {
+                break;
+            };
+            self.trigger(now, kind, Some(request), out);
+        }
+    }
+
+    fn trigger_periodic(&mut self, now: Now, out: &mut Vec<Action>) {
+        let due = self.periodic_due().is_some_and(|due| due <= now.instant);
+        if due && self.pending.len() < self.config.max_concurrent {
+            self.periodic_from = now.instant;
+            self.trigger(now, CheckpointKind::Checkpoint, None, out);
+        }
+    }
+
+    fn periodic_due(&self) -> Option<Instant> {
+        let due = self.periodic_from + self.config.interval?;
+        Some(match self.last_end {
+            Some(end) => due.max(end + self.config.min_pause),
+            None => due,
+        })
+    }
+
+    fn trigger(
+        &mut self,
+        now: Now,
+        kind: CheckpointKind,
+        request: Option<RequestId>,
+        out: &mut Vec<Action>,
+    ) {
+        let id = self.next_id;
+        self.next_id = CheckpointId(id.0 + 1);
+        let (master_states, hook_failure) = match self.trigger_hooks(id) {
+            Ok(states) => (states, None),
+            Err(failure) => (BTreeMap::new(), Some(failure)),
+        };
+        self.pending.insert(
+            id,
+            PendingCheckpoint {
+                kind,
+                timestamp: now.unix_ms,
+                triggered: now.instant,
+                request,
+                acks: BTreeMap::new(),
+                master_states,
+                finalizing: false,
+            },
+        );
+        if let Some(failure) = hook_failure {
+            self.end(now, id, failure, Ending::HookFailure, out);
+            return;
+        }
+        let alignment = match kind {
+            CheckpointKind::Savepoint => Alignment::Aligned,
+            CheckpointKind::Checkpoint => self.alignment,
+        };
+        out.push(Action::Trigger {
+            barrier: Barrier {
+                id,
+                timestamp: now.unix_ms,
+                options: CheckpointOptions { kind, alignment },
+            },
+            next_id: self.next_id,
+        });
+        // A job without subtasks has nobody to wait for.
+        self.finalize_if_acked(id, out);
+    }
+
+    fn trigger_hooks(
+        &mut self,
+        id: CheckpointId,
+    ) -> Result<BTreeMap<String, Vec<u8>>, CheckpointFailure> {
+        let mut states = BTreeMap::new();
+        for hook in &mut self.hooks {
+            match hook.trigger(id) {
+                Ok(Some(state)) => {
+                    states.insert(hook.name().to_owned(), state);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    return Err(CheckpointFailure::NotTriggered(format!(
+                        "master hook {} failed on {id}: {e}",
+                        hook.name()
+                    )))
+                }
+            }
+        }
+        Ok(states)
+    }
+
+    fn record_ended(&mut self, id: CheckpointId, ended: Ended) {
+        if self.ended.len() == RECENTLY_ENDED {
+            self.ended.pop_front();
+        }
+        self.ended.push_back((id, ended));
+    }
+
+    fn ended_entry(&self, id: CheckpointId) -> Option<&Ended> {
+        self.ended.iter().find(|(e, _)| *e == id).map(|(_, s)| s)
+    }
+
+    fn ended_mut(&mut self, id: CheckpointId) -> Option<&mut Ended> {
+        self.ended
+            .iter_mut()
+            .find(|(e, _)| *e == id)
+            .map(|(_, s)| s)
+    }
+}
+
+fn discard(states: Vec<SubtaskState>, out: &mut Vec<Action>) {
+    if !states.is_empty() {
+        out.push(Action::Discard(states));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{CheckpointMetrics, KeyedStateHandle, StateHandle};
+    use crate::ids::{OperatorId, SubtaskIndex};
+    use proptest::prelude::*;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use CheckpointKind::{Checkpoint, Savepoint};
+
+    const UNIX_BASE: u64 = 1_700_000_000_000;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn subtask(i: u32) -> SubtaskId {
+        SubtaskId {
+            operator: OperatorId(0),
+            index: SubtaskIndex(i),
+        }
+    }
+
+    /// Generous limits, so that a test only meets the one it is about.
+    fn config() -> CheckpointConfig {
+        CheckpointConfig {
+            interval: Some(ms(1000)),
+            timeout: ms(60_000),
+            min_pause: Duration::ZERO,
+            max_concurrent: 1,
+            tolerable_failures: 10,
+            retain: 1,
+        }
+    }
+
+    /// Names its checkpoint and subtask, so a discarded state shows whose it was.
+    fn state(id: u64, i: u32) -> SubtaskState {
+        SubtaskState {
+            keyed: Some(KeyedStateHandle {
+                start_group: 0,
+                offsets: vec![0],
+                handle: StateHandle {
+                    path: format!("chk-{id}/{i}"),
+                    size: 10,
+                },
+            }),
+            ..SubtaskState::default()
+        }
+    }
+
+    fn ack(id: u64, i: u32) -> Event {
+        Event::Ack(Ack {
+            subtask: subtask(i),
+            checkpoint: CheckpointId(id),
+            state: state(id, i),
+            metrics: CheckpointMetrics::default(),
+        })
+    }
+
+    fn decline(id: u64, i: u32, reason: &str) -> Event {
+        Event::Decline {
+            checkpoint: CheckpointId(id),
+            subtask: subtask(i),
+            reason: reason.to_owned(),
+        }
+    }
+
+    fn manual(request: RequestId, kind: CheckpointKind) -> Event {
+        Event::Trigger { request, kind }
+    }
+
+    fn trigger(id: u64, at: u64, kind: CheckpointKind, alignment: Alignment) -> Action {
+        Action::Trigger {
+            barrier: Barrier {
+                id: CheckpointId(id),
+                timestamp: UNIX_BASE + at,
+                options: CheckpointOptions { kind, alignment },
+            },
+            next_id: CheckpointId(id + 1),
+        }
+    }
+
+    fn checkpoint(id: u64, at: u64) -> Action {
+        trigger(id, at, Checkpoint, Alignment::Aligned)
+    }
+
+    fn completed(id: u64, at: u64, subtasks: u32) -> CompletedCheckpoint {
+        CompletedCheckpoint {
+            id: CheckpointId(id),
+            kind: Checkpoint,
+            timestamp: UNIX_BASE + at,
+            subtasks: (0..subtasks).map(|i| (subtask(i), state(id, i))).collect(),
+            master_states: BTreeMap::new(),
+        }
+    }
+
+    fn notify_abort(id: u64, reason: CheckpointFailure) -> Action {
+        Action::NotifyAbort {
+            checkpoint: CheckpointId(id),
+            reason,
+        }
+    }
+
+    fn triggered(actions: &[Action]) -> Vec<u64> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Trigger { barrier, .. } => Some(barrier.id.0),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn finalized(actions: Vec<Action>) -> CompletedCheckpoint {
+        match <[Action; 1]>::try_from(actions) {
+            Ok([Action::Finalize(completed)]) => completed,
+            other => panic!("expected one Finalize, got {other:?}"),
+        }
+    }
+
+    /// A coordinator on a fake clock: every time is milliseconds after its start.
+    struct Harness {
+        coordinator: CheckpointCoordinator,
+        base: Instant,
+        subtasks: u32,
+    }
+
+    impl Harness {
+        fn new(config: CheckpointConfig, subtasks: u32) -> Self {
+            Self::with(config, subtasks, Alignment::Aligned, CheckpointId(1))
+        }
+
+        fn with(
+            config: CheckpointConfig,
+            subtasks: u32,
+            alignment: Alignment,
+            next_id: CheckpointId,
+        ) -> Self {
+            let base = Instant::now();
+            let now = Now {
+                instant: base,
+                unix_ms: UNIX_BASE,
+            };
+            let ids = (0..subtasks).map(subtask).collect();
+            Harness {
+                coordinator: CheckpointCoordinator::new(config, ids, alignment, next_id, now),
+                base,
+                subtasks,
+            }
+        }
+
+        fn at(&self, t: u64) -> Now {
+            Now {
+                instant: self.base + ms(t),
+                unix_ms: UNIX_BASE + t,
+            }
+        }
+
+        fn try_handle(&mut self, t: u64, event: Event) -> Result<Vec<Action>, CoordinatorError> {
+            let now = self.at(t);
+            self.coordinator.handle(now, event)
+        }
+
+        fn handle(&mut self, t: u64, event: Event) -> Vec<Action> {
+            self.try_handle(t, event).expect("event accepted")
+        }
+
+        fn tick(&mut self, t: u64) -> Vec<Action> {
+            self.handle(t, Event::Tick)
+        }
+
+        /// Acks from every subtask; returns what the last one caused.
+        fn ack_all(&mut self, t: u64, id: u64) -> Vec<Action> {
+            (0..self.subtasks).fold(Vec::new(), |_, i| self.handle(t, ack(id, i)))
+        }
+
+        /// Acks from every subtask and the shell's report that it persisted.
+        fn complete(&mut self, t: u64, id: u64) -> Vec<Action> {
+            assert_eq!(finalized(self.ack_all(t, id)).id, CheckpointId(id));
+            self.handle(t, Event::Persisted(CheckpointId(id)))
+        }
+
+        fn poll_timeout(&self) -> Option<u64> {
+            let at = self.coordinator.poll_timeout()?;
+            Some(at.saturating_duration_since(self.base).as_millis() as u64)
+        }
+    }
+
+    #[test]
+    fn first_periodic_trigger_is_due_exactly_one_interval_after_start() {
+        let mut h = Harness::new(config(), 2);
+        assert_eq!(h.poll_timeout(), Some(1000));
+        assert_eq!(h.tick(0), vec![]);
+        assert_eq!(h.tick(999), vec![]);
+        assert_eq!(h.tick(1000), vec![checkpoint(1, 1000)]);
+        assert_eq!(h.coordinator.pending(), 1);
+    }
+
+    #[test]
+    fn no_interval_means_no_periodic_trigger_and_nothing_to_wait_for() {
+        let config = CheckpointConfig {
+            interval: None,
+            ..config()
+        };
+        let mut h = Harness::new(config, 1);
+        assert_eq!(h.poll_timeout(), None);
+        assert_eq!(h.tick(1_000_000), vec![]);
+    }
+
+    #[test]
+    fn ids_start_from_the_recovered_next_id_and_strictly_increase() {
+        let mut h = Harness::with(config(), 1, Alignment::Aligned, CheckpointId(42));
+        assert_eq!(h.coordinator.next_id(), CheckpointId(42));
+        assert_eq!(h.tick(1000), vec![checkpoint(42, 1000)]);
+        h.complete(1100, 42);
+        assert_eq!(
+            h.handle(1200, manual(1, Savepoint)),
+            vec![trigger(43, 1200, Savepoint, Alignment::Aligned)]
+        );
+        h.complete(1300, 43);
+        assert_eq!(h.tick(2000), vec![checkpoint(44, 2000)]);
+        assert_eq!(h.coordinator.next_id(), CheckpointId(45));
+    }
+
+    #[test]
+    fn finalizes_only_on_the_last_ack_and_completes_when_persisted() {
+        let mut h = Harness::new(config(), 3);
+        h.tick(1000);
+        assert_eq!(h.handle(1100, ack(1, 0)), vec![]);
+        assert_eq!(h.handle(1200, ack(1, 2)), vec![]);
+        assert_eq!(
+            h.handle(1300, ack(1, 1)),
+            vec![Action::Finalize(completed(1, 1000, 3))]
+        );
+        assert_eq!(
+            h.coordinator.pending(),
+            1,
+            "a finalizing checkpoint still holds its slot"
+        );
+        assert_eq!(
+            h.handle(1400, Event::Persisted(CheckpointId(1))),
+            vec![Action::NotifyComplete(CheckpointId(1))]
+        );
+        assert_eq!(h.coordinator.pending(), 0);
+    }
+
+    #[test]
+    fn a_finalizing_checkpoint_does_not_expire() {
+        let config = CheckpointConfig {
+            timeout: ms(500),
+            ..config()
+        };
+        let mut h = Harness::new(config, 1);
+        h.tick(1000);
+        h.ack_all(1400, 1);
+        assert_eq!(h.poll_timeout(), None);
+        assert_eq!(h.tick(5000), vec![]);
+        assert_eq!(
+            h.handle(5000, Event::Persisted(CheckpointId(1))),
+            vec![Action::NotifyComplete(CheckpointId(1))]
+        );
+    }
+
+    #[test]
+    fn timeout_aborts_exactly_at_trigger_plus_timeout_and_notifies_abort() {
+        let config = CheckpointConfig {
+            timeout: ms(500),
+            ..config()
+        };
+        let mut h = Harness::new(config, 2);
+        h.tick(1000);
+        assert_eq!(h.poll_timeout(), Some(1500));
+        assert_eq!(h.tick(1499), vec![]);
+        assert_eq!(
+            h.tick(1500),
+            vec![notify_abort(1, CheckpointFailure::Expired(CheckpointId(1)))]
+        );
+        assert_eq!(h.coordinator.pending(), 0);
+    }
+
+    #[test]
+    fn an_ack_at_the_expiry_instant_is_late() {
+        let config = CheckpointConfig {
+            timeout: ms(500),
+            ..config()
+        };
+        let mut h = Harness::new(config, 2);
+        h.tick(1000);
+        h.handle(1100, ack(1, 0));
+        assert_eq!(
+            h.handle(1500, ack(1, 1)),
+            vec![
+                Action::Discard(vec![state(1, 0)]),
+                notify_abort(1, CheckpointFailure::Expired(CheckpointId(1))),
+                Action::Discard(vec![state(1, 1)]),
+            ]
+        );
+    }
+
+    #[test]
+    fn late_ack_of_a_timed_out_checkpoint_is_ignored_and_its_state_discarded() {
+        let config = CheckpointConfig {
+            timeout: ms(500),
+            ..config()
+        };
+        let mut h = Harness::new(config, 2);
+        h.tick(1000);
+        h.handle(1200, ack(1, 0));
+        assert_eq!(
+            h.tick(1500),
+            vec![
+                Action::Discard(vec![state(1, 0)]),
+                notify_abort(1, CheckpointFailure::Expired(CheckpointId(1)))
+            ]
+        );
+        assert_eq!(
+            h.handle(1600, ack(1, 1)),
+            vec![Action::Discard(vec![state(1, 1)])]
+        );
+    }
+
+    #[test]
+    fn ack_of_an_unknown_checkpoint_is_rejected() {
+        let mut h = Harness::new(config(), 1);
+        assert_eq!(
+            h.try_handle(0, ack(7, 0)),
+            Err(CoordinatorError::UnknownCheckpoint {
+                checkpoint: CheckpointId(7),
+                subtask: subtask(0)
+            })
+        );
+        assert_eq!(
+            h.try_handle(0, decline(7, 0, "no")),
+            Err(CoordinatorError::UnknownCheckpoint {
+                checkpoint: CheckpointId(7),
+                subtask: subtask(0)
+            })
+        );
+    }
+
+    #[test]
+    fn ended_checkpoints_are_remembered_for_sixteen_more() {
+        let config = CheckpointConfig {
+            interval: None,
+            ..config()
+        };
+        let mut h = Harness::new(config, 2);
+        for id in 1..=17 {
+            assert_eq!(triggered(&h.handle(id, manual(id, Checkpoint))), vec![id]);
+            h.handle(id, decline(id, 0, "busy"));
+        }
+        assert!(matches!(
+            h.try_handle(20, ack(1, 1)),
+            Err(CoordinatorError::UnknownCheckpoint { .. })
+        ));
+        assert_eq!(
+            h.handle(20, ack(2, 1)),
+            vec![Action::Discard(vec![state(2, 1)])]
+        );
+        assert_eq!(
+            h.handle(20, decline(2, 1, "late")),
+            vec![],
+            "a decline of an ended checkpoint is ignored"
+        );
+    }
+
+    #[test]
+    fn duplicate_ack_and_unknown_subtask_are_rejected_and_change_nothing() {
+        let mut h = Harness::new(config(), 2);
+        h.tick(1000);
+        h.handle(1100, ack(1, 0));
+        let mut again = ack(1, 0);
+        if let Event::Ack(a) = &mut again {
+            a.state = state(99, 0);
+        }
+        assert_eq!(
+            h.try_handle(1200, again),
+            Err(CoordinatorError::DuplicateAck {
+                checkpoint: CheckpointId(1),
+                subtask: subtask(0)
+            })
+        );
+        assert_eq!(
+            h.try_handle(1200, ack(1, 5)),
+            Err(CoordinatorError::UnknownSubtask {
+                checkpoint: CheckpointId(1),
+                subtask: subtask(5)
+            })
+        );
+        assert_eq!(
+            h.try_handle(1200, decline(1, 5, "who?")),
+            Err(CoordinatorError::UnknownSubtask {
+                checkpoint: CheckpointId(1),
+                subtask: subtask(5)
+            })
+        );
+        assert_eq!(
+            h.handle(1300, ack(1, 1)),
+            vec![Action::Finalize(completed(1, 1000, 2))]
+        );
+    }
+
+    #[test]
+    fn a_rejected_event_does_not_swallow_a_due_expiry() {
+        let config = CheckpointConfig {
+            timeout: ms(500),
+            ..config()
+        };
+        let mut h = Harness::new(config, 1);
+        h.tick(1000);
+        assert!(h.try_handle(2000, ack(9, 0)).is_err());
+        assert_eq!(
+            h.tick(2000),
+            vec![
+                notify_abort(1, CheckpointFailure::Expired(CheckpointId(1))),
+                checkpoint(2, 2000)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_repeated_ack_of_a_completed_checkpoint_is_a_duplicate_not_a_state_to_delete() {
+        let mut h = Harness::new(config(), 1);
+        h.tick(1000);
+        h.ack_all(1100, 1);
+        let duplicate = Err(CoordinatorError::DuplicateAck {
+            checkpoint: CheckpointId(1),
+            subtask: subtask(0),
+        });
+        assert_eq!(h.try_handle(1150, ack(1, 0)), duplicate);
+        h.handle(1200, Event::Persisted(CheckpointId(1)));
+        assert_eq!(h.try_handle(1300, ack(1, 0)), duplicate);
+    }
+
+    #[test]
+    fn next_trigger_waits_for_min_pause_after_the_last_end() {
+        let config = CheckpointConfig {
+            min_pause: ms(3000),
+            ..config()
+        };
+        let mut h = Harness::new(config, 1);
+        h.tick(1000);
+        h.complete(1500, 1);
+        assert_eq!(h.poll_timeout(), Some(4500));
+        assert_eq!(h.tick(2000), vec![]);
+        assert_eq!(h.tick(4499), vec![]);
+        assert_eq!(h.tick(4500), vec![checkpoint(2, 4500)]);
+        // A failure ends a checkpoint too.
+        h.handle(4600, decline(2, 0, "busy"));
+        assert_eq!(h.poll_timeout(), Some(7600));
+    }
+
+    #[test]
+    fn periodic_interval_counts_from_the_last_periodic_trigger() {
+        let mut h = Harness::new(config(), 1);
+        h.tick(1000);
+        h.complete(1100, 1);
+        assert_eq!(h.poll_timeout(), Some(2000));
+        // A late tick triggers once, and the schedule counts from it.
+        assert_eq!(h.tick(2700), vec![checkpoint(2, 2700)]);
+        h.complete(2800, 2);
+        assert_eq!(h.tick(3699), vec![]);
+        assert_eq!(h.tick(3700), vec![checkpoint(3, 3700)]);
+    }
+
+    #[test]
+    fn max_concurrent_holds_back_a_third_checkpoint_until_one_ends() {
+        let config = CheckpointConfig {
+            max_concurrent: 2,
+            ..config()
+        };
+        let mut h = Harness::new(config, 1);
+        assert_eq!(h.tick(1000), vec![checkpoint(1, 1000)]);
+        assert_eq!(h.tick(2000), vec![checkpoint(2, 2000)]);
+        assert_eq!(h.tick(3000), vec![]);
+        assert_eq!(
+            h.poll_timeout(),
+            Some(61_000),
+            "only the expiry of checkpoint 1 is due while full"
+        );
+        h.ack_all(3500, 1);
+        assert_eq!(
+            h.tick(3600),
+            vec![],
+            "a finalizing checkpoint still takes a slot"
+        );
+        assert_eq!(
+            h.handle(3700, Event::Persisted(CheckpointId(1))),
+            vec![Action::NotifyComplete(CheckpointId(1))]
+        );
+        assert_eq!(h.poll_timeout(), Some(3700));
+        assert_eq!(h.tick(3700), vec![checkpoint(3, 3700)]);
+        assert_eq!(h.coordinator.pending(), 2);
+    }
+
+    #[test]
+    fn manual_trigger_is_queued_at_max_concurrent_and_resolved_with_its_id() {
+        let config = CheckpointConfig {
+            interval: None,
+            ..config()
+        };
+        let mut h = Harness::new(config, 1);
+        assert_eq!(h.handle(0, manual(7, Checkpoint)), vec![checkpoint(1, 0)]);
+        assert_eq!(h.handle(10, manual(8, Savepoint)), vec![]);
+        assert_eq!(h.handle(20, manual(9, Checkpoint)), vec![]);
+        assert_eq!(h.coordinator.pending(), 1);
+        assert_eq!(
+            h.complete(100, 1),
+            vec![
+                Action::NotifyComplete(CheckpointId(1)),
+                Action::Resolve {
+                    request: 7,
+                    result: Ok(CheckpointId(1))
+                },
+                trigger(2, 100, Savepoint, Alignment::Aligned),
+            ]
+        );
+        assert_eq!(
+            h.handle(200, decline(2, 0, "disk full")),
+            vec![
+                notify_abort(
+                    2,
+                    CheckpointFailure::Declined {
+                        checkpoint: CheckpointId(2),
+                        subtask: subtask(0),
+                        reason: "disk full".into()
+                    }
+                ),
+                Action::Resolve {
+                    request: 8,
+                    result: Err(CheckpointFailure::Declined {
+                        checkpoint: CheckpointId(2),
+                        subtask: subtask(0),
+                        reason: "disk full".into()
+                    })
+                },
+                checkpoint(3, 200),
+            ]
+        );
+        assert_eq!(
+            h.complete(300, 3),
+            vec![
+                Action::NotifyComplete(CheckpointId(3)),
+                Action::Resolve {
+                    request: 9,
+                    result: Ok(CheckpointId(3))
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn manual_trigger_ignores_interval_and_min_pause() {
+        let config = CheckpointConfig {
+            min_pause: ms(5000),
+            ..config()
+        };
+        let mut h = Harness::new(config, 1);
+        assert_eq!(h.handle(10, manual(1, Checkpoint)), vec![checkpoint(1, 10)]);
+        h.complete(20, 1);
+        assert_eq!(h.handle(30, manual(2, Checkpoint)), vec![checkpoint(2, 30)]);
+    }
+
+    #[test]
+    fn savepoint_barrier_is_aligned_when_the_job_is_unaligned() {
+        let config = CheckpointConfig {
+            max_concurrent: 2,
+            ..config()
+        };
+        let mut h = Harness::with(config, 1, Alignment::Unaligned, CheckpointId(1));
+        assert_eq!(
+            h.tick(1000),
+            vec![trigger(1, 1000, Checkpoint, Alignment::Unaligned)]
+        );
+        assert_eq!(
+            h.handle(1100, manual(1, Savepoint)),
+            vec![trigger(2, 1100, Savepoint, Alignment::Aligned)]
+        );
+    }
+
+    #[test]
+    fn second_consecutive_failure_fails_the_job_with_tolerable_one() {
+        let config = CheckpointConfig {
+            tolerable_failures: 1,
+            ..config()
+        };
+        let mut h = Harness::new(config, 1);
+        h.tick(1000);
+        assert_eq!(
+            h.handle(1100, decline(1, 0, "disk full")).len(),
+            1,
+            "only NotifyAbort"
+        );
+        assert_eq!(h.tick(2000), vec![checkpoint(2, 2000)]);
+        let failure = CheckpointFailure::Declined {
+            checkpoint: CheckpointId(2),
+            subtask: subtask(0),
+            reason: "disk full".into(),
+        };
+        assert_eq!(
+            h.handle(2100, decline(2, 0, "disk full")),
+            vec![
+                notify_abort(2, failure),
+                Action::FailJob(
+                    "2 consecutive checkpoint failures exceed the tolerable 1: \
+                     subtask op-0#0 declined checkpoint chk-2: disk full"
+                        .into()
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_success_between_failures_resets_the_count() {
+        let config = CheckpointConfig {
+            tolerable_failures: 1,
+            ..config()
+        };
+        let mut h = Harness::new(config, 1);
+        h.tick(1000);
+        h.handle(1100, decline(1, 0, "busy"));
+        h.tick(2000);
+        h.complete(2100, 2);
+        h.tick(3000);
+        let actions = h.handle(3100, decline(3, 0, "busy"));
+        assert!(
+            !actions.iter().any(|a| matches!(a, Action::FailJob(_))),
+            "{actions:?}"
+        );
+    }
+
+    #[test]
+    fn persist_failure_discards_notifies_abort_and_counts() {
+        let config = CheckpointConfig {
+            tolerable_failures: 0,
+            ..config()
+        };
+        let mut h = Harness::new(config, 1);
+        h.tick(1000);
+        h.ack_all(1100, 1);
+        let failure = CheckpointFailure::FinalizeFailed {
+            checkpoint: CheckpointId(1),
+            reason: "store unavailable".into(),
+        };
+        assert_eq!(
+            h.handle(
+                1200,
+                Event::PersistFailed {
+                    checkpoint: CheckpointId(1),
+                    reason: "store unavailable".into()
+                }
+            ),
+            vec![
+                Action::Discard(vec![state(1, 0)]),
+                notify_abort(1, failure.clone()),
+                Action::FailJob(format!(
+                    "1 consecutive checkpoint failures exceed the tolerable 0: {failure}"
+                )),
+            ]
+        );
+    }
+
+    #[test]
+    fn persist_outcome_is_rejected_for_a_checkpoint_not_being_finalized() {
+        let mut h = Harness::new(config(), 2);
+        h.tick(1000);
+        h.handle(1100, ack(1, 0));
+        let not_finalizing = |id| {
+            Err(CoordinatorError::NotFinalizing {
+                checkpoint: CheckpointId(id),
+            })
+        };
+        assert_eq!(
+            h.try_handle(1200, Event::Persisted(CheckpointId(1))),
+            not_finalizing(1)
+        );
+        assert_eq!(
+            h.try_handle(1200, Event::Persisted(CheckpointId(5))),
+            not_finalizing(5)
+        );
+        h.handle(1300, ack(1, 1));
+        h.handle(1400, Event::Persisted(CheckpointId(1)));
+        assert_eq!(
+            h.try_handle(1500, Event::Persisted(CheckpointId(1))),
+            not_finalizing(1)
+        );
+    }
+
+    #[test]
+    fn savepoint_failures_do_not_fail_the_job() {
+        let config = CheckpointConfig {
+            tolerable_failures: 0,
+            interval: None,
+            ..config()
+        };
+        let mut h = Harness::new(config, 1);
+        h.handle(0, manual(1, Savepoint));
+        let actions = h.handle(100, decline(1, 0, "busy"));
+        assert_eq!(
+            actions.len(),
+            2,
+            "NotifyAbort and Resolve only: {actions:?}"
+        );
+    }
+
+    #[test]
+    fn completing_a_checkpoint_subsumes_older_pending_checkpoints_but_not_savepoints() {
+        let config = CheckpointConfig {
+            max_concurrent: 3,
+            tolerable_failures: 0,
+            ..config()
+        };
+        let mut h = Harness::new(config, 2);
+        h.tick(1000);
+        h.handle(1500, manual(9, Savepoint));
+        h.tick(2000);
+        h.handle(2100, ack(1, 0));
+        let subsumed = CheckpointFailure::Aborted {
+            checkpoint: CheckpointId(1),
+            reason: "subsumed by chk-3".into(),
+        };
+        assert_eq!(
+            h.complete(2600, 3),
+            vec![
+                Action::NotifyComplete(CheckpointId(3)),
+                Action::Discard(vec![state(1, 0)]),
+                notify_abort(1, subsumed),
+            ]
+        );
+        assert_eq!(h.coordinator.pending(), 1, "the savepoint goes on");
+        assert_eq!(
+            h.handle(2700, ack(1, 1)),
+            vec![Action::Discard(vec![state(1, 1)])]
+        );
+        assert_eq!(
+            h.complete(2800, 2),
+            vec![
+                Action::NotifyComplete(CheckpointId(2)),
+                Action::Resolve {
+                    request: 9,
+                    result: Ok(CheckpointId(2))
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn abort_all_resolves_queued_requests_and_discards_acked_states() {
+        let config = CheckpointConfig {
+            tolerable_failures: 0,
+            ..config()
+        };
+        let mut h = Harness::new(config, 2);
+        assert_eq!(
+            h.handle(100, manual(1, Checkpoint)),
+            vec![checkpoint(1, 100)]
+        );
+        h.handle(150, ack(1, 0));
+        assert_eq!(h.handle(200, manual(2, Savepoint)), vec![]);
+        assert_eq!(
+            h.handle(
+                300,
+                Event::AbortAll {
+                    reason: "restart".into()
+                }
+            ),
+            vec![
+                Action::Discard(vec![state(1, 0)]),
+                Action::Resolve {
+                    request: 1,
+                    result: Err(CheckpointFailure::Aborted {
+                        checkpoint: CheckpointId(1),
+                        reason: "restart".into()
+                    })
+                },
+                Action::Resolve {
+                    request: 2,
+                    result: Err(CheckpointFailure::NotTriggered("restart".into()))
+                },
+            ]
+        );
+        assert_eq!(h.coordinator.pending(), 0);
+        assert_eq!(
+            h.handle(400, ack(1, 1)),
+            vec![Action::Discard(vec![state(1, 1)])]
+        );
+        assert_eq!(
+            h.poll_timeout(),
+            Some(1300),
+            "periodic timing restarts from the abort"
+        );
+        assert_eq!(h.tick(1000), vec![]);
+        assert_eq!(h.tick(1300), vec![checkpoint(2, 1300)]);
+    }
+
+    #[test]
+    fn abort_all_keeps_a_finalizing_checkpoint_states_until_the_persist_outcome() {
+        let config = CheckpointConfig {
+            interval: None,
+            ..config()
+        };
+        let abort = || Event::AbortAll {
+            reason: "stop".into(),
+        };
+        let aborted = Action::Resolve {
+            request: 5,
+            result: Err(CheckpointFailure::Aborted {
+                checkpoint: CheckpointId(1),
+                reason: "stop".into(),
+            }),
+        };
+
+        let mut failed = Harness::new(config.clone(), 1);
+        failed.handle(0, manual(5, Checkpoint));
+        failed.ack_all(100, 1);
+        assert_eq!(failed.handle(200, abort()), vec![aborted]);
+        assert_eq!(failed.coordinator.pending(), 0);
+        let persist_failed = Event::PersistFailed {
+            checkpoint: CheckpointId(1),
+            reason: "io".into(),
+        };
+        assert_eq!(
+            failed.handle(300, persist_failed),
+            vec![Action::Discard(vec![state(1, 0)])]
+        );
+        assert_eq!(
+            failed.handle(400, ack(1, 0)),
+            vec![Action::Discard(vec![state(1, 0)])]
+        );
+
+        let mut durable = Harness::new(config, 1);
+        durable.handle(0, manual(5, Checkpoint));
+        durable.ack_all(100, 1);
+        durable.handle(200, abort());
+        assert_eq!(
+            durable.handle(300, Event::Persisted(CheckpointId(1))),
+            vec![]
+        );
+        assert!(matches!(
+            durable.try_handle(400, ack(1, 0)),
+            Err(CoordinatorError::DuplicateAck { .. })
+        ));
+    }
+
+    /// Records what the coordinator asked of it, for the test to read back.
+    struct RecordingHook {
+        name: &'static str,
+        state: Option<&'static str>,
+        fail: bool,
+        log: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl RecordingHook {
+        fn boxed(
+            name: &'static str,
+            state: Option<&'static str>,
+            fail: bool,
+            log: &Arc<Mutex<Vec<String>>>,
+        ) -> Box<Self> {
+            Box::new(RecordingHook {
+                name,
+                state,
+                fail,
+                log: Arc::clone(log),
+            })
+        }
+    }
+
+    impl MasterHook for RecordingHook {
+        fn name(&self) -> &str {
+            self.name
+        }
+
+        fn trigger(&mut self, checkpoint: CheckpointId) -> Result<Option<Vec<u8>>, String> {
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("{} trigger {checkpoint}", self.name));
+            if self.fail {
+                return Err("broker down".into());
+            }
+            Ok(self.state.map(|s| format!("{s}@{checkpoint}").into_bytes()))
+        }
+
+        fn restore(
+            &mut self,
+            checkpoint: CheckpointId,
+            state: Option<&[u8]>,
+        ) -> Result<(), String> {
+            let state = state.map(|s| String::from_utf8_lossy(s).into_owned());
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("{} restore {checkpoint} {state:?}", self.name));
+            if self.fail {
+                return Err("broker down".into());
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn master_hook_state_is_in_the_completed_checkpoint_and_restored_from_it() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut h = Harness::new(config(), 1);
+        h.coordinator
+            .add_master_hook(RecordingHook::boxed("kafka", Some("offsets"), false, &log));
+        h.coordinator
+            .add_master_hook(RecordingHook::boxed("audit", None, false, &log));
+        h.tick(1000);
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["kafka trigger chk-1", "audit trigger chk-1"]
+        );
+        let completed = finalized(h.ack_all(1100, 1));
+        assert_eq!(
+            completed.master_states,
+            BTreeMap::from([("kafka".to_owned(), b"offsets@chk-1".to_vec())])
+        );
+        log.lock().unwrap().clear();
+        assert_eq!(h.coordinator.restore_master_hooks(&completed), Ok(()));
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                "kafka restore chk-1 Some(\"offsets@chk-1\")",
+                "audit restore chk-1 None"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_hook_replaces_an_earlier_one_of_the_same_name() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut h = Harness::new(config(), 1);
+        h.coordinator
+            .add_master_hook(RecordingHook::boxed("kafka", Some("old"), false, &log));
+        h.coordinator
+            .add_master_hook(RecordingHook::boxed("kafka", Some("new"), false, &log));
+        h.tick(1000);
+        assert_eq!(*log.lock().unwrap(), ["kafka trigger chk-1"]);
+        let completed = finalized(h.ack_all(1100, 1));
+        assert_eq!(completed.master_states["kafka"], b"new@chk-1");
+    }
+
+    #[test]
+    fn a_failing_master_hook_declines_the_checkpoint_before_any_barrier() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let config = CheckpointConfig {
+            tolerable_failures: 0,
+            interval: None,
+            ..config()
+        };
+        let mut h = Harness::new(config, 1);
+        h.coordinator
+            .add_master_hook(RecordingHook::boxed("kafka", Some("offsets"), true, &log));
+        let failure = CheckpointFailure::NotTriggered(
+            "master hook kafka failed on chk-1: broker down".into(),
+        );
+        assert_eq!(
+            h.handle(100, manual(3, Checkpoint)),
+            vec![
+                Action::Resolve {
+                    request: 3,
+                    result: Err(failure.clone())
+                },
+                Action::FailJob(format!(
+                    "1 consecutive checkpoint failures exceed the tolerable 0: {failure}"
+                )),
+            ]
+        );
+        assert_eq!(h.coordinator.pending(), 0);
+        assert_eq!(h.coordinator.next_id(), CheckpointId(2), "the id is spent");
+        assert_eq!(
+            h.coordinator.restore_master_hooks(&completed(1, 0, 1)),
+            Err("master hook kafka failed to restore chk-1: broker down".into())
+        );
+    }
+
+    #[test]
+    fn a_job_without_subtasks_finalizes_on_trigger() {
+        let mut h = Harness::new(config(), 0);
+        assert_eq!(
+            h.tick(1000),
+            vec![checkpoint(1, 1000), Action::Finalize(completed(1, 1000, 0))]
+        );
+    }
+
+    /// One step of a random schedule; ids are picked among those seen so far.
+    #[derive(Clone, Debug)]
+    enum Op {
+        Advance(u64),
+        Tick,
+        Trigger(CheckpointKind),
+        Ack { pick: usize, subtask: u32 },
+        Decline { pick: usize, subtask: u32 },
+        Persisted(usize),
+        PersistFailed(usize),
+        AbortAll,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let kind = prop_oneof![Just(Checkpoint), Just(Savepoint)];
+        prop_oneof![
+            3 => (0u64..1500).prop_map(Op::Advance),
+            3 => Just(Op::Tick),
+            2 => kind.prop_map(Op::Trigger),
+            8 => (any::<usize>(), 0u32..3).prop_map(|(pick, subtask)| Op::Ack { pick, subtask }),
+            1 => (any::<usize>(), 0u32..3).prop_map(|(pick, subtask)| Op::Decline { pick, subtask }),
+            3 => any::<usize>().prop_map(Op::Persisted),
+            1 => any::<usize>().prop_map(Op::PersistFailed),
+            1 => Just(Op::AbortAll),
+        ]
+    }
+
+    fn random_config() -> impl Strategy<Value = CheckpointConfig> {
+        (
+            proptest::option::weighted(0.8, 200u64..3000),
+            500u64..5000,
+            0u64..2000,
+            1usize..4,
+            0u32..3,
+        )
+            .prop_map(
+                |(interval, timeout, min_pause, max_concurrent, tolerable_failures)| {
+                    CheckpointConfig {
+                        interval: interval.map(ms),
+                        timeout: ms(timeout),
+                        min_pause: ms(min_pause),
+                        max_concurrent,
+                        tolerable_failures,
+                        retain: 1,
+                    }
+                },
+            )
+    }
+
+    /// Picks one of the three newest `ids`, where messages mostly go, or now
+    /// and then an id that may never have existed.
+    fn pick(ids: &[CheckpointId], pick: usize) -> CheckpointId {
+        if ids.is_empty() || pick % 10 == 0 {
+            CheckpointId((pick % 40) as u64)
+        } else {
+            ids[ids.len() - 1 - pick % ids.len().min(3)]
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn random_event_sequences_keep_the_invariants(
+            config in random_config(),
+            ops in proptest::collection::vec(op(), 1..200),
+        ) {
+            const SUBTASKS: u32 = 2;
+            let max_concurrent = config.max_concurrent;
+            let mut h = Harness::with(config, SUBTASKS, Alignment::Unaligned, CheckpointId(5));
+            let mut t = 0;
+            let mut requests = 0;
+            let mut triggered: Vec<CheckpointId> = Vec::new();
+            let mut finalized: BTreeMap<CheckpointId, CompletedCheckpoint> = BTreeMap::new();
+            let mut persisted = BTreeSet::new();
+            let mut reported = BTreeSet::new();
+            let mut durable = BTreeSet::new();
+            let mut completed = BTreeSet::new();
+            let mut resolved = BTreeSet::new();
+            let mut discarded = BTreeSet::new();
+            for op in ops.into_iter().chain([Op::AbortAll]) {
+                let finalized_ids: Vec<CheckpointId> = finalized.keys().copied().collect();
+                let event = match op {
+                    Op::Advance(d) => {
+                        t += d;
+                        continue;
+                    }
+                    Op::Tick => Event::Tick,
+                    Op::Trigger(kind) => {
+                        requests += 1;
+                        Event::Trigger { request: requests - 1, kind }
+                    }
+                    Op::Ack { pick: p, subtask: i } => {
+                        let id = pick(&triggered, p);
+                        ack(id.0, i)
+                    }
+                    Op::Decline { pick: p, subtask: i } => decline(pick(&triggered, p).0, i, "random"),
+                    Op::Persisted(p) => Event::Persisted(pick(&finalized_ids, p)),
+                    Op::PersistFailed(p) => Event::PersistFailed {
+                        checkpoint: pick(&finalized_ids, p),
+                        reason: "random".into(),
+                    },
+                    Op::AbortAll => Event::AbortAll { reason: "random".into() },
+                };
+                let infallible = matches!(event, Event::Tick | Event::Trigger { .. } | Event::AbortAll { .. });
+                // The shell reports one outcome per finalized checkpoint, and
+                // adds it to the store before reporting it persisted, whatever
+                // the coordinator makes of the report.
+                match &event {
+                    Event::Persisted(id) if finalized.contains_key(id) && reported.insert(*id) => {
+                        durable.insert(*id);
+                    }
+                    Event::PersistFailed { checkpoint, .. } if finalized.contains_key(checkpoint) => {
+                        reported.insert(*checkpoint);
+                    }
+                    _ => {}
+                }
+                let persisting = match &event {
+                    Event::Persisted(id) => Some(*id),
+                    _ => None,
+                };
+                let actions = match h.try_handle(t, event) {
+                    Ok(actions) => actions,
+                    Err(e) => {
+                        prop_assert!(!infallible, "{e}");
+                        continue;
+                    }
+                };
+                persisted.extend(persisting);
+                for action in actions {
+                    match action {
+                        Action::Trigger { barrier, next_id } => {
+                            prop_assert!(triggered.last().is_none_or(|last| *last < barrier.id));
+                            prop_assert_eq!(next_id, CheckpointId(barrier.id.0 + 1));
+                            if barrier.options.kind == Savepoint {
+                                prop_assert_eq!(barrier.options.alignment, Alignment::Aligned);
+                            }
+                            triggered.push(barrier.id);
+                        }
+                        Action::Finalize(c) => {
+                            prop_assert!(triggered.contains(&c.id));
+                            prop_assert_eq!(c.subtasks.len(), SUBTASKS as usize);
+                            prop_assert!(finalized.insert(c.id, c).is_none(), "finalized twice");
+                        }
+                        Action::NotifyComplete(id) => {
+                            prop_assert!(finalized.contains_key(&id) && persisted.contains(&id));
+                            prop_assert!(completed.insert(id), "completed twice");
+                        }
+                        Action::Resolve { request, result } => {
+                            prop_assert!(request < requests);
+                            prop_assert!(resolved.insert(request), "request {} resolved twice", request);
+                            if let Ok(id) = result {
+                                prop_assert!(completed.contains(&id));
+                            }
+                        }
+                        Action::Discard(states) => {
+                            discarded.extend(states.iter().flat_map(|s| s.handles()).map(|h| h.path.clone()));
+                        }
+                        Action::NotifyAbort { .. } | Action::FailJob(_) => {}
+                    }
+                }
+                prop_assert!(h.coordinator.pending() <= max_concurrent);
+                prop_assert!(h.coordinator.queued.is_empty() || h.coordinator.pending() == max_concurrent);
+                // poll_timeout is the earliest moment a Tick has work.
+                if h.poll_timeout().is_none_or(|at| at > t) {
+                    prop_assert_eq!(h.handle(t, Event::Tick), vec![]);
+                }
+            }
+            // The final AbortAll settles everything.
+            prop_assert_eq!(h.coordinator.pending(), 0);
+            prop_assert_eq!(resolved.len() as u64, requests, "every request is resolved");
+            // A durable checkpoint's state is never deleted.
+            for id in &durable {
+                for state in finalized[id].subtasks.values() {
+                    for handle in state.handles() {
+                        prop_assert!(!discarded.contains(&handle.path), "{} discarded", handle.path);
+                    }
+                }
+            }
+        }
+    }
+}

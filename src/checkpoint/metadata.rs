@@ -57,7 +57,9 @@ mod tests {
 
     fn sample() -> CompletedCheckpoint {
         let mut state = SubtaskState::default();
-        state.operator.insert("source-offset".into(), 42u64.to_le_bytes().to_vec());
+        state
+            .operator
+            .insert("source-offset".into(), 42u64.to_le_bytes().to_vec());
         state.keyed = Some(crate::checkpoint::KeyedStateHandle {
             start_group: 0,
             offsets: vec![0, 10],
@@ -90,7 +92,10 @@ mod tests {
     fn refuses_foreign_truncated_corrupted_and_newer_files() {
         let good = encode(&sample());
         assert_eq!(decode(b"{\"json\": true}"), Err(MetadataError::NotMetadata));
-        assert_eq!(decode(&good[..good.len() - 3]), Err(MetadataError::Checksum));
+        assert_eq!(
+            decode(&good[..good.len() - 3]),
+            Err(MetadataError::Checksum)
+        );
         let mut flipped = good.clone();
         *flipped.last_mut().unwrap() ^= 1;
         assert_eq!(decode(&flipped), Err(MetadataError::Checksum));

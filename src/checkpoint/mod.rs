@@ -5,11 +5,13 @@
 pub mod aligner;
 pub mod coordinator;
 pub mod metadata;
+pub mod restore;
 pub mod storage;
 pub mod store;
 
-use crate::event::CheckpointKind;
+use crate::event::{Alignment, CheckpointKind};
 use crate::ids::{CheckpointId, SubtaskId};
+use crate::task::SOURCE_EXHAUSTED;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -42,6 +44,38 @@ impl Default for CheckpointConfig {
             retain: 1,
         }
     }
+}
+
+/// Which checkpoint a job starts from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Restore {
+    Fresh,
+    /// The newest completed checkpoint in the checkpoint directory, or a
+    /// fresh start if there is none.
+    Latest,
+    Checkpoint(CheckpointId),
+}
+
+/// Everything a job needs to be checkpointed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointSettings {
+    pub config: CheckpointConfig,
+    /// A path, `file://` or `memory://`.
+    pub storage_url: String,
+    pub alignment: Alignment,
+    pub restore: Restore,
+}
+
+/// Whether `checkpoint` holds every source as exhausted: once it completed,
+/// the sources can end their output and nothing will ever be replayed.
+pub fn ends_input(checkpoint: &CompletedCheckpoint, sources: &[SubtaskId]) -> bool {
+    !sources.is_empty()
+        && sources.iter().all(|s| {
+            checkpoint
+                .subtasks
+                .get(s)
+                .is_some_and(|state| state.operator.contains_key(SOURCE_EXHAUSTED))
+        })
 }
 
 /// Where the bytes of one state object live, relative to the job's

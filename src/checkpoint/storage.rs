@@ -43,10 +43,7 @@ pub enum StorageError {
         source: object_store::Error,
     },
     #[error("{path}: {source}")]
-    Metadata {
-        path: String,
-        source: MetadataError,
-    },
+    Metadata { path: String, source: MetadataError },
     #[error("{path} holds {found:?}, not a checkpoint id counter")]
     Counter { path: String, found: String },
 }
@@ -78,7 +75,8 @@ impl CheckpointStorage {
                 url: url.to_owned(),
                 source: e.into(),
             })?;
-            Arc::new(fs)
+            // Deleting a checkpoint's last object removes its directory too.
+            Arc::new(fs.with_automatic_cleanup(true))
         };
         Ok(CheckpointStorage {
             store,
@@ -163,7 +161,12 @@ impl CheckpointStorage {
         let job_dir = format!("{}/", self.job_dir);
         Ok(objects
             .into_iter()
-            .filter_map(|meta| meta.location.as_ref().strip_prefix(&job_dir).map(str::to_owned))
+            .filter_map(|meta| {
+                meta.location
+                    .as_ref()
+                    .strip_prefix(&job_dir)
+                    .map(str::to_owned)
+            })
             .collect())
     }
 
@@ -181,12 +184,19 @@ impl CheckpointStorage {
     /// Writes `_metadata` of a completed checkpoint. A put is atomic on every
     /// supported store (a local file is written aside and renamed), so no
     /// reader ever sees a partial one.
-    pub async fn write_metadata(&self, checkpoint: &CompletedCheckpoint) -> Result<(), StorageError> {
+    pub async fn write_metadata(
+        &self,
+        checkpoint: &CompletedCheckpoint,
+    ) -> Result<(), StorageError> {
         let relative = format!("{}/{METADATA}", Self::checkpoint_dir(checkpoint.id));
-        self.put(&relative, metadata::encode(checkpoint).into()).await
+        self.put(&relative, metadata::encode(checkpoint).into())
+            .await
     }
 
-    pub async fn read_metadata(&self, id: CheckpointId) -> Result<CompletedCheckpoint, StorageError> {
+    pub async fn read_metadata(
+        &self,
+        id: CheckpointId,
+    ) -> Result<CompletedCheckpoint, StorageError> {
         let relative = format!("{}/{METADATA}", Self::checkpoint_dir(id));
         let bytes = self.get(&relative).await?;
         metadata::decode(&bytes).map_err(|source| StorageError::Metadata {
@@ -268,8 +278,19 @@ mod tests {
     #[tokio::test]
     async fn paths_cannot_escape_the_job_directory() {
         let storage = CheckpointStorage::open("memory://", JobId(1)).unwrap();
-        for bad in ["../x", "/etc/passwd", "chk-1/../../x", "a//b", "", "s3://other/x", "./x"] {
-            assert!(matches!(storage.resolve(bad), Err(StorageError::EscapingPath(_))), "{bad}");
+        for bad in [
+            "../x",
+            "/etc/passwd",
+            "chk-1/../../x",
+            "a//b",
+            "",
+            "s3://other/x",
+            "./x",
+        ] {
+            assert!(
+                matches!(storage.resolve(bad), Err(StorageError::EscapingPath(_))),
+                "{bad}"
+            );
             assert!(storage.get(bad).await.is_err());
         }
         assert!(storage.resolve("chk-1/state-0").is_ok());
@@ -281,12 +302,21 @@ mod tests {
         let url = dir.path().to_str().unwrap();
         let storage = CheckpointStorage::open(url, JobId(7)).unwrap();
         assert_eq!(storage.next_checkpoint_id().await.unwrap(), CheckpointId(1));
-        storage.store_next_checkpoint_id(CheckpointId(5)).await.unwrap();
+        storage
+            .store_next_checkpoint_id(CheckpointId(5))
+            .await
+            .unwrap();
         storage.write_metadata(&checkpoint(9)).await.unwrap();
         // A new process opens the same directory.
         let reopened = CheckpointStorage::open(&format!("file://{url}"), JobId(7)).unwrap();
-        assert_eq!(reopened.next_checkpoint_id().await.unwrap(), CheckpointId(10));
-        assert_eq!(reopened.read_metadata(CheckpointId(9)).await.unwrap(), checkpoint(9));
+        assert_eq!(
+            reopened.next_checkpoint_id().await.unwrap(),
+            CheckpointId(10)
+        );
+        assert_eq!(
+            reopened.read_metadata(CheckpointId(9)).await.unwrap(),
+            checkpoint(9)
+        );
         reopened.delete_checkpoint(CheckpointId(9)).await.unwrap();
         assert!(reopened.completed_ids().await.unwrap().is_empty());
     }

@@ -28,7 +28,9 @@ impl CompletedCheckpointStore {
         let mut store = Self::new(retain);
         let ids = storage.completed_ids().await?;
         for id in ids.iter().skip(ids.len().saturating_sub(retain)) {
-            store.checkpoints.push_back(storage.read_metadata(*id).await?);
+            store
+                .checkpoints
+                .push_back(storage.read_metadata(*id).await?);
         }
         Ok(store)
     }
@@ -84,12 +86,19 @@ mod tests {
         for id in [1, 2, 3] {
             storage.write_metadata(&checkpoint(id)).await.unwrap();
         }
-        let store = CompletedCheckpointStore::recover(&storage, 2).await.unwrap();
+        let store = CompletedCheckpointStore::recover(&storage, 2)
+            .await
+            .unwrap();
         let ids: Vec<u64> = store.retained().map(|c| c.id.0).collect();
         assert_eq!(ids, [2, 3]);
 
-        storage.put("chk-3/_metadata", bytes::Bytes::from_static(b"garbage")).await.unwrap();
-        let err = CompletedCheckpointStore::recover(&storage, 2).await.unwrap_err();
+        storage
+            .put("chk-3/_metadata", bytes::Bytes::from_static(b"garbage"))
+            .await
+            .unwrap();
+        let err = CompletedCheckpointStore::recover(&storage, 2)
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("chk-3/_metadata"), "{err}");
     }
 }

@@ -181,7 +181,8 @@ impl<K: Key> HeapKeyedStateBackend<K> {
         }
         let offset = self.range.offset(group);
         let input = &mut bytes;
-        let states: u32 = rmp_serde::from_read(&mut *input).map_err(|e| StateError::Decode(e.to_string()))?;
+        let states: u32 =
+            rmp_serde::from_read(&mut *input).map_err(|e| StateError::Decode(e.to_string()))?;
         for _ in 0..states {
             let name: String =
                 rmp_serde::from_read(&mut *input).map_err(|e| StateError::Decode(e.to_string()))?;

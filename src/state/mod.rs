@@ -234,11 +234,15 @@ mod tests {
         let mut backend = HeapKeyedStateBackend::<u64>::new(range, 128);
         let count = StateRegistrar::new(&mut backend).value::<u64>("count");
         for key in 0..1000u64 {
-            *KeyedContext::new(&mut backend, &key).value(&count).get_or_default() += key;
+            *KeyedContext::new(&mut backend, &key)
+                .value(&count)
+                .get_or_default() += key;
         }
         let snapshot = backend.snapshot();
         // Writes after the synchronous part do not reach the snapshot.
-        *KeyedContext::new(&mut backend, &7).value(&count).get_or_default() += 100;
+        *KeyedContext::new(&mut backend, &7)
+            .value(&count)
+            .get_or_default() += 100;
         let mut bytes = Vec::new();
         let offsets = snapshot.write(&mut bytes);
         assert_eq!(offsets.len(), 128);
@@ -250,7 +254,9 @@ mod tests {
             let count = StateRegistrar::new(&mut restored).value::<u64>("count");
             for group in half.iter() {
                 let start = offsets[group.0 as usize] as usize;
-                let end = offsets.get(group.0 as usize + 1).map_or(bytes.len(), |o| *o as usize);
+                let end = offsets
+                    .get(group.0 as usize + 1)
+                    .map_or(bytes.len(), |o| *o as usize);
                 restored.restore_group(group, &bytes[start..end]).unwrap();
             }
             for (key, value) in AllKeys::new(&restored).values(&count) {
@@ -258,12 +264,21 @@ mod tests {
                 assert!(half.contains(crate::key_group::key_group_of(key, 128)));
             }
         }
-        let mut other = HeapKeyedStateBackend::<u64>::new(KeyGroupRange::for_subtask(128, 2, SubtaskIndex(1)), 128);
-        assert_eq!(other.restore_group(crate::ids::KeyGroup(0), &bytes), Err(StateError::ForeignKeyGroup(crate::ids::KeyGroup(0))));
+        let mut other = HeapKeyedStateBackend::<u64>::new(
+            KeyGroupRange::for_subtask(128, 2, SubtaskIndex(1)),
+            128,
+        );
+        assert_eq!(
+            other.restore_group(crate::ids::KeyGroup(0), &bytes),
+            Err(StateError::ForeignKeyGroup(crate::ids::KeyGroup(0)))
+        );
         StateRegistrar::new(&mut other).value::<u64>("other");
         let g = crate::ids::KeyGroup(127);
         let start = offsets[127] as usize;
-        assert_eq!(other.restore_group(g, &bytes[start..]), Err(StateError::UnknownState("count".into())));
+        assert_eq!(
+            other.restore_group(g, &bytes[start..]),
+            Err(StateError::UnknownState("count".into()))
+        );
     }
 
     #[test]

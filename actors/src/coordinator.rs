@@ -1,0 +1,385 @@
+//! The coordinator actor: the shell of the core `CheckpointCoordinator`. It
+//! owns the timer, checkpoint storage and the `CompletedCheckpointStore`,
+//! feeds the core every message with the current time, and carries out the
+//! actions the core returns. It outlives the attempts of a job: the
+//! supervisor tells it which subtasks are current.
+
+use crate::messages::{
+    AcknowledgeCheckpoint, DeclineCheckpoint, EndInput, NotifyCheckpointAborted,
+    NotifyCheckpointComplete, SourceExhausted, TriggerCheckpoint,
+};
+use crate::metrics::{CheckpointStats, JobMetrics};
+use crate::subtask::SubtaskActor;
+use crate::supervisor::{CheckpointingFailed, JobSupervisor};
+use actix::{
+    Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture,
+};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tidemark::checkpoint::coordinator::{Action, CheckpointCoordinator, Event, Now, RequestId};
+use tidemark::checkpoint::storage::CheckpointStorage;
+use tidemark::checkpoint::store::CompletedCheckpointStore;
+use tidemark::checkpoint::{ends_input, CheckpointFailure, CompletedCheckpoint};
+use tidemark::event::CheckpointKind;
+use tidemark::ids::{Attempt, CheckpointId, SubtaskId};
+use tokio::sync::oneshot;
+
+/// The subtasks of the current attempt.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Deployed {
+    pub attempt: Attempt,
+    pub sources: Vec<(SubtaskId, Addr<SubtaskActor>)>,
+    pub subtasks: Vec<Addr<SubtaskActor>>,
+}
+
+/// The attempt failed: abandon pending checkpoints.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AbortPending {
+    pub reason: String,
+}
+
+/// The newest completed checkpoint, to restore from.
+#[derive(Message)]
+#[rtype(result = "Option<CompletedCheckpoint>")]
+pub struct LatestCheckpoint;
+
+/// Trigger a checkpoint or savepoint now; answered when it completed or failed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct TriggerManual {
+    pub kind: CheckpointKind,
+    pub reply: oneshot::Sender<Result<CheckpointId, CheckpointFailure>>,
+}
+
+pub struct CoordinatorActor {
+    core: CheckpointCoordinator,
+    storage: CheckpointStorage,
+    store: CompletedCheckpointStore,
+    supervisor: Addr<JobSupervisor>,
+    metrics: Arc<JobMetrics>,
+    attempt: Attempt,
+    sources: Vec<(SubtaskId, Addr<SubtaskActor>)>,
+    subtasks: Vec<Addr<SubtaskActor>>,
+    exhausted: BTreeSet<SubtaskId>,
+    /// Input ended: no more checkpoints are taken.
+    ending: bool,
+    timer: Option<SpawnHandle>,
+    requests: HashMap<RequestId, oneshot::Sender<Result<CheckpointId, CheckpointFailure>>>,
+    next_request: RequestId,
+    triggered: HashMap<CheckpointId, Instant>,
+}
+
+fn now() -> Now {
+    Now {
+        instant: Instant::now(),
+        unix_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    }
+}
+
+impl CoordinatorActor {
+    pub fn new(
+        core: CheckpointCoordinator,
+        storage: CheckpointStorage,
+        store: CompletedCheckpointStore,
+        supervisor: Addr<JobSupervisor>,
+        metrics: Arc<JobMetrics>,
+    ) -> Self {
+        CoordinatorActor {
+            core,
+            storage,
+            store,
+            supervisor,
+            metrics,
+            attempt: Attempt(0),
+            sources: Vec::new(),
+            subtasks: Vec::new(),
+            exhausted: BTreeSet::new(),
+            ending: false,
+            timer: None,
+            requests: HashMap::new(),
+            next_request: 0,
+            triggered: HashMap::new(),
+        }
+    }
+
+    fn feed(&mut self, event: Event, ctx: &mut Context<Self>) {
+        match self.core.handle(now(), event) {
+            Ok(actions) => self.carry_out(actions, ctx),
+            Err(e) => tracing::warn!(error = %e, "checkpoint coordinator rejected a message"),
+        }
+        self.rearm(ctx);
+    }
+
+    fn rearm(&mut self, ctx: &mut Context<Self>) {
+        if let Some(timer) = self.timer.take() {
+            ctx.cancel_future(timer);
+        }
+        if self.ending {
+            return;
+        }
+        if let Some(at) = self.core.poll_timeout() {
+            let wait = at.saturating_duration_since(Instant::now());
+            self.timer = Some(ctx.run_later(wait, |act, ctx| {
+                act.timer = None;
+                act.feed(Event::Tick, ctx);
+            }));
+        }
+    }
+
+    fn spawn_delete(&self, paths: Vec<String>, ctx: &mut Context<Self>) {
+        let storage = self.storage.clone();
+        ctx.spawn(
+            async move {
+                for path in paths {
+                    if let Err(e) = storage.delete(&path).await {
+                        tracing::warn!(error = %e, "discarding checkpoint state failed");
+                    }
+                }
+            }
+            .into_actor(self),
+        );
+    }
+
+    fn carry_out(&mut self, actions: Vec<Action>, ctx: &mut Context<Self>) {
+        for action in actions {
+            match action {
+                Action::Trigger { barrier, next_id } => {
+                    self.triggered.insert(barrier.id, Instant::now());
+                    let storage = self.storage.clone();
+                    let sources: Vec<_> = self.sources.iter().map(|(_, a)| a.clone()).collect();
+                    let first = self.sources.first().map(|(id, _)| *id);
+                    ctx.spawn(
+                        async move { storage.store_next_checkpoint_id(next_id).await }
+                            .into_actor(self)
+                            .map(move |result, act, ctx| match (result, first) {
+                                (Ok(()), _) => {
+                                    for source in &sources {
+                                        source.do_send(TriggerCheckpoint(barrier));
+                                    }
+                                }
+                                (Err(e), Some(subtask)) => act.feed(
+                                    Event::Decline {
+                                        checkpoint: barrier.id,
+                                        subtask,
+                                        reason: format!("the checkpoint id counter was not persisted: {e}"),
+                                    },
+                                    ctx,
+                                ),
+                                (Err(e), None) => {
+                                    tracing::warn!(error = %e, "checkpoint id counter not persisted")
+                                }
+                            }),
+                    );
+                }
+                Action::Finalize(checkpoint) => {
+                    let storage = self.storage.clone();
+                    let id = checkpoint.id;
+                    ctx.spawn(
+                        async move {
+                            storage.write_metadata(&checkpoint).await?;
+                            Ok::<_, tidemark::checkpoint::storage::StorageError>(checkpoint)
+                        }
+                        .into_actor(self)
+                        .map(move |result, act, ctx| match result {
+                            Ok(checkpoint) => act.persisted(checkpoint, ctx),
+                            Err(e) => act.feed(
+                                Event::PersistFailed {
+                                    checkpoint: id,
+                                    reason: e.to_string(),
+                                },
+                                ctx,
+                            ),
+                        }),
+                    );
+                }
+                Action::NotifyComplete(id) => {
+                    for subtask in &self.subtasks {
+                        subtask.do_send(NotifyCheckpointComplete(id));
+                    }
+                    let sources: Vec<SubtaskId> = self.sources.iter().map(|(id, _)| *id).collect();
+                    let ends = self
+                        .store
+                        .latest()
+                        .is_some_and(|c| c.id == id && ends_input(c, &sources));
+                    if ends {
+                        self.ending = true;
+                        for (_, source) in &self.sources {
+                            source.do_send(EndInput);
+                        }
+                    }
+                }
+                Action::NotifyAbort { checkpoint, reason } => {
+                    if !matches!(reason, CheckpointFailure::Aborted { .. }) {
+                        self.metrics
+                            .checkpoints
+                            .failed
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    tracing::info!(%reason, "checkpoint aborted");
+                    for subtask in &self.subtasks {
+                        subtask.do_send(NotifyCheckpointAborted(checkpoint));
+                    }
+                }
+                Action::Discard(states) => {
+                    let paths = states
+                        .iter()
+                        .flat_map(|s| s.handles().map(|h| h.path.clone()))
+                        .collect();
+                    self.spawn_delete(paths, ctx);
+                }
+                Action::FailJob(reason) => self.supervisor.do_send(CheckpointingFailed(reason)),
+                Action::Resolve { request, result } => {
+                    if let Some(reply) = self.requests.remove(&request) {
+                        let _ = reply.send(result);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `_metadata` is written: the checkpoint joins the store, which may
+    /// subsume older ones, whose directories go.
+    fn persisted(&mut self, checkpoint: CompletedCheckpoint, ctx: &mut Context<Self>) {
+        let id = checkpoint.id;
+        let stats = &self.metrics.checkpoints;
+        stats.completed.fetch_add(1, Ordering::Relaxed);
+        stats.bytes_last.store(
+            checkpoint.subtasks.values().map(|s| s.size()).sum(),
+            Ordering::Relaxed,
+        );
+        if let Some(at) = self.triggered.remove(&id) {
+            CheckpointStats::record(&stats.durations_ms, at.elapsed().as_secs_f64() * 1e3);
+        }
+        let subsumed = self.store.add(checkpoint);
+        let storage = self.storage.clone();
+        ctx.spawn(
+            async move {
+                for old in subsumed {
+                    if let Err(e) = storage.delete_checkpoint(old.id).await {
+                        tracing::warn!(error = %e, checkpoint = %old.id, "discarding a subsumed checkpoint failed");
+                    }
+                }
+            }
+            .into_actor(self),
+        );
+        self.feed(Event::Persisted(id), ctx);
+    }
+}
+
+impl Actor for CoordinatorActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.rearm(ctx);
+    }
+}
+
+impl Handler<Deployed> for CoordinatorActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Deployed, ctx: &mut Context<Self>) {
+        self.attempt = msg.attempt;
+        self.sources = msg.sources;
+        self.subtasks = msg.subtasks;
+        self.exhausted.clear();
+        self.rearm(ctx);
+    }
+}
+
+impl Handler<AbortPending> for CoordinatorActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: AbortPending, ctx: &mut Context<Self>) {
+        self.sources.clear();
+        self.subtasks.clear();
+        self.feed(Event::AbortAll { reason: msg.reason }, ctx);
+    }
+}
+
+impl Handler<LatestCheckpoint> for CoordinatorActor {
+    type Result = Option<CompletedCheckpoint>;
+
+    fn handle(&mut self, _: LatestCheckpoint, _ctx: &mut Context<Self>) -> Self::Result {
+        self.store.latest().cloned()
+    }
+}
+
+impl Handler<TriggerManual> for CoordinatorActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: TriggerManual, ctx: &mut Context<Self>) {
+        let request = self.next_request;
+        self.next_request += 1;
+        self.requests.insert(request, msg.reply);
+        self.feed(
+            Event::Trigger {
+                request,
+                kind: msg.kind,
+            },
+            ctx,
+        );
+    }
+}
+
+impl Handler<AcknowledgeCheckpoint> for CoordinatorActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: AcknowledgeCheckpoint, ctx: &mut Context<Self>) {
+        if msg.attempt != self.attempt {
+            // A snapshot of an abandoned attempt: its checkpoint was aborted.
+            let paths = msg.ack.state.handles().map(|h| h.path.clone()).collect();
+            return self.spawn_delete(paths, ctx);
+        }
+        CheckpointStats::record(
+            &self.metrics.checkpoints.alignments_ms,
+            msg.ack.metrics.alignment.as_secs_f64() * 1e3,
+        );
+        self.feed(Event::Ack(msg.ack), ctx);
+    }
+}
+
+impl Handler<DeclineCheckpoint> for CoordinatorActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: DeclineCheckpoint, ctx: &mut Context<Self>) {
+        if msg.attempt == self.attempt {
+            self.feed(
+                Event::Decline {
+                    checkpoint: msg.checkpoint,
+                    subtask: msg.subtask,
+                    reason: msg.reason,
+                },
+                ctx,
+            );
+        }
+    }
+}
+
+impl Handler<SourceExhausted> for CoordinatorActor {
+    type Result = ();
+
+    /// Once every source has read everything, a checkpoint right away lets
+    /// the job end without waiting for the next periodic one.
+    fn handle(&mut self, msg: SourceExhausted, ctx: &mut Context<Self>) {
+        if msg.attempt != self.attempt || !self.exhausted.insert(msg.subtask) {
+            return;
+        }
+        if self.exhausted.len() == self.sources.len() {
+            let request = self.next_request;
+            self.next_request += 1;
+            self.feed(
+                Event::Trigger {
+                    request,
+                    kind: CheckpointKind::Checkpoint,
+                },
+                ctx,
+            );
+        }
+    }
+}

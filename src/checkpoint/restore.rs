@@ -1,0 +1,213 @@
+//! Which state each subtask of a job resumes from: the pure half of a
+//! restore. It checks that the checkpoint fits the job and cuts every keyed
+//! state object into the byte ranges of its key groups, so that the shell
+//! only has to read objects and hand out slices.
+
+use super::{CompletedCheckpoint, KeyedStateHandle};
+use crate::graph::JobGraph;
+use crate::ids::{KeyGroup, OperatorId, SubtaskId};
+use crate::key_group::KeyGroupRange;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use thiserror::Error;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum RestoreError {
+    #[error("the checkpoint has state for {0}, which this job does not have")]
+    UnknownSubtask(SubtaskId),
+    #[error("operator {name:?} ran at parallelism {checkpointed} in the checkpoint and is {now} now; restoring at another parallelism is not supported yet")]
+    Parallelism {
+        name: String,
+        checkpointed: u32,
+        now: u32,
+    },
+    #[error("the keyed state of {subtask} is malformed: {problem}")]
+    Malformed { subtask: SubtaskId, problem: String },
+}
+
+/// Key groups of one state object that a subtask reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyedSlices {
+    pub path: String,
+    pub groups: Vec<(KeyGroup, Range<u64>)>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RestorePlan {
+    pub keyed: Vec<KeyedSlices>,
+    pub operator: BTreeMap<String, Vec<u8>>,
+}
+
+fn ranges(
+    subtask: SubtaskId,
+    handle: &KeyedStateHandle,
+) -> Result<Vec<(KeyGroup, Range<u64>)>, RestoreError> {
+    let malformed = |problem: String| RestoreError::Malformed { subtask, problem };
+    let mut out = Vec::with_capacity(handle.offsets.len());
+    for (i, &start) in handle.offsets.iter().enumerate() {
+        let end = handle
+            .offsets
+            .get(i + 1)
+            .copied()
+            .unwrap_or(handle.handle.size);
+        if start > end || end > handle.handle.size {
+            return Err(malformed(format!(
+                "key group offsets {start}..{end} outside an object of {} bytes",
+                handle.handle.size
+            )));
+        }
+        out.push((KeyGroup(handle.start_group + i as u32), start..end));
+    }
+    Ok(out)
+}
+
+/// The state of every subtask of `graph` in `checkpoint`. Subtasks the
+/// checkpoint knows nothing of start empty.
+pub fn plan(
+    checkpoint: &CompletedCheckpoint,
+    graph: &JobGraph,
+) -> Result<HashMap<SubtaskId, RestorePlan>, RestoreError> {
+    let mut checkpointed: BTreeMap<OperatorId, u32> = BTreeMap::new();
+    for subtask in checkpoint.subtasks.keys() {
+        if subtask.operator.0 as usize >= graph.operators.len() {
+            return Err(RestoreError::UnknownSubtask(*subtask));
+        }
+        let p = checkpointed.entry(subtask.operator).or_default();
+        *p = (*p).max(subtask.index.0 + 1);
+    }
+    for (&operator, &parallelism) in &checkpointed {
+        let op = graph.operator(operator);
+        if op.parallelism != parallelism {
+            return Err(RestoreError::Parallelism {
+                name: op.name.clone(),
+                checkpointed: parallelism,
+                now: op.parallelism,
+            });
+        }
+    }
+    let mut plans: HashMap<SubtaskId, RestorePlan> = HashMap::new();
+    for (subtask, state) in &checkpoint.subtasks {
+        let op = graph.operator(subtask.operator);
+        let owned = KeyGroupRange::for_subtask(op.max_parallelism, op.parallelism, subtask.index);
+        let plan = plans.entry(*subtask).or_default();
+        plan.operator = state.operator.clone();
+        if let Some(keyed) = &state.keyed {
+            let groups = ranges(*subtask, keyed)?;
+            if let Some((group, _)) = groups.iter().find(|(g, _)| !owned.contains(*g)) {
+                return Err(RestoreError::Malformed {
+                    subtask: *subtask,
+                    problem: format!("{group} belongs to another subtask"),
+                });
+            }
+            plan.keyed.push(KeyedSlices {
+                path: keyed.handle.path.clone(),
+                groups,
+            });
+        }
+    }
+    Ok(plans)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{StateHandle, SubtaskState};
+    use crate::event::CheckpointKind;
+    use crate::graph::{Edge, Partitioner};
+    use crate::ids::{CheckpointId, SubtaskIndex};
+
+    fn graph(p: u32) -> JobGraph {
+        let mut g = JobGraph::default();
+        let a = g.add_operator("source", p);
+        let b = g.add_operator("count", p);
+        g.edges.push(Edge {
+            from: a,
+            to: b,
+            partitioner: Partitioner::Hash,
+        });
+        g
+    }
+
+    fn count(index: u32) -> SubtaskId {
+        SubtaskId {
+            operator: OperatorId(1),
+            index: SubtaskIndex(index),
+        }
+    }
+
+    fn checkpoint(p: u32) -> CompletedCheckpoint {
+        let subtasks = (0..p)
+            .map(|i| {
+                let range = KeyGroupRange::for_subtask(128, p, SubtaskIndex(i));
+                let offsets: Vec<u64> = (0..range.len() as u64).map(|g| g * 10).collect();
+                let state = SubtaskState {
+                    keyed: Some(KeyedStateHandle {
+                        start_group: range.start,
+                        offsets,
+                        handle: StateHandle {
+                            path: format!("chk-1/count-{i}"),
+                            size: range.len() as u64 * 10,
+                        },
+                    }),
+                    ..SubtaskState::default()
+                };
+                (count(i), state)
+            })
+            .collect();
+        CompletedCheckpoint {
+            id: CheckpointId(1),
+            kind: CheckpointKind::Checkpoint,
+            timestamp: 0,
+            subtasks,
+            master_states: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn every_key_group_is_read_by_its_owner_from_its_byte_range() {
+        let plans = plan(&checkpoint(2), &graph(2)).unwrap();
+        let second = &plans[&count(1)].keyed[0];
+        assert_eq!(second.path, "chk-1/count-1");
+        assert_eq!(second.groups.len(), 64);
+        assert_eq!(second.groups[0], (KeyGroup(64), 0..10));
+        assert_eq!(second.groups[63], (KeyGroup(127), 630..640));
+    }
+
+    #[test]
+    fn a_checkpoint_that_does_not_fit_the_job_is_refused() {
+        assert_eq!(
+            plan(&checkpoint(2), &graph(3)),
+            Err(RestoreError::Parallelism {
+                name: "count".into(),
+                checkpointed: 2,
+                now: 3
+            })
+        );
+        let mut foreign = checkpoint(1);
+        foreign.subtasks.insert(
+            SubtaskId {
+                operator: OperatorId(9),
+                index: SubtaskIndex(0),
+            },
+            SubtaskState::default(),
+        );
+        assert!(matches!(
+            plan(&foreign, &graph(1)),
+            Err(RestoreError::UnknownSubtask(_))
+        ));
+        let mut truncated = checkpoint(1);
+        truncated
+            .subtasks
+            .get_mut(&count(0))
+            .unwrap()
+            .keyed
+            .as_mut()
+            .unwrap()
+            .handle
+            .size = 5;
+        assert!(matches!(
+            plan(&truncated, &graph(1)),
+            Err(RestoreError::Malformed { .. })
+        ));
+    }
+}

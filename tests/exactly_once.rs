@@ -1,0 +1,115 @@
+//! End-to-end exactly-once: wordcount with `--emit updates` under injected
+//! failures, checked from the committed files alone.
+
+mod common;
+
+use common::assert_updates_exactly_once;
+use std::path::Path;
+use tidemark_actors::cli::{self, RunArgs, RunReport};
+
+const RECORDS: u64 = 300_000;
+const KEYS: u64 = 2_000;
+
+fn run(seed: u64, extra: &[String], output: &Path, checkpoints: &Path) -> RunReport {
+    let mut args = vec![
+        "wordcount".to_string(),
+        format!("--records={RECORDS}"),
+        format!("--keys={KEYS}"),
+        format!("--seed={seed}"),
+        "--parallelism=2".to_string(),
+        // Slow enough that several checkpoints fall inside the run.
+        "--rate=1000000".to_string(),
+        "--emit=updates".to_string(),
+        "--checkpoint-interval=100ms".to_string(),
+        format!("--checkpoint-dir={}", checkpoints.display()),
+        format!("--output={}", output.display()),
+    ];
+    args.extend_from_slice(extra);
+    cli::run(&RunArgs::parse(args).unwrap()).unwrap_or_else(|e| panic!("seed {seed}: {e}"))
+}
+
+#[test]
+fn random_kills_lose_and_duplicate_nothing_over_twenty_seeds() {
+    let mut restarts = 0;
+    for seed in 0..20 {
+        let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let report = run(
+            seed,
+            &["--inject-failures=5".into()],
+            output.path(),
+            checkpoints.path(),
+        );
+        assert_updates_exactly_once(output.path(), RECORDS, KEYS, seed, &format!("seed {seed}"));
+        assert!(report.restarts >= 1, "seed {seed}: no failure was injected");
+        restarts += report.restarts;
+        let leftovers: Vec<_> = std::fs::read_dir(output.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(
+            leftovers.is_empty(),
+            "seed {seed}: uncommitted files left: {leftovers:?}"
+        );
+    }
+    assert!(
+        restarts >= 80,
+        "only {restarts} restarts over 20 seeds of 5 kills"
+    );
+}
+
+#[test]
+fn a_fault_at_every_step_of_a_checkpoint_is_survived() {
+    // Operator 0 is the source, operator 1 the counter chained to the sink.
+    for fault in [
+        "sync-snapshot:2:1:0",
+        "async-write:2:1:1",
+        "after-ack:2:1:0",
+        "sink-commit:2:1:1",
+        "sync-snapshot:2:0:1",
+        "async-write:2:0:0",
+        "after-ack:2:0:1",
+    ] {
+        let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let report = run(
+            7,
+            &[format!("--inject-fault={fault}")],
+            output.path(),
+            checkpoints.path(),
+        );
+        assert_eq!(report.restarts, 1, "{fault}");
+        assert_updates_exactly_once(output.path(), RECORDS, KEYS, 7, fault);
+    }
+}
+
+#[test]
+fn ids_keep_increasing_when_the_job_is_run_again_on_its_checkpoints() {
+    let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    run(1, &[], output.path(), checkpoints.path());
+    let first = newest_checkpoint(checkpoints.path());
+    let output = tempfile::tempdir().unwrap();
+    run(1, &[], output.path(), checkpoints.path());
+    assert!(newest_checkpoint(checkpoints.path()) > first);
+}
+
+fn newest_checkpoint(dir: &Path) -> u64 {
+    let job = std::fs::read_dir(dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::read_dir(job)
+        .unwrap()
+        .filter_map(|e| {
+            e.unwrap()
+                .file_name()
+                .into_string()
+                .unwrap()
+                .strip_prefix("chk-")?
+                .parse()
+                .ok()
+        })
+        .max()
+        .unwrap()
+}
