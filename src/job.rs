@@ -6,6 +6,7 @@
 
 use crate::batch::{BatchLimits, Data};
 use crate::channel::ChannelConfig;
+use crate::checkpoint::coordinator::MasterHook;
 use crate::checkpoint::CheckpointSettings;
 use crate::fault::{Fault, KillSchedule};
 use crate::graph::{Edge, GraphError, JobGraph, Partitioner};
@@ -70,6 +71,7 @@ pub struct Job {
     pub graph: JobGraph,
     pub config: JobConfig,
     tasks: Vec<TaskFactory>,
+    master_hooks: Vec<Box<dyn MasterHook>>,
 }
 
 impl Job {
@@ -79,7 +81,13 @@ impl Job {
             config: JobConfig::default(),
             graph: JobGraph::default(),
             tasks: Vec::new(),
+            master_hooks: Vec::new(),
         }
+    }
+
+    /// The master hooks, handed once to the checkpoint coordinator.
+    pub fn take_master_hooks(&mut self) -> Vec<Box<dyn MasterHook>> {
+        std::mem::take(&mut self.master_hooks)
     }
 
     pub fn task_factory(&self, operator: OperatorId) -> &TaskFactory {
@@ -96,6 +104,7 @@ pub struct JobBuilder {
     config: JobConfig,
     graph: JobGraph,
     tasks: Vec<Option<TaskFactory>>,
+    master_hooks: Vec<Box<dyn MasterHook>>,
 }
 
 impl JobBuilder {
@@ -116,6 +125,12 @@ impl JobBuilder {
 
     pub fn channels(mut self, channels: ChannelConfig) -> Self {
         self.config.channels = channels;
+        self
+    }
+
+    /// Code the checkpoint coordinator runs on every trigger and restore.
+    pub fn master_hook(mut self, hook: impl MasterHook + 'static) -> Self {
+        self.master_hooks.push(Box::new(hook));
         self
     }
 
@@ -321,6 +336,7 @@ impl<T: Data> Stream<T> {
                 .into_iter()
                 .map(|t| t.expect("every operator before the sink feeds an edge"))
                 .collect(),
+            master_hooks: self.job.master_hooks,
         }
     }
 }

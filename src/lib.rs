@@ -28,6 +28,7 @@ pub mod state;
 pub mod task;
 
 pub use batch::{Batch, BatchLimits, Data};
+pub use checkpoint::coordinator::MasterHook;
 pub use error::{TaskError, UserError};
 pub use job::{Job, JobBuilder, JobConfig, KeyedStream, Stream};
 pub use operator::{Collector, KeyedProcessFunction};

@@ -42,9 +42,10 @@ pub struct AbortPending {
     pub reason: String,
 }
 
-/// The newest completed checkpoint, to restore from.
+/// The newest completed checkpoint, to restore from; the master hooks are
+/// restored from it on the way.
 #[derive(Message)]
-#[rtype(result = "Option<CompletedCheckpoint>")]
+#[rtype(result = "Result<Option<CompletedCheckpoint>, String>")]
 pub struct LatestCheckpoint;
 
 /// Trigger a checkpoint or savepoint now; answered when it completed or failed.
@@ -69,6 +70,8 @@ pub struct CoordinatorActor {
     ending: bool,
     timer: Option<SpawnHandle>,
     requests: HashMap<RequestId, oneshot::Sender<Result<CheckpointId, CheckpointFailure>>>,
+    /// Manual triggers that arrived while no attempt was running.
+    waiting: Vec<(RequestId, CheckpointKind)>,
     next_request: RequestId,
     triggered: HashMap<CheckpointId, Instant>,
 }
@@ -103,6 +106,7 @@ impl CoordinatorActor {
             ending: false,
             timer: None,
             requests: HashMap::new(),
+            waiting: Vec::new(),
             next_request: 0,
             triggered: HashMap::new(),
         }
@@ -116,11 +120,13 @@ impl CoordinatorActor {
         self.rearm(ctx);
     }
 
+    /// Between attempts there is nobody to send a barrier to: the clock is
+    /// not consulted, so no checkpoint starts that could never complete.
     fn rearm(&mut self, ctx: &mut Context<Self>) {
         if let Some(timer) = self.timer.take() {
             ctx.cancel_future(timer);
         }
-        if self.ending {
+        if self.ending || self.sources.is_empty() {
             return;
         }
         if let Some(at) = self.core.poll_timeout() {
@@ -288,6 +294,9 @@ impl Handler<Deployed> for CoordinatorActor {
         self.sources = msg.sources;
         self.subtasks = msg.subtasks;
         self.exhausted.clear();
+        for (request, kind) in std::mem::take(&mut self.waiting) {
+            self.feed(Event::Trigger { request, kind }, ctx);
+        }
         self.rearm(ctx);
     }
 }
@@ -303,10 +312,14 @@ impl Handler<AbortPending> for CoordinatorActor {
 }
 
 impl Handler<LatestCheckpoint> for CoordinatorActor {
-    type Result = Option<CompletedCheckpoint>;
+    type Result = Result<Option<CompletedCheckpoint>, String>;
 
     fn handle(&mut self, _: LatestCheckpoint, _ctx: &mut Context<Self>) -> Self::Result {
-        self.store.latest().cloned()
+        let latest = self.store.latest().cloned();
+        if let Some(checkpoint) = &latest {
+            self.core.restore_master_hooks(checkpoint)?;
+        }
+        Ok(latest)
     }
 }
 
@@ -317,13 +330,17 @@ impl Handler<TriggerManual> for CoordinatorActor {
         let request = self.next_request;
         self.next_request += 1;
         self.requests.insert(request, msg.reply);
-        self.feed(
-            Event::Trigger {
-                request,
-                kind: msg.kind,
-            },
-            ctx,
-        );
+        if self.sources.is_empty() {
+            self.waiting.push((request, msg.kind));
+        } else {
+            self.feed(
+                Event::Trigger {
+                    request,
+                    kind: msg.kind,
+                },
+                ctx,
+            );
+        }
     }
 }
 

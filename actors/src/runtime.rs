@@ -38,6 +38,8 @@ pub enum JobError {
     Restore(#[from] RestoreError),
     #[error("checkpointing failed: {0}")]
     Checkpointing(String),
+    #[error("a master hook failed to restore: {0}")]
+    MasterHook(String),
     #[error("gave up after {restarts} restarts; last failure: {last}")]
     RestartsExhausted { restarts: u32, last: Box<JobError> },
     #[error("the runtime failed: {0}")]

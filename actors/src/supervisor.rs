@@ -62,6 +62,8 @@ pub struct JobSupervisor {
     actors: Vec<Recipient<Stop>>,
     /// When the current attempt's predecessor failed.
     failed_at: Option<Instant>,
+    /// Manual triggers that arrived before the coordinator was up.
+    early_triggers: Vec<TriggerManual>,
 }
 
 fn unix_now() -> Now {
@@ -123,6 +125,7 @@ impl JobSupervisor {
             subtasks: Vec::new(),
             actors: Vec::new(),
             failed_at: None,
+            early_triggers: Vec::new(),
         }
     }
 
@@ -167,6 +170,7 @@ impl JobSupervisor {
         };
         let graph = self.job.graph.clone();
         let subtasks: Vec<SubtaskId> = graph.subtasks().collect();
+        let hooks = self.job.take_master_hooks();
         let me = ctx.address();
         let metrics = self.metrics.clone();
         ctx.spawn(
@@ -192,19 +196,29 @@ impl JobSupervisor {
                         load(storage.clone(), plans).await?
                     }
                 };
-                let core = CheckpointCoordinator::new(
+                let mut core = CheckpointCoordinator::new(
                     settings.config.clone(),
                     subtasks,
                     settings.alignment,
                     next_id,
                     unix_now(),
                 );
+                for hook in hooks {
+                    core.add_master_hook(hook);
+                }
+                if let Some(checkpoint) = &from {
+                    core.restore_master_hooks(checkpoint)
+                        .map_err(JobError::MasterHook)?;
+                }
                 let coordinator = CoordinatorActor::new(core, storage, store, me, metrics).start();
                 Ok::<_, JobError>((coordinator, restore))
             }
             .into_actor(self)
             .map(|result, act, ctx| match result {
                 Ok((coordinator, restore)) => {
+                    for request in act.early_triggers.drain(..) {
+                        coordinator.do_send(request);
+                    }
                     act.coordinator = Some(coordinator);
                     let attempt = act.attempt;
                     act.start(attempt, restore, ctx);
@@ -435,7 +449,8 @@ impl JobSupervisor {
                 let latest: Option<CompletedCheckpoint> = coordinator
                     .send(LatestCheckpoint)
                     .await
-                    .map_err(|e| JobError::Runtime(format!("the coordinator is gone: {e}")))?;
+                    .map_err(|e| JobError::Runtime(format!("the coordinator is gone: {e}")))?
+                    .map_err(JobError::MasterHook)?;
                 match latest {
                     None => Ok(HashMap::new()),
                     Some(checkpoint) => {
@@ -553,6 +568,7 @@ impl Handler<TriggerCheckpointRequest> for JobSupervisor {
     ) {
         match &self.coordinator {
             Some(coordinator) => coordinator.do_send(request),
+            None if self.storage.is_some() => self.early_triggers.push(request),
             None => {
                 let _ =
                     request

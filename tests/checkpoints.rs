@@ -1,0 +1,150 @@
+//! Checkpointing through the embedding API: manual triggers, master hooks,
+//! and the tolerable-failure limit.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings, Restore};
+use tidemark::event::{Alignment, CheckpointKind};
+use tidemark::fault::{Fault, FaultPoint};
+use tidemark::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
+use tidemark::MasterHook;
+use tidemark_actors::prelude::*;
+use tidemark_actors::sinks::Discard;
+use tidemark_actors::wordcount::{Counter, Emit, Generator};
+use tidemark_actors::JobError;
+
+fn settings(dir: &std::path::Path, config: CheckpointConfig) -> CheckpointSettings {
+    CheckpointSettings {
+        config,
+        storage_url: dir.to_str().unwrap().to_owned(),
+        alignment: Alignment::Aligned,
+        restore: Restore::Fresh,
+    }
+}
+
+#[derive(Clone, Default)]
+struct Hook {
+    triggered: Arc<Mutex<Vec<u64>>>,
+    restored: Arc<Mutex<Vec<(u64, Option<Vec<u8>>)>>>,
+}
+
+impl MasterHook for Hook {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+
+    fn trigger(&mut self, checkpoint: CheckpointId) -> Result<Option<Vec<u8>>, String> {
+        self.triggered.lock().unwrap().push(checkpoint.0);
+        Ok(Some(checkpoint.0.to_le_bytes().to_vec()))
+    }
+
+    fn restore(&mut self, checkpoint: CheckpointId, state: Option<&[u8]>) -> Result<(), String> {
+        self.restored
+            .lock()
+            .unwrap()
+            .push((checkpoint.0, state.map(<[u8]>::to_vec)));
+        Ok(())
+    }
+}
+
+#[test]
+fn manual_checkpoints_resolve_and_master_hooks_see_trigger_and_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = Hook::default();
+    let counter = SubtaskId {
+        operator: OperatorId(1),
+        index: SubtaskIndex(0),
+    };
+    let mut job = Job::builder("manual")
+        .parallelism(2)
+        .source_rate(100_000.0)
+        .master_hook(hook.clone())
+        .checkpointing(settings(
+            dir.path(),
+            CheckpointConfig {
+                interval: None,
+                ..CheckpointConfig::default()
+            },
+        ))
+        .source("generator", |ctx| Generator::new(10_000_000, 100, 0, ctx))
+        .key_by(|k: &u64| *k)
+        .process("count", |states| Counter::open(states, Emit::Final))
+        .sink("discard", |_| Discard);
+    job.config.faults = vec![Fault {
+        point: FaultPoint::SyncSnapshot,
+        checkpoint: CheckpointId(2),
+        subtask: counter,
+    }];
+    let handle = job.run().unwrap();
+
+    assert_eq!(
+        handle.trigger_checkpoint(CheckpointKind::Checkpoint),
+        Ok(CheckpointId(1))
+    );
+    let failed = handle.trigger_checkpoint(CheckpointKind::Checkpoint);
+    assert!(
+        failed.is_err(),
+        "checkpoint 2 meets the injected fault: {failed:?}"
+    );
+    // The restored attempt takes checkpoints again.
+    let third = handle
+        .trigger_checkpoint(CheckpointKind::Checkpoint)
+        .unwrap();
+    assert!(third > CheckpointId(2));
+    handle.cancel();
+    assert!(matches!(handle.wait(), Err(JobError::Cancelled)));
+
+    let triggered = hook.triggered.lock().unwrap().clone();
+    assert_eq!(&triggered[..2], [1, 2]);
+    assert!(triggered.contains(&third.0));
+    assert_eq!(
+        hook.restored.lock().unwrap().clone(),
+        [(1, Some(1u64.to_le_bytes().to_vec()))],
+        "restored once, from checkpoint 1, with the state the hook gave it"
+    );
+}
+
+/// Takes 2 ms per batch: a barrier waits behind the queued batches.
+struct Slow;
+
+impl Sink<(u64, u64)> for Slow {
+    fn write(&mut self, _records: &mut Vec<(u64, u64)>) -> Result<(), UserError> {
+        std::thread::sleep(Duration::from_millis(2));
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), UserError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn failures_beyond_the_tolerable_number_fail_the_job_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let result = Job::builder("expiring")
+        .parallelism(2)
+        .checkpointing(settings(
+            dir.path(),
+            CheckpointConfig {
+                interval: Some(Duration::from_millis(10)),
+                timeout: Duration::from_micros(200),
+                tolerable_failures: 1,
+                ..CheckpointConfig::default()
+            },
+        ))
+        .source("generator", |ctx| Generator::new(10_000_000, 100, 0, ctx))
+        .key_by(|k: &u64| *k)
+        .process("count", |states| Counter::open(states, Emit::Updates))
+        .sink("slow", |_| Slow)
+        .run()
+        .unwrap()
+        .wait();
+    match result {
+        Err(JobError::Checkpointing(reason)) => assert!(
+            reason.starts_with("2 consecutive checkpoint failures exceed the tolerable 1")
+                && reason.contains("expired"),
+            "{reason}"
+        ),
+        other => panic!("expected the job to fail on checkpoints, got {other:?}"),
+    }
+}
