@@ -22,10 +22,13 @@ fn settings(dir: &std::path::Path, config: CheckpointConfig) -> CheckpointSettin
     }
 }
 
+/// A checkpoint id and the state a hook was restored with.
+type Restored = (u64, Option<Vec<u8>>);
+
 #[derive(Clone, Default)]
 struct Hook {
     triggered: Arc<Mutex<Vec<u64>>>,
-    restored: Arc<Mutex<Vec<(u64, Option<Vec<u8>>)>>>,
+    restored: Arc<Mutex<Vec<Restored>>>,
 }
 
 impl MasterHook for Hook {
