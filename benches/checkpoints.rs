@@ -38,7 +38,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     let records = env_or("TIDEMARK_BENCH_RECORDS", 200_000_000);
     let reps = env_or("TIDEMARK_BENCH_REPS", 3);
-    let (mut off, mut on, mut d100k, mut d1m, mut recovery) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut off, mut on, mut d100k, mut d1m, mut recovery) =
+        (vec![], vec![], vec![], vec![], vec![]);
     for _ in 0..reps {
         off.push(run(records, 100_000, &["--checkpoint-interval=off"]).throughput_rps);
         let r = run(records, 100_000, &["--checkpoint-interval=1s"]);
@@ -46,12 +47,23 @@ fn main() {
         d100k.push(r.checkpoint_duration_ms.p50);
         let r = run(records, 1_000_000, &["--checkpoint-interval=1s"]);
         d1m.push(r.checkpoint_duration_ms.p50);
-        let r = run(records, 1_000_000, &["--checkpoint-interval=1s", "--inject-failures=3"]);
+        let r = run(
+            records,
+            1_000_000,
+            &["--checkpoint-interval=1s", "--inject-failures=3"],
+        );
         recovery.push(r.recovery_ms.max);
     }
     let (off, on) = (median(off), median(on));
     println!("wordcount p=2, {records} records, {reps} runs each (medians)");
     println!("throughput, 100,000 keys: checkpoints off {:.1} M records/s, 1 s checkpoints {:.1} M records/s, ratio {:.3}", off / 1e6, on / 1e6, on / off);
-    println!("checkpoint duration p50: {:.1} ms at 100,000 keys, {:.1} ms at 1,000,000 keys", median(d100k), median(d1m));
-    println!("failure to restored attempt running, 1,000,000 keys (worst of 3 failures): {:.1} ms", median(recovery));
+    println!(
+        "checkpoint duration p50: {:.1} ms at 100,000 keys, {:.1} ms at 1,000,000 keys",
+        median(d100k),
+        median(d1m)
+    );
+    println!(
+        "failure to restored attempt running, 1,000,000 keys (worst of 3 failures): {:.1} ms",
+        median(recovery)
+    );
 }

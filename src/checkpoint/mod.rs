@@ -176,3 +176,38 @@ pub enum CheckpointFailure {
     #[error("checkpoint not triggered: {0}")]
     NotTriggered(String),
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A completed checkpoint with no state, for storage tests.
+    pub(crate) fn checkpoint(id: u64) -> CompletedCheckpoint {
+        CompletedCheckpoint {
+            id: CheckpointId(id),
+            kind: CheckpointKind::Checkpoint,
+            timestamp: id,
+            subtasks: BTreeMap::new(),
+            master_states: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn input_ends_only_when_every_source_was_exhausted_in_the_checkpoint() {
+        let source = |i| SubtaskId {
+            operator: crate::ids::OperatorId(0),
+            index: crate::ids::SubtaskIndex(i),
+        };
+        let exhausted = SubtaskState {
+            operator: BTreeMap::from([(SOURCE_EXHAUSTED.to_owned(), Vec::new())]),
+            ..SubtaskState::default()
+        };
+        let mut c = checkpoint(1);
+        c.subtasks.insert(source(0), exhausted.clone());
+        c.subtasks.insert(source(1), SubtaskState::default());
+        assert!(!ends_input(&c, &[source(0), source(1)]));
+        c.subtasks.insert(source(1), exhausted);
+        assert!(ends_input(&c, &[source(0), source(1)]));
+        assert!(!ends_input(&c, &[]));
+    }
+}

@@ -149,15 +149,17 @@ impl CheckpointStorage {
         }
     }
 
-    /// Every object under `relative` (a directory), as relative paths.
-    pub async fn list(&self, relative: &str) -> Result<Vec<String>, StorageError> {
-        let prefix = self.resolve(relative)?;
-        let objects: Vec<_> = self
-            .store
-            .list(Some(&prefix))
+    async fn objects(&self, prefix: &Path) -> Result<Vec<object_store::ObjectMeta>, StorageError> {
+        self.store
+            .list(Some(prefix))
             .try_collect()
             .await
-            .map_err(Self::io(&prefix))?;
+            .map_err(Self::io(prefix))
+    }
+
+    /// Every object under `relative` (a directory), as relative paths.
+    pub async fn list(&self, relative: &str) -> Result<Vec<String>, StorageError> {
+        let objects = self.objects(&self.resolve(relative)?).await?;
         let job_dir = format!("{}/", self.job_dir);
         Ok(objects
             .into_iter()
@@ -207,13 +209,7 @@ impl CheckpointStorage {
 
     /// Ids of the checkpoints whose metadata exists, in increasing order.
     pub async fn completed_ids(&self) -> Result<Vec<CheckpointId>, StorageError> {
-        let prefix = self.job_dir.clone();
-        let objects: Vec<_> = self
-            .store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(Self::io(&prefix))?;
+        let objects = self.objects(&self.job_dir).await?;
         let mut ids: Vec<CheckpointId> = objects
             .iter()
             .filter_map(|meta| {
@@ -262,18 +258,7 @@ impl CheckpointStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::CheckpointKind;
-    use std::collections::BTreeMap;
-
-    fn checkpoint(id: u64) -> CompletedCheckpoint {
-        CompletedCheckpoint {
-            id: CheckpointId(id),
-            kind: CheckpointKind::Checkpoint,
-            timestamp: 1,
-            subtasks: BTreeMap::new(),
-            master_states: BTreeMap::new(),
-        }
-    }
+    use crate::checkpoint::tests::checkpoint;
 
     #[tokio::test]
     async fn paths_cannot_escape_the_job_directory() {

@@ -54,19 +54,8 @@ impl CompletedCheckpointStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::CheckpointKind;
+    use crate::checkpoint::tests::checkpoint;
     use crate::ids::{CheckpointId, JobId};
-    use std::collections::BTreeMap;
-
-    fn checkpoint(id: u64) -> CompletedCheckpoint {
-        CompletedCheckpoint {
-            id: CheckpointId(id),
-            kind: CheckpointKind::Checkpoint,
-            timestamp: id,
-            subtasks: BTreeMap::new(),
-            master_states: BTreeMap::new(),
-        }
-    }
 
     #[test]
     fn retains_the_newest_and_hands_back_the_subsumed() {
