@@ -2,8 +2,11 @@
 //! can be decided without threads, clocks or sockets. It owns the model (ids,
 //! the `JobGraph`, key groups, batches and channel events), the typed job
 //! builder and the operator chains it produces, keyed state and its backends,
-//! and the protocols as sans-IO state machines: credit-based flow control and
-//! the input gate. It does not own actors, timers or threads: the
+//! and the protocols as sans-IO state machines: credit-based flow control, the
+//! input gate, the checkpoint coordinator and the barrier aligner, with the
+//! checkpoint formats and storage they hand their results to, restore
+//! planning, restart strategies and failure-injection schedules. It does not
+//! own actors, timers or threads: the
 //! `tidemark-actors` crate wraps each state machine in an actix actor and
 //! carries out what it decides.
 
