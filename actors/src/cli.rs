@@ -1,11 +1,11 @@
 //! The `tidemark` command line: runs an example topology and reports on it.
 
 use crate::metrics::CheckpointStats;
-use crate::runtime::{JobError, JobReport, Runtime};
+use crate::runtime::{job_id, JobError, JobReport, Runtime};
 use crate::wordcount::{Emit, Wordcount};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use thiserror::Error;
@@ -38,6 +38,15 @@ pub enum Command {
 pub enum Topology {
     /// Count records per key.
     Wordcount,
+}
+
+impl Topology {
+    /// The job's name, which also names its checkpoint directory.
+    pub fn job_name(self) -> &'static str {
+        match self {
+            Topology::Wordcount => crate::wordcount::JOB_NAME,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Args)]
@@ -89,7 +98,7 @@ pub struct RunArgs {
     /// Start from `latest` (the newest completed checkpoint in the checkpoint
     /// directory) or from a given `chk-N` of it.
     #[arg(long, value_parser = parse_restore)]
-    pub restore: Option<Restore>,
+    pub restore: Option<RestoreArg>,
     /// Kill a random subtask this many times at random moments (seeded by
     /// `--seed`); the job restores and goes on.
     #[arg(long, default_value_t = 0)]
@@ -130,16 +139,33 @@ fn parse_interval(s: &str) -> Result<CheckpointInterval, String> {
     }
 }
 
-fn parse_restore(s: &str) -> Result<Restore, String> {
+/// `--restore`: `latest`, or a checkpoint directory `[PATH/]chk-N`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RestoreArg {
+    Latest,
+    Checkpoint {
+        parent: Option<PathBuf>,
+        id: CheckpointId,
+    },
+}
+
+fn parse_restore(s: &str) -> Result<RestoreArg, String> {
     if s == "latest" {
-        return Ok(Restore::Latest);
+        return Ok(RestoreArg::Latest);
     }
-    let dir = s.trim_end_matches('/').trim_end_matches("/_metadata");
-    let name = dir.rsplit('/').next().unwrap_or(dir);
-    name.strip_prefix("chk-")
-        .and_then(|id| id.parse().ok())
-        .map(|id| Restore::Checkpoint(CheckpointId(id)))
-        .ok_or_else(|| format!("expected `latest` or a checkpoint directory chk-N, got {s:?}"))
+    let path = PathBuf::from(s.trim_end_matches('/').trim_end_matches("/_metadata"));
+    let id = path
+        .file_name()
+        .and_then(|n| n.to_str()?.strip_prefix("chk-")?.parse().ok())
+        .ok_or_else(|| format!("expected `latest` or a checkpoint directory chk-N, got {s:?}"))?;
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(Path::to_path_buf);
+    Ok(RestoreArg::Checkpoint {
+        parent,
+        id: CheckpointId(id),
+    })
 }
 
 fn parse_fault(s: &str) -> Result<Fault, String> {
@@ -269,7 +295,11 @@ impl RunArgs {
                 },
                 storage_url: self.checkpoint_dir.clone(),
                 alignment: Alignment::Aligned,
-                restore: self.restore.unwrap_or(Restore::Fresh),
+                restore: match &self.restore {
+                    None => Restore::Fresh,
+                    Some(RestoreArg::Latest) => Restore::Latest,
+                    Some(RestoreArg::Checkpoint { id, .. }) => Restore::Checkpoint(*id),
+                },
             });
         let max_attempts = self.max_restarts.unwrap_or(10 + self.inject_failures);
         config.restart = if self.restart_backoff {
@@ -312,6 +342,33 @@ impl RunArgs {
             }
             if !self.inject_fault.is_empty() {
                 return Err(needs_checkpoints("--inject-fault"));
+            }
+        }
+        if let Some(RestoreArg::Checkpoint {
+            parent: Some(parent),
+            ..
+        }) = &self.restore
+        {
+            // A checkpoint is only read from the job's own directory in the
+            // checkpoint storage: a path elsewhere is refused, not followed.
+            let local = self
+                .checkpoint_dir
+                .strip_prefix("file://")
+                .unwrap_or(&self.checkpoint_dir);
+            let job_dir = Path::new(local).join(job_id(self.topology.job_name()).to_string());
+            let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+                (Ok(a), Ok(b)) => a == b,
+                _ => false,
+            };
+            if !same(parent, &job_dir) {
+                return Err(CliError::Usage {
+                    argument: "--restore",
+                    problem: format!(
+                        "{} is not a checkpoint directory of this job; its checkpoints are in {}",
+                        parent.display(),
+                        job_dir.display()
+                    ),
+                });
             }
         }
         Ok(())

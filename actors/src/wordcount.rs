@@ -105,6 +105,8 @@ impl KeyedProcessFunction<u64, u64, (u64, u64)> for Counter {
     }
 }
 
+pub const JOB_NAME: &str = "wordcount";
+
 #[derive(Clone, Debug)]
 pub struct Wordcount {
     pub records: u64,
@@ -124,7 +126,7 @@ impl Wordcount {
             emit,
             ..
         } = *self;
-        let counted = Job::builder("wordcount")
+        let counted = Job::builder(JOB_NAME)
             .config(config)
             .source("generator", move |ctx| {
                 Generator::new(records, keys, seed, ctx)

@@ -94,3 +94,89 @@ fn an_output_path_that_is_a_file_is_refused() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--output"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_restore_path_outside_the_checkpoint_directory_is_refused() {
+    let checkpoints = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let chk = elsewhere.path().join("chk-3");
+    std::fs::create_dir(&chk).unwrap();
+    let out = tidemark(&[
+        "run",
+        "wordcount",
+        "--records=10",
+        "--checkpoint-dir",
+        checkpoints.path().to_str().unwrap(),
+        "--restore",
+        chk.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--restore"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not a checkpoint directory of this job"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn restoring_a_missing_checkpoint_names_it_and_fails() {
+    let checkpoints = tempfile::tempdir().unwrap();
+    let out = tidemark(&[
+        "run",
+        "wordcount",
+        "--records=10",
+        "--checkpoint-dir",
+        checkpoints.path().to_str().unwrap(),
+        "--restore=chk-42",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("chk-42/_metadata"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_corrupted_checkpoint_is_refused_with_the_reason() {
+    let checkpoints = tempfile::tempdir().unwrap();
+    let dir = checkpoints.path().to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "wordcount",
+            "--records=1000",
+            "--keys=10",
+            "--checkpoint-dir",
+            dir,
+        ];
+        args.extend_from_slice(extra);
+        tidemark(&args)
+    };
+    assert!(run(&[]).status.success());
+    let job_dir = std::fs::read_dir(checkpoints.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let chk = std::fs::read_dir(&job_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("chk-"))
+        .expect("the run left its last checkpoint");
+    let metadata = chk.join("_metadata");
+    let mut bytes = std::fs::read(&metadata).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&metadata, &bytes).unwrap();
+    let out = run(&["--restore=latest"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("checksum"), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read(&metadata).unwrap(),
+        bytes,
+        "nothing was rewritten"
+    );
+}
