@@ -376,13 +376,13 @@ impl RunArgs {
 }
 
 pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
+    args.validate()?;
     if let Some(dir) = &args.output {
         std::fs::create_dir_all(dir).map_err(|e| CliError::Usage {
             argument: "--output",
             problem: format!("cannot use {} as the output directory: {e}", dir.display()),
         })?;
     }
-    args.validate()?;
     let config = args.job_config();
     let parallelism = config.parallelism;
     let channels = config.channels;

@@ -42,11 +42,13 @@ pub struct AbortPending {
     pub reason: String,
 }
 
-/// The newest completed checkpoint, to restore from; the master hooks are
-/// restored from it on the way.
+/// The checkpoint to restore from: answered once no abandoned checkpoint is
+/// still writing its metadata, so that a checkpoint that completes during a
+/// restart is the one restored (the sinks may commit it). The master hooks
+/// are restored from it on the way.
 #[derive(Message)]
-#[rtype(result = "Result<Option<CompletedCheckpoint>, String>")]
-pub struct LatestCheckpoint;
+#[rtype(result = "()")]
+pub struct LatestCheckpoint(pub oneshot::Sender<Result<Option<CompletedCheckpoint>, String>>);
 
 /// Trigger a checkpoint or savepoint now; answered when it completed or failed.
 #[derive(Message)]
@@ -65,7 +67,12 @@ pub struct CoordinatorActor {
     attempt: Attempt,
     sources: Vec<(SubtaskId, Addr<SubtaskActor>)>,
     subtasks: Vec<Addr<SubtaskActor>>,
-    exhausted: BTreeSet<SubtaskId>,
+    /// Sources that read everything, by attempt: a restored source can
+    /// report before its attempt is announced.
+    exhausted: BTreeSet<(Attempt, SubtaskId)>,
+    /// `_metadata` writes in flight.
+    finalizing: usize,
+    restore_replies: Vec<oneshot::Sender<Result<Option<CompletedCheckpoint>, String>>>,
     /// Input ended: no more checkpoints are taken.
     ending: bool,
     timer: Option<SpawnHandle>,
@@ -103,6 +110,8 @@ impl CoordinatorActor {
             sources: Vec::new(),
             subtasks: Vec::new(),
             exhausted: BTreeSet::new(),
+            finalizing: 0,
+            restore_replies: Vec::new(),
             ending: false,
             timer: None,
             requests: HashMap::new(),
@@ -160,7 +169,8 @@ impl CoordinatorActor {
                     let storage = self.storage.clone();
                     let sources: Vec<_> = self.sources.iter().map(|(_, a)| a.clone()).collect();
                     let first = self.sources.first().map(|(id, _)| *id);
-                    ctx.spawn(
+                    // `wait`: counter writes and barriers go out in id order.
+                    ctx.wait(
                         async move { storage.store_next_checkpoint_id(next_id).await }
                             .into_actor(self)
                             .map(move |result, act, ctx| match (result, first) {
@@ -186,21 +196,26 @@ impl CoordinatorActor {
                 Action::Finalize(checkpoint) => {
                     let storage = self.storage.clone();
                     let id = checkpoint.id;
+                    self.finalizing += 1;
                     ctx.spawn(
                         async move {
                             storage.write_metadata(&checkpoint).await?;
                             Ok::<_, tidemark::checkpoint::storage::StorageError>(checkpoint)
                         }
                         .into_actor(self)
-                        .map(move |result, act, ctx| match result {
-                            Ok(checkpoint) => act.persisted(checkpoint, ctx),
-                            Err(e) => act.feed(
-                                Event::PersistFailed {
-                                    checkpoint: id,
-                                    reason: e.to_string(),
-                                },
-                                ctx,
-                            ),
+                        .map(move |result, act, ctx| {
+                            act.finalizing -= 1;
+                            match result {
+                                Ok(checkpoint) => act.persisted(checkpoint, ctx),
+                                Err(e) => act.feed(
+                                    Event::PersistFailed {
+                                        checkpoint: id,
+                                        reason: e.to_string(),
+                                    },
+                                    ctx,
+                                ),
+                            }
+                            act.answer_restore();
                         }),
                     );
                 }
@@ -249,6 +264,43 @@ impl CoordinatorActor {
         }
     }
 
+    fn answer_restore(&mut self) {
+        if self.finalizing > 0 {
+            return;
+        }
+        for reply in std::mem::take(&mut self.restore_replies) {
+            let latest = self.store.latest().cloned();
+            let restored = match &latest {
+                Some(checkpoint) => self.core.restore_master_hooks(checkpoint),
+                None => Ok(()),
+            };
+            let _ = reply.send(restored.map(|()| latest));
+        }
+    }
+
+    /// Once every source of the current attempt has read everything, a
+    /// checkpoint right away lets the job end without waiting for the next
+    /// periodic one.
+    fn check_exhausted(&mut self, ctx: &mut Context<Self>) {
+        let attempt = self.attempt;
+        let all = !self.sources.is_empty()
+            && self
+                .sources
+                .iter()
+                .all(|(id, _)| self.exhausted.contains(&(attempt, *id)));
+        if all && !self.ending {
+            let request = self.next_request;
+            self.next_request += 1;
+            self.feed(
+                Event::Trigger {
+                    request,
+                    kind: CheckpointKind::Checkpoint,
+                },
+                ctx,
+            );
+        }
+    }
+
     /// `_metadata` is written: the checkpoint joins the store, which may
     /// subsume older ones, whose directories go.
     fn persisted(&mut self, checkpoint: CompletedCheckpoint, ctx: &mut Context<Self>) {
@@ -293,10 +345,13 @@ impl Handler<Deployed> for CoordinatorActor {
         self.attempt = msg.attempt;
         self.sources = msg.sources;
         self.subtasks = msg.subtasks;
-        self.exhausted.clear();
+        self.ending = false;
+        let attempt = self.attempt;
+        self.exhausted.retain(|(a, _)| *a == attempt);
         for (request, kind) in std::mem::take(&mut self.waiting) {
             self.feed(Event::Trigger { request, kind }, ctx);
         }
+        self.check_exhausted(ctx);
         self.rearm(ctx);
     }
 }
@@ -312,14 +367,11 @@ impl Handler<AbortPending> for CoordinatorActor {
 }
 
 impl Handler<LatestCheckpoint> for CoordinatorActor {
-    type Result = Result<Option<CompletedCheckpoint>, String>;
+    type Result = ();
 
-    fn handle(&mut self, _: LatestCheckpoint, _ctx: &mut Context<Self>) -> Self::Result {
-        let latest = self.store.latest().cloned();
-        if let Some(checkpoint) = &latest {
-            self.core.restore_master_hooks(checkpoint)?;
-        }
-        Ok(latest)
+    fn handle(&mut self, LatestCheckpoint(reply): LatestCheckpoint, _ctx: &mut Context<Self>) {
+        self.restore_replies.push(reply);
+        self.answer_restore();
     }
 }
 
@@ -327,6 +379,12 @@ impl Handler<TriggerManual> for CoordinatorActor {
     type Result = ();
 
     fn handle(&mut self, msg: TriggerManual, ctx: &mut Context<Self>) {
+        if self.ending {
+            let _ = msg.reply.send(Err(CheckpointFailure::NotTriggered(
+                "the input has ended".into(),
+            )));
+            return;
+        }
         let request = self.next_request;
         self.next_request += 1;
         self.requests.insert(request, msg.reply);
@@ -381,22 +439,9 @@ impl Handler<DeclineCheckpoint> for CoordinatorActor {
 impl Handler<SourceExhausted> for CoordinatorActor {
     type Result = ();
 
-    /// Once every source has read everything, a checkpoint right away lets
-    /// the job end without waiting for the next periodic one.
     fn handle(&mut self, msg: SourceExhausted, ctx: &mut Context<Self>) {
-        if msg.attempt != self.attempt || !self.exhausted.insert(msg.subtask) {
-            return;
-        }
-        if self.exhausted.len() == self.sources.len() {
-            let request = self.next_request;
-            self.next_request += 1;
-            self.feed(
-                Event::Trigger {
-                    request,
-                    kind: CheckpointKind::Checkpoint,
-                },
-                ctx,
-            );
+        if msg.attempt >= self.attempt && self.exhausted.insert((msg.attempt, msg.subtask)) {
+            self.check_exhausted(ctx);
         }
     }
 }

@@ -25,8 +25,9 @@ impl<T> Sink<T> for Discard {
 /// synced and renamed to a hidden pending name (pre-commit); when the
 /// checkpoint completes the pending files are renamed to their visible names
 /// (commit). A restore commits what the restored checkpoint pre-committed
-/// and deletes every other hidden file of this subtask: what was written
-/// after that checkpoint is replayed into new files.
+/// and deletes every other hidden file of this subtask in its run: what was
+/// written after that checkpoint is replayed into new files. Hidden files of
+/// runs that were never restored stay behind, invisible to readers.
 pub struct FileSink {
     dir: PathBuf,
     subtask: u32,
@@ -95,11 +96,11 @@ impl FileSink {
         Ok(())
     }
 
-    /// Hidden files of this subtask, committed or not.
+    /// Hidden files of this subtask in this run.
     fn own_hidden_files(&self) -> Result<Vec<PathBuf>, UserError> {
         let prefixes = [
-            format!("{IN_PROGRESS}{}-", self.subtask),
-            format!("{PENDING}part-{}-", self.subtask),
+            format!("{IN_PROGRESS}{}-{}-", self.subtask, self.run),
+            format!("{PENDING}part-{}-{}-", self.subtask, self.run),
         ];
         let mut out = Vec::new();
         for entry in std::fs::read_dir(&self.dir)
@@ -142,18 +143,22 @@ impl Sink<(u64, u64)> for FileSink {
             self.pending.push((checkpoint, name));
         }
         let names: Vec<&String> = self.pending.iter().map(|(_, n)| n).collect();
-        Ok(rmp_serde::to_vec(&names)?)
+        Ok(rmp_serde::to_vec(&(&self.run, names))?)
     }
 
     fn commit(&mut self, checkpoint: CheckpointId) -> Result<(), UserError> {
         self.commit_pending(Some(checkpoint))
     }
 
+    /// A restored sink continues the run it was restored from, so that what
+    /// it writes again gets the names it had: the final file of a replayed
+    /// end of input replaces itself instead of appearing twice.
     fn restore(&mut self, state: Option<&[u8]>) -> Result<(), UserError> {
-        let names: Vec<String> = match state {
-            Some(bytes) => rmp_serde::from_slice(bytes)?,
-            None => Vec::new(),
+        let Some(bytes) = state else {
+            return Ok(());
         };
+        let (run, names): (String, Vec<String>) = rmp_serde::from_slice(bytes)?;
+        self.run = run;
         for name in names {
             let (pending, visible) = (
                 self.dir.join(format!("{PENDING}{name}")),

@@ -459,25 +459,16 @@ impl Handler<Produce> for SubtaskActor {
 impl Handler<TriggerCheckpoint> for SubtaskActor {
     type Result = ();
 
+    /// A source that is not running says nothing: it failed (the restart
+    /// aborts the checkpoint) or its output ended (the job is finishing), and
+    /// neither is a checkpoint failure to count.
     fn handle(&mut self, TriggerCheckpoint(barrier): TriggerCheckpoint, _ctx: &mut Context<Self>) {
-        match self.phase {
-            Phase::Running | Phase::Exhausted => {
-                let metrics = CheckpointMetrics {
-                    start_delay: delay_since(&barrier),
-                    ..CheckpointMetrics::default()
-                };
-                self.snapshot(barrier, metrics);
-            }
-            phase => {
-                if let Some(c) = &self.checkpointing {
-                    c.coordinator.do_send(DeclineCheckpoint {
-                        attempt: self.attempt,
-                        checkpoint: barrier.id,
-                        subtask: self.id,
-                        reason: format!("source is {phase:?}"),
-                    });
-                }
-            }
+        if matches!(self.phase, Phase::Running | Phase::Exhausted) {
+            let metrics = CheckpointMetrics {
+                start_delay: delay_since(&barrier),
+                ..CheckpointMetrics::default()
+            };
+            self.snapshot(barrier, metrics);
         }
     }
 }

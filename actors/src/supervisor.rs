@@ -26,7 +26,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidemark::checkpoint::coordinator::{CheckpointCoordinator, Now};
-use tidemark::checkpoint::restore::{self, RestorePlan};
+use tidemark::checkpoint::restore::{self, RestoreError, RestorePlan};
 use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::store::CompletedCheckpointStore;
 use tidemark::checkpoint::{CompletedCheckpoint, Restore};
@@ -89,6 +89,17 @@ async fn load(
             };
             for slices in plan.keyed {
                 let bytes = storage.get(&slices.path).await.map_err(JobError::Storage)?;
+                if bytes.len() as u64 != slices.size {
+                    return Err(JobError::Restore(RestoreError::Malformed {
+                        subtask,
+                        problem: format!(
+                            "{} holds {} bytes, the checkpoint recorded {}",
+                            slices.path,
+                            bytes.len(),
+                            slices.size
+                        ),
+                    }));
+                }
                 for (group, range) in slices.groups {
                     state
                         .key_groups
@@ -446,8 +457,9 @@ impl JobSupervisor {
         let graph = self.job.graph.clone();
         ctx.spawn(
             async move {
-                let latest: Option<CompletedCheckpoint> = coordinator
-                    .send(LatestCheckpoint)
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                coordinator.do_send(LatestCheckpoint(reply));
+                let latest: Option<CompletedCheckpoint> = answer
                     .await
                     .map_err(|e| JobError::Runtime(format!("the coordinator is gone: {e}")))?
                     .map_err(JobError::MasterHook)?;
@@ -510,6 +522,16 @@ impl Actor for JobSupervisor {
         self.started = Instant::now();
         self.schedule_kills(ctx);
         self.boot(ctx);
+    }
+}
+
+impl Drop for JobSupervisor {
+    /// A supervisor that dies without an outcome takes the runtime with it,
+    /// so that `JobHandle::wait` returns instead of hanging.
+    fn drop(&mut self) {
+        if self.outcome.take().is_some() {
+            System::current().stop();
+        }
     }
 }
 

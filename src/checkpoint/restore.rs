@@ -29,6 +29,8 @@ pub enum RestoreError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyedSlices {
     pub path: String,
+    /// The object's size per the metadata: a shorter object is truncated.
+    pub size: u64,
     pub groups: Vec<(KeyGroup, Range<u64>)>,
 }
 
@@ -101,6 +103,7 @@ pub fn plan(
             }
             plan.keyed.push(KeyedSlices {
                 path: keyed.handle.path.clone(),
+                size: keyed.handle.size,
                 groups,
             });
         }

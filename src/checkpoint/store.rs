@@ -35,9 +35,12 @@ impl CompletedCheckpointStore {
         Ok(store)
     }
 
-    /// Returns the checkpoints this one subsumes.
+    /// Returns the checkpoints this one subsumes. Checkpoints stay in id
+    /// order even if they complete out of order: an older one added after a
+    /// newer one may be subsumed at once.
     pub fn add(&mut self, checkpoint: CompletedCheckpoint) -> Vec<CompletedCheckpoint> {
-        self.checkpoints.push_back(checkpoint);
+        let at = self.checkpoints.partition_point(|c| c.id < checkpoint.id);
+        self.checkpoints.insert(at, checkpoint);
         let excess = self.checkpoints.len().saturating_sub(self.retain);
         self.checkpoints.drain(..excess).collect()
     }
@@ -66,6 +69,10 @@ mod tests {
         assert_eq!(subsumed.iter().map(|c| c.id.0).collect::<Vec<_>>(), [1]);
         assert_eq!(store.latest().unwrap().id, CheckpointId(3));
         assert_eq!(store.retained().count(), 2);
+        // Completing out of order never makes an older checkpoint the latest.
+        let subsumed = store.add(checkpoint(1));
+        assert_eq!(subsumed.iter().map(|c| c.id.0).collect::<Vec<_>>(), [1]);
+        assert_eq!(store.latest().unwrap().id, CheckpointId(3));
     }
 
     #[tokio::test]
