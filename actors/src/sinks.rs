@@ -203,3 +203,82 @@ impl<T: Send> Sink<T> for Collect<T> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidemark::ids::SubtaskIndex;
+
+    fn sink(dir: &Path, run: &str) -> FileSink {
+        FileSink::new(
+            dir,
+            run,
+            SinkContext {
+                subtask: SubtaskIndex(0),
+                parallelism: 1,
+            },
+        )
+    }
+
+    fn visible(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn nothing_is_visible_before_its_checkpoint_completes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = sink(dir.path(), "r1");
+        s.write(&mut vec![(1, 1)]).unwrap();
+        s.pre_commit(CheckpointId(1)).unwrap();
+        s.write(&mut vec![(1, 2)]).unwrap();
+        s.pre_commit(CheckpointId(2)).unwrap();
+        assert!(visible(dir.path()).is_empty());
+        s.commit(CheckpointId(1)).unwrap();
+        assert_eq!(visible(dir.path()), ["part-0-r1-1"]);
+        s.commit(CheckpointId(2)).unwrap();
+        assert_eq!(visible(dir.path()), ["part-0-r1-1", "part-0-r1-2"]);
+    }
+
+    #[test]
+    fn restore_commits_what_the_checkpoint_pre_committed_and_drops_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut crashed = sink(dir.path(), "r1");
+        crashed.write(&mut vec![(1, 1)]).unwrap();
+        let state = crashed.pre_commit(CheckpointId(1)).unwrap();
+        // Written after checkpoint 1, pre-committed for 2, never completed.
+        crashed.write(&mut vec![(1, 2)]).unwrap();
+        crashed.pre_commit(CheckpointId(2)).unwrap();
+        crashed.write(&mut vec![(1, 3)]).unwrap();
+        drop(crashed);
+
+        let mut restored = sink(dir.path(), "r2");
+        restored.restore(Some(&state)).unwrap();
+        assert_eq!(visible(dir.path()), ["part-0-r1-1"]);
+        let hidden = std::fs::read_dir(dir.path()).unwrap().count() - 1;
+        assert_eq!(hidden, 0, "the newer transactions were aborted");
+        // The restored sink goes on in the run it was restored from.
+        restored.write(&mut vec![(1, 2)]).unwrap();
+        restored.finish().unwrap();
+        assert_eq!(visible(dir.path()), ["part-0-r1-1", "part-0-r1-final"]);
+        // Restoring twice is harmless: already committed stays committed.
+        sink(dir.path(), "r3").restore(Some(&state)).unwrap();
+        assert_eq!(visible(dir.path()), ["part-0-r1-1", "part-0-r1-final"]);
+    }
+
+    #[test]
+    fn a_missing_pre_committed_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = sink(dir.path(), "r1");
+        s.write(&mut vec![(1, 1)]).unwrap();
+        let state = s.pre_commit(CheckpointId(1)).unwrap();
+        std::fs::remove_file(dir.path().join(".pending-part-0-r1-1")).unwrap();
+        let err = sink(dir.path(), "r2").restore(Some(&state)).unwrap_err();
+        assert!(err.to_string().contains(".pending-part-0-r1-1"), "{err}");
+    }
+}
