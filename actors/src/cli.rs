@@ -181,13 +181,13 @@ fn parse_fault(s: &str) -> Result<Fault, String> {
         "sink-commit" => FaultPoint::SinkCommit,
         other => return Err(format!("unknown fault point {other:?}")),
     };
-    let number = |v: &str| v.parse::<u64>().map_err(|_| usage());
+    let small = |v: &str| v.parse::<u32>().map_err(|_| usage());
     Ok(Fault {
         point,
-        checkpoint: CheckpointId(number(checkpoint)?),
+        checkpoint: CheckpointId(checkpoint.parse().map_err(|_| usage())?),
         subtask: SubtaskId {
-            operator: OperatorId(number(operator)? as u32),
-            index: SubtaskIndex(number(index)? as u32),
+            operator: OperatorId(small(operator)?),
+            index: SubtaskIndex(small(index)?),
         },
     })
 }

@@ -17,8 +17,7 @@ use tidemark::checkpoint::CheckpointFailure;
 use tidemark::error::TaskError;
 use tidemark::event::CheckpointKind;
 use tidemark::graph::GraphError;
-use tidemark::ids::SubtaskId;
-use tidemark::ids::{CheckpointId, JobId};
+use tidemark::ids::{CheckpointId, JobId, SubtaskId};
 use tidemark::job::Job;
 
 #[derive(Debug, Error)]
@@ -32,6 +31,8 @@ pub enum JobError {
     },
     #[error("the job was cancelled")]
     Cancelled,
+    #[error("a fault is aimed at {0}, which the job does not have")]
+    UnknownFaultTarget(SubtaskId),
     #[error(transparent)]
     Storage(#[from] StorageError),
     #[error("cannot restore: {0}")]
@@ -128,6 +129,15 @@ impl Default for Runtime {
 impl Runtime {
     pub fn run(&self, job: Job) -> Result<JobHandle, JobError> {
         job.validate()?;
+        let subtasks: Vec<SubtaskId> = job.graph.subtasks().collect();
+        if let Some(fault) = job
+            .config
+            .faults
+            .iter()
+            .find(|f| !subtasks.contains(&f.subtask))
+        {
+            return Err(JobError::UnknownFaultTarget(fault.subtask));
+        }
         let storage = job
             .config
             .checkpointing

@@ -69,6 +69,27 @@ fn bad_arguments_exit_2_naming_the_argument() {
             "--no-such-flag",
         ),
         (&["run", "pagerank"][..], "pagerank"),
+        (
+            &["run", "wordcount", "--inject-fault", "sync-snapshot:2:1"][..],
+            "--inject-fault",
+        ),
+        (
+            &["run", "wordcount", "--inject-fault", "boom:2:1:0"][..],
+            "--inject-fault",
+        ),
+        (
+            &["run", "wordcount", "--restore", "yesterday"][..],
+            "--restore",
+        ),
+        (
+            &[
+                "run",
+                "wordcount",
+                "--checkpoint-interval=off",
+                "--inject-failures=2",
+            ][..],
+            "--inject-failures",
+        ),
     ] {
         let out = tidemark(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
@@ -179,4 +200,20 @@ fn a_corrupted_checkpoint_is_refused_with_the_reason() {
         bytes,
         "nothing was rewritten"
     );
+}
+
+#[test]
+fn a_fault_aimed_at_a_missing_subtask_is_refused() {
+    let checkpoints = tempfile::tempdir().unwrap();
+    let out = tidemark(&[
+        "run",
+        "wordcount",
+        "--records=10",
+        "--parallelism=2",
+        "--checkpoint-dir",
+        checkpoints.path().to_str().unwrap(),
+        "--inject-fault=after-ack:1:1:7",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("op-1#7"), "{}", stderr(&out));
 }
