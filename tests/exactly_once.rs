@@ -51,6 +51,7 @@ fn random_kills_lose_and_duplicate_nothing_over_twenty_seeds() {
             leftovers.is_empty(),
             "seed {seed}: uncommitted files left: {leftovers:?}"
         );
+        assert_only_the_retained_checkpoint_remains(checkpoints.path(), seed);
     }
     assert!(
         restarts >= 80,
@@ -90,6 +91,47 @@ fn ids_keep_increasing_when_the_job_is_run_again_on_its_checkpoints() {
     let output = tempfile::tempdir().unwrap();
     run(1, &[], output.path(), checkpoints.path());
     assert!(newest_checkpoint(checkpoints.path()) > first);
+}
+
+/// After the run, storage holds the id counter and the one retained
+/// checkpoint: the state of aborted, subsumed and abandoned checkpoints is
+/// gone.
+fn assert_only_the_retained_checkpoint_remains(dir: &Path, seed: u64) {
+    let job = std::fs::read_dir(dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut names: Vec<String> = std::fs::read_dir(&job)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let listing: Vec<String> = names
+        .iter()
+        .map(|n| {
+            let files: Vec<String> = std::fs::read_dir(job.join(n))
+                .map(|d| {
+                    d.map(|e| e.unwrap().file_name().into_string().unwrap())
+                        .collect()
+                })
+                .unwrap_or_default();
+            format!("{n}: {files:?}")
+        })
+        .collect();
+    assert_eq!(names.len(), 2, "seed {seed}: {listing:?}");
+    assert_eq!(names[0], "checkpoint-id-counter", "seed {seed}");
+    let mut files: Vec<String> = std::fs::read_dir(job.join(&names[1]))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        ["_metadata", "op-1-0-keyed", "op-1-1-keyed"],
+        "seed {seed}"
+    );
 }
 
 fn newest_checkpoint(dir: &Path) -> u64 {

@@ -50,6 +50,12 @@ pub struct AbortPending {
 #[rtype(result = "()")]
 pub struct LatestCheckpoint(pub oneshot::Sender<Result<Option<CompletedCheckpoint>, String>>);
 
+/// The job is over: abandon pending checkpoints and answer once their state
+/// is deleted.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Shutdown(pub oneshot::Sender<()>);
+
 /// Trigger a checkpoint or savepoint now; answered when it completed or failed.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -72,6 +78,12 @@ pub struct CoordinatorActor {
     exhausted: BTreeSet<(Attempt, SubtaskId)>,
     /// `_metadata` writes in flight.
     finalizing: usize,
+    /// Deletions in flight.
+    deleting: usize,
+    shutdown_replies: Vec<oneshot::Sender<()>>,
+    /// Every source read everything: the next checkpoint to start is the
+    /// one that ends the input, and none may start after it.
+    final_wanted: bool,
     restore_replies: Vec<oneshot::Sender<Result<Option<CompletedCheckpoint>, String>>>,
     /// Input ended: no more checkpoints are taken.
     ending: bool,
@@ -111,6 +123,9 @@ impl CoordinatorActor {
             subtasks: Vec::new(),
             exhausted: BTreeSet::new(),
             finalizing: 0,
+            deleting: 0,
+            shutdown_replies: Vec::new(),
+            final_wanted: false,
             restore_replies: Vec::new(),
             ending: false,
             timer: None,
@@ -126,7 +141,25 @@ impl CoordinatorActor {
             Ok(actions) => self.carry_out(actions, ctx),
             Err(e) => tracing::warn!(error = %e, "checkpoint coordinator rejected a message"),
         }
+        self.trigger_final(ctx);
         self.rearm(ctx);
+    }
+
+    /// Starts the checkpoint that ends the input once nothing else is in
+    /// flight, so that no checkpoint is left running when the job ends.
+    fn trigger_final(&mut self, ctx: &mut Context<Self>) {
+        if self.final_wanted && !self.ending && self.core.pending() == 0 {
+            self.final_wanted = false;
+            let request = self.next_request;
+            self.next_request += 1;
+            self.feed(
+                Event::Trigger {
+                    request,
+                    kind: CheckpointKind::Checkpoint,
+                },
+                ctx,
+            );
+        }
     }
 
     /// Between attempts there is nobody to send a barrier to: the clock is
@@ -135,7 +168,7 @@ impl CoordinatorActor {
         if let Some(timer) = self.timer.take() {
             ctx.cancel_future(timer);
         }
-        if self.ending || self.sources.is_empty() {
+        if self.ending || self.final_wanted || self.sources.is_empty() {
             return;
         }
         if let Some(at) = self.core.poll_timeout() {
@@ -147,8 +180,16 @@ impl CoordinatorActor {
         }
     }
 
-    fn spawn_delete(&self, paths: Vec<String>, ctx: &mut Context<Self>) {
+    /// Deletes state objects, or whole subsumed checkpoints, off the
+    /// mailbox; a shutdown waits for every deletion in flight.
+    fn spawn_delete(
+        &mut self,
+        paths: Vec<String>,
+        checkpoints: Vec<CheckpointId>,
+        ctx: &mut Context<Self>,
+    ) {
         let storage = self.storage.clone();
+        self.deleting += 1;
         ctx.spawn(
             async move {
                 for path in paths {
@@ -156,9 +197,26 @@ impl CoordinatorActor {
                         tracing::warn!(error = %e, "discarding checkpoint state failed");
                     }
                 }
+                for id in checkpoints {
+                    if let Err(e) = storage.delete_checkpoint(id).await {
+                        tracing::warn!(error = %e, checkpoint = %id, "discarding a subsumed checkpoint failed");
+                    }
+                }
             }
-            .into_actor(self),
+            .into_actor(self)
+            .map(|(), act, _ctx| {
+                act.deleting -= 1;
+                act.answer_shutdown();
+            }),
         );
+    }
+
+    fn answer_shutdown(&mut self) {
+        if self.deleting == 0 {
+            for reply in self.shutdown_replies.drain(..) {
+                let _ = reply.send(());
+            }
+        }
     }
 
     fn carry_out(&mut self, actions: Vec<Action>, ctx: &mut Context<Self>) {
@@ -252,7 +310,7 @@ impl CoordinatorActor {
                         .iter()
                         .flat_map(|s| s.handles().map(|h| h.path.clone()))
                         .collect();
-                    self.spawn_delete(paths, ctx);
+                    self.spawn_delete(paths, Vec::new(), ctx);
                 }
                 Action::FailJob(reason) => self.supervisor.do_send(CheckpointingFailed(reason)),
                 Action::Resolve { request, result } => {
@@ -288,16 +346,9 @@ impl CoordinatorActor {
                 .sources
                 .iter()
                 .all(|(id, _)| self.exhausted.contains(&(attempt, *id)));
-        if all && !self.ending {
-            let request = self.next_request;
-            self.next_request += 1;
-            self.feed(
-                Event::Trigger {
-                    request,
-                    kind: CheckpointKind::Checkpoint,
-                },
-                ctx,
-            );
+        if all {
+            self.final_wanted = true;
+            self.trigger_final(ctx);
         }
     }
 
@@ -314,18 +365,8 @@ impl CoordinatorActor {
         if let Some(at) = self.triggered.remove(&id) {
             CheckpointStats::record(&stats.durations_ms, at.elapsed().as_secs_f64() * 1e3);
         }
-        let subsumed = self.store.add(checkpoint);
-        let storage = self.storage.clone();
-        ctx.spawn(
-            async move {
-                for old in subsumed {
-                    if let Err(e) = storage.delete_checkpoint(old.id).await {
-                        tracing::warn!(error = %e, checkpoint = %old.id, "discarding a subsumed checkpoint failed");
-                    }
-                }
-            }
-            .into_actor(self),
-        );
+        let subsumed = self.store.add(checkpoint).iter().map(|c| c.id).collect();
+        self.spawn_delete(Vec::new(), subsumed, ctx);
         self.feed(Event::Persisted(id), ctx);
     }
 }
@@ -346,6 +387,7 @@ impl Handler<Deployed> for CoordinatorActor {
         self.sources = msg.sources;
         self.subtasks = msg.subtasks;
         self.ending = false;
+        self.final_wanted = false;
         let attempt = self.attempt;
         self.exhausted.retain(|(a, _)| *a == attempt);
         for (request, kind) in std::mem::take(&mut self.waiting) {
@@ -363,6 +405,24 @@ impl Handler<AbortPending> for CoordinatorActor {
         self.sources.clear();
         self.subtasks.clear();
         self.feed(Event::AbortAll { reason: msg.reason }, ctx);
+    }
+}
+
+impl Handler<Shutdown> for CoordinatorActor {
+    type Result = ();
+
+    fn handle(&mut self, Shutdown(reply): Shutdown, ctx: &mut Context<Self>) {
+        self.ending = true;
+        self.sources.clear();
+        self.subtasks.clear();
+        self.shutdown_replies.push(reply);
+        self.feed(
+            Event::AbortAll {
+                reason: "the job ended".into(),
+            },
+            ctx,
+        );
+        self.answer_shutdown();
     }
 }
 
@@ -409,7 +469,7 @@ impl Handler<AcknowledgeCheckpoint> for CoordinatorActor {
         if msg.attempt != self.attempt {
             // A snapshot of an abandoned attempt: its checkpoint was aborted.
             let paths = msg.ack.state.handles().map(|h| h.path.clone()).collect();
-            return self.spawn_delete(paths, ctx);
+            return self.spawn_delete(paths, Vec::new(), ctx);
         }
         CheckpointStats::record(
             &self.metrics.checkpoints.alignments_ms,

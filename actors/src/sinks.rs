@@ -154,10 +154,10 @@ impl Sink<(u64, u64)> for FileSink {
     /// it writes again gets the names it had: the final file of a replayed
     /// end of input replaces itself instead of appearing twice.
     fn restore(&mut self, state: Option<&[u8]>) -> Result<(), UserError> {
-        let Some(bytes) = state else {
-            return Ok(());
+        let (run, names): (String, Vec<String>) = match state {
+            Some(bytes) => rmp_serde::from_slice(bytes)?,
+            None => (self.run.clone(), Vec::new()),
         };
-        let (run, names): (String, Vec<String>) = rmp_serde::from_slice(bytes)?;
         self.run = run;
         for name in names {
             let (pending, visible) = (
@@ -269,6 +269,18 @@ mod tests {
         // Restoring twice is harmless: already committed stays committed.
         sink(dir.path(), "r3").restore(Some(&state)).unwrap();
         assert_eq!(visible(dir.path()), ["part-0-r1-1", "part-0-r1-final"]);
+    }
+
+    #[test]
+    fn a_restart_before_any_checkpoint_drops_what_the_failed_attempt_wrote() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut failed = sink(dir.path(), "r1");
+        failed.write(&mut vec![(1, 1)]).unwrap();
+        failed.pre_commit(CheckpointId(1)).unwrap();
+        failed.write(&mut vec![(1, 2)]).unwrap();
+        drop(failed);
+        sink(dir.path(), "r1").restore(None).unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
     #[test]

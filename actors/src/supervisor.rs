@@ -7,7 +7,7 @@
 //! attempt are recognised by their attempt number and dropped.
 
 use crate::coordinator::{
-    AbortPending, CoordinatorActor, Deployed, LatestCheckpoint, TriggerManual,
+    AbortPending, CoordinatorActor, Deployed, LatestCheckpoint, Shutdown, TriggerManual,
 };
 use crate::endpoint::{InputEndpoint, OutputEndpoint};
 use crate::messages::{Cancel, ConnectUpstream, Stop, SubtaskFailed, SubtaskFinished, Wire};
@@ -234,7 +234,7 @@ impl JobSupervisor {
                     let attempt = act.attempt;
                     act.start(attempt, restore, ctx);
                 }
-                Err(e) => act.complete(Err(e)),
+                Err(e) => act.complete(Err(e), ctx),
             }),
         );
     }
@@ -420,17 +420,20 @@ impl JobSupervisor {
     fn fail(&mut self, error: JobError, ctx: &mut Context<Self>) {
         self.stop_attempt();
         let Some(coordinator) = self.coordinator.clone() else {
-            return self.complete(Err(error));
+            return self.complete(Err(error), ctx);
         };
         coordinator.do_send(AbortPending {
             reason: error.to_string(),
         });
         self.restarts += 1;
         let Some(delay) = self.job.config.restart.delay(self.restarts) else {
-            return self.complete(Err(JobError::RestartsExhausted {
-                restarts: self.restarts - 1,
-                last: Box::new(error),
-            }));
+            return self.complete(
+                Err(JobError::RestartsExhausted {
+                    restarts: self.restarts - 1,
+                    last: Box::new(error),
+                }),
+                ctx,
+            );
         };
         tracing::warn!(%error, restart = self.restarts, ?delay, "restarting the job");
         self.metrics
@@ -475,16 +478,36 @@ impl JobSupervisor {
             .into_actor(self)
             .map(move |result, act, ctx| match result {
                 Ok(restore) => act.start(attempt, restore, ctx),
-                Err(e) => act.complete(Err(e)),
+                Err(e) => act.complete(Err(e), ctx),
             }),
         );
     }
 
-    fn complete(&mut self, outcome: Result<JobReport, JobError>) {
-        if let Some(tx) = self.outcome.take() {
-            self.stop_attempt();
+    /// Ends the job: stops the attempt, abandons pending checkpoints and
+    /// waits for their state to be deleted, then reports and stops the
+    /// runtime.
+    fn complete(&mut self, outcome: Result<JobReport, JobError>, ctx: &mut Context<Self>) {
+        let Some(tx) = self.outcome.take() else {
+            return;
+        };
+        self.stop_attempt();
+        let finish = move || {
             let _ = tx.send(outcome);
             System::current().stop();
+        };
+        match self.coordinator.clone() {
+            None => finish(),
+            Some(coordinator) => {
+                ctx.spawn(
+                    async move {
+                        let (reply, done) = tokio::sync::oneshot::channel();
+                        coordinator.do_send(Shutdown(reply));
+                        let _ = done.await;
+                    }
+                    .into_actor(self)
+                    .map(move |(), _, _| finish()),
+                );
+            }
         }
     }
 
@@ -538,7 +561,7 @@ impl Drop for JobSupervisor {
 impl Handler<SubtaskFinished> for JobSupervisor {
     type Result = ();
 
-    fn handle(&mut self, msg: SubtaskFinished, _ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: SubtaskFinished, ctx: &mut Context<Self>) {
         if msg.attempt != self.attempt {
             return;
         }
@@ -549,7 +572,7 @@ impl Handler<SubtaskFinished> for JobSupervisor {
                 records_in: self.metrics.records_in(),
                 elapsed: self.started.elapsed(),
             };
-            self.complete(Ok(report));
+            self.complete(Ok(report), ctx);
         }
     }
 }
@@ -575,8 +598,8 @@ impl Handler<SubtaskFailed> for JobSupervisor {
 impl Handler<CheckpointingFailed> for JobSupervisor {
     type Result = ();
 
-    fn handle(&mut self, msg: CheckpointingFailed, _ctx: &mut Context<Self>) {
-        self.complete(Err(JobError::Checkpointing(msg.0)));
+    fn handle(&mut self, msg: CheckpointingFailed, ctx: &mut Context<Self>) {
+        self.complete(Err(JobError::Checkpointing(msg.0)), ctx);
     }
 }
 
@@ -606,7 +629,7 @@ impl Handler<TriggerCheckpointRequest> for JobSupervisor {
 impl Handler<Cancel> for JobSupervisor {
     type Result = ();
 
-    fn handle(&mut self, _: Cancel, _ctx: &mut Context<Self>) {
-        self.complete(Err(JobError::Cancelled));
+    fn handle(&mut self, _: Cancel, ctx: &mut Context<Self>) {
+        self.complete(Err(JobError::Cancelled), ctx);
     }
 }
