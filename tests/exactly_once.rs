@@ -93,65 +93,51 @@ fn ids_keep_increasing_when_the_job_is_run_again_on_its_checkpoints() {
     assert!(newest_checkpoint(checkpoints.path()) > first);
 }
 
-/// After the run, storage holds the id counter and the one retained
-/// checkpoint: the state of aborted, subsumed and abandoned checkpoints is
-/// gone.
-fn assert_only_the_retained_checkpoint_remains(dir: &Path, seed: u64) {
-    let job = std::fs::read_dir(dir)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
-    let mut names: Vec<String> = std::fs::read_dir(&job)
+/// Sorted names in a directory.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     names.sort();
-    let listing: Vec<String> = names
+    names
+}
+
+/// The job's directory in checkpoint storage: the only entry of the root.
+fn job_dir(root: &Path) -> std::path::PathBuf {
+    root.join(&names(root)[0])
+}
+
+/// After the run, storage holds the id counter and the one retained
+/// checkpoint: the state of aborted, subsumed and abandoned checkpoints is
+/// gone.
+fn assert_only_the_retained_checkpoint_remains(root: &Path, seed: u64) {
+    let job = job_dir(root);
+    let entries = names(&job);
+    let listing: Vec<String> = entries
         .iter()
         .map(|n| {
-            let files: Vec<String> = std::fs::read_dir(job.join(n))
-                .map(|d| {
-                    d.map(|e| e.unwrap().file_name().into_string().unwrap())
-                        .collect()
-                })
-                .unwrap_or_default();
-            format!("{n}: {files:?}")
+            format!(
+                "{n}: {:?}",
+                std::fs::read_dir(job.join(n))
+                    .map(|_| names(&job.join(n)))
+                    .unwrap_or_default()
+            )
         })
         .collect();
-    assert_eq!(names.len(), 2, "seed {seed}: {listing:?}");
-    assert_eq!(names[0], "checkpoint-id-counter", "seed {seed}");
-    let mut files: Vec<String> = std::fs::read_dir(job.join(&names[1]))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    files.sort();
+    assert_eq!(entries.len(), 2, "seed {seed}: {listing:?}");
+    assert_eq!(entries[0], "checkpoint-id-counter", "seed {seed}");
     assert_eq!(
-        files,
+        names(&job.join(&entries[1])),
         ["_metadata", "op-1-0-keyed", "op-1-1-keyed"],
         "seed {seed}"
     );
 }
 
-fn newest_checkpoint(dir: &Path) -> u64 {
-    let job = std::fs::read_dir(dir)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
-    std::fs::read_dir(job)
-        .unwrap()
-        .filter_map(|e| {
-            e.unwrap()
-                .file_name()
-                .into_string()
-                .unwrap()
-                .strip_prefix("chk-")?
-                .parse()
-                .ok()
-        })
+fn newest_checkpoint(root: &Path) -> u64 {
+    names(&job_dir(root))
+        .iter()
+        .filter_map(|n| n.strip_prefix("chk-")?.parse().ok())
         .max()
         .unwrap()
 }

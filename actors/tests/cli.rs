@@ -9,6 +9,14 @@ fn tidemark(args: &[&str]) -> Output {
         .expect("the binary runs")
 }
 
+/// `tidemark run wordcount --checkpoint-dir DIR ARGS…`
+fn wordcount(checkpoints: &std::path::Path, args: &[&str]) -> Output {
+    let dir = checkpoints.to_str().unwrap();
+    let mut all = vec!["run", "wordcount", "--checkpoint-dir", dir];
+    all.extend_from_slice(args);
+    tidemark(&all)
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -122,15 +130,10 @@ fn a_restore_path_outside_the_checkpoint_directory_is_refused() {
     let elsewhere = tempfile::tempdir().unwrap();
     let chk = elsewhere.path().join("chk-3");
     std::fs::create_dir(&chk).unwrap();
-    let out = tidemark(&[
-        "run",
-        "wordcount",
-        "--records=10",
-        "--checkpoint-dir",
-        checkpoints.path().to_str().unwrap(),
-        "--restore",
-        chk.to_str().unwrap(),
-    ]);
+    let out = wordcount(
+        checkpoints.path(),
+        &["--records=10", "--restore", chk.to_str().unwrap()],
+    );
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("--restore"), "{}", stderr(&out));
     assert!(
@@ -143,14 +146,7 @@ fn a_restore_path_outside_the_checkpoint_directory_is_refused() {
 #[test]
 fn restoring_a_missing_checkpoint_names_it_and_fails() {
     let checkpoints = tempfile::tempdir().unwrap();
-    let out = tidemark(&[
-        "run",
-        "wordcount",
-        "--records=10",
-        "--checkpoint-dir",
-        checkpoints.path().to_str().unwrap(),
-        "--restore=chk-42",
-    ]);
+    let out = wordcount(checkpoints.path(), &["--records=10", "--restore=chk-42"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("chk-42/_metadata"),
@@ -162,18 +158,10 @@ fn restoring_a_missing_checkpoint_names_it_and_fails() {
 #[test]
 fn a_corrupted_checkpoint_is_refused_with_the_reason() {
     let checkpoints = tempfile::tempdir().unwrap();
-    let dir = checkpoints.path().to_str().unwrap();
     let run = |extra: &[&str]| {
-        let mut args = vec![
-            "run",
-            "wordcount",
-            "--records=1000",
-            "--keys=10",
-            "--checkpoint-dir",
-            dir,
-        ];
+        let mut args = vec!["--records=1000", "--keys=10"];
         args.extend_from_slice(extra);
-        tidemark(&args)
+        wordcount(checkpoints.path(), &args)
     };
     assert!(run(&[]).status.success());
     let job_dir = std::fs::read_dir(checkpoints.path())
@@ -205,15 +193,14 @@ fn a_corrupted_checkpoint_is_refused_with_the_reason() {
 #[test]
 fn a_fault_aimed_at_a_missing_subtask_is_refused() {
     let checkpoints = tempfile::tempdir().unwrap();
-    let out = tidemark(&[
-        "run",
-        "wordcount",
-        "--records=10",
-        "--parallelism=2",
-        "--checkpoint-dir",
-        checkpoints.path().to_str().unwrap(),
-        "--inject-fault=after-ack:1:1:7",
-    ]);
+    let out = wordcount(
+        checkpoints.path(),
+        &[
+            "--records=10",
+            "--parallelism=2",
+            "--inject-fault=after-ack:1:1:7",
+        ],
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("op-1#7"), "{}", stderr(&out));
 }
