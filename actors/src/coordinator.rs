@@ -14,14 +14,15 @@ use crate::supervisor::{CheckpointingFailed, JobSupervisor};
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture,
 };
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tidemark::checkpoint::coordinator::{Action, CheckpointCoordinator, Event, Now, RequestId};
+use tidemark::checkpoint::input_end::InputEnd;
 use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::store::CompletedCheckpointStore;
-use tidemark::checkpoint::{ends_input, CheckpointFailure, CompletedCheckpoint};
+use tidemark::checkpoint::{CheckpointFailure, CompletedCheckpoint};
 use tidemark::event::CheckpointKind;
 use tidemark::ids::{Attempt, CheckpointId, SubtaskId};
 use tokio::sync::oneshot;
@@ -73,20 +74,14 @@ pub struct CoordinatorActor {
     attempt: Attempt,
     sources: Vec<(SubtaskId, Addr<SubtaskActor>)>,
     subtasks: Vec<Addr<SubtaskActor>>,
-    /// Sources that read everything, by attempt: a restored source can
-    /// report before its attempt is announced.
-    exhausted: BTreeSet<(Attempt, SubtaskId)>,
+    input_end: InputEnd,
     /// `_metadata` writes in flight.
     finalizing: usize,
     /// Deletions in flight.
     deleting: usize,
     shutdown_replies: Vec<oneshot::Sender<()>>,
-    /// Every source read everything: the next checkpoint to start is the
-    /// one that ends the input, and none may start after it.
-    final_wanted: bool,
+
     restore_replies: Vec<oneshot::Sender<Result<Option<CompletedCheckpoint>, String>>>,
-    /// Input ended: no more checkpoints are taken.
-    ending: bool,
     timer: Option<SpawnHandle>,
     requests: HashMap<RequestId, oneshot::Sender<Result<CheckpointId, CheckpointFailure>>>,
     /// Manual triggers that arrived while no attempt was running.
@@ -121,13 +116,11 @@ impl CoordinatorActor {
             attempt: Attempt(0),
             sources: Vec::new(),
             subtasks: Vec::new(),
-            exhausted: BTreeSet::new(),
+            input_end: InputEnd::default(),
             finalizing: 0,
             deleting: 0,
             shutdown_replies: Vec::new(),
-            final_wanted: false,
             restore_replies: Vec::new(),
-            ending: false,
             timer: None,
             requests: HashMap::new(),
             waiting: Vec::new(),
@@ -145,11 +138,8 @@ impl CoordinatorActor {
         self.rearm(ctx);
     }
 
-    /// Starts the checkpoint that ends the input once nothing else is in
-    /// flight, so that no checkpoint is left running when the job ends.
     fn trigger_final(&mut self, ctx: &mut Context<Self>) {
-        if self.final_wanted && !self.ending && self.core.pending() == 0 {
-            self.final_wanted = false;
+        if self.input_end.trigger_final(self.core.pending()) {
             let request = self.next_request;
             self.next_request += 1;
             self.feed(
@@ -168,7 +158,7 @@ impl CoordinatorActor {
         if let Some(timer) = self.timer.take() {
             ctx.cancel_future(timer);
         }
-        if self.ending || self.final_wanted || self.sources.is_empty() {
+        if self.input_end.holds_periodic() || self.sources.is_empty() {
             return;
         }
         if let Some(at) = self.core.poll_timeout() {
@@ -281,13 +271,11 @@ impl CoordinatorActor {
                     for subtask in &self.subtasks {
                         subtask.do_send(NotifyCheckpointComplete(id));
                     }
-                    let sources: Vec<SubtaskId> = self.sources.iter().map(|(id, _)| *id).collect();
-                    let ends = self
-                        .store
-                        .latest()
-                        .is_some_and(|c| c.id == id && ends_input(c, &sources));
+                    let ends = match self.store.latest() {
+                        Some(latest) if latest.id == id => self.input_end.completed(latest),
+                        _ => false,
+                    };
                     if ends {
-                        self.ending = true;
                         for (_, source) in &self.sources {
                             source.do_send(EndInput);
                         }
@@ -336,22 +324,6 @@ impl CoordinatorActor {
         }
     }
 
-    /// Once every source of the current attempt has read everything, a
-    /// checkpoint right away lets the job end without waiting for the next
-    /// periodic one.
-    fn check_exhausted(&mut self, ctx: &mut Context<Self>) {
-        let attempt = self.attempt;
-        let all = !self.sources.is_empty()
-            && self
-                .sources
-                .iter()
-                .all(|(id, _)| self.exhausted.contains(&(attempt, *id)));
-        if all {
-            self.final_wanted = true;
-            self.trigger_final(ctx);
-        }
-    }
-
     /// `_metadata` is written: the checkpoint joins the store, which may
     /// subsume older ones, whose directories go.
     fn persisted(&mut self, checkpoint: CompletedCheckpoint, ctx: &mut Context<Self>) {
@@ -386,14 +358,12 @@ impl Handler<Deployed> for CoordinatorActor {
         self.attempt = msg.attempt;
         self.sources = msg.sources;
         self.subtasks = msg.subtasks;
-        self.ending = false;
-        self.final_wanted = false;
-        let attempt = self.attempt;
-        self.exhausted.retain(|(a, _)| *a == attempt);
+        let sources = self.sources.iter().map(|(id, _)| *id).collect();
+        self.input_end.deployed(self.attempt, sources);
         for (request, kind) in std::mem::take(&mut self.waiting) {
             self.feed(Event::Trigger { request, kind }, ctx);
         }
-        self.check_exhausted(ctx);
+        self.trigger_final(ctx);
         self.rearm(ctx);
     }
 }
@@ -412,7 +382,7 @@ impl Handler<Shutdown> for CoordinatorActor {
     type Result = ();
 
     fn handle(&mut self, Shutdown(reply): Shutdown, ctx: &mut Context<Self>) {
-        self.ending = true;
+        self.input_end.stop();
         self.sources.clear();
         self.subtasks.clear();
         self.shutdown_replies.push(reply);
@@ -439,7 +409,7 @@ impl Handler<TriggerManual> for CoordinatorActor {
     type Result = ();
 
     fn handle(&mut self, msg: TriggerManual, ctx: &mut Context<Self>) {
-        if self.ending {
+        if self.input_end.ended() {
             let _ = msg.reply.send(Err(CheckpointFailure::NotTriggered(
                 "the input has ended".into(),
             )));
@@ -500,8 +470,7 @@ impl Handler<SourceExhausted> for CoordinatorActor {
     type Result = ();
 
     fn handle(&mut self, msg: SourceExhausted, ctx: &mut Context<Self>) {
-        if msg.attempt >= self.attempt && self.exhausted.insert((msg.attempt, msg.subtask)) {
-            self.check_exhausted(ctx);
-        }
+        self.input_end.source_exhausted(msg.attempt, msg.subtask);
+        self.trigger_final(ctx);
     }
 }

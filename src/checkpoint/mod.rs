@@ -4,6 +4,7 @@
 
 pub mod aligner;
 pub mod coordinator;
+pub mod input_end;
 pub mod metadata;
 pub mod restore;
 pub mod storage;

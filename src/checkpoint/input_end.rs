@@ -1,0 +1,172 @@
+//! How a checkpointed job ends, sans-IO. A source that has read everything
+//! does not end its output at once: records after its last checkpoint could
+//! otherwise be replayed after they were committed. Once every source of the
+//! running attempt has reported itself exhausted, one checkpoint is started
+//! as soon as no other is in flight (the final checkpoint, FLIP-147's idea),
+//! and no periodic checkpoint after it; when a completed checkpoint holds
+//! every source as exhausted, the sources are told to end their output.
+
+use super::{ends_input, CompletedCheckpoint};
+use crate::ids::{Attempt, SubtaskId};
+use std::collections::BTreeSet;
+
+#[derive(Debug, Default)]
+pub struct InputEnd {
+    attempt: Attempt,
+    sources: Vec<SubtaskId>,
+    /// Reports by attempt: a restored source can report before the shell
+    /// has announced its attempt.
+    exhausted: BTreeSet<(Attempt, SubtaskId)>,
+    final_wanted: bool,
+    ended: bool,
+}
+
+impl InputEnd {
+    /// A new attempt runs with these sources; earlier reports are void.
+    pub fn deployed(&mut self, attempt: Attempt, sources: Vec<SubtaskId>) {
+        self.attempt = attempt;
+        self.sources = sources;
+        self.ended = false;
+        self.exhausted.retain(|(a, _)| *a == attempt);
+        self.check();
+    }
+
+    pub fn source_exhausted(&mut self, attempt: Attempt, source: SubtaskId) {
+        if attempt >= self.attempt {
+            self.exhausted.insert((attempt, source));
+            self.check();
+        }
+    }
+
+    fn check(&mut self) {
+        let attempt = self.attempt;
+        self.final_wanted = !self.ended
+            && !self.sources.is_empty()
+            && self
+                .sources
+                .iter()
+                .all(|s| self.exhausted.contains(&(attempt, *s)));
+    }
+
+    /// Whether to start the final checkpoint now, given the checkpoints in
+    /// flight; answers yes once.
+    pub fn trigger_final(&mut self, in_flight: usize) -> bool {
+        let now = self.final_wanted && in_flight == 0;
+        if now {
+            self.final_wanted = false;
+        }
+        now
+    }
+
+    /// A checkpoint completed: whether the sources may now end their output.
+    pub fn completed(&mut self, checkpoint: &CompletedCheckpoint) -> bool {
+        if !self.ended && ends_input(checkpoint, &self.sources) {
+            self.ended = true;
+            self.final_wanted = false;
+        }
+        self.ended
+    }
+
+    /// No periodic checkpoint may start: the final one is due or done.
+    pub fn holds_periodic(&self) -> bool {
+        self.final_wanted || self.ended
+    }
+
+    /// The input ended (or the job is over): nothing may be triggered.
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// The job is over without its input having ended.
+    pub fn stop(&mut self) {
+        self.ended = true;
+        self.final_wanted = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::tests::checkpoint;
+    use crate::checkpoint::SubtaskState;
+    use crate::ids::{OperatorId, SubtaskIndex};
+    use crate::task::SOURCE_EXHAUSTED;
+    use std::collections::BTreeMap;
+
+    fn source(i: u32) -> SubtaskId {
+        SubtaskId {
+            operator: OperatorId(0),
+            index: SubtaskIndex(i),
+        }
+    }
+
+    fn holding(exhausted: &[u32]) -> CompletedCheckpoint {
+        let mut c = checkpoint(1);
+        for i in 0..2 {
+            let mut state = SubtaskState::default();
+            if exhausted.contains(&i) {
+                state.operator = BTreeMap::from([(SOURCE_EXHAUSTED.to_owned(), Vec::new())]);
+            }
+            c.subtasks.insert(source(i), state);
+        }
+        c
+    }
+
+    #[test]
+    fn the_final_checkpoint_waits_for_every_source_and_for_nothing_in_flight() {
+        let mut end = InputEnd::default();
+        end.deployed(Attempt(0), vec![source(0), source(1)]);
+        end.source_exhausted(Attempt(0), source(0));
+        assert!(!end.trigger_final(0));
+        assert!(!end.holds_periodic());
+        end.source_exhausted(Attempt(0), source(1));
+        assert!(
+            end.holds_periodic(),
+            "no periodic checkpoint after the final one is due"
+        );
+        assert!(!end.trigger_final(1), "a checkpoint in flight comes first");
+        assert!(end.trigger_final(0));
+        assert!(!end.trigger_final(0), "once");
+    }
+
+    #[test]
+    fn input_ends_only_with_a_checkpoint_holding_every_source_exhausted() {
+        let mut end = InputEnd::default();
+        end.deployed(Attempt(0), vec![source(0), source(1)]);
+        assert!(!end.completed(&holding(&[0])));
+        assert!(end.completed(&holding(&[0, 1])));
+        assert!(end.ended());
+        assert!(end.holds_periodic());
+    }
+
+    #[test]
+    fn a_report_racing_its_attempts_announcement_counts_and_older_ones_do_not() {
+        let mut end = InputEnd::default();
+        end.deployed(Attempt(0), vec![source(0)]);
+        end.source_exhausted(Attempt(1), source(0));
+        assert!(!end.trigger_final(0), "attempt 1 is not running yet");
+        end.deployed(Attempt(1), vec![source(0)]);
+        assert!(end.trigger_final(0));
+
+        end.deployed(Attempt(2), vec![source(0)]);
+        end.source_exhausted(Attempt(1), source(0));
+        assert!(
+            !end.trigger_final(0),
+            "a report of a failed attempt is void"
+        );
+    }
+
+    #[test]
+    fn a_restart_after_the_end_starts_over_and_a_stop_ends_everything() {
+        let mut end = InputEnd::default();
+        end.deployed(Attempt(0), vec![source(0), source(1)]);
+        assert!(end.completed(&holding(&[0, 1])));
+        end.deployed(Attempt(1), vec![source(0), source(1)]);
+        assert!(!end.ended());
+        end.stop();
+        assert!(end.ended());
+        end.source_exhausted(Attempt(1), source(0));
+        end.source_exhausted(Attempt(1), source(1));
+        assert!(!end.trigger_final(0));
+    }
+}
