@@ -141,3 +141,22 @@ fn newest_checkpoint(root: &Path) -> u64 {
         .max()
         .unwrap()
 }
+
+#[test]
+fn a_fresh_run_fails_over_to_its_own_checkpoints_not_an_earlier_runs() {
+    let checkpoints = tempfile::tempdir().unwrap();
+    let earlier = tempfile::tempdir().unwrap();
+    run(5, &[], earlier.path(), checkpoints.path());
+    // The next run's first checkpoint fails: nothing of its own completed
+    // yet, so it restarts from the beginning, not from the earlier run's end.
+    let first = newest_checkpoint(checkpoints.path()) + 1;
+    let output = tempfile::tempdir().unwrap();
+    let report = run(
+        5,
+        &[format!("--inject-fault=sync-snapshot:{first}:1:0")],
+        output.path(),
+        checkpoints.path(),
+    );
+    assert_eq!(report.restarts, 1);
+    assert_updates_exactly_once(output.path(), RECORDS, KEYS, 5, "second run");
+}

@@ -138,8 +138,10 @@ impl CoordinatorActor {
         self.rearm(ctx);
     }
 
+    /// Starts the checkpoint that ends the input, once the core allows it
+    /// and an attempt is running to take it.
     fn trigger_final(&mut self, ctx: &mut Context<Self>) {
-        if self.input_end.trigger_final(self.core.pending()) {
+        if !self.sources.is_empty() && self.input_end.trigger_final(self.core.pending()) {
             let request = self.next_request;
             self.next_request += 1;
             self.feed(
@@ -158,7 +160,7 @@ impl CoordinatorActor {
         if let Some(timer) = self.timer.take() {
             ctx.cancel_future(timer);
         }
-        if self.input_end.holds_periodic() || self.sources.is_empty() {
+        if self.input_end.ended() || self.sources.is_empty() {
             return;
         }
         if let Some(at) = self.core.poll_timeout() {
@@ -202,7 +204,7 @@ impl CoordinatorActor {
     }
 
     fn answer_shutdown(&mut self) {
-        if self.deleting == 0 {
+        if self.deleting == 0 && self.finalizing == 0 {
             for reply in self.shutdown_replies.drain(..) {
                 let _ = reply.send(());
             }
@@ -264,6 +266,7 @@ impl CoordinatorActor {
                                 ),
                             }
                             act.answer_restore();
+                            act.answer_shutdown();
                         }),
                     );
                 }

@@ -186,18 +186,27 @@ impl JobSupervisor {
         let metrics = self.metrics.clone();
         ctx.spawn(
             async move {
-                let store = CompletedCheckpointStore::recover(&storage, settings.config.retain)
-                    .await
-                    .map_err(JobError::Storage)?;
+                let retain = settings.config.retain;
                 let next_id = storage
                     .next_checkpoint_id()
                     .await
                     .map_err(JobError::Storage)?;
+                // Failover restores only from checkpoints of this run or the
+                // one it was started from, never from other runs' leftovers.
+                let mut store = CompletedCheckpointStore::new(retain);
                 let from = match settings.restore {
                     Restore::Fresh => None,
-                    Restore::Latest => store.latest().cloned(),
+                    Restore::Latest => {
+                        store = CompletedCheckpointStore::recover(&storage, retain)
+                            .await
+                            .map_err(JobError::Storage)?;
+                        store.latest().cloned()
+                    }
                     Restore::Checkpoint(id) => {
-                        Some(storage.read_metadata(id).await.map_err(JobError::Storage)?)
+                        let checkpoint =
+                            storage.read_metadata(id).await.map_err(JobError::Storage)?;
+                        store.add(checkpoint.clone());
+                        Some(checkpoint)
                     }
                 };
                 let restore = match &from {

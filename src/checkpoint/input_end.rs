@@ -2,9 +2,9 @@
 //! does not end its output at once: records after its last checkpoint could
 //! otherwise be replayed after they were committed. Once every source of the
 //! running attempt has reported itself exhausted, one checkpoint is started
-//! as soon as no other is in flight (the final checkpoint, FLIP-147's idea),
-//! and no periodic checkpoint after it; when a completed checkpoint holds
-//! every source as exhausted, the sources are told to end their output.
+//! as soon as no other is in flight (the final checkpoint, FLIP-147's idea);
+//! when a completed checkpoint holds every source as exhausted, the sources
+//! are told to end their output and no checkpoint starts after it.
 
 use super::{ends_input, CompletedCheckpoint};
 use crate::ids::{Attempt, SubtaskId};
@@ -67,11 +67,6 @@ impl InputEnd {
         self.ended
     }
 
-    /// No periodic checkpoint may start: the final one is due or done.
-    pub fn holds_periodic(&self) -> bool {
-        self.final_wanted || self.ended
-    }
-
     /// The input ended (or the job is over): nothing may be triggered.
     pub fn ended(&self) -> bool {
         self.ended
@@ -118,12 +113,7 @@ mod tests {
         end.deployed(Attempt(0), vec![source(0), source(1)]);
         end.source_exhausted(Attempt(0), source(0));
         assert!(!end.trigger_final(0));
-        assert!(!end.holds_periodic());
         end.source_exhausted(Attempt(0), source(1));
-        assert!(
-            end.holds_periodic(),
-            "no periodic checkpoint after the final one is due"
-        );
         assert!(!end.trigger_final(1), "a checkpoint in flight comes first");
         assert!(end.trigger_final(0));
         assert!(!end.trigger_final(0), "once");
@@ -136,7 +126,6 @@ mod tests {
         assert!(!end.completed(&holding(&[0])));
         assert!(end.completed(&holding(&[0, 1])));
         assert!(end.ended());
-        assert!(end.holds_periodic());
     }
 
     #[test]
