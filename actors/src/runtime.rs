@@ -88,7 +88,7 @@ impl JobHandle {
     }
 
     /// Triggers a checkpoint (or savepoint) now and blocks until it completed
-    /// or failed.
+    /// or failed; call it from a thread that is not driving an async runtime.
     pub fn trigger_checkpoint(
         &self,
         kind: CheckpointKind,
