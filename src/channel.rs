@@ -81,10 +81,6 @@ impl CreditSender {
     pub fn queued_batches(&self) -> u32 {
         self.queued_batches
     }
-
-    pub fn credits(&self) -> u32 {
-        self.credits
-    }
 }
 
 /// Receiving half: holds what arrived, hands at most `prefetch` batches to

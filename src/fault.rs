@@ -60,10 +60,6 @@ impl KillSchedule {
             subtask
         })
     }
-
-    pub fn remaining(&self) -> usize {
-        self.kills.len()
-    }
 }
 
 #[cfg(test)]
@@ -90,6 +86,6 @@ mod tests {
         assert_eq!(s.pop_due(all[1].0), Some(all[1].1));
         assert_eq!(s.pop_due(all[1].0), None);
         assert_eq!(s.pop_due(u64::MAX), Some(all[2].1));
-        assert_eq!(s.remaining(), 0);
+        assert_eq!(s.pop_due(u64::MAX), None);
     }
 }

@@ -50,10 +50,6 @@ impl InputGate {
         }
     }
 
-    pub fn is_ended(&self, channel: usize) -> bool {
-        self.channels[channel].ended
-    }
-
     /// Next event and its channel, from an unblocked channel, round robin so
     /// that one fast channel cannot starve the others.
     pub fn poll(&mut self) -> Option<(usize, ChannelEvent)> {
@@ -116,7 +112,6 @@ mod tests {
         gate.push(0, ChannelEvent::EndOfPartition);
         gate.push(1, batch(1));
         assert_eq!(drain(&mut gate).len(), 2);
-        assert!(gate.is_ended(0));
         assert!(!gate.all_ended());
         gate.push(1, ChannelEvent::EndOfPartition);
         drain(&mut gate);

@@ -98,12 +98,6 @@ impl JobGraph {
         self.edges.iter().find(|e| e.from == id)
     }
 
-    pub fn sources(&self) -> impl Iterator<Item = &OperatorSpec> {
-        self.operators
-            .iter()
-            .filter(|op| self.input_edge(op.id).is_none())
-    }
-
     pub fn subtasks(&self) -> impl Iterator<Item = SubtaskId> + '_ {
         self.operators.iter().flat_map(|op| {
             (0..op.parallelism).map(move |i| SubtaskId {

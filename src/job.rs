@@ -20,7 +20,7 @@ use crate::restart::RestartStrategy;
 use crate::sink::{Sink, SinkContext};
 use crate::source::{Source, SourceContext};
 use crate::state::{HeapKeyedStateBackend, Key, StateRegistrar};
-use crate::task::{InputTask, OutputContext, SourceTask, Task, TaskContext};
+use crate::task::{ChainTask, OutputContext, Task, TaskContext};
 use std::sync::Arc;
 
 /// Builds the task of one subtask of an operator.
@@ -166,7 +166,7 @@ impl JobBuilder {
                     parallelism: ctx.parallelism,
                     start_offset: ctx.source_offset,
                 });
-                Box::new(SourceTask::new(Box::new(source), next))
+                Box::new(ChainTask::source(Box::new(source), next))
             }),
         }
     }
@@ -281,7 +281,7 @@ impl<T: Data> Stream<T> {
         Stream {
             job,
             op,
-            build: Arc::new(|_, next| Box::new(InputTask::new(next))),
+            build: Arc::new(|_, next| Box::new(ChainTask::input(next))),
         }
     }
 
@@ -374,7 +374,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
             build: Arc::new(move |ctx, next| {
                 let states = HeapKeyedStateBackend::new(ctx.key_groups, ctx.max_parallelism);
                 let process = KeyedProcess::new(key_of.clone(), &factory, states, next);
-                Box::new(InputTask::new(Box::new(process)))
+                Box::new(ChainTask::input(Box::new(process)))
             }),
         }
     }

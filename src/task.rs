@@ -104,95 +104,60 @@ pub struct Produced {
     pub status: SourceStatus,
 }
 
-pub struct SourceTask<T> {
+/// The head of a source subtask's chain.
+struct SourceHead<T> {
     source: Box<dyn Source<T>>,
     buffer: Vec<T>,
-    next: Box<dyn Downstream<T>>,
     exhausted: bool,
 }
 
-impl<T> SourceTask<T> {
-    pub fn new(source: Box<dyn Source<T>>, next: Box<dyn Downstream<T>>) -> Self {
-        SourceTask {
-            source,
-            buffer: Vec::new(),
-            next,
-            exhausted: false,
-        }
-    }
-}
-
-impl<T: Data> Task for SourceTask<T> {
-    fn produce(&mut self, max: usize, out: &mut Outgoing) -> Result<Produced, TaskError> {
-        let status = self
-            .source
-            .read(&mut self.buffer, max)
-            .map_err(TaskError::Source)?;
-        let records = self.buffer.len();
-        for record in self.buffer.drain(..) {
-            self.next.push(record);
-        }
-        self.next.flush(out)?;
-        self.exhausted = status == SourceStatus::Finished;
-        Ok(Produced { records, status })
-    }
-
-    fn process(&mut self, _batch: Batch, _out: &mut Outgoing) -> Result<(), TaskError> {
-        Err(TaskError::Protocol(
-            "a source subtask received a batch".into(),
-        ))
-    }
-
-    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
-        self.next.end_of_input(out)
-    }
-
-    fn snapshot(
-        &mut self,
-        checkpoint: CheckpointId,
-        out: &mut Outgoing,
-    ) -> Result<TaskSnapshot, TaskError> {
-        let mut snapshot = TaskSnapshot::default();
-        snapshot.operator.insert(
-            SOURCE_OFFSET.into(),
-            self.source.offset().to_le_bytes().to_vec(),
-        );
-        if self.exhausted {
-            snapshot
-                .operator
-                .insert(SOURCE_EXHAUSTED.into(), Vec::new());
-        }
-        self.next.snapshot(checkpoint, out, &mut snapshot)?;
-        Ok(snapshot)
-    }
-
-    fn notify_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError> {
-        self.next.notify_complete(checkpoint)
-    }
-
-    fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
-        self.next.restore(state)
-    }
-}
-
-pub struct InputTask<T> {
+/// A chain fed by a source or by the subtask's input gate.
+pub struct ChainTask<T> {
+    source: Option<SourceHead<T>>,
     next: Box<dyn Downstream<T>>,
 }
 
-impl<T> InputTask<T> {
-    pub fn new(next: Box<dyn Downstream<T>>) -> Self {
-        InputTask { next }
+impl<T> ChainTask<T> {
+    pub fn source(source: Box<dyn Source<T>>, next: Box<dyn Downstream<T>>) -> Self {
+        ChainTask {
+            source: Some(SourceHead {
+                source,
+                buffer: Vec::new(),
+                exhausted: false,
+            }),
+            next,
+        }
+    }
+
+    pub fn input(next: Box<dyn Downstream<T>>) -> Self {
+        ChainTask { source: None, next }
     }
 }
 
-impl<T: Data> Task for InputTask<T> {
-    fn produce(&mut self, _max: usize, _out: &mut Outgoing) -> Result<Produced, TaskError> {
-        Err(TaskError::Protocol(
-            "a subtask with input was asked to produce".into(),
-        ))
+impl<T: Data> Task for ChainTask<T> {
+    fn produce(&mut self, max: usize, out: &mut Outgoing) -> Result<Produced, TaskError> {
+        let head = self.source.as_mut().ok_or_else(|| {
+            TaskError::Protocol("a subtask with input was asked to produce".into())
+        })?;
+        let status = head
+            .source
+            .read(&mut head.buffer, max)
+            .map_err(TaskError::Source)?;
+        head.exhausted = status == SourceStatus::Finished;
+        let records = head.buffer.len();
+        for record in head.buffer.drain(..) {
+            self.next.push(record);
+        }
+        self.next.flush(out)?;
+        Ok(Produced { records, status })
     }
 
     fn process(&mut self, batch: Batch, out: &mut Outgoing) -> Result<(), TaskError> {
+        if self.source.is_some() {
+            return Err(TaskError::Protocol(
+                "a source subtask received a batch".into(),
+            ));
+        }
         for record in batch.into_records::<T>()? {
             self.next.push(record);
         }
@@ -209,6 +174,17 @@ impl<T: Data> Task for InputTask<T> {
         out: &mut Outgoing,
     ) -> Result<TaskSnapshot, TaskError> {
         let mut snapshot = TaskSnapshot::default();
+        if let Some(head) = &self.source {
+            snapshot.operator.insert(
+                SOURCE_OFFSET.into(),
+                head.source.offset().to_le_bytes().to_vec(),
+            );
+            if head.exhausted {
+                snapshot
+                    .operator
+                    .insert(SOURCE_EXHAUSTED.into(), Vec::new());
+            }
+        }
         self.next.snapshot(checkpoint, out, &mut snapshot)?;
         Ok(snapshot)
     }

@@ -1,7 +1,7 @@
 //! The `tidemark` command line: runs an example topology and reports on it.
 
 use crate::metrics::CheckpointStats;
-use crate::runtime::{job_id, JobError, JobReport, Runtime};
+use crate::runtime::{job_id, JobError, Runtime};
 use crate::wordcount::{Emit, Wordcount};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
@@ -398,31 +398,22 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
     };
     let handle = Runtime::default().run(job)?;
     let metrics = handle.metrics().clone();
-    let JobReport {
-        records_in,
-        elapsed,
-    } = handle.wait()?;
+    let report = handle.wait()?;
     let stats = &metrics.checkpoints;
-    let gauges = || {
-        metrics
-            .channels
-            .iter()
-            .map(|g| g.value().clone())
-            .collect::<Vec<_>>()
-    };
+    let gauges: Vec<_> = metrics.channels.iter().map(|g| g.value().clone()).collect();
     Ok(RunReport {
         topology: args.topology,
-        records_in,
-        elapsed_s: elapsed.as_secs_f64(),
-        throughput_rps: records_in as f64 / elapsed.max(Duration::from_nanos(1)).as_secs_f64(),
+        records_in: report.records_in,
+        elapsed_s: report.elapsed.as_secs_f64(),
+        throughput_rps: report.throughput(),
         parallelism,
-        max_output_queued: gauges()
+        max_output_queued: gauges
             .iter()
             .map(|g| g.max_output_queued())
             .max()
             .unwrap_or(0),
         output_credits: channels.output_credits,
-        max_input_buffered: gauges()
+        max_input_buffered: gauges
             .iter()
             .map(|g| g.max_input_buffered())
             .max()

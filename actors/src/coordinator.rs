@@ -90,7 +90,9 @@ pub struct CoordinatorActor {
     triggered: HashMap<CheckpointId, Instant>,
 }
 
-fn now() -> Now {
+/// The clock the shells hand to the core: monotonic for timers, wall time
+/// for barrier timestamps.
+pub(crate) fn now() -> Now {
     Now {
         instant: Instant::now(),
         unix_ms: SystemTime::now()
@@ -340,6 +342,8 @@ impl CoordinatorActor {
         if let Some(at) = self.triggered.remove(&id) {
             CheckpointStats::record(&stats.durations_ms, at.elapsed().as_secs_f64() * 1e3);
         }
+        // Older checkpoints have ended one way or another.
+        self.triggered.retain(|pending, _| *pending > id);
         let subsumed = self.store.add(checkpoint).iter().map(|c| c.id).collect();
         self.spawn_delete(Vec::new(), subsumed, ctx);
         self.feed(Event::Persisted(id), ctx);

@@ -5,7 +5,7 @@
 //! blocking thread. User code runs inside `catch_unwind`: a panic becomes a
 //! failure message to the supervisor instead of a dead mailbox.
 
-use crate::coordinator::CoordinatorActor;
+use crate::coordinator::{now, CoordinatorActor};
 use crate::endpoint::{InputEndpoint, OutputEndpoint};
 use crate::messages::{
     AcknowledgeCheckpoint, Consumed, DeclineCheckpoint, Deliver, EndInput, Kill,
@@ -18,7 +18,7 @@ use crate::supervisor::JobSupervisor;
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tidemark::channel::CreditSender;
 use tidemark::checkpoint::aligner::{AlignerAction, BarrierAligner};
 use tidemark::checkpoint::storage::CheckpointStorage;
@@ -90,14 +90,8 @@ pub struct SubtaskActor {
     start_delay: Option<(CheckpointId, Duration)>,
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 fn delay_since(barrier: &Barrier) -> Duration {
-    Duration::from_millis(unix_ms().saturating_sub(barrier.timestamp))
+    Duration::from_millis(now().unix_ms.saturating_sub(barrier.timestamp))
 }
 
 impl SubtaskActor {

@@ -25,12 +25,13 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tidemark::checkpoint::coordinator::{CheckpointCoordinator, Now};
-use tidemark::checkpoint::restore::{self, RestoreError, RestorePlan};
+use tidemark::checkpoint::coordinator::CheckpointCoordinator;
+use tidemark::checkpoint::restore::{self, RestoreError};
 use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::store::CompletedCheckpointStore;
 use tidemark::checkpoint::{CompletedCheckpoint, Restore};
 use tidemark::error::TaskError;
+use tidemark::graph::JobGraph;
 use tidemark::ids::{Attempt, SubtaskId, SubtaskIndex};
 use tidemark::job::Job;
 use tidemark::key_group::KeyGroupRange;
@@ -66,20 +67,17 @@ pub struct JobSupervisor {
     early_triggers: Vec<TriggerManual>,
 }
 
-fn unix_now() -> Now {
-    Now {
-        instant: Instant::now(),
-        unix_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64),
-    }
-}
-
-/// Reads the objects a restore plan names and cuts them into key groups.
+/// The state every subtask starts from: nothing without a checkpoint;
+/// otherwise the restore plan's objects, read and cut into key groups.
 async fn load(
-    storage: CheckpointStorage,
-    plans: HashMap<SubtaskId, RestorePlan>,
+    storage: &CheckpointStorage,
+    graph: &JobGraph,
+    checkpoint: Option<&CompletedCheckpoint>,
 ) -> Result<HashMap<SubtaskId, RestoreState>, JobError> {
+    let Some(checkpoint) = checkpoint else {
+        return Ok(HashMap::new());
+    };
+    let plans = restore::plan(checkpoint, graph).map_err(JobError::Restore)?;
     let reads = plans.into_iter().map(|(subtask, plan)| {
         let storage = storage.clone();
         async move {
@@ -209,19 +207,13 @@ impl JobSupervisor {
                         Some(checkpoint)
                     }
                 };
-                let restore = match &from {
-                    None => HashMap::new(),
-                    Some(checkpoint) => {
-                        let plans = restore::plan(checkpoint, &graph).map_err(JobError::Restore)?;
-                        load(storage.clone(), plans).await?
-                    }
-                };
+                let restore = load(&storage, &graph, from.as_ref()).await?;
                 let mut core = CheckpointCoordinator::new(
                     settings.config.clone(),
                     subtasks,
                     settings.alignment,
                     next_id,
-                    unix_now(),
+                    crate::coordinator::now(),
                 );
                 for hook in hooks {
                     core.add_master_hook(hook);
@@ -475,14 +467,7 @@ impl JobSupervisor {
                     .await
                     .map_err(|e| JobError::Runtime(format!("the coordinator is gone: {e}")))?
                     .map_err(JobError::MasterHook)?;
-                match latest {
-                    None => Ok(HashMap::new()),
-                    Some(checkpoint) => {
-                        let plans =
-                            restore::plan(&checkpoint, &graph).map_err(JobError::Restore)?;
-                        load(storage, plans).await
-                    }
-                }
+                load(&storage, &graph, latest.as_ref()).await
             }
             .into_actor(self)
             .map(move |result, act, ctx| match result {

@@ -53,14 +53,13 @@ pub enum StorageError {
 pub struct CheckpointStorage {
     store: Arc<dyn ObjectStore>,
     job_dir: Path,
-    url: String,
 }
 
 impl CheckpointStorage {
     /// `url`: a plain path, `file://` path, or `memory://` (an in-memory store
     /// that lives as long as this value and its clones).
     pub fn open(url: &str, job: JobId) -> Result<Self, StorageError> {
-        let store: Arc<dyn ObjectStore> = if url == "memory://" || url.starts_with("memory://") {
+        let store: Arc<dyn ObjectStore> = if url.starts_with("memory://") {
             Arc::new(InMemory::new())
         } else {
             let dir = url.strip_prefix("file://").unwrap_or(url);
@@ -81,12 +80,7 @@ impl CheckpointStorage {
         Ok(CheckpointStorage {
             store,
             job_dir: Path::from(job.to_string()),
-            url: url.to_owned(),
         })
-    }
-
-    pub fn url(&self) -> &str {
-        &self.url
     }
 
     /// Directory of checkpoint `id`, relative to the job directory.
