@@ -2,8 +2,12 @@
 //! the record type so that channel endpoints, gates and queues are not
 //! generic. The type is checked once per batch, when the consuming operator
 //! takes the records back out.
+//!
+//! In-flight batches that an unaligned checkpoint captures are encoded to
+//! bytes; restored, they stay encoded until the consumer takes them out, the
+//! only place that knows their type.
 
-use serde::{de::DeserializeOwned, Serialize};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::any::Any;
 use std::fmt;
 
@@ -42,6 +46,7 @@ trait Records: Send {
     fn bytes(&self) -> usize;
     fn boxed_clone(&self) -> Box<dyn Records>;
     fn into_any(self: Box<Self>) -> Box<dyn Any>;
+    fn encode(&self) -> Vec<u8>;
 }
 
 impl<T: Data> Records for Vec<T> {
@@ -57,33 +62,61 @@ impl<T: Data> Records for Vec<T> {
     fn into_any(self: Box<Self>) -> Box<dyn Any> {
         self
     }
+    fn encode(&self) -> Vec<u8> {
+        rmp_serde::to_vec(self).expect("records serialize to memory")
+    }
+}
+
+/// A batch as bytes: the records as rmp-serde, with the type they were
+/// written as, so that a consumer of another type refuses them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EncodedBatch {
+    pub type_name: String,
+    pub len: u64,
+    /// In-memory size of the records when they were encoded.
+    pub bytes: u64,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+enum Payload {
+    Typed {
+        records: Box<dyn Records>,
+        type_name: &'static str,
+    },
+    Encoded(EncodedBatch),
 }
 
 /// A type-erased `Vec<T>` of records.
-pub struct Batch {
-    records: Box<dyn Records>,
-    type_name: &'static str,
-}
+pub struct Batch(Payload);
 
-/// The consumer expected another record type than the producer sent: a wiring
-/// bug in the job, reported rather than panicking.
+/// The consumer expected another record type than the producer sent (a
+/// wiring bug of the job, or channel state written by another job), or the
+/// stored records are damaged: reported rather than panicking.
 #[derive(Debug, thiserror::Error)]
-#[error("a batch of {found} arrived where {expected} was expected")]
-pub struct BatchTypeError {
-    pub expected: &'static str,
-    pub found: &'static str,
+pub enum BatchError {
+    #[error("a batch of {found} arrived where {expected} was expected")]
+    Type {
+        expected: &'static str,
+        found: String,
+    },
+    #[error("a stored batch of {type_name} does not decode: {reason}")]
+    Decode { type_name: String, reason: String },
 }
 
 impl Batch {
     pub fn new<T: Data>(records: Vec<T>) -> Self {
-        Batch {
+        Batch(Payload::Typed {
             records: Box::new(records),
             type_name: std::any::type_name::<T>(),
-        }
+        })
     }
 
     pub fn len(&self) -> usize {
-        self.records.len()
+        match &self.0 {
+            Payload::Typed { records, .. } => records.len(),
+            Payload::Encoded(e) => e.len as usize,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -91,34 +124,75 @@ impl Batch {
     }
 
     pub fn bytes(&self) -> usize {
-        self.records.bytes()
+        match &self.0 {
+            Payload::Typed { records, .. } => records.bytes(),
+            Payload::Encoded(e) => e.bytes as usize,
+        }
     }
 
-    pub fn into_records<T: Data>(self) -> Result<Vec<T>, BatchTypeError> {
-        let found = self.type_name;
-        self.records
-            .into_any()
-            .downcast::<Vec<T>>()
-            .map(|b| *b)
-            .map_err(|_| BatchTypeError {
-                expected: std::any::type_name::<T>(),
-                found,
-            })
+    fn type_name(&self) -> &str {
+        match &self.0 {
+            Payload::Typed { type_name, .. } => type_name,
+            Payload::Encoded(e) => &e.type_name,
+        }
+    }
+
+    pub fn encode(&self) -> EncodedBatch {
+        match &self.0 {
+            Payload::Typed { records, type_name } => EncodedBatch {
+                type_name: (*type_name).to_owned(),
+                len: records.len() as u64,
+                bytes: records.bytes() as u64,
+                data: records.encode(),
+            },
+            Payload::Encoded(e) => e.clone(),
+        }
+    }
+
+    pub fn into_records<T: Data>(self) -> Result<Vec<T>, BatchError> {
+        let expected = std::any::type_name::<T>();
+        let mismatch = |found: &str| BatchError::Type {
+            expected,
+            found: found.to_owned(),
+        };
+        match self.0 {
+            Payload::Typed { records, type_name } => records
+                .into_any()
+                .downcast::<Vec<T>>()
+                .map(|b| *b)
+                .map_err(|_| mismatch(type_name)),
+            Payload::Encoded(e) if e.type_name != expected => Err(mismatch(&e.type_name)),
+            Payload::Encoded(e) => {
+                rmp_serde::from_slice(&e.data).map_err(|error| BatchError::Decode {
+                    type_name: e.type_name,
+                    reason: error.to_string(),
+                })
+            }
+        }
+    }
+}
+
+impl From<EncodedBatch> for Batch {
+    fn from(encoded: EncodedBatch) -> Self {
+        Batch(Payload::Encoded(encoded))
     }
 }
 
 impl Clone for Batch {
     fn clone(&self) -> Self {
-        Batch {
-            records: self.records.boxed_clone(),
-            type_name: self.type_name,
-        }
+        Batch(match &self.0 {
+            Payload::Typed { records, type_name } => Payload::Typed {
+                records: records.boxed_clone(),
+                type_name,
+            },
+            Payload::Encoded(e) => Payload::Encoded(e.clone()),
+        })
     }
 }
 
 impl fmt::Debug for Batch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Batch<{}>[{}]", self.type_name, self.len())
+        write!(f, "Batch<{}>[{}]", self.type_name(), self.len())
     }
 }
 
@@ -136,7 +210,35 @@ mod tests {
             vec![(1, 2), (3, 4)]
         );
         let err = b.into_records::<String>().unwrap_err();
-        assert_eq!(err.found, "(u64, u64)");
+        assert!(matches!(err, BatchError::Type { found, .. } if found == "(u64, u64)"));
+    }
+
+    #[test]
+    fn an_encoded_batch_decodes_to_its_own_type_only() {
+        let encoded = Batch::new(vec![("a".to_owned(), 1u64), ("b".into(), 2)]).encode();
+        assert_eq!(
+            (encoded.len, encoded.type_name.as_str()),
+            (2, "(alloc::string::String, u64)")
+        );
+        let restored = Batch::from(encoded.clone());
+        assert_eq!((restored.len(), restored.bytes()), (2, 64));
+        assert_eq!(restored.encode(), encoded);
+        assert_eq!(
+            restored.clone().into_records::<(String, u64)>().unwrap(),
+            vec![("a".to_owned(), 1), ("b".to_owned(), 2)]
+        );
+        assert!(matches!(
+            restored.into_records::<(String, u32)>(),
+            Err(BatchError::Type { .. })
+        ));
+        let damaged = EncodedBatch {
+            data: encoded.data[..3].to_vec(),
+            ..encoded
+        };
+        assert!(matches!(
+            Batch::from(damaged).into_records::<(String, u64)>(),
+            Err(BatchError::Decode { .. })
+        ));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! endpoint, and output endpoint → input endpoint. Both keep their queued
 //! events in the open, so that an unaligned checkpoint can take them.
 
+use crate::batch::Batch;
 use crate::event::ChannelEvent;
 use std::collections::VecDeque;
 use thiserror::Error;
@@ -54,6 +55,22 @@ impl CreditSender {
     pub fn push(&mut self, event: ChannelEvent) {
         self.queued_batches += u32::from(event.is_batch());
         self.queue.push_back(event);
+    }
+
+    /// Puts `event` (an unaligned barrier) ahead of everything queued, and
+    /// returns copies of the batches it overtook: they are still sent, after
+    /// it, and are the channel state of its checkpoint.
+    pub fn push_priority(&mut self, event: ChannelEvent) -> Vec<Batch> {
+        let overtaken = self.overtaken();
+        self.queued_batches += u32::from(event.is_batch());
+        self.queue.push_front(event);
+        overtaken
+    }
+
+    /// Copies of the queued batches, which a priority event sent around
+    /// this queue overtakes.
+    pub fn overtaken(&self) -> Vec<Batch> {
+        queued_batches(&self.queue)
     }
 
     pub fn grant(&mut self, credits: u32) {
@@ -138,6 +155,12 @@ impl CreditReceiver {
         self.queue.pop_front()
     }
 
+    /// Copies of the batches a priority event overtakes when it is handed to
+    /// the consumer ahead of them.
+    pub fn overtaken(&self) -> Vec<Batch> {
+        queued_batches(&self.queue)
+    }
+
     /// The consumer finished a delivered batch; returns the credit to grant
     /// back to the sender.
     pub fn consumed(&mut self) -> Result<u32, ChannelError> {
@@ -152,6 +175,16 @@ impl CreditReceiver {
     pub fn buffered(&self) -> u32 {
         self.queued_batches + self.delivered
     }
+}
+
+fn queued_batches(queue: &VecDeque<ChannelEvent>) -> Vec<Batch> {
+    queue
+        .iter()
+        .filter_map(|event| match event {
+            ChannelEvent::Batch(batch) => Some(batch.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -230,6 +263,64 @@ mod tests {
             }
         }
         assert_eq!(received, (0..10).collect::<Vec<_>>());
+    }
+
+    fn values(batches: Vec<Batch>) -> Vec<u64> {
+        batches
+            .into_iter()
+            .flat_map(|b| b.into_records::<u64>().unwrap())
+            .collect()
+    }
+
+    fn barrier() -> ChannelEvent {
+        use crate::event::{Alignment, Barrier, CheckpointKind, CheckpointOptions};
+        ChannelEvent::Barrier(Barrier {
+            id: CheckpointId(7),
+            timestamp: 0,
+            options: CheckpointOptions {
+                kind: CheckpointKind::Checkpoint,
+                alignment: Alignment::Unaligned,
+            },
+        })
+    }
+
+    #[test]
+    fn priority_barrier_overtakes_queued_batches_which_still_follow_it() {
+        let mut s = CreditSender::default();
+        s.grant(1);
+        for n in 0..4 {
+            s.push(batch(n));
+        }
+        assert_eq!(value(s.poll_send().unwrap()), 0);
+        let overtaken = s.push_priority(barrier());
+        assert_eq!(
+            values(overtaken),
+            [1, 2, 3],
+            "exactly what was still queued"
+        );
+        assert!(
+            matches!(s.poll_send(), Some(ChannelEvent::Barrier(_))),
+            "the barrier leaves without credit, ahead of the batches"
+        );
+        assert!(s.poll_send().is_none());
+        s.grant(3);
+        let sent: Vec<u64> = std::iter::from_fn(|| s.poll_send()).map(value).collect();
+        assert_eq!(sent, [1, 2, 3]);
+    }
+
+    #[test]
+    fn receiver_reports_what_a_priority_event_overtakes() {
+        let mut r = CreditReceiver::new(4, 1);
+        for n in 0..3 {
+            r.receive(batch(n)).unwrap();
+        }
+        assert_eq!(value(r.poll_deliver().unwrap()), 0);
+        assert_eq!(
+            values(r.overtaken()),
+            [1, 2],
+            "the delivered batch is the consumer's, not overtaken here"
+        );
+        assert_eq!(r.buffered(), 3, "overtaking takes nothing away");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Errors of running a task. User code reports its own errors as
 //! `UserError`; the runtime wraps them with the place they came from.
 
-use crate::batch::BatchTypeError;
+use crate::batch::BatchError;
 use crate::state::StateError;
 use thiserror::Error;
 
@@ -17,7 +17,7 @@ pub enum TaskError {
     #[error("user code panicked: {0}")]
     Panic(String),
     #[error(transparent)]
-    BatchType(#[from] BatchTypeError),
+    Batch(#[from] BatchError),
     #[error("restoring state failed: {0}")]
     State(#[from] StateError),
     #[error("{0}")]

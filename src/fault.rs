@@ -26,6 +26,16 @@ pub struct Fault {
     pub subtask: SubtaskId,
 }
 
+/// A subtask made slow, to backpressure its upstreams: after each batch it
+/// takes no input for `ns_per_record` per record of the batch. It waits
+/// without holding its arbiter's thread, as a subtask on a thread of its own
+/// would, so the subtasks sharing the thread keep their pace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlowSubtask {
+    pub subtask: SubtaskId,
+    pub ns_per_record: u64,
+}
+
 /// Kills at given amounts of progress: the moment is random, but reproducible
 /// from the seed, and expressed in records read so that it falls inside the
 /// run whatever the speed of the machine.

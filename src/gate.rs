@@ -1,15 +1,29 @@
 //! The input gate of a subtask: the events its input endpoints delivered, one
-//! queue per channel, polled fairly. The barrier handlers of the checkpoint
-//! protocol decide which channels are blocked; the gate only honours that.
+//! queue per channel, polled fairly, with the restored channel state of each
+//! channel ahead of its queue. The barrier handler decides which channels are
+//! blocked and what the queues hold for a checkpoint; the gate only honours
+//! and answers that.
 
+use crate::batch::Batch;
 use crate::event::ChannelEvent;
+use crate::ids::CheckpointId;
 use std::collections::VecDeque;
 
+/// What the gate gives out, and where it came from.
 #[derive(Debug)]
+pub enum Input {
+    /// Channel state of the restored checkpoint: the input endpoint never
+    /// held it, so it is owed no credit for it.
+    Replayed(Batch),
+    /// An event the input endpoint delivered.
+    Delivered(ChannelEvent),
+}
+
+#[derive(Debug, Default)]
 struct InputChannel {
+    replay: VecDeque<Batch>,
     queue: VecDeque<ChannelEvent>,
     blocked: bool,
-    ended: bool,
 }
 
 #[derive(Debug)]
@@ -21,19 +35,18 @@ pub struct InputGate {
 impl InputGate {
     pub fn new(channels: usize) -> Self {
         InputGate {
-            channels: (0..channels)
-                .map(|_| InputChannel {
-                    queue: VecDeque::new(),
-                    blocked: false,
-                    ended: false,
-                })
-                .collect(),
+            channels: (0..channels).map(|_| InputChannel::default()).collect(),
             next: 0,
         }
     }
 
     pub fn channels(&self) -> usize {
         self.channels.len()
+    }
+
+    /// Queues restored channel state; it polls before anything delivered on the channel.
+    pub fn replay(&mut self, channel: usize, batches: Vec<Batch>) {
+        self.channels[channel].replay.extend(batches);
     }
 
     pub fn push(&mut self, channel: usize, event: ChannelEvent) {
@@ -44,15 +57,36 @@ impl InputGate {
         self.channels[channel].blocked = blocked;
     }
 
+    #[cfg(test)]
+    pub(crate) fn is_blocked(&self, channel: usize) -> bool {
+        self.channels[channel].blocked
+    }
+
     pub fn unblock_all(&mut self) {
         for c in &mut self.channels {
             c.blocked = false;
         }
     }
 
-    /// Next event and its channel, from an unblocked channel, round robin so
+    /// Copies of the batches `channel` holds, replayed ones first, up to the
+    /// in-band barrier of `checkpoint`; and whether that barrier is queued.
+    /// They stay queued.
+    pub fn batches_before(&self, channel: usize, checkpoint: CheckpointId) -> (Vec<Batch>, bool) {
+        let c = &self.channels[channel];
+        let mut batches: Vec<Batch> = c.replay.iter().cloned().collect();
+        for event in &c.queue {
+            match event {
+                ChannelEvent::Batch(batch) => batches.push(batch.clone()),
+                ChannelEvent::Barrier(b) if b.id == checkpoint => return (batches, true),
+                _ => {}
+            }
+        }
+        (batches, false)
+    }
+
+    /// Next input and its channel, from an unblocked channel, round robin so
     /// that one fast channel cannot starve the others.
-    pub fn poll(&mut self) -> Option<(usize, ChannelEvent)> {
+    pub fn poll(&mut self) -> Option<(usize, Input)> {
         let n = self.channels.len();
         for step in 0..n {
             let channel = (self.next + step) % n;
@@ -60,34 +94,57 @@ impl InputGate {
             if c.blocked {
                 continue;
             }
-            if let Some(event) = c.queue.pop_front() {
-                if matches!(event, ChannelEvent::EndOfPartition) {
-                    c.ended = true;
-                }
-                self.next = (channel + 1) % n;
-                return Some((channel, event));
-            }
+            let input = match c.replay.pop_front() {
+                Some(batch) => Input::Replayed(batch),
+                None => match c.queue.pop_front() {
+                    Some(event) => Input::Delivered(event),
+                    None => continue,
+                },
+            };
+            self.next = (channel + 1) % n;
+            return Some((channel, input));
         }
         None
-    }
-
-    pub fn all_ended(&self) -> bool {
-        self.channels.iter().all(|c| c.ended)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::Batch;
+    use crate::event::{Alignment, Barrier, CheckpointKind, CheckpointOptions};
 
-    fn batch(n: u64) -> ChannelEvent {
-        ChannelEvent::Batch(Batch::new(vec![n]))
+    fn batch(n: u64) -> Batch {
+        Batch::new(vec![n])
     }
 
-    fn drain(gate: &mut InputGate) -> Vec<(usize, String)> {
+    fn barrier(id: u64) -> ChannelEvent {
+        ChannelEvent::Barrier(Barrier {
+            id: CheckpointId(id),
+            timestamp: 0,
+            options: CheckpointOptions {
+                kind: CheckpointKind::Checkpoint,
+                alignment: Alignment::Aligned,
+            },
+        })
+    }
+
+    fn values(batches: Vec<Batch>) -> Vec<u64> {
+        batches
+            .into_iter()
+            .flat_map(|b| b.into_records::<u64>().unwrap())
+            .collect()
+    }
+
+    /// Channel, whether replayed, and the value of a batch or the event's name.
+    fn drain(gate: &mut InputGate) -> Vec<(usize, bool, String)> {
         std::iter::from_fn(|| gate.poll())
-            .map(|(channel, event)| (channel, format!("{event:?}")))
+            .map(|(channel, input)| match input {
+                Input::Replayed(b) => (channel, true, format!("{:?}", values(vec![b]))),
+                Input::Delivered(ChannelEvent::Batch(b)) => {
+                    (channel, false, format!("{:?}", values(vec![b])))
+                }
+                Input::Delivered(event) => (channel, false, format!("{event:?}")),
+            })
             .collect()
     }
 
@@ -95,26 +152,52 @@ mod tests {
     fn round_robin_across_channels_and_blocked_channels_wait() {
         let mut gate = InputGate::new(3);
         for c in 0..3 {
-            gate.push(c, batch(c as u64));
-            gate.push(c, batch(c as u64));
+            gate.push(c, ChannelEvent::Batch(batch(c as u64)));
+            gate.push(c, ChannelEvent::Batch(batch(c as u64)));
         }
         gate.set_blocked(1, true);
-        let order: Vec<usize> = drain(&mut gate).into_iter().map(|(c, _)| c).collect();
+        assert!(gate.is_blocked(1));
+        let order: Vec<usize> = drain(&mut gate).into_iter().map(|(c, ..)| c).collect();
         assert_eq!(order, [0, 2, 0, 2]);
         gate.unblock_all();
-        let order: Vec<usize> = drain(&mut gate).into_iter().map(|(c, _)| c).collect();
+        assert!(!gate.is_blocked(1));
+        let order: Vec<usize> = drain(&mut gate).into_iter().map(|(c, ..)| c).collect();
         assert_eq!(order, [1, 1]);
     }
 
     #[test]
-    fn end_of_input_only_after_every_channel_ended() {
+    fn replayed_batches_poll_before_delivered_events_of_their_channel() {
         let mut gate = InputGate::new(2);
-        gate.push(0, ChannelEvent::EndOfPartition);
-        gate.push(1, batch(1));
-        assert_eq!(drain(&mut gate).len(), 2);
-        assert!(!gate.all_ended());
-        gate.push(1, ChannelEvent::EndOfPartition);
-        drain(&mut gate);
-        assert!(gate.all_ended());
+        gate.push(0, ChannelEvent::Batch(batch(3)));
+        gate.replay(0, vec![batch(1), batch(2)]);
+        gate.push(1, ChannelEvent::Batch(batch(10)));
+        assert_eq!(
+            drain(&mut gate),
+            [
+                (0, true, "[1]".to_string()),
+                (1, false, "[10]".to_string()),
+                (0, true, "[2]".to_string()),
+                (0, false, "[3]".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn batches_before_a_barrier_are_copied_and_stay_queued() {
+        let mut gate = InputGate::new(1);
+        gate.replay(0, vec![batch(1)]);
+        gate.push(0, ChannelEvent::Batch(batch(2)));
+        gate.push(0, barrier(1));
+        gate.push(0, ChannelEvent::Batch(batch(3)));
+        gate.push(0, barrier(2));
+        gate.push(0, ChannelEvent::Batch(batch(4)));
+
+        let (before_1, found) = gate.batches_before(0, CheckpointId(1));
+        assert_eq!((values(before_1), found), (vec![1, 2], true));
+        let (before_2, found) = gate.batches_before(0, CheckpointId(2));
+        assert_eq!((values(before_2), found), (vec![1, 2, 3], true));
+        let (before_3, found) = gate.batches_before(0, CheckpointId(3));
+        assert_eq!((values(before_3), found), (vec![1, 2, 3, 4], false));
+        assert_eq!(drain(&mut gate).len(), 6);
     }
 }

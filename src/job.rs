@@ -8,7 +8,7 @@ use crate::batch::{BatchLimits, Data};
 use crate::channel::ChannelConfig;
 use crate::checkpoint::coordinator::MasterHook;
 use crate::checkpoint::CheckpointSettings;
-use crate::fault::{Fault, KillSchedule};
+use crate::fault::{Fault, KillSchedule, SlowSubtask};
 use crate::graph::{Edge, GraphError, JobGraph, Partitioner};
 use crate::ids::OperatorId;
 use crate::key_group::key_group_of;
@@ -45,6 +45,7 @@ pub struct JobConfig {
     /// Seeded kills of random subtasks during the run.
     pub kills: Option<KillSchedule>,
     pub faults: Vec<Fault>,
+    pub slow: Option<SlowSubtask>,
 }
 
 impl Default for JobConfig {
@@ -61,6 +62,7 @@ impl Default for JobConfig {
             },
             kills: None,
             faults: Vec::new(),
+            slow: None,
         }
     }
 }

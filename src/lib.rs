@@ -3,7 +3,7 @@
 //! the `JobGraph`, key groups, batches and channel events), the typed job
 //! builder and the operator chains it produces, keyed state and its backends,
 //! and the protocols as sans-IO state machines: credit-based flow control, the
-//! input gate, the checkpoint coordinator and the barrier aligner, with the
+//! input gate, the checkpoint coordinator and the barrier handler, with the
 //! checkpoint formats and storage they hand their results to, restore
 //! planning, restart strategies and failure-injection schedules. It does not
 //! own actors, timers or threads: the

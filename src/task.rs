@@ -2,6 +2,7 @@
 //! operator chain. The subtask actor drives it without knowing record types.
 
 use crate::batch::{Batch, BatchLimits, Data};
+use crate::checkpoint::ChannelSide;
 use crate::error::TaskError;
 use crate::graph::Partitioner;
 use crate::ids::{CheckpointId, KeyGroup, SubtaskIndex};
@@ -51,12 +52,14 @@ pub struct TaskSnapshot {
     pub operator: BTreeMap<String, Vec<u8>>,
 }
 
-/// The state a subtask resumes from: the key groups it owns and its operator
-/// state.
+/// The state a subtask resumes from: the key groups it owns, its operator
+/// state, and the in-flight batches of an unaligned checkpoint, which the
+/// subtask replays on their channels ahead of anything new.
 #[derive(Clone, Debug, Default)]
 pub struct RestoreState {
     pub key_groups: Vec<(KeyGroup, Bytes)>,
     pub operator: BTreeMap<String, Vec<u8>>,
+    pub channels: Vec<(ChannelSide, usize, Vec<Batch>)>,
 }
 
 impl RestoreState {

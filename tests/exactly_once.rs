@@ -5,6 +5,7 @@ mod common;
 
 use common::assert_updates_exactly_once;
 use std::path::Path;
+use tidemark::checkpoint::metadata;
 use tidemark_actors::cli::{self, RunArgs, RunReport};
 
 const RECORDS: u64 = 300_000;
@@ -59,6 +60,60 @@ fn random_kills_lose_and_duplicate_nothing_over_twenty_seeds() {
     );
 }
 
+/// The kills of the test above with the counter's subtask 0 slow, so that
+/// the sources are backpressured and the channels are full when barriers
+/// pass. Returns the in-flight batches that restores replayed and the
+/// checkpoints that switched to unaligned, over 20 seeds.
+fn kills_under_backpressure(mode: &str) -> (u64, u64) {
+    let (mut replayed, mut switched) = (0, 0);
+    for seed in 0..20 {
+        let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let report = run(
+            seed,
+            &[
+                "--inject-failures=3".into(),
+                "--slow-subtask=0".into(),
+                "--slow-ns=4000".into(),
+                mode.into(),
+            ],
+            output.path(),
+            checkpoints.path(),
+        );
+        let context = format!("{mode} seed {seed}");
+        assert_updates_exactly_once(output.path(), RECORDS, KEYS, seed, &context);
+        assert!(report.restarts >= 1, "{context}: no failure was injected");
+        assert_only_the_retained_checkpoint_remains(checkpoints.path(), seed);
+        replayed += report.restored_inflight_batches;
+        switched += report.checkpoints_switched_to_unaligned;
+    }
+    (replayed, switched)
+}
+
+#[test]
+fn unaligned_checkpoints_under_backpressure_and_kills_are_exactly_once() {
+    let (replayed, switched) = kills_under_backpressure("--mode=unaligned");
+    assert!(
+        replayed > 0,
+        "no restore replayed in-flight batches in 20 seeds"
+    );
+    assert_eq!(switched, 0, "nothing to switch: unaligned from the start");
+}
+
+#[test]
+fn aligned_timeout_zero_under_backpressure_and_kills_is_exactly_once() {
+    let (_, switched) = kills_under_backpressure("--aligned-timeout=0s");
+    assert!(switched > 0, "no checkpoint switched to unaligned");
+}
+
+/// Both sources' barriers reach the slow subtask at about the same depth,
+/// so alignments rarely last 50 ms here: this run checks that whatever each
+/// subtask decides, the result is exactly once. The switch at exactly the
+/// timeout is tested in `checkpoint::barrier`.
+#[test]
+fn aligned_timeout_50ms_under_backpressure_and_kills_is_exactly_once() {
+    kills_under_backpressure("--aligned-timeout=50ms");
+}
+
 #[test]
 fn a_fault_at_every_step_of_a_checkpoint_is_survived() {
     // Operator 0 is the source, operator 1 the counter chained to the sink.
@@ -109,8 +164,8 @@ fn job_dir(root: &Path) -> std::path::PathBuf {
 }
 
 /// After the run, storage holds the id counter and the one retained
-/// checkpoint: the state of aborted, subsumed and abandoned checkpoints is
-/// gone.
+/// checkpoint, exactly the objects its metadata references: the state of
+/// aborted, subsumed and abandoned checkpoints is gone.
 fn assert_only_the_retained_checkpoint_remains(root: &Path, seed: u64) {
     let job = job_dir(root);
     let entries = names(&job);
@@ -127,9 +182,23 @@ fn assert_only_the_retained_checkpoint_remains(root: &Path, seed: u64) {
         .collect();
     assert_eq!(entries.len(), 2, "seed {seed}: {listing:?}");
     assert_eq!(entries[0], "checkpoint-id-counter", "seed {seed}");
-    assert_eq!(
-        names(&job.join(&entries[1])),
-        ["_metadata", "op-1-0-keyed", "op-1-1-keyed"],
+    let dir = &entries[1];
+    let metadata = std::fs::read(job.join(dir).join("_metadata")).unwrap();
+    let checkpoint = metadata::decode(&metadata).unwrap();
+    let mut referenced: Vec<String> = checkpoint
+        .subtasks
+        .values()
+        .flat_map(|s| s.handles().map(|h| h.path.clone()))
+        .chain([format!("{dir}/_metadata")])
+        .collect();
+    referenced.sort();
+    let present: Vec<String> = names(&job.join(dir))
+        .into_iter()
+        .map(|n| format!("{dir}/{n}"))
+        .collect();
+    assert_eq!(present, referenced, "seed {seed}");
+    assert!(
+        present.iter().any(|p| p.ends_with("op-1-0-keyed")),
         "seed {seed}"
     );
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use thiserror::Error;
 use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings, Restore};
 use tidemark::event::Alignment;
-use tidemark::fault::{Fault, FaultPoint, KillSchedule};
+use tidemark::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
 use tidemark::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use tidemark::job::JobConfig;
 use tidemark::restart::RestartStrategy;
@@ -31,6 +31,13 @@ pub struct Cli {
 pub enum Command {
     /// Run an example topology.
     Run(RunArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Aligned,
+    Unaligned,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -95,6 +102,21 @@ pub struct RunArgs {
     /// Completed checkpoints kept.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub retain: u32,
+    /// Aligned checkpoints wait for the barrier on every input; unaligned
+    /// ones overtake the in-flight batches and persist them.
+    #[arg(long, value_enum, default_value_t = Mode::Aligned)]
+    pub mode: Mode,
+    /// Aligned checkpoints whose alignment at a subtask lasts this long
+    /// switch to unaligned there (`0s`: at the first barrier).
+    #[arg(long, value_parser = parse_duration)]
+    pub aligned_timeout: Option<Duration>,
+    /// Make this subtask of the counting operator slow (with --slow-ns), so
+    /// that its inputs fill and its upstreams are backpressured.
+    #[arg(long, requires = "slow_ns")]
+    pub slow_subtask: Option<u32>,
+    /// Nanoseconds the slow subtask spends per record.
+    #[arg(long, requires = "slow_subtask", value_parser = clap::value_parser!(u64).range(1..))]
+    pub slow_ns: Option<u64>,
     /// Start from `latest` (the newest completed checkpoint in the checkpoint
     /// directory) or from a given `chk-N` of it.
     #[arg(long, value_parser = parse_restore)]
@@ -256,8 +278,23 @@ pub struct RunReport {
     pub checkpoint_duration_ms: Percentiles,
     pub alignment_ms: Percentiles,
     pub checkpointed_bytes_last: u64,
+    pub mode: Mode,
+    /// In-flight bytes persisted by the last completed checkpoint, and the
+    /// most by any.
+    pub persisted_inflight_bytes: LastMax,
+    /// Most batches persisted for one channel by one checkpoint.
+    pub persisted_inflight_batches_per_channel_max: u32,
+    pub checkpoints_switched_to_unaligned: u64,
+    /// In-flight batches that restores replayed from channel state.
+    pub restored_inflight_batches: u64,
     /// From a failure to the restored attempt's deployment.
     pub recovery_ms: Percentiles,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct LastMax {
+    pub last: u64,
+    pub max: u64,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -294,7 +331,11 @@ impl RunArgs {
                     retain: self.retain as usize,
                 },
                 storage_url: self.checkpoint_dir.clone(),
-                alignment: Alignment::Aligned,
+                alignment: match (self.mode, self.aligned_timeout) {
+                    (Mode::Unaligned, _) => Alignment::Unaligned,
+                    (Mode::Aligned, None) => Alignment::Aligned,
+                    (Mode::Aligned, Some(timeout)) => Alignment::AlignedWithTimeout(timeout),
+                },
                 restore: match &self.restore {
                     None => Restore::Fresh,
                     Some(RestoreArg::Latest) => Restore::Latest,
@@ -325,6 +366,17 @@ impl RunArgs {
             ));
         }
         config.faults = self.inject_fault.clone();
+        // Operator 1 is the counter, with the sink chained to it.
+        config.slow = self
+            .slow_subtask
+            .zip(self.slow_ns)
+            .map(|(index, ns_per_record)| SlowSubtask {
+                subtask: SubtaskId {
+                    operator: OperatorId(1),
+                    index: SubtaskIndex(index),
+                },
+                ns_per_record,
+            });
         config
     }
 
@@ -333,6 +385,19 @@ impl RunArgs {
             argument,
             problem: "needs checkpointing; --checkpoint-interval is off".into(),
         };
+        if self.mode == Mode::Unaligned && self.aligned_timeout.is_some() {
+            return Err(CliError::Usage {
+                argument: "--aligned-timeout",
+                problem: "applies to aligned checkpoints; with --mode unaligned every checkpoint is unaligned from the start".into(),
+            });
+        }
+        let parallelism = self.job_config().parallelism;
+        if let Some(subtask) = self.slow_subtask.filter(|s| *s >= parallelism) {
+            return Err(CliError::Usage {
+                argument: "--slow-subtask",
+                problem: format!("subtask {subtask} does not exist at parallelism {parallelism}"),
+            });
+        }
         if self.checkpoint_interval.0.is_none() {
             if self.restore.is_some() {
                 return Err(needs_checkpoints("--restore"));
@@ -425,6 +490,16 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         checkpoint_duration_ms: Percentiles::of(&stats.durations_ms),
         alignment_ms: Percentiles::of(&stats.alignments_ms),
         checkpointed_bytes_last: stats.bytes_last.load(Ordering::Relaxed),
+        mode: args.mode,
+        persisted_inflight_bytes: LastMax {
+            last: stats.inflight_last.load(Ordering::Relaxed),
+            max: stats.inflight_max.load(Ordering::Relaxed),
+        },
+        persisted_inflight_batches_per_channel_max: stats
+            .inflight_batches_per_channel_max
+            .load(Ordering::Relaxed),
+        checkpoints_switched_to_unaligned: stats.switched_to_unaligned.load(Ordering::Relaxed),
+        restored_inflight_batches: stats.restored_inflight_batches.load(Ordering::Relaxed),
         recovery_ms: Percentiles::of(&stats.recoveries_ms),
     })
 }

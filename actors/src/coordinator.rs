@@ -14,7 +14,7 @@ use crate::supervisor::{CheckpointingFailed, JobSupervisor};
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -88,6 +88,8 @@ pub struct CoordinatorActor {
     waiting: Vec<(RequestId, CheckpointKind)>,
     next_request: RequestId,
     triggered: HashMap<CheckpointId, Instant>,
+    /// Pending checkpoints that some subtask switched to unaligned.
+    switched: HashSet<CheckpointId>,
 }
 
 /// The clock the shells hand to the core: monotonic for timers, wall time
@@ -123,6 +125,7 @@ impl CoordinatorActor {
             deleting: 0,
             shutdown_replies: Vec::new(),
             restore_replies: Vec::new(),
+            switched: HashSet::new(),
             timer: None,
             requests: HashMap::new(),
             waiting: Vec::new(),
@@ -339,11 +342,16 @@ impl CoordinatorActor {
             checkpoint.subtasks.values().map(|s| s.size()).sum(),
             Ordering::Relaxed,
         );
+        stats.record_inflight(&checkpoint);
+        if self.switched.remove(&id) {
+            stats.switched_to_unaligned.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(at) = self.triggered.remove(&id) {
             CheckpointStats::record(&stats.durations_ms, at.elapsed().as_secs_f64() * 1e3);
         }
         // Older checkpoints have ended one way or another.
         self.triggered.retain(|pending, _| *pending > id);
+        self.switched.retain(|pending| *pending > id);
         let subsumed = self.store.add(checkpoint).iter().map(|c| c.id).collect();
         self.spawn_delete(Vec::new(), subsumed, ctx);
         self.feed(Event::Persisted(id), ctx);
@@ -448,9 +456,27 @@ impl Handler<AcknowledgeCheckpoint> for CoordinatorActor {
             let paths = msg.ack.state.handles().map(|h| h.path.clone()).collect();
             return self.spawn_delete(paths, Vec::new(), ctx);
         }
+        let (checkpoint, subtask, m) = (msg.ack.checkpoint, msg.ack.subtask, &msg.ack.metrics);
+        tracing::debug!(
+            %checkpoint,
+            %subtask,
+            alignment_ms = m.alignment.as_secs_f64() * 1e3,
+            bytes_during_alignment = m.bytes_during_alignment,
+            start_delay_ms = m.start_delay.as_secs_f64() * 1e3,
+            sync_ms = m.sync.as_secs_f64() * 1e3,
+            async_ms = m.async_.as_secs_f64() * 1e3,
+            state_size = m.state_size,
+            persisted_inflight_bytes = m.persisted_inflight_bytes,
+            unaligned = m.unaligned,
+            switched_to_unaligned = m.switched_to_unaligned,
+            "acknowledged"
+        );
+        if m.switched_to_unaligned {
+            self.switched.insert(checkpoint);
+        }
         CheckpointStats::record(
             &self.metrics.checkpoints.alignments_ms,
-            msg.ack.metrics.alignment.as_secs_f64() * 1e3,
+            m.alignment.as_secs_f64() * 1e3,
         );
         self.feed(Event::Ack(msg.ack), ctx);
     }

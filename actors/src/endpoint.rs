@@ -5,15 +5,18 @@
 //! can take the batches they hold.
 
 use crate::messages::{
-    ConnectUpstream, Consumed, Credit, Deliver, OutputCredit, Push, Stop, SubtaskFailed, Transfer,
+    ConnectUpstream, Consumed, Credit, Deliver, DeliverPriority, OutputCredit, Push, PushPriority,
+    Stop, SubtaskFailed, Transfer,
 };
 use crate::metrics::ChannelGauge;
 use crate::subtask::SubtaskActor;
 use crate::supervisor::JobSupervisor;
 use actix::{Actor, ActorContext, Addr, Context, Handler};
 use std::sync::Arc;
+use tidemark::batch::Batch;
 use tidemark::channel::{CreditReceiver, CreditSender};
 use tidemark::error::TaskError;
+use tidemark::event::{Alignment, ChannelEvent};
 use tidemark::ids::{Attempt, ChannelId};
 
 pub struct OutputEndpoint {
@@ -74,6 +77,20 @@ impl Handler<Push> for OutputEndpoint {
         self.link.push(event);
         self.gauge.observe_output(self.link.queued_batches());
         self.pump();
+    }
+}
+
+impl Handler<PushPriority> for OutputEndpoint {
+    type Result = Vec<Batch>;
+
+    fn handle(
+        &mut self,
+        PushPriority(barrier): PushPriority,
+        _ctx: &mut Context<Self>,
+    ) -> Vec<Batch> {
+        let overtaken = self.link.push_priority(ChannelEvent::Barrier(barrier));
+        self.pump();
+        overtaken
     }
 }
 
@@ -154,7 +171,17 @@ impl Handler<ConnectUpstream> for InputEndpoint {
 impl Handler<Transfer> for InputEndpoint {
     type Result = ();
 
+    /// An unaligned barrier overtakes what this endpoint still holds.
     fn handle(&mut self, Transfer(event): Transfer, _ctx: &mut Context<Self>) {
+        if let ChannelEvent::Barrier(barrier) = &event {
+            if barrier.options.alignment == Alignment::Unaligned {
+                return self.consumer.do_send(DeliverPriority {
+                    channel: self.consumer_channel,
+                    barrier: *barrier,
+                    overtaken: self.receiver.overtaken(),
+                });
+            }
+        }
         if let Err(e) = self.receiver.receive(event) {
             return self.fail(e);
         }

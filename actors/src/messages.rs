@@ -2,6 +2,7 @@
 
 use crate::endpoint::{InputEndpoint, OutputEndpoint};
 use actix::{Addr, Message};
+use tidemark::batch::Batch;
 use tidemark::checkpoint::Ack;
 use tidemark::error::TaskError;
 use tidemark::event::{Barrier, ChannelEvent};
@@ -20,6 +21,12 @@ pub struct OutputCredit {
 #[rtype(result = "()")]
 pub struct Push(pub ChannelEvent);
 
+/// Producer subtask → output endpoint: an unaligned barrier, to send ahead of
+/// every batch the endpoint holds; the reply is copies of those batches.
+#[derive(Message)]
+#[rtype(result = "Vec<Batch>")]
+pub struct PushPriority(pub Barrier);
+
 /// Output endpoint → input endpoint.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -36,6 +43,16 @@ pub struct Credit(pub u32);
 pub struct Deliver {
     pub channel: usize,
     pub event: ChannelEvent,
+}
+
+/// Input endpoint → consumer subtask: an unaligned barrier, delivered ahead of
+/// the batches the endpoint still holds (`overtaken`, copies; they follow).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct DeliverPriority {
+    pub channel: usize,
+    pub barrier: Barrier,
+    pub overtaken: Vec<Batch>,
 }
 
 /// Consumer subtask → input endpoint: a delivered batch was processed.

@@ -3,6 +3,7 @@
 use dashmap::DashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use tidemark::checkpoint::{CompletedCheckpoint, SubtaskState};
 use tidemark::ids::ChannelId;
 
 /// High-water marks of one channel, against the credits that bound them.
@@ -64,9 +65,32 @@ pub struct CheckpointStats {
     pub bytes_last: AtomicU64,
     /// From a failure to the restored attempt's first records, in milliseconds.
     pub recoveries_ms: Mutex<Vec<f64>>,
+    /// In-flight bytes persisted as channel state by the last completed
+    /// checkpoint, and the most by any.
+    pub inflight_last: AtomicU64,
+    pub inflight_max: AtomicU64,
+    /// Most batches persisted for one channel by any completed checkpoint.
+    pub inflight_batches_per_channel_max: AtomicU32,
+    /// Completed checkpoints that timed out aligning and went unaligned.
+    pub switched_to_unaligned: AtomicU64,
+    /// In-flight batches replayed by restores.
+    pub restored_inflight_batches: AtomicU64,
 }
 
 impl CheckpointStats {
+    pub fn record_inflight(&self, checkpoint: &CompletedCheckpoint) {
+        let states = checkpoint.subtasks.values();
+        let bytes = states.clone().map(SubtaskState::inflight_bytes).sum();
+        self.inflight_last.store(bytes, Ordering::Relaxed);
+        self.inflight_max.fetch_max(bytes, Ordering::Relaxed);
+        let batches = states
+            .flat_map(|s| s.channels.iter().map(|c| c.batches))
+            .max()
+            .unwrap_or(0);
+        self.inflight_batches_per_channel_max
+            .fetch_max(batches, Ordering::Relaxed);
+    }
+
     pub fn record(samples: &Mutex<Vec<f64>>, value: f64) {
         samples.lock().expect("metrics lock").push(value);
     }

@@ -1,37 +1,41 @@
 //! The subtask actor: runs one operator chain. It pulls input from its gate
 //! only while every output has room, so a slow consumer backpressures it, and
-//! a source subtask stops reading. Barriers go through the core's aligner;
-//! the synchronous part of a snapshot runs here, the asynchronous part on a
-//! blocking thread. User code runs inside `catch_unwind`: a panic becomes a
-//! failure message to the supervisor instead of a dead mailbox.
+//! a source subtask stops reading. Barriers go through the core's barrier
+//! handler, which owns the gate; the synchronous part of a snapshot runs
+//! here, the asynchronous part on a blocking thread. An unaligned snapshot
+//! sends its barrier around the output queues and acknowledges once the
+//! handler has collected the input channel state. User code runs inside
+//! `catch_unwind`: a panic becomes a failure message to the supervisor
+//! instead of a dead mailbox.
 
 use crate::coordinator::{now, CoordinatorActor};
 use crate::endpoint::{InputEndpoint, OutputEndpoint};
 use crate::messages::{
-    AcknowledgeCheckpoint, Consumed, DeclineCheckpoint, Deliver, EndInput, Kill,
-    NotifyCheckpointAborted, NotifyCheckpointComplete, OutputCredit, Produce, Push,
+    AcknowledgeCheckpoint, Consumed, DeclineCheckpoint, Deliver, DeliverPriority, EndInput, Kill,
+    NotifyCheckpointAborted, NotifyCheckpointComplete, OutputCredit, Produce, Push, PushPriority,
     SourceExhausted, Stop, SubtaskFailed, SubtaskFinished, TriggerCheckpoint, Wire,
 };
 use crate::metrics::JobMetrics;
-use crate::snapshot;
+use crate::snapshot::{self, ChannelState};
 use crate::supervisor::JobSupervisor;
-use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler};
+use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tidemark::batch::Batch;
 use tidemark::channel::CreditSender;
-use tidemark::checkpoint::aligner::{AlignerAction, BarrierAligner};
+use tidemark::checkpoint::barrier::{BarrierAction, BarrierHandler, Polled};
 use tidemark::checkpoint::storage::CheckpointStorage;
-use tidemark::checkpoint::{Ack, CheckpointMetrics};
+use tidemark::checkpoint::{Ack, ChannelSide, CheckpointMetrics};
 use tidemark::error::TaskError;
-use tidemark::event::{Barrier, ChannelEvent};
+use tidemark::event::{Alignment, Barrier, ChannelEvent};
 use tidemark::fault::{Fault, FaultPoint};
-use tidemark::gate::InputGate;
 use tidemark::ids::{Attempt, CheckpointId, SubtaskId};
 use tidemark::operator::Outgoing;
 use tidemark::rate::RateLimiter;
 use tidemark::source::SourceStatus;
 use tidemark::task::Task;
+use tokio::sync::oneshot;
 
 /// What a subtask needs to take part in checkpoints.
 #[derive(Clone)]
@@ -52,7 +56,15 @@ pub struct SubtaskSpec {
     /// Records per second for this source subtask.
     pub rate: Option<f64>,
     pub checkpointing: Option<Checkpointing>,
+    /// In-flight batches of the restored checkpoint, replayed first.
+    pub replay: Vec<(ChannelSide, usize, Vec<Batch>)>,
+    /// Input pause per record processed, for a subtask made slow.
+    pub ns_per_record: u64,
 }
+
+/// Input channel state of an unaligned checkpoint, per input channel, and its
+/// alignment duration (first barrier to last).
+type InputChannelState = (Vec<Vec<Batch>>, Duration);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -73,8 +85,7 @@ pub struct SubtaskActor {
     attempt: Attempt,
     task: Box<dyn Task>,
     is_source: bool,
-    gate: InputGate,
-    aligner: BarrierAligner,
+    handler: BarrierHandler,
     outputs: Vec<CreditSender>,
     output_addrs: Vec<Addr<OutputEndpoint>>,
     input_addrs: Vec<Addr<InputEndpoint>>,
@@ -86,9 +97,21 @@ pub struct SubtaskActor {
     limiter: Option<RateLimiter>,
     phase: Phase,
     produce_scheduled: bool,
-    /// Delay of the first barrier of the checkpoint being aligned.
-    start_delay: Option<(CheckpointId, Duration)>,
+    drive_scheduled: bool,
+    ns_per_record: u64,
+    /// A slow subtask takes no input before then.
+    resume_at: Option<Instant>,
+    /// The alignment deadline a timer is armed for.
+    timer: Option<Instant>,
+    /// The unaligned snapshot whose asynchronous part waits for the input
+    /// channel state the handler is collecting.
+    collecting: Option<(CheckpointId, oneshot::Sender<InputChannelState>)>,
 }
+
+/// Subtask → itself: go on with the input, after the mailbox had its turn.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Drive;
 
 fn delay_since(barrier: &Barrier) -> Duration {
     Duration::from_millis(now().unix_ms.saturating_sub(barrier.timestamp))
@@ -100,14 +123,26 @@ impl SubtaskActor {
         supervisor: Addr<JobSupervisor>,
         metrics: Arc<JobMetrics>,
     ) -> Self {
+        let mut handler = BarrierHandler::new(spec.inputs);
+        let mut outputs: Vec<CreditSender> =
+            (0..spec.outputs).map(|_| CreditSender::default()).collect();
+        for (side, channel, batches) in spec.replay {
+            match side {
+                ChannelSide::Input => handler.replay(channel, batches),
+                ChannelSide::Output => {
+                    for batch in batches {
+                        outputs[channel].push(ChannelEvent::Batch(batch));
+                    }
+                }
+            }
+        }
         SubtaskActor {
             id: spec.id,
             attempt: spec.attempt,
             is_source: spec.inputs == 0,
             task: spec.task,
-            gate: InputGate::new(spec.inputs),
-            aligner: BarrierAligner::new(spec.inputs),
-            outputs: (0..spec.outputs).map(|_| CreditSender::default()).collect(),
+            handler,
+            outputs,
             output_addrs: Vec::new(),
             input_addrs: Vec::new(),
             outgoing: Vec::new(),
@@ -120,7 +155,11 @@ impl SubtaskActor {
                 .map(|rate| RateLimiter::new(rate, spec.records_per_batch, Instant::now())),
             phase: Phase::Waiting,
             produce_scheduled: false,
-            start_delay: None,
+            drive_scheduled: false,
+            ns_per_record: spec.ns_per_record,
+            resume_at: None,
+            timer: None,
+            collecting: None,
         }
     }
 
@@ -214,69 +253,90 @@ impl SubtaskActor {
                 }
                 return;
             }
-            let Some((channel, event)) = self.gate.poll() else {
-                return;
-            };
-            self.on_input(channel, event);
+            if let Some(at) = self.resume_at {
+                let now = Instant::now();
+                if at > now {
+                    if !self.drive_scheduled {
+                        self.drive_scheduled = true;
+                        ctx.run_later(at - now, |act, ctx| {
+                            act.drive_scheduled = false;
+                            act.drive(ctx);
+                        });
+                    }
+                    return;
+                }
+                self.resume_at = None;
+            }
+            match self.handler.poll(Instant::now()) {
+                None => return,
+                Some(Polled::Actions(actions)) => self.apply(actions, ctx),
+                Some(Polled::Batch {
+                    channel,
+                    batch,
+                    credited,
+                }) => {
+                    if self.ns_per_record > 0 {
+                        let pause = self.ns_per_record.saturating_mul(batch.len() as u64);
+                        self.resume_at = Some(Instant::now() + Duration::from_nanos(pause));
+                    }
+                    if self.guarded(|task, out| task.process(batch, out)).is_some() {
+                        if credited {
+                            self.input_addrs[channel].do_send(Consumed);
+                        }
+                        self.send_outgoing();
+                    }
+                    // One batch per turn, so that a priority barrier waiting
+                    // in the mailbox is not held up behind the queued input.
+                    if !self.drive_scheduled {
+                        self.drive_scheduled = true;
+                        ctx.notify(Drive);
+                    }
+                    return;
+                }
+            }
         }
     }
 
-    fn on_input(&mut self, channel: usize, event: ChannelEvent) {
-        let now = Instant::now();
-        match event {
-            ChannelEvent::Batch(batch) => {
-                self.aligner.on_batch(batch.bytes() as u64);
-                if self.guarded(|task, out| task.process(batch, out)).is_some() {
-                    self.input_addrs[channel].do_send(Consumed);
-                    self.send_outgoing();
-                }
-            }
-            ChannelEvent::Barrier(barrier) => {
-                if self.start_delay.is_none_or(|(id, _)| id < barrier.id) {
-                    self.start_delay = Some((barrier.id, delay_since(&barrier)));
-                }
-                let actions = self.aligner.on_barrier(now, channel, barrier);
-                self.apply(actions);
-            }
-            ChannelEvent::CancelMarker(checkpoint) => {
-                let actions = self.aligner.on_cancel_marker(now, channel, checkpoint);
-                self.apply(actions);
-            }
-            ChannelEvent::EndOfPartition => {
-                let actions = self.aligner.on_end_of_partition(now, channel);
-                self.apply(actions);
-                if self.gate.all_ended() {
-                    self.end_of_input();
-                }
-            }
-        }
-    }
-
-    fn apply(&mut self, actions: Vec<AlignerAction>) {
+    fn apply(&mut self, actions: Vec<BarrierAction>, ctx: &mut Context<Self>) {
         for action in actions {
             match action {
-                AlignerAction::Block(channel) => self.gate.set_blocked(channel, true),
-                AlignerAction::UnblockAll => self.gate.unblock_all(),
-                AlignerAction::Snapshot {
+                BarrierAction::Snapshot {
                     barrier,
+                    unaligned,
+                    timed_out,
                     alignment,
                     bytes_during_alignment,
                 } => {
-                    let start_delay = match self.start_delay {
-                        Some((id, delay)) if id == barrier.id => delay,
-                        _ => Duration::ZERO,
+                    let metrics = CheckpointMetrics {
+                        alignment,
+                        bytes_during_alignment,
+                        start_delay: delay_since(&barrier).saturating_sub(alignment),
+                        unaligned,
+                        switched_to_unaligned: timed_out,
+                        ..CheckpointMetrics::default()
                     };
-                    self.snapshot(
-                        barrier,
-                        CheckpointMetrics {
-                            alignment,
-                            bytes_during_alignment,
-                            start_delay,
-                            ..CheckpointMetrics::default()
-                        },
-                    );
+                    self.snapshot(barrier, metrics);
                 }
-                AlignerAction::Abort { checkpoint, reason } => {
+                BarrierAction::ChannelState {
+                    checkpoint,
+                    inputs,
+                    alignment,
+                } => {
+                    if let Some((id, waiting)) = self.collecting.take() {
+                        debug_assert_eq!(id, checkpoint);
+                        // The asynchronous part is gone only if it failed, which it reported.
+                        let _ = waiting.send((inputs, alignment));
+                    }
+                }
+                BarrierAction::Abort { checkpoint, reason } => {
+                    if self
+                        .collecting
+                        .as_ref()
+                        .is_some_and(|(id, _)| *id == checkpoint)
+                    {
+                        // Dropping the sender ends the waiting asynchronous part.
+                        self.collecting = None;
+                    }
                     if let Some(c) = &self.checkpointing {
                         c.coordinator.do_send(DeclineCheckpoint {
                             attempt: self.attempt,
@@ -287,12 +347,38 @@ impl SubtaskActor {
                     }
                     self.broadcast_event(ChannelEvent::CancelMarker(checkpoint));
                 }
+                BarrierAction::EndOfInput => self.end_of_input(),
             }
         }
+        self.arm_timer(ctx);
+    }
+
+    /// An aligned-with-timeout checkpoint switches to unaligned at its
+    /// deadline even if no input arrives to poll the handler.
+    fn arm_timer(&mut self, ctx: &mut Context<Self>) {
+        let Some(deadline) = self.handler.deadline() else {
+            return;
+        };
+        if self.timer == Some(deadline) {
+            return;
+        }
+        self.timer = Some(deadline);
+        ctx.run_later(
+            deadline.saturating_duration_since(Instant::now()),
+            |act, ctx| {
+                act.timer = None;
+                let actions = act.handler.on_timeout(Instant::now());
+                act.apply(actions, ctx);
+                act.drive(ctx);
+            },
+        );
     }
 
     /// The synchronous part here, the barrier downstream right after it, the
-    /// asynchronous part off the actor; it acknowledges when done.
+    /// asynchronous part off the actor; it acknowledges when done. Unaligned
+    /// (`metrics.unaligned`), the barrier overtakes the output queues, whose
+    /// batches become output channel state, and the acknowledgement waits
+    /// for the input channel state.
     fn snapshot(&mut self, barrier: Barrier, mut metrics: CheckpointMetrics) {
         let Some(checkpointing) = self.checkpointing.clone() else {
             return self.fail(TaskError::Protocol(
@@ -311,7 +397,26 @@ impl SubtaskActor {
             return;
         };
         self.send_outgoing();
-        self.broadcast_event(ChannelEvent::Barrier(barrier));
+        let outputs = if metrics.unaligned {
+            // Batches still queued here were never pushed to the endpoint:
+            // the barrier, sent straight to it, overtakes them as well.
+            let queued: Vec<Vec<Batch>> =
+                self.outputs.iter().map(CreditSender::overtaken).collect();
+            let endpoints: Vec<_> = self
+                .output_addrs
+                .iter()
+                .map(|endpoint| endpoint.send(PushPriority(barrier)))
+                .collect();
+            Some((queued, endpoints))
+        } else {
+            self.broadcast_event(ChannelEvent::Barrier(barrier));
+            None
+        };
+        let inputs = (metrics.unaligned && self.handler.channels() > 0).then(|| {
+            let (sender, receiver) = oneshot::channel();
+            self.collecting = Some((id, sender));
+            receiver
+        });
         metrics.sync = started.elapsed();
 
         let (subtask, attempt) = (self.id, self.attempt);
@@ -329,10 +434,42 @@ impl SubtaskActor {
             if async_fault {
                 return fail(Self::injected(FaultPoint::AsyncWrite, id));
             }
-            match snapshot::write(&checkpointing.storage, subtask, id, state).await {
+            let mut channels = Vec::new();
+            if let Some((queued, endpoints)) = outputs {
+                let from_endpoints = futures::future::join_all(endpoints).await;
+                for (channel, (queued, endpoint)) in
+                    queued.into_iter().zip(from_endpoints).enumerate()
+                {
+                    // An endpoint that is gone ended with its attempt.
+                    let Ok(mut batches) = endpoint else { return };
+                    batches.extend(queued);
+                    channels.push(ChannelState {
+                        side: ChannelSide::Output,
+                        channel,
+                        batches,
+                    });
+                }
+            }
+            if let Some(inputs) = inputs {
+                // A dropped sender: the handler aborted the checkpoint and
+                // the subtask declined it.
+                let Ok((inputs, alignment)) = inputs.await else {
+                    return;
+                };
+                metrics.alignment = alignment;
+                channels.extend(inputs.into_iter().enumerate().map(|(channel, batches)| {
+                    ChannelState {
+                        side: ChannelSide::Input,
+                        channel,
+                        batches,
+                    }
+                }));
+            }
+            match snapshot::write(&checkpointing.storage, subtask, id, state, channels).await {
                 Ok((state, took)) => {
                     metrics.async_ = took;
                     metrics.state_size = state.size();
+                    metrics.persisted_inflight_bytes = state.inflight_bytes();
                     checkpointing.coordinator.do_send(AcknowledgeCheckpoint {
                         attempt,
                         ack: Ack {
@@ -379,7 +516,7 @@ impl Handler<Wire> for SubtaskActor {
 
     fn handle(&mut self, wire: Wire, ctx: &mut Context<Self>) {
         debug_assert_eq!(wire.outputs.len(), self.outputs.len());
-        debug_assert_eq!(wire.inputs.len(), self.gate.channels());
+        debug_assert_eq!(wire.inputs.len(), self.handler.channels());
         self.output_addrs = wire.outputs;
         self.input_addrs = wire.inputs;
         self.phase = Phase::Running;
@@ -391,7 +528,29 @@ impl Handler<Deliver> for SubtaskActor {
     type Result = ();
 
     fn handle(&mut self, msg: Deliver, ctx: &mut Context<Self>) {
-        self.gate.push(msg.channel, msg.event);
+        let actions = self.handler.deliver(Instant::now(), msg.channel, msg.event);
+        self.apply(actions, ctx);
+        self.drive(ctx);
+    }
+}
+
+impl Handler<DeliverPriority> for SubtaskActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: DeliverPriority, ctx: &mut Context<Self>) {
+        let actions =
+            self.handler
+                .deliver_priority(Instant::now(), msg.channel, msg.barrier, msg.overtaken);
+        self.apply(actions, ctx);
+        self.drive(ctx);
+    }
+}
+
+impl Handler<Drive> for SubtaskActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Drive, ctx: &mut Context<Self>) {
+        self.drive_scheduled = false;
         self.drive(ctx);
     }
 }
@@ -458,8 +617,11 @@ impl Handler<TriggerCheckpoint> for SubtaskActor {
     /// neither is a checkpoint failure to count.
     fn handle(&mut self, TriggerCheckpoint(barrier): TriggerCheckpoint, _ctx: &mut Context<Self>) {
         if matches!(self.phase, Phase::Running | Phase::Exhausted) {
+            // A source has no input to align: only an unaligned checkpoint
+            // changes what it does.
             let metrics = CheckpointMetrics {
                 start_delay: delay_since(&barrier),
+                unaligned: barrier.options.alignment == Alignment::Unaligned,
                 ..CheckpointMetrics::default()
             };
             self.snapshot(barrier, metrics);
@@ -493,8 +655,8 @@ impl Handler<NotifyCheckpointAborted> for SubtaskActor {
         NotifyCheckpointAborted(id): NotifyCheckpointAborted,
         ctx: &mut Context<Self>,
     ) {
-        let actions = self.aligner.abort(id);
-        self.apply(actions);
+        let actions = self.handler.abort(id);
+        self.apply(actions, ctx);
         self.drive(ctx);
     }
 }

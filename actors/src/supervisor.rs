@@ -25,6 +25,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tidemark::batch::{Batch, EncodedBatch};
 use tidemark::checkpoint::coordinator::CheckpointCoordinator;
 use tidemark::checkpoint::restore::{self, RestoreError};
 use tidemark::checkpoint::storage::CheckpointStorage;
@@ -82,27 +83,37 @@ async fn load(
         let storage = storage.clone();
         async move {
             let mut state = RestoreState {
-                key_groups: Vec::new(),
                 operator: plan.operator,
+                ..RestoreState::default()
             };
+            let malformed =
+                |problem: String| JobError::Restore(RestoreError::Malformed { subtask, problem });
             for slices in plan.keyed {
-                let bytes = storage.get(&slices.path).await.map_err(JobError::Storage)?;
-                if bytes.len() as u64 != slices.size {
-                    return Err(JobError::Restore(RestoreError::Malformed {
-                        subtask,
-                        problem: format!(
-                            "{} holds {} bytes, the checkpoint recorded {}",
-                            slices.path,
-                            bytes.len(),
-                            slices.size
-                        ),
-                    }));
-                }
+                let bytes = read(&storage, subtask, &slices.path, slices.size).await?;
                 for (group, range) in slices.groups {
                     state
                         .key_groups
                         .push((group, bytes.slice(range.start as usize..range.end as usize)));
                 }
+            }
+            for channel in plan.channels {
+                let bytes =
+                    read(&storage, subtask, &channel.handle.path, channel.handle.size).await?;
+                let batches: Vec<EncodedBatch> = rmp_serde::from_slice(&bytes)
+                    .map_err(|e| malformed(format!("{}: {e}", channel.handle.path)))?;
+                if batches.len() != channel.batches as usize {
+                    return Err(malformed(format!(
+                        "{} holds {} batches, the checkpoint recorded {}",
+                        channel.handle.path,
+                        batches.len(),
+                        channel.batches
+                    )));
+                }
+                state.channels.push((
+                    channel.side,
+                    channel.channel as usize,
+                    batches.into_iter().map(Batch::from).collect(),
+                ));
             }
             Ok::<_, JobError>((subtask, state))
         }
@@ -110,6 +121,27 @@ async fn load(
     futures::future::try_join_all(reads)
         .await
         .map(|v| v.into_iter().collect())
+}
+
+/// The object at `path`, which the checkpoint recorded as `size` bytes: a
+/// shorter or longer one is damaged.
+async fn read(
+    storage: &CheckpointStorage,
+    subtask: SubtaskId,
+    path: &str,
+    size: u64,
+) -> Result<bytes::Bytes, JobError> {
+    let bytes = storage.get(path).await.map_err(JobError::Storage)?;
+    if bytes.len() as u64 != size {
+        return Err(JobError::Restore(RestoreError::Malformed {
+            subtask,
+            problem: format!(
+                "{path} holds {} bytes, the checkpoint recorded {size}",
+                bytes.len()
+            ),
+        }));
+    }
+    Ok(bytes)
 }
 
 impl JobSupervisor {
@@ -286,7 +318,13 @@ impl JobSupervisor {
         let mut subtasks: HashMap<SubtaskId, Addr<SubtaskActor>> = HashMap::new();
         let mut actors: Vec<Recipient<Stop>> = Vec::new();
         for id in graph.subtasks().collect::<Vec<_>>() {
-            let state = restore.remove(&id).unwrap_or_default();
+            let mut state = restore.remove(&id).unwrap_or_default();
+            let replay = std::mem::take(&mut state.channels);
+            let replayed: usize = replay.iter().map(|(_, _, batches)| batches.len()).sum();
+            self.metrics
+                .checkpoints
+                .restored_inflight_batches
+                .fetch_add(replayed as u64, Ordering::Relaxed);
             let failed = |error| JobError::TaskFailed { subtask: id, error };
             let offset = state.source_offset().map_err(failed)?;
             let ctx = self.task_context(id, offset);
@@ -305,6 +343,11 @@ impl JobSupervisor {
                 inputs: input_edge.map_or(0, |e| graph.input_channels(e, id.index).len()),
                 outputs: ctx.output.map_or(0, |o| o.channels),
                 records_per_batch: config.batch_limits.max_records,
+                replay,
+                ns_per_record: config
+                    .slow
+                    .filter(|s| s.subtask == id)
+                    .map_or(0, |s| s.ns_per_record),
                 rate: config
                     .source_rate
                     .filter(|_| input_edge.is_none())

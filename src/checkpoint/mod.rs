@@ -1,8 +1,8 @@
 //! Checkpoints: the protocol that makes a job's state fault tolerant, as
-//! sans-IO state machines (the coordinator, the barrier aligner) plus the
+//! sans-IO state machines (the coordinator, the barrier handler) plus the
 //! formats and storage they hand their results to.
 
-pub mod aligner;
+pub mod barrier;
 pub mod coordinator;
 pub mod input_end;
 pub mod metadata;
@@ -98,6 +98,26 @@ pub struct KeyedStateHandle {
     pub handle: StateHandle,
 }
 
+/// Which end of a subtask a channel belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum ChannelSide {
+    /// An input channel, by its index in the subtask's input gate.
+    Input,
+    /// An output channel, by its index among the subtask's outputs.
+    Output,
+}
+
+/// The in-flight batches an unaligned checkpoint captured on one channel of a
+/// subtask, as `EncodedBatch`es in rmp-serde. Channels with nothing in flight
+/// have none.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelStateHandle {
+    pub side: ChannelSide,
+    pub channel: u32,
+    pub batches: u32,
+    pub handle: StateHandle,
+}
+
 /// The acknowledged state of one subtask for one checkpoint.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubtaskState {
@@ -105,12 +125,22 @@ pub struct SubtaskState {
     /// Small operator state travelling inline: a source's offset, a sink's
     /// pre-committed transactions.
     pub operator: BTreeMap<String, Vec<u8>>,
+    #[serde(default)]
+    pub channels: Vec<ChannelStateHandle>,
 }
 
 impl SubtaskState {
     /// State objects this snapshot wrote, to delete if it is discarded.
     pub fn handles(&self) -> impl Iterator<Item = &StateHandle> {
-        self.keyed.iter().map(|k| &k.handle)
+        self.keyed
+            .iter()
+            .map(|k| &k.handle)
+            .chain(self.channels.iter().map(|c| &c.handle))
+    }
+
+    /// Bytes of in-flight batches this snapshot persisted.
+    pub fn inflight_bytes(&self) -> u64 {
+        self.channels.iter().map(|c| c.handle.size).sum()
     }
 
     pub fn size(&self) -> u64 {
@@ -130,6 +160,12 @@ pub struct CheckpointMetrics {
     pub sync: Duration,
     pub async_: Duration,
     pub state_size: u64,
+    /// Bytes of the in-flight batches persisted as channel state.
+    pub persisted_inflight_bytes: u64,
+    /// The snapshot overtook the in-flight batches instead of aligning.
+    pub unaligned: bool,
+    /// An aligned-with-timeout checkpoint that timed out and went unaligned.
+    pub switched_to_unaligned: bool,
 }
 
 /// A subtask's acknowledgement: its state and what it measured.

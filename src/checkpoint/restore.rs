@@ -3,7 +3,7 @@
 //! state object into the byte ranges of its key groups, so that the shell
 //! only has to read objects and hand out slices.
 
-use super::{CompletedCheckpoint, KeyedStateHandle};
+use super::{ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyedStateHandle};
 use crate::graph::JobGraph;
 use crate::ids::{KeyGroup, OperatorId, SubtaskId};
 use crate::key_group::KeyGroupRange;
@@ -21,7 +21,14 @@ pub enum RestoreError {
         checkpointed: u32,
         now: u32,
     },
-    #[error("the keyed state of {subtask} is malformed: {problem}")]
+    #[error("checkpoint {checkpoint} is unaligned and holds in-flight channel state for operator {name:?} at parallelism {checkpointed}; restoring it at parallelism {now} is not supported yet (take a savepoint, which is always aligned)")]
+    UnalignedRescale {
+        checkpoint: crate::ids::CheckpointId,
+        name: String,
+        checkpointed: u32,
+        now: u32,
+    },
+    #[error("the state of {subtask} is malformed: {problem}")]
     Malformed { subtask: SubtaskId, problem: String },
 }
 
@@ -38,6 +45,19 @@ pub struct KeyedSlices {
 pub struct RestorePlan {
     pub keyed: Vec<KeyedSlices>,
     pub operator: BTreeMap<String, Vec<u8>>,
+    /// In-flight batches to replay, each on a channel the subtask has.
+    pub channels: Vec<ChannelStateHandle>,
+}
+
+/// Input and output channels of `subtask` in `graph`.
+fn channel_counts(graph: &JobGraph, subtask: SubtaskId) -> (usize, usize) {
+    let inputs = graph
+        .input_edge(subtask.operator)
+        .map_or(0, |e| graph.input_channels(e, subtask.index).len());
+    let outputs = graph
+        .output_edge(subtask.operator)
+        .map_or(0, |e| graph.output_channels(e, subtask.index).len());
+    (inputs, outputs)
 }
 
 fn ranges(
@@ -79,6 +99,18 @@ pub fn plan(
     }
     for (&operator, &parallelism) in &checkpointed {
         let op = graph.operator(operator);
+        let has_channel_state = checkpoint
+            .subtasks
+            .iter()
+            .any(|(s, state)| s.operator == operator && !state.channels.is_empty());
+        if op.parallelism != parallelism && has_channel_state {
+            return Err(RestoreError::UnalignedRescale {
+                checkpoint: checkpoint.id,
+                name: op.name.clone(),
+                checkpointed: parallelism,
+                now: op.parallelism,
+            });
+        }
         if op.parallelism != parallelism {
             return Err(RestoreError::Parallelism {
                 name: op.name.clone(),
@@ -93,6 +125,23 @@ pub fn plan(
         let owned = KeyGroupRange::for_subtask(op.max_parallelism, op.parallelism, subtask.index);
         let plan = plans.entry(*subtask).or_default();
         plan.operator = state.operator.clone();
+        let (inputs, outputs) = channel_counts(graph, *subtask);
+        for channel in &state.channels {
+            let count = match channel.side {
+                ChannelSide::Input => inputs,
+                ChannelSide::Output => outputs,
+            };
+            if channel.channel as usize >= count {
+                return Err(RestoreError::Malformed {
+                    subtask: *subtask,
+                    problem: format!(
+                        "channel state for {:?} channel {} of {count}",
+                        channel.side, channel.channel
+                    ),
+                });
+            }
+        }
+        plan.channels = state.channels.clone();
         if let Some(keyed) = &state.keyed {
             let groups = ranges(*subtask, keyed)?;
             if let Some((group, _)) = groups.iter().find(|(g, _)| !owned.contains(*g)) {
@@ -212,5 +261,55 @@ mod tests {
             plan(&truncated, &graph(1)),
             Err(RestoreError::Malformed { .. })
         ));
+    }
+
+    fn channel_state(side: ChannelSide, channel: u32) -> ChannelStateHandle {
+        ChannelStateHandle {
+            side,
+            channel,
+            batches: 1,
+            handle: StateHandle {
+                path: format!("chk-1/in-{channel}"),
+                size: 10,
+            },
+        }
+    }
+
+    #[test]
+    fn channel_state_goes_to_its_subtask_and_must_name_a_channel_it_has() {
+        let mut c = checkpoint(2);
+        let state = c.subtasks.get_mut(&count(1)).unwrap();
+        state.channels.push(channel_state(ChannelSide::Input, 1));
+        let plans = plan(&c, &graph(2)).unwrap();
+        assert_eq!(
+            plans[&count(1)].channels,
+            [channel_state(ChannelSide::Input, 1)]
+        );
+        assert!(plans[&count(0)].channels.is_empty());
+
+        for bad in [
+            channel_state(ChannelSide::Input, 2),
+            channel_state(ChannelSide::Output, 0),
+        ] {
+            let mut c = checkpoint(2);
+            c.subtasks.get_mut(&count(0)).unwrap().channels.push(bad);
+            assert!(matches!(
+                plan(&c, &graph(2)),
+                Err(RestoreError::Malformed { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn an_unaligned_checkpoint_is_not_rescaled() {
+        let mut c = checkpoint(2);
+        c.subtasks
+            .get_mut(&count(0))
+            .unwrap()
+            .channels
+            .push(channel_state(ChannelSide::Input, 0));
+        let error = plan(&c, &graph(3)).unwrap_err();
+        assert!(matches!(error, RestoreError::UnalignedRescale { .. }));
+        assert!(error.to_string().contains("unaligned"), "{error}");
     }
 }
