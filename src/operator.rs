@@ -9,7 +9,7 @@ use crate::ids::{CheckpointId, KeyGroup};
 use crate::key_group::subtask_for_key_group;
 use crate::sink::Sink;
 use crate::state::{AllKeys, HeapKeyedStateBackend, Key, KeyedContext, StateRegistrar};
-use crate::task::{RestoreState, TaskSnapshot, SINK};
+use crate::task::{KeyedSnapshot, RestoreState, TaskSnapshot, SINK};
 use std::sync::Arc;
 
 /// Full batches ready to be sent, with the index of their output channel.
@@ -183,7 +183,7 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
         out: &mut Outgoing,
         snapshot: &mut TaskSnapshot,
     ) -> Result<(), TaskError> {
-        snapshot.keyed = Some(self.states.snapshot());
+        snapshot.keyed = Some(KeyedSnapshot::Heap(self.states.snapshot()));
         self.next.snapshot(checkpoint, out, snapshot)
     }
 

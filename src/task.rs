@@ -12,6 +12,7 @@ use crate::source::{Source, SourceStatus};
 use crate::state::HeapSnapshot;
 use bytes::Bytes;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 /// Everything a subtask's chain is built from.
 #[derive(Clone, Debug)]
@@ -48,8 +49,39 @@ pub const SINK: &str = "sink";
 /// What the synchronous part of a snapshot captured.
 #[derive(Default)]
 pub struct TaskSnapshot {
-    pub keyed: Option<HeapSnapshot>,
+    pub keyed: Option<KeyedSnapshot>,
     pub operator: BTreeMap<String, Vec<u8>>,
+}
+
+/// Keyed state as the synchronous part left it for the asynchronous part.
+pub enum KeyedSnapshot {
+    /// An owned copy, serialized off the subtask into the key-group format.
+    Heap(HeapSnapshot),
+    /// A RocksDB native checkpoint, uploaded off the subtask.
+    Native(NativeCheckpoint),
+}
+
+/// The files of a RocksDB native checkpoint: hard links in a local
+/// directory of their own, which the uploader removes when it is done.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NativeCheckpoint {
+    pub dir: PathBuf,
+    pub key_groups: KeyGroupRange,
+    pub files: Vec<NativeFile>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NativeFile {
+    pub name: String,
+    pub size: u64,
+}
+
+impl NativeFile {
+    /// SST files never change once written and keep their name for the
+    /// life of the database, so checkpoints can share them.
+    pub fn is_shared(&self) -> bool {
+        self.name.ends_with(".sst")
+    }
 }
 
 /// The state a subtask resumes from: the key groups it owns, its operator
@@ -60,6 +92,9 @@ pub struct RestoreState {
     pub key_groups: Vec<(KeyGroup, Bytes)>,
     pub operator: BTreeMap<String, Vec<u8>>,
     pub channels: Vec<(ChannelSide, usize, Vec<Batch>)>,
+    /// A local directory holding the files of a RocksDB native checkpoint,
+    /// downloaded for this subtask; the backend takes them over.
+    pub native: Option<PathBuf>,
 }
 
 impl RestoreState {

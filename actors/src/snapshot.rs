@@ -9,7 +9,7 @@ use tidemark::checkpoint::{
     ChannelSide, ChannelStateHandle, KeyedStateHandle, StateHandle, SubtaskState,
 };
 use tidemark::ids::{CheckpointId, SubtaskId};
-use tidemark::task::TaskSnapshot;
+use tidemark::task::{KeyedSnapshot, TaskSnapshot};
 
 /// In-flight batches of one channel, captured by an unaligned checkpoint.
 pub struct ChannelState {
@@ -35,8 +35,18 @@ pub async fn write(
         subtask.operator.0,
         subtask.index.0
     );
+    let heap = match keyed {
+        None => None,
+        Some(KeyedSnapshot::Heap(heap)) => Some(heap),
+        Some(KeyedSnapshot::Native(native)) => {
+            return Err(format!(
+                "native snapshot in {} cannot be uploaded yet",
+                native.dir.display()
+            ))
+        }
+    };
     let (keyed, channels) = tokio::task::spawn_blocking(move || {
-        let keyed = keyed.map(|heap| {
+        let keyed = heap.map(|heap| {
             let mut bytes = Vec::new();
             let offsets = heap.write(&mut bytes);
             (bytes, offsets, heap.key_groups().start)
