@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use tidemark::batch::{Batch, EncodedBatch};
 use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::{
-    ChannelSide, ChannelStateHandle, KeyedStateHandle, StateHandle, SubtaskState,
+    ChannelSide, ChannelStateHandle, KeyGroupsStateHandle, KeyedStateHandle, StateHandle,
+    SubtaskState,
 };
 use tidemark::ids::{CheckpointId, SubtaskId};
 use tidemark::task::{KeyedSnapshot, TaskSnapshot};
@@ -75,11 +76,13 @@ pub async fn write(
     };
     let keyed = match keyed {
         None => None,
-        Some((bytes, offsets, start_group)) => Some(KeyedStateHandle {
-            start_group,
-            offsets,
-            handle: put(format!("{prefix}-keyed"), bytes).await?,
-        }),
+        Some((bytes, offsets, start_group)) => {
+            Some(KeyedStateHandle::KeyGroups(KeyGroupsStateHandle {
+                start_group,
+                offsets,
+                handle: put(format!("{prefix}-keyed"), bytes).await?,
+            }))
+        }
     };
     let channels = futures::future::try_join_all(channels.into_iter().map(
         |(side, channel, batches, bytes)| {

@@ -669,7 +669,9 @@ fn discard(states: Vec<SubtaskState>, out: &mut Vec<Action>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{CheckpointMetrics, KeyedStateHandle, StateHandle};
+    use crate::checkpoint::{
+        CheckpointMetrics, KeyGroupsStateHandle, KeyedStateHandle, StateHandle,
+    };
     use crate::ids::{OperatorId, SubtaskIndex};
     use proptest::prelude::*;
     use std::sync::{Arc, Mutex};
@@ -705,14 +707,14 @@ mod tests {
     /// Names its checkpoint and subtask, so a discarded state shows whose it was.
     fn state(id: u64, i: u32) -> SubtaskState {
         SubtaskState {
-            keyed: Some(KeyedStateHandle {
+            keyed: Some(KeyedStateHandle::KeyGroups(KeyGroupsStateHandle {
                 start_group: 0,
                 offsets: vec![0],
                 handle: StateHandle {
                     path: format!("chk-{id}/{i}"),
                     size: 10,
                 },
-            }),
+            })),
             ..SubtaskState::default()
         }
     }

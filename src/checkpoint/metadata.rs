@@ -60,14 +60,16 @@ mod tests {
         state
             .operator
             .insert("source-offset".into(), 42u64.to_le_bytes().to_vec());
-        state.keyed = Some(crate::checkpoint::KeyedStateHandle {
-            start_group: 0,
-            offsets: vec![0, 10],
-            handle: StateHandle {
-                path: "chk-3/op-1-0".into(),
-                size: 20,
+        state.keyed = Some(crate::checkpoint::KeyedStateHandle::KeyGroups(
+            crate::checkpoint::KeyGroupsStateHandle {
+                start_group: 0,
+                offsets: vec![0, 10],
+                handle: StateHandle {
+                    path: "chk-3/op-1-0".into(),
+                    size: 20,
+                },
             },
-        });
+        ));
         CompletedCheckpoint {
             id: CheckpointId(3),
             kind: CheckpointKind::Checkpoint,

@@ -7,11 +7,13 @@ pub mod coordinator;
 pub mod input_end;
 pub mod metadata;
 pub mod restore;
+pub mod shared;
 pub mod storage;
 pub mod store;
 
 use crate::event::{Alignment, CheckpointKind};
 use crate::ids::{CheckpointId, SubtaskId};
+use crate::key_group::KeyGroupRange;
 use crate::task::SOURCE_EXHAUSTED;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -87,15 +89,45 @@ pub struct StateHandle {
     pub size: u64,
 }
 
-/// Keyed state of one subtask: one object holding its key groups back to
-/// back, with the offset of each, so that a restore at another parallelism
-/// can read exactly the key groups it owns.
+/// Keyed state of one subtask.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KeyedStateHandle {
+pub enum KeyedStateHandle {
+    KeyGroups(KeyGroupsStateHandle),
+    Native(NativeStateHandle),
+}
+
+/// One object holding a subtask's key groups back to back, with the offset
+/// of each, so that a restore at another parallelism can read exactly the
+/// key groups it owns.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyGroupsStateHandle {
     pub start_group: u32,
     /// Byte offset of each key group of the range, in order, in `handle`.
     pub offsets: Vec<u64>,
     pub handle: StateHandle,
+}
+
+/// The files of a RocksDB native checkpoint of a subtask's key groups.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NativeStateHandle {
+    pub key_groups: KeyGroupRange,
+    /// SST files, in `shared/`: an incremental checkpoint references the
+    /// ones an earlier checkpoint uploaded, and the `SharedStateRegistry`
+    /// counts their references.
+    pub shared: Vec<NativeFileHandle>,
+    /// The other files (manifest, options, current), in the checkpoint's
+    /// own directory.
+    pub private: Vec<NativeFileHandle>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NativeFileHandle {
+    /// The file's name in the database directory.
+    pub name: String,
+    pub handle: StateHandle,
+    /// The checkpoint that uploaded it: if that checkpoint never completes,
+    /// the object is its to delete.
+    pub uploaded_by: CheckpointId,
 }
 
 /// Which end of a subtask a channel belongs to.
@@ -130,12 +162,40 @@ pub struct SubtaskState {
 }
 
 impl SubtaskState {
-    /// State objects this snapshot wrote, to delete if it is discarded.
+    /// Every object this state references, shared ones included.
     pub fn handles(&self) -> impl Iterator<Item = &StateHandle> {
-        self.keyed
-            .iter()
-            .map(|k| &k.handle)
+        let (key_groups, native) = match &self.keyed {
+            None => (None, None),
+            Some(KeyedStateHandle::KeyGroups(k)) => (Some(&k.handle), None),
+            Some(KeyedStateHandle::Native(n)) => (None, Some(n)),
+        };
+        let native = native
+            .into_iter()
+            .flat_map(|n| n.shared.iter().chain(&n.private).map(|f| &f.handle));
+        key_groups
+            .into_iter()
+            .chain(native)
             .chain(self.channels.iter().map(|c| &c.handle))
+    }
+
+    /// Objects the snapshot for `checkpoint` wrote itself: what to delete if
+    /// that checkpoint never completes. Shared files it reused belong to the
+    /// checkpoints that uploaded them.
+    pub fn written_by(&self, checkpoint: CheckpointId) -> impl Iterator<Item = &StateHandle> {
+        let reused: Vec<&StateHandle> = self
+            .shared_files()
+            .filter(|f| f.uploaded_by != checkpoint)
+            .map(|f| &f.handle)
+            .collect();
+        self.handles().filter(move |h| !reused.contains(h))
+    }
+
+    /// Shared files, which outlive the checkpoint that uploaded them.
+    pub fn shared_files(&self) -> impl Iterator<Item = &NativeFileHandle> {
+        match &self.keyed {
+            Some(KeyedStateHandle::Native(n)) => n.shared.iter(),
+            _ => [].iter(),
+        }
     }
 
     /// Bytes of in-flight batches this snapshot persisted.

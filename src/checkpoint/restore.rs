@@ -3,7 +3,10 @@
 //! state object into the byte ranges of its key groups, so that the shell
 //! only has to read objects and hand out slices.
 
-use super::{ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyedStateHandle};
+use super::{
+    ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyGroupsStateHandle, KeyedStateHandle,
+    NativeStateHandle,
+};
 use crate::graph::JobGraph;
 use crate::ids::{KeyGroup, OperatorId, SubtaskId};
 use crate::key_group::KeyGroupRange;
@@ -47,6 +50,9 @@ pub struct RestorePlan {
     pub operator: BTreeMap<String, Vec<u8>>,
     /// In-flight batches to replay, each on a channel the subtask has.
     pub channels: Vec<ChannelStateHandle>,
+    /// A native checkpoint of exactly the key groups the subtask owns, to
+    /// download and open.
+    pub native: Option<NativeStateHandle>,
 }
 
 /// Input and output channels of `subtask` in `graph`.
@@ -62,7 +68,7 @@ fn channel_counts(graph: &JobGraph, subtask: SubtaskId) -> (usize, usize) {
 
 fn ranges(
     subtask: SubtaskId,
-    handle: &KeyedStateHandle,
+    handle: &KeyGroupsStateHandle,
 ) -> Result<Vec<(KeyGroup, Range<u64>)>, RestoreError> {
     let malformed = |problem: String| RestoreError::Malformed { subtask, problem };
     let mut out = Vec::with_capacity(handle.offsets.len());
@@ -142,19 +148,34 @@ pub fn plan(
             }
         }
         plan.channels = state.channels.clone();
-        if let Some(keyed) = &state.keyed {
-            let groups = ranges(*subtask, keyed)?;
-            if let Some((group, _)) = groups.iter().find(|(g, _)| !owned.contains(*g)) {
-                return Err(RestoreError::Malformed {
-                    subtask: *subtask,
-                    problem: format!("{group} belongs to another subtask"),
+        match &state.keyed {
+            None => {}
+            Some(KeyedStateHandle::KeyGroups(keyed)) => {
+                let groups = ranges(*subtask, keyed)?;
+                if let Some((group, _)) = groups.iter().find(|(g, _)| !owned.contains(*g)) {
+                    return Err(RestoreError::Malformed {
+                        subtask: *subtask,
+                        problem: format!("{group} belongs to another subtask"),
+                    });
+                }
+                plan.keyed.push(KeyedSlices {
+                    path: keyed.handle.path.clone(),
+                    size: keyed.handle.size,
+                    groups,
                 });
             }
-            plan.keyed.push(KeyedSlices {
-                path: keyed.handle.path.clone(),
-                size: keyed.handle.size,
-                groups,
-            });
+            Some(KeyedStateHandle::Native(native)) => {
+                if native.key_groups != owned {
+                    return Err(RestoreError::Malformed {
+                        subtask: *subtask,
+                        problem: format!(
+                            "a native checkpoint of {:?} where the subtask owns {owned:?}",
+                            native.key_groups
+                        ),
+                    });
+                }
+                plan.native = Some(native.clone());
+            }
         }
     }
     Ok(plans)
@@ -193,14 +214,14 @@ mod tests {
                 let range = KeyGroupRange::for_subtask(128, p, SubtaskIndex(i));
                 let offsets: Vec<u64> = (0..range.len() as u64).map(|g| g * 10).collect();
                 let state = SubtaskState {
-                    keyed: Some(KeyedStateHandle {
+                    keyed: Some(KeyedStateHandle::KeyGroups(KeyGroupsStateHandle {
                         start_group: range.start,
                         offsets,
                         handle: StateHandle {
                             path: format!("chk-1/count-{i}"),
                             size: range.len() as u64 * 10,
                         },
-                    }),
+                    })),
                     ..SubtaskState::default()
                 };
                 (count(i), state)
@@ -248,15 +269,12 @@ mod tests {
             Err(RestoreError::UnknownSubtask(_))
         ));
         let mut truncated = checkpoint(1);
-        truncated
-            .subtasks
-            .get_mut(&count(0))
-            .unwrap()
-            .keyed
-            .as_mut()
-            .unwrap()
-            .handle
-            .size = 5;
+        let Some(KeyedStateHandle::KeyGroups(keyed)) =
+            &mut truncated.subtasks.get_mut(&count(0)).unwrap().keyed
+        else {
+            unreachable!("the test checkpoint has key groups")
+        };
+        keyed.handle.size = 5;
         assert!(matches!(
             plan(&truncated, &graph(1)),
             Err(RestoreError::Malformed { .. })
