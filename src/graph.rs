@@ -149,6 +149,18 @@ impl JobGraph {
         }
     }
 
+    /// How many input channels `subtask` reads.
+    pub fn input_count(&self, subtask: SubtaskId) -> usize {
+        self.input_edge(subtask.operator)
+            .map_or(0, |e| self.input_channels(e, subtask.index).len())
+    }
+
+    /// How many output channels `subtask` writes.
+    pub fn output_count(&self, subtask: SubtaskId) -> usize {
+        self.output_edge(subtask.operator)
+            .map_or(0, |e| self.output_channels(e, subtask.index).len())
+    }
+
     pub fn validate(&self) -> Result<(), GraphError> {
         if self.operators.is_empty() {
             return Err(GraphError::Empty);

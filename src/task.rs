@@ -2,7 +2,7 @@
 //! operator chain. The subtask actor drives it without knowing record types.
 
 use crate::batch::{Batch, BatchLimits, Data};
-use crate::checkpoint::ChannelSide;
+use crate::checkpoint::ChannelState;
 use crate::error::TaskError;
 use crate::graph::Partitioner;
 use crate::ids::{CheckpointId, KeyGroup, SubtaskIndex};
@@ -91,7 +91,7 @@ impl NativeFile {
 pub struct RestoreState {
     pub key_groups: Vec<(KeyGroup, Bytes)>,
     pub operator: BTreeMap<String, Vec<u8>>,
-    pub channels: Vec<(ChannelSide, usize, Vec<Batch>)>,
+    pub channels: Vec<ChannelState>,
     /// A local directory holding the files of a RocksDB native checkpoint,
     /// downloaded for this subtask; the backend takes them over.
     pub native: Option<PathBuf>,

@@ -19,6 +19,7 @@ fn settings(dir: &std::path::Path, config: CheckpointConfig) -> CheckpointSettin
         storage_url: dir.to_str().unwrap().to_owned(),
         alignment: Alignment::Aligned,
         restore: Restore::Fresh,
+        incremental: false,
     }
 }
 

@@ -110,6 +110,10 @@ pub struct RunArgs {
     /// switch to unaligned there (`0s`: at the first barrier).
     #[arg(long, value_parser = parse_duration)]
     pub aligned_timeout: Option<Duration>,
+    /// RocksDB state uploads only the files its newest completed checkpoint
+    /// does not already hold.
+    #[arg(long)]
+    pub incremental: bool,
     /// Make this subtask of the counting operator slow (with --slow-ns), so
     /// that its inputs fill and its upstreams are backpressured.
     #[arg(long, requires = "slow_ns")]
@@ -277,7 +281,12 @@ pub struct RunReport {
     pub restarts: u64,
     pub checkpoint_duration_ms: Percentiles,
     pub alignment_ms: Percentiles,
-    pub checkpointed_bytes_last: u64,
+    /// The whole state the last completed checkpoint references.
+    pub checkpointed_bytes_full: u64,
+    /// What the last completed checkpoint wrote itself, and all of them.
+    pub bytes_uploaded_last: u64,
+    pub bytes_uploaded_total: u64,
+    pub files_uploaded_total: u64,
     pub mode: Mode,
     /// In-flight bytes persisted by the last completed checkpoint, and the
     /// most by any.
@@ -336,6 +345,7 @@ impl RunArgs {
                     (Mode::Aligned, None) => Alignment::Aligned,
                     (Mode::Aligned, Some(timeout)) => Alignment::AlignedWithTimeout(timeout),
                 },
+                incremental: self.incremental,
                 restore: match &self.restore {
                     None => Restore::Fresh,
                     Some(RestoreArg::Latest) => Restore::Latest,
@@ -391,7 +401,14 @@ impl RunArgs {
                 problem: "applies to aligned checkpoints; with --mode unaligned every checkpoint is unaligned from the start".into(),
             });
         }
-        let parallelism = self.job_config().parallelism;
+        let config = self.job_config();
+        if let Some(Err(e)) = config.checkpointing.as_ref().map(|c| c.validate()) {
+            return Err(CliError::Usage {
+                argument: "--max-concurrent",
+                problem: e.to_string(),
+            });
+        }
+        let parallelism = config.parallelism;
         if let Some(subtask) = self.slow_subtask.filter(|s| *s >= parallelism) {
             return Err(CliError::Usage {
                 argument: "--slow-subtask",
@@ -489,7 +506,10 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         restarts: stats.restarts.load(Ordering::Relaxed),
         checkpoint_duration_ms: Percentiles::of(&stats.durations_ms),
         alignment_ms: Percentiles::of(&stats.alignments_ms),
-        checkpointed_bytes_last: stats.bytes_last.load(Ordering::Relaxed),
+        checkpointed_bytes_full: stats.bytes_full.load(Ordering::Relaxed),
+        bytes_uploaded_last: stats.bytes_uploaded_last.load(Ordering::Relaxed),
+        bytes_uploaded_total: stats.bytes_uploaded_total.load(Ordering::Relaxed),
+        files_uploaded_total: stats.files_uploaded_total.load(Ordering::Relaxed),
         mode: args.mode,
         persisted_inflight_bytes: LastMax {
             last: stats.inflight_last.load(Ordering::Relaxed),

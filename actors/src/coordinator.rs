@@ -14,12 +14,13 @@ use crate::supervisor::{CheckpointingFailed, JobSupervisor};
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture,
 };
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tidemark::checkpoint::coordinator::{Action, CheckpointCoordinator, Event, Now, RequestId};
 use tidemark::checkpoint::input_end::InputEnd;
+use tidemark::checkpoint::shared::SharedStateRegistry;
 use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::store::CompletedCheckpointStore;
 use tidemark::checkpoint::{CheckpointFailure, CompletedCheckpoint};
@@ -75,8 +76,9 @@ pub struct CoordinatorActor {
     sources: Vec<(SubtaskId, Addr<SubtaskActor>)>,
     subtasks: Vec<Addr<SubtaskActor>>,
     input_end: InputEnd,
-    /// `_metadata` writes in flight.
-    finalizing: usize,
+    /// Checkpoints whose `_metadata` write is in flight.
+    finalizing: BTreeSet<CheckpointId>,
+    registry: SharedStateRegistry,
     /// Deletions in flight.
     deleting: usize,
     shutdown_replies: Vec<oneshot::Sender<()>>,
@@ -114,6 +116,7 @@ impl CoordinatorActor {
         CoordinatorActor {
             core,
             storage,
+            registry: SharedStateRegistry::rebuild(store.retained()),
             store,
             supervisor,
             metrics,
@@ -121,7 +124,7 @@ impl CoordinatorActor {
             sources: Vec::new(),
             subtasks: Vec::new(),
             input_end: InputEnd::default(),
-            finalizing: 0,
+            finalizing: BTreeSet::new(),
             deleting: 0,
             shutdown_replies: Vec::new(),
             restore_replies: Vec::new(),
@@ -208,8 +211,29 @@ impl CoordinatorActor {
         );
     }
 
+    /// Shared files nothing can reference any more.
+    fn delete_released(&mut self, ctx: &mut Context<Self>) {
+        let paths: Vec<String> = self
+            .registry
+            .take_deletable()
+            .into_iter()
+            .map(|h| h.path)
+            .collect();
+        if !paths.is_empty() {
+            self.spawn_delete(paths, Vec::new(), ctx);
+        }
+    }
+
+    /// Every pending checkpoint ends with the attempt, except those whose
+    /// metadata is being written: they may still complete.
+    fn abort_all(&mut self, reason: String, ctx: &mut Context<Self>) {
+        self.registry.abort_all_except(&self.finalizing);
+        self.feed(Event::AbortAll { reason }, ctx);
+        self.delete_released(ctx);
+    }
+
     fn answer_shutdown(&mut self) {
-        if self.deleting == 0 && self.finalizing == 0 {
+        if self.deleting == 0 && self.finalizing.is_empty() {
             for reply in self.shutdown_replies.drain(..) {
                 let _ = reply.send(());
             }
@@ -221,6 +245,7 @@ impl CoordinatorActor {
             match action {
                 Action::Trigger { barrier, next_id } => {
                     self.triggered.insert(barrier.id, Instant::now());
+                    self.registry.triggered(barrier.id);
                     let storage = self.storage.clone();
                     let sources: Vec<_> = self.sources.iter().map(|(_, a)| a.clone()).collect();
                     let first = self.sources.first().map(|(id, _)| *id);
@@ -251,7 +276,7 @@ impl CoordinatorActor {
                 Action::Finalize(checkpoint) => {
                     let storage = self.storage.clone();
                     let id = checkpoint.id;
-                    self.finalizing += 1;
+                    self.finalizing.insert(id);
                     ctx.spawn(
                         async move {
                             storage.write_metadata(&checkpoint).await?;
@@ -259,16 +284,19 @@ impl CoordinatorActor {
                         }
                         .into_actor(self)
                         .map(move |result, act, ctx| {
-                            act.finalizing -= 1;
+                            act.finalizing.remove(&id);
                             match result {
                                 Ok(checkpoint) => act.persisted(checkpoint, ctx),
-                                Err(e) => act.feed(
-                                    Event::PersistFailed {
-                                        checkpoint: id,
-                                        reason: e.to_string(),
-                                    },
-                                    ctx,
-                                ),
+                                Err(e) => {
+                                    act.registry.aborted(id);
+                                    act.feed(
+                                        Event::PersistFailed {
+                                            checkpoint: id,
+                                            reason: e.to_string(),
+                                        },
+                                        ctx,
+                                    );
+                                }
                             }
                             act.answer_restore();
                             act.answer_shutdown();
@@ -290,6 +318,8 @@ impl CoordinatorActor {
                     }
                 }
                 Action::NotifyAbort { checkpoint, reason } => {
+                    self.registry.aborted(checkpoint);
+                    self.delete_released(ctx);
                     if !matches!(reason, CheckpointFailure::Aborted { .. }) {
                         self.metrics
                             .checkpoints
@@ -301,10 +331,10 @@ impl CoordinatorActor {
                         subtask.do_send(NotifyCheckpointAborted(checkpoint));
                     }
                 }
-                Action::Discard(states) => {
+                Action::Discard { checkpoint, states } => {
                     let paths = states
                         .iter()
-                        .flat_map(|s| s.handles().map(|h| h.path.clone()))
+                        .flat_map(|s| s.written_by(checkpoint).map(|h| h.path.clone()))
                         .collect();
                     self.spawn_delete(paths, Vec::new(), ctx);
                 }
@@ -319,7 +349,7 @@ impl CoordinatorActor {
     }
 
     fn answer_restore(&mut self) {
-        if self.finalizing > 0 {
+        if !self.finalizing.is_empty() {
             return;
         }
         for reply in std::mem::take(&mut self.restore_replies) {
@@ -338,11 +368,13 @@ impl CoordinatorActor {
         let id = checkpoint.id;
         let stats = &self.metrics.checkpoints;
         stats.completed.fetch_add(1, Ordering::Relaxed);
-        stats.bytes_last.store(
+        stats.bytes_full.store(
             checkpoint.subtasks.values().map(|s| s.size()).sum(),
             Ordering::Relaxed,
         );
         stats.record_inflight(&checkpoint);
+        stats.record_uploads(&checkpoint);
+        self.registry.completed(&checkpoint);
         if self.switched.remove(&id) {
             stats.switched_to_unaligned.fetch_add(1, Ordering::Relaxed);
         }
@@ -352,8 +384,12 @@ impl CoordinatorActor {
         // Older checkpoints have ended one way or another.
         self.triggered.retain(|pending, _| *pending > id);
         self.switched.retain(|pending| *pending > id);
-        let subsumed = self.store.add(checkpoint).iter().map(|c| c.id).collect();
-        self.spawn_delete(Vec::new(), subsumed, ctx);
+        let subsumed = self.store.add(checkpoint);
+        for old in &subsumed {
+            self.registry.removed(old);
+        }
+        self.spawn_delete(Vec::new(), subsumed.iter().map(|c| c.id).collect(), ctx);
+        self.delete_released(ctx);
         self.feed(Event::Persisted(id), ctx);
     }
 }
@@ -389,7 +425,7 @@ impl Handler<AbortPending> for CoordinatorActor {
     fn handle(&mut self, msg: AbortPending, ctx: &mut Context<Self>) {
         self.sources.clear();
         self.subtasks.clear();
-        self.feed(Event::AbortAll { reason: msg.reason }, ctx);
+        self.abort_all(msg.reason, ctx);
     }
 }
 
@@ -401,12 +437,7 @@ impl Handler<Shutdown> for CoordinatorActor {
         self.sources.clear();
         self.subtasks.clear();
         self.shutdown_replies.push(reply);
-        self.feed(
-            Event::AbortAll {
-                reason: "the job ended".into(),
-            },
-            ctx,
-        );
+        self.abort_all("the job ended".into(), ctx);
         self.answer_shutdown();
     }
 }
@@ -453,7 +484,12 @@ impl Handler<AcknowledgeCheckpoint> for CoordinatorActor {
     fn handle(&mut self, msg: AcknowledgeCheckpoint, ctx: &mut Context<Self>) {
         if msg.attempt != self.attempt {
             // A snapshot of an abandoned attempt: its checkpoint was aborted.
-            let paths = msg.ack.state.handles().map(|h| h.path.clone()).collect();
+            let paths = msg
+                .ack
+                .state
+                .written_by(msg.ack.checkpoint)
+                .map(|h| h.path.clone())
+                .collect();
             return self.spawn_delete(paths, Vec::new(), ctx);
         }
         let (checkpoint, subtask, m) = (msg.ack.checkpoint, msg.ack.subtask, &msg.ack.metrics);

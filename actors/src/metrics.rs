@@ -62,7 +62,7 @@ pub struct CheckpointStats {
     /// Per acknowledgement, in milliseconds.
     pub alignments_ms: Mutex<Vec<f64>>,
     /// State size of the last completed checkpoint.
-    pub bytes_last: AtomicU64,
+    pub bytes_full: AtomicU64,
     /// From a failure to the restored attempt's first records, in milliseconds.
     pub recoveries_ms: Mutex<Vec<f64>>,
     /// In-flight bytes persisted as channel state by the last completed
@@ -75,9 +75,28 @@ pub struct CheckpointStats {
     pub switched_to_unaligned: AtomicU64,
     /// In-flight batches replayed by restores.
     pub restored_inflight_batches: AtomicU64,
+    /// What completed checkpoints wrote themselves, as opposed to what they
+    /// reference from earlier ones.
+    pub bytes_uploaded_last: AtomicU64,
+    pub bytes_uploaded_total: AtomicU64,
+    pub files_uploaded_total: AtomicU64,
 }
 
 impl CheckpointStats {
+    pub fn record_uploads(&self, checkpoint: &CompletedCheckpoint) {
+        let written: Vec<u64> = checkpoint
+            .subtasks
+            .values()
+            .flat_map(|s| s.written_by(checkpoint.id).map(|h| h.size))
+            .collect();
+        let bytes = written.iter().sum();
+        self.bytes_uploaded_last.store(bytes, Ordering::Relaxed);
+        self.bytes_uploaded_total
+            .fetch_add(bytes, Ordering::Relaxed);
+        self.files_uploaded_total
+            .fetch_add(written.len() as u64, Ordering::Relaxed);
+    }
+
     pub fn record_inflight(&self, checkpoint: &CompletedCheckpoint) {
         let states = checkpoint.subtasks.values();
         let bytes = states.clone().map(SubtaskState::inflight_bytes).sum();

@@ -13,7 +13,7 @@ use std::time::Duration;
 use thiserror::Error;
 use tidemark::checkpoint::restore::RestoreError;
 use tidemark::checkpoint::storage::{CheckpointStorage, StorageError};
-use tidemark::checkpoint::CheckpointFailure;
+use tidemark::checkpoint::{CheckpointFailure, SettingsError};
 use tidemark::error::TaskError;
 use tidemark::event::CheckpointKind;
 use tidemark::graph::GraphError;
@@ -24,6 +24,8 @@ use tidemark::job::Job;
 pub enum JobError {
     #[error("invalid job: {0}")]
     InvalidJob(#[from] GraphError),
+    #[error("invalid checkpointing: {0}")]
+    InvalidCheckpointing(#[from] SettingsError),
     #[error("subtask {subtask} failed: {error}")]
     TaskFailed {
         subtask: SubtaskId,
@@ -129,6 +131,9 @@ impl Default for Runtime {
 impl Runtime {
     pub fn run(&self, job: Job) -> Result<JobHandle, JobError> {
         job.validate()?;
+        if let Some(settings) = &job.config.checkpointing {
+            settings.validate()?;
+        }
         let subtasks: Vec<SubtaskId> = job.graph.subtasks().collect();
         if let Some(fault) = job
             .config

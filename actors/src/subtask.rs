@@ -16,9 +16,10 @@ use crate::messages::{
     SourceExhausted, Stop, SubtaskFailed, SubtaskFinished, TriggerCheckpoint, Wire,
 };
 use crate::metrics::JobMetrics;
-use crate::snapshot::{self, ChannelState};
+use crate::snapshot::{self, SharedBase};
 use crate::supervisor::JobSupervisor;
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
+use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,7 +27,7 @@ use tidemark::batch::Batch;
 use tidemark::channel::CreditSender;
 use tidemark::checkpoint::barrier::{BarrierAction, BarrierHandler, Polled};
 use tidemark::checkpoint::storage::CheckpointStorage;
-use tidemark::checkpoint::{Ack, ChannelSide, CheckpointMetrics};
+use tidemark::checkpoint::{Ack, ChannelSide, ChannelState, CheckpointMetrics};
 use tidemark::error::TaskError;
 use tidemark::event::{Alignment, Barrier, ChannelEvent};
 use tidemark::fault::{Fault, FaultPoint};
@@ -42,6 +43,7 @@ use tokio::sync::oneshot;
 pub struct Checkpointing {
     pub coordinator: Addr<CoordinatorActor>,
     pub storage: CheckpointStorage,
+    pub incremental: bool,
     /// Targeted faults of this subtask.
     pub faults: Vec<Fault>,
 }
@@ -57,9 +59,12 @@ pub struct SubtaskSpec {
     pub rate: Option<f64>,
     pub checkpointing: Option<Checkpointing>,
     /// In-flight batches of the restored checkpoint, replayed first.
-    pub replay: Vec<(ChannelSide, usize, Vec<Batch>)>,
+    pub replay: Vec<ChannelState>,
     /// Input pause per record processed, for a subtask made slow.
     pub ns_per_record: u64,
+    /// The shared files of the restored checkpoint, which an incremental
+    /// snapshot references instead of uploading.
+    pub shared_base: SharedBase,
 }
 
 /// Input channel state of an unaligned checkpoint, per input channel, and its
@@ -106,6 +111,20 @@ pub struct SubtaskActor {
     /// The unaligned snapshot whose asynchronous part waits for the input
     /// channel state the handler is collecting.
     collecting: Option<(CheckpointId, oneshot::Sender<InputChannelState>)>,
+    /// Shared files of the newest checkpoint known to be complete: only a
+    /// completed checkpoint is a safe base, an acknowledged one may abort.
+    shared_base: Arc<SharedBase>,
+    /// Shared files of acknowledged checkpoints, until they complete.
+    uploaded: BTreeMap<CheckpointId, Arc<SharedBase>>,
+}
+
+/// The asynchronous part of a snapshot → its subtask: the shared files the
+/// acknowledged state references.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Uploaded {
+    checkpoint: CheckpointId,
+    shared: SharedBase,
 }
 
 /// Subtask → itself: go on with the input, after the mailbox had its turn.
@@ -126,12 +145,12 @@ impl SubtaskActor {
         let mut handler = BarrierHandler::new(spec.inputs);
         let mut outputs: Vec<CreditSender> =
             (0..spec.outputs).map(|_| CreditSender::default()).collect();
-        for (side, channel, batches) in spec.replay {
-            match side {
-                ChannelSide::Input => handler.replay(channel, batches),
+        for state in spec.replay {
+            match state.side {
+                ChannelSide::Input => handler.replay(state.channel, state.batches),
                 ChannelSide::Output => {
-                    for batch in batches {
-                        outputs[channel].push(ChannelEvent::Batch(batch));
+                    for batch in state.batches {
+                        outputs[state.channel].push(ChannelEvent::Batch(batch));
                     }
                 }
             }
@@ -160,6 +179,8 @@ impl SubtaskActor {
             resume_at: None,
             timer: None,
             collecting: None,
+            shared_base: Arc::new(spec.shared_base),
+            uploaded: BTreeMap::new(),
         }
     }
 
@@ -315,28 +336,22 @@ impl SubtaskActor {
                         switched_to_unaligned: timed_out,
                         ..CheckpointMetrics::default()
                     };
-                    self.snapshot(barrier, metrics);
+                    self.snapshot(barrier, metrics, ctx);
                 }
                 BarrierAction::ChannelState {
                     checkpoint,
                     inputs,
                     alignment,
                 } => {
-                    if let Some((id, waiting)) = self.collecting.take() {
-                        debug_assert_eq!(id, checkpoint);
+                    if let Some((_, waiting)) = self.collecting.take_if(|(id, _)| *id == checkpoint)
+                    {
                         // The asynchronous part is gone only if it failed, which it reported.
                         let _ = waiting.send((inputs, alignment));
                     }
                 }
                 BarrierAction::Abort { checkpoint, reason } => {
-                    if self
-                        .collecting
-                        .as_ref()
-                        .is_some_and(|(id, _)| *id == checkpoint)
-                    {
-                        // Dropping the sender ends the waiting asynchronous part.
-                        self.collecting = None;
-                    }
+                    // Dropping the sender ends the waiting asynchronous part.
+                    self.collecting.take_if(|(id, _)| *id == checkpoint);
                     if let Some(c) = &self.checkpointing {
                         c.coordinator.do_send(DeclineCheckpoint {
                             attempt: self.attempt,
@@ -379,7 +394,12 @@ impl SubtaskActor {
     /// (`metrics.unaligned`), the barrier overtakes the output queues, whose
     /// batches become output channel state, and the acknowledgement waits
     /// for the input channel state.
-    fn snapshot(&mut self, barrier: Barrier, mut metrics: CheckpointMetrics) {
+    fn snapshot(
+        &mut self,
+        barrier: Barrier,
+        mut metrics: CheckpointMetrics,
+        ctx: &mut Context<Self>,
+    ) {
         let Some(checkpointing) = self.checkpointing.clone() else {
             return self.fail(TaskError::Protocol(
                 "a barrier reached a job without checkpointing".into(),
@@ -421,6 +441,8 @@ impl SubtaskActor {
 
         let (subtask, attempt) = (self.id, self.attempt);
         let supervisor = self.supervisor.clone();
+        let base = checkpointing.incremental.then(|| self.shared_base.clone());
+        let me = ctx.address();
         let async_fault = self.fault(FaultPoint::AsyncWrite, id);
         let after_ack_fault = self.fault(FaultPoint::AfterAck, id);
         actix_rt::spawn(async move {
@@ -465,8 +487,17 @@ impl SubtaskActor {
                     }
                 }));
             }
-            match snapshot::write(&checkpointing.storage, subtask, id, state, channels).await {
+            let base = base.as_deref();
+            match snapshot::write(&checkpointing.storage, subtask, id, state, channels, base).await
+            {
                 Ok((state, took)) => {
+                    me.do_send(Uploaded {
+                        checkpoint: id,
+                        shared: state
+                            .shared_files()
+                            .map(|f| (f.name.clone(), f.clone()))
+                            .collect(),
+                    });
                     metrics.async_ = took;
                     metrics.state_size = state.size();
                     metrics.persisted_inflight_bytes = state.inflight_bytes();
@@ -520,6 +551,9 @@ impl Handler<Wire> for SubtaskActor {
         self.output_addrs = wire.outputs;
         self.input_addrs = wire.inputs;
         self.phase = Phase::Running;
+        // Replayed output channel state may be waiting for credit that
+        // arrived before the endpoints were wired.
+        self.send_outgoing();
         self.drive(ctx);
     }
 }
@@ -615,7 +649,7 @@ impl Handler<TriggerCheckpoint> for SubtaskActor {
     /// A source that is not running says nothing: it failed (the restart
     /// aborts the checkpoint) or its output ended (the job is finishing), and
     /// neither is a checkpoint failure to count.
-    fn handle(&mut self, TriggerCheckpoint(barrier): TriggerCheckpoint, _ctx: &mut Context<Self>) {
+    fn handle(&mut self, TriggerCheckpoint(barrier): TriggerCheckpoint, ctx: &mut Context<Self>) {
         if matches!(self.phase, Phase::Running | Phase::Exhausted) {
             // A source has no input to align: only an unaligned checkpoint
             // changes what it does.
@@ -624,8 +658,16 @@ impl Handler<TriggerCheckpoint> for SubtaskActor {
                 unaligned: barrier.options.alignment == Alignment::Unaligned,
                 ..CheckpointMetrics::default()
             };
-            self.snapshot(barrier, metrics);
+            self.snapshot(barrier, metrics, ctx);
         }
+    }
+}
+
+impl Handler<Uploaded> for SubtaskActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Uploaded, _ctx: &mut Context<Self>) {
+        self.uploaded.insert(msg.checkpoint, Arc::new(msg.shared));
     }
 }
 
@@ -637,6 +679,10 @@ impl Handler<NotifyCheckpointComplete> for SubtaskActor {
         NotifyCheckpointComplete(id): NotifyCheckpointComplete,
         _ctx: &mut Context<Self>,
     ) {
+        if let Some(shared) = self.uploaded.remove(&id) {
+            self.shared_base = shared;
+        }
+        self.uploaded.retain(|checkpoint, _| *checkpoint > id);
         let commit_fault = self.fault(FaultPoint::SinkCommit, id);
         self.guarded(|task, _| {
             if commit_fault {

@@ -13,15 +13,18 @@ use crate::endpoint::{InputEndpoint, OutputEndpoint};
 use crate::messages::{Cancel, ConnectUpstream, Stop, SubtaskFailed, SubtaskFinished, Wire};
 use crate::metrics::{CheckpointStats, JobMetrics};
 use crate::runtime::{JobError, JobReport};
+use crate::snapshot::SharedBase;
 use crate::subtask::{panic_message, Checkpointing, SubtaskActor, SubtaskSpec};
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, Recipient, System,
     WrapFuture,
 };
 use actix_rt::ArbiterHandle;
+use futures::stream::{self, StreamExt, TryStreamExt};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::Ordering;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,7 +33,9 @@ use tidemark::checkpoint::coordinator::CheckpointCoordinator;
 use tidemark::checkpoint::restore::{self, RestoreError};
 use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::store::CompletedCheckpointStore;
-use tidemark::checkpoint::{CompletedCheckpoint, Restore};
+use tidemark::checkpoint::{
+    ChannelState, CompletedCheckpoint, NativeFileHandle, NativeStateHandle, Restore,
+};
 use tidemark::error::TaskError;
 use tidemark::graph::JobGraph;
 use tidemark::ids::{Attempt, SubtaskId, SubtaskIndex};
@@ -68,13 +73,26 @@ pub struct JobSupervisor {
     early_triggers: Vec<TriggerManual>,
 }
 
+/// What a subtask resumes from.
+#[derive(Default)]
+struct Restored {
+    state: RestoreState,
+    /// The shared files of a restored native checkpoint, by name.
+    shared_base: SharedBase,
+}
+
+/// Objects a restore reads or downloads at once.
+const PARALLEL_READS: usize = 4;
+
 /// The state every subtask starts from: nothing without a checkpoint;
-/// otherwise the restore plan's objects, read and cut into key groups.
+/// otherwise the restore plan's objects, read and cut into key groups, and
+/// native checkpoints downloaded under `local_dir`.
 async fn load(
     storage: &CheckpointStorage,
     graph: &JobGraph,
     checkpoint: Option<&CompletedCheckpoint>,
-) -> Result<HashMap<SubtaskId, RestoreState>, JobError> {
+    local_dir: Option<&Path>,
+) -> Result<HashMap<SubtaskId, Restored>, JobError> {
     let Some(checkpoint) = checkpoint else {
         return Ok(HashMap::new());
     };
@@ -86,6 +104,21 @@ async fn load(
                 operator: plan.operator,
                 ..RestoreState::default()
             };
+            let mut shared_base = SharedBase::new();
+            if let Some(native) = plan.native {
+                let Some(local_dir) = local_dir else {
+                    return Err(JobError::Restore(RestoreError::Malformed {
+                        subtask,
+                        problem: "the checkpoint holds RocksDB state and the job runs on the heap backend".into(),
+                    }));
+                };
+                state.native = Some(download(&storage, subtask, &native, local_dir).await?);
+                shared_base = native
+                    .shared
+                    .into_iter()
+                    .map(|f| (f.name.clone(), f))
+                    .collect();
+            }
             let malformed =
                 |problem: String| JobError::Restore(RestoreError::Malformed { subtask, problem });
             for slices in plan.keyed {
@@ -109,18 +142,62 @@ async fn load(
                         channel.batches
                     )));
                 }
-                state.channels.push((
-                    channel.side,
-                    channel.channel as usize,
-                    batches.into_iter().map(Batch::from).collect(),
-                ));
+                state.channels.push(ChannelState {
+                    side: channel.side,
+                    channel: channel.channel as usize,
+                    batches: batches.into_iter().map(Batch::from).collect(),
+                });
             }
-            Ok::<_, JobError>((subtask, state))
+            Ok::<_, JobError>((subtask, Restored { state, shared_base }))
         }
     });
     futures::future::try_join_all(reads)
         .await
         .map(|v| v.into_iter().collect())
+}
+
+/// Downloads the files of a native checkpoint into a directory of its own
+/// under `local_dir`, which the state backend then takes over.
+async fn download(
+    storage: &CheckpointStorage,
+    subtask: SubtaskId,
+    native: &NativeStateHandle,
+    local_dir: &Path,
+) -> Result<PathBuf, JobError> {
+    static DOWNLOADS: AtomicU64 = AtomicU64::new(0);
+    let dir = local_dir.join(format!(
+        "restore-{}-{}-{subtask}",
+        std::process::id(),
+        DOWNLOADS.fetch_add(1, Ordering::Relaxed)
+    ));
+    let local = |e: std::io::Error| JobError::Runtime(format!("restoring {subtask}: {e}"));
+    std::fs::create_dir_all(&dir).map_err(local)?;
+    let files: Vec<&NativeFileHandle> = native.shared.iter().chain(&native.private).collect();
+    for file in &files {
+        // A name from the metadata becomes a local path: it must stay a name.
+        if file.name.is_empty() || file.name.contains(['/', '\\']) || file.name.starts_with('.') {
+            return Err(JobError::Restore(RestoreError::Malformed {
+                subtask,
+                problem: format!("{:?} is not a database file name", file.name),
+            }));
+        }
+    }
+    stream::iter(files)
+        .map(|file| {
+            let dir = &dir;
+            async move {
+                let bytes = read(storage, subtask, &file.handle.path, file.handle.size).await?;
+                let path = dir.join(&file.name);
+                tokio::task::spawn_blocking(move || std::fs::write(path, bytes))
+                    .await
+                    .map_err(|e| JobError::Runtime(e.to_string()))?
+                    .map_err(local)
+            }
+        })
+        .buffer_unordered(PARALLEL_READS)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(dir)
 }
 
 /// The object at `path`, which the checkpoint recorded as `size` bytes: a
@@ -239,7 +316,7 @@ impl JobSupervisor {
                         Some(checkpoint)
                     }
                 };
-                let restore = load(&storage, &graph, from.as_ref()).await?;
+                let restore = load(&storage, &graph, from.as_ref(), None).await?;
                 let mut core = CheckpointCoordinator::new(
                     settings.config.clone(),
                     subtasks,
@@ -275,7 +352,7 @@ impl JobSupervisor {
     fn start(
         &mut self,
         attempt: Attempt,
-        restore: HashMap<SubtaskId, RestoreState>,
+        restore: HashMap<SubtaskId, Restored>,
         ctx: &mut Context<Self>,
     ) {
         if attempt != self.attempt || self.outcome.is_none() {
@@ -309,7 +386,7 @@ impl JobSupervisor {
     fn deploy(
         &mut self,
         me: Addr<Self>,
-        mut restore: HashMap<SubtaskId, RestoreState>,
+        mut restore: HashMap<SubtaskId, Restored>,
     ) -> Result<(), JobError> {
         let graph = &self.job.graph;
         let config = &self.job.config;
@@ -318,9 +395,12 @@ impl JobSupervisor {
         let mut subtasks: HashMap<SubtaskId, Addr<SubtaskActor>> = HashMap::new();
         let mut actors: Vec<Recipient<Stop>> = Vec::new();
         for id in graph.subtasks().collect::<Vec<_>>() {
-            let mut state = restore.remove(&id).unwrap_or_default();
+            let Restored {
+                mut state,
+                shared_base,
+            } = restore.remove(&id).unwrap_or_default();
             let replay = std::mem::take(&mut state.channels);
-            let replayed: usize = replay.iter().map(|(_, _, batches)| batches.len()).sum();
+            let replayed: usize = replay.iter().map(|c| c.batches.len()).sum();
             self.metrics
                 .checkpoints
                 .restored_inflight_batches
@@ -340,10 +420,11 @@ impl JobSupervisor {
                 id,
                 attempt,
                 task,
-                inputs: input_edge.map_or(0, |e| graph.input_channels(e, id.index).len()),
+                inputs: graph.input_count(id),
                 outputs: ctx.output.map_or(0, |o| o.channels),
                 records_per_batch: config.batch_limits.max_records,
                 replay,
+                shared_base,
                 ns_per_record: config
                     .slow
                     .filter(|s| s.subtask == id)
@@ -357,6 +438,7 @@ impl JobSupervisor {
                     .map(|(coordinator, storage)| Checkpointing {
                         coordinator,
                         storage,
+                        incremental: config.checkpointing.as_ref().is_some_and(|c| c.incremental),
                         faults: if attempt == Attempt(0) {
                             config
                                 .faults
@@ -379,12 +461,7 @@ impl JobSupervisor {
         let mut outputs: HashMap<SubtaskId, Vec<Addr<OutputEndpoint>>> = HashMap::new();
         let mut inputs: HashMap<SubtaskId, Vec<Option<Addr<InputEndpoint>>>> = graph
             .subtasks()
-            .map(|id| {
-                let n = graph
-                    .input_edge(id.operator)
-                    .map_or(0, |e| graph.input_channels(e, id.index).len());
-                (id, vec![None; n])
-            })
+            .map(|id| (id, vec![None; graph.input_count(id)]))
             .collect();
         let channels = config.channels;
         for edge in &graph.edges {
@@ -510,7 +587,7 @@ impl JobSupervisor {
                     .await
                     .map_err(|e| JobError::Runtime(format!("the coordinator is gone: {e}")))?
                     .map_err(JobError::MasterHook)?;
-                load(&storage, &graph, latest.as_ref()).await
+                load(&storage, &graph, latest.as_ref(), None).await
             }
             .into_actor(self)
             .map(move |result, act, ctx| match result {

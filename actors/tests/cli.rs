@@ -98,6 +98,31 @@ fn bad_arguments_exit_2_naming_the_argument() {
             ][..],
             "--inject-failures",
         ),
+        (&["run", "wordcount", "--mode", "sideways"][..], "--mode"),
+        (
+            &[
+                "run",
+                "wordcount",
+                "--mode=unaligned",
+                "--aligned-timeout=1s",
+            ][..],
+            "--aligned-timeout",
+        ),
+        (
+            &["run", "wordcount", "--mode=unaligned", "--max-concurrent=2"][..],
+            "--max-concurrent",
+        ),
+        (
+            &[
+                "run",
+                "wordcount",
+                "--parallelism=2",
+                "--slow-subtask=2",
+                "--slow-ns=5",
+            ][..],
+            "--slow-subtask",
+        ),
+        (&["run", "wordcount", "--slow-subtask=0"][..], "--slow-ns"),
     ] {
         let out = tidemark(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));

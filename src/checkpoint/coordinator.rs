@@ -81,7 +81,10 @@ pub enum Action {
     },
     /// Delete the objects these states wrote (an aborted checkpoint's acks,
     /// a late ack).
-    Discard(Vec<SubtaskState>),
+    Discard {
+        checkpoint: CheckpointId,
+        states: Vec<SubtaskState>,
+    },
     /// Consecutive failures exceeded the tolerable number.
     FailJob(String),
     Resolve {
@@ -276,7 +279,7 @@ impl CheckpointCoordinator {
                     self.end(now, checkpoint, failure, Ending::Failure, &mut out);
                 } else if let Some(entry) = self.ended_mut(checkpoint) {
                     if let Ended::Abandoned(states) = mem::replace(entry, Ended::Failed) {
-                        discard(states, &mut out);
+                        discard(checkpoint, states, &mut out);
                     }
                 }
             }
@@ -421,7 +424,10 @@ impl CheckpointCoordinator {
                 p.acks.insert(ack.subtask, ack.state);
                 self.finalize_if_acked(ack.checkpoint, out);
             }
-            None => out.push(Action::Discard(vec![ack.state])),
+            None => out.push(Action::Discard {
+                checkpoint: ack.checkpoint,
+                states: vec![ack.state],
+            }),
         }
     }
 
@@ -496,7 +502,7 @@ impl CheckpointCoordinator {
         let ended = if p.finalizing && ending == Ending::AbortAll {
             Ended::Abandoned(states)
         } else {
-            discard(states, out);
+            discard(id, states, out);
             Ended::Failed
         };
         if matches!(ending, Ending::Failure | Ending::Subsumed) {
@@ -660,9 +666,9 @@ impl CheckpointCoordinator {
     }
 }
 
-fn discard(states: Vec<SubtaskState>, out: &mut Vec<Action>) {
+fn discard(checkpoint: CheckpointId, states: Vec<SubtaskState>, out: &mut Vec<Action>) {
     if !states.is_empty() {
-        out.push(Action::Discard(states));
+        out.push(Action::Discard { checkpoint, states });
     }
 }
 
@@ -961,9 +967,15 @@ mod tests {
         assert_eq!(
             h.handle(1500, ack(1, 1)),
             vec![
-                Action::Discard(vec![state(1, 0)]),
+                Action::Discard {
+                    checkpoint: CheckpointId(1),
+                    states: vec![state(1, 0)]
+                },
                 notify_abort(1, CheckpointFailure::Expired(CheckpointId(1))),
-                Action::Discard(vec![state(1, 1)]),
+                Action::Discard {
+                    checkpoint: CheckpointId(1),
+                    states: vec![state(1, 1)]
+                },
             ]
         );
     }
@@ -980,13 +992,19 @@ mod tests {
         assert_eq!(
             h.tick(1500),
             vec![
-                Action::Discard(vec![state(1, 0)]),
+                Action::Discard {
+                    checkpoint: CheckpointId(1),
+                    states: vec![state(1, 0)]
+                },
                 notify_abort(1, CheckpointFailure::Expired(CheckpointId(1)))
             ]
         );
         assert_eq!(
             h.handle(1600, ack(1, 1)),
-            vec![Action::Discard(vec![state(1, 1)])]
+            vec![Action::Discard {
+                checkpoint: CheckpointId(1),
+                states: vec![state(1, 1)]
+            }]
         );
     }
 
@@ -1026,7 +1044,10 @@ mod tests {
         ));
         assert_eq!(
             h.handle(20, ack(2, 1)),
-            vec![Action::Discard(vec![state(2, 1)])]
+            vec![Action::Discard {
+                checkpoint: CheckpointId(2),
+                states: vec![state(2, 1)]
+            }]
         );
         assert_eq!(
             h.handle(20, decline(2, 1, "late")),
@@ -1322,7 +1343,10 @@ mod tests {
                 }
             ),
             vec![
-                Action::Discard(vec![state(1, 0)]),
+                Action::Discard {
+                    checkpoint: CheckpointId(1),
+                    states: vec![state(1, 0)]
+                },
                 notify_abort(1, failure.clone()),
                 Action::FailJob(format!(
                     "1 consecutive checkpoint failures exceed the tolerable 0: {failure}"
@@ -1394,14 +1418,20 @@ mod tests {
             h.complete(2600, 3),
             vec![
                 Action::NotifyComplete(CheckpointId(3)),
-                Action::Discard(vec![state(1, 0)]),
+                Action::Discard {
+                    checkpoint: CheckpointId(1),
+                    states: vec![state(1, 0)]
+                },
                 notify_abort(1, subsumed),
             ]
         );
         assert_eq!(h.coordinator.pending(), 1, "the savepoint goes on");
         assert_eq!(
             h.handle(2700, ack(1, 1)),
-            vec![Action::Discard(vec![state(1, 1)])]
+            vec![Action::Discard {
+                checkpoint: CheckpointId(1),
+                states: vec![state(1, 1)]
+            }]
         );
         assert_eq!(
             h.complete(2800, 2),
@@ -1436,7 +1466,10 @@ mod tests {
                 }
             ),
             vec![
-                Action::Discard(vec![state(1, 0)]),
+                Action::Discard {
+                    checkpoint: CheckpointId(1),
+                    states: vec![state(1, 0)]
+                },
                 Action::Resolve {
                     request: 1,
                     result: Err(CheckpointFailure::Aborted {
@@ -1453,7 +1486,10 @@ mod tests {
         assert_eq!(h.coordinator.pending(), 0);
         assert_eq!(
             h.handle(400, ack(1, 1)),
-            vec![Action::Discard(vec![state(1, 1)])]
+            vec![Action::Discard {
+                checkpoint: CheckpointId(1),
+                states: vec![state(1, 1)]
+            }]
         );
         assert_eq!(
             h.poll_timeout(),
@@ -1492,11 +1528,17 @@ mod tests {
         };
         assert_eq!(
             failed.handle(300, persist_failed),
-            vec![Action::Discard(vec![state(1, 0)])]
+            vec![Action::Discard {
+                checkpoint: CheckpointId(1),
+                states: vec![state(1, 0)]
+            }]
         );
         assert_eq!(
             failed.handle(400, ack(1, 0)),
-            vec![Action::Discard(vec![state(1, 0)])]
+            vec![Action::Discard {
+                checkpoint: CheckpointId(1),
+                states: vec![state(1, 0)]
+            }]
         );
 
         let mut durable = Harness::new(config, 1);
@@ -1809,7 +1851,7 @@ mod tests {
                                 prop_assert!(completed.contains(&id));
                             }
                         }
-                        Action::Discard(states) => {
+                        Action::Discard { states, .. } => {
                             discarded.extend(states.iter().flat_map(|s| s.handles()).map(|h| h.path.clone()));
                         }
                         Action::NotifyAbort { .. } | Action::FailJob(_) => {}

@@ -11,6 +11,7 @@ pub mod shared;
 pub mod storage;
 pub mod store;
 
+use crate::batch::Batch;
 use crate::event::{Alignment, CheckpointKind};
 use crate::ids::{CheckpointId, SubtaskId};
 use crate::key_group::KeyGroupRange;
@@ -67,6 +68,32 @@ pub struct CheckpointSettings {
     pub storage_url: String,
     pub alignment: Alignment,
     pub restore: Restore,
+    /// RocksDB state uploads only the files the newest completed checkpoint
+    /// does not already hold.
+    pub incremental: bool,
+}
+
+/// Checkpoint settings that cannot work together.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SettingsError {
+    #[error("unaligned checkpoints (also aligned ones with a timeout) need max concurrent checkpoints 1, not {0}: an unaligned barrier overtakes the in-flight data and with it the barrier of an older checkpoint, which then aborts")]
+    UnalignedConcurrent(usize),
+}
+
+impl CheckpointSettings {
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        match self.alignment {
+            Alignment::Aligned => Ok(()),
+            Alignment::Unaligned | Alignment::AlignedWithTimeout(_)
+                if self.config.max_concurrent > 1 =>
+            {
+                Err(SettingsError::UnalignedConcurrent(
+                    self.config.max_concurrent,
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Whether `checkpoint` holds every source as exhausted: once it completed,
@@ -137,6 +164,15 @@ pub enum ChannelSide {
     Input,
     /// An output channel, by its index among the subtask's outputs.
     Output,
+}
+
+/// The in-flight batches of one channel of a subtask: what an unaligned
+/// checkpoint captured there, and what a restore replays there first.
+#[derive(Clone, Debug)]
+pub struct ChannelState {
+    pub side: ChannelSide,
+    pub channel: usize,
+    pub batches: Vec<Batch>,
 }
 
 /// The in-flight batches an unaligned checkpoint captured on one channel of a

@@ -24,7 +24,7 @@ pub enum RestoreError {
         checkpointed: u32,
         now: u32,
     },
-    #[error("checkpoint {checkpoint} is unaligned and holds in-flight channel state for operator {name:?} at parallelism {checkpointed}; restoring it at parallelism {now} is not supported yet (take a savepoint, which is always aligned)")]
+    #[error("checkpoint {checkpoint} is unaligned and holds in-flight channel state; operator {name:?} ran at parallelism {checkpointed} in it and is {now} now, and restoring channel state at another parallelism is not supported yet")]
     UnalignedRescale {
         checkpoint: crate::ids::CheckpointId,
         name: String,
@@ -53,17 +53,6 @@ pub struct RestorePlan {
     /// A native checkpoint of exactly the key groups the subtask owns, to
     /// download and open.
     pub native: Option<NativeStateHandle>,
-}
-
-/// Input and output channels of `subtask` in `graph`.
-fn channel_counts(graph: &JobGraph, subtask: SubtaskId) -> (usize, usize) {
-    let inputs = graph
-        .input_edge(subtask.operator)
-        .map_or(0, |e| graph.input_channels(e, subtask.index).len());
-    let outputs = graph
-        .output_edge(subtask.operator)
-        .map_or(0, |e| graph.output_channels(e, subtask.index).len());
-    (inputs, outputs)
 }
 
 fn ranges(
@@ -107,8 +96,8 @@ pub fn plan(
         let op = graph.operator(operator);
         let has_channel_state = checkpoint
             .subtasks
-            .iter()
-            .any(|(s, state)| s.operator == operator && !state.channels.is_empty());
+            .values()
+            .any(|state| !state.channels.is_empty());
         if op.parallelism != parallelism && has_channel_state {
             return Err(RestoreError::UnalignedRescale {
                 checkpoint: checkpoint.id,
@@ -131,11 +120,10 @@ pub fn plan(
         let owned = KeyGroupRange::for_subtask(op.max_parallelism, op.parallelism, subtask.index);
         let plan = plans.entry(*subtask).or_default();
         plan.operator = state.operator.clone();
-        let (inputs, outputs) = channel_counts(graph, *subtask);
         for channel in &state.channels {
             let count = match channel.side {
-                ChannelSide::Input => inputs,
-                ChannelSide::Output => outputs,
+                ChannelSide::Input => graph.input_count(*subtask),
+                ChannelSide::Output => graph.output_count(*subtask),
             };
             if channel.channel as usize >= count {
                 return Err(RestoreError::Malformed {

@@ -63,6 +63,14 @@ impl SharedStateRegistry {
         self.ended(checkpoint);
     }
 
+    /// Every pending checkpoint but `keep` will never complete.
+    pub fn abort_all_except(&mut self, keep: &BTreeSet<CheckpointId>) {
+        let ended: Vec<CheckpointId> = self.pending.difference(keep).copied().collect();
+        for checkpoint in ended {
+            self.ended(checkpoint);
+        }
+    }
+
     /// `checkpoint` left the retained checkpoints (subsumed or discarded).
     pub fn removed(&mut self, checkpoint: &CompletedCheckpoint) {
         for handle in shared_handles(checkpoint) {
