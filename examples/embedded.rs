@@ -29,7 +29,7 @@ impl KeyedProcessFunction<String, String, (String, u64)> for WordCount {
         out: &mut Collector<'_, (String, u64)>,
     ) {
         for (word, count) in states.values(&self.count) {
-            out.collect((word.clone(), *count));
+            out.collect((word, count));
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::operator::{
 use crate::restart::RestartStrategy;
 use crate::sink::{Sink, SinkContext};
 use crate::source::{Source, SourceContext};
-use crate::state::{HeapKeyedStateBackend, Key, StateRegistrar};
+use crate::state::{Key, KeyedStateBackend, StateBackend, StateRegistrar};
 use crate::task::{ChainTask, OutputContext, Task, TaskContext};
 use std::sync::Arc;
 
@@ -46,6 +46,8 @@ pub struct JobConfig {
     pub kills: Option<KillSchedule>,
     pub faults: Vec<Fault>,
     pub slow: Option<SlowSubtask>,
+    /// Where keyed operators keep their state.
+    pub state_backend: StateBackend,
 }
 
 impl Default for JobConfig {
@@ -63,6 +65,7 @@ impl Default for JobConfig {
             kills: None,
             faults: Vec::new(),
             slow: None,
+            state_backend: StateBackend::Heap,
         }
     }
 }
@@ -144,6 +147,12 @@ impl JobBuilder {
     /// Caps the total rate of all source subtasks, in records per second.
     pub fn source_rate(mut self, records_per_second: f64) -> Self {
         self.config.source_rate = Some(records_per_second);
+        self
+    }
+
+    /// Where keyed operators keep their state.
+    pub fn state_backend(mut self, backend: StateBackend) -> Self {
+        self.config.state_backend = backend;
         self
     }
 
@@ -374,7 +383,12 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
             job,
             op,
             build: Arc::new(move |ctx, next| {
-                let states = HeapKeyedStateBackend::new(ctx.key_groups, ctx.max_parallelism);
+                let states = KeyedStateBackend::new(
+                    &ctx.state_backend,
+                    &format!("{op}-{}", ctx.subtask.0),
+                    ctx.key_groups,
+                    ctx.max_parallelism,
+                );
                 let process = KeyedProcess::new(key_of.clone(), &factory, states, next);
                 Box::new(ChainTask::input(Box::new(process)))
             }),

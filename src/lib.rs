@@ -37,4 +37,6 @@ pub use job::{Job, JobBuilder, JobConfig, KeyedStream, Stream};
 pub use operator::{Collector, KeyedProcessFunction};
 pub use sink::{Sink, SinkContext};
 pub use source::{Source, SourceContext, SourceStatus};
-pub use state::{AllKeys, Key, KeyedContext, ListState, MapState, StateRegistrar, ValueState};
+pub use state::{
+    AllKeys, Key, KeyedContext, ListState, MapState, StateBackend, StateRegistrar, ValueState,
+};

@@ -8,8 +8,8 @@ use crate::error::TaskError;
 use crate::ids::{CheckpointId, KeyGroup};
 use crate::key_group::subtask_for_key_group;
 use crate::sink::Sink;
-use crate::state::{AllKeys, HeapKeyedStateBackend, Key, KeyedContext, StateRegistrar};
-use crate::task::{KeyedSnapshot, RestoreState, TaskSnapshot, SINK};
+use crate::state::{AllKeys, Key, KeyedContext, KeyedStateBackend, StateRegistrar};
+use crate::task::{RestoreState, TaskSnapshot, SINK};
 use std::sync::Arc;
 
 /// Full batches ready to be sent, with the index of their output channel.
@@ -129,7 +129,7 @@ pub type KeyedFunctionFactory<K, I, O> =
 pub struct KeyedProcess<K: Key, I, O> {
     key_of: Arc<dyn Fn(&I) -> K + Send + Sync>,
     function: Box<dyn KeyedProcessFunction<K, I, O>>,
-    states: HeapKeyedStateBackend<K>,
+    states: KeyedStateBackend<K>,
     next: Box<dyn Downstream<O>>,
 }
 
@@ -137,7 +137,7 @@ impl<K: Key, I, O> KeyedProcess<K, I, O> {
     pub fn new(
         key_of: Arc<dyn Fn(&I) -> K + Send + Sync>,
         factory: &KeyedFunctionFactory<K, I, O>,
-        mut states: HeapKeyedStateBackend<K>,
+        mut states: KeyedStateBackend<K>,
         next: Box<dyn Downstream<O>>,
     ) -> Self {
         let function = factory(&mut StateRegistrar::new(&mut states));
@@ -168,6 +168,7 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
     }
 
     fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.states.flush()?;
         self.function.end_of_input(
             AllKeys::new(&self.states),
             &mut Collector {
@@ -183,7 +184,7 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
         out: &mut Outgoing,
         snapshot: &mut TaskSnapshot,
     ) -> Result<(), TaskError> {
-        snapshot.keyed = Some(KeyedSnapshot::Heap(self.states.snapshot()));
+        snapshot.keyed = Some(self.states.snapshot(checkpoint)?);
         self.next.snapshot(checkpoint, out, snapshot)
     }
 
@@ -192,9 +193,7 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
     }
 
     fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
-        for (group, bytes) in &state.key_groups {
-            self.states.restore_group(*group, bytes)?;
-        }
+        self.states.restore(state)?;
         self.next.restore(state)
     }
 }

@@ -9,7 +9,7 @@ use crate::ids::{CheckpointId, KeyGroup, SubtaskIndex};
 use crate::key_group::KeyGroupRange;
 use crate::operator::{Downstream, Outgoing};
 use crate::source::{Source, SourceStatus};
-use crate::state::HeapSnapshot;
+use crate::state::{HeapSnapshot, StateBackend};
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -27,6 +27,8 @@ pub struct TaskContext {
     pub output: Option<OutputContext>,
     /// Offset a source resumes from.
     pub source_offset: u64,
+    /// Where a keyed operator keeps its state: the job's choice.
+    pub state_backend: StateBackend,
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -15,6 +15,7 @@ use tidemark::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
 use tidemark::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use tidemark::job::JobConfig;
 use tidemark::restart::RestartStrategy;
+use tidemark::StateBackend;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -38,6 +39,16 @@ pub enum Command {
 pub enum Mode {
     Aligned,
     Unaligned,
+}
+
+/// `--state`: where keyed state lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StateKind {
+    /// Typed hash tables in memory.
+    Heap,
+    /// One RocksDB database per subtask, under --state-dir.
+    Rocksdb,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -85,6 +96,13 @@ pub struct RunArgs {
     /// Checkpoint interval (`200ms`, `2s`), or `off`.
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub checkpoint_interval: CheckpointInterval,
+    /// Where keyed state lives.
+    #[arg(long, value_enum, default_value_t = StateKind::Heap)]
+    pub state: StateKind,
+    /// Local working directories of the RocksDB backend, one per subtask
+    /// instance, removed when it ends [default: <temp dir>/tidemark-state].
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
     /// Checkpoint storage: a path, `file://` path or `memory://`.
     #[arg(long, default_value = "./tidemark-data/checkpoints")]
     pub checkpoint_dir: String,
@@ -327,6 +345,13 @@ impl RunArgs {
             config.parallelism = p;
         }
         config.source_rate = self.rate;
+        config.state_backend = match (self.state, &self.state_dir) {
+            (StateKind::Heap, _) => StateBackend::Heap,
+            (StateKind::Rocksdb, None) => StateBackend::rocksdb_in_temp_dir(),
+            (StateKind::Rocksdb, Some(dir)) => StateBackend::RocksDb {
+                local_dir: dir.clone(),
+            },
+        };
         config.checkpointing = self
             .checkpoint_interval
             .0

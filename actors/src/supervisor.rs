@@ -270,6 +270,7 @@ impl JobSupervisor {
                 }
             }),
             source_offset,
+            state_backend: self.job.config.state_backend.clone(),
         }
     }
 

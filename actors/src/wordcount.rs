@@ -99,7 +99,7 @@ impl KeyedProcessFunction<u64, u64, (u64, u64)> for Counter {
     fn end_of_input(&mut self, states: AllKeys<'_, u64>, out: &mut Collector<'_, (u64, u64)>) {
         if self.emit == Emit::Final {
             for (key, count) in states.values(&self.count) {
-                out.collect((*key, *count));
+                out.collect((key, count));
             }
         }
     }

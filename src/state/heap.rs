@@ -2,10 +2,11 @@
 //! snapshot or a rescale works key group by key group without touching the
 //! others. Tables are addressed by the key's hash, computed once per record.
 
-use super::Key;
+use super::{Key, StateError};
 use crate::batch::Data;
 use crate::ids::KeyGroup;
-use crate::key_group::{key_group_for_hash, key_hash, KeyGroupRange};
+use crate::key_group::{key_hash, KeyGroupRange};
+use crate::task::RestoreState;
 use hashbrown::HashTable;
 use std::any::Any;
 
@@ -59,16 +60,6 @@ impl<K: Key, S: Data> TableCopy for Table<K, S> {
         let entries: Vec<&(K, S)> = self.groups[group].iter().collect();
         rmp_serde::encode::write(out, &entries).expect("writing to a vector cannot fail");
     }
-}
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum StateError {
-    #[error("keyed state {0:?} in the snapshot is not declared by the operator")]
-    UnknownState(String),
-    #[error("{0} is not owned by this subtask")]
-    ForeignKeyGroup(KeyGroup),
-    #[error("keyed state does not decode: {0}")]
-    Decode(String),
 }
 
 /// An owned copy of a backend's state, to serialize off the subtask.
@@ -137,20 +128,8 @@ impl<K: Key> HeapKeyedStateBackend<K> {
         self.range
     }
 
-    /// A key outside this backend's key groups was routed to the wrong
-    /// subtask: that is a bug, not bad input.
-    pub fn locate(&self, key: &K) -> KeySlot {
-        let hash = key_hash(key);
-        let group = key_group_for_hash(hash, self.max_parallelism);
-        assert!(
-            self.range.contains(group),
-            "key {key:?} of {group} reached a subtask owning {:?}",
-            self.range
-        );
-        KeySlot {
-            hash: hash.rotate_left(32),
-            group: self.range.offset(group),
-        }
+    pub fn max_parallelism(&self) -> u32 {
+        self.max_parallelism
     }
 
     pub(super) fn register<S: Data>(&mut self, name: &str) -> usize {
@@ -171,6 +150,18 @@ impl<K: Key> HeapKeyedStateBackend<K> {
             names: self.names.clone(),
             tables: self.tables.iter().map(|t| t.copy()).collect(),
         }
+    }
+
+    /// Loads the key groups of `state`. A native checkpoint cannot be read
+    /// into the heap: it is refused rather than ignored.
+    pub fn restore(&mut self, state: &RestoreState) -> Result<(), StateError> {
+        if let Some(dir) = &state.native {
+            return Err(StateError::NativeCheckpointOnHeap(dir.clone()));
+        }
+        for (group, bytes) in &state.key_groups {
+            self.restore_group(*group, bytes)?;
+        }
+        Ok(())
     }
 
     /// Loads one key group as `HeapSnapshot::write` wrote it. States must

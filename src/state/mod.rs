@@ -1,23 +1,175 @@
 //! Keyed state: value, map and list state over serde types, scoped to the key
 //! of the record being processed and partitioned by key group. Operator
 //! functions declare their states once, at open, and get typed handles; the
-//! backend behind the handles is chosen per job.
+//! backend behind the handles is chosen per job (`StateBackend`): typed hash
+//! tables on the heap, or one RocksDB database per subtask. The handles, the
+//! per-record `KeyedContext` and its `Entry` are the same for both, and
+//! dispatch to the backend through an enum, not a trait object.
 
 mod heap;
+mod rocksdb;
 
-pub use heap::{HeapKeyedStateBackend, HeapSnapshot, KeySlot, StateError};
+pub use self::heap::{HeapKeyedStateBackend, HeapSnapshot, KeySlot};
+pub use self::rocksdb::RocksDbKeyedStateBackend;
 
+use self::heap::{table_hash, GroupTable};
+use self::rocksdb::CachedValue;
 use hashbrown::hash_table;
-use heap::{table_hash, GroupTable};
 
 use crate::batch::Data;
+use crate::ids::{CheckpointId, KeyGroup};
+use crate::key_group::{key_group_for_hash, key_hash, KeyGroupRange};
+use crate::task::{KeyedSnapshot, RestoreState};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
 
 /// What a key must be: hashable to a key group, and storable.
 pub trait Key: Data + Hash + Eq + Debug {}
 impl<K: Data + Hash + Eq + Debug> Key for K {}
+
+/// Where the keyed state of a job lives.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum StateBackend {
+    /// Typed hash tables in memory; snapshots are full copies.
+    #[default]
+    Heap,
+    /// One RocksDB database per subtask, in a directory of its own under
+    /// `local_dir` that is removed when the subtask's instance goes away;
+    /// snapshots are RocksDB native checkpoints.
+    RocksDb { local_dir: PathBuf },
+}
+
+impl StateBackend {
+    /// RocksDB under `<temp dir>/tidemark-state`.
+    pub fn rocksdb_in_temp_dir() -> Self {
+        StateBackend::RocksDb {
+            local_dir: std::env::temp_dir().join("tidemark-state"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum StateError {
+    #[error("keyed state {0:?} in the snapshot is not declared by the operator")]
+    UnknownState(String),
+    #[error("{0} is not owned by this subtask")]
+    ForeignKeyGroup(KeyGroup),
+    #[error("keyed state does not decode: {0}")]
+    Decode(String),
+    #[error(
+        "the checkpoint in {0} was taken with the RocksDB state backend (a native \
+         checkpoint); the heap backend restores only key-group snapshots, so run \
+         the job with the RocksDB backend"
+    )]
+    NativeCheckpointOnHeap(PathBuf),
+    #[error("RocksDB: {0}")]
+    RocksDb(String),
+    #[error("{path}: {message}")]
+    Io { path: PathBuf, message: String },
+}
+
+impl StateError {
+    pub(crate) fn io(path: &Path, error: std::io::Error) -> Self {
+        StateError::Io {
+            path: path.to_owned(),
+            message: error.to_string(),
+        }
+    }
+}
+
+/// The keyed state of one subtask, in the backend the job chose.
+pub enum KeyedStateBackend<K: Key> {
+    Heap(HeapKeyedStateBackend<K>),
+    RocksDb(RocksDbKeyedStateBackend<K>),
+}
+
+impl<K: Key> KeyedStateBackend<K> {
+    /// The backend `config` asks for. `label` names the subtask in the
+    /// RocksDB working directory (`op-<operator>-<index>`); nothing is
+    /// created on disk until the state is restored or first used.
+    pub fn new(
+        config: &StateBackend,
+        label: &str,
+        key_groups: KeyGroupRange,
+        max_parallelism: u32,
+    ) -> Self {
+        match config {
+            StateBackend::Heap => {
+                KeyedStateBackend::Heap(HeapKeyedStateBackend::new(key_groups, max_parallelism))
+            }
+            StateBackend::RocksDb { local_dir } => KeyedStateBackend::RocksDb(
+                RocksDbKeyedStateBackend::new(local_dir, label, key_groups, max_parallelism),
+            ),
+        }
+    }
+
+    pub fn key_groups(&self) -> KeyGroupRange {
+        match self {
+            KeyedStateBackend::Heap(b) => b.key_groups(),
+            KeyedStateBackend::RocksDb(b) => b.key_groups(),
+        }
+    }
+
+    fn max_parallelism(&self) -> u32 {
+        match self {
+            KeyedStateBackend::Heap(b) => b.max_parallelism(),
+            KeyedStateBackend::RocksDb(b) => b.max_parallelism(),
+        }
+    }
+
+    /// Where a key lives. A key outside this backend's key groups was routed
+    /// to the wrong subtask: that is a bug, not bad input.
+    pub fn locate(&self, key: &K) -> KeySlot {
+        let hash = key_hash(key);
+        let group = key_group_for_hash(hash, self.max_parallelism());
+        let range = self.key_groups();
+        assert!(
+            range.contains(group),
+            "key {key:?} of {group} reached a subtask owning {range:?}",
+        );
+        KeySlot {
+            hash: hash.rotate_left(32),
+            group: range.offset(group),
+        }
+    }
+
+    fn register<S: Data>(&mut self, name: &str) -> usize {
+        match self {
+            KeyedStateBackend::Heap(b) => b.register::<S>(name),
+            KeyedStateBackend::RocksDb(b) => b.register::<S>(name),
+        }
+    }
+
+    /// The synchronous part of checkpoint `checkpoint`: an owned copy of the
+    /// heap, or a RocksDB native checkpoint in a fresh directory.
+    pub fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<KeyedSnapshot, StateError> {
+        match self {
+            KeyedStateBackend::Heap(b) => Ok(KeyedSnapshot::Heap(b.snapshot())),
+            KeyedStateBackend::RocksDb(b) => b.snapshot(checkpoint).map(KeyedSnapshot::Native),
+        }
+    }
+
+    /// Loads the keyed part of `state`: a native checkpoint (RocksDB only)
+    /// and key groups in the heap snapshot format (both backends). States
+    /// must have been declared (by opening the operator) first.
+    pub fn restore(&mut self, state: &RestoreState) -> Result<(), StateError> {
+        match self {
+            KeyedStateBackend::Heap(b) => b.restore(state),
+            KeyedStateBackend::RocksDb(b) => b.restore(state),
+        }
+    }
+
+    /// Writes back what the backend holds in front of its store: before
+    /// reading every key, and before a snapshot.
+    pub fn flush(&mut self) -> Result<(), StateError> {
+        match self {
+            KeyedStateBackend::Heap(_) => Ok(()),
+            KeyedStateBackend::RocksDb(b) => b.flush_cache(),
+        }
+    }
+}
 
 macro_rules! state_handle {
     ($(#[$doc:meta])* $name:ident<$($p:ident),+>) => {
@@ -58,11 +210,11 @@ state_handle!(
 
 /// Declares the states of a keyed function when a subtask opens it.
 pub struct StateRegistrar<'a, K: Key> {
-    backend: &'a mut HeapKeyedStateBackend<K>,
+    backend: &'a mut KeyedStateBackend<K>,
 }
 
 impl<'a, K: Key> StateRegistrar<'a, K> {
-    pub fn new(backend: &'a mut HeapKeyedStateBackend<K>) -> Self {
+    pub fn new(backend: &'a mut KeyedStateBackend<K>) -> Self {
         StateRegistrar { backend }
     }
 
@@ -81,13 +233,15 @@ impl<'a, K: Key> StateRegistrar<'a, K> {
 
 /// The state of the current key, handed to a keyed function with each record.
 pub struct KeyedContext<'a, K: Key> {
-    backend: &'a mut HeapKeyedStateBackend<K>,
+    backend: &'a mut KeyedStateBackend<K>,
     key: &'a K,
     slot: KeySlot,
 }
 
 impl<'a, K: Key> KeyedContext<'a, K> {
-    pub(crate) fn new(backend: &'a mut HeapKeyedStateBackend<K>, key: &'a K) -> Self {
+    /// The state of `key`. The runtime makes one per record; tests and
+    /// benchmarks can drive a backend directly with it.
+    pub fn new(backend: &'a mut KeyedStateBackend<K>, key: &'a K) -> Self {
         let slot = backend.locate(key);
         KeyedContext { backend, key, slot }
     }
@@ -112,44 +266,76 @@ impl<'a, K: Key> KeyedContext<'a, K> {
     }
 
     fn entry<S: Data>(&mut self, id: usize) -> Entry<'_, K, S> {
-        Entry {
-            table: self.backend.group_mut::<S>(id, self.slot.group),
-            key: self.key,
-            hash: self.slot.hash,
+        match self.backend {
+            KeyedStateBackend::Heap(b) => Entry(EntryRef::Heap {
+                table: b.group_mut::<S>(id, self.slot.group),
+                key: self.key,
+                hash: self.slot.hash,
+            }),
+            KeyedStateBackend::RocksDb(b) => {
+                Entry(EntryRef::RocksDb(b.entry::<S>(id, self.key, self.slot)))
+            }
         }
     }
 }
 
 /// One key's slot of one state.
-pub struct Entry<'a, K: Key, S> {
-    table: &'a mut GroupTable<K, S>,
-    key: &'a K,
-    hash: u64,
+///
+/// On the heap it is the slot in the state's table. On RocksDB the value is
+/// read once, when the entry is made, into the backend's write-back cache;
+/// the entry works on that copy and marks it dirty when it is set, cleared or
+/// handed out mutably (`get_or_default`), and the cache writes dirty values
+/// back to RocksDB in batches (see `RocksDbKeyedStateBackend`).
+pub struct Entry<'a, K: Key, S>(EntryRef<'a, K, S>);
+
+enum EntryRef<'a, K: Key, S> {
+    Heap {
+        table: &'a mut GroupTable<K, S>,
+        key: &'a K,
+        hash: u64,
+    },
+    RocksDb(&'a mut CachedValue<S>),
 }
 
 impl<K: Key, S: Data> Entry<'_, K, S> {
     pub fn get(&self) -> Option<&S> {
-        self.table
-            .find(self.hash, |(k, _)| k == self.key)
-            .map(|(_, s)| s)
+        match &self.0 {
+            EntryRef::Heap { table, key, hash } => {
+                table.find(*hash, |(k, _)| k == *key).map(|(_, s)| s)
+            }
+            EntryRef::RocksDb(cached) => cached.value.as_ref(),
+        }
     }
 
     pub fn set(&mut self, value: S) {
-        let key = self.key;
-        match self.slot() {
-            hash_table::Entry::Occupied(mut slot) => slot.get_mut().1 = value,
-            hash_table::Entry::Vacant(slot) => {
-                slot.insert((key.clone(), value));
+        match &mut self.0 {
+            EntryRef::Heap { table, key, hash } => {
+                match table.entry(*hash, |(k, _)| k == *key, |(k, _)| table_hash(k)) {
+                    hash_table::Entry::Occupied(mut slot) => slot.get_mut().1 = value,
+                    hash_table::Entry::Vacant(slot) => {
+                        slot.insert(((*key).clone(), value));
+                    }
+                }
+            }
+            EntryRef::RocksDb(cached) => {
+                cached.value = Some(value);
+                cached.dirty = true;
             }
         }
     }
 
     pub fn clear(&mut self) -> Option<S> {
-        let entry = self
-            .table
-            .find_entry(self.hash, |(k, _)| k == self.key)
-            .ok()?;
-        Some(entry.remove().0 .1)
+        match &mut self.0 {
+            EntryRef::Heap { table, key, hash } => {
+                let entry = table.find_entry(*hash, |(k, _)| k == *key).ok()?;
+                Some(entry.remove().0 .1)
+            }
+            EntryRef::RocksDb(cached) => {
+                let old = cached.value.take();
+                cached.dirty |= old.is_some();
+                old
+            }
+        }
     }
 
     /// The slot, created with `S::default()` if empty: one lookup for a
@@ -158,136 +344,63 @@ impl<K: Key, S: Data> Entry<'_, K, S> {
     where
         S: Default,
     {
-        self.get_or_insert_with(S::default)
-    }
-
-    fn get_or_insert_with(&mut self, make: impl FnOnce() -> S) -> &mut S {
-        let key = self.key;
-        &mut self
-            .slot()
-            .or_insert_with(|| (key.clone(), make()))
-            .into_mut()
-            .1
-    }
-
-    fn slot(&mut self) -> hash_table::Entry<'_, (K, S)> {
-        let key = self.key;
-        self.table
-            .entry(self.hash, |(k, _)| k == key, |(k, _)| table_hash(k))
+        match &mut self.0 {
+            EntryRef::Heap { table, key, hash } => {
+                let key = *key;
+                &mut table
+                    .entry(*hash, |(k, _)| k == key, |(k, _)| table_hash(k))
+                    .or_insert_with(|| (key.clone(), S::default()))
+                    .into_mut()
+                    .1
+            }
+            EntryRef::RocksDb(cached) => {
+                cached.dirty = true;
+                cached.value.get_or_insert_with(S::default)
+            }
+        }
     }
 }
 
 /// Read access to every key's state, for work that is not about one record:
 /// emitting final results at the end of input.
 pub struct AllKeys<'a, K: Key> {
-    backend: &'a HeapKeyedStateBackend<K>,
+    backend: &'a KeyedStateBackend<K>,
 }
 
 impl<'a, K: Key> AllKeys<'a, K> {
-    pub(crate) fn new(backend: &'a HeapKeyedStateBackend<K>) -> Self {
+    /// `backend` must have been flushed (`KeyedStateBackend::flush`).
+    pub(crate) fn new(backend: &'a KeyedStateBackend<K>) -> Self {
         AllKeys { backend }
     }
 
-    pub fn values<V: Data>(&self, state: &ValueState<V>) -> impl Iterator<Item = (&'a K, &'a V)> {
-        self.backend.entries(state.id)
+    /// Every key with a value, and the value, key group by key group.
+    pub fn values<V: Data>(&self, state: &ValueState<V>) -> impl Iterator<Item = (K, V)> + 'a {
+        match self.backend {
+            KeyedStateBackend::Heap(b) => Either::Left(
+                b.entries::<V>(state.id)
+                    .map(|(k, v)| (k.clone(), v.clone())),
+            ),
+            KeyedStateBackend::RocksDb(b) => Either::Right(b.entries::<V>(state.id)),
+        }
+    }
+}
+
+/// One of two iterators of the same items.
+enum Either<A, B> {
+    Left(A),
+    Right(B),
+}
+
+impl<T, A: Iterator<Item = T>, B: Iterator<Item = T>> Iterator for Either<A, B> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        match self {
+            Either::Left(a) => a.next(),
+            Either::Right(b) => b.next(),
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ids::SubtaskIndex;
-    use crate::key_group::KeyGroupRange;
-
-    #[test]
-    fn states_are_per_key_and_typed() {
-        let range = KeyGroupRange::for_subtask(128, 1, SubtaskIndex(0));
-        let mut backend = HeapKeyedStateBackend::<String>::new(range, 128);
-        let mut reg = StateRegistrar::new(&mut backend);
-        let count = reg.value::<u64>("count");
-        let seen = reg.list::<u32>("seen");
-        let by_day = reg.map::<u8, u64>("by-day");
-        for (key, n) in [("a", 1u32), ("b", 2), ("a", 3)] {
-            let key = key.to_string();
-            let mut ctx = KeyedContext::new(&mut backend, &key);
-            *ctx.value(&count).get_or_default() += 1;
-            ctx.list(&seen).get_or_default().push(n);
-            *ctx.map(&by_day)
-                .get_or_default()
-                .entry(n as u8 % 2)
-                .or_default() += 1;
-        }
-        let key = "a".to_string();
-        let mut ctx = KeyedContext::new(&mut backend, &key);
-        assert_eq!(ctx.value(&count).get(), Some(&2));
-        assert_eq!(ctx.list(&seen).get(), Some(&vec![1, 3]));
-        assert_eq!(ctx.map(&by_day).get().unwrap()[&1], 2);
-        assert_eq!(ctx.value(&count).clear(), Some(2));
-        let mut all: Vec<_> = AllKeys::new(&backend).values(&count).collect();
-        all.sort();
-        assert_eq!(all, [(&"b".to_string(), &1)]);
-    }
-
-    #[test]
-    fn a_snapshot_restores_key_group_by_key_group_and_is_isolated_from_later_writes() {
-        let range = KeyGroupRange::for_subtask(128, 1, SubtaskIndex(0));
-        let mut backend = HeapKeyedStateBackend::<u64>::new(range, 128);
-        let count = StateRegistrar::new(&mut backend).value::<u64>("count");
-        for key in 0..1000u64 {
-            *KeyedContext::new(&mut backend, &key)
-                .value(&count)
-                .get_or_default() += key;
-        }
-        let snapshot = backend.snapshot();
-        // Writes after the synchronous part do not reach the snapshot.
-        *KeyedContext::new(&mut backend, &7)
-            .value(&count)
-            .get_or_default() += 100;
-        let mut bytes = Vec::new();
-        let offsets = snapshot.write(&mut bytes);
-        assert_eq!(offsets.len(), 128);
-
-        // Restore into two subtasks of half the range each.
-        for index in 0..2 {
-            let half = KeyGroupRange::for_subtask(128, 2, SubtaskIndex(index));
-            let mut restored = HeapKeyedStateBackend::<u64>::new(half, 128);
-            let count = StateRegistrar::new(&mut restored).value::<u64>("count");
-            for group in half.iter() {
-                let start = offsets[group.0 as usize] as usize;
-                let end = offsets
-                    .get(group.0 as usize + 1)
-                    .map_or(bytes.len(), |o| *o as usize);
-                restored.restore_group(group, &bytes[start..end]).unwrap();
-            }
-            for (key, value) in AllKeys::new(&restored).values(&count) {
-                assert_eq!(*value, *key, "key {key}");
-                assert!(half.contains(crate::key_group::key_group_of(key, 128)));
-            }
-        }
-        let mut other = HeapKeyedStateBackend::<u64>::new(
-            KeyGroupRange::for_subtask(128, 2, SubtaskIndex(1)),
-            128,
-        );
-        assert_eq!(
-            other.restore_group(crate::ids::KeyGroup(0), &bytes),
-            Err(StateError::ForeignKeyGroup(crate::ids::KeyGroup(0)))
-        );
-        StateRegistrar::new(&mut other).value::<u64>("other");
-        let g = crate::ids::KeyGroup(127);
-        let start = offsets[127] as usize;
-        assert_eq!(
-            other.restore_group(g, &bytes[start..]),
-            Err(StateError::UnknownState("count".into()))
-        );
-    }
-
-    #[test]
-    #[should_panic(expected = "declared twice")]
-    fn a_state_name_is_declared_once() {
-        let range = KeyGroupRange::for_subtask(128, 1, SubtaskIndex(0));
-        let mut backend = HeapKeyedStateBackend::<u64>::new(range, 128);
-        let mut reg = StateRegistrar::new(&mut backend);
-        reg.value::<u64>("count");
-        reg.value::<u64>("count");
-    }
-}
+mod tests;

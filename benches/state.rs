@@ -1,0 +1,105 @@
+//! Keyed state throughput of one subtask: the wordcount counter
+//! (`get_or_default() += 1` on a `u64` value state), on the heap and on
+//! RocksDB, then the synchronous part of a snapshot of what it built.
+//!
+//! cargo bench --bench state
+//!
+//! Keys are `splitmix64(i) % keys`, uniform, or skewed: nine records in ten
+//! on a hot tenth of a percent of the keys. Set `TIDEMARK_BENCH_RECORDS`
+//! (10,000,000) and `TIDEMARK_BENCH_KEYS` (1,000,000) to change the size,
+//! and `TIDEMARK_BENCH_CACHE` to a list of RocksDB write-back cache sizes
+//! (`65536,1`: the default, and none).
+
+use std::time::Instant;
+use tidemark::ids::{CheckpointId, SubtaskIndex};
+use tidemark::key_group::KeyGroupRange;
+use tidemark::rng::splitmix64;
+use tidemark::state::{KeyedStateBackend, StateBackend};
+use tidemark::task::KeyedSnapshot;
+use tidemark::{KeyedContext, StateRegistrar};
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[derive(Clone, Copy)]
+enum Keys {
+    Uniform,
+    Skewed,
+}
+
+fn key(keys: Keys, n: u64, i: u64) -> u64 {
+    let r = splitmix64(i);
+    match keys {
+        Keys::Uniform => r % n,
+        Keys::Skewed if r % 10 != 0 => (r >> 8) % (n / 1000).max(1),
+        Keys::Skewed => (r >> 8) % n,
+    }
+}
+
+fn run(name: &str, mut backend: KeyedStateBackend<u64>, keys: Keys, records: u64, n: u64) {
+    let count = StateRegistrar::new(&mut backend).value::<u64>("count");
+    backend.restore(&Default::default()).expect("opens");
+    let started = Instant::now();
+    for i in 0..records {
+        let key = key(keys, n, i);
+        *KeyedContext::new(&mut backend, &key)
+            .value(&count)
+            .get_or_default() += 1;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let snapshot = backend.snapshot(CheckpointId(1)).expect("snapshots");
+    let sync_ms = started.elapsed().as_secs_f64() * 1e3;
+    let (files, bytes) = match &snapshot {
+        KeyedSnapshot::Heap(_) => (0, 0),
+        KeyedSnapshot::Native(native) => (
+            native.files.len(),
+            native.files.iter().map(|f| f.size).sum::<u64>(),
+        ),
+    };
+    println!(
+        "{name:<22} {:>12.0} records/s   snapshot sync {sync_ms:>7.1} ms, {files} files, {:.1} MiB",
+        records as f64 / elapsed,
+        bytes as f64 / (1 << 20) as f64,
+    );
+    if let KeyedSnapshot::Native(native) = snapshot {
+        std::fs::remove_dir_all(native.dir).expect("removes the snapshot");
+    }
+}
+
+fn main() {
+    let records = env_or("TIDEMARK_BENCH_RECORDS", 10_000_000);
+    let n = env_or("TIDEMARK_BENCH_KEYS", 1_000_000);
+    let caches: Vec<usize> = std::env::var("TIDEMARK_BENCH_CACHE")
+        .unwrap_or_else(|_| "65536,1".into())
+        .split(',')
+        .map(|c| c.trim().parse().expect("cache sizes are numbers"))
+        .collect();
+    let range = KeyGroupRange::for_subtask(128, 1, SubtaskIndex(0));
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let rocksdb = StateBackend::RocksDb {
+        local_dir: dir.path().to_owned(),
+    };
+    println!("one subtask, {records} records over {n} keys");
+    for (keys, label) in [(Keys::Uniform, "uniform"), (Keys::Skewed, "skewed")] {
+        let heap = KeyedStateBackend::new(&StateBackend::Heap, "bench", range, 128);
+        run(&format!("heap, {label}"), heap, keys, records, n);
+        for &cache in &caches {
+            let mut backend = KeyedStateBackend::new(&rocksdb, "bench", range, 128);
+            if let KeyedStateBackend::RocksDb(b) = &mut backend {
+                b.set_cache_capacity(cache);
+            }
+            run(
+                &format!("rocksdb/{cache}, {label}"),
+                backend,
+                keys,
+                records,
+                n,
+            );
+        }
+    }
+}

@@ -1,0 +1,607 @@
+//! RocksDB backend: one database per subtask, one column family per declared
+//! state (named after it), in a working directory of its own that is removed
+//! with the backend.
+//!
+//! A key is stored as the big-endian `u16` of its key group followed by the
+//! MessagePack (rmp-serde) encoding of the key, so that the keys of a key
+//! group are contiguous and a key-group range can be cut out with a range
+//! delete or read with one seek. A value is its MessagePack encoding; a map
+//! or list state is one value per key, as on the heap.
+//!
+//! Tuning, for many small read-modify-writes from one thread and snapshots
+//! that are native checkpoints:
+//! - No write-ahead log: a checkpoint flushes the memtables, so the log would
+//!   only ever protect writes that the restart discards anyway.
+//! - 64 MiB write buffers, up to 4 per column family: point updates of a
+//!   large key set produce many versions of the same keys, and a big memtable
+//!   absorbs them before they cost a flush and a compaction; a whole-key bloom
+//!   filter on the memtables makes the many lookups of keys that are not in
+//!   them cheap.
+//! - One LRU block cache per database, shared by its column families, so that
+//!   a busy state can use what an idle one does not.
+//! - SST files with a 10 bits/key bloom filter (point lookups of absent keys
+//!   skip the file) and a hash index inside data blocks (a point lookup does
+//!   not binary-search the block); LZ4 at every level, cheap to decompress.
+//! - A write-back cache of typed values in front of the database (see
+//!   `RocksDbKeyedStateBackend`), which turns a read-modify-write per record
+//!   into one read per key and a batched write per cache generation.
+
+use super::heap::table_hash;
+use super::{Key, KeySlot, StateError};
+use crate::batch::Data;
+use crate::ids::{CheckpointId, KeyGroup};
+use crate::key_group::KeyGroupRange;
+use crate::task::{NativeCheckpoint, NativeFile, RestoreState};
+use ::rocksdb::checkpoint::Checkpoint;
+use ::rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType,
+    DBRawIteratorWithThreadMode, DataBlockIndexType, FlushOptions, LogLevel, Options, ReadOptions,
+    WriteBatch, WriteOptions, DB, DEFAULT_COLUMN_FAMILY_NAME,
+};
+use hashbrown::{hash_table, HashTable};
+use serde::Serialize;
+use std::any::Any;
+use std::fs;
+use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
+
+/// Memtable size per column family.
+const WRITE_BUFFER_BYTES: usize = 64 << 20;
+/// Memtables per column family, the active one included.
+const WRITE_BUFFERS: i32 = 4;
+/// The block cache of one database.
+const BLOCK_CACHE_BYTES: usize = 64 << 20;
+/// Values held by the write-back cache, over all states, by default.
+pub const DEFAULT_CACHE_ENTRIES: usize = 64 * 1024;
+/// Key groups are written as a big-endian `u16`; Flink's bound is 2^15.
+const MAX_KEY_GROUPS: u32 = 1 << 15;
+
+/// A value as an entry sees it: read once from the database, changed in
+/// place, written back by the cache when `dirty`.
+pub(crate) struct CachedValue<S> {
+    pub(crate) value: Option<S>,
+    pub(crate) dirty: bool,
+}
+
+struct Cached<K, S> {
+    key: K,
+    group: u16,
+    cell: CachedValue<S>,
+}
+
+/// One declared state: its column family and the cached values of its keys.
+trait RocksState<K>: Send {
+    fn name(&self) -> &str;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+    fn clear_cache(&mut self);
+    /// Moves the dirty values into `batch` and empties the cache.
+    fn drain_cache(&mut self, cf: &ColumnFamily, batch: &mut WriteBatch, buffers: &mut Buffers);
+    /// Decodes the entries of one key group in the heap snapshot format and
+    /// adds them to `batch`.
+    fn restore_group(
+        &mut self,
+        cf: &ColumnFamily,
+        group: u16,
+        input: &mut &[u8],
+        batch: &mut WriteBatch,
+        buffers: &mut Buffers,
+    ) -> Result<(), StateError>;
+}
+
+struct State<K, S> {
+    name: String,
+    cache: HashTable<Cached<K, S>>,
+}
+
+/// Reused encoding buffers: no allocation per key once they have grown.
+#[derive(Default)]
+struct Buffers {
+    key: Vec<u8>,
+    value: Vec<u8>,
+}
+
+impl Buffers {
+    fn key<K: Serialize>(&mut self, group: u16, key: &K) -> &[u8] {
+        self.key.clear();
+        self.key.extend_from_slice(&group.to_be_bytes());
+        rmp_serde::encode::write(&mut self.key, key).expect("keys serialize to memory");
+        &self.key
+    }
+
+    fn put<K: Serialize, S: Serialize>(
+        &mut self,
+        cf: &ColumnFamily,
+        batch: &mut WriteBatch,
+        group: u16,
+        key: &K,
+        value: &S,
+    ) {
+        self.value.clear();
+        rmp_serde::encode::write(&mut self.value, value).expect("values serialize to memory");
+        self.key(group, key);
+        batch.put_cf(cf, &self.key, &self.value);
+    }
+}
+
+impl<K: Key, S: Data> RocksState<K> for State<K, S> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn clear_cache(&mut self) {
+        self.cache.clear();
+    }
+
+    fn drain_cache(&mut self, cf: &ColumnFamily, batch: &mut WriteBatch, buffers: &mut Buffers) {
+        for cached in self.cache.drain() {
+            if !cached.cell.dirty {
+                continue;
+            }
+            match &cached.cell.value {
+                Some(value) => buffers.put(cf, batch, cached.group, &cached.key, value),
+                None => batch.delete_cf(cf, buffers.key(cached.group, &cached.key)),
+            }
+        }
+    }
+
+    fn restore_group(
+        &mut self,
+        cf: &ColumnFamily,
+        group: u16,
+        input: &mut &[u8],
+        batch: &mut WriteBatch,
+        buffers: &mut Buffers,
+    ) -> Result<(), StateError> {
+        let entries: Vec<(K, S)> =
+            rmp_serde::from_read(input).map_err(|e| StateError::Decode(e.to_string()))?;
+        for (key, value) in &entries {
+            buffers.put(cf, batch, group, key, value);
+        }
+        Ok(())
+    }
+}
+
+fn rocks(error: ::rocksdb::Error) -> StateError {
+    StateError::RocksDb(error.into_string())
+}
+
+/// The database and the directory it lives in. The database is declared
+/// first so that it is closed before its directory is removed.
+struct Open {
+    db: DB,
+    options: Options,
+    dir: tempfile::TempDir,
+}
+
+/// Keyed state in RocksDB.
+///
+/// In front of the database sits a write-back cache of typed values, bounded
+/// by a number of entries over all states. An entry reads its value into the
+/// cache once; later records of the same key find it there, deserialized.
+/// When the cache is full, a record whose key is not in it first writes every
+/// dirty value to the database in one write batch and empties the cache (a
+/// "generation"). Snapshots and `AllKeys` flush it first. With uniform keys
+/// the cache mostly batches the writes and coalesces repeated updates; with
+/// skewed keys it also saves the reads of the hot ones. Capacity 1 is a
+/// write-back per record.
+///
+/// Nothing touches the disk until the state is restored or first used: the
+/// working directory `<local_dir>/<label>-<random>` and the database in its
+/// `db/` are created then, and removed when the backend is dropped.
+pub struct RocksDbKeyedStateBackend<K: Key> {
+    range: KeyGroupRange,
+    max_parallelism: u32,
+    local_dir: PathBuf,
+    label: String,
+    states: Vec<Box<dyn RocksState<K>>>,
+    cached: usize,
+    cache_capacity: usize,
+    buffers: Buffers,
+    read: ReadOptions,
+    write: WriteOptions,
+    open: Option<Open>,
+}
+
+impl<K: Key> RocksDbKeyedStateBackend<K> {
+    pub fn new(local_dir: &Path, label: &str, range: KeyGroupRange, max_parallelism: u32) -> Self {
+        assert!(
+            max_parallelism <= MAX_KEY_GROUPS,
+            "the RocksDB backend supports a max parallelism up to {MAX_KEY_GROUPS}, not {max_parallelism}"
+        );
+        let mut write = WriteOptions::default();
+        write.disable_wal(true);
+        RocksDbKeyedStateBackend {
+            range,
+            max_parallelism,
+            local_dir: local_dir.to_owned(),
+            label: label.to_owned(),
+            states: Vec::new(),
+            cached: 0,
+            cache_capacity: DEFAULT_CACHE_ENTRIES,
+            buffers: Buffers::default(),
+            read: ReadOptions::default(),
+            write,
+            open: None,
+        }
+    }
+
+    /// Bounds the write-back cache (at least one entry).
+    pub fn set_cache_capacity(&mut self, entries: usize) {
+        self.cache_capacity = entries.max(1);
+    }
+
+    pub fn key_groups(&self) -> KeyGroupRange {
+        self.range
+    }
+
+    pub fn max_parallelism(&self) -> u32 {
+        self.max_parallelism
+    }
+
+    /// The working directory, once the database is open.
+    pub fn working_dir(&self) -> Option<&Path> {
+        self.open.as_ref().map(|o| o.dir.path())
+    }
+
+    pub(super) fn register<S: Data>(&mut self, name: &str) -> usize {
+        assert!(
+            !self.states.iter().any(|s| s.name() == name),
+            "keyed state {name:?} declared twice"
+        );
+        if let Some(open) = &mut self.open {
+            if open.db.cf_handle(name).is_none() {
+                open.db
+                    .create_cf(name, &open.options)
+                    .unwrap_or_else(|e| panic!("creating the column family of {name:?}: {e}"));
+            }
+        }
+        self.states.push(Box::new(State::<K, S> {
+            name: name.to_owned(),
+            cache: HashTable::new(),
+        }));
+        self.states.len() - 1
+    }
+
+    fn options() -> Options {
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&Cache::new_lru_cache(BLOCK_CACHE_BYTES));
+        table.set_bloom_filter(10.0, false);
+        table.set_data_block_index_type(DataBlockIndexType::BinaryAndHash);
+        table.set_data_block_hash_ratio(0.75);
+        let mut options = Options::default();
+        options.create_if_missing(true);
+        options.create_missing_column_families(true);
+        options.set_block_based_table_factory(&table);
+        options.set_compression_type(DBCompressionType::Lz4);
+        options.set_bottommost_compression_type(DBCompressionType::Lz4);
+        options.set_write_buffer_size(WRITE_BUFFER_BYTES);
+        options.set_max_write_buffer_number(WRITE_BUFFERS);
+        options.set_memtable_whole_key_filtering(true);
+        options.set_memtable_prefix_bloom_ratio(0.1);
+        options.set_level_compaction_dynamic_level_bytes(true);
+        options.set_max_background_jobs(2);
+        options.set_log_level(LogLevel::Warn);
+        options.set_keep_log_file_num(1);
+        options
+    }
+
+    /// Creates the working directory and opens the database in it: empty,
+    /// or on the files of a native checkpoint, which are moved there.
+    fn open(&mut self, native: Option<&Path>) -> Result<(), StateError> {
+        debug_assert!(self.open.is_none());
+        fs::create_dir_all(&self.local_dir).map_err(|e| StateError::io(&self.local_dir, e))?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{}-", self.label))
+            .tempdir_in(&self.local_dir)
+            .map_err(|e| StateError::io(&self.local_dir, e))?;
+        let path = dir.path().join("db");
+        let options = Self::options();
+        let mut names: Vec<&str> = self.states.iter().map(|s| s.name()).collect();
+        if let Some(native) = native {
+            take_over(native, &path)?;
+            for found in DB::list_cf(&options, &path).map_err(rocks)? {
+                if found != DEFAULT_COLUMN_FAMILY_NAME && !names.contains(&found.as_str()) {
+                    return Err(StateError::UnknownState(found));
+                }
+            }
+        }
+        let default_is_state = names.contains(&DEFAULT_COLUMN_FAMILY_NAME);
+        if !default_is_state {
+            names.push(DEFAULT_COLUMN_FAMILY_NAME);
+        }
+        let descriptors = names
+            .iter()
+            .map(|name| ColumnFamilyDescriptor::new(*name, options.clone()));
+        let db = DB::open_cf_descriptors(&options, &path, descriptors).map_err(rocks)?;
+        if native.is_some() {
+            let default = db
+                .cf_handle(DEFAULT_COLUMN_FAMILY_NAME)
+                .expect("the default column family is always open");
+            if !default_is_state && !is_empty(&db, default) {
+                return Err(StateError::UnknownState(DEFAULT_COLUMN_FAMILY_NAME.into()));
+            }
+            for name in &names {
+                let cf = db.cf_handle(name).expect("opened above");
+                self.clip(&db, cf)?;
+            }
+        }
+        self.open = Some(Open { db, options, dir });
+        Ok(())
+    }
+
+    /// Deletes the key groups outside this subtask's range from a database
+    /// restored from a checkpoint of a wider one.
+    fn clip(&self, db: &DB, cf: &ColumnFamily) -> Result<(), StateError> {
+        let first = group_prefix(self.range.start);
+        let past = group_prefix(self.range.end + 1);
+        let mut iter = db.raw_iterator_cf(cf);
+        iter.seek_to_first();
+        if iter.valid() && iter.key().is_some_and(|k| k < first.as_slice()) {
+            db.delete_range_cf_opt(cf, [0u8, 0], first, &self.write)
+                .map_err(rocks)?;
+        }
+        iter.seek(past);
+        if iter.valid() {
+            db.delete_range_cf_opt(cf, past, group_prefix(MAX_KEY_GROUPS), &self.write)
+                .map_err(rocks)?;
+        }
+        iter.status().map_err(rocks)
+    }
+
+    fn ensure_open(&mut self) -> Result<&Open, StateError> {
+        if self.open.is_none() {
+            self.open(None)?;
+        }
+        Ok(self.open.as_ref().expect("opened above"))
+    }
+
+    /// The cached value of `key` in state `id`, read from the database if it
+    /// is not cached. Database errors here are fatal to the subtask: they
+    /// panic, and the panic fails the subtask.
+    pub(super) fn entry<S: Data>(
+        &mut self,
+        id: usize,
+        key: &K,
+        slot: KeySlot,
+    ) -> &mut CachedValue<S> {
+        if let Err(e) = self.ensure_open() {
+            panic!("opening the keyed state of {}: {e}", self.label);
+        }
+        if self.cached >= self.cache_capacity
+            && state_mut::<K, S>(&mut self.states[id])
+                .cache
+                .find(slot.hash, |c| c.key == *key)
+                .is_none()
+        {
+            if let Err(e) = self.flush_cache() {
+                panic!("writing the keyed state of {}: {e}", self.label);
+            }
+        }
+        let group = (self.range.start as usize + slot.group) as u16;
+        let db = &self.open.as_ref().expect("opened above").db;
+        let State { name, cache } = state_mut::<K, S>(&mut self.states[id]);
+        match cache.entry(slot.hash, |c| c.key == *key, |c| table_hash(&c.key)) {
+            hash_table::Entry::Occupied(cached) => &mut cached.into_mut().cell,
+            hash_table::Entry::Vacant(vacant) => {
+                let cf = db
+                    .cf_handle(name)
+                    .expect("a declared state has a column family");
+                let bytes = self.buffers.key(group, key);
+                let value = match db.get_pinned_cf_opt(cf, bytes, &self.read) {
+                    Ok(None) => None,
+                    Ok(Some(bytes)) => Some(rmp_serde::from_slice(&bytes).unwrap_or_else(|e| {
+                        panic!("keyed state {name:?} of {key:?} does not decode: {e}")
+                    })),
+                    Err(e) => panic!("reading keyed state {name:?} of {key:?}: {e}"),
+                };
+                self.cached += 1;
+                let cached = Cached {
+                    key: key.clone(),
+                    group,
+                    cell: CachedValue {
+                        value,
+                        dirty: false,
+                    },
+                };
+                &mut vacant.insert(cached).into_mut().cell
+            }
+        }
+    }
+
+    /// Writes every dirty cached value to the database, in one batch, and
+    /// empties the cache.
+    pub fn flush_cache(&mut self) -> Result<(), StateError> {
+        if self.cached == 0 {
+            return Ok(());
+        }
+        let db = &self
+            .open
+            .as_ref()
+            .expect("values are cached only once open")
+            .db;
+        let mut batch = WriteBatch::default();
+        for state in &mut self.states {
+            let cf = db
+                .cf_handle(state.name())
+                .expect("a declared state has a column family");
+            state.drain_cache(cf, &mut batch, &mut self.buffers);
+        }
+        self.cached = 0;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        db.write_opt(batch, &self.write).map_err(rocks)
+    }
+
+    /// The synchronous part of a checkpoint: writes the cache back, flushes
+    /// the memtables and makes a RocksDB checkpoint (hard links of the SST
+    /// files, copies of the small metadata files) in a new directory beside
+    /// the working directory, `<working dir>-chk-<id>`.
+    pub fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<NativeCheckpoint, StateError> {
+        self.ensure_open()?;
+        self.flush_cache()?;
+        let open = self.open.as_ref().expect("opened above");
+        let cfs: Vec<&ColumnFamily> = self
+            .states
+            .iter()
+            .map(|s| open.db.cf_handle(s.name()).expect("declared"))
+            .collect();
+        let mut flush = FlushOptions::default();
+        flush.set_wait(true);
+        open.db.flush_cfs_opt(&cfs, &flush).map_err(rocks)?;
+        let mut name = open.dir.path().as_os_str().to_owned();
+        name.push(format!("-{checkpoint}"));
+        let dir = PathBuf::from(name);
+        Checkpoint::new(&open.db)
+            .and_then(|c| c.create_checkpoint(&dir))
+            .map_err(rocks)?;
+        let mut files = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(|e| StateError::io(&dir, e))? {
+            let entry = entry.map_err(|e| StateError::io(&dir, e))?;
+            let meta = entry
+                .metadata()
+                .map_err(|e| StateError::io(&entry.path(), e))?;
+            if meta.is_file() {
+                files.push(NativeFile {
+                    name: entry.file_name().to_string_lossy().into_owned(),
+                    size: meta.len(),
+                });
+            }
+        }
+        files.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(NativeCheckpoint {
+            dir,
+            key_groups: self.range,
+            files,
+        })
+    }
+
+    /// Opens the database on `state.native` if there is one, then writes the
+    /// key groups of `state` (heap snapshot format) into it.
+    pub fn restore(&mut self, state: &RestoreState) -> Result<(), StateError> {
+        if let Some(native) = &state.native {
+            // Whatever was there before is replaced, cache included.
+            for s in &mut self.states {
+                s.clear_cache();
+            }
+            self.cached = 0;
+            self.open = None;
+            self.open(Some(native))?;
+        }
+        for (group, bytes) in &state.key_groups {
+            self.restore_group(*group, bytes)?;
+        }
+        self.ensure_open().map(|_| ())
+    }
+
+    /// Loads one key group as `HeapSnapshot::write` wrote it.
+    pub fn restore_group(&mut self, group: KeyGroup, mut bytes: &[u8]) -> Result<(), StateError> {
+        if !self.range.contains(group) {
+            return Err(StateError::ForeignKeyGroup(group));
+        }
+        self.ensure_open()?;
+        self.flush_cache()?;
+        let db = &self.open.as_ref().expect("opened above").db;
+        let input = &mut bytes;
+        let states: u32 =
+            rmp_serde::from_read(&mut *input).map_err(|e| StateError::Decode(e.to_string()))?;
+        let mut batch = WriteBatch::default();
+        for _ in 0..states {
+            let name: String =
+                rmp_serde::from_read(&mut *input).map_err(|e| StateError::Decode(e.to_string()))?;
+            let state = self
+                .states
+                .iter_mut()
+                .find(|s| s.name() == name)
+                .ok_or(StateError::UnknownState(name))?;
+            let cf = db.cf_handle(state.name()).expect("declared");
+            state.restore_group(cf, group.0 as u16, input, &mut batch, &mut self.buffers)?;
+        }
+        db.write_opt(batch, &self.write).map_err(rocks)
+    }
+
+    /// Every (key, value) of state `id`, key group by key group. The cache
+    /// must have been flushed.
+    pub(super) fn entries<V: Data>(&self, id: usize) -> impl Iterator<Item = (K, V)> + '_ {
+        assert_eq!(
+            self.cached, 0,
+            "the cache is flushed before reading all keys"
+        );
+        let iter = self.open.as_ref().map(|open| {
+            let cf = open.db.cf_handle(self.states[id].name()).expect("declared");
+            let mut iter = open.db.raw_iterator_cf(cf);
+            iter.seek_to_first();
+            iter
+        });
+        Values {
+            iter,
+            _types: PhantomData,
+        }
+    }
+}
+
+fn state_mut<K: Key, S: Data>(state: &mut Box<dyn RocksState<K>>) -> &mut State<K, S> {
+    state
+        .as_any_mut()
+        .downcast_mut()
+        .expect("a state handle is only used with the backend that issued it")
+}
+
+fn group_prefix(group: u32) -> [u8; 2] {
+    (group as u16).to_be_bytes()
+}
+
+fn is_empty(db: &DB, cf: &ColumnFamily) -> bool {
+    let mut iter = db.raw_iterator_cf(cf);
+    iter.seek_to_first();
+    !iter.valid()
+}
+
+/// Moves the directory `from` to `to`: a rename, or a copy of its files
+/// when they are on another file system.
+fn take_over(from: &Path, to: &Path) -> Result<(), StateError> {
+    if fs::rename(from, to).is_ok() {
+        return Ok(());
+    }
+    fs::create_dir(to).map_err(|e| StateError::io(to, e))?;
+    for entry in fs::read_dir(from).map_err(|e| StateError::io(from, e))? {
+        let entry = entry.map_err(|e| StateError::io(from, e))?;
+        fs::copy(entry.path(), to.join(entry.file_name()))
+            .map_err(|e| StateError::io(&entry.path(), e))?;
+    }
+    fs::remove_dir_all(from).map_err(|e| StateError::io(from, e))
+}
+
+/// Decoded entries of one column family.
+struct Values<'a, K, V> {
+    iter: Option<DBRawIteratorWithThreadMode<'a, DB>>,
+    _types: PhantomData<fn() -> (K, V)>,
+}
+
+impl<K: Key, V: Data> Iterator for Values<'_, K, V> {
+    type Item = (K, V);
+
+    fn next(&mut self) -> Option<(K, V)> {
+        let iter = self.iter.as_mut()?;
+        if !iter.valid() {
+            if let Err(e) = iter.status() {
+                panic!("reading keyed state: {e}");
+            }
+            return None;
+        }
+        let key = iter.key().expect("a valid iterator has a key");
+        let value = iter.value().expect("a valid iterator has a value");
+        let item = (
+            rmp_serde::from_slice(&key[2..])
+                .unwrap_or_else(|e| panic!("a key of keyed state does not decode: {e}")),
+            rmp_serde::from_slice(value)
+                .unwrap_or_else(|e| panic!("a value of keyed state does not decode: {e}")),
+        );
+        iter.next();
+        Some(item)
+    }
+}
