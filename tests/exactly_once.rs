@@ -2,10 +2,13 @@
 //! failures, checked from the committed files alone.
 
 mod common;
+#[path = "common/storage.rs"]
+mod storage;
 
 use common::assert_updates_exactly_once;
 use std::path::Path;
-use tidemark::checkpoint::metadata;
+use storage::{assert_storage_is_exactly_the_retained_checkpoints, job_dir, retained};
+use tidemark::ids::{OperatorId, SubtaskId, SubtaskIndex};
 use tidemark_actors::cli::{self, RunArgs, RunReport};
 
 const RECORDS: u64 = 300_000;
@@ -114,6 +117,36 @@ fn aligned_timeout_50ms_under_backpressure_and_kills_is_exactly_once() {
     kills_under_backpressure("--aligned-timeout=50ms");
 }
 
+/// Random kills on RocksDB state with incremental checkpoints: restores
+/// download native checkpoints whose shared files earlier checkpoints
+/// uploaded.
+fn rocksdb_kills(extra: &[&str]) {
+    for seed in 0..20 {
+        let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut args: Vec<String> = vec![
+            "--inject-failures=3".into(),
+            "--state=rocksdb".into(),
+            "--incremental".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let report = run(seed, &args, output.path(), checkpoints.path());
+        let context = format!("rocksdb {extra:?} seed {seed}");
+        assert_updates_exactly_once(output.path(), RECORDS, KEYS, seed, &context);
+        assert!(report.restarts >= 1, "{context}: no failure was injected");
+        assert_only_the_retained_checkpoint_remains(checkpoints.path(), seed);
+    }
+}
+
+#[test]
+fn rocksdb_incremental_aligned_under_kills_is_exactly_once() {
+    rocksdb_kills(&[]);
+}
+
+#[test]
+fn rocksdb_incremental_unaligned_under_backpressure_and_kills_is_exactly_once() {
+    rocksdb_kills(&["--mode=unaligned", "--slow-subtask=0", "--slow-ns=4000"]);
+}
+
 #[test]
 fn a_fault_at_every_step_of_a_checkpoint_is_survived() {
     // Operator 0 is the source, operator 1 the counter chained to the sink.
@@ -148,67 +181,22 @@ fn ids_keep_increasing_when_the_job_is_run_again_on_its_checkpoints() {
     assert!(newest_checkpoint(checkpoints.path()) > first);
 }
 
-/// Sorted names in a directory.
-fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
-    names
-}
-
-/// The job's directory in checkpoint storage: the only entry of the root.
-fn job_dir(root: &Path) -> std::path::PathBuf {
-    root.join(&names(root)[0])
-}
-
 /// After the run, storage holds the id counter and the one retained
-/// checkpoint, exactly the objects its metadata references: the state of
-/// aborted, subsumed and abandoned checkpoints is gone.
+/// checkpoint with exactly the objects it references, the counter's keyed
+/// state among them.
 fn assert_only_the_retained_checkpoint_remains(root: &Path, seed: u64) {
-    let job = job_dir(root);
-    let entries = names(&job);
-    let listing: Vec<String> = entries
-        .iter()
-        .map(|n| {
-            format!(
-                "{n}: {:?}",
-                std::fs::read_dir(job.join(n))
-                    .map(|_| names(&job.join(n)))
-                    .unwrap_or_default()
-            )
-        })
-        .collect();
-    assert_eq!(entries.len(), 2, "seed {seed}: {listing:?}");
-    assert_eq!(entries[0], "checkpoint-id-counter", "seed {seed}");
-    let dir = &entries[1];
-    let metadata = std::fs::read(job.join(dir).join("_metadata")).unwrap();
-    let checkpoint = metadata::decode(&metadata).unwrap();
-    let mut referenced: Vec<String> = checkpoint
-        .subtasks
-        .values()
-        .flat_map(|s| s.handles().map(|h| h.path.clone()))
-        .chain([format!("{dir}/_metadata")])
-        .collect();
-    referenced.sort();
-    let present: Vec<String> = names(&job.join(dir))
-        .into_iter()
-        .map(|n| format!("{dir}/{n}"))
-        .collect();
-    assert_eq!(present, referenced, "seed {seed}");
-    assert!(
-        present.iter().any(|p| p.ends_with("op-1-0-keyed")),
-        "seed {seed}"
-    );
+    let context = format!("seed {seed}");
+    let kept = assert_storage_is_exactly_the_retained_checkpoints(&job_dir(root), &context);
+    assert_eq!(kept.len(), 1, "{context}");
+    let counter = SubtaskId {
+        operator: OperatorId(1),
+        index: SubtaskIndex(0),
+    };
+    assert!(kept[0].subtasks[&counter].keyed.is_some(), "{context}");
 }
 
 fn newest_checkpoint(root: &Path) -> u64 {
-    names(&job_dir(root))
-        .iter()
-        .filter_map(|n| n.strip_prefix("chk-")?.parse().ok())
-        .max()
-        .unwrap()
+    retained(&job_dir(root)).last().unwrap().id.0
 }
 
 #[test]

@@ -42,6 +42,7 @@ use tidemark::ids::{Attempt, SubtaskId, SubtaskIndex};
 use tidemark::job::Job;
 use tidemark::key_group::KeyGroupRange;
 use tidemark::task::{OutputContext, RestoreState, TaskContext};
+use tidemark::StateBackend;
 
 /// Coordinator → supervisor: checkpoints failed more often than tolerated.
 #[derive(Message)]
@@ -274,6 +275,15 @@ impl JobSupervisor {
         }
     }
 
+    /// Where restores download native checkpoints: the RocksDB backend's
+    /// working directory, which takes the files over.
+    fn local_dir(&self) -> Option<PathBuf> {
+        match &self.job.config.state_backend {
+            StateBackend::Heap => None,
+            StateBackend::RocksDb { local_dir } => Some(local_dir.clone()),
+        }
+    }
+
     fn arbiter(&self, subtask: SubtaskId) -> &ArbiterHandle {
         &self.arbiters[subtask.index.0 as usize % self.arbiters.len()]
     }
@@ -288,6 +298,7 @@ impl JobSupervisor {
             return self.start(attempt, HashMap::new(), ctx);
         };
         let graph = self.job.graph.clone();
+        let local_dir = self.local_dir();
         let subtasks: Vec<SubtaskId> = graph.subtasks().collect();
         let hooks = self.job.take_master_hooks();
         let me = ctx.address();
@@ -317,7 +328,7 @@ impl JobSupervisor {
                         Some(checkpoint)
                     }
                 };
-                let restore = load(&storage, &graph, from.as_ref(), None).await?;
+                let restore = load(&storage, &graph, from.as_ref(), local_dir.as_deref()).await?;
                 let mut core = CheckpointCoordinator::new(
                     settings.config.clone(),
                     subtasks,
@@ -580,6 +591,7 @@ impl JobSupervisor {
             return;
         };
         let graph = self.job.graph.clone();
+        let local_dir = self.local_dir();
         ctx.spawn(
             async move {
                 let (reply, answer) = tokio::sync::oneshot::channel();
@@ -588,7 +600,7 @@ impl JobSupervisor {
                     .await
                     .map_err(|e| JobError::Runtime(format!("the coordinator is gone: {e}")))?
                     .map_err(JobError::MasterHook)?;
-                load(&storage, &graph, latest.as_ref(), None).await
+                load(&storage, &graph, latest.as_ref(), local_dir.as_deref()).await
             }
             .into_actor(self)
             .map(move |result, act, ctx| match result {

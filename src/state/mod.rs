@@ -82,7 +82,9 @@ impl StateError {
 /// The keyed state of one subtask, in the backend the job chose.
 pub enum KeyedStateBackend<K: Key> {
     Heap(HeapKeyedStateBackend<K>),
-    RocksDb(RocksDbKeyedStateBackend<K>),
+    /// Boxed: the database handle, options and cache are far larger than
+    /// the heap backend, and only reached through the enum once per record.
+    RocksDb(Box<RocksDbKeyedStateBackend<K>>),
 }
 
 impl<K: Key> KeyedStateBackend<K> {
@@ -99,9 +101,9 @@ impl<K: Key> KeyedStateBackend<K> {
             StateBackend::Heap => {
                 KeyedStateBackend::Heap(HeapKeyedStateBackend::new(key_groups, max_parallelism))
             }
-            StateBackend::RocksDb { local_dir } => KeyedStateBackend::RocksDb(
+            StateBackend::RocksDb { local_dir } => KeyedStateBackend::RocksDb(Box::new(
                 RocksDbKeyedStateBackend::new(local_dir, label, key_groups, max_parallelism),
-            ),
+            )),
         }
     }
 

@@ -1,0 +1,127 @@
+//! RocksDB state with incremental checkpoints, end to end: what storage
+//! holds after a chain of checkpoints, restores from each retained one, and
+//! what an aborted checkpoint leaves behind.
+
+mod common;
+#[path = "common/storage.rs"]
+mod storage;
+
+use common::{assert_updates_exactly_once, expected_counts};
+use std::collections::HashMap;
+use std::path::Path;
+use storage::{assert_storage_is_exactly_the_retained_checkpoints, job_dir, retained};
+use tidemark_actors::cli::{self, RunArgs, RunReport};
+
+const RECORDS: u64 = 400_000;
+const KEYS: u64 = 5_000;
+
+fn run(extra: &[&str], checkpoints: &Path, output: &Path) -> RunReport {
+    let mut args: Vec<String> = [
+        "wordcount",
+        "--records=400000",
+        "--keys=5000",
+        "--seed=11",
+        "--parallelism=2",
+        "--rate=2000000",
+        "--state=rocksdb",
+        "--incremental",
+        "--retain=3",
+        "--checkpoint-interval=20ms",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.push(format!("--checkpoint-dir={}", checkpoints.display()));
+    args.push(format!("--output={}", output.display()));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    cli::run(&RunArgs::parse(args).unwrap()).unwrap_or_else(|e| panic!("{extra:?}: {e}"))
+}
+
+#[test]
+fn an_incremental_chain_keeps_exactly_what_the_retained_checkpoints_reference() {
+    let (checkpoints, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let report = run(&["--emit=updates"], checkpoints.path(), output.path());
+    assert_updates_exactly_once(output.path(), RECORDS, KEYS, 11, "rocksdb incremental");
+    assert!(
+        report.checkpoints_completed >= 6,
+        "only {} checkpoints",
+        report.checkpoints_completed
+    );
+    let job = job_dir(checkpoints.path());
+    let kept = assert_storage_is_exactly_the_retained_checkpoints(&job, "chain");
+    assert_eq!(kept.len(), 3);
+    // Incremental: the newest checkpoint references shared files that an
+    // older checkpoint uploaded, and uploaded less than it references.
+    let newest = kept.last().unwrap();
+    assert!(newest
+        .subtasks
+        .values()
+        .flat_map(|s| s.shared_files())
+        .any(|f| f.uploaded_by < newest.id));
+    assert!(report.bytes_uploaded_total > 0);
+    assert!(report.files_uploaded_total > 0);
+    assert!(report.bytes_uploaded_last < report.checkpointed_bytes_full);
+}
+
+/// Copies a directory tree, so that each restore works on its own copy: a
+/// restored job checkpoints into its directory and subsumes what it retains.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_tree(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn every_retained_checkpoint_restores_the_right_state() {
+    let (checkpoints, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    run(&["--emit=final"], checkpoints.path(), output.path());
+    let job = job_dir(checkpoints.path());
+    let kept = retained(&job);
+    assert_eq!(kept.len(), 3);
+    let expected: HashMap<u64, u64> = expected_counts(RECORDS, KEYS, 11);
+    for checkpoint in &kept {
+        let copy = tempfile::tempdir().unwrap();
+        copy_tree(checkpoints.path(), copy.path());
+        let copied_job = job_dir(copy.path());
+        let output = tempfile::tempdir().unwrap();
+        let restore = format!(
+            "--restore={}",
+            copied_job.join(checkpoint.id.to_string()).display()
+        );
+        run(&["--emit=final", &restore], copy.path(), output.path());
+        let counts: HashMap<u64, u64> = common::committed(output.path()).into_iter().collect();
+        assert_eq!(counts, expected, "restored from {}", checkpoint.id);
+    }
+}
+
+#[test]
+fn an_aborted_checkpoints_uploads_are_deleted_and_never_become_a_base() {
+    let (checkpoints, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // Checkpoint 4 fails in the asynchronous part of one counter subtask;
+    // the other subtasks' uploads for it are discarded.
+    let report = run(
+        &["--emit=updates", "--inject-fault=async-write:4:1:1"],
+        checkpoints.path(),
+        output.path(),
+    );
+    assert_eq!(report.restarts, 1);
+    assert_updates_exactly_once(output.path(), RECORDS, KEYS, 11, "aborted checkpoint 4");
+    let job = job_dir(checkpoints.path());
+    let kept = assert_storage_is_exactly_the_retained_checkpoints(&job, "after the abort");
+    for checkpoint in &kept {
+        for file in checkpoint.subtasks.values().flat_map(|s| s.shared_files()) {
+            assert_ne!(
+                file.uploaded_by.0, 4,
+                "{} in {}",
+                file.handle.path, checkpoint.id
+            );
+        }
+    }
+}
