@@ -50,17 +50,16 @@ fn an_incremental_chain_keeps_exactly_what_the_retained_checkpoints_reference() 
     let job = job_dir(checkpoints.path());
     let kept = assert_storage_is_exactly_the_retained_checkpoints(&job, "chain");
     assert_eq!(kept.len(), 3);
-    // Incremental: the newest checkpoint references shared files that an
-    // older checkpoint uploaded, and uploaded less than it references.
-    let newest = kept.last().unwrap();
-    assert!(newest
+    // Incremental: a retained checkpoint references shared files that an
+    // older one uploaded. (Not necessarily the newest: a compaction can
+    // rewrite every file between two checkpoints.)
+    assert!(kept.iter().any(|c| c
         .subtasks
         .values()
         .flat_map(|s| s.shared_files())
-        .any(|f| f.uploaded_by < newest.id));
+        .any(|f| f.uploaded_by < c.id)));
     assert!(report.bytes_uploaded_total > 0);
     assert!(report.files_uploaded_total > 0);
-    assert!(report.bytes_uploaded_last < report.checkpointed_bytes_full);
 }
 
 /// Copies a directory tree, so that each restore works on its own copy: a

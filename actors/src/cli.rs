@@ -420,6 +420,12 @@ impl RunArgs {
             argument,
             problem: "needs checkpointing; --checkpoint-interval is off".into(),
         };
+        if self.incremental && self.state != StateKind::Rocksdb {
+            return Err(CliError::Usage {
+                argument: "--incremental",
+                problem: "applies to RocksDB state; add --state rocksdb".into(),
+            });
+        }
         if self.mode == Mode::Unaligned && self.aligned_timeout.is_some() {
             return Err(CliError::Usage {
                 argument: "--aligned-timeout",

@@ -99,6 +99,8 @@ fn bad_arguments_exit_2_naming_the_argument() {
             "--inject-failures",
         ),
         (&["run", "wordcount", "--mode", "sideways"][..], "--mode"),
+        (&["run", "wordcount", "--incremental"][..], "--incremental"),
+        (&["run", "wordcount", "--state", "disk"][..], "--state"),
         (
             &[
                 "run",
