@@ -8,13 +8,14 @@
 //! on a hot tenth of a percent of the keys. Set `TIDEMARK_BENCH_RECORDS`
 //! (10,000,000) and `TIDEMARK_BENCH_KEYS` (1,000,000) to change the size,
 //! and `TIDEMARK_BENCH_CACHE` to a list of RocksDB write-back cache sizes
-//! (`65536,1`: the default, and none).
+//! in entries (default: the backend's default, and 1, which is no cache). `TIDEMARK_BENCH_FILTER` runs only the
+//! configurations whose name contains it.
 
 use std::time::Instant;
 use tidemark::ids::{CheckpointId, SubtaskIndex};
 use tidemark::key_group::KeyGroupRange;
 use tidemark::rng::splitmix64;
-use tidemark::state::{KeyedStateBackend, StateBackend};
+use tidemark::state::{KeyedStateBackend, RocksDbKeyedStateBackend, StateBackend};
 use tidemark::task::KeyedSnapshot;
 use tidemark::{KeyedContext, StateRegistrar};
 
@@ -41,6 +42,9 @@ fn key(keys: Keys, n: u64, i: u64) -> u64 {
 }
 
 fn run(name: &str, mut backend: KeyedStateBackend<u64>, keys: Keys, records: u64, n: u64) {
+    if !std::env::var("TIDEMARK_BENCH_FILTER").map_or(true, |f| name.contains(&f)) {
+        return;
+    }
     let count = StateRegistrar::new(&mut backend).value::<u64>("count");
     backend.restore(&Default::default()).expect("opens");
     let started = Instant::now();
@@ -74,8 +78,9 @@ fn run(name: &str, mut backend: KeyedStateBackend<u64>, keys: Keys, records: u64
 fn main() {
     let records = env_or("TIDEMARK_BENCH_RECORDS", 10_000_000);
     let n = env_or("TIDEMARK_BENCH_KEYS", 1_000_000);
+    let default_cache = RocksDbKeyedStateBackend::<u64>::DEFAULT_CACHE_ENTRIES;
     let caches: Vec<usize> = std::env::var("TIDEMARK_BENCH_CACHE")
-        .unwrap_or_else(|_| "65536,1".into())
+        .unwrap_or_else(|_| format!("{default_cache},1"))
         .split(',')
         .map(|c| c.trim().parse().expect("cache sizes are numbers"))
         .collect();
@@ -83,6 +88,7 @@ fn main() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let rocksdb = StateBackend::RocksDb {
         local_dir: dir.path().to_owned(),
+        cache_entries: RocksDbKeyedStateBackend::<u64>::DEFAULT_CACHE_ENTRIES,
     };
     println!("one subtask, {records} records over {n} keys");
     for (keys, label) in [(Keys::Uniform, "uniform"), (Keys::Skewed, "skewed")] {

@@ -421,6 +421,84 @@ mod tests {
         }
     }
 
+    /// Counts records per key and emits `(key, count)` at the end.
+    struct Count(crate::state::ValueState<u64>);
+
+    impl KeyedProcessFunction<u64, u64, (u64, u64)> for Count {
+        fn process(
+            &mut self,
+            _record: u64,
+            ctx: &mut KeyedContext<'_, u64>,
+            _out: &mut Collector<'_, (u64, u64)>,
+        ) {
+            *ctx.value(&self.0).get_or_default() += 1;
+        }
+
+        fn end_of_input(&mut self, states: AllKeys<'_, u64>, out: &mut Collector<'_, (u64, u64)>) {
+            for (key, count) in states.values(&self.0) {
+                out.collect((key, count));
+            }
+        }
+    }
+
+    fn counter(local_dir: &std::path::Path) -> KeyedProcess<u64, u64, (u64, u64)> {
+        let config = crate::state::StateBackend::RocksDb {
+            local_dir: local_dir.to_owned(),
+            cache_entries: crate::state::RocksDbKeyedStateBackend::<u64>::DEFAULT_CACHE_ENTRIES,
+        };
+        let range =
+            crate::key_group::KeyGroupRange::for_subtask(128, 1, crate::ids::SubtaskIndex(0));
+        let states = KeyedStateBackend::new(&config, "op-1-0", range, 128);
+        let factory: KeyedFunctionFactory<u64, u64, (u64, u64)> =
+            Arc::new(|states| Box::new(Count(states.value("count"))));
+        let writer = RecordWriter::<(u64, u64)>::new(Route::Forward, 1, 1 << 20);
+        KeyedProcess::new(Arc::new(|k: &u64| *k), &factory, states, Box::new(writer))
+    }
+
+    fn counts(process: &mut KeyedProcess<u64, u64, (u64, u64)>) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        process.end_of_input(&mut out).unwrap();
+        let mut counts: Vec<(u64, u64)> = out
+            .into_iter()
+            .flat_map(|(_, b)| b.into_records::<(u64, u64)>().unwrap())
+            .collect();
+        counts.sort();
+        counts
+    }
+
+    #[test]
+    fn a_keyed_operator_on_rocksdb_snapshots_natively_and_restores_from_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut process = counter(dir.path());
+        process.restore(&RestoreState::default()).unwrap();
+        for record in 0..10_000u64 {
+            process.push(record % 1000);
+        }
+        let mut snapshot = TaskSnapshot::default();
+        process
+            .snapshot(CheckpointId(1), &mut Vec::new(), &mut snapshot)
+            .unwrap();
+        let Some(crate::task::KeyedSnapshot::Native(native)) = snapshot.keyed else {
+            panic!("a RocksDB operator took a heap snapshot");
+        };
+        for record in 0..1000u64 {
+            process.push(record);
+        }
+        // The end of input sees the values still in the write-back cache.
+        let expected: Vec<(u64, u64)> = (0..1000).map(|k| (k, 11)).collect();
+        assert_eq!(counts(&mut process), expected);
+
+        let mut restored = counter(dir.path());
+        restored
+            .restore(&RestoreState {
+                native: Some(native.dir.clone()),
+                ..RestoreState::default()
+            })
+            .unwrap();
+        let expected: Vec<(u64, u64)> = (0..1000).map(|k| (k, 10)).collect();
+        assert_eq!(counts(&mut restored), expected);
+    }
+
     #[test]
     fn broadcast_reaches_every_channel() {
         let mut w = RecordWriter::<u64>::new(Route::Broadcast, 3, 10);

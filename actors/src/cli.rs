@@ -103,6 +103,12 @@ pub struct RunArgs {
     /// instance, removed when it ends [default: <temp dir>/tidemark-state].
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
+    /// Values the RocksDB backend keeps decoded in front of each database;
+    /// a record whose key is cached costs no RocksDB read, and its writes
+    /// reach RocksDB once per eviction or checkpoint.
+    /// [default: 1048576]
+    #[arg(long, value_parser = parse_cache_entries)]
+    pub state_cache_entries: Option<usize>,
     /// Checkpoint storage: a path, `file://` path or `memory://`.
     #[arg(long, default_value = "./tidemark-data/checkpoints")]
     pub checkpoint_dir: String,
@@ -236,6 +242,15 @@ fn parse_fault(s: &str) -> Result<Fault, String> {
     })
 }
 
+fn parse_cache_entries(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "expected a number of entries of at least 1, got {s:?}"
+        )),
+    }
+}
+
 fn parse_rate(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
@@ -347,10 +362,9 @@ impl RunArgs {
         config.source_rate = self.rate;
         config.state_backend = match (self.state, &self.state_dir) {
             (StateKind::Heap, _) => StateBackend::Heap,
-            (StateKind::Rocksdb, None) => StateBackend::rocksdb_in_temp_dir(),
-            (StateKind::Rocksdb, Some(dir)) => StateBackend::RocksDb {
-                local_dir: dir.clone(),
-            },
+            (StateKind::Rocksdb, dir) => {
+                StateBackend::rocksdb(dir.clone(), self.state_cache_entries)
+            }
         };
         config.checkpointing = self
             .checkpoint_interval
@@ -423,6 +437,12 @@ impl RunArgs {
         if self.incremental && self.state != StateKind::Rocksdb {
             return Err(CliError::Usage {
                 argument: "--incremental",
+                problem: "applies to RocksDB state; add --state rocksdb".into(),
+            });
+        }
+        if self.state_cache_entries.is_some() && self.state != StateKind::Rocksdb {
+            return Err(CliError::Usage {
+                argument: "--state-cache-entries",
                 problem: "applies to RocksDB state; add --state rocksdb".into(),
             });
         }

@@ -280,7 +280,7 @@ impl JobSupervisor {
     fn local_dir(&self) -> Option<PathBuf> {
         match &self.job.config.state_backend {
             StateBackend::Heap => None,
-            StateBackend::RocksDb { local_dir } => Some(local_dir.clone()),
+            StateBackend::RocksDb { local_dir, .. } => Some(local_dir.clone()),
         }
     }
 

@@ -37,15 +37,23 @@ pub enum StateBackend {
     Heap,
     /// One RocksDB database per subtask, in a directory of its own under
     /// `local_dir` that is removed when the subtask's instance goes away;
-    /// snapshots are RocksDB native checkpoints.
-    RocksDb { local_dir: PathBuf },
+    /// snapshots are RocksDB native checkpoints. `cache_entries` bounds the
+    /// write-back cache of typed values in front of each database.
+    RocksDb {
+        local_dir: PathBuf,
+        cache_entries: usize,
+    },
 }
 
 impl StateBackend {
-    /// RocksDB under `<temp dir>/tidemark-state`.
-    pub fn rocksdb_in_temp_dir() -> Self {
+    /// RocksDB under `local_dir` (default `<temp dir>/tidemark-state`) with
+    /// a write-back cache of `cache_entries` (default
+    /// [`RocksDbKeyedStateBackend::DEFAULT_CACHE_ENTRIES`]).
+    pub fn rocksdb(local_dir: Option<PathBuf>, cache_entries: Option<usize>) -> Self {
         StateBackend::RocksDb {
-            local_dir: std::env::temp_dir().join("tidemark-state"),
+            local_dir: local_dir.unwrap_or_else(|| std::env::temp_dir().join("tidemark-state")),
+            cache_entries: cache_entries
+                .unwrap_or(RocksDbKeyedStateBackend::<u64>::DEFAULT_CACHE_ENTRIES),
         }
     }
 }
@@ -101,9 +109,15 @@ impl<K: Key> KeyedStateBackend<K> {
             StateBackend::Heap => {
                 KeyedStateBackend::Heap(HeapKeyedStateBackend::new(key_groups, max_parallelism))
             }
-            StateBackend::RocksDb { local_dir } => KeyedStateBackend::RocksDb(Box::new(
-                RocksDbKeyedStateBackend::new(local_dir, label, key_groups, max_parallelism),
-            )),
+            StateBackend::RocksDb {
+                local_dir,
+                cache_entries,
+            } => {
+                let mut backend =
+                    RocksDbKeyedStateBackend::new(local_dir, label, key_groups, max_parallelism);
+                backend.set_cache_capacity(*cache_entries);
+                KeyedStateBackend::RocksDb(Box::new(backend))
+            }
         }
     }
 
@@ -168,7 +182,7 @@ impl<K: Key> KeyedStateBackend<K> {
     pub fn flush(&mut self) -> Result<(), StateError> {
         match self {
             KeyedStateBackend::Heap(_) => Ok(()),
-            KeyedStateBackend::RocksDb(b) => b.flush_cache(),
+            KeyedStateBackend::RocksDb(b) => b.write_back(),
         }
     }
 }

@@ -51,8 +51,6 @@ const WRITE_BUFFER_BYTES: usize = 64 << 20;
 const WRITE_BUFFERS: i32 = 4;
 /// The block cache of one database.
 const BLOCK_CACHE_BYTES: usize = 64 << 20;
-/// Values held by the write-back cache, over all states, by default.
-pub const DEFAULT_CACHE_ENTRIES: usize = 64 * 1024;
 /// Key groups are written as a big-endian `u16`; Flink's bound is 2^15.
 const MAX_KEY_GROUPS: u32 = 1 << 15;
 
@@ -66,6 +64,8 @@ pub(crate) struct CachedValue<S> {
 struct Cached<K, S> {
     key: K,
     group: u16,
+    /// Used again since the last eviction sweep: it stays.
+    referenced: bool,
     cell: CachedValue<S>,
 }
 
@@ -74,8 +74,13 @@ trait RocksState<K>: Send {
     fn name(&self) -> &str;
     fn as_any_mut(&mut self) -> &mut dyn Any;
     fn clear_cache(&mut self);
-    /// Moves the dirty values into `batch` and empties the cache.
-    fn drain_cache(&mut self, cf: &ColumnFamily, batch: &mut WriteBatch, buffers: &mut Buffers);
+    /// Adds the dirty values to `batch`, in key order, and marks them clean.
+    fn write_back(&mut self, cf: &ColumnFamily, batch: &mut WriteBatch, buffers: &mut Buffers);
+    /// Drops the clean values not used since the last sweep and clears the
+    /// mark of the others; returns how many are left.
+    fn evict_unreferenced(&mut self) -> usize;
+    /// Drops up to `n` clean values; returns how many it dropped.
+    fn evict(&mut self, n: usize) -> usize;
     /// Decodes the entries of one key group in the heap snapshot format and
     /// adds them to `batch`.
     fn restore_group(
@@ -98,6 +103,49 @@ struct State<K, S> {
 struct Buffers {
     key: Vec<u8>,
     value: Vec<u8>,
+    pending: Pending,
+}
+
+/// Encoded writes of one column family, to be sorted by key before they go
+/// into a write batch: the memtable inserts of a sorted batch each start
+/// where the previous one ended, instead of searching the skip list from
+/// the top with a cold cache.
+#[derive(Default)]
+struct Pending {
+    bytes: Vec<u8>,
+    /// Start of the key in `bytes`, key length, value length (`None`: a
+    /// delete).
+    writes: Vec<(usize, usize, Option<usize>)>,
+}
+
+impl Pending {
+    fn push<K: Serialize, S: Serialize>(&mut self, group: u16, key: &K, value: Option<&S>) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(&group.to_be_bytes());
+        rmp_serde::encode::write(&mut self.bytes, key).expect("keys serialize to memory");
+        let key_len = self.bytes.len() - start;
+        let value_len = value.map(|value| {
+            rmp_serde::encode::write(&mut self.bytes, value).expect("values serialize to memory");
+            self.bytes.len() - start - key_len
+        });
+        self.writes.push((start, key_len, value_len));
+    }
+
+    /// Adds the writes to `batch` in key order and empties itself.
+    fn write_sorted(&mut self, cf: &ColumnFamily, batch: &mut WriteBatch) {
+        let bytes = &self.bytes;
+        let key = |&(start, len, _): &(usize, usize, Option<usize>)| &bytes[start..start + len];
+        self.writes.sort_unstable_by(|a, b| key(a).cmp(key(b)));
+        for write in &self.writes {
+            let (start, key_len, value_len) = *write;
+            match value_len {
+                Some(len) => batch.put_cf(cf, key(write), &bytes[start + key_len..][..len]),
+                None => batch.delete_cf(cf, key(write)),
+            }
+        }
+        self.bytes.clear();
+        self.writes.clear();
+    }
 }
 
 impl Buffers {
@@ -136,16 +184,33 @@ impl<K: Key, S: Data> RocksState<K> for State<K, S> {
         self.cache.clear();
     }
 
-    fn drain_cache(&mut self, cf: &ColumnFamily, batch: &mut WriteBatch, buffers: &mut Buffers) {
-        for cached in self.cache.drain() {
-            if !cached.cell.dirty {
-                continue;
-            }
-            match &cached.cell.value {
-                Some(value) => buffers.put(cf, batch, cached.group, &cached.key, value),
-                None => batch.delete_cf(cf, buffers.key(cached.group, &cached.key)),
-            }
+    fn write_back(&mut self, cf: &ColumnFamily, batch: &mut WriteBatch, buffers: &mut Buffers) {
+        for cached in self.cache.iter_mut().filter(|c| c.cell.dirty) {
+            cached.cell.dirty = false;
+            let value = cached.cell.value.as_ref();
+            buffers.pending.push(cached.group, &cached.key, value);
         }
+        buffers.pending.write_sorted(cf, batch);
+    }
+
+    fn evict_unreferenced(&mut self) -> usize {
+        self.cache.retain(|c| {
+            debug_assert!(!c.cell.dirty, "written back before eviction");
+            std::mem::take(&mut c.referenced)
+        });
+        self.cache.len()
+    }
+
+    fn evict(&mut self, mut n: usize) -> usize {
+        let before = self.cache.len();
+        self.cache.retain(|_| {
+            if n == 0 {
+                return true;
+            }
+            n -= 1;
+            false
+        });
+        before - self.cache.len()
     }
 
     fn restore_group(
@@ -198,8 +263,11 @@ pub struct RocksDbKeyedStateBackend<K: Key> {
     local_dir: PathBuf,
     label: String,
     states: Vec<Box<dyn RocksState<K>>>,
+    /// Values in the cache, over all states.
     cached: usize,
     cache_capacity: usize,
+    /// Some cached value may have changed since the last write-back.
+    dirty: bool,
     buffers: Buffers,
     read: ReadOptions,
     write: WriteOptions,
@@ -207,6 +275,11 @@ pub struct RocksDbKeyedStateBackend<K: Key> {
 }
 
 impl<K: Key> RocksDbKeyedStateBackend<K> {
+    /// Values held by the write-back cache, over all states, by default:
+    /// about 40 MiB for a `u64` key and value (a value's own heap data comes
+    /// on top), next to RocksDB's 64 MiB block cache and its memtables.
+    pub const DEFAULT_CACHE_ENTRIES: usize = 1 << 20;
+
     pub fn new(local_dir: &Path, label: &str, range: KeyGroupRange, max_parallelism: u32) -> Self {
         assert!(
             max_parallelism <= MAX_KEY_GROUPS,
@@ -221,7 +294,8 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
             label: label.to_owned(),
             states: Vec::new(),
             cached: 0,
-            cache_capacity: DEFAULT_CACHE_ENTRIES,
+            dirty: false,
+            cache_capacity: Self::DEFAULT_CACHE_ENTRIES,
             buffers: Buffers::default(),
             read: ReadOptions::default(),
             write,
@@ -282,6 +356,11 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
         options.set_max_write_buffer_number(WRITE_BUFFERS);
         options.set_memtable_whole_key_filtering(true);
         options.set_memtable_prefix_bloom_ratio(0.1);
+        // Sound here because the subtask is the only writer and nothing
+        // reads a point-in-time view of the active memtable: a checkpoint
+        // flushes it first, and `AllKeys` reads after the last write.
+        options.set_allow_concurrent_memtable_write(false);
+        options.set_inplace_update_support(true);
         options.set_level_compaction_dynamic_level_bytes(true);
         options.set_max_background_jobs(2);
         options.set_log_level(LogLevel::Warn);
@@ -377,15 +456,21 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
                 .find(slot.hash, |c| c.key == *key)
                 .is_none()
         {
-            if let Err(e) = self.flush_cache() {
+            if let Err(e) = self.make_room() {
                 panic!("writing the keyed state of {}: {e}", self.label);
             }
         }
+        // The entry may change the value: the next write-back looks.
+        self.dirty = true;
         let group = (self.range.start as usize + slot.group) as u16;
         let db = &self.open.as_ref().expect("opened above").db;
         let State { name, cache } = state_mut::<K, S>(&mut self.states[id]);
         match cache.entry(slot.hash, |c| c.key == *key, |c| table_hash(&c.key)) {
-            hash_table::Entry::Occupied(cached) => &mut cached.into_mut().cell,
+            hash_table::Entry::Occupied(cached) => {
+                let cached = cached.into_mut();
+                cached.referenced = true;
+                &mut cached.cell
+            }
             hash_table::Entry::Vacant(vacant) => {
                 let cf = db
                     .cf_handle(name)
@@ -402,6 +487,7 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
                 let cached = Cached {
                     key: key.clone(),
                     group,
+                    referenced: false,
                     cell: CachedValue {
                         value,
                         dirty: false,
@@ -412,10 +498,10 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
         }
     }
 
-    /// Writes every dirty cached value to the database, in one batch, and
-    /// empties the cache.
-    pub fn flush_cache(&mut self) -> Result<(), StateError> {
-        if self.cached == 0 {
+    /// Writes every dirty cached value to the database, in one write batch
+    /// sorted by key; the values stay cached, clean.
+    pub fn write_back(&mut self) -> Result<(), StateError> {
+        if !self.dirty {
             return Ok(());
         }
         let db = &self
@@ -428,13 +514,38 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
             let cf = db
                 .cf_handle(state.name())
                 .expect("a declared state has a column family");
-            state.drain_cache(cf, &mut batch, &mut self.buffers);
+            state.write_back(cf, &mut batch, &mut self.buffers);
         }
-        self.cached = 0;
+        self.dirty = false;
         if batch.is_empty() {
             return Ok(());
         }
         db.write_opt(batch, &self.write).map_err(rocks)
+    }
+
+    /// Makes room in a full cache: writes it back, then drops the values not
+    /// used again since the last sweep, and arbitrary others until it is half
+    /// full, so that a sweep is paid for by as many misses as it frees.
+    fn make_room(&mut self) -> Result<(), StateError> {
+        self.write_back()?;
+        let keep = self.cache_capacity / 2;
+        let mut left: usize = self.states.iter_mut().map(|s| s.evict_unreferenced()).sum();
+        for state in &mut self.states {
+            if left <= keep {
+                break;
+            }
+            left -= state.evict(left - keep);
+        }
+        self.cached = left;
+        Ok(())
+    }
+
+    fn clear_cache(&mut self) {
+        for state in &mut self.states {
+            state.clear_cache();
+        }
+        self.cached = 0;
+        self.dirty = false;
     }
 
     /// The synchronous part of a checkpoint: writes the cache back, flushes
@@ -443,7 +554,7 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
     /// the working directory, `<working dir>-chk-<id>`.
     pub fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<NativeCheckpoint, StateError> {
         self.ensure_open()?;
-        self.flush_cache()?;
+        self.write_back()?;
         let open = self.open.as_ref().expect("opened above");
         let cfs: Vec<&ColumnFamily> = self
             .states
@@ -485,10 +596,7 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
     pub fn restore(&mut self, state: &RestoreState) -> Result<(), StateError> {
         if let Some(native) = &state.native {
             // Whatever was there before is replaced, cache included.
-            for s in &mut self.states {
-                s.clear_cache();
-            }
-            self.cached = 0;
+            self.clear_cache();
             self.open = None;
             self.open(Some(native))?;
         }
@@ -504,7 +612,9 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
             return Err(StateError::ForeignKeyGroup(group));
         }
         self.ensure_open()?;
-        self.flush_cache()?;
+        // Cached values of the group would hide what is written here.
+        self.write_back()?;
+        self.clear_cache();
         let db = &self.open.as_ref().expect("opened above").db;
         let input = &mut bytes;
         let states: u32 =
@@ -525,11 +635,11 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
     }
 
     /// Every (key, value) of state `id`, key group by key group. The cache
-    /// must have been flushed.
+    /// must have been written back.
     pub(super) fn entries<V: Data>(&self, id: usize) -> impl Iterator<Item = (K, V)> + '_ {
-        assert_eq!(
-            self.cached, 0,
-            "the cache is flushed before reading all keys"
+        assert!(
+            !self.dirty,
+            "the cache is written back before reading all keys"
         );
         let iter = self.open.as_ref().map(|open| {
             let cf = open.db.cf_handle(self.states[id].name()).expect("declared");
