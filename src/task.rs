@@ -69,6 +69,8 @@ pub enum KeyedSnapshot {
 pub struct NativeCheckpoint {
     pub dir: PathBuf,
     pub key_groups: KeyGroupRange,
+    /// The database instance's token (`NativeFileHandle::instance`).
+    pub instance: u64,
     pub files: Vec<NativeFile>,
 }
 

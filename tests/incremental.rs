@@ -118,8 +118,8 @@ fn an_aborted_checkpoints_uploads_are_deleted_and_never_become_a_base() {
         for file in checkpoint.subtasks.values().flat_map(|s| s.shared_files()) {
             assert_ne!(
                 file.uploaded_by.0, 4,
-                "{} in {}",
-                file.handle.path, checkpoint.id
+                "{:?} in {}",
+                file.handle, checkpoint.id
             );
         }
     }

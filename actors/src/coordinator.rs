@@ -211,23 +211,19 @@ impl CoordinatorActor {
         );
     }
 
-    /// Shared files nothing can reference any more.
+    /// Objects nothing can reference any more.
     fn delete_released(&mut self, ctx: &mut Context<Self>) {
-        let paths: Vec<String> = self
-            .registry
-            .take_deletable()
-            .into_iter()
-            .map(|h| h.path)
-            .collect();
+        let paths = self.registry.take_deletable();
         if !paths.is_empty() {
             self.spawn_delete(paths, Vec::new(), ctx);
         }
     }
 
     /// Every pending checkpoint ends with the attempt, except those whose
-    /// metadata is being written: they may still complete.
+    /// metadata is being written: they may still complete, and the registry
+    /// counted them already.
     fn abort_all(&mut self, reason: String, ctx: &mut Context<Self>) {
-        self.registry.abort_all_except(&self.finalizing);
+        self.registry.abort_all();
         self.feed(Event::AbortAll { reason }, ctx);
         self.delete_released(ctx);
     }
@@ -273,22 +269,29 @@ impl CoordinatorActor {
                             }),
                     );
                 }
-                Action::Finalize(checkpoint) => {
+                Action::Finalize(mut checkpoint) => {
+                    // Registered before the metadata is written: the
+                    // registry may replace duplicate shared files, and the
+                    // metadata must hold what it counts.
+                    self.registry.completed(&mut checkpoint);
+                    self.delete_released(ctx);
                     let storage = self.storage.clone();
                     let id = checkpoint.id;
                     self.finalizing.insert(id);
                     ctx.spawn(
                         async move {
-                            storage.write_metadata(&checkpoint).await?;
-                            Ok::<_, tidemark::checkpoint::storage::StorageError>(checkpoint)
+                            let written = storage.write_metadata(&checkpoint).await;
+                            (checkpoint, written)
                         }
                         .into_actor(self)
-                        .map(move |result, act, ctx| {
+                        .map(move |(checkpoint, written), act, ctx| {
                             act.finalizing.remove(&id);
-                            match result {
-                                Ok(checkpoint) => act.persisted(checkpoint, ctx),
+                            match written {
+                                Ok(()) => act.persisted(checkpoint, ctx),
                                 Err(e) => {
-                                    act.registry.aborted(id);
+                                    // The acks' own objects are left to the
+                                    // registry: another checkpoint may have
+                                    // been given them since.
                                     act.feed(
                                         Event::PersistFailed {
                                             checkpoint: id,
@@ -296,6 +299,8 @@ impl CoordinatorActor {
                                         },
                                         ctx,
                                     );
+                                    act.registry.removed(&checkpoint);
+                                    act.delete_released(ctx);
                                 }
                             }
                             act.answer_restore();
@@ -332,10 +337,7 @@ impl CoordinatorActor {
                     }
                 }
                 Action::Discard { checkpoint, states } => {
-                    let paths = states
-                        .iter()
-                        .flat_map(|s| s.written_by(checkpoint).map(|h| h.path.clone()))
-                        .collect();
+                    let paths = self.registry.discardable(checkpoint, &states);
                     self.spawn_delete(paths, Vec::new(), ctx);
                 }
                 Action::FailJob(reason) => self.supervisor.do_send(CheckpointingFailed(reason)),
@@ -374,7 +376,6 @@ impl CoordinatorActor {
         );
         stats.record_inflight(&checkpoint);
         stats.record_uploads(&checkpoint);
-        self.registry.completed(&checkpoint);
         if self.switched.remove(&id) {
             stats.switched_to_unaligned.fetch_add(1, Ordering::Relaxed);
         }
@@ -484,12 +485,9 @@ impl Handler<AcknowledgeCheckpoint> for CoordinatorActor {
     fn handle(&mut self, msg: AcknowledgeCheckpoint, ctx: &mut Context<Self>) {
         if msg.attempt != self.attempt {
             // A snapshot of an abandoned attempt: its checkpoint was aborted.
-            let paths = msg
-                .ack
-                .state
-                .written_by(msg.ack.checkpoint)
-                .map(|h| h.path.clone())
-                .collect();
+            let paths = self
+                .registry
+                .discardable(msg.ack.checkpoint, &[msg.ack.state]);
             return self.spawn_delete(paths, Vec::new(), ctx);
         }
         let (checkpoint, subtask, m) = (msg.ack.checkpoint, msg.ack.subtask, &msg.ack.metrics);

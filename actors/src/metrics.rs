@@ -3,7 +3,7 @@
 use dashmap::DashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use tidemark::checkpoint::{CompletedCheckpoint, SubtaskState};
+use tidemark::checkpoint::{CompletedCheckpoint, StateHandle, SubtaskState};
 use tidemark::ids::ChannelId;
 
 /// High-water marks of one channel, against the credits that bound them.
@@ -87,7 +87,7 @@ impl CheckpointStats {
         let written: Vec<u64> = checkpoint
             .subtasks
             .values()
-            .flat_map(|s| s.written_by(checkpoint.id).map(|h| h.size))
+            .flat_map(|s| s.written_by(checkpoint.id).map(StateHandle::size))
             .collect();
         let bytes = written.iter().sum();
         self.bytes_uploaded_last.store(bytes, Ordering::Relaxed);

@@ -159,10 +159,7 @@ fn plan_native(
     base: Option<&SharedBase>,
     objects: &mut Vec<(String, Bytes)>,
 ) -> (NativeCheckpoint, NativeStateHandle) {
-    let pending = |path: &String, size| StateHandle {
-        path: path.clone(),
-        size,
-    };
+    let pending = |path: &String, size| StateHandle::object(path.clone(), size);
     let mut private = Vec::new();
     let mut shared = Vec::new();
     for file in native.files.iter().filter(|f| !f.is_shared()) {
@@ -171,13 +168,14 @@ fn plan_native(
             name: file.name.clone(),
             handle: pending(&path, file.size),
             uploaded_by: checkpoint,
+            instance: native.instance,
         });
         objects.push((path, Bytes::File(native.dir.join(&file.name))));
     }
     for file in native.files.iter().filter(|f| f.is_shared()) {
         match base
             .and_then(|b| b.get(&file.name))
-            .filter(|f| f.handle.size == file.size)
+            .filter(|f| f.handle.size() == file.size)
         {
             Some(reused) => shared.push(reused.clone()),
             None => {
@@ -189,6 +187,7 @@ fn plan_native(
                     name: file.name.clone(),
                     handle: pending(&path, file.size),
                     uploaded_by: checkpoint,
+                    instance: native.instance,
                 });
                 objects.push((path, Bytes::File(native.dir.join(&file.name))));
             }
@@ -222,14 +221,19 @@ async fn put_all(
             storage
                 .put(&path, bytes.into())
                 .await
-                .map(|()| StateHandle { path, size })
+                .map(|()| StateHandle::object(path, size))
                 .map_err(|e| e.to_string())
         })
         .buffered(PARALLEL_WRITES)
         .collect()
         .await;
     if let Some(error) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
-        let written: Vec<String> = results.into_iter().flatten().map(|h| h.path).collect();
+        let written: Vec<String> = results
+            .iter()
+            .flatten()
+            .filter_map(StateHandle::physical)
+            .map(str::to_owned)
+            .collect();
         let _ = stream::iter(written)
             .map(|path| async move { storage.delete(&path).await })
             .buffer_unordered(PARALLEL_WRITES)

@@ -34,7 +34,7 @@ use tidemark::checkpoint::restore::{self, RestoreError};
 use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::store::CompletedCheckpointStore;
 use tidemark::checkpoint::{
-    ChannelState, CompletedCheckpoint, NativeFileHandle, NativeStateHandle, Restore,
+    ChannelState, CompletedCheckpoint, NativeFileHandle, NativeStateHandle, Restore, StateHandle,
 };
 use tidemark::error::TaskError;
 use tidemark::graph::JobGraph;
@@ -123,7 +123,7 @@ async fn load(
             let malformed =
                 |problem: String| JobError::Restore(RestoreError::Malformed { subtask, problem });
             for slices in plan.keyed {
-                let bytes = read(&storage, subtask, &slices.path, slices.size).await?;
+                let bytes = read(&storage, subtask, &slices.handle).await?;
                 for (group, range) in slices.groups {
                     state
                         .key_groups
@@ -131,14 +131,13 @@ async fn load(
                 }
             }
             for channel in plan.channels {
-                let bytes =
-                    read(&storage, subtask, &channel.handle.path, channel.handle.size).await?;
+                let bytes = read(&storage, subtask, &channel.handle).await?;
+                let name = format!("channel state {:?} {}", channel.side, channel.channel);
                 let batches: Vec<EncodedBatch> = rmp_serde::from_slice(&bytes)
-                    .map_err(|e| malformed(format!("{}: {e}", channel.handle.path)))?;
+                    .map_err(|e| malformed(format!("{name}: {e}")))?;
                 if batches.len() != channel.batches as usize {
                     return Err(malformed(format!(
-                        "{} holds {} batches, the checkpoint recorded {}",
-                        channel.handle.path,
+                        "{name} holds {} batches, the checkpoint recorded {}",
                         batches.len(),
                         channel.batches
                     )));
@@ -187,7 +186,7 @@ async fn download(
         .map(|file| {
             let dir = &dir;
             async move {
-                let bytes = read(storage, subtask, &file.handle.path, file.handle.size).await?;
+                let bytes = read(storage, subtask, &file.handle).await?;
                 let path = dir.join(&file.name);
                 tokio::task::spawn_blocking(move || std::fs::write(path, bytes))
                     .await
@@ -201,25 +200,24 @@ async fn download(
     Ok(dir)
 }
 
-/// The object at `path`, which the checkpoint recorded as `size` bytes: a
-/// shorter or longer one is damaged.
+/// The bytes of the state object at `handle`: inline, or read from its
+/// physical object, which must hold as many bytes as the checkpoint
+/// recorded. A segment is cut out of its whole merged file.
 async fn read(
     storage: &CheckpointStorage,
     subtask: SubtaskId,
-    path: &str,
-    size: u64,
+    handle: &StateHandle,
 ) -> Result<bytes::Bytes, JobError> {
-    let bytes = storage.get(path).await.map_err(JobError::Storage)?;
-    if bytes.len() as u64 != size {
-        return Err(JobError::Restore(RestoreError::Malformed {
+    let object = match handle.physical() {
+        Some(path) => storage.get(path).await.map_err(JobError::Storage)?,
+        None => bytes::Bytes::new(),
+    };
+    handle.from_object(object).map_err(|e| {
+        JobError::Restore(RestoreError::Malformed {
             subtask,
-            problem: format!(
-                "{path} holds {} bytes, the checkpoint recorded {size}",
-                bytes.len()
-            ),
-        }));
-    }
-    Ok(bytes)
+            problem: e.to_string(),
+        })
+    })
 }
 
 impl JobSupervisor {

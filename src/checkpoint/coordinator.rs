@@ -716,10 +716,7 @@ mod tests {
             keyed: Some(KeyedStateHandle::KeyGroups(KeyGroupsStateHandle {
                 start_group: 0,
                 offsets: vec![0],
-                handle: StateHandle {
-                    path: format!("chk-{id}/{i}"),
-                    size: 10,
-                },
+                handle: StateHandle::object(format!("chk-{id}/{i}"), 10),
             })),
             ..SubtaskState::default()
         }
@@ -1852,7 +1849,7 @@ mod tests {
                             }
                         }
                         Action::Discard { states, .. } => {
-                            discarded.extend(states.iter().flat_map(|s| s.handles()).map(|h| h.path.clone()));
+                            discarded.extend(states.iter().flat_map(|s| s.objects()).map(str::to_owned));
                         }
                         Action::NotifyAbort { .. } | Action::FailJob(_) => {}
                     }
@@ -1870,8 +1867,8 @@ mod tests {
             // A durable checkpoint's state is never deleted.
             for id in &durable {
                 for state in finalized[id].subtasks.values() {
-                    for handle in state.handles() {
-                        prop_assert!(!discarded.contains(&handle.path), "{} discarded", handle.path);
+                    for object in state.objects() {
+                        prop_assert!(!discarded.contains(object), "{} discarded", object);
                     }
                 }
             }

@@ -6,7 +6,9 @@ use super::CompletedCheckpoint;
 use thiserror::Error;
 
 const MAGIC: &[u8; 8] = b"TIDEMARK";
-const VERSION: u16 = 1;
+/// 2: state handles are inline bytes, whole objects or segments of merged
+/// files, and native files name the database instance that created them.
+const VERSION: u16 = 2;
 const HEADER: usize = MAGIC.len() + 2 + 4;
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -64,10 +66,7 @@ mod tests {
             crate::checkpoint::KeyGroupsStateHandle {
                 start_group: 0,
                 offsets: vec![0, 10],
-                handle: StateHandle {
-                    path: "chk-3/op-1-0".into(),
-                    size: 20,
-                },
+                handle: StateHandle::object("chk-3/op-1-0", 20),
             },
         ));
         CompletedCheckpoint {

@@ -5,6 +5,7 @@
 pub mod barrier;
 pub mod coordinator;
 pub mod input_end;
+pub mod merging;
 pub mod metadata;
 pub mod restore;
 pub mod shared;
@@ -16,8 +17,10 @@ use crate::event::{Alignment, CheckpointKind};
 use crate::ids::{CheckpointId, SubtaskId};
 use crate::key_group::KeyGroupRange;
 use crate::task::SOURCE_EXHAUSTED;
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 use std::time::Duration;
 
 /// How often and how carefully checkpoints are taken.
@@ -108,12 +111,111 @@ pub fn ends_input(checkpoint: &CompletedCheckpoint, sources: &[SubtaskId]) -> bo
         })
 }
 
-/// Where the bytes of one state object live, relative to the job's
-/// directory in checkpoint storage.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StateHandle {
+/// Where the bytes of one state object live. Paths are relative to the
+/// job's directory in checkpoint storage.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum StateHandle {
+    /// Bytes below the inline threshold: they travel in the ack and in
+    /// `_metadata`, and no object exists for them.
+    Inline(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// A physical object of its own.
+    Object { path: String, size: u64 },
+    /// `size` bytes at `offset` of a merged physical object, which holds
+    /// other segments too.
+    Segment {
+        path: String,
+        offset: u64,
+        size: u64,
+    },
+}
+
+/// A physical object that does not hold the bytes its handle says it does.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{path} holds {found} bytes where the checkpoint recorded {expected} (bytes {range:?})")]
+pub struct HandleMismatch {
     pub path: String,
-    pub size: u64,
+    pub range: Range<u64>,
+    pub expected: u64,
+    pub found: u64,
+}
+
+impl StateHandle {
+    pub fn object(path: impl Into<String>, size: u64) -> Self {
+        StateHandle::Object {
+            path: path.into(),
+            size,
+        }
+    }
+
+    /// The physical object holding the bytes; none for inline bytes.
+    pub fn physical(&self) -> Option<&str> {
+        match self {
+            StateHandle::Inline(_) => None,
+            StateHandle::Object { path, .. } | StateHandle::Segment { path, .. } => Some(path),
+        }
+    }
+
+    /// Bytes of the state object itself, wherever they live.
+    pub fn size(&self) -> u64 {
+        match self {
+            StateHandle::Inline(bytes) => bytes.len() as u64,
+            StateHandle::Object { size, .. } | StateHandle::Segment { size, .. } => *size,
+        }
+    }
+
+    /// The bytes within the physical object: the range to read.
+    pub fn range(&self) -> Range<u64> {
+        match self {
+            StateHandle::Inline(bytes) => 0..bytes.len() as u64,
+            StateHandle::Object { size, .. } => 0..*size,
+            StateHandle::Segment { offset, size, .. } => *offset..offset + size,
+        }
+    }
+
+    /// The state object's bytes out of what a read of `self.range()` of the
+    /// physical object returned (ignored for inline bytes). A short read
+    /// means a truncated object.
+    pub fn from_range(&self, read: Bytes) -> Result<Bytes, HandleMismatch> {
+        match self {
+            StateHandle::Inline(bytes) => Ok(Bytes::copy_from_slice(bytes)),
+            _ => self.check(read.len() as u64).map(|()| read),
+        }
+    }
+
+    /// The state object's bytes out of the whole physical object (ignored
+    /// for inline bytes). A whole object must be exactly as long as
+    /// recorded, a merged one at least as long as the segment's end.
+    pub fn from_object(&self, object: Bytes) -> Result<Bytes, HandleMismatch> {
+        match self {
+            StateHandle::Inline(bytes) => Ok(Bytes::copy_from_slice(bytes)),
+            StateHandle::Object { .. } => self.from_range(object),
+            StateHandle::Segment { offset, size, .. } => {
+                let range = self.range();
+                if (object.len() as u64) < range.end {
+                    let found = (object.len() as u64).saturating_sub(*offset);
+                    return Err(self.mismatch(found.min(*size)));
+                }
+                Ok(object.slice(range.start as usize..range.end as usize))
+            }
+        }
+    }
+
+    fn check(&self, found: u64) -> Result<(), HandleMismatch> {
+        if found == self.size() {
+            Ok(())
+        } else {
+            Err(self.mismatch(found))
+        }
+    }
+
+    fn mismatch(&self, found: u64) -> HandleMismatch {
+        HandleMismatch {
+            path: self.physical().unwrap_or_default().to_owned(),
+            range: self.range(),
+            expected: self.size(),
+            found,
+        }
+    }
 }
 
 /// Keyed state of one subtask.
@@ -155,6 +257,30 @@ pub struct NativeFileHandle {
     /// The checkpoint that uploaded it: if that checkpoint never completes,
     /// the object is its to delete.
     pub uploaded_by: CheckpointId,
+    /// The database instance that created the file: a token the backend
+    /// draws each time it opens a database. A file name alone is not unique:
+    /// a database restored from an older checkpoint numbers its new files
+    /// as the abandoned one did.
+    pub instance: u64,
+}
+
+/// Identifies one shared file for the `SharedStateRegistry`: two handles
+/// with the same key hold the same bytes, so a checkpoint can use either.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SharedKey {
+    pub subtask: SubtaskId,
+    pub instance: u64,
+    pub name: String,
+}
+
+impl SharedKey {
+    pub fn of(subtask: SubtaskId, file: &NativeFileHandle) -> Self {
+        SharedKey {
+            subtask,
+            instance: file.instance,
+            name: file.name.clone(),
+        }
+    }
 }
 
 /// Which end of a subtask a channel belongs to.
@@ -198,50 +324,81 @@ pub struct SubtaskState {
 }
 
 impl SubtaskState {
-    /// Every object this state references, shared ones included.
+    /// Every state object this state references, shared ones included.
     pub fn handles(&self) -> impl Iterator<Item = &StateHandle> {
-        let (key_groups, native) = match &self.keyed {
-            None => (None, None),
-            Some(KeyedStateHandle::KeyGroups(k)) => (Some(&k.handle), None),
-            Some(KeyedStateHandle::Native(n)) => (None, Some(n)),
-        };
-        let native = native
-            .into_iter()
-            .flat_map(|n| n.shared.iter().chain(&n.private).map(|f| &f.handle));
-        key_groups
-            .into_iter()
-            .chain(native)
-            .chain(self.channels.iter().map(|c| &c.handle))
+        self.exclusive_handles()
+            .chain(self.shared_files().map(|f| &f.handle))
     }
 
-    /// Objects the snapshot for `checkpoint` wrote itself: what to delete if
-    /// that checkpoint never completes. Shared files it reused belong to the
-    /// checkpoints that uploaded them.
+    /// State objects the snapshot for `checkpoint` wrote itself: what to
+    /// delete if that checkpoint never completes. Shared files it reused
+    /// belong to the checkpoints that uploaded them.
     pub fn written_by(&self, checkpoint: CheckpointId) -> impl Iterator<Item = &StateHandle> {
-        let reused: Vec<&StateHandle> = self
+        let uploaded = self
             .shared_files()
-            .filter(|f| f.uploaded_by != checkpoint)
-            .map(|f| &f.handle)
-            .collect();
-        self.handles().filter(move |h| !reused.contains(h))
+            .filter(move |f| f.uploaded_by == checkpoint)
+            .map(|f| &f.handle);
+        self.exclusive_handles().chain(uploaded)
+    }
+
+    /// Every physical object this state references, once each: what
+    /// storage must hold for it to restore.
+    pub fn objects(&self) -> BTreeSet<&str> {
+        self.handles().filter_map(StateHandle::physical).collect()
+    }
+
+    /// Physical objects the snapshot for `checkpoint` wrote, once each.
+    pub fn objects_written_by(&self, checkpoint: CheckpointId) -> BTreeSet<&str> {
+        self.written_by(checkpoint)
+            .filter_map(StateHandle::physical)
+            .collect()
     }
 
     /// Shared files, which outlive the checkpoint that uploaded them.
     pub fn shared_files(&self) -> impl Iterator<Item = &NativeFileHandle> {
-        match &self.keyed {
-            Some(KeyedStateHandle::Native(n)) => n.shared.iter(),
-            _ => [].iter(),
-        }
+        self.native().into_iter().flat_map(|n| &n.shared)
+    }
+
+    /// Shared files, for the registry to replace a handle by the one it
+    /// registered under the same key.
+    pub fn shared_files_mut(&mut self) -> impl Iterator<Item = &mut NativeFileHandle> {
+        let native = match &mut self.keyed {
+            Some(KeyedStateHandle::Native(n)) => Some(n),
+            _ => None,
+        };
+        native.into_iter().flat_map(|n| &mut n.shared)
     }
 
     /// Bytes of in-flight batches this snapshot persisted.
     pub fn inflight_bytes(&self) -> u64 {
-        self.channels.iter().map(|c| c.handle.size).sum()
+        self.channels.iter().map(|c| c.handle.size()).sum()
     }
 
+    /// Bytes of the state objects, inline ones included.
     pub fn size(&self) -> u64 {
-        self.handles().map(|h| h.size).sum::<u64>()
+        self.handles().map(StateHandle::size).sum::<u64>()
             + self.operator.values().map(|v| v.len() as u64).sum::<u64>()
+    }
+
+    fn native(&self) -> Option<&NativeStateHandle> {
+        match &self.keyed {
+            Some(KeyedStateHandle::Native(n)) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// Objects only this checkpoint references: key groups, private
+    /// native files, channel state.
+    fn exclusive_handles(&self) -> impl Iterator<Item = &StateHandle> {
+        let key_groups = match &self.keyed {
+            Some(KeyedStateHandle::KeyGroups(k)) => Some(&k.handle),
+            _ => None,
+        };
+        let private = self.native().into_iter().flat_map(|n| &n.private);
+        key_groups
+            .into_iter()
+            .chain(private.map(|f| &f.handle))
+            .chain(self.channels.iter().map(|c| &c.handle))
     }
 }
 
@@ -283,6 +440,18 @@ pub struct CompletedCheckpoint {
     pub subtasks: BTreeMap<SubtaskId, SubtaskState>,
     /// State returned by master hooks at trigger, by hook name.
     pub master_states: BTreeMap<String, Vec<u8>>,
+}
+
+impl CompletedCheckpoint {
+    /// Every physical object the checkpoint references, once each: storage
+    /// must hold all of them for it to restore, and an object no retained
+    /// checkpoint references is garbage.
+    pub fn objects(&self) -> BTreeSet<&str> {
+        self.subtasks
+            .values()
+            .flat_map(SubtaskState::objects)
+            .collect()
+    }
 }
 
 /// Why a checkpoint did not complete.

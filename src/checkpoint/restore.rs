@@ -5,7 +5,7 @@
 
 use super::{
     ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyGroupsStateHandle, KeyedStateHandle,
-    NativeStateHandle,
+    NativeStateHandle, StateHandle,
 };
 use crate::graph::JobGraph;
 use crate::ids::{KeyGroup, OperatorId, SubtaskId};
@@ -38,9 +38,8 @@ pub enum RestoreError {
 /// Key groups of one state object that a subtask reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyedSlices {
-    pub path: String,
-    /// The object's size per the metadata: a shorter object is truncated.
-    pub size: u64,
+    pub handle: StateHandle,
+    /// Byte ranges within the state object's bytes.
     pub groups: Vec<(KeyGroup, Range<u64>)>,
 }
 
@@ -60,17 +59,13 @@ fn ranges(
     handle: &KeyGroupsStateHandle,
 ) -> Result<Vec<(KeyGroup, Range<u64>)>, RestoreError> {
     let malformed = |problem: String| RestoreError::Malformed { subtask, problem };
+    let size = handle.handle.size();
     let mut out = Vec::with_capacity(handle.offsets.len());
     for (i, &start) in handle.offsets.iter().enumerate() {
-        let end = handle
-            .offsets
-            .get(i + 1)
-            .copied()
-            .unwrap_or(handle.handle.size);
-        if start > end || end > handle.handle.size {
+        let end = handle.offsets.get(i + 1).copied().unwrap_or(size);
+        if start > end || end > size {
             return Err(malformed(format!(
-                "key group offsets {start}..{end} outside an object of {} bytes",
-                handle.handle.size
+                "key group offsets {start}..{end} outside an object of {size} bytes"
             )));
         }
         out.push((KeyGroup(handle.start_group + i as u32), start..end));
@@ -147,8 +142,7 @@ pub fn plan(
                     });
                 }
                 plan.keyed.push(KeyedSlices {
-                    path: keyed.handle.path.clone(),
-                    size: keyed.handle.size,
+                    handle: keyed.handle.clone(),
                     groups,
                 });
             }
@@ -172,7 +166,7 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{StateHandle, SubtaskState};
+    use crate::checkpoint::SubtaskState;
     use crate::event::CheckpointKind;
     use crate::graph::{Edge, Partitioner};
     use crate::ids::{CheckpointId, SubtaskIndex};
@@ -205,10 +199,10 @@ mod tests {
                     keyed: Some(KeyedStateHandle::KeyGroups(KeyGroupsStateHandle {
                         start_group: range.start,
                         offsets,
-                        handle: StateHandle {
-                            path: format!("chk-1/count-{i}"),
-                            size: range.len() as u64 * 10,
-                        },
+                        handle: StateHandle::object(
+                            format!("chk-1/count-{i}"),
+                            range.len() as u64 * 10,
+                        ),
                     })),
                     ..SubtaskState::default()
                 };
@@ -228,7 +222,7 @@ mod tests {
     fn every_key_group_is_read_by_its_owner_from_its_byte_range() {
         let plans = plan(&checkpoint(2), &graph(2)).unwrap();
         let second = &plans[&count(1)].keyed[0];
-        assert_eq!(second.path, "chk-1/count-1");
+        assert_eq!(second.handle.physical(), Some("chk-1/count-1"));
         assert_eq!(second.groups.len(), 64);
         assert_eq!(second.groups[0], (KeyGroup(64), 0..10));
         assert_eq!(second.groups[63], (KeyGroup(127), 630..640));
@@ -262,7 +256,7 @@ mod tests {
         else {
             unreachable!("the test checkpoint has key groups")
         };
-        keyed.handle.size = 5;
+        keyed.handle = StateHandle::object("chk-1/count-0", 5);
         assert!(matches!(
             plan(&truncated, &graph(1)),
             Err(RestoreError::Malformed { .. })
@@ -274,10 +268,7 @@ mod tests {
             side,
             channel,
             batches: 1,
-            handle: StateHandle {
-                path: format!("chk-1/in-{channel}"),
-                size: 10,
-            },
+            handle: StateHandle::object(format!("chk-1/in-{channel}"), 10),
         }
     }
 

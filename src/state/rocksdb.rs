@@ -240,6 +240,21 @@ struct Open {
     db: DB,
     options: Options,
     dir: tempfile::TempDir,
+    /// Tells this database's files from those of any other instance,
+    /// earlier or later, that has files of the same names.
+    instance: u64,
+}
+
+/// A token no other database instance draws: the hasher's keys are random
+/// per process and distinct per call, the directory and clock set apart
+/// processes that happened to draw alike.
+fn instance_token(dir: &Path) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    dir.hash(&mut hasher);
+    std::process::id().hash(&mut hasher);
+    std::time::SystemTime::now().hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Keyed state in RocksDB.
@@ -408,7 +423,13 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
                 self.clip(&db, cf)?;
             }
         }
-        self.open = Some(Open { db, options, dir });
+        let instance = instance_token(dir.path());
+        self.open = Some(Open {
+            db,
+            options,
+            dir,
+            instance,
+        });
         Ok(())
     }
 
@@ -587,6 +608,7 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
         Ok(NativeCheckpoint {
             dir,
             key_groups: self.range,
+            instance: open.instance,
             files,
         })
     }

@@ -55,7 +55,8 @@ pub fn assert_storage_is_exactly_the_retained_checkpoints(
     let mut referenced: BTreeSet<String> = checkpoints
         .iter()
         .flat_map(|c| c.subtasks.values())
-        .flat_map(|s| s.handles().map(|h| h.path.clone()))
+        .flat_map(|c| c.objects())
+        .map(str::to_owned)
         .collect();
     referenced.extend(checkpoints.iter().map(|c| format!("{}/_metadata", c.id)));
     referenced.insert("checkpoint-id-counter".into());

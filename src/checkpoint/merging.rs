@@ -1,0 +1,235 @@
+//! File merging, sans IO: where the state objects of one subtask's snapshot
+//! go (FLINK-11937, FLIP-306). Objects below the inline threshold travel in
+//! the ack and `_metadata`; the others become segments of physical files
+//! `merged/op-<op>-<idx>/chk-<id>-<token>-<seq>`, filled in order and rolled
+//! over at the size limit. A handle is then (physical file, offset, length).
+//!
+//! A physical file belongs to one subtask, one checkpoint and one writer
+//! (the token), so concurrent checkpoints, and two attempts that ever wrote
+//! the same checkpoint id, never write the same file (seed 002 §2.1).
+//!
+//! Object stores cannot append, so a file cannot grow as segments arrive.
+//! The two ways out are one multipart upload per physical file kept open
+//! while the snapshot produces segments, or files whose layout is fixed
+//! before the upload. We take the second: the snapshot knows the size of
+//! every object once its synchronous part is done (SSTs are immutable, heap
+//! and channel state are serialized first), so the plan fixes every offset
+//! up front and the shell writes each physical file in one go, its segments
+//! in order — one put, or for a large file one multipart upload of the same
+//! bytes. That way a file becomes visible only whole (a reader never meets a
+//! half-written one, and a failed upload leaves no object, or an incomplete
+//! multipart upload that the store's abort discards, not a truncated file),
+//! the handles are known before any byte is sent, the shell needs no state
+//! across objects, and rolling at the size limit bounds what one failed
+//! upload costs and what one compaction rewrites. A multipart upload left
+//! open across objects would instead tie the file's fate to every later
+//! object and to S3's 5 MiB minimum part size, which small SSTs do not
+//! reach.
+
+use super::StateHandle;
+use crate::ids::{CheckpointId, SubtaskId};
+
+/// How a snapshot's objects are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MergingOptions {
+    /// Objects smaller than this travel inline; 0 inlines nothing.
+    pub inline_threshold: u64,
+    /// A physical file is rolled over before a segment would take it past
+    /// this; an object larger than this gets a file of its own.
+    pub max_file_size: u64,
+}
+
+impl Default for MergingOptions {
+    fn default() -> Self {
+        MergingOptions {
+            inline_threshold: 20 * 1024,
+            max_file_size: 32 * 1024 * 1024,
+        }
+    }
+}
+
+impl MergingOptions {
+    pub fn inlines(&self, size: u64) -> bool {
+        size < self.inline_threshold
+    }
+
+    /// Places objects of `sizes` (in the order the snapshot writes them)
+    /// for `subtask`'s snapshot of `checkpoint`. `token` tells writers of
+    /// the same checkpoint id apart: the shell draws one per snapshot.
+    pub fn plan(
+        &self,
+        subtask: SubtaskId,
+        checkpoint: CheckpointId,
+        token: u64,
+        sizes: &[u64],
+    ) -> MergePlan {
+        let mut files: Vec<PhysicalFile> = Vec::new();
+        let mut placements = Vec::with_capacity(sizes.len());
+        for (index, &size) in sizes.iter().enumerate() {
+            if self.inlines(size) {
+                placements.push(Placement::Inline);
+                continue;
+            }
+            let fits = files
+                .last()
+                .is_some_and(|f| f.size + size <= self.max_file_size);
+            if !fits {
+                files.push(PhysicalFile {
+                    path: format!(
+                        "merged/op-{}-{}/{checkpoint}-{token:016x}-{}",
+                        subtask.operator.0,
+                        subtask.index.0,
+                        files.len()
+                    ),
+                    size: 0,
+                    objects: Vec::new(),
+                });
+            }
+            let at = files.len() - 1;
+            let file = &mut files[at];
+            placements.push(Placement::Segment {
+                file: at,
+                offset: file.size,
+            });
+            file.size += size;
+            file.objects.push(index);
+        }
+        MergePlan {
+            files,
+            placements,
+            sizes: sizes.to_vec(),
+        }
+    }
+}
+
+/// One physical file to write: the objects at `objects` (indices into the
+/// planned sizes) back to back, in that order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PhysicalFile {
+    pub path: String,
+    pub size: u64,
+    pub objects: Vec<usize>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    Inline,
+    Segment { file: usize, offset: u64 },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MergePlan {
+    pub files: Vec<PhysicalFile>,
+    /// Per planned object, in order.
+    pub placements: Vec<Placement>,
+    sizes: Vec<u64>,
+}
+
+impl MergePlan {
+    /// The handle of object `index` once its file is written; `None` for an
+    /// object that travels inline (its handle is `StateHandle::Inline`).
+    pub fn handle(&self, index: usize) -> Option<StateHandle> {
+        match self.placements[index] {
+            Placement::Inline => None,
+            Placement::Segment { file, offset } => Some(StateHandle::Segment {
+                path: self.files[file].path.clone(),
+                offset,
+                size: self.sizes[index],
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{OperatorId, SubtaskIndex};
+
+    const KIB: u64 = 1024;
+    const MIB: u64 = 1024 * KIB;
+
+    fn subtask() -> SubtaskId {
+        SubtaskId {
+            operator: OperatorId(2),
+            index: SubtaskIndex(1),
+        }
+    }
+
+    #[test]
+    fn small_objects_go_inline_and_the_rest_fill_files_in_order_up_to_the_limit() {
+        let options = MergingOptions::default();
+        let sizes = [5 * KIB, 10 * MIB, 20 * KIB, 20 * MIB, 3 * MIB, 40 * MIB, 1];
+        let plan = options.plan(subtask(), CheckpointId(7), 0xab, &sizes);
+        let paths: Vec<&str> = plan.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "merged/op-2-1/chk-7-00000000000000ab-0",
+                "merged/op-2-1/chk-7-00000000000000ab-1",
+                "merged/op-2-1/chk-7-00000000000000ab-2",
+            ]
+        );
+        // 10 MiB + 20 KiB + 20 MiB fit in 32 MiB; 3 MiB more would not.
+        assert_eq!(plan.files[0].objects, [1, 2, 3]);
+        assert_eq!(plan.files[0].size, 30 * MIB + 20 * KIB);
+        assert_eq!(plan.files[1].objects, [4]);
+        assert_eq!(plan.files[2].objects, [5], "too large for any file: alone");
+        assert_eq!(plan.handle(0), None, "below 20 KiB: inline");
+        assert_eq!(plan.handle(6), None);
+        assert_eq!(
+            plan.handle(2),
+            Some(StateHandle::Segment {
+                path: paths[0].into(),
+                offset: 10 * MIB,
+                size: 20 * KIB
+            }),
+            "exactly at the threshold: a segment"
+        );
+        assert_eq!(
+            plan.handle(3).unwrap().range(),
+            10 * MIB + 20 * KIB..30 * MIB + 20 * KIB
+        );
+    }
+
+    #[test]
+    fn concurrent_checkpoints_and_writers_never_share_a_file() {
+        let options = MergingOptions {
+            inline_threshold: 0,
+            max_file_size: 10,
+        };
+        let path = |checkpoint, token| {
+            options
+                .plan(subtask(), CheckpointId(checkpoint), token, &[4])
+                .files[0]
+                .path
+                .clone()
+        };
+        assert_ne!(path(3, 1), path(4, 1));
+        assert_ne!(path(3, 1), path(3, 2));
+        let other = SubtaskId {
+            index: SubtaskIndex(0),
+            ..subtask()
+        };
+        assert_ne!(
+            path(3, 1),
+            options.plan(other, CheckpointId(3), 1, &[4]).files[0].path
+        );
+    }
+
+    #[test]
+    fn a_segment_reads_back_out_of_a_range_read_or_the_whole_file() {
+        let plan = MergingOptions {
+            inline_threshold: 0,
+            max_file_size: 100,
+        }
+        .plan(subtask(), CheckpointId(1), 0, &[3, 4]);
+        let file = bytes::Bytes::from_static(b"abcdefg");
+        let second = plan.handle(1).unwrap();
+        assert_eq!(second.from_object(file.clone()).unwrap(), "defg");
+        let range = second.range();
+        let read = file.slice(range.start as usize..range.end as usize);
+        assert_eq!(second.from_range(read).unwrap(), "defg");
+        assert!(second.from_object(file.slice(..5)).is_err(), "truncated");
+        assert!(second.from_range(file.slice(3..5)).is_err(), "short read");
+    }
+}
