@@ -180,8 +180,9 @@ impl CoordinatorActor {
         }
     }
 
-    /// Deletes state objects, or whole subsumed checkpoints, off the
-    /// mailbox; a shutdown waits for every deletion in flight.
+    /// Deletes subsumed checkpoints (metadata first), then state objects,
+    /// off the mailbox, so that no metadata outlives the objects it names;
+    /// a shutdown waits for every deletion in flight.
     fn spawn_delete(
         &mut self,
         paths: Vec<String>,
@@ -192,14 +193,14 @@ impl CoordinatorActor {
         self.deleting += 1;
         ctx.spawn(
             async move {
-                for path in paths {
-                    if let Err(e) = storage.delete(&path).await {
-                        tracing::warn!(error = %e, "discarding checkpoint state failed");
-                    }
-                }
                 for id in checkpoints {
                     if let Err(e) = storage.delete_checkpoint(id).await {
                         tracing::warn!(error = %e, checkpoint = %id, "discarding a subsumed checkpoint failed");
+                    }
+                }
+                for path in paths {
+                    if let Err(e) = storage.delete(&path).await {
+                        tracing::warn!(error = %e, "discarding checkpoint state failed");
                     }
                 }
             }
@@ -389,8 +390,8 @@ impl CoordinatorActor {
         for old in &subsumed {
             self.registry.removed(old);
         }
-        self.spawn_delete(Vec::new(), subsumed.iter().map(|c| c.id).collect(), ctx);
-        self.delete_released(ctx);
+        let released = self.registry.take_deletable();
+        self.spawn_delete(released, subsumed.iter().map(|c| c.id).collect(), ctx);
         self.feed(Event::Persisted(id), ctx);
     }
 }

@@ -113,7 +113,7 @@ pub fn ends_input(checkpoint: &CompletedCheckpoint, sources: &[SubtaskId]) -> bo
 
 /// Where the bytes of one state object live. Paths are relative to the
 /// job's directory in checkpoint storage.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StateHandle {
     /// Bytes below the inline threshold: they travel in the ack and in
     /// `_metadata`, and no object exists for them.
