@@ -1,16 +1,49 @@
-//! Wordcount throughput and peak memory at parallelism 1 and 2.
+//! Wordcount throughput and peak memory: heap state at parallelism 1 and 2
+//! over 100,000 keys, and heap against RocksDB state at parallelism 2 over
+//! 1,000,000 keys (RocksDB with its default write-back cache, which holds
+//! every key there, and with a cache of 65,536 values, which makes most
+//! records read RocksDB).
 //!
 //! cargo bench --bench wordcount
 //!
 //! Each measurement runs in a child process of its own, so that peak memory
 //! (VmHWM) belongs to one configuration; the configurations are interleaved
-//! over the repetitions so that a noisy neighbour hits both alike. Set
+//! over the repetitions so that a noisy neighbour hits all alike. Set
 //! `TIDEMARK_BENCH_RECORDS` and `TIDEMARK_BENCH_REPS` to change the size.
 
 use std::process::Command;
 use tidemark_actors::cli::{self, RunArgs};
 
 const CHILD: &str = "TIDEMARK_BENCH_CHILD";
+
+/// Name, and arguments beyond the records and the disabled checkpoints.
+const CONFIGS: [(&str, &[&str]); 5] = [
+    (
+        "heap, 100,000 keys, p=1",
+        &["--keys=100000", "--parallelism=1"],
+    ),
+    (
+        "heap, 100,000 keys, p=2",
+        &["--keys=100000", "--parallelism=2"],
+    ),
+    (
+        "heap, 1,000,000 keys, p=2",
+        &["--keys=1000000", "--parallelism=2"],
+    ),
+    (
+        "rocksdb, 1,000,000 keys, p=2",
+        &["--keys=1000000", "--parallelism=2", "--state=rocksdb"],
+    ),
+    (
+        "rocksdb cache 65536, 1,000,000 keys, p=2",
+        &[
+            "--keys=1000000",
+            "--parallelism=2",
+            "--state=rocksdb",
+            "--state-cache-entries=65536",
+        ],
+    ),
+];
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -28,15 +61,19 @@ fn peak_rss_mib() -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
-fn child(parallelism: u32, records: u64) {
-    let args = RunArgs::parse([
+fn child(config: usize, records: u64) {
+    let state_dir = tempfile::tempdir().expect("a temporary directory");
+    let mut args = vec![
         "wordcount".to_string(),
         format!("--records={records}"),
-        "--keys=100000".to_string(),
-        format!("--parallelism={parallelism}"),
         "--checkpoint-interval=off".to_string(),
-    ])
-    .expect("valid arguments");
+        format!("--state-dir={}", state_dir.path().display()),
+    ];
+    args.extend(CONFIGS[config].1.iter().map(|a| a.to_string()));
+    if !args.iter().any(|a| a == "--state=rocksdb") {
+        args.retain(|a| !a.starts_with("--state-dir"));
+    }
+    let args = RunArgs::parse(args).expect("valid arguments");
     let report = cli::run(&args).expect("wordcount runs");
     println!("{} {}", report.throughput_rps, peak_rss_mib());
 }
@@ -47,17 +84,17 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let records = env_or("TIDEMARK_BENCH_RECORDS", 50_000_000);
-    if let Ok(p) = std::env::var(CHILD) {
-        return child(p.parse().expect("parallelism"), records);
+    let records = env_or("TIDEMARK_BENCH_RECORDS", 20_000_000);
+    if let Ok(config) = std::env::var(CHILD) {
+        return child(config.parse().expect("a configuration"), records);
     }
-    let reps = env_or("TIDEMARK_BENCH_REPS", 5);
+    let reps = env_or("TIDEMARK_BENCH_REPS", 3);
     let exe = std::env::current_exe().expect("own path");
-    let mut results: Vec<(u32, f64, f64)> = Vec::new();
+    let mut results: Vec<(usize, f64, f64)> = Vec::new();
     for _ in 0..reps {
-        for p in [1u32, 2] {
+        for config in 0..CONFIGS.len() {
             let out = Command::new(&exe)
-                .env(CHILD, p.to_string())
+                .env(CHILD, config.to_string())
                 .output()
                 .expect("child runs");
             let line = String::from_utf8_lossy(&out.stdout);
@@ -65,26 +102,38 @@ fn main() {
                 .split_whitespace()
                 .map(|f| f.parse::<f64>().expect("number"));
             let (rps, rss) = (fields.next().expect("rps"), fields.next().expect("rss"));
-            results.push((p, rps, rss));
+            results.push((config, rps, rss));
         }
     }
-    println!("wordcount, {records} records, 100000 keys, checkpoints off, {reps} runs each");
-    let mut medians = Vec::new();
-    for p in [1u32, 2] {
-        let rps: Vec<f64> = results.iter().filter(|r| r.0 == p).map(|r| r.1).collect();
+    println!("wordcount, {records} records, checkpoints off, {reps} runs each");
+    println!("| configuration | median M records/s | best | vs heap at the same keys | peak MiB |");
+    println!("| --- | --- | --- | --- | --- |");
+    let medians: Vec<f64> = (0..CONFIGS.len())
+        .map(|c| median(results.iter().filter(|r| r.0 == c).map(|r| r.1).collect()))
+        .collect();
+    for (config, (name, args)) in CONFIGS.iter().enumerate() {
+        let rps: Vec<f64> = results
+            .iter()
+            .filter(|r| r.0 == config)
+            .map(|r| r.1)
+            .collect();
         let rss = results
             .iter()
-            .filter(|r| r.0 == p)
+            .filter(|r| r.0 == config)
             .map(|r| r.2)
             .fold(0.0, f64::max);
         let best = rps.iter().copied().fold(0.0, f64::max);
-        let m = median(rps);
-        medians.push(m);
+        // The heap configuration with the same keys and parallelism.
+        let heap = CONFIGS
+            .iter()
+            .position(|(n, a)| n.starts_with("heap") && a[..2] == args[..2])
+            .expect("a heap configuration for every key count");
         println!(
-            "p={p}: median {:.1} M records/s, best {:.1} M records/s, peak memory {rss:.0} MiB",
-            m / 1e6,
-            best / 1e6
+            "| {name} | {:.2} | {:.2} | {:.2} | {rss:.0} |",
+            medians[config] / 1e6,
+            best / 1e6,
+            medians[config] / medians[heap],
         );
     }
-    println!("p=2 / p=1 (medians): {:.2}", medians[1] / medians[0]);
+    println!("heap p=2 / p=1 (medians): {:.2}", medians[1] / medians[0]);
 }

@@ -320,6 +320,8 @@ pub struct RunReport {
     pub bytes_uploaded_last: u64,
     pub bytes_uploaded_total: u64,
     pub files_uploaded_total: u64,
+    /// What each completed checkpoint wrote itself.
+    pub bytes_uploaded_per_checkpoint: Percentiles,
     pub mode: Mode,
     /// In-flight bytes persisted by the last completed checkpoint, and the
     /// most by any.
@@ -331,6 +333,10 @@ pub struct RunReport {
     pub restored_inflight_batches: u64,
     /// From a failure to the restored attempt's deployment.
     pub recovery_ms: Percentiles,
+    /// The state the last restore read (from `--restore` or a failover) and
+    /// how long reading and downloading it took.
+    pub restored_bytes: u64,
+    pub restore_ms: f64,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -561,6 +567,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         bytes_uploaded_last: stats.bytes_uploaded_last.load(Ordering::Relaxed),
         bytes_uploaded_total: stats.bytes_uploaded_total.load(Ordering::Relaxed),
         files_uploaded_total: stats.files_uploaded_total.load(Ordering::Relaxed),
+        bytes_uploaded_per_checkpoint: Percentiles::of(&stats.bytes_uploaded_samples),
         mode: args.mode,
         persisted_inflight_bytes: LastMax {
             last: stats.inflight_last.load(Ordering::Relaxed),
@@ -572,5 +579,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         checkpoints_switched_to_unaligned: stats.switched_to_unaligned.load(Ordering::Relaxed),
         restored_inflight_batches: stats.restored_inflight_batches.load(Ordering::Relaxed),
         recovery_ms: Percentiles::of(&stats.recoveries_ms),
+        restored_bytes: stats.restored_bytes_last.load(Ordering::Relaxed),
+        restore_ms: stats.restore_us_last.load(Ordering::Relaxed) as f64 / 1e3,
     })
 }

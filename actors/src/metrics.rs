@@ -80,6 +80,12 @@ pub struct CheckpointStats {
     pub bytes_uploaded_last: AtomicU64,
     pub bytes_uploaded_total: AtomicU64,
     pub files_uploaded_total: AtomicU64,
+    /// Bytes each completed checkpoint wrote itself.
+    pub bytes_uploaded_samples: Mutex<Vec<f64>>,
+    /// The state the last restore read, and how long reading it took
+    /// (downloads of native checkpoints included).
+    pub restored_bytes_last: AtomicU64,
+    pub restore_us_last: AtomicU64,
 }
 
 impl CheckpointStats {
@@ -95,6 +101,13 @@ impl CheckpointStats {
             .fetch_add(bytes, Ordering::Relaxed);
         self.files_uploaded_total
             .fetch_add(written.len() as u64, Ordering::Relaxed);
+        Self::record(&self.bytes_uploaded_samples, bytes as f64);
+    }
+
+    pub fn record_restore(&self, bytes: u64, took: std::time::Duration) {
+        self.restored_bytes_last.store(bytes, Ordering::Relaxed);
+        self.restore_us_last
+            .store(took.as_micros() as u64, Ordering::Relaxed);
     }
 
     pub fn record_inflight(&self, checkpoint: &CompletedCheckpoint) {

@@ -35,6 +35,7 @@ use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::store::CompletedCheckpointStore;
 use tidemark::checkpoint::{
     ChannelState, CompletedCheckpoint, NativeFileHandle, NativeStateHandle, Restore, StateHandle,
+    SubtaskState,
 };
 use tidemark::error::TaskError;
 use tidemark::graph::JobGraph;
@@ -93,10 +94,12 @@ async fn load(
     graph: &JobGraph,
     checkpoint: Option<&CompletedCheckpoint>,
     local_dir: Option<&Path>,
+    stats: &CheckpointStats,
 ) -> Result<HashMap<SubtaskId, Restored>, JobError> {
     let Some(checkpoint) = checkpoint else {
         return Ok(HashMap::new());
     };
+    let started = Instant::now();
     let plans = restore::plan(checkpoint, graph).map_err(JobError::Restore)?;
     let reads = plans.into_iter().map(|(subtask, plan)| {
         let storage = storage.clone();
@@ -151,9 +154,15 @@ async fn load(
             Ok::<_, JobError>((subtask, Restored { state, shared_base }))
         }
     });
-    futures::future::try_join_all(reads)
-        .await
-        .map(|v| v.into_iter().collect())
+    let restored: HashMap<SubtaskId, Restored> = futures::future::try_join_all(reads)
+        .await?
+        .into_iter()
+        .collect();
+    stats.record_restore(
+        checkpoint.subtasks.values().map(SubtaskState::size).sum(),
+        started.elapsed(),
+    );
+    Ok(restored)
 }
 
 /// Downloads the files of a native checkpoint into a directory of its own
@@ -326,7 +335,14 @@ impl JobSupervisor {
                         Some(checkpoint)
                     }
                 };
-                let restore = load(&storage, &graph, from.as_ref(), local_dir.as_deref()).await?;
+                let restore = load(
+                    &storage,
+                    &graph,
+                    from.as_ref(),
+                    local_dir.as_deref(),
+                    &metrics.checkpoints,
+                )
+                .await?;
                 let mut core = CheckpointCoordinator::new(
                     settings.config.clone(),
                     subtasks,
@@ -590,6 +606,7 @@ impl JobSupervisor {
         };
         let graph = self.job.graph.clone();
         let local_dir = self.local_dir();
+        let metrics = self.metrics.clone();
         ctx.spawn(
             async move {
                 let (reply, answer) = tokio::sync::oneshot::channel();
@@ -598,7 +615,14 @@ impl JobSupervisor {
                     .await
                     .map_err(|e| JobError::Runtime(format!("the coordinator is gone: {e}")))?
                     .map_err(JobError::MasterHook)?;
-                load(&storage, &graph, latest.as_ref(), local_dir.as_deref()).await
+                load(
+                    &storage,
+                    &graph,
+                    latest.as_ref(),
+                    local_dir.as_deref(),
+                    &metrics.checkpoints,
+                )
+                .await
             }
             .into_actor(self)
             .map(move |result, act, ctx| match result {

@@ -102,6 +102,19 @@ fn bad_arguments_exit_2_naming_the_argument() {
         (&["run", "wordcount", "--incremental"][..], "--incremental"),
         (&["run", "wordcount", "--state", "disk"][..], "--state"),
         (
+            &["run", "wordcount", "--state-cache-entries=1000"][..],
+            "--state-cache-entries",
+        ),
+        (
+            &[
+                "run",
+                "wordcount",
+                "--state=rocksdb",
+                "--state-cache-entries=0",
+            ][..],
+            "--state-cache-entries",
+        ),
+        (
             &[
                 "run",
                 "wordcount",

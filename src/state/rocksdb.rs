@@ -22,6 +22,15 @@
 //! - SST files with a 10 bits/key bloom filter (point lookups of absent keys
 //!   skip the file) and a hash index inside data blocks (a point lookup does
 //!   not binary-search the block); LZ4 at every level, cheap to decompress.
+//! - Universal compaction: under updates spread over the whole key space,
+//!   every leveled compaction into the last level rewrites most of it, and an
+//!   incremental checkpoint uploads whatever compactions wrote since the last
+//!   one. Universal compaction merges the small recent sorted runs among
+//!   themselves and rewrites the large one only when the others add up to
+//!   twice its size, so that uploads follow the change (measured with
+//!   `benches/incremental.rs`: 5.4 % of the state per checkpoint on average
+//!   instead of 7.7 % at 1 % of the keys changed), for up to three times the
+//!   live data on disk.
 //! - A write-back cache of typed values in front of the database (see
 //!   `RocksDbKeyedStateBackend`), which turns a read-modify-write per record
 //!   into one read per key and a batched write per cache generation.
@@ -34,9 +43,9 @@ use crate::key_group::KeyGroupRange;
 use crate::task::{NativeCheckpoint, NativeFile, RestoreState};
 use ::rocksdb::checkpoint::Checkpoint;
 use ::rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType,
-    DBRawIteratorWithThreadMode, DataBlockIndexType, FlushOptions, LogLevel, Options, ReadOptions,
-    WriteBatch, WriteOptions, DB, DEFAULT_COLUMN_FAMILY_NAME,
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompactionStyle,
+    DBCompressionType, DBRawIteratorWithThreadMode, DataBlockIndexType, FlushOptions, LogLevel,
+    Options, ReadOptions, WriteBatch, WriteOptions, DB, DEFAULT_COLUMN_FAMILY_NAME,
 };
 use hashbrown::{hash_table, HashTable};
 use serde::Serialize;
@@ -376,7 +385,7 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
         // flushes it first, and `AllKeys` reads after the last write.
         options.set_allow_concurrent_memtable_write(false);
         options.set_inplace_update_support(true);
-        options.set_level_compaction_dynamic_level_bytes(true);
+        options.set_compaction_style(DBCompactionStyle::Universal);
         options.set_max_background_jobs(2);
         options.set_log_level(LogLevel::Warn);
         options.set_keep_log_file_num(1);
