@@ -20,6 +20,7 @@ fn settings(dir: &std::path::Path, config: CheckpointConfig) -> CheckpointSettin
         alignment: Alignment::Aligned,
         restore: Restore::Fresh,
         incremental: false,
+        layout: Default::default(),
     }
 }
 

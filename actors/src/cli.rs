@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use thiserror::Error;
+use tidemark::checkpoint::merging::{MergingOptions, StateLayout};
 use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings, Restore};
 use tidemark::event::Alignment;
 use tidemark::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
@@ -138,6 +139,21 @@ pub struct RunArgs {
     /// does not already hold.
     #[arg(long)]
     pub incremental: bool,
+    /// State objects smaller than this travel inside the acknowledgement
+    /// and `_metadata` instead of becoming objects (`0`: none do).
+    #[arg(long, default_value = "20KiB", value_parser = parse_size)]
+    pub inline_threshold: u64,
+    /// A subtask writes the state objects of one checkpoint as segments of
+    /// few physical files under `merged/`.
+    #[arg(long)]
+    pub file_merging: bool,
+    /// Size at which a merged physical file is rolled over.
+    #[arg(long, requires = "file_merging", value_parser = parse_size)]
+    pub max_merged_file_size: Option<u64>,
+    /// Merged files wasting more than this (total / live bytes) are
+    /// rewritten by the next checkpoint [default: 1.5].
+    #[arg(long, requires = "file_merging", value_parser = parse_amplification)]
+    pub max_space_amplification: Option<f64>,
     /// Make this subtask of the counting operator slow (with --slow-ns), so
     /// that its inputs fill and its upstreams are backpressured.
     #[arg(long, requires = "slow_ns")]
@@ -251,6 +267,33 @@ fn parse_cache_entries(s: &str) -> Result<usize, String> {
     }
 }
 
+/// Bytes, with an optional unit: `4096`, `20KiB`, `32MiB`, `1GiB`.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = match &s[digits.len()..] {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => return Err(format!("unknown unit {other:?}; use B, KiB, MiB or GiB")),
+    };
+    digits
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .ok_or_else(|| format!("expected a size such as 20KiB, got {s:?}"))
+}
+
+fn parse_amplification(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 1.0 => Ok(v),
+        _ => Err(format!(
+            "expected total / live bytes above 1 (1.5 rewrites a file a third of which is wasted), got {s:?}"
+        )),
+    }
+}
+
 fn parse_rate(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
@@ -337,6 +380,11 @@ pub struct RunReport {
     /// how long reading and downloading it took.
     pub restored_bytes: u64,
     pub restore_ms: f64,
+    /// Physical objects the retained checkpoints reference, and their total
+    /// over live bytes after the last completed checkpoint, and the most.
+    pub physical_files_live: u64,
+    pub space_amplification: f64,
+    pub space_amplification_max: f64,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -391,6 +439,16 @@ impl RunArgs {
                     (Mode::Aligned, Some(timeout)) => Alignment::AlignedWithTimeout(timeout),
                 },
                 incremental: self.incremental,
+                layout: StateLayout {
+                    inline_threshold: self.inline_threshold,
+                    max_merged_file_size: self.file_merging.then(|| {
+                        self.max_merged_file_size
+                            .unwrap_or(MergingOptions::default().max_file_size)
+                    }),
+                    max_space_amplification: self
+                        .max_space_amplification
+                        .unwrap_or(StateLayout::default().max_space_amplification),
+                },
                 restore: match &self.restore {
                     None => Restore::Fresh,
                     Some(RestoreArg::Latest) => Restore::Latest,
@@ -581,5 +639,10 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         recovery_ms: Percentiles::of(&stats.recoveries_ms),
         restored_bytes: stats.restored_bytes_last.load(Ordering::Relaxed),
         restore_ms: stats.restore_us_last.load(Ordering::Relaxed) as f64 / 1e3,
+        physical_files_live: stats.physical_files_live.load(Ordering::Relaxed),
+        space_amplification: f64::from_bits(stats.space_amplification_last.load(Ordering::Relaxed)),
+        space_amplification_max: f64::from_bits(
+            stats.space_amplification_max.load(Ordering::Relaxed),
+        ),
     })
 }

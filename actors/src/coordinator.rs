@@ -34,7 +34,7 @@ use tokio::sync::oneshot;
 pub struct Deployed {
     pub attempt: Attempt,
     pub sources: Vec<(SubtaskId, Addr<SubtaskActor>)>,
-    pub subtasks: Vec<Addr<SubtaskActor>>,
+    pub subtasks: Vec<(SubtaskId, Addr<SubtaskActor>)>,
 }
 
 /// The attempt failed: abandon pending checkpoints.
@@ -74,7 +74,7 @@ pub struct CoordinatorActor {
     metrics: Arc<JobMetrics>,
     attempt: Attempt,
     sources: Vec<(SubtaskId, Addr<SubtaskActor>)>,
-    subtasks: Vec<Addr<SubtaskActor>>,
+    subtasks: Vec<(SubtaskId, Addr<SubtaskActor>)>,
     input_end: InputEnd,
     /// Checkpoints whose `_metadata` write is in flight.
     finalizing: BTreeSet<CheckpointId>,
@@ -112,11 +112,13 @@ impl CoordinatorActor {
         store: CompletedCheckpointStore,
         supervisor: Addr<JobSupervisor>,
         metrics: Arc<JobMetrics>,
+        max_space_amplification: f64,
     ) -> Self {
         CoordinatorActor {
             core,
             storage,
-            registry: SharedStateRegistry::rebuild(store.retained()),
+            registry: SharedStateRegistry::rebuild(store.retained())
+                .with_max_space_amplification(max_space_amplification),
             store,
             supervisor,
             metrics,
@@ -310,8 +312,18 @@ impl CoordinatorActor {
                     );
                 }
                 Action::NotifyComplete(id) => {
-                    for subtask in &self.subtasks {
-                        subtask.do_send(NotifyCheckpointComplete(id));
+                    let mut compactions = self.registry.compactions();
+                    for (subtask_id, subtask) in &self.subtasks {
+                        let rewrite = compactions
+                            .remove(subtask_id)
+                            .into_iter()
+                            .flatten()
+                            .map(|key| key.name)
+                            .collect();
+                        subtask.do_send(NotifyCheckpointComplete {
+                            checkpoint: id,
+                            rewrite,
+                        });
                     }
                     let ends = match self.store.latest() {
                         Some(latest) if latest.id == id => self.input_end.completed(latest),
@@ -333,7 +345,7 @@ impl CoordinatorActor {
                             .fetch_add(1, Ordering::Relaxed);
                     }
                     tracing::info!(%reason, "checkpoint aborted");
-                    for subtask in &self.subtasks {
+                    for (_, subtask) in &self.subtasks {
                         subtask.do_send(NotifyCheckpointAborted(checkpoint));
                     }
                 }
@@ -391,6 +403,7 @@ impl CoordinatorActor {
             self.registry.removed(old);
         }
         let released = self.registry.take_deletable();
+        stats.record_space(self.registry.physical_files_live(), self.registry.space());
         self.spawn_delete(released, subsumed.iter().map(|c| c.id).collect(), ctx);
         self.feed(Event::Persisted(id), ctx);
     }

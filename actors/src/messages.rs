@@ -123,10 +123,15 @@ pub struct DeclineCheckpoint {
     pub reason: String,
 }
 
-/// Coordinator → subtasks.
+/// Coordinator → subtasks: `checkpoint` completed; `rewrite` names the
+/// shared files the subtask's next snapshot must upload again instead of
+/// reusing (compaction of wasteful merged files).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct NotifyCheckpointComplete(pub CheckpointId);
+pub struct NotifyCheckpointComplete {
+    pub checkpoint: CheckpointId,
+    pub rewrite: std::collections::BTreeSet<String>,
+}
 
 /// Coordinator → subtasks.
 #[derive(Message)]

@@ -3,6 +3,7 @@
 use dashmap::DashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use tidemark::checkpoint::shared::Space;
 use tidemark::checkpoint::{CompletedCheckpoint, StateHandle, SubtaskState};
 use tidemark::ids::ChannelId;
 
@@ -86,6 +87,12 @@ pub struct CheckpointStats {
     /// (downloads of native checkpoints included).
     pub restored_bytes_last: AtomicU64,
     pub restore_us_last: AtomicU64,
+    /// Physical objects the retained checkpoints reference, and their total
+    /// over live bytes after the last completed checkpoint (as `f64` bits),
+    /// and the most seen.
+    pub physical_files_live: AtomicU64,
+    pub space_amplification_last: AtomicU64,
+    pub space_amplification_max: AtomicU64,
 }
 
 impl CheckpointStats {
@@ -108,6 +115,17 @@ impl CheckpointStats {
         self.restored_bytes_last.store(bytes, Ordering::Relaxed);
         self.restore_us_last
             .store(took.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn record_space(&self, files: usize, space: Space) {
+        self.physical_files_live
+            .store(files as u64, Ordering::Relaxed);
+        let amplification = space.amplification();
+        self.space_amplification_last
+            .store(amplification.to_bits(), Ordering::Relaxed);
+        // Non-negative floats order as their bits do.
+        self.space_amplification_max
+            .fetch_max(amplification.to_bits(), Ordering::Relaxed);
     }
 
     pub fn record_inflight(&self, checkpoint: &CompletedCheckpoint) {

@@ -1,21 +1,26 @@
 //! The asynchronous part of a subtask's snapshot: serialize what the
-//! synchronous part copied, off the arbiter's thread, and write it to
-//! checkpoint storage, a bounded number of objects at a time.
+//! synchronous part copied, off the arbiter's thread, place the resulting
+//! state objects (inline, merged or as objects of their own, see
+//! `tidemark::checkpoint::merging`) and write the physical files to
+//! checkpoint storage, a bounded number at a time.
 
 use futures::stream::{self, StreamExt, TryStreamExt};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tidemark::batch::{Batch, EncodedBatch};
+use tidemark::checkpoint::merging::{MergePlan, Placement, StateLayout};
 use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::{
     ChannelSide, ChannelState, ChannelStateHandle, KeyGroupsStateHandle, KeyedStateHandle,
     NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
 };
 use tidemark::ids::{CheckpointId, SubtaskId};
+use tidemark::rng::splitmix64;
 use tidemark::task::{KeyedSnapshot, NativeCheckpoint, TaskSnapshot};
 
-/// Objects written at once by one snapshot.
+/// Physical files written at once by one snapshot.
 const PARALLEL_WRITES: usize = 4;
 
 /// The shared files of the newest completed checkpoint of a subtask, by
@@ -23,27 +28,61 @@ const PARALLEL_WRITES: usize = 4;
 /// them again.
 pub type SharedBase = BTreeMap<String, NativeFileHandle>;
 
-/// Where an object's bytes come from.
-enum Bytes {
+/// Where a state object's bytes come from.
+enum Source {
     Memory(Vec<u8>),
     /// A file of a native checkpoint, read when its turn to upload comes.
     File(PathBuf),
 }
 
-/// Writes `snapshot` and the non-empty `channels` under the checkpoint's
-/// directory (shared files under `shared/`); returns the state to
-/// acknowledge and how long it took. With a `base`, the shared files of a
-/// native checkpoint that the base holds are referenced, not uploaded. If
-/// any write fails, what was written is deleted again: no acknowledgement
-/// will ever name it.
-pub async fn write(
-    storage: &CheckpointStorage,
+impl Source {
+    async fn read(self) -> Result<Vec<u8>, String> {
+        match self {
+            Source::Memory(bytes) => Ok(bytes),
+            Source::File(file) => tokio::task::spawn_blocking(move || {
+                std::fs::read(&file).map_err(|e| format!("reading {}: {e}", file.display()))
+            })
+            .await
+            .map_err(|e| e.to_string())?,
+        }
+    }
+}
+
+/// How the handles of the written objects go back into a `SubtaskState`, in
+/// the order the objects were listed.
+struct Shape {
+    operator: BTreeMap<String, Vec<u8>>,
+    heap: Option<(Vec<u64>, u32)>,
+    native: Option<NativeStateHandle>,
+    checkpoint: CheckpointId,
+    channels: Vec<(ChannelSide, usize, usize)>,
+}
+
+/// A snapshot whose objects are serialized and placed but not written: its
+/// physical files are known before any byte goes out, so that a cancelled
+/// upload can delete whatever of them it wrote.
+pub struct Prepared {
+    started: Instant,
+    plan: MergePlan,
+    sources: Vec<Source>,
+    /// The hard links of a native checkpoint, removed whatever happens.
+    _links: Option<Links>,
+    shape: Shape,
+}
+
+/// Serializes `snapshot` and the non-empty `channels` and places their
+/// objects by `layout`. Objects of their own go under the checkpoint's
+/// directory, new shared files under `shared/`. With a `base`, the shared
+/// files of a native checkpoint that the base holds are referenced, not
+/// uploaded.
+pub async fn prepare(
     subtask: SubtaskId,
     checkpoint: CheckpointId,
     snapshot: TaskSnapshot,
     channels: Vec<ChannelState>,
     base: Option<&SharedBase>,
-) -> Result<(SubtaskState, Duration), String> {
+    layout: &StateLayout,
+) -> Result<Prepared, String> {
     let started = Instant::now();
     let TaskSnapshot { keyed, operator } = snapshot;
     let prefix = format!(
@@ -77,73 +116,164 @@ pub async fn write(
     .await
     .map_err(|e| format!("serializing state failed: {e}"))?;
 
-    // Everything to write, in one list, so that a failure anywhere deletes
-    // everything written: the keyed state's objects first, then the
-    // channels', in the order the handles are taken back out below.
-    let mut objects: Vec<(String, Bytes)> = Vec::new();
+    // Every object, as (path of its own, size, source), in the order the
+    // handles are taken back out in `Prepared::upload`: the keyed state's
+    // first, then the channels'.
+    let mut objects: Vec<(String, u64, Source)> = Vec::new();
     let heap = heap.map(|(bytes, offsets, start_group)| {
-        objects.push((format!("{prefix}-keyed"), Bytes::Memory(bytes)));
+        let size = bytes.len() as u64;
+        objects.push((format!("{prefix}-keyed"), size, Source::Memory(bytes)));
         (offsets, start_group)
     });
-    let mut native =
+    let native =
         native.map(|native| plan_native(native, subtask, checkpoint, &prefix, base, &mut objects));
-    let channels: Vec<_> = channels
+    let channels = channels
         .into_iter()
         .map(|(side, channel, batches, bytes)| {
             let name = match side {
                 ChannelSide::Input => "in",
                 ChannelSide::Output => "out",
             };
-            objects.push((format!("{prefix}-{name}-{channel}"), Bytes::Memory(bytes)));
+            let size = bytes.len() as u64;
+            objects.push((
+                format!("{prefix}-{name}-{channel}"),
+                size,
+                Source::Memory(bytes),
+            ));
             (side, channel, batches)
         })
         .collect();
-    let written = put_all(storage, objects).await;
-    if let Some((checkpoint_files, _)) = &native {
-        let dir = checkpoint_files.dir.clone();
-        // The hard links are ours to remove, whatever happened.
-        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+    let (paths, sources): (Vec<(String, u64)>, Vec<Source>) = objects
+        .into_iter()
+        .map(|(path, size, source)| ((path, size), source))
+        .unzip();
+    let plan = layout.plan(subtask, checkpoint, token(), &paths);
+    let (links, native) = match native {
+        Some((native, handle)) => (Some(Links(native.dir)), Some(handle)),
+        None => (None, None),
+    };
+    Ok(Prepared {
+        started,
+        plan,
+        sources,
+        _links: links,
+        shape: Shape {
+            operator,
+            heap,
+            native,
+            checkpoint,
+            channels,
+        },
+    })
+}
+
+/// Tells apart the physical files of two writers of the same checkpoint id
+/// (two attempts, or a process restarted from an older checkpoint).
+fn token() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    splitmix64(
+        nanos ^ u64::from(std::process::id()) << 32 ^ COUNTER.fetch_add(1, Ordering::Relaxed),
+    )
+}
+
+impl Prepared {
+    /// The physical files the upload writes.
+    pub fn physical_files(&self) -> Vec<String> {
+        self.plan.files.iter().map(|f| f.path.clone()).collect()
     }
-    let mut written = written?.into_iter();
-    let mut next = || written.next().expect("one handle per object");
-    let keyed = match (heap, native.as_mut()) {
-        (Some((offsets, start_group)), _) => {
-            Some(KeyedStateHandle::KeyGroups(KeyGroupsStateHandle {
-                start_group,
-                offsets,
-                handle: next(),
-            }))
-        }
-        (None, Some((_, handle))) => {
-            for file in handle.private.iter_mut() {
-                file.handle = next();
+
+    /// Writes the physical files and returns the state to acknowledge and
+    /// how long the asynchronous part took. If any write fails, what was
+    /// written is deleted again: no acknowledgement will ever name it.
+    pub async fn upload(
+        self,
+        storage: &CheckpointStorage,
+    ) -> Result<(SubtaskState, Duration), String> {
+        let Prepared {
+            started,
+            plan,
+            sources,
+            _links,
+            shape,
+        } = self;
+        let inline = write_files(storage, &plan, sources).await?;
+        let handles = inline
+            .into_iter()
+            .enumerate()
+            .map(|(index, bytes)| match bytes {
+                Some(bytes) => StateHandle::Inline(bytes),
+                None => plan.handle(index).expect("placed in a file"),
+            });
+        Ok((shape.state(handles), started.elapsed()))
+    }
+}
+
+/// The directory of hard links of a native checkpoint: ours to remove once
+/// uploaded, failed or cancelled.
+struct Links(PathBuf);
+
+impl Drop for Links {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Deletes the physical files of an upload that was cancelled, whichever of
+/// them it wrote.
+pub async fn discard(storage: &CheckpointStorage, paths: Vec<String>) {
+    delete_all(storage, paths).await;
+}
+
+impl Shape {
+    fn state(self, handles: impl Iterator<Item = StateHandle>) -> SubtaskState {
+        let mut handles = handles;
+        let mut next = || handles.next().expect("one handle per object");
+        let Shape {
+            operator,
+            heap,
+            native,
+            checkpoint,
+            channels,
+        } = self;
+        let keyed = match (heap, native) {
+            (Some((offsets, start_group)), _) => {
+                Some(KeyedStateHandle::KeyGroups(KeyGroupsStateHandle {
+                    start_group,
+                    offsets,
+                    handle: next(),
+                }))
             }
-            for file in handle.shared.iter_mut() {
-                if file.uploaded_by == checkpoint {
+            (None, Some(mut handle)) => {
+                for file in handle.private.iter_mut() {
                     file.handle = next();
                 }
+                for file in handle.shared.iter_mut() {
+                    if file.uploaded_by == checkpoint {
+                        file.handle = next();
+                    }
+                }
+                Some(KeyedStateHandle::Native(handle))
             }
-            Some(KeyedStateHandle::Native(handle.clone()))
-        }
-        (None, None) => None,
-    };
-    let channels = channels
-        .into_iter()
-        .map(|(side, channel, batches)| ChannelStateHandle {
-            side,
-            channel: channel as u32,
-            batches: batches as u32,
-            handle: next(),
-        })
-        .collect();
-    Ok((
+            (None, None) => None,
+        };
+        let channels = channels
+            .into_iter()
+            .map(|(side, channel, batches)| ChannelStateHandle {
+                side,
+                channel: channel as u32,
+                batches: batches as u32,
+                handle: next(),
+            })
+            .collect();
         SubtaskState {
             keyed,
             operator,
             channels,
-        },
-        started.elapsed(),
-    ))
+        }
+    }
 }
 
 /// The handle of a native checkpoint, and the objects to upload for it:
@@ -157,20 +287,20 @@ fn plan_native(
     checkpoint: CheckpointId,
     prefix: &str,
     base: Option<&SharedBase>,
-    objects: &mut Vec<(String, Bytes)>,
+    objects: &mut Vec<(String, u64, Source)>,
 ) -> (NativeCheckpoint, NativeStateHandle) {
-    let pending = |path: &String, size| StateHandle::object(path.clone(), size);
+    let pending = |name: &str| NativeFileHandle {
+        name: name.to_owned(),
+        handle: StateHandle::Inline(Vec::new()),
+        uploaded_by: checkpoint,
+        instance: native.instance,
+    };
     let mut private = Vec::new();
     let mut shared = Vec::new();
     for file in native.files.iter().filter(|f| !f.is_shared()) {
+        private.push(pending(&file.name));
         let path = format!("{prefix}-{}", file.name);
-        private.push(NativeFileHandle {
-            name: file.name.clone(),
-            handle: pending(&path, file.size),
-            uploaded_by: checkpoint,
-            instance: native.instance,
-        });
-        objects.push((path, Bytes::File(native.dir.join(&file.name))));
+        objects.push((path, file.size, Source::File(native.dir.join(&file.name))));
     }
     for file in native.files.iter().filter(|f| f.is_shared()) {
         match base
@@ -179,17 +309,12 @@ fn plan_native(
         {
             Some(reused) => shared.push(reused.clone()),
             None => {
+                shared.push(pending(&file.name));
                 let path = format!(
                     "shared/op-{}-{}/{checkpoint}-{}",
                     subtask.operator.0, subtask.index.0, file.name
                 );
-                shared.push(NativeFileHandle {
-                    name: file.name.clone(),
-                    handle: pending(&path, file.size),
-                    uploaded_by: checkpoint,
-                    instance: native.instance,
-                });
-                objects.push((path, Bytes::File(native.dir.join(&file.name))));
+                objects.push((path, file.size, Source::File(native.dir.join(&file.name))));
             }
         }
     }
@@ -201,45 +326,66 @@ fn plan_native(
     (native, handle)
 }
 
-/// Writes `objects`, at most `PARALLEL_WRITES` at a time, and returns their
-/// handles in order; on the first failure deletes what was written.
-async fn put_all(
+/// Writes the physical files of `plan`, each in one put of its objects back
+/// to back, at most `PARALLEL_WRITES` at a time; returns, per object, its
+/// bytes if it travels inline. On the first failure deletes every file of
+/// the plan.
+async fn write_files(
     storage: &CheckpointStorage,
-    objects: Vec<(String, Bytes)>,
-) -> Result<Vec<StateHandle>, String> {
-    let results: Vec<Result<StateHandle, String>> = stream::iter(objects)
-        .map(|(path, bytes)| async move {
-            let bytes = match bytes {
-                Bytes::Memory(bytes) => bytes,
-                Bytes::File(file) => tokio::task::spawn_blocking(move || {
-                    std::fs::read(&file).map_err(|e| format!("reading {}: {e}", file.display()))
-                })
-                .await
-                .map_err(|e| e.to_string())??,
-            };
-            let size = bytes.len() as u64;
+    plan: &MergePlan,
+    sources: Vec<Source>,
+) -> Result<Vec<Option<Vec<u8>>>, String> {
+    let mut sources: Vec<Option<Source>> = sources.into_iter().map(Some).collect();
+    let mut inline = Vec::new();
+    for (index, placement) in plan.placements.iter().enumerate() {
+        if matches!(placement, Placement::Inline) {
+            let source = sources[index].take().expect("each object once");
+            inline.push((index, source.read().await?));
+        }
+    }
+    let files: Vec<(String, Vec<Source>)> = plan
+        .files
+        .iter()
+        .map(|file| {
+            let parts = file
+                .objects
+                .iter()
+                .map(|&i| sources[i].take().expect("each object once"))
+                .collect();
+            (file.path.clone(), parts)
+        })
+        .collect();
+    let results: Vec<Result<(), String>> = stream::iter(files)
+        .map(|(path, parts)| async move {
+            let mut bytes = Vec::new();
+            for part in parts {
+                bytes.extend(part.read().await?);
+            }
             storage
                 .put(&path, bytes.into())
                 .await
-                .map(|()| StateHandle::object(path, size))
                 .map_err(|e| e.to_string())
         })
         .buffered(PARALLEL_WRITES)
         .collect()
         .await;
-    if let Some(error) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
-        let written: Vec<String> = results
-            .iter()
-            .flatten()
-            .filter_map(StateHandle::physical)
-            .map(str::to_owned)
-            .collect();
-        let _ = stream::iter(written)
-            .map(|path| async move { storage.delete(&path).await })
-            .buffer_unordered(PARALLEL_WRITES)
-            .try_collect::<Vec<()>>()
-            .await;
+    if let Some(error) = results.into_iter().find_map(Result::err) {
+        delete_all(storage, plan.files.iter().map(|f| f.path.clone()).collect()).await;
         return Err(error);
     }
-    Ok(results.into_iter().flatten().collect())
+    let mut out: Vec<Option<Vec<u8>>> = (0..plan.placements.len()).map(|_| None).collect();
+    for (index, bytes) in inline {
+        out[index] = Some(bytes);
+    }
+    Ok(out)
+}
+
+/// Deletes `paths`, ignoring failures: an object left behind is an orphan
+/// that `tidemark cleanup` sweeps.
+async fn delete_all(storage: &CheckpointStorage, paths: Vec<String>) {
+    let _ = stream::iter(paths)
+        .map(|path| async move { storage.delete(&path).await })
+        .buffer_unordered(PARALLEL_WRITES)
+        .try_collect::<Vec<()>>()
+        .await;
 }

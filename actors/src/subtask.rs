@@ -19,6 +19,7 @@ use crate::metrics::JobMetrics;
 use crate::snapshot::{self, SharedBase};
 use crate::supervisor::JobSupervisor;
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
+use futures::future::{AbortHandle, Abortable};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use std::time::{Duration, Instant};
 use tidemark::batch::Batch;
 use tidemark::channel::CreditSender;
 use tidemark::checkpoint::barrier::{BarrierAction, BarrierHandler, Polled};
+use tidemark::checkpoint::merging::StateLayout;
 use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::{Ack, ChannelSide, ChannelState, CheckpointMetrics};
 use tidemark::error::TaskError;
@@ -44,6 +46,7 @@ pub struct Checkpointing {
     pub coordinator: Addr<CoordinatorActor>,
     pub storage: CheckpointStorage,
     pub incremental: bool,
+    pub layout: StateLayout,
     /// Targeted faults of this subtask.
     pub faults: Vec<Fault>,
 }
@@ -116,6 +119,9 @@ pub struct SubtaskActor {
     shared_base: Arc<SharedBase>,
     /// Shared files of acknowledged checkpoints, until they complete.
     uploaded: BTreeMap<CheckpointId, Arc<SharedBase>>,
+    /// Asynchronous parts still running, to cancel if their checkpoint
+    /// aborts.
+    running: BTreeMap<CheckpointId, AbortHandle>,
 }
 
 /// The asynchronous part of a snapshot → its subtask: the shared files the
@@ -181,6 +187,7 @@ impl SubtaskActor {
             collecting: None,
             shared_base: Arc::new(spec.shared_base),
             uploaded: BTreeMap::new(),
+            running: BTreeMap::new(),
         }
     }
 
@@ -445,6 +452,8 @@ impl SubtaskActor {
         let me = ctx.address();
         let async_fault = self.fault(FaultPoint::AsyncWrite, id);
         let after_ack_fault = self.fault(FaultPoint::AfterAck, id);
+        let (abort, registration) = AbortHandle::new_pair();
+        self.running.insert(id, abort);
         actix_rt::spawn(async move {
             let fail = |error| {
                 supervisor.do_send(SubtaskFailed {
@@ -487,9 +496,28 @@ impl SubtaskActor {
                     }
                 }));
             }
-            let base = base.as_deref();
-            match snapshot::write(&checkpointing.storage, subtask, id, state, channels, base).await
-            {
+            let storage = &checkpointing.storage;
+            let planned = std::sync::Mutex::new(Vec::new());
+            let upload = async {
+                let prepared = snapshot::prepare(
+                    subtask,
+                    id,
+                    state,
+                    channels,
+                    base.as_deref(),
+                    &checkpointing.layout,
+                )
+                .await?;
+                *planned.lock().expect("not poisoned") = prepared.physical_files();
+                prepared.upload(storage).await
+            };
+            let Ok(uploaded) = Abortable::new(upload, registration).await else {
+                // The checkpoint aborted: nothing will acknowledge what the
+                // cancelled upload wrote.
+                let paths = std::mem::take(&mut *planned.lock().expect("not poisoned"));
+                return snapshot::discard(storage, paths).await;
+            };
+            match uploaded {
                 Ok((state, took)) => {
                     me.do_send(Uploaded {
                         checkpoint: id,
@@ -667,6 +695,7 @@ impl Handler<Uploaded> for SubtaskActor {
     type Result = ();
 
     fn handle(&mut self, msg: Uploaded, _ctx: &mut Context<Self>) {
+        self.running.remove(&msg.checkpoint);
         self.uploaded.insert(msg.checkpoint, Arc::new(msg.shared));
     }
 }
@@ -676,11 +705,21 @@ impl Handler<NotifyCheckpointComplete> for SubtaskActor {
 
     fn handle(
         &mut self,
-        NotifyCheckpointComplete(id): NotifyCheckpointComplete,
+        NotifyCheckpointComplete {
+            checkpoint: id,
+            rewrite,
+        }: NotifyCheckpointComplete,
         _ctx: &mut Context<Self>,
     ) {
         if let Some(shared) = self.uploaded.remove(&id) {
             self.shared_base = shared;
+        }
+        if !rewrite.is_empty() {
+            // Compaction: the next snapshot uploads these again, into a
+            // file of its own, instead of referencing a wasteful one.
+            let mut base = (*self.shared_base).clone();
+            base.retain(|name, _| !rewrite.contains(name));
+            self.shared_base = Arc::new(base);
         }
         self.uploaded.retain(|checkpoint, _| *checkpoint > id);
         let commit_fault = self.fault(FaultPoint::SinkCommit, id);
@@ -701,6 +740,9 @@ impl Handler<NotifyCheckpointAborted> for SubtaskActor {
         NotifyCheckpointAborted(id): NotifyCheckpointAborted,
         ctx: &mut Context<Self>,
     ) {
+        if let Some(upload) = self.running.remove(&id) {
+            upload.abort();
+        }
         let actions = self.handler.abort(id);
         self.apply(actions, ctx);
         self.drive(ctx);

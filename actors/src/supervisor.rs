@@ -211,17 +211,26 @@ async fn download(
 
 /// The bytes of the state object at `handle`: inline, or read from its
 /// physical object, which must hold as many bytes as the checkpoint
-/// recorded. A segment is cut out of its whole merged file.
+/// recorded.
 async fn read(
     storage: &CheckpointStorage,
     subtask: SubtaskId,
     handle: &StateHandle,
 ) -> Result<bytes::Bytes, JobError> {
-    let object = match handle.physical() {
-        Some(path) => storage.get(path).await.map_err(JobError::Storage)?,
-        None => bytes::Bytes::new(),
+    let bytes = match handle {
+        StateHandle::Inline(_) => handle.from_range(bytes::Bytes::new()),
+        StateHandle::Object { path, .. } => {
+            handle.from_object(storage.get(path).await.map_err(JobError::Storage)?)
+        }
+        // Only the segment, not the merged file around it.
+        StateHandle::Segment { path, .. } => handle.from_range(
+            storage
+                .get_range(path, handle.range())
+                .await
+                .map_err(JobError::Storage)?,
+        ),
     };
-    handle.from_object(object).map_err(|e| {
+    bytes.map_err(|e| {
         JobError::Restore(RestoreError::Malformed {
             subtask,
             problem: e.to_string(),
@@ -357,7 +366,15 @@ impl JobSupervisor {
                     core.restore_master_hooks(checkpoint)
                         .map_err(JobError::MasterHook)?;
                 }
-                let coordinator = CoordinatorActor::new(core, storage, store, me, metrics).start();
+                let coordinator = CoordinatorActor::new(
+                    core,
+                    storage,
+                    store,
+                    me,
+                    metrics,
+                    settings.layout.max_space_amplification,
+                )
+                .start();
                 Ok::<_, JobError>((coordinator, restore))
             }
             .into_actor(self)
@@ -404,7 +421,7 @@ impl JobSupervisor {
             coordinator.do_send(Deployed {
                 attempt,
                 sources,
-                subtasks: self.subtasks.iter().map(|(_, a)| a.clone()).collect(),
+                subtasks: self.subtasks.clone(),
             });
         }
     }
@@ -465,6 +482,11 @@ impl JobSupervisor {
                         coordinator,
                         storage,
                         incremental: config.checkpointing.as_ref().is_some_and(|c| c.incremental),
+                        layout: config
+                            .checkpointing
+                            .as_ref()
+                            .map(|c| c.layout)
+                            .unwrap_or_default(),
                         faults: if attempt == Attempt(0) {
                             config
                                 .faults

@@ -102,6 +102,75 @@ impl MergingOptions {
     }
 }
 
+/// How a job's snapshots store their state objects.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StateLayout {
+    /// Objects smaller than this travel inline; 0 inlines nothing.
+    pub inline_threshold: u64,
+    /// With file merging, the size at which a physical file is rolled over;
+    /// without (`None`), every object not inlined is an object of its own.
+    pub max_merged_file_size: Option<u64>,
+    /// A merged file wasting more than this (total / live bytes) is
+    /// compacted.
+    pub max_space_amplification: f64,
+}
+
+impl Default for StateLayout {
+    fn default() -> Self {
+        StateLayout {
+            inline_threshold: MergingOptions::default().inline_threshold,
+            max_merged_file_size: None,
+            max_space_amplification: super::shared::DEFAULT_MAX_SPACE_AMPLIFICATION,
+        }
+    }
+}
+
+impl StateLayout {
+    /// Places the objects of one snapshot, each given as the path it has as
+    /// an object of its own and its size, in the order the snapshot writes
+    /// them: inline, merged (see [`MergingOptions::plan`]) or as they are.
+    pub fn plan(
+        &self,
+        subtask: SubtaskId,
+        checkpoint: CheckpointId,
+        token: u64,
+        objects: &[(String, u64)],
+    ) -> MergePlan {
+        let sizes: Vec<u64> = objects.iter().map(|(_, size)| *size).collect();
+        if let Some(max_file_size) = self.max_merged_file_size {
+            let options = MergingOptions {
+                inline_threshold: self.inline_threshold,
+                max_file_size,
+            };
+            return options.plan(subtask, checkpoint, token, &sizes);
+        }
+        let mut files = Vec::new();
+        let placements = objects
+            .iter()
+            .enumerate()
+            .map(|(index, (path, size))| {
+                if *size < self.inline_threshold {
+                    return Placement::Inline;
+                }
+                files.push(PhysicalFile {
+                    path: path.clone(),
+                    size: *size,
+                    objects: vec![index],
+                });
+                Placement::Segment {
+                    file: files.len() - 1,
+                    offset: 0,
+                }
+            })
+            .collect();
+        MergePlan {
+            files,
+            placements,
+            sizes,
+        }
+    }
+}
+
 /// One physical file to write: the objects at `objects` (indices into the
 /// planned sizes) back to back, in that order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,11 +195,15 @@ pub struct MergePlan {
 }
 
 impl MergePlan {
-    /// The handle of object `index` once its file is written; `None` for an
-    /// object that travels inline (its handle is `StateHandle::Inline`).
+    /// The handle of object `index` once its file is written: an object of
+    /// its own if the file holds nothing else; `None` for an object that
+    /// travels inline (its handle is `StateHandle::Inline`).
     pub fn handle(&self, index: usize) -> Option<StateHandle> {
         match self.placements[index] {
             Placement::Inline => None,
+            Placement::Segment { file, .. } if self.files[file].objects.len() == 1 => Some(
+                StateHandle::object(self.files[file].path.clone(), self.sizes[index]),
+            ),
             Placement::Segment { file, offset } => Some(StateHandle::Segment {
                 path: self.files[file].path.clone(),
                 offset,
@@ -189,6 +262,35 @@ mod tests {
             plan.handle(3).unwrap().range(),
             10 * MIB + 20 * KIB..30 * MIB + 20 * KIB
         );
+    }
+
+    #[test]
+    fn without_merging_objects_keep_their_paths_and_small_ones_still_go_inline() {
+        let layout = StateLayout::default();
+        let objects = [
+            ("chk-3/op-2-1-keyed".to_owned(), 64 * KIB),
+            ("chk-3/op-2-1-CURRENT".to_owned(), 16),
+            ("shared/op-2-1/chk-3-000009.sst".to_owned(), 5 * MIB),
+        ];
+        let plan = layout.plan(subtask(), CheckpointId(3), 0xab, &objects);
+        assert_eq!(
+            plan.handle(0),
+            Some(StateHandle::object(&objects[0].0, 64 * KIB))
+        );
+        assert_eq!(plan.handle(1), None);
+        assert_eq!(
+            plan.handle(2),
+            Some(StateHandle::object(&objects[2].0, 5 * MIB))
+        );
+        assert_eq!(plan.files.len(), 2);
+
+        let merged = StateLayout {
+            max_merged_file_size: Some(32 * MIB),
+            ..layout
+        }
+        .plan(subtask(), CheckpointId(3), 0xab, &objects);
+        assert_eq!(merged.files.len(), 1);
+        assert_eq!(merged.files[0].objects, [0, 2]);
     }
 
     #[test]

@@ -74,6 +74,8 @@ pub struct CheckpointSettings {
     /// RocksDB state uploads only the files the newest completed checkpoint
     /// does not already hold.
     pub incremental: bool,
+    /// Inline small objects, merge the others or not.
+    pub layout: merging::StateLayout,
 }
 
 /// Checkpoint settings that cannot work together.

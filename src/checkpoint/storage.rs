@@ -131,6 +131,19 @@ impl CheckpointStorage {
         result.bytes().await.map_err(Self::io(&path))
     }
 
+    /// The bytes `range` of an object: one segment of a merged file.
+    pub async fn get_range(
+        &self,
+        relative: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, StorageError> {
+        let path = self.resolve(relative)?;
+        self.store
+            .get_range(&path, range)
+            .await
+            .map_err(Self::io(&path))
+    }
+
     /// Deleting what is already gone succeeds: cleanup may be retried.
     pub async fn delete(&self, relative: &str) -> Result<(), StorageError> {
         let path = self.resolve(relative)?;
