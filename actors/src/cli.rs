@@ -109,7 +109,8 @@ pub struct RunArgs {
     /// [default: 1048576]
     #[arg(long, value_parser = parse_cache_entries)]
     pub state_cache_entries: Option<usize>,
-    /// Checkpoint storage: a path, `file://` path or `memory://`.
+    /// Checkpoint storage: a path, `file://` path, `memory://` or
+    /// `s3://bucket/prefix` (settings from the AWS_* environment variables).
     #[arg(long, default_value = "./tidemark-data/checkpoints")]
     pub checkpoint_dir: String,
     /// A checkpoint not complete this long after its trigger is aborted.
