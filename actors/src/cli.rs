@@ -1,5 +1,6 @@
 //! The `tidemark` command line: runs an example topology and reports on it.
 
+use crate::cleanup::CleanupArgs;
 use crate::metrics::CheckpointStats;
 use crate::runtime::{job_id, JobError, Runtime};
 use crate::wordcount::{Emit, Wordcount};
@@ -9,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use thiserror::Error;
+use tidemark::checkpoint::storage::StorageError;
 use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings, Restore};
 use tidemark::event::Alignment;
 use tidemark::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
@@ -28,10 +30,14 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run an example topology.
     Run(RunArgs),
+    /// Delete what no retained checkpoint of a job references.
+    Cleanup(CleanupArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -172,7 +178,7 @@ pub struct RunArgs {
     pub json: bool,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("expected a duration like 200ms or 2s ({e})"))
 }
 
@@ -271,6 +277,7 @@ impl RunArgs {
             .chain(args.into_iter().map(Into::into));
         match Cli::try_parse_from(argv)?.command {
             Command::Run(args) => Ok(args),
+            Command::Cleanup(_) => unreachable!("the subcommand is `run`"),
         }
     }
 }
@@ -285,13 +292,21 @@ pub enum CliError {
     },
     #[error(transparent)]
     Job(#[from] JobError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("corrupted checkpoint metadata; nothing was deleted, since its checkpoint may reference any object (--ignore-corrupted-metadata sweeps it too):\n  {}", .0.join("\n  "))]
+    CorruptedMetadata(Vec<String>),
+    #[error("checkpoints were subsumed during each of {attempts} scans; nothing was deleted")]
+    StorageChanging { attempts: usize },
+    #[error("cannot start an async runtime: {0}")]
+    Runtime(String),
 }
 
 impl CliError {
     pub fn exit_code(&self) -> i32 {
         match self {
             CliError::Usage { .. } => 2,
-            CliError::Job(_) => 1,
+            _ => 1,
         }
     }
 }
@@ -530,7 +545,15 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         }
         .job(config),
     };
-    let handle = Runtime::default().run(job)?;
+    let handle = Runtime::default().run(job).map_err(|e| match e {
+        JobError::Storage(
+            e @ (StorageError::UnsupportedUrl(_) | StorageError::InvalidUrl { .. }),
+        ) => CliError::Usage {
+            argument: "--checkpoint-dir",
+            problem: e.to_string(),
+        },
+        e => e.into(),
+    })?;
     let metrics = handle.metrics().clone();
     let report = handle.wait()?;
     let stats = &metrics.checkpoints;

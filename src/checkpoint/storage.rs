@@ -57,6 +57,19 @@ pub enum StorageError {
     Counter { path: String, found: String },
 }
 
+impl StorageError {
+    /// The object asked for does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self,
+            StorageError::Io {
+                source: object_store::Error::NotFound { .. },
+                ..
+            }
+        )
+    }
+}
+
 /// What a `CheckpointStorage` and its clones did to the store.
 #[derive(Debug, Default)]
 pub struct StorageCounters {
@@ -337,9 +350,13 @@ impl CheckpointStorage {
 
     /// Ids of the checkpoints whose metadata exists, in increasing order.
     pub async fn completed_ids(&self) -> Result<Vec<CheckpointId>, StorageError> {
-        let mut ids: Vec<CheckpointId> = self
-            .objects()
-            .await?
+        Ok(Self::completed_ids_in(&self.objects().await?))
+    }
+
+    /// Ids of the checkpoints whose metadata a listing holds, in increasing
+    /// order.
+    pub fn completed_ids_in(objects: &[StoredObject]) -> Vec<CheckpointId> {
+        let mut ids: Vec<CheckpointId> = objects
             .iter()
             .filter_map(|object| {
                 let dir = object.path.strip_suffix(METADATA)?.strip_suffix('/')?;
@@ -348,7 +365,7 @@ impl CheckpointStorage {
             .collect();
         ids.sort();
         ids.dedup();
-        Ok(ids)
+        ids
     }
 
     /// `CheckpointIDCounter`: the next id to use, never below one past any
@@ -364,10 +381,7 @@ impl CheckpointStorage {
                     found: text,
                 })?
             }
-            Err(StorageError::Io {
-                source: object_store::Error::NotFound { .. },
-                ..
-            }) => 1,
+            Err(e) if e.is_not_found() => 1,
             Err(e) => return Err(e),
         };
         let after_completed = self.completed_ids().await?.last().map_or(1, |id| id.0 + 1);
