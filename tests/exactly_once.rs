@@ -7,7 +7,9 @@ mod storage;
 
 use common::assert_updates_exactly_once;
 use std::path::Path;
-use storage::{assert_storage_is_exactly_the_retained_checkpoints, retained, TestStorage};
+use storage::{
+    assert_storage_is_exactly_the_retained_checkpoints, block_on, retained, TestStorage,
+};
 use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::ids::{OperatorId, SubtaskId, SubtaskIndex};
 use tidemark_actors::cli::{self, RunArgs, RunReport};
@@ -250,4 +252,43 @@ fn a_fresh_run_fails_over_to_its_own_checkpoints_not_an_earlier_runs() {
     );
     assert_eq!(report.restarts, 1);
     assert_updates_exactly_once(output.path(), RECORDS, KEYS, 5, "second run");
+}
+
+/// Without failures, every object a run created is deleted or still in
+/// storage, and every byte in storage was counted as uploaded.
+fn storage_counters_match_what_storage_holds(checkpoints: TestStorage) {
+    let output = tempfile::tempdir().unwrap();
+    let report = run(3, &["--retain=2".into()], output.path(), &checkpoints.url);
+    let context = &checkpoints.url;
+    assert!(report.checkpoints_completed >= 3, "{context}: {report:?}");
+    let listed = block_on(checkpoints.storage.objects()).unwrap();
+    assert!(report.objects_deleted > 0, "{context}: nothing subsumed");
+    assert_eq!(
+        report.objects_created - report.objects_deleted,
+        listed.len() as u64,
+        "{context}: {listed:?}"
+    );
+    let stored: u64 = listed.iter().map(|o| o.size).sum();
+    assert!(report.bytes_uploaded >= stored, "{context}");
+    assert!(
+        report.bytes_uploaded >= report.bytes_uploaded_total,
+        "{context}"
+    );
+}
+
+#[test]
+fn storage_counters_match_local_storage() {
+    storage_counters_match_what_storage_holds(TestStorage::local());
+}
+
+#[test]
+fn storage_counters_match_memory_storage() {
+    storage_counters_match_what_storage_holds(TestStorage::memory());
+}
+
+#[test]
+fn storage_counters_match_s3_storage() {
+    if let Some(storage) = TestStorage::s3("storage_counters") {
+        storage_counters_match_what_storage_holds(storage);
+    }
 }

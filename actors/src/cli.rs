@@ -7,10 +7,10 @@ use crate::wordcount::{Emit, Wordcount};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use thiserror::Error;
-use tidemark::checkpoint::storage::StorageError;
+use tidemark::checkpoint::storage::{StorageCounters, StorageError};
 use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings, Restore};
 use tidemark::event::Alignment;
 use tidemark::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
@@ -347,6 +347,11 @@ pub struct RunReport {
     pub restored_inflight_batches: u64,
     /// From a failure to the restored attempt's deployment.
     pub recovery_ms: Percentiles,
+    /// What the run did to checkpoint storage: objects created and deleted
+    /// (metadata and the id counter included) and the bytes of every put.
+    pub objects_created: u64,
+    pub objects_deleted: u64,
+    pub bytes_uploaded: u64,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -555,7 +560,13 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         e => e.into(),
     })?;
     let metrics = handle.metrics().clone();
+    let storage = handle.storage().cloned();
     let report = handle.wait()?;
+    let storage_counter = |counter: fn(&StorageCounters) -> &AtomicU64| {
+        storage
+            .as_ref()
+            .map_or(0, |s| counter(s.counters()).load(Ordering::Relaxed))
+    };
     let stats = &metrics.checkpoints;
     let gauges: Vec<_> = metrics.channels.iter().map(|g| g.value().clone()).collect();
     Ok(RunReport {
@@ -596,5 +607,8 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         checkpoints_switched_to_unaligned: stats.switched_to_unaligned.load(Ordering::Relaxed),
         restored_inflight_batches: stats.restored_inflight_batches.load(Ordering::Relaxed),
         recovery_ms: Percentiles::of(&stats.recoveries_ms),
+        objects_created: storage_counter(|c| &c.objects_created),
+        objects_deleted: storage_counter(|c| &c.objects_deleted),
+        bytes_uploaded: storage_counter(|c| &c.bytes_uploaded),
     })
 }

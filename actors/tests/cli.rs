@@ -48,6 +48,9 @@ fn json_report_is_the_last_line_of_stdout() {
     assert_eq!(report["parallelism"], 2);
     assert!(report["elapsed_s"].as_f64().unwrap() > 0.0);
     assert!(report["throughput_rps"].as_f64().unwrap() > 0.0);
+    assert!(report["objects_created"].as_u64().unwrap() > 0);
+    assert!(report["bytes_uploaded"].as_u64().unwrap() > 0);
+    assert!(report["objects_deleted"].as_u64().is_some());
 }
 
 #[test]
