@@ -141,7 +141,11 @@ async fn sweep(storage: &CheckpointStorage, args: &CleanupArgs) -> Result<Sweep,
         }
     }
     Ok(Sweep {
-        job_dir: format!("{}/{}", args.checkpoint_dir, job_id(&args.job)),
+        job_dir: format!(
+            "{}/{}",
+            args.checkpoint_dir.trim_end_matches('/'),
+            job_id(&args.job)
+        ),
         orphans,
         young,
         corrupted,
