@@ -7,14 +7,18 @@ mod storage;
 
 use common::assert_updates_exactly_once;
 use std::path::Path;
-use storage::{assert_storage_is_exactly_the_retained_checkpoints, job_dir, retained};
+use storage::{
+    assert_storage_is_exactly_the_retained_checkpoints, block_on, retained, TestStorage,
+};
+use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::ids::{OperatorId, SubtaskId, SubtaskIndex};
 use tidemark_actors::cli::{self, RunArgs, RunReport};
 
 const RECORDS: u64 = 300_000;
 const KEYS: u64 = 2_000;
 
-fn run(seed: u64, extra: &[String], output: &Path, checkpoints: &Path) -> RunReport {
+/// `checkpoints`: the checkpoint storage URL.
+fn run(seed: u64, extra: &[String], output: &Path, checkpoints: &str) -> RunReport {
     let mut args = vec![
         "wordcount".to_string(),
         format!("--records={RECORDS}"),
@@ -25,26 +29,27 @@ fn run(seed: u64, extra: &[String], output: &Path, checkpoints: &Path) -> RunRep
         "--rate=1000000".to_string(),
         "--emit=updates".to_string(),
         "--checkpoint-interval=100ms".to_string(),
-        format!("--checkpoint-dir={}", checkpoints.display()),
+        format!("--checkpoint-dir={checkpoints}"),
         format!("--output={}", output.display()),
     ];
     args.extend_from_slice(extra);
     cli::run(&RunArgs::parse(args).unwrap()).unwrap_or_else(|e| panic!("seed {seed}: {e}"))
 }
 
-#[test]
-fn random_kills_lose_and_duplicate_nothing_over_twenty_seeds() {
+/// Random kills over `seeds`, each run on its own storage from `storage`.
+fn random_kills(seeds: u64, storage: impl Fn() -> TestStorage) {
     let mut restarts = 0;
-    for seed in 0..20 {
-        let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for seed in 0..seeds {
+        let (output, checkpoints) = (tempfile::tempdir().unwrap(), storage());
         let report = run(
             seed,
             &["--inject-failures=5".into()],
             output.path(),
-            checkpoints.path(),
+            &checkpoints.url,
         );
-        assert_updates_exactly_once(output.path(), RECORDS, KEYS, seed, &format!("seed {seed}"));
-        assert!(report.restarts >= 1, "seed {seed}: no failure was injected");
+        let context = format!("{} seed {seed}", checkpoints.url);
+        assert_updates_exactly_once(output.path(), RECORDS, KEYS, seed, &context);
+        assert!(report.restarts >= 1, "{context}: no failure was injected");
         restarts += report.restarts;
         let leftovers: Vec<_> = std::fs::read_dir(output.path())
             .unwrap()
@@ -53,14 +58,32 @@ fn random_kills_lose_and_duplicate_nothing_over_twenty_seeds() {
             .collect();
         assert!(
             leftovers.is_empty(),
-            "seed {seed}: uncommitted files left: {leftovers:?}"
+            "{context}: uncommitted files left: {leftovers:?}"
         );
-        assert_only_the_retained_checkpoint_remains(checkpoints.path(), seed);
+        assert_only_the_retained_checkpoint_remains(&checkpoints.storage, seed);
     }
     assert!(
-        restarts >= 80,
-        "only {restarts} restarts over 20 seeds of 5 kills"
+        restarts >= 4 * seeds,
+        "only {restarts} restarts over {seeds} seeds of 5 kills"
     );
+}
+
+#[test]
+fn random_kills_lose_and_duplicate_nothing_over_twenty_seeds() {
+    random_kills(20, TestStorage::local);
+}
+
+#[test]
+fn random_kills_on_memory_storage_lose_and_duplicate_nothing() {
+    random_kills(5, TestStorage::memory);
+}
+
+#[test]
+fn random_kills_on_s3_lose_and_duplicate_nothing() {
+    const TEST: &str = "random_kills_on_s3";
+    if TestStorage::s3(TEST).is_some() {
+        random_kills(5, || TestStorage::s3(TEST).unwrap());
+    }
 }
 
 /// The kills of the test above with the counter's subtask 0 slow, so that
@@ -70,7 +93,7 @@ fn random_kills_lose_and_duplicate_nothing_over_twenty_seeds() {
 fn kills_under_backpressure(mode: &str) -> (u64, u64) {
     let (mut replayed, mut switched) = (0, 0);
     for seed in 0..20 {
-        let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (output, checkpoints) = (tempfile::tempdir().unwrap(), TestStorage::local());
         let report = run(
             seed,
             &[
@@ -80,12 +103,12 @@ fn kills_under_backpressure(mode: &str) -> (u64, u64) {
                 mode.into(),
             ],
             output.path(),
-            checkpoints.path(),
+            &checkpoints.url,
         );
         let context = format!("{mode} seed {seed}");
         assert_updates_exactly_once(output.path(), RECORDS, KEYS, seed, &context);
         assert!(report.restarts >= 1, "{context}: no failure was injected");
-        assert_only_the_retained_checkpoint_remains(checkpoints.path(), seed);
+        assert_only_the_retained_checkpoint_remains(&checkpoints.storage, seed);
         replayed += report.restored_inflight_batches;
         switched += report.checkpoints_switched_to_unaligned;
     }
@@ -120,31 +143,44 @@ fn aligned_timeout_50ms_under_backpressure_and_kills_is_exactly_once() {
 /// Random kills on RocksDB state with incremental checkpoints: restores
 /// download native checkpoints whose shared files earlier checkpoints
 /// uploaded.
-fn rocksdb_kills(extra: &[&str]) {
-    for seed in 0..20 {
-        let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+fn rocksdb_kills(seeds: u64, extra: &[&str], storage: impl Fn() -> TestStorage) {
+    for seed in 0..seeds {
+        let (output, checkpoints) = (tempfile::tempdir().unwrap(), storage());
         let mut args: Vec<String> = vec![
             "--inject-failures=3".into(),
             "--state=rocksdb".into(),
             "--incremental".into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        let report = run(seed, &args, output.path(), checkpoints.path());
-        let context = format!("rocksdb {extra:?} seed {seed}");
+        let report = run(seed, &args, output.path(), &checkpoints.url);
+        let context = format!("rocksdb {extra:?} {} seed {seed}", checkpoints.url);
         assert_updates_exactly_once(output.path(), RECORDS, KEYS, seed, &context);
         assert!(report.restarts >= 1, "{context}: no failure was injected");
-        assert_only_the_retained_checkpoint_remains(checkpoints.path(), seed);
+        assert_only_the_retained_checkpoint_remains(&checkpoints.storage, seed);
     }
 }
 
 #[test]
 fn rocksdb_incremental_aligned_under_kills_is_exactly_once() {
-    rocksdb_kills(&[]);
+    rocksdb_kills(20, &[], TestStorage::local);
 }
 
 #[test]
 fn rocksdb_incremental_unaligned_under_backpressure_and_kills_is_exactly_once() {
-    rocksdb_kills(&["--mode=unaligned", "--slow-subtask=0", "--slow-ns=4000"]);
+    rocksdb_kills(
+        20,
+        &["--mode=unaligned", "--slow-subtask=0", "--slow-ns=4000"],
+        TestStorage::local,
+    );
+}
+
+/// Shared files uploaded to and downloaded from S3 by restores.
+#[test]
+fn rocksdb_incremental_kills_on_s3_are_exactly_once() {
+    const TEST: &str = "rocksdb_incremental_kills_on_s3";
+    if TestStorage::s3(TEST).is_some() {
+        rocksdb_kills(3, &[], || TestStorage::s3(TEST).unwrap());
+    }
 }
 
 #[test]
@@ -159,12 +195,12 @@ fn a_fault_at_every_step_of_a_checkpoint_is_survived() {
         "async-write:2:0:0",
         "after-ack:2:0:1",
     ] {
-        let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (output, checkpoints) = (tempfile::tempdir().unwrap(), TestStorage::local());
         let report = run(
             7,
             &[format!("--inject-fault={fault}")],
             output.path(),
-            checkpoints.path(),
+            &checkpoints.url,
         );
         assert_eq!(report.restarts, 1, "{fault}");
         assert_updates_exactly_once(output.path(), RECORDS, KEYS, 7, fault);
@@ -173,20 +209,20 @@ fn a_fault_at_every_step_of_a_checkpoint_is_survived() {
 
 #[test]
 fn ids_keep_increasing_when_the_job_is_run_again_on_its_checkpoints() {
-    let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    run(1, &[], output.path(), checkpoints.path());
-    let first = newest_checkpoint(checkpoints.path());
+    let (output, checkpoints) = (tempfile::tempdir().unwrap(), TestStorage::local());
+    run(1, &[], output.path(), &checkpoints.url);
+    let first = newest_checkpoint(&checkpoints.storage);
     let output = tempfile::tempdir().unwrap();
-    run(1, &[], output.path(), checkpoints.path());
-    assert!(newest_checkpoint(checkpoints.path()) > first);
+    run(1, &[], output.path(), &checkpoints.url);
+    assert!(newest_checkpoint(&checkpoints.storage) > first);
 }
 
 /// After the run, storage holds the id counter and the one retained
 /// checkpoint with exactly the objects it references, the counter's keyed
 /// state among them.
-fn assert_only_the_retained_checkpoint_remains(root: &Path, seed: u64) {
+fn assert_only_the_retained_checkpoint_remains(storage: &CheckpointStorage, seed: u64) {
     let context = format!("seed {seed}");
-    let kept = assert_storage_is_exactly_the_retained_checkpoints(&job_dir(root), &context);
+    let kept = assert_storage_is_exactly_the_retained_checkpoints(storage, &context);
     assert_eq!(kept.len(), 1, "{context}");
     let counter = SubtaskId {
         operator: OperatorId(1),
@@ -195,25 +231,64 @@ fn assert_only_the_retained_checkpoint_remains(root: &Path, seed: u64) {
     assert!(kept[0].subtasks[&counter].keyed.is_some(), "{context}");
 }
 
-fn newest_checkpoint(root: &Path) -> u64 {
-    retained(&job_dir(root)).last().unwrap().id.0
+fn newest_checkpoint(storage: &CheckpointStorage) -> u64 {
+    retained(storage).last().unwrap().id.0
 }
 
 #[test]
 fn a_fresh_run_fails_over_to_its_own_checkpoints_not_an_earlier_runs() {
-    let checkpoints = tempfile::tempdir().unwrap();
+    let checkpoints = TestStorage::local();
     let earlier = tempfile::tempdir().unwrap();
-    run(5, &[], earlier.path(), checkpoints.path());
+    run(5, &[], earlier.path(), &checkpoints.url);
     // The next run's first checkpoint fails: nothing of its own completed
     // yet, so it restarts from the beginning, not from the earlier run's end.
-    let first = newest_checkpoint(checkpoints.path()) + 1;
+    let first = newest_checkpoint(&checkpoints.storage) + 1;
     let output = tempfile::tempdir().unwrap();
     let report = run(
         5,
         &[format!("--inject-fault=sync-snapshot:{first}:1:0")],
         output.path(),
-        checkpoints.path(),
+        &checkpoints.url,
     );
     assert_eq!(report.restarts, 1);
     assert_updates_exactly_once(output.path(), RECORDS, KEYS, 5, "second run");
+}
+
+/// Without failures, every object a run created is deleted or still in
+/// storage, and every byte in storage was counted as uploaded.
+fn storage_counters_match_what_storage_holds(checkpoints: TestStorage) {
+    let output = tempfile::tempdir().unwrap();
+    let report = run(3, &["--retain=2".into()], output.path(), &checkpoints.url);
+    let context = &checkpoints.url;
+    assert!(report.checkpoints_completed >= 3, "{context}: {report:?}");
+    let listed = block_on(checkpoints.storage.objects()).unwrap();
+    assert!(report.objects_deleted > 0, "{context}: nothing subsumed");
+    assert_eq!(
+        report.objects_created - report.objects_deleted,
+        listed.len() as u64,
+        "{context}: {listed:?}"
+    );
+    let stored: u64 = listed.iter().map(|o| o.size).sum();
+    assert!(report.bytes_uploaded >= stored, "{context}");
+    assert!(
+        report.bytes_uploaded >= report.bytes_uploaded_total,
+        "{context}"
+    );
+}
+
+#[test]
+fn storage_counters_match_local_storage() {
+    storage_counters_match_what_storage_holds(TestStorage::local());
+}
+
+#[test]
+fn storage_counters_match_memory_storage() {
+    storage_counters_match_what_storage_holds(TestStorage::memory());
+}
+
+#[test]
+fn storage_counters_match_s3_storage() {
+    if let Some(storage) = TestStorage::s3("storage_counters") {
+        storage_counters_match_what_storage_holds(storage);
+    }
 }

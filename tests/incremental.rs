@@ -9,7 +9,7 @@ mod storage;
 use common::{assert_updates_exactly_once, expected_counts};
 use std::collections::HashMap;
 use std::path::Path;
-use storage::{assert_storage_is_exactly_the_retained_checkpoints, job_dir, retained};
+use storage::{assert_storage_is_exactly_the_retained_checkpoints, job_dir, open, retained};
 use tidemark_actors::cli::{self, RunArgs, RunReport};
 
 const RECORDS: u64 = 400_000;
@@ -47,8 +47,8 @@ fn an_incremental_chain_keeps_exactly_what_the_retained_checkpoints_reference() 
         "only {} checkpoints",
         report.checkpoints_completed
     );
-    let job = job_dir(checkpoints.path());
-    let kept = assert_storage_is_exactly_the_retained_checkpoints(&job, "chain");
+    let storage = open(checkpoints.path().to_str().unwrap());
+    let kept = assert_storage_is_exactly_the_retained_checkpoints(&storage, "chain");
     assert_eq!(kept.len(), 3);
     // Incremental: a retained checkpoint references shared files that an
     // older one uploaded. (Not necessarily the newest: a compaction can
@@ -81,8 +81,7 @@ fn copy_tree(from: &Path, to: &Path) {
 fn every_retained_checkpoint_restores_the_right_state() {
     let (checkpoints, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     run(&["--emit=final"], checkpoints.path(), output.path());
-    let job = job_dir(checkpoints.path());
-    let kept = retained(&job);
+    let kept = retained(&open(checkpoints.path().to_str().unwrap()));
     assert_eq!(kept.len(), 3);
     let expected: HashMap<u64, u64> = expected_counts(RECORDS, KEYS, 11);
     for checkpoint in &kept {
@@ -112,8 +111,8 @@ fn an_aborted_checkpoints_uploads_are_deleted_and_never_become_a_base() {
     );
     assert_eq!(report.restarts, 1);
     assert_updates_exactly_once(output.path(), RECORDS, KEYS, 11, "aborted checkpoint 4");
-    let job = job_dir(checkpoints.path());
-    let kept = assert_storage_is_exactly_the_retained_checkpoints(&job, "after the abort");
+    let storage = open(checkpoints.path().to_str().unwrap());
+    let kept = assert_storage_is_exactly_the_retained_checkpoints(&storage, "after the abort");
     for checkpoint in &kept {
         for file in checkpoint.subtasks.values().flat_map(|s| s.shared_files()) {
             assert_ne!(

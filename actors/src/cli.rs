@@ -1,15 +1,17 @@
 //! The `tidemark` command line: runs an example topology and reports on it.
 
+use crate::cleanup::CleanupArgs;
 use crate::metrics::CheckpointStats;
 use crate::runtime::{job_id, JobError, Runtime};
 use crate::wordcount::{Emit, Wordcount};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use thiserror::Error;
 use tidemark::checkpoint::merging::{MergingOptions, StateLayout};
+use tidemark::checkpoint::storage::{StorageCounters, StorageError};
 use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings, Restore};
 use tidemark::event::Alignment;
 use tidemark::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
@@ -29,10 +31,14 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run an example topology.
     Run(RunArgs),
+    /// Delete what no retained checkpoint of a job references.
+    Cleanup(CleanupArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -110,7 +116,8 @@ pub struct RunArgs {
     /// [default: 1048576]
     #[arg(long, value_parser = parse_cache_entries)]
     pub state_cache_entries: Option<usize>,
-    /// Checkpoint storage: a path, `file://` path or `memory://`.
+    /// Checkpoint storage: a path, `file://` path, `memory://` or
+    /// `s3://bucket/prefix` (settings from the AWS_* environment variables).
     #[arg(long, default_value = "./tidemark-data/checkpoints")]
     pub checkpoint_dir: String,
     /// A checkpoint not complete this long after its trigger is aborted.
@@ -187,7 +194,7 @@ pub struct RunArgs {
     pub json: bool,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("expected a duration like 200ms or 2s ({e})"))
 }
 
@@ -313,6 +320,7 @@ impl RunArgs {
             .chain(args.into_iter().map(Into::into));
         match Cli::try_parse_from(argv)?.command {
             Command::Run(args) => Ok(args),
+            Command::Cleanup(_) => unreachable!("the subcommand is `run`"),
         }
     }
 }
@@ -327,13 +335,21 @@ pub enum CliError {
     },
     #[error(transparent)]
     Job(#[from] JobError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("corrupted checkpoint metadata; nothing was deleted, since its checkpoint may reference any object (--ignore-corrupted-metadata sweeps it too):\n  {}", .0.join("\n  "))]
+    CorruptedMetadata(Vec<String>),
+    #[error("checkpoints were subsumed during each of {attempts} scans; nothing was deleted")]
+    StorageChanging { attempts: usize },
+    #[error("cannot start an async runtime: {0}")]
+    Runtime(String),
 }
 
 impl CliError {
     pub fn exit_code(&self) -> i32 {
         match self {
             CliError::Usage { .. } => 2,
-            CliError::Job(_) => 1,
+            _ => 1,
         }
     }
 }
@@ -385,6 +401,11 @@ pub struct RunReport {
     pub physical_files_live: u64,
     pub space_amplification: f64,
     pub space_amplification_max: f64,
+    /// What the run did to checkpoint storage: objects created and deleted
+    /// (metadata and the id counter included) and the bytes of every put.
+    pub objects_created: u64,
+    pub objects_deleted: u64,
+    pub bytes_uploaded: u64,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -593,9 +614,23 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         }
         .job(config),
     };
-    let handle = Runtime::default().run(job)?;
+    let handle = Runtime::default().run(job).map_err(|e| match e {
+        JobError::Storage(
+            e @ (StorageError::UnsupportedUrl(_) | StorageError::InvalidUrl { .. }),
+        ) => CliError::Usage {
+            argument: "--checkpoint-dir",
+            problem: e.to_string(),
+        },
+        e => e.into(),
+    })?;
     let metrics = handle.metrics().clone();
+    let storage = handle.storage().cloned();
     let report = handle.wait()?;
+    let storage_counter = |counter: fn(&StorageCounters) -> &AtomicU64| {
+        storage
+            .as_ref()
+            .map_or(0, |s| counter(s.counters()).load(Ordering::Relaxed))
+    };
     let stats = &metrics.checkpoints;
     let gauges: Vec<_> = metrics.channels.iter().map(|g| g.value().clone()).collect();
     Ok(RunReport {
@@ -644,5 +679,8 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         space_amplification_max: f64::from_bits(
             stats.space_amplification_max.load(Ordering::Relaxed),
         ),
+        objects_created: storage_counter(|c| &c.objects_created),
+        objects_deleted: storage_counter(|c| &c.objects_deleted),
+        bytes_uploaded: storage_counter(|c| &c.bytes_uploaded),
     })
 }

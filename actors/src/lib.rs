@@ -19,6 +19,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod cleanup;
 pub mod cli;
 mod coordinator;
 mod endpoint;

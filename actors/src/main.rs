@@ -1,4 +1,5 @@
 use clap::Parser;
+use tidemark_actors::cleanup;
 use tidemark_actors::cli::{self, Cli, Command};
 
 fn main() {
@@ -10,24 +11,28 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let Cli { command } = Cli::parse();
-    match command {
-        Command::Run(args) => match cli::run(&args) {
-            Ok(report) if args.json => println!(
-                "{}",
-                serde_json::to_string(&report).expect("the report is plain data")
-            ),
-            Ok(report) => println!(
-                "{:?}: {} records in {:.3} s, {:.0} records/s at parallelism {}",
-                report.topology,
-                report.records_in,
-                report.elapsed_s,
-                report.throughput_rps,
-                report.parallelism
-            ),
-            Err(e) => {
-                eprintln!("tidemark: {e}");
-                std::process::exit(e.exit_code());
+    let outcome = match command {
+        Command::Run(args) => cli::run(&args).map(|report| {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&report).expect("the report is plain data")
+                );
+            } else {
+                println!(
+                    "{:?}: {} records in {:.3} s, {:.0} records/s at parallelism {}",
+                    report.topology,
+                    report.records_in,
+                    report.elapsed_s,
+                    report.throughput_rps,
+                    report.parallelism
+                );
             }
-        },
+        }),
+        Command::Cleanup(args) => cleanup::cleanup(&args).map(|sweep| println!("{sweep}")),
+    };
+    if let Err(e) = outcome {
+        eprintln!("tidemark: {e}");
+        std::process::exit(e.exit_code());
     }
 }

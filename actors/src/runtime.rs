@@ -67,6 +67,7 @@ pub struct JobHandle {
     outcome: mpsc::Receiver<Result<JobReport, JobError>>,
     supervisor: Addr<JobSupervisor>,
     metrics: Arc<JobMetrics>,
+    storage: Option<CheckpointStorage>,
     thread: JoinHandle<()>,
 }
 
@@ -105,6 +106,12 @@ impl JobHandle {
 
     pub fn metrics(&self) -> &Arc<JobMetrics> {
         &self.metrics
+    }
+
+    /// The job's checkpoint storage, if it checkpoints: its counters, and
+    /// for `memory://` the store itself.
+    pub fn storage(&self) -> Option<&CheckpointStorage> {
+        self.storage.as_ref()
     }
 }
 
@@ -154,6 +161,7 @@ impl Runtime {
         let (addr_tx, addr_rx) = mpsc::channel();
         let threads = self.threads.max(1);
         let job_metrics = metrics.clone();
+        let job_storage = storage.clone();
         let thread = std::thread::Builder::new()
             .name(format!("tidemark-{}", job.name))
             .spawn(move || {
@@ -162,7 +170,8 @@ impl Runtime {
                 let handles = arbiters.iter().map(Arbiter::handle).collect();
                 system.block_on(async move {
                     let supervisor =
-                        JobSupervisor::new(job, handles, job_metrics, outcome_tx, storage).start();
+                        JobSupervisor::new(job, handles, job_metrics, outcome_tx, job_storage)
+                            .start();
                     let _ = addr_tx.send(supervisor);
                 });
                 let _ = system.run();
@@ -179,6 +188,7 @@ impl Runtime {
             outcome,
             supervisor,
             metrics,
+            storage,
             thread,
         })
     }

@@ -1,6 +1,9 @@
 //! The `tidemark` binary as a user runs it.
 
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, SystemTime};
 
 fn tidemark(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tidemark"))
@@ -45,6 +48,9 @@ fn json_report_is_the_last_line_of_stdout() {
     assert_eq!(report["parallelism"], 2);
     assert!(report["elapsed_s"].as_f64().unwrap() > 0.0);
     assert!(report["throughput_rps"].as_f64().unwrap() > 0.0);
+    assert!(report["objects_created"].as_u64().unwrap() > 0);
+    assert!(report["bytes_uploaded"].as_u64().unwrap() > 0);
+    assert!(report["objects_deleted"].as_u64().is_some());
 }
 
 #[test]
@@ -138,6 +144,23 @@ fn bad_arguments_exit_2_naming_the_argument() {
             "--slow-subtask",
         ),
         (&["run", "wordcount", "--slow-subtask=0"][..], "--slow-ns"),
+        (
+            &["run", "wordcount", "--checkpoint-dir=ftp://host/x"][..],
+            "--checkpoint-dir",
+        ),
+        (
+            &["run", "wordcount", "--checkpoint-dir=s3:///x"][..],
+            "--checkpoint-dir",
+        ),
+        (&["cleanup"][..], "--checkpoint-dir"),
+        (
+            &["cleanup", "--checkpoint-dir=ftp://host/x"][..],
+            "--checkpoint-dir",
+        ),
+        (
+            &["cleanup", "--checkpoint-dir=/tmp/x", "--grace=soon"][..],
+            "--grace",
+        ),
     ] {
         let out = tidemark(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
@@ -243,4 +266,130 @@ fn a_fault_aimed_at_a_missing_subtask_is_refused() {
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("op-1#7"), "{}", stderr(&out));
+}
+
+/// Every file under `dir`, relative to it.
+fn files(dir: &Path) -> BTreeSet<String> {
+    fn walk(base: &Path, dir: &Path, out: &mut BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(base, &path, out);
+            } else {
+                let relative = path.strip_prefix(base).unwrap();
+                out.insert(relative.to_str().unwrap().to_owned());
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// Writes `dir/relative`, last modified `age` ago.
+fn write_aged(dir: &Path, relative: &str, age: Duration) {
+    let path = dir.join(relative);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, b"orphan").unwrap();
+    age_file(&path, age);
+}
+
+fn age_file(path: &Path, age: Duration) {
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(SystemTime::now() - age)
+        .unwrap();
+}
+
+const TWO_HOURS: Duration = Duration::from_secs(2 * 3600);
+
+/// A finished wordcount run's checkpoint root and its job directory, every
+/// file in it two hours old, and what the run left there.
+fn finished_run() -> (tempfile::TempDir, PathBuf, BTreeSet<String>) {
+    let checkpoints = tempfile::tempdir().unwrap();
+    let out = wordcount(
+        checkpoints.path(),
+        &["--records=20000", "--keys=100", "--parallelism=2"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let job = std::fs::read_dir(checkpoints.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let left = files(&job);
+    assert!(left.iter().any(|f| f.ends_with("/_metadata")), "{left:?}");
+    for file in &left {
+        age_file(&job.join(file), TWO_HOURS);
+    }
+    (checkpoints, job, left)
+}
+
+fn cleanup(root: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["cleanup", "--checkpoint-dir", root.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    tidemark(&args)
+}
+
+#[test]
+fn cleanup_deletes_old_orphans_only_and_nothing_outside_the_job() {
+    let (checkpoints, job, referenced) = finished_run();
+    let root = checkpoints.path();
+    let old = ["chk-999/op-1-0-keyed", "shared/op-1-1-7-000042.sst"];
+    for orphan in old {
+        write_aged(&job, orphan, TWO_HOURS);
+    }
+    write_aged(&job, "chk-1000/op-1-0-keyed", Duration::ZERO);
+    write_aged(root, "other-job/chk-1/x", TWO_HOURS);
+    write_aged(root, "stray", TWO_HOURS);
+    let before = files(root);
+
+    let out = cleanup(root, &["--dry-run"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    for orphan in old {
+        assert!(stdout.contains(orphan), "{stdout}");
+    }
+    assert!(!stdout.contains("chk-1000"), "{stdout}");
+    assert!(stdout.contains("would delete 2 orphans"), "{stdout}");
+    assert_eq!(files(root), before, "a dry run deletes nothing");
+
+    let out = cleanup(root, &["--grace=1h"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut expected = referenced;
+    expected.insert("chk-1000/op-1-0-keyed".into());
+    assert_eq!(files(&job), expected);
+    for outside in ["other-job/chk-1/x", "stray"] {
+        assert!(root.join(outside).exists(), "{outside}");
+    }
+}
+
+#[test]
+fn cleanup_refuses_corrupted_metadata_unless_told_to_ignore_it() {
+    let (checkpoints, job, referenced) = finished_run();
+    let root = checkpoints.path();
+    let metadata = referenced
+        .iter()
+        .find(|f| f.ends_with("/_metadata"))
+        .unwrap()
+        .clone();
+    write_aged(&job, &metadata, TWO_HOURS);
+    write_aged(&job, "chk-999/op-1-0-keyed", TWO_HOURS);
+    let before = files(root);
+
+    let out = cleanup(root, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains(&metadata), "{}", stderr(&out));
+    assert!(stderr(&out).contains("corrupted"), "{}", stderr(&out));
+    assert_eq!(files(root), before, "nothing deleted");
+
+    let out = cleanup(root, &["--ignore-corrupted-metadata"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        files(&job),
+        BTreeSet::from(["checkpoint-id-counter".into()])
+    );
 }

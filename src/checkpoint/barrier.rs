@@ -837,7 +837,7 @@ mod tests {
             step(&mut h, t(175), C, in_band(barrier(1))),
             [snapshot(1, 75, 8 * (4 + 6 + 7 + 8))]
         );
-        assert_eq!(blocked(&h), []);
+        assert_eq!(blocked(&h), Vec::<usize>::new());
         assert_eq!(h.pending(), None);
         assert_eq!(drain(&mut h, t(176)), [got(A, 3, true)]);
     }
@@ -851,7 +851,7 @@ mod tests {
             [snapshot(1, 0, 0)]
         );
         assert_eq!(h.pending(), None);
-        assert_eq!(blocked(&h), []);
+        assert_eq!(blocked(&h), Vec::<usize>::new());
         assert_eq!(step(&mut h, t(6), A, records(1)), []);
         assert_eq!(
             step(&mut h, t(9), A, in_band(barrier(2))),
@@ -892,7 +892,7 @@ mod tests {
             step(&mut h, t(30), C, in_band(barrier(2))),
             [snapshot(2, 20, 8 + 16)]
         );
-        assert_eq!(blocked(&h), []);
+        assert_eq!(blocked(&h), Vec::<usize>::new());
     }
 
     #[test]
@@ -900,7 +900,7 @@ mod tests {
         let mut h = BarrierHandler::new(3);
         assert_eq!(step(&mut h, t(0), A, in_band(barrier(1))), []);
         assert_eq!(step(&mut h, t(3), B, cancel(1)), [aborted(1, CancelMarker)]);
-        assert_eq!(blocked(&h), []);
+        assert_eq!(blocked(&h), Vec::<usize>::new());
         assert_eq!(h.pending(), None);
         assert_eq!(step(&mut h, t(4), C, in_band(barrier(1))), []);
         assert_eq!(h.pending(), None);
@@ -933,7 +933,7 @@ mod tests {
                 aborted(2, CancelMarker)
             ]
         );
-        assert_eq!(blocked(&h), []);
+        assert_eq!(blocked(&h), Vec::<usize>::new());
         assert_eq!(step(&mut h, t(3), C, in_band(barrier(1))), []);
         assert_eq!(step(&mut h, t(4), C, in_band(barrier(2))), []);
         assert_eq!(h.pending(), None);
@@ -1010,7 +1010,7 @@ mod tests {
         assert_eq!(step(&mut h, t(1), B, in_band(barrier(1))), []);
         assert_eq!(blocked(&h), [A, B]);
         assert_eq!(seen(h.abort(chk(1))), [aborted(1, CoordinatorAborted)]);
-        assert_eq!(blocked(&h), []);
+        assert_eq!(blocked(&h), Vec::<usize>::new());
         assert_eq!(h.pending(), None);
         assert_eq!(step(&mut h, t(2), C, in_band(barrier(1))), []);
         assert_eq!(step(&mut h, t(3), C, cancel(1)), []);
@@ -1024,7 +1024,7 @@ mod tests {
         assert_eq!(seen(h.abort(chk(1))), []);
         assert_eq!(step(&mut h, t(0), A, in_band(barrier(1))), []);
         assert_eq!(step(&mut h, t(1), A, in_band(barrier(2))), []);
-        assert_eq!(blocked(&h), []);
+        assert_eq!(blocked(&h), Vec::<usize>::new());
         assert_eq!(step(&mut h, t(2), A, in_band(barrier(3))), []);
         assert_eq!(blocked(&h), [A]);
     }
@@ -1040,7 +1040,7 @@ mod tests {
                 aborted(2, CoordinatorAborted)
             ]
         );
-        assert_eq!(blocked(&h), []);
+        assert_eq!(blocked(&h), Vec::<usize>::new());
         assert_eq!(step(&mut h, t(1), B, in_band(barrier(1))), []);
         assert_eq!(h.pending(), None);
     }
@@ -1129,7 +1129,7 @@ mod tests {
             [unaligned_snapshot(1, false, 0, 0)]
         );
         assert_eq!(h.pending(), Some(chk(1)));
-        assert_eq!(blocked(&h), []);
+        assert_eq!(blocked(&h), Vec::<usize>::new());
         // A is done: the overtaken batches, and 5 after the barrier, are not recorded again.
         for value in [3, 4, 5] {
             assert_eq!(deliver(&mut h, t(101), A, data(value)), []);
@@ -1137,7 +1137,7 @@ mod tests {
         // The operator goes on processing meanwhile.
         assert_eq!(poll(&mut h, t(102)), Some(got(C, 20, true)));
         assert_eq!(poll(&mut h, t(102)), Some(got(A, 2, true)));
-        assert_eq!(blocked(&h), []);
+        assert_eq!(blocked(&h), Vec::<usize>::new());
         // B delivers 12 before its own priority barrier overtakes 13; 14 comes after.
         assert_eq!(deliver(&mut h, t(110), B, data(12)), []);
         assert_eq!(
@@ -1167,7 +1167,7 @@ mod tests {
             ]
         );
         assert_eq!(actions, []);
-        assert_eq!(blocked(&h), []);
+        assert_eq!(blocked(&h), Vec::<usize>::new());
     }
 
     #[test]
@@ -1357,7 +1357,7 @@ mod tests {
             poll(&mut h, t(3)),
             Some(Got::Actions(vec![unaligned_snapshot(1, false, 0, 0)]))
         );
-        assert_eq!(blocked(&h), []);
+        assert_eq!(blocked(&h), Vec::<usize>::new());
         // What A holds is after its barrier; B's is before.
         assert_eq!(
             seen(h.deliver_priority(t(5), B, unaligned(1), vec![])),
@@ -1392,7 +1392,7 @@ mod tests {
             poll(&mut h, t(110)),
             Some(Got::Actions(vec![unaligned_snapshot(1, true, 10, 16)]))
         );
-        assert_eq!(blocked(&h), []);
+        assert_eq!(blocked(&h), Vec::<usize>::new());
         assert_eq!(h.deadline(), None);
         assert_eq!(h.pending(), Some(chk(1)));
         // A aligned: nothing. B: up to its queued barrier. C: what it holds and delivers until its barrier.
@@ -1439,7 +1439,7 @@ mod tests {
             poll(&mut h, t(0)),
             Some(Got::Actions(vec![unaligned_snapshot(1, true, 0, 0)]))
         );
-        assert_eq!(blocked(&h), []);
+        assert_eq!(blocked(&h), Vec::<usize>::new());
         assert_eq!(
             deliver(&mut h, t(4), B, in_band(with_timeout(1, 0))),
             [state(1, [&[], &[1]], 4)]
@@ -1492,7 +1492,7 @@ mod tests {
             seen(h.deliver_priority(t(5), B, unaligned(1), batches(&[12]))),
             [unaligned_snapshot(1, false, 5, 0)]
         );
-        assert_eq!(blocked(&h), []);
+        assert_eq!(blocked(&h), Vec::<usize>::new());
         assert_eq!(h.deadline(), None);
         assert_eq!(deliver(&mut h, t(6), C, data(20)), []);
         assert_eq!(

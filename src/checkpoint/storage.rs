@@ -1,9 +1,11 @@
 //! `CheckpointStorage` over `object_store`: where a job's checkpoints live and
-//! how their objects are written, read and deleted. Layout under the root:
+//! how their objects are written, read and deleted. Layout under the root
+//! (a local directory, an in-memory store, or an S3 bucket and prefix):
 //!
 //! ```text
 //! <root>/<job-id>/chk-<id>/_metadata        written last, atomically
 //! <root>/<job-id>/chk-<id>/<object>         state written by subtasks
+//! <root>/<job-id>/shared/<object>           incremental files shared across checkpoints
 //! <root>/<job-id>/checkpoint-id-counter     next checkpoint id
 //! ```
 //!
@@ -16,20 +18,27 @@ use super::CompletedCheckpoint;
 use crate::ids::{CheckpointId, JobId};
 use bytes::Bytes;
 use futures::TryStreamExt;
+use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::time::SystemTime;
 use thiserror::Error;
 
 const METADATA: &str = "_metadata";
-const COUNTER: &str = "checkpoint-id-counter";
+/// The checkpoint id counter, relative to the job directory.
+pub const COUNTER: &str = "checkpoint-id-counter";
 
 #[derive(Debug, Error)]
 pub enum StorageError {
-    #[error("unsupported checkpoint storage URL {0:?}: use a path, file://, or memory://")]
+    #[error("unsupported checkpoint storage URL {0:?}: use a path, file://, memory:// or s3://bucket/prefix")]
     UnsupportedUrl(String),
+    #[error("invalid checkpoint storage URL {url:?}: {problem}")]
+    InvalidUrl { url: String, problem: String },
     #[error("cannot open checkpoint storage at {url}: {source}")]
     Open {
         url: String,
@@ -48,39 +57,136 @@ pub enum StorageError {
     Counter { path: String, found: String },
 }
 
+impl StorageError {
+    /// The object asked for does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self,
+            StorageError::Io {
+                source: object_store::Error::NotFound { .. },
+                ..
+            }
+        )
+    }
+}
+
+/// What a `CheckpointStorage` and its clones did to the store.
+#[derive(Debug, Default)]
+pub struct StorageCounters {
+    /// Objects written under a name that did not exist: every state object
+    /// and `_metadata` (their names carry the checkpoint id, which never
+    /// repeats), the id counter the first time only.
+    pub objects_created: AtomicU64,
+    /// Successful deletes. Local files report a missing object, so deleting
+    /// one twice counts once there; memory and S3 do not, and count again.
+    pub objects_deleted: AtomicU64,
+    /// Bytes of every put, id counter included.
+    pub bytes_uploaded: AtomicU64,
+}
+
+/// One object of the job directory, as a listing reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredObject {
+    /// Relative to the job directory.
+    pub path: String,
+    pub size: u64,
+    pub last_modified: SystemTime,
+}
+
+/// Named in-memory stores: every `memory://NAME` opened in this process
+/// while one of them is still open is the same store, so that a test or an
+/// embedding application can look at what a job left behind.
+static MEMORY_STORES: LazyLock<Mutex<HashMap<String, Weak<InMemory>>>> =
+    LazyLock::new(Mutex::default);
+
+fn memory_store(name: &str) -> Arc<InMemory> {
+    if name.is_empty() {
+        return Arc::new(InMemory::new());
+    }
+    let mut stores = MEMORY_STORES.lock().expect("memory store registry");
+    stores.retain(|_, store| store.strong_count() > 0);
+    if let Some(store) = stores.get(name).and_then(Weak::upgrade) {
+        return store;
+    }
+    let store = Arc::new(InMemory::new());
+    stores.insert(name.to_owned(), Arc::downgrade(&store));
+    store
+}
+
+/// `s3://bucket/prefix`, with the client's settings from the usual `AWS_*`
+/// environment variables (credentials, region, `AWS_ENDPOINT_URL` and
+/// `AWS_ALLOW_HTTP` for a local server). Returns the store and the prefix.
+fn s3_store(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), StorageError> {
+    let invalid = |problem: String| StorageError::InvalidUrl {
+        url: url.to_owned(),
+        problem,
+    };
+    let rest = url.strip_prefix("s3://").expect("an s3:// URL");
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if bucket.is_empty() {
+        return Err(invalid("no bucket name".into()));
+    }
+    let prefix = Path::parse(prefix.trim_end_matches('/'))
+        .map_err(|e| invalid(format!("bad prefix: {e}")))?;
+    let store = AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .build()
+        .map_err(|e| StorageError::Open {
+            url: url.to_owned(),
+            source: e.into(),
+        })?;
+    Ok((Arc::new(store), prefix))
+}
+
+fn local_store(url: &str) -> Result<Arc<dyn ObjectStore>, StorageError> {
+    let open = |e: Box<dyn std::error::Error + Send + Sync>| StorageError::Open {
+        url: url.to_owned(),
+        source: e,
+    };
+    let dir = url.strip_prefix("file://").unwrap_or(url);
+    if dir.contains("://") {
+        return Err(StorageError::UnsupportedUrl(url.to_owned()));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| open(e.into()))?;
+    let fs = LocalFileSystem::new_with_prefix(dir).map_err(|e| open(e.into()))?;
+    // Deleting a checkpoint's last object removes its directory too.
+    Ok(Arc::new(fs.with_automatic_cleanup(true)))
+}
+
 /// The checkpoint directory of one job on one object store.
 #[derive(Clone, Debug)]
 pub struct CheckpointStorage {
     store: Arc<dyn ObjectStore>,
     job_dir: Path,
+    counters: Arc<StorageCounters>,
+    /// The id counter is known to exist, so writing it creates nothing.
+    counter_exists: Arc<AtomicBool>,
 }
 
 impl CheckpointStorage {
-    /// `url`: a plain path, `file://` path, or `memory://` (an in-memory store
-    /// that lives as long as this value and its clones).
+    /// `url`: a plain path, `file://` path, `memory://` (an in-memory store
+    /// that lives as long as this value and its clones), `memory://NAME` (the
+    /// same store as every other open `memory://NAME` of this process), or
+    /// `s3://bucket/prefix`.
     pub fn open(url: &str, job: JobId) -> Result<Self, StorageError> {
-        let store: Arc<dyn ObjectStore> = if url.starts_with("memory://") {
-            Arc::new(InMemory::new())
-        } else {
-            let dir = url.strip_prefix("file://").unwrap_or(url);
-            if dir.contains("://") {
-                return Err(StorageError::UnsupportedUrl(url.to_owned()));
-            }
-            std::fs::create_dir_all(dir).map_err(|e| StorageError::Open {
-                url: url.to_owned(),
-                source: e.into(),
-            })?;
-            let fs = LocalFileSystem::new_with_prefix(dir).map_err(|e| StorageError::Open {
-                url: url.to_owned(),
-                source: e.into(),
-            })?;
-            // Deleting a checkpoint's last object removes its directory too.
-            Arc::new(fs.with_automatic_cleanup(true))
-        };
+        let (store, root): (Arc<dyn ObjectStore>, Path) =
+            if let Some(name) = url.strip_prefix("memory://") {
+                (memory_store(name), Path::default())
+            } else if url.starts_with("s3://") {
+                s3_store(url)?
+            } else {
+                (local_store(url)?, Path::default())
+            };
         Ok(CheckpointStorage {
             store,
-            job_dir: Path::from(job.to_string()),
+            job_dir: root.join(job.to_string().as_str()),
+            counters: Arc::default(),
+            counter_exists: Arc::default(),
         })
+    }
+
+    pub fn counters(&self) -> &StorageCounters {
+        &self.counters
     }
 
     /// Directory of checkpoint `id`, relative to the job directory.
@@ -117,11 +223,25 @@ impl CheckpointStorage {
     }
 
     pub async fn put(&self, relative: &str, bytes: Bytes) -> Result<(), StorageError> {
+        self.write(relative, bytes).await?;
+        self.counters
+            .objects_created
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A put that counts its bytes but leaves the caller to say whether it
+    /// created an object.
+    async fn write(&self, relative: &str, bytes: Bytes) -> Result<(), StorageError> {
         let path = self.resolve(relative)?;
+        let size = bytes.len() as u64;
         self.store
             .put(&path, PutPayload::from(bytes))
             .await
             .map_err(Self::io(&path))?;
+        self.counters
+            .bytes_uploaded
+            .fetch_add(size, Ordering::Relaxed);
         Ok(())
     }
 
@@ -148,7 +268,13 @@ impl CheckpointStorage {
     pub async fn delete(&self, relative: &str) -> Result<(), StorageError> {
         let path = self.resolve(relative)?;
         match self.store.delete(&path).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Ok(()) => {
+                self.counters
+                    .objects_deleted
+                    .fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(source) => Err(StorageError::Io {
                 path: path.to_string(),
                 source,
@@ -156,38 +282,57 @@ impl CheckpointStorage {
         }
     }
 
-    async fn objects(&self, prefix: &Path) -> Result<Vec<object_store::ObjectMeta>, StorageError> {
-        self.store
+    /// Every object under `prefix` that lies in the job directory, with its
+    /// path relative to the job directory.
+    async fn objects_under(&self, prefix: &Path) -> Result<Vec<StoredObject>, StorageError> {
+        let objects: Vec<object_store::ObjectMeta> = self
+            .store
             .list(Some(prefix))
             .try_collect()
             .await
-            .map_err(Self::io(prefix))
+            .map_err(Self::io(prefix))?;
+        Ok(objects
+            .into_iter()
+            .filter_map(|meta| {
+                let parts: Vec<String> = meta
+                    .location
+                    .prefix_match(&self.job_dir)?
+                    .map(|part| part.as_ref().to_owned())
+                    .collect();
+                Some(StoredObject {
+                    path: parts.join("/"),
+                    size: meta.size,
+                    last_modified: meta.last_modified.into(),
+                })
+            })
+            .collect())
+    }
+
+    /// Every object of the job directory.
+    pub async fn objects(&self) -> Result<Vec<StoredObject>, StorageError> {
+        self.objects_under(&self.job_dir).await
     }
 
     /// Every object under `relative` (a directory), as relative paths.
     pub async fn list(&self, relative: &str) -> Result<Vec<String>, StorageError> {
-        let objects = self.objects(&self.resolve(relative)?).await?;
-        let job_dir = format!("{}/", self.job_dir);
-        Ok(objects
-            .into_iter()
-            .filter_map(|meta| {
-                meta.location
-                    .as_ref()
-                    .strip_prefix(&job_dir)
-                    .map(str::to_owned)
-            })
-            .collect())
+        let objects = self.objects_under(&self.resolve(relative)?).await?;
+        Ok(objects.into_iter().map(|o| o.path).collect())
     }
 
     /// Deletes a checkpoint directory: its metadata first, so that a reader
     /// never finds metadata whose state is half gone.
     pub async fn delete_checkpoint(&self, id: CheckpointId) -> Result<(), StorageError> {
         let dir = Self::checkpoint_dir(id);
-        self.delete(&format!("{dir}/{METADATA}")).await?;
+        self.delete(&Self::metadata_path(id)).await?;
         for object in self.list(&dir).await? {
             self.delete(&object).await?;
         }
         Ok(())
+    }
+
+    /// `_metadata` of checkpoint `id`, relative to the job directory.
+    pub fn metadata_path(id: CheckpointId) -> String {
+        format!("{}/{METADATA}", Self::checkpoint_dir(id))
     }
 
     /// Writes `_metadata` of a completed checkpoint. A put is atomic on every
@@ -197,16 +342,18 @@ impl CheckpointStorage {
         &self,
         checkpoint: &CompletedCheckpoint,
     ) -> Result<(), StorageError> {
-        let relative = format!("{}/{METADATA}", Self::checkpoint_dir(checkpoint.id));
-        self.put(&relative, metadata::encode(checkpoint).into())
-            .await
+        self.put(
+            &Self::metadata_path(checkpoint.id),
+            metadata::encode(checkpoint).into(),
+        )
+        .await
     }
 
     pub async fn read_metadata(
         &self,
         id: CheckpointId,
     ) -> Result<CompletedCheckpoint, StorageError> {
-        let relative = format!("{}/{METADATA}", Self::checkpoint_dir(id));
+        let relative = Self::metadata_path(id);
         let bytes = self.get(&relative).await?;
         metadata::decode(&bytes).map_err(|source| StorageError::Metadata {
             path: relative,
@@ -216,23 +363,22 @@ impl CheckpointStorage {
 
     /// Ids of the checkpoints whose metadata exists, in increasing order.
     pub async fn completed_ids(&self) -> Result<Vec<CheckpointId>, StorageError> {
-        let objects = self.objects(&self.job_dir).await?;
+        Ok(Self::completed_ids_in(&self.objects().await?))
+    }
+
+    /// Ids of the checkpoints whose metadata a listing holds, in increasing
+    /// order.
+    pub fn completed_ids_in(objects: &[StoredObject]) -> Vec<CheckpointId> {
         let mut ids: Vec<CheckpointId> = objects
             .iter()
-            .filter_map(|meta| {
-                let mut parts = meta.location.parts();
-                parts.next()?;
-                let dir = parts.next()?;
-                let file = parts.next()?;
-                (file.as_ref() == METADATA && parts.next().is_none())
-                    .then(|| dir.as_ref().strip_prefix("chk-")?.parse().ok())
-                    .flatten()
-                    .map(CheckpointId)
+            .filter_map(|object| {
+                let dir = object.path.strip_suffix(METADATA)?.strip_suffix('/')?;
+                dir.strip_prefix("chk-")?.parse().ok().map(CheckpointId)
             })
             .collect();
         ids.sort();
         ids.dedup();
-        Ok(ids)
+        ids
     }
 
     /// `CheckpointIDCounter`: the next id to use, never below one past any
@@ -241,16 +387,14 @@ impl CheckpointStorage {
     pub async fn next_checkpoint_id(&self) -> Result<CheckpointId, StorageError> {
         let stored = match self.get(COUNTER).await {
             Ok(bytes) => {
+                self.counter_exists.store(true, Ordering::Relaxed);
                 let text = String::from_utf8_lossy(&bytes).trim().to_owned();
                 text.parse::<u64>().map_err(|_| StorageError::Counter {
                     path: format!("{}/{COUNTER}", self.job_dir),
                     found: text,
                 })?
             }
-            Err(StorageError::Io {
-                source: object_store::Error::NotFound { .. },
-                ..
-            }) => 1,
+            Err(e) if e.is_not_found() => 1,
             Err(e) => return Err(e),
         };
         let after_completed = self.completed_ids().await?.last().map_or(1, |id| id.0 + 1);
@@ -258,7 +402,13 @@ impl CheckpointStorage {
     }
 
     pub async fn store_next_checkpoint_id(&self, next: CheckpointId) -> Result<(), StorageError> {
-        self.put(COUNTER, Bytes::from(next.0.to_string())).await
+        self.write(COUNTER, Bytes::from(next.0.to_string())).await?;
+        if !self.counter_exists.swap(true, Ordering::Relaxed) {
+            self.counters
+                .objects_created
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 }
 
@@ -314,10 +464,74 @@ mod tests {
     }
 
     #[test]
-    fn foreign_urls_are_refused() {
+    fn foreign_and_malformed_urls_are_refused_naming_the_url() {
         assert!(matches!(
             CheckpointStorage::open("ftp://host/x", JobId(1)),
             Err(StorageError::UnsupportedUrl(_))
         ));
+        for bad in [
+            "s3://",
+            "s3:///prefix",
+            "s3://bucket/a//b",
+            "s3://bucket/../x",
+        ] {
+            let err = CheckpointStorage::open(bad, JobId(1)).unwrap_err();
+            assert!(
+                matches!(err, StorageError::InvalidUrl { .. }),
+                "{bad}: {err}"
+            );
+            assert!(err.to_string().contains(bad), "{err}");
+        }
+    }
+
+    #[test]
+    fn an_s3_job_directory_lies_under_the_prefix() {
+        let storage = CheckpointStorage::open("s3://bucket/a/b/", JobId(1)).unwrap();
+        assert_eq!(
+            storage.resolve("chk-1/x").unwrap().as_ref(),
+            format!("a/b/{}/chk-1/x", JobId(1))
+        );
+    }
+
+    #[tokio::test]
+    async fn named_memory_stores_are_shared_while_open() {
+        let first = CheckpointStorage::open("memory://shared-test", JobId(1)).unwrap();
+        first
+            .put("chk-1/x", Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        let second = CheckpointStorage::open("memory://shared-test", JobId(1)).unwrap();
+        assert_eq!(second.list("chk-1").await.unwrap(), ["chk-1/x"]);
+        let anonymous = CheckpointStorage::open("memory://", JobId(1)).unwrap();
+        assert!(anonymous.objects().await.unwrap().is_empty());
+        drop((first, second));
+        let reopened = CheckpointStorage::open("memory://shared-test", JobId(1)).unwrap();
+        assert!(reopened.objects().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn counters_follow_what_is_created_deleted_and_uploaded() {
+        let storage = CheckpointStorage::open("memory://", JobId(1)).unwrap();
+        for next in [2, 3] {
+            storage
+                .store_next_checkpoint_id(CheckpointId(next))
+                .await
+                .unwrap();
+        }
+        storage
+            .put("chk-1/a", Bytes::from_static(b"abc"))
+            .await
+            .unwrap();
+        storage.write_metadata(&checkpoint(1)).await.unwrap();
+        let metadata_size = metadata::encode(&checkpoint(1)).len() as u64;
+        let counters = storage.counters();
+        assert_eq!(counters.objects_created.load(Ordering::Relaxed), 3);
+        assert_eq!(
+            counters.bytes_uploaded.load(Ordering::Relaxed),
+            1 + 1 + 3 + metadata_size
+        );
+        storage.delete_checkpoint(CheckpointId(1)).await.unwrap();
+        assert_eq!(counters.objects_deleted.load(Ordering::Relaxed), 2);
+        assert_eq!(storage.objects().await.unwrap().len(), 1);
     }
 }

@@ -1,0 +1,264 @@
+//! `tidemark cleanup`: sweeps the orphans of a job's checkpoint directory,
+//! the objects no retained checkpoint references (the uploads of a process
+//! that died before it could report or delete them).
+//!
+//! Retained means every checkpoint whose `_metadata` is in storage. Its
+//! metadata, the objects it references and the id counter are kept; so is
+//! every object younger than the grace period, which covers the uploads of
+//! checkpoints still in progress in a running job as long as the grace
+//! period exceeds the checkpoint timeout. Only the job's directory is ever
+//! listed or deleted from.
+
+use crate::cli::{parse_duration, CliError};
+use crate::runtime::job_id;
+use clap::Args;
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+use tidemark::checkpoint::storage::{CheckpointStorage, StorageError, StoredObject, COUNTER};
+use tidemark::checkpoint::CompletedCheckpoint;
+
+#[derive(Clone, Debug, Args)]
+pub struct CleanupArgs {
+    /// Checkpoint storage, as given to `run`.
+    #[arg(long)]
+    pub checkpoint_dir: String,
+    /// Name of the job whose directory is swept.
+    #[arg(long, default_value = crate::wordcount::JOB_NAME)]
+    pub job: String,
+    /// List the orphans without deleting them.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Unreferenced objects younger than this are kept; against a running
+    /// job it must exceed the checkpoint timeout.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// Treat a checkpoint whose `_metadata` does not decode as not retained,
+    /// so that its metadata and the objects it may reference are swept too.
+    /// Without it, such metadata stops the cleanup.
+    #[arg(long)]
+    pub ignore_corrupted_metadata: bool,
+}
+
+/// An unreferenced object, and how long ago it was last written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Orphan {
+    pub path: String,
+    pub size: u64,
+    pub age: Duration,
+}
+
+/// What a sweep found, and did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sweep {
+    /// The job's directory in the storage, for the reader.
+    pub job_dir: String,
+    /// Older than the grace period: deleted, unless `dry_run`, `_metadata`
+    /// first.
+    pub orphans: Vec<Orphan>,
+    /// Unreferenced but younger than the grace period: kept.
+    pub young: Vec<Orphan>,
+    /// Corrupted metadata swept under `--ignore-corrupted-metadata`.
+    pub corrupted: Vec<String>,
+    pub dry_run: bool,
+}
+
+/// Paths a retained checkpoint references besides its `_metadata`: the one
+/// place cleanup reads state handles.
+fn referenced(checkpoint: &CompletedCheckpoint) -> impl Iterator<Item = &str> {
+    checkpoint.objects().into_iter()
+}
+
+/// Splits the unreferenced objects of a listing into orphans older than
+/// `grace` and younger ones.
+fn plan(
+    objects: Vec<StoredObject>,
+    retained: &[CompletedCheckpoint],
+    grace: Duration,
+    now: SystemTime,
+) -> (Vec<Orphan>, Vec<Orphan>) {
+    let mut keep: BTreeSet<&str> = retained.iter().flat_map(referenced).collect();
+    let metadata: Vec<String> = retained
+        .iter()
+        .map(|c| CheckpointStorage::metadata_path(c.id))
+        .collect();
+    keep.extend(metadata.iter().map(String::as_str));
+    keep.insert(COUNTER);
+    let (mut old, young): (Vec<Orphan>, Vec<Orphan>) = objects
+        .into_iter()
+        .filter(|o| !keep.contains(o.path.as_str()))
+        .map(|o| Orphan {
+            age: now.duration_since(o.last_modified).unwrap_or_default(),
+            path: o.path,
+            size: o.size,
+        })
+        .partition(|o| o.age >= grace);
+    // A reader must never find metadata whose state is half gone.
+    old.sort_by_key(|o| (!o.path.ends_with("/_metadata"), o.path.clone()));
+    (old, young)
+}
+
+/// Lists the job directory and reads every checkpoint's metadata listed
+/// there. A checkpoint subsumed during the scan makes its objects look
+/// unreferenced while its successor's metadata may not have been listed, so
+/// the scan starts over when listed metadata vanishes.
+async fn scan(
+    storage: &CheckpointStorage,
+    ignore_corrupted: bool,
+) -> Result<(Vec<StoredObject>, Vec<CompletedCheckpoint>, Vec<String>), CliError> {
+    const ATTEMPTS: usize = 5;
+    'scan: for _ in 0..ATTEMPTS {
+        let objects = storage.objects().await?;
+        let (mut retained, mut corrupted) = (Vec::new(), Vec::new());
+        for id in CheckpointStorage::completed_ids_in(&objects) {
+            match storage.read_metadata(id).await {
+                Ok(checkpoint) => retained.push(checkpoint),
+                Err(StorageError::Metadata { path, source }) => {
+                    corrupted.push(format!("{path}: {source}"));
+                }
+                Err(e) if e.is_not_found() => continue 'scan,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if !corrupted.is_empty() && !ignore_corrupted {
+            return Err(CliError::CorruptedMetadata(corrupted));
+        }
+        return Ok((objects, retained, corrupted));
+    }
+    Err(CliError::StorageChanging { attempts: ATTEMPTS })
+}
+
+async fn sweep(storage: &CheckpointStorage, args: &CleanupArgs) -> Result<Sweep, CliError> {
+    let (objects, retained, corrupted) = scan(storage, args.ignore_corrupted_metadata).await?;
+    let (orphans, young) = plan(objects, &retained, args.grace, SystemTime::now());
+    if !args.dry_run {
+        for orphan in &orphans {
+            storage.delete(&orphan.path).await?;
+        }
+    }
+    Ok(Sweep {
+        job_dir: format!(
+            "{}/{}",
+            args.checkpoint_dir.trim_end_matches('/'),
+            job_id(&args.job)
+        ),
+        orphans,
+        young,
+        corrupted,
+        dry_run: args.dry_run,
+    })
+}
+
+pub fn cleanup(args: &CleanupArgs) -> Result<Sweep, CliError> {
+    let storage =
+        CheckpointStorage::open(&args.checkpoint_dir, job_id(&args.job)).map_err(|e| {
+            CliError::Usage {
+                argument: "--checkpoint-dir",
+                problem: e.to_string(),
+            }
+        })?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Runtime(e.to_string()))?;
+    runtime.block_on(sweep(&storage, args))
+}
+
+impl fmt::Display for Sweep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for corrupted in &self.corrupted {
+            writeln!(f, "ignoring corrupted metadata {corrupted}")?;
+        }
+        for orphan in &self.orphans {
+            let age = humantime::format_duration(Duration::from_secs(orphan.age.as_secs()));
+            writeln!(f, "{}\t{} bytes\t{age} old", orphan.path, orphan.size)?;
+        }
+        let bytes: u64 = self.orphans.iter().map(|o| o.size).sum();
+        let verb = if self.dry_run {
+            "would delete"
+        } else {
+            "deleted"
+        };
+        write!(
+            f,
+            "{}: {verb} {} orphans ({bytes} bytes); kept {} unreferenced objects younger than the grace period",
+            self.job_dir,
+            self.orphans.len(),
+            self.young.len()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use tidemark::checkpoint::{KeyGroupsStateHandle, KeyedStateHandle, StateHandle, SubtaskState};
+    use tidemark::event::CheckpointKind;
+    use tidemark::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    fn object(path: &str, age: Duration, now: SystemTime) -> StoredObject {
+        StoredObject {
+            path: path.into(),
+            size: 10,
+            last_modified: now - age,
+        }
+    }
+
+    fn checkpoint(id: u64, state: &[&str]) -> CompletedCheckpoint {
+        let subtasks = state.iter().enumerate().map(|(i, path)| {
+            let subtask = SubtaskId {
+                operator: OperatorId(0),
+                index: SubtaskIndex(i as u32),
+            };
+            let keyed = KeyedStateHandle::KeyGroups(KeyGroupsStateHandle {
+                start_group: 0,
+                offsets: vec![0],
+                handle: StateHandle::object(*path, 10),
+            });
+            let state = SubtaskState {
+                keyed: Some(keyed),
+                ..SubtaskState::default()
+            };
+            (subtask, state)
+        });
+        CompletedCheckpoint {
+            id: CheckpointId(id),
+            kind: CheckpointKind::Checkpoint,
+            timestamp: 0,
+            subtasks: subtasks.collect(),
+            master_states: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn only_old_unreferenced_objects_are_orphans_metadata_first() {
+        let now = SystemTime::UNIX_EPOCH + 100 * HOUR;
+        let objects = vec![
+            object("checkpoint-id-counter", 5 * HOUR, now),
+            object("chk-3/_metadata", 5 * HOUR, now),
+            object("chk-3/op-0-0", 5 * HOUR, now),
+            object("shared/reused", 9 * HOUR, now),
+            object("chk-2/op-0-0", 2 * HOUR, now),
+            object("chk-2/_metadata", 2 * HOUR, now),
+            object("chk-4/op-0-0", Duration::from_secs(60), now),
+        ];
+        let retained = [checkpoint(3, &["chk-3/op-0-0", "shared/reused"])];
+        let (old, young) = plan(objects, &retained, HOUR, now);
+        let paths = |v: &[Orphan]| v.iter().map(|o| o.path.clone()).collect::<Vec<_>>();
+        assert_eq!(paths(&old), ["chk-2/_metadata", "chk-2/op-0-0"]);
+        assert_eq!(old[0].age, 2 * HOUR);
+        assert_eq!(paths(&young), ["chk-4/op-0-0"]);
+    }
+
+    #[test]
+    fn an_object_from_a_store_clock_ahead_of_ours_is_young() {
+        let now = SystemTime::UNIX_EPOCH + 100 * HOUR;
+        let ahead = object("chk-9/op-0-0", Duration::ZERO, now + HOUR);
+        let (old, young) = plan(vec![ahead], &[], HOUR, now);
+        assert!(old.is_empty());
+        assert_eq!(young[0].age, Duration::ZERO);
+    }
+}
