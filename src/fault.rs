@@ -12,6 +12,9 @@ pub enum FaultPoint {
     SyncSnapshot,
     /// While the asynchronous part writes the snapshot to storage.
     AsyncWrite,
+    /// Not a failure: the asynchronous part wrote everything and then never
+    /// acknowledges, until the checkpoint's abort cancels it.
+    StallAfterWrite,
     /// After the subtask acknowledged, before the checkpoint completes.
     AfterAck,
     /// While a sink commits on checkpoint completion.

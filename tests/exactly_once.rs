@@ -32,6 +32,9 @@ fn run(seed: u64, extra: &[String], output: &Path, checkpoints: &str) -> RunRepo
         format!("--checkpoint-dir={checkpoints}"),
         format!("--output={}", output.display()),
     ];
+    // An argument in `extra` replaces the default of the same name.
+    let name = |arg: &str| arg.split('=').next().unwrap_or_default().to_owned();
+    args.retain(|a| !extra.iter().any(|e| name(e) == name(a)));
     args.extend_from_slice(extra);
     cli::run(&RunArgs::parse(args).unwrap()).unwrap_or_else(|e| panic!("seed {seed}: {e}"))
 }
@@ -180,6 +183,116 @@ fn rocksdb_incremental_kills_on_s3_are_exactly_once() {
     const TEST: &str = "rocksdb_incremental_kills_on_s3";
     if TestStorage::s3(TEST).is_some() {
         rocksdb_kills(3, &[], || TestStorage::s3(TEST).unwrap());
+    }
+}
+
+/// Merged files: the SSTs, private files and (unaligned) channel state of a
+/// subtask's checkpoint are segments of few physical files, shared between
+/// checkpoints through the registry.
+#[test]
+fn rocksdb_incremental_with_file_merging_under_kills_is_exactly_once() {
+    rocksdb_kills(
+        10,
+        &["--file-merging", "--inline-threshold=1KiB"],
+        TestStorage::local,
+    );
+    rocksdb_kills(
+        5,
+        &[
+            "--file-merging",
+            "--inline-threshold=0",
+            "--mode=unaligned",
+            "--slow-subtask=0",
+            "--slow-ns=4000",
+        ],
+        TestStorage::local,
+    );
+}
+
+#[test]
+fn heap_state_with_file_merging_and_nothing_inline_under_kills_is_exactly_once() {
+    for seed in 0..5 {
+        let (output, checkpoints) = (tempfile::tempdir().unwrap(), TestStorage::local());
+        let args = [
+            "--inject-failures=3".into(),
+            "--file-merging".into(),
+            "--inline-threshold=0".into(),
+        ];
+        let report = run(seed, &args, output.path(), &checkpoints.url);
+        assert_updates_exactly_once(output.path(), RECORDS, KEYS, seed, "merged heap");
+        assert!(report.restarts >= 1);
+        assert_only_the_retained_checkpoint_remains(&checkpoints.storage, seed);
+    }
+}
+
+#[test]
+fn rocksdb_incremental_with_file_merging_on_s3_is_exactly_once() {
+    const TEST: &str = "rocksdb_merging_on_s3";
+    if TestStorage::s3(TEST).is_some() {
+        rocksdb_kills(3, &["--file-merging", "--inline-threshold=1KiB"], || {
+            TestStorage::s3(TEST).unwrap()
+        });
+    }
+}
+
+/// Checkpoints written without file merging restore with it, and the other
+/// way round: a job runs half its input, then goes on from its latest
+/// checkpoint with merging switched, under kills, into the same output.
+#[test]
+fn checkpoints_restore_across_a_change_of_file_merging() {
+    for (first, second) in [(false, true), (true, false)] {
+        let (output, checkpoints) = (tempfile::tempdir().unwrap(), TestStorage::local());
+        let merging = |on: bool| on.then(|| "--file-merging".to_string());
+        let half = format!("--records={}", RECORDS / 2);
+        let mut args = vec![
+            "--state=rocksdb".to_string(),
+            "--incremental".to_string(),
+            half,
+        ];
+        args.extend(merging(first));
+        run(11, &args, output.path(), &checkpoints.url);
+        let mut args = vec![
+            "--state=rocksdb".to_string(),
+            "--incremental".to_string(),
+            "--restore=latest".to_string(),
+            "--inject-failures=2".to_string(),
+        ];
+        args.extend(merging(second));
+        let report = run(11, &args, output.path(), &checkpoints.url);
+        let context = format!("merging {first} then {second}");
+        assert!(report.restored_bytes > 0, "{context}: nothing restored");
+        assert_updates_exactly_once(output.path(), RECORDS, KEYS, 11, &context);
+        assert_only_the_retained_checkpoint_remains(&checkpoints.storage, 11);
+    }
+}
+
+/// A checkpoint that times out while a subtask's upload is still running
+/// cancels that upload, which deletes what it wrote: nothing of the
+/// checkpoint is left, though its subtask never acknowledged.
+#[test]
+fn an_aborted_checkpoint_cancels_the_running_upload_and_deletes_its_files() {
+    for merging in [&[][..], &["--file-merging".to_string()][..]] {
+        let (output, checkpoints) = (tempfile::tempdir().unwrap(), TestStorage::local());
+        let mut args = vec![
+            "--state=rocksdb".to_string(),
+            "--incremental".to_string(),
+            "--inline-threshold=0".to_string(),
+            "--inject-fault=stall-after-write:3:1:0".to_string(),
+            "--timeout=500ms".to_string(),
+            "--tolerable-failures=1".to_string(),
+        ];
+        args.extend_from_slice(merging);
+        let report = run(13, &args, output.path(), &checkpoints.url);
+        let context = format!("{merging:?}");
+        assert_eq!(report.restarts, 0, "{context}: the stall is no failure");
+        assert!(
+            report.checkpoints_failed >= 1,
+            "{context}: chk-3 did not expire"
+        );
+        assert_updates_exactly_once(output.path(), RECORDS, KEYS, 13, &context);
+        let kept =
+            assert_storage_is_exactly_the_retained_checkpoints(&checkpoints.storage, &context);
+        assert!(kept[0].id.0 > 3, "{context}");
     }
 }
 

@@ -177,7 +177,8 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 0)]
     pub inject_failures: u32,
     /// A targeted fault, `POINT:CHECKPOINT:OPERATOR:SUBTASK` with POINT one of
-    /// sync-snapshot, async-write, after-ack, sink-commit.
+    /// sync-snapshot, async-write, after-ack, sink-commit, or
+    /// stall-after-write (the upload never acknowledges until aborted).
     #[arg(long, value_parser = parse_fault)]
     pub inject_fault: Vec<Fault>,
     /// Restarts allowed after failures [default: 10 + --inject-failures].
@@ -250,6 +251,7 @@ fn parse_fault(s: &str) -> Result<Fault, String> {
     let point = match point {
         "sync-snapshot" => FaultPoint::SyncSnapshot,
         "async-write" => FaultPoint::AsyncWrite,
+        "stall-after-write" => FaultPoint::StallAfterWrite,
         "after-ack" => FaultPoint::AfterAck,
         "sink-commit" => FaultPoint::SinkCommit,
         other => return Err(format!("unknown fault point {other:?}")),

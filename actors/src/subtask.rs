@@ -451,6 +451,7 @@ impl SubtaskActor {
         let base = checkpointing.incremental.then(|| self.shared_base.clone());
         let me = ctx.address();
         let async_fault = self.fault(FaultPoint::AsyncWrite, id);
+        let stall = self.fault(FaultPoint::StallAfterWrite, id);
         let after_ack_fault = self.fault(FaultPoint::AfterAck, id);
         let (abort, registration) = AbortHandle::new_pair();
         self.running.insert(id, abort);
@@ -509,7 +510,11 @@ impl SubtaskActor {
                 )
                 .await?;
                 *planned.lock().expect("not poisoned") = prepared.physical_files();
-                prepared.upload(storage).await
+                let uploaded = prepared.upload(storage).await;
+                if stall {
+                    futures::future::pending::<()>().await;
+                }
+                uploaded
             };
             let Ok(uploaded) = Abortable::new(upload, registration).await else {
                 // The checkpoint aborted: nothing will acknowledge what the

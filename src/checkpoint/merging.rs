@@ -49,8 +49,10 @@ impl Default for MergingOptions {
 }
 
 impl MergingOptions {
+    /// An empty object always travels inline: it costs nothing there, and
+    /// an empty range read is an error on some stores.
     pub fn inlines(&self, size: u64) -> bool {
-        size < self.inline_threshold
+        size == 0 || size < self.inline_threshold
     }
 
     /// Places objects of `sizes` (in the order the snapshot writes them)
@@ -137,11 +139,11 @@ impl StateLayout {
         objects: &[(String, u64)],
     ) -> MergePlan {
         let sizes: Vec<u64> = objects.iter().map(|(_, size)| *size).collect();
-        if let Some(max_file_size) = self.max_merged_file_size {
-            let options = MergingOptions {
-                inline_threshold: self.inline_threshold,
-                max_file_size,
-            };
+        let options = MergingOptions {
+            inline_threshold: self.inline_threshold,
+            max_file_size: self.max_merged_file_size.unwrap_or(u64::MAX),
+        };
+        if self.max_merged_file_size.is_some() {
             return options.plan(subtask, checkpoint, token, &sizes);
         }
         let mut files = Vec::new();
@@ -149,7 +151,7 @@ impl StateLayout {
             .iter()
             .enumerate()
             .map(|(index, (path, size))| {
-                if *size < self.inline_threshold {
+                if options.inlines(*size) {
                     return Placement::Inline;
                 }
                 files.push(PhysicalFile {
@@ -291,6 +293,15 @@ mod tests {
         .plan(subtask(), CheckpointId(3), 0xab, &objects);
         assert_eq!(merged.files.len(), 1);
         assert_eq!(merged.files[0].objects, [0, 2]);
+
+        let nothing_inline = StateLayout {
+            inline_threshold: 0,
+            ..layout
+        };
+        let empty = [("chk-3/op-2-1-LOG".to_owned(), 0), objects[1].clone()];
+        let plan = nothing_inline.plan(subtask(), CheckpointId(3), 0xab, &empty);
+        assert_eq!(plan.handle(0), None, "an empty object is always inline");
+        assert!(plan.handle(1).is_some());
     }
 
     #[test]
