@@ -32,7 +32,7 @@ mod subtask;
 mod supervisor;
 pub mod wordcount;
 
-pub use runtime::{JobError, JobHandle, JobReport, RunJob, Runtime};
+pub use runtime::{JobControl, JobError, JobHandle, JobReport, RunJob, Runtime, Savepoint};
 
 /// What an embedding application needs in scope.
 pub mod prelude {

@@ -195,6 +195,8 @@ pub struct CheckpointCoordinator {
     periodic_from: Instant,
     /// When the most recent checkpoint ended; `min_pause` counts from here.
     last_end: Option<Instant>,
+    /// No periodic checkpoint starts: a stop with a savepoint is under way.
+    paused: bool,
 }
 
 impl CheckpointCoordinator {
@@ -223,7 +225,15 @@ impl CheckpointCoordinator {
             consecutive_failures: 0,
             periodic_from: now.instant,
             last_end: None,
+            paused: false,
         }
+    }
+
+    /// Stops or resumes periodic checkpoints; manual triggers still work.
+    /// A stop with a savepoint pauses them, so that no checkpoint after the
+    /// savepoint commits anything, and resumes them if the savepoint fails.
+    pub fn pause_periodic(&mut self, paused: bool) {
+        self.paused = paused;
     }
 
     /// Hooks run in the order they were added. A hook replaces an earlier one
@@ -443,6 +453,8 @@ impl CheckpointCoordinator {
         out.push(Action::Finalize(CompletedCheckpoint {
             id,
             kind: p.kind,
+            format: Default::default(),
+            operators: Vec::new(),
             timestamp: p.timestamp,
             subtasks: p.acks.clone(),
             master_states: mem::take(&mut p.master_states),
@@ -471,12 +483,16 @@ impl CheckpointCoordinator {
                 result: Ok(id),
             });
         }
-        let subsumed: Vec<CheckpointId> = self
-            .pending
-            .range(..id)
-            .filter(|(_, p)| !p.finalizing && p.kind == CheckpointKind::Checkpoint)
-            .map(|(old, _)| *old)
-            .collect();
+        // A savepoint is not retained, so it subsumes nothing.
+        let subsumed: Vec<CheckpointId> = match p.kind {
+            CheckpointKind::Checkpoint => self
+                .pending
+                .range(..id)
+                .filter(|(_, p)| !p.finalizing && p.kind == CheckpointKind::Checkpoint)
+                .map(|(old, _)| *old)
+                .collect(),
+            CheckpointKind::Savepoint => Vec::new(),
+        };
         for old in subsumed {
             let failure = CheckpointFailure::Aborted {
                 checkpoint: old,
@@ -573,6 +589,9 @@ impl CheckpointCoordinator {
     }
 
     fn periodic_due(&self) -> Option<Instant> {
+        if self.paused {
+            return None;
+        }
         let due = self.periodic_from + self.config.interval?;
         Some(match self.last_end {
             Some(end) => due.max(end + self.config.min_pause),
@@ -762,6 +781,8 @@ mod tests {
         CompletedCheckpoint {
             id: CheckpointId(id),
             kind: Checkpoint,
+            format: Default::default(),
+            operators: Vec::new(),
             timestamp: UNIX_BASE + at,
             subtasks: (0..subtasks).map(|i| (subtask(i), state(id, i))).collect(),
             master_states: BTreeMap::new(),

@@ -72,6 +72,8 @@ mod tests {
         CompletedCheckpoint {
             id: CheckpointId(3),
             kind: CheckpointKind::Checkpoint,
+            format: Default::default(),
+            operators: Vec::new(),
             timestamp: 17,
             subtasks: BTreeMap::from([(
                 SubtaskId {

@@ -1,0 +1,168 @@
+//! Savepoints end to end: self-contained directories that outlive the
+//! checkpoint directory, restore from a copy anywhere, and keep the
+//! committed output exactly once across a stop and a restore.
+
+mod common;
+#[path = "common/storage.rs"]
+mod storage;
+
+use common::assert_updates_exactly_once;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use storage::{assert_storage_is_exactly_the_retained_checkpoints, block_on, open};
+use tidemark::checkpoint::storage::{CheckpointStorage, METADATA};
+use tidemark::checkpoint::{CompletedCheckpoint, SnapshotFormat};
+use tidemark::event::CheckpointKind;
+use tidemark_actors::cli::{self, RunArgs, RunReport};
+
+const RECORDS: u64 = 300_000;
+const KEYS: u64 = 2_000;
+const SEED: u64 = 5;
+
+fn run(extra: &[String], checkpoints: &Path, output: &Path) -> RunReport {
+    let mut args = vec![
+        "wordcount".to_string(),
+        format!("--records={RECORDS}"),
+        format!("--keys={KEYS}"),
+        format!("--seed={SEED}"),
+        "--parallelism=2".to_string(),
+        "--emit=updates".to_string(),
+        "--checkpoint-interval=100ms".to_string(),
+        format!("--checkpoint-dir={}", checkpoints.display()),
+        format!("--output={}", output.display()),
+    ];
+    args.extend_from_slice(extra);
+    cli::run(&RunArgs::parse(args).unwrap()).unwrap_or_else(|e| panic!("{extra:?}: {e}"))
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_tree(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
+}
+
+/// The savepoint's metadata, after checking that its directory holds
+/// exactly `_metadata` and the objects it references, all plain objects.
+fn assert_self_contained(dir: &Path) -> CompletedCheckpoint {
+    let storage = CheckpointStorage::open_directory(dir.to_str().unwrap(), false).unwrap();
+    let savepoint = block_on(storage.read_metadata_at(METADATA)).unwrap();
+    assert_eq!(savepoint.kind, CheckpointKind::Savepoint);
+    assert_eq!(savepoint.format, SnapshotFormat::SelfContained);
+    assert!(!savepoint.operators.is_empty());
+    let mut referenced: BTreeSet<String> =
+        savepoint.objects().into_iter().map(str::to_owned).collect();
+    referenced.insert(METADATA.to_owned());
+    let held: BTreeSet<String> = block_on(storage.objects())
+        .unwrap()
+        .into_iter()
+        .map(|o| o.path)
+        .collect();
+    assert_eq!(held, referenced, "{}", dir.display());
+    savepoint
+}
+
+/// Stopped with a savepoint, the checkpoint directory and the savepoint's
+/// original directory deleted, restored from a copy into the same output:
+/// every update of both runs is committed exactly once.
+fn stop_copy_delete_restore(state: &[&str]) {
+    let (checkpoints, output, savepoints, elsewhere) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let mut first: Vec<String> = state.iter().map(|s| s.to_string()).collect();
+    first.extend([
+        // Slow enough that the savepoint falls inside the run.
+        "--rate=200000".to_string(),
+        format!("--savepoint-dir={}", savepoints.path().display()),
+        "--stop-with-savepoint-after=400ms".to_string(),
+    ]);
+    let stopped = run(&first, checkpoints.path(), output.path());
+    let location = PathBuf::from(stopped.savepoint.expect("the savepoint completed"));
+    assert!(location.starts_with(savepoints.path()), "{location:?}");
+    assert!(stopped.records_in < RECORDS, "the job stopped early");
+    assert_eq!(stopped.savepoints_completed, 1);
+    assert_self_contained(&location);
+    // Nothing of the savepoint stays in the checkpoint directory.
+    assert_storage_is_exactly_the_retained_checkpoints(
+        &open(checkpoints.path().to_str().unwrap()),
+        "after the stop",
+    );
+
+    let copy = elsewhere.path().join("moved");
+    copy_tree(&location, &copy);
+    std::fs::remove_dir_all(checkpoints.path()).unwrap();
+    std::fs::remove_dir_all(savepoints.path()).unwrap();
+    let mut second: Vec<String> = state.iter().map(|s| s.to_string()).collect();
+    second.push(format!("--restore={}", copy.display()));
+    let restored = run(&second, checkpoints.path(), output.path());
+    assert!(restored.restored_bytes > 0, "nothing restored");
+    assert_updates_exactly_once(
+        output.path(),
+        RECORDS,
+        KEYS,
+        SEED,
+        &format!("{state:?} across a stop with a savepoint"),
+    );
+    assert_self_contained(&copy);
+}
+
+#[test]
+fn heap_state_stopped_with_a_savepoint_restores_from_a_copy_exactly_once() {
+    stop_copy_delete_restore(&[]);
+}
+
+#[test]
+fn merged_heap_state_with_nothing_inline_restores_from_a_copy_exactly_once() {
+    stop_copy_delete_restore(&["--file-merging", "--inline-threshold=0"]);
+}
+
+#[test]
+fn incremental_rocksdb_with_file_merging_restores_from_a_copy_exactly_once() {
+    stop_copy_delete_restore(&["--state=rocksdb", "--incremental", "--file-merging"]);
+}
+
+/// A savepoint taken on the way neither stops the job nor commits anything
+/// on its own, and leaves nothing in the checkpoint directory.
+#[test]
+fn an_intermediate_savepoint_leaves_the_run_exactly_once() {
+    let (checkpoints, output, savepoints) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let report = run(
+        &[
+            "--rate=300000".to_string(),
+            "--state=rocksdb".to_string(),
+            "--incremental".to_string(),
+            format!("--savepoint-dir={}", savepoints.path().display()),
+            "--savepoint-after=300ms".to_string(),
+        ],
+        checkpoints.path(),
+        output.path(),
+    );
+    assert_eq!(report.records_in, RECORDS);
+    let location = PathBuf::from(report.savepoint.expect("the savepoint completed"));
+    let savepoint = assert_self_contained(&location);
+    assert_updates_exactly_once(output.path(), RECORDS, KEYS, SEED, "intermediate");
+    let kept = assert_storage_is_exactly_the_retained_checkpoints(
+        &open(checkpoints.path().to_str().unwrap()),
+        "after an intermediate savepoint",
+    );
+    // Checkpoints after the savepoint never referenced its files.
+    for checkpoint in &kept {
+        assert!(checkpoint.id > savepoint.id);
+        for file in checkpoint.subtasks.values().flat_map(|s| s.shared_files()) {
+            assert_ne!(file.uploaded_by, savepoint.id, "{:?}", file.handle);
+        }
+    }
+}
