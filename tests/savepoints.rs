@@ -10,8 +10,9 @@ use common::assert_updates_exactly_once;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use storage::{assert_storage_is_exactly_the_retained_checkpoints, block_on, open};
+use tidemark::checkpoint::metadata;
 use tidemark::checkpoint::storage::{CheckpointStorage, METADATA};
-use tidemark::checkpoint::{CompletedCheckpoint, SnapshotFormat};
+use tidemark::checkpoint::{CompletedCheckpoint, SnapshotFormat, StateHandle};
 use tidemark::event::CheckpointKind;
 use tidemark_actors::cli::{self, RunArgs, RunReport};
 
@@ -165,4 +166,188 @@ fn an_intermediate_savepoint_leaves_the_run_exactly_once() {
             assert_ne!(file.uploaded_by, savepoint.id, "{:?}", file.handle);
         }
     }
+}
+
+/// A savepoint of a short run whose state is all in objects, none inline:
+/// (its directory, the output the run committed to).
+fn small_savepoint(root: &Path) -> (PathBuf, PathBuf) {
+    let output = root.join("output");
+    let report = run(
+        &[
+            "--rate=200000".to_string(),
+            "--inline-threshold=0".to_string(),
+            format!("--savepoint-dir={}", root.join("savepoints").display()),
+            "--stop-with-savepoint-after=200ms".to_string(),
+        ],
+        &root.join("checkpoints"),
+        &output,
+    );
+    (PathBuf::from(report.savepoint.unwrap()), output)
+}
+
+/// Every file under `dir` with its bytes.
+fn snapshot_tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(snapshot_tree(&path));
+        } else {
+            out.push((path.clone(), std::fs::read(&path).unwrap()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Restores from `savepoint` into `output` and returns the error, after
+/// checking that neither the savepoint nor the output changed.
+fn refused(root: &Path, savepoint: &Path, output: &Path) -> cli::CliError {
+    let before = (snapshot_tree(savepoint), snapshot_tree(output));
+    let args = RunArgs::parse([
+        "wordcount".to_string(),
+        format!("--records={RECORDS}"),
+        format!("--keys={KEYS}"),
+        "--parallelism=2".to_string(),
+        format!("--checkpoint-dir={}", root.join("restored").display()),
+        format!("--output={}", output.display()),
+        format!("--restore={}", savepoint.display()),
+    ])
+    .unwrap();
+    let error = cli::run(&args).expect_err("the restore is refused");
+    assert_eq!(
+        (snapshot_tree(savepoint), snapshot_tree(output)),
+        before,
+        "nothing was touched"
+    );
+    error
+}
+
+fn rewrite_metadata(dir: &Path, change: impl FnOnce(&mut CompletedCheckpoint)) {
+    let path = dir.join(METADATA);
+    let mut metadata = metadata::decode(&std::fs::read(&path).unwrap()).unwrap();
+    change(&mut metadata);
+    std::fs::write(&path, metadata::encode(&metadata)).unwrap();
+}
+
+#[test]
+fn a_directory_without_metadata_is_not_a_savepoint() {
+    let root = tempfile::tempdir().unwrap();
+    let (savepoint, output) = small_savepoint(root.path());
+    std::fs::remove_file(savepoint.join(METADATA)).unwrap();
+    let error = refused(root.path(), &savepoint, &output);
+    assert_eq!(error.exit_code(), 2);
+    let message = error.to_string();
+    assert!(message.contains("--restore"), "{message}");
+    assert!(message.contains(savepoint.to_str().unwrap()), "{message}");
+    assert!(message.contains("no _metadata"), "{message}");
+}
+
+#[test]
+fn foreign_metadata_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let (savepoint, output) = small_savepoint(root.path());
+    std::fs::write(savepoint.join(METADATA), b"{\"savepoint\": true}").unwrap();
+    let error = refused(root.path(), &savepoint, &output);
+    assert_eq!(error.exit_code(), 1);
+    let message = error.to_string();
+    assert!(message.contains(savepoint.to_str().unwrap()), "{message}");
+    assert!(message.contains("not checkpoint metadata"), "{message}");
+}
+
+#[test]
+fn corrupted_and_truncated_metadata_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let (savepoint, output) = small_savepoint(root.path());
+    let path = savepoint.join(METADATA);
+    let good = std::fs::read(&path).unwrap();
+    let mut flipped = good.clone();
+    flipped[good.len() / 2] ^= 0x40;
+    for bad in [flipped, good[..good.len() - 7].to_vec()] {
+        std::fs::write(&path, &bad).unwrap();
+        let error = refused(root.path(), &savepoint, &output);
+        assert_eq!(error.exit_code(), 1);
+        let message = error.to_string();
+        assert!(message.contains(path.to_str().unwrap()), "{message}");
+        assert!(message.contains("checksum"), "{message}");
+    }
+}
+
+#[test]
+fn a_savepoint_of_another_max_parallelism_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let (savepoint, output) = small_savepoint(root.path());
+    rewrite_metadata(&savepoint, |m| {
+        for op in &mut m.operators {
+            op.max_parallelism = 64;
+        }
+    });
+    let error = refused(root.path(), &savepoint, &output);
+    assert_eq!(error.exit_code(), 1);
+    let message = error.to_string();
+    assert!(message.contains("max parallelism 64"), "{message}");
+}
+
+/// Crafted metadata naming objects outside the savepoint directory, where
+/// a planted copy of the very bytes it expects would let the restore
+/// succeed if it were read: the restore is refused before reading
+/// anything, and the planted file stays as it was.
+#[test]
+fn references_outside_the_directory_are_refused_and_never_read() {
+    let root = tempfile::tempdir().unwrap();
+    let (savepoint, output) = small_savepoint(root.path());
+    let metadata = metadata::decode(&std::fs::read(savepoint.join(METADATA)).unwrap()).unwrap();
+    let victim = metadata
+        .objects()
+        .into_iter()
+        .next()
+        .expect("state in objects")
+        .to_owned();
+    let planted_dir = root.path().join("planted");
+    std::fs::create_dir(&planted_dir).unwrap();
+    let planted = planted_dir.join(&victim);
+    std::fs::copy(savepoint.join(&victim), &planted).unwrap();
+    let planted_bytes = std::fs::read(&planted).unwrap();
+    for reference in [
+        format!("../planted/{victim}"),
+        planted.to_str().unwrap().to_owned(),
+        format!("file://{}", planted.display()),
+        format!("s3://another-bucket/{victim}"),
+    ] {
+        rewrite_metadata(&savepoint, |m| {
+            for state in m.subtasks.values_mut() {
+                for handle in state.handles_mut() {
+                    if handle.physical() == Some(victim.as_str()) {
+                        *handle = StateHandle::object(reference.clone(), handle.size());
+                    }
+                }
+            }
+        });
+        std::fs::remove_file(savepoint.join(&victim)).unwrap();
+        let error = refused(root.path(), &savepoint, &output);
+        assert_eq!(error.exit_code(), 1);
+        let message = error.to_string();
+        assert!(message.contains(&reference), "{message}");
+        assert!(message.contains("outside its directory"), "{message}");
+        assert_eq!(std::fs::read(&planted).unwrap(), planted_bytes);
+        // Back to the real object for the next reference.
+        std::fs::copy(&planted, savepoint.join(&victim)).unwrap();
+        rewrite_metadata(&savepoint, |m| {
+            for state in m.subtasks.values_mut() {
+                for handle in state.handles_mut() {
+                    if handle.physical() == Some(reference.as_str()) {
+                        *handle = StateHandle::object(victim.clone(), handle.size());
+                    }
+                }
+            }
+        });
+    }
+    // Restored as it was, it restores.
+    let restored = run(
+        &[format!("--restore={}", savepoint.display())],
+        &root.path().join("restored"),
+        &output,
+    );
+    assert!(restored.restored_bytes > 0);
+    assert_updates_exactly_once(&output, RECORDS, KEYS, SEED, "after the refusals");
 }

@@ -1400,6 +1400,47 @@ mod tests {
     }
 
     #[test]
+    fn a_completed_savepoint_subsumes_no_pending_checkpoint() {
+        let config = CheckpointConfig {
+            max_concurrent: 2,
+            ..config()
+        };
+        let mut h = Harness::new(config, 1);
+        h.tick(1000);
+        h.handle(1100, manual(7, Savepoint));
+        assert_eq!(
+            h.complete(1200, 2),
+            vec![
+                Action::NotifyComplete(CheckpointId(2)),
+                Action::Resolve {
+                    request: 7,
+                    result: Ok(CheckpointId(2))
+                }
+            ]
+        );
+        assert_eq!(h.coordinator.pending(), 1, "checkpoint 1 goes on");
+        assert_eq!(
+            h.complete(1300, 1),
+            vec![Action::NotifyComplete(CheckpointId(1))]
+        );
+    }
+
+    #[test]
+    fn paused_periodic_checkpoints_leave_manual_triggers_and_resume() {
+        let mut h = Harness::new(config(), 1);
+        h.coordinator.pause_periodic(true);
+        assert_eq!(h.poll_timeout(), None);
+        assert_eq!(h.tick(5000), vec![]);
+        assert_eq!(
+            h.handle(5000, manual(1, Savepoint)),
+            vec![trigger(1, 5000, Savepoint, Alignment::Aligned)]
+        );
+        h.complete(5100, 1);
+        h.coordinator.pause_periodic(false);
+        assert_eq!(h.tick(5100), vec![checkpoint(2, 5100)]);
+    }
+
+    #[test]
     fn savepoint_failures_do_not_fail_the_job() {
         let config = CheckpointConfig {
             tolerable_failures: 0,

@@ -142,3 +142,114 @@ pub async fn open(url: &str) -> Result<(CheckpointStorage, CompletedCheckpoint),
     check_references(&location, &checkpoint)?;
     Ok((dir, checkpoint))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::tests::checkpoint;
+    use crate::checkpoint::{KeyGroupsStateHandle, KeyedStateHandle, SubtaskState};
+    use crate::ids::{OperatorId, SubtaskId, SubtaskIndex};
+    use bytes::Bytes;
+
+    fn subtask(index: u32) -> SubtaskId {
+        SubtaskId {
+            operator: OperatorId(1),
+            index: SubtaskIndex(index),
+        }
+    }
+
+    /// Keyed state of two subtasks as segments of one merged file, and
+    /// channel state inline.
+    fn merged() -> CompletedCheckpoint {
+        let mut c = checkpoint(4);
+        for (index, offset) in [(0, 0), (1, 3)] {
+            let state = SubtaskState {
+                keyed: Some(KeyedStateHandle::KeyGroups(KeyGroupsStateHandle {
+                    start_group: index * 64,
+                    offsets: vec![0],
+                    handle: StateHandle::Segment {
+                        path: "merged/file-1".into(),
+                        offset,
+                        size: 3,
+                    },
+                })),
+                ..SubtaskState::default()
+            };
+            c.subtasks.insert(subtask(index), state);
+        }
+        c.subtasks.get_mut(&subtask(1)).unwrap().channels.push(
+            crate::checkpoint::ChannelStateHandle {
+                side: crate::checkpoint::ChannelSide::Input,
+                channel: 0,
+                batches: 1,
+                handle: StateHandle::Inline(vec![7]),
+            },
+        );
+        c
+    }
+
+    #[test]
+    fn segments_become_objects_of_their_own_and_inline_bytes_stay() {
+        let (savepoint, copies) = relocate(&merged());
+        assert_eq!(savepoint.format, SnapshotFormat::SelfContained);
+        assert_eq!(copies.len(), 2);
+        let objects: Vec<&str> = savepoint.objects().into_iter().collect();
+        assert_eq!(objects, ["op-1-0-0", "op-1-1-0"]);
+        let handles: Vec<StateHandle> = savepoint
+            .subtasks
+            .values()
+            .flat_map(|s| s.handles())
+            .cloned()
+            .collect();
+        assert_eq!(
+            handles,
+            [
+                StateHandle::object("op-1-0-0", 3),
+                StateHandle::object("op-1-1-0", 3),
+                StateHandle::Inline(vec![7]),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_savepoint_holds_every_byte_and_restores_from_its_directory_alone() {
+        let source = CheckpointStorage::open("memory://", JobId(9)).unwrap();
+        source
+            .put("merged/file-1", Bytes::from_static(b"abcdef"))
+            .await
+            .unwrap();
+        let target = CheckpointStorage::open_directory("memory://savepoint-test", true).unwrap();
+        let (location, written) = write(&source, &target, JobId(9), &merged()).await.unwrap();
+        assert_eq!(
+            location,
+            "memory://savepoint-test/savepoint-0000000000000009-4"
+        );
+        source.delete("merged/file-1").await.unwrap();
+
+        let (dir, read) = open(&location).await.unwrap();
+        assert_eq!(read, written);
+        let mut bytes = Vec::new();
+        for state in read.subtasks.values() {
+            for handle in state.handles() {
+                bytes.push(dir.read_handle(handle).await.unwrap());
+            }
+        }
+        assert_eq!(bytes, [&b"abc"[..], b"def", &[7]]);
+
+        let again = write(&source, &target, JobId(9), &merged()).await;
+        assert!(matches!(again, Err(SavepointError::Exists(_))), "{again:?}");
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_or_nothing_is_not_a_savepoint() {
+        let dir = CheckpointStorage::open_directory("memory://not-a-savepoint", true).unwrap();
+        let missing = open("memory://not-a-savepoint").await;
+        assert!(matches!(missing, Err(SavepointError::NoMetadata(_))));
+        dir.write_metadata_at(METADATA, &merged()).await.unwrap();
+        let checkpoint = open("memory://not-a-savepoint").await;
+        assert!(
+            matches!(checkpoint, Err(SavepointError::NotSelfContained(_))),
+            "{checkpoint:?}"
+        );
+    }
+}

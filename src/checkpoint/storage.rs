@@ -188,7 +188,8 @@ pub fn check_relative(relative: &str) -> Result<(), StorageError> {
 #[derive(Clone, Debug)]
 pub struct CheckpointStorage {
     store: Arc<dyn ObjectStore>,
-    /// The URL the store was opened at, for messages.
+    /// The store's own URL (local directory, `memory://NAME`,
+    /// `s3://bucket`), which paths in it are relative to, for messages.
     url: Arc<str>,
     job_dir: Path,
     counters: Arc<StorageCounters>,
@@ -198,7 +199,7 @@ pub struct CheckpointStorage {
 
 impl CheckpointStorage {
     /// `url`: a plain path, `file://` path, `memory://` (an in-memory store
-    /// that lives as long as this value and its clones), `memory://NAME` (the
+    /// that lives as long as this value and its clones), `memory://NAME[/prefix]` (the
     /// same store as every other open `memory://NAME` of this process), or
     /// `s3://bucket/prefix`.
     pub fn open(url: &str, job: JobId) -> Result<Self, StorageError> {
@@ -210,17 +211,27 @@ impl CheckpointStorage {
     /// directory, or where savepoint directories are made. Unless `create`,
     /// a local directory must exist already.
     pub fn open_directory(url: &str, create: bool) -> Result<Self, StorageError> {
-        let (store, root): (Arc<dyn ObjectStore>, Path) =
-            if let Some(name) = url.strip_prefix("memory://") {
-                (memory_store(name), Path::default())
-            } else if url.starts_with("s3://") {
-                s3_store(url)?
+        let invalid = |problem: String| StorageError::InvalidUrl {
+            url: url.to_owned(),
+            problem,
+        };
+        let (store, root, store_url): (Arc<dyn ObjectStore>, Path, String) =
+            if let Some(rest) = url.strip_prefix("memory://") {
+                let (name, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+                let prefix = Path::parse(prefix.trim_end_matches('/'))
+                    .map_err(|e| invalid(format!("bad prefix: {e}")))?;
+                (memory_store(name), prefix, format!("memory://{name}"))
+            } else if let Some(rest) = url.strip_prefix("s3://") {
+                let bucket = rest.split('/').next().unwrap_or_default();
+                let (store, prefix) = s3_store(url)?;
+                (store, prefix, format!("s3://{bucket}"))
             } else {
-                (local_store(url, create)?, Path::default())
+                let dir = url.trim_end_matches('/');
+                (local_store(url, create)?, Path::default(), dir.to_owned())
             };
         Ok(CheckpointStorage {
             store,
-            url: url.trim_end_matches('/').into(),
+            url: store_url.into(),
             job_dir: root,
             counters: Arc::default(),
             counter_exists: Arc::default(),
@@ -246,25 +257,10 @@ impl CheckpointStorage {
 
     /// `relative` as a URL or path, for people.
     pub fn location(&self, relative: &str) -> String {
-        let within = match self.url.strip_prefix("s3://") {
-            // The prefix of an S3 URL is part of the store's paths.
-            Some(rest) => {
-                let bucket = rest.split('/').next().unwrap_or_default();
-                return [
-                    format!("s3://{bucket}"),
-                    self.job_dir.to_string(),
-                    relative.into(),
-                ]
-                .iter()
-                .filter(|p| !p.is_empty())
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("/");
-            }
-            None => [self.job_dir.as_ref(), relative],
-        };
-        std::iter::once(&*self.url)
-            .chain(within.into_iter().filter(|p| !p.is_empty()))
+        let dir = self.job_dir.to_string();
+        [&*self.url, dir.as_str(), relative]
+            .into_iter()
+            .filter(|part| !part.is_empty())
             .collect::<Vec<_>>()
             .join("/")
     }
