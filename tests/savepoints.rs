@@ -351,3 +351,76 @@ fn references_outside_the_directory_are_refused_and_never_read() {
     assert!(restored.restored_bytes > 0);
     assert_updates_exactly_once(&output, RECORDS, KEYS, SEED, "after the refusals");
 }
+
+/// A run that fails at checkpoint 4 and gives up, leaving checkpoint 3
+/// retained, restored in `mode` into the same directories: the committed
+/// output is exactly once. Returns checkpoint 3 and what checkpoint storage
+/// held of it after the restored run.
+fn restore_checkpoint_3(mode: &str) -> (CompletedCheckpoint, BTreeSet<String>) {
+    let (checkpoints, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let rocksdb = ["--state=rocksdb".to_string(), "--incremental".to_string()];
+    let mut failing = rocksdb.to_vec();
+    failing.extend([
+        "--rate=300000".to_string(),
+        "--inject-fault=sync-snapshot:4:1:0".to_string(),
+        "--max-restarts=0".to_string(),
+        format!("--checkpoint-dir={}", checkpoints.path().display()),
+        format!("--output={}", output.path().display()),
+    ]);
+    let mut args = vec![
+        "wordcount".to_string(),
+        format!("--records={RECORDS}"),
+        format!("--keys={KEYS}"),
+        format!("--seed={SEED}"),
+        "--parallelism=2".to_string(),
+        "--emit=updates".to_string(),
+        "--checkpoint-interval=100ms".to_string(),
+    ];
+    args.extend(failing);
+    assert!(cli::run(&RunArgs::parse(args).unwrap()).is_err());
+    let storage = open(checkpoints.path().to_str().unwrap());
+    let kept = assert_storage_is_exactly_the_retained_checkpoints(&storage, "after the failure");
+    let restored = kept.last().unwrap().clone();
+    assert_eq!(restored.id.0, 3);
+
+    let mut again = rocksdb.to_vec();
+    again.extend([
+        "--rate=300000".to_string(),
+        format!(
+            "--restore={}",
+            storage::job_dir(checkpoints.path()).join("chk-3").display()
+        ),
+        format!("--restore-mode={mode}"),
+    ]);
+    let report = run(&again, checkpoints.path(), output.path());
+    assert!(
+        report.checkpoints_completed > 2,
+        "the new run subsumed checkpoints"
+    );
+    assert_updates_exactly_once(output.path(), RECORDS, KEYS, SEED, mode);
+    let held = storage::objects(&storage);
+    // The new run's checkpoints never reference checkpoint 3's files.
+    let newest = storage::retained(&storage).pop().unwrap();
+    assert!(newest.id.0 > 3);
+    if mode == "no-claim" {
+        for file in newest.subtasks.values().flat_map(|s| s.shared_files()) {
+            assert!(file.uploaded_by.0 > 3, "{:?}", file.handle);
+        }
+    }
+    (restored, held)
+}
+
+#[test]
+fn no_claim_never_deletes_the_restored_checkpoints_files() {
+    let (restored, held) = restore_checkpoint_3("no-claim");
+    let mut files: BTreeSet<String> = restored.objects().into_iter().map(str::to_owned).collect();
+    files.insert(CheckpointStorage::metadata_path(restored.id));
+    let missing: Vec<_> = files.difference(&held).collect();
+    assert!(missing.is_empty(), "deleted: {missing:?}");
+}
+
+#[test]
+fn claim_takes_the_restored_checkpoint_over_and_subsumes_it() {
+    let (restored, held) = restore_checkpoint_3("claim");
+    assert!(!held.contains(&CheckpointStorage::metadata_path(restored.id)));
+}
