@@ -40,6 +40,8 @@ pub enum Command {
     Run(RunArgs),
     /// Delete what no retained checkpoint of a job references.
     Cleanup(CleanupArgs),
+    /// Show a checkpoint's or savepoint's metadata.
+    Inspect(crate::inspect::InspectArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -362,7 +364,9 @@ impl RunArgs {
             .chain(args.into_iter().map(Into::into));
         match Cli::try_parse_from(argv)?.command {
             Command::Run(args) => Ok(args),
-            Command::Cleanup(_) => unreachable!("the subcommand is `run`"),
+            Command::Cleanup(_) | Command::Inspect(_) => {
+                unreachable!("the subcommand is `run`")
+            }
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod cleanup;
 pub mod cli;
 mod coordinator;
 mod endpoint;
+pub mod inspect;
 mod messages;
 pub mod metrics;
 pub mod runtime;
