@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings, Restore};
+use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings, Restore, RestoreMode};
 use tidemark::event::{Alignment, CheckpointKind};
 use tidemark::fault::{Fault, FaultPoint};
 use tidemark::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
@@ -19,6 +19,8 @@ fn settings(dir: &std::path::Path, config: CheckpointConfig) -> CheckpointSettin
         storage_url: dir.to_str().unwrap().to_owned(),
         alignment: Alignment::Aligned,
         restore: Restore::Fresh,
+        restore_mode: RestoreMode::NoClaim,
+        savepoint_dir: None,
         incremental: false,
         layout: Default::default(),
     }

@@ -227,6 +227,8 @@ mod tests {
         CompletedCheckpoint {
             id: CheckpointId(id),
             kind: CheckpointKind::Checkpoint,
+            format: Default::default(),
+            operators: Vec::new(),
             timestamp: 0,
             subtasks: subtasks.collect(),
             master_states: BTreeMap::new(),

@@ -11,8 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use thiserror::Error;
 use tidemark::checkpoint::merging::{MergingOptions, StateLayout};
+use tidemark::checkpoint::storage::METADATA;
 use tidemark::checkpoint::storage::{StorageCounters, StorageError};
-use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings, Restore};
+use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings, Restore, RestoreMode};
 use tidemark::event::Alignment;
 use tidemark::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
 use tidemark::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
@@ -39,6 +40,8 @@ pub enum Command {
     Run(RunArgs),
     /// Delete what no retained checkpoint of a job references.
     Cleanup(CleanupArgs),
+    /// Show a checkpoint's or savepoint's metadata.
+    Inspect(crate::inspect::InspectArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -169,9 +172,27 @@ pub struct RunArgs {
     #[arg(long, requires = "slow_subtask", value_parser = clap::value_parser!(u64).range(1..))]
     pub slow_ns: Option<u64>,
     /// Start from `latest` (the newest completed checkpoint in the checkpoint
-    /// directory) or from a given `chk-N` of it.
+    /// directory), from a given `chk-N` of it, or from a savepoint directory
+    /// (a path or URL holding `_metadata`).
     #[arg(long, value_parser = parse_restore)]
     pub restore: Option<RestoreArg>,
+    /// Whether the job takes ownership of the checkpoint given to --restore
+    /// (`claim`: it may delete its files once subsumed) or not (`no-claim`:
+    /// it never deletes them, and its first checkpoint is a full one).
+    /// Savepoints are never claimed; `latest` always continues the job's own.
+    #[arg(long, value_enum, default_value_t = RestoreModeArg::NoClaim)]
+    pub restore_mode: RestoreModeArg,
+    /// Where savepoints go, each into `savepoint-<job>-<id>/`: a path,
+    /// `file://` path, `memory://NAME` or `s3://bucket/prefix`.
+    #[arg(long)]
+    pub savepoint_dir: Option<String>,
+    /// Take one savepoint this long after the start and go on.
+    #[arg(long, requires = "savepoint_dir", conflicts_with = "stop_with_savepoint_after", value_parser = parse_duration)]
+    pub savepoint_after: Option<Duration>,
+    /// Take a savepoint this long after the start, commit the sinks and
+    /// stop: the report says where the savepoint is.
+    #[arg(long, requires = "savepoint_dir", value_parser = parse_duration)]
+    pub stop_with_savepoint_after: Option<Duration>,
     /// Kill a random subtask this many times at random moments (seeded by
     /// `--seed`); the job restores and goes on.
     #[arg(long, default_value_t = 0)]
@@ -213,7 +234,15 @@ fn parse_interval(s: &str) -> Result<CheckpointInterval, String> {
     }
 }
 
-/// `--restore`: `latest`, or a checkpoint directory `[PATH/]chk-N`.
+/// `--restore-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RestoreModeArg {
+    Claim,
+    NoClaim,
+}
+
+/// `--restore`: `latest`, a checkpoint directory `[PATH/]chk-N`, or a
+/// savepoint directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RestoreArg {
     Latest,
@@ -221,17 +250,30 @@ pub enum RestoreArg {
         parent: Option<PathBuf>,
         id: CheckpointId,
     },
+    Savepoint(String),
 }
 
 fn parse_restore(s: &str) -> Result<RestoreArg, String> {
     if s == "latest" {
         return Ok(RestoreArg::Latest);
     }
-    let path = PathBuf::from(s.trim_end_matches('/').trim_end_matches("/_metadata"));
+    let dir = s.trim_end_matches('/');
+    let dir = dir
+        .strip_suffix(METADATA)
+        .unwrap_or(dir)
+        .trim_end_matches('/');
+    if dir.is_empty() {
+        return Err(format!(
+            "expected `latest`, a checkpoint directory chk-N or a savepoint directory, got {s:?}"
+        ));
+    }
+    let path = PathBuf::from(dir);
     let id = path
         .file_name()
-        .and_then(|n| n.to_str()?.strip_prefix("chk-")?.parse().ok())
-        .ok_or_else(|| format!("expected `latest` or a checkpoint directory chk-N, got {s:?}"))?;
+        .and_then(|n| n.to_str()?.strip_prefix("chk-")?.parse().ok());
+    let Some(id) = id.filter(|_| !dir.contains("://")) else {
+        return Ok(RestoreArg::Savepoint(dir.to_owned()));
+    };
     let parent = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -322,7 +364,9 @@ impl RunArgs {
             .chain(args.into_iter().map(Into::into));
         match Cli::try_parse_from(argv)?.command {
             Command::Run(args) => Ok(args),
-            Command::Cleanup(_) => unreachable!("the subcommand is `run`"),
+            Command::Cleanup(_) | Command::Inspect(_) => {
+                unreachable!("the subcommand is `run`")
+            }
         }
     }
 }
@@ -408,6 +452,10 @@ pub struct RunReport {
     pub objects_created: u64,
     pub objects_deleted: u64,
     pub bytes_uploaded: u64,
+    pub savepoints_completed: u64,
+    /// Where the savepoint of --savepoint-after or
+    /// --stop-with-savepoint-after is, if it completed.
+    pub savepoint: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -443,41 +491,49 @@ impl RunArgs {
                 StateBackend::rocksdb(dir.clone(), self.state_cache_entries)
             }
         };
-        config.checkpointing = self
-            .checkpoint_interval
-            .0
-            .map(|interval| CheckpointSettings {
-                config: CheckpointConfig {
-                    interval: Some(interval),
-                    timeout: self.timeout,
-                    min_pause: self.min_pause,
-                    max_concurrent: self.max_concurrent as usize,
-                    tolerable_failures: self.tolerable_failures,
-                    retain: self.retain as usize,
-                },
-                storage_url: self.checkpoint_dir.clone(),
-                alignment: match (self.mode, self.aligned_timeout) {
-                    (Mode::Unaligned, _) => Alignment::Unaligned,
-                    (Mode::Aligned, None) => Alignment::Aligned,
-                    (Mode::Aligned, Some(timeout)) => Alignment::AlignedWithTimeout(timeout),
-                },
-                incremental: self.incremental,
-                layout: StateLayout {
-                    inline_threshold: self.inline_threshold,
-                    max_merged_file_size: self.file_merging.then(|| {
-                        self.max_merged_file_size
-                            .unwrap_or(MergingOptions::default().max_file_size)
-                    }),
-                    max_space_amplification: self
-                        .max_space_amplification
-                        .unwrap_or(StateLayout::default().max_space_amplification),
-                },
-                restore: match &self.restore {
-                    None => Restore::Fresh,
-                    Some(RestoreArg::Latest) => Restore::Latest,
-                    Some(RestoreArg::Checkpoint { id, .. }) => Restore::Checkpoint(*id),
-                },
-            });
+        // Savepoints need the coordinator even without periodic checkpoints.
+        let checkpointing = self.checkpoint_interval.0.is_some() || self.savepoint_dir.is_some();
+        config.checkpointing =
+            checkpointing
+                .then_some(self.checkpoint_interval.0)
+                .map(|interval| CheckpointSettings {
+                    config: CheckpointConfig {
+                        interval,
+                        timeout: self.timeout,
+                        min_pause: self.min_pause,
+                        max_concurrent: self.max_concurrent as usize,
+                        tolerable_failures: self.tolerable_failures,
+                        retain: self.retain as usize,
+                    },
+                    storage_url: self.checkpoint_dir.clone(),
+                    alignment: match (self.mode, self.aligned_timeout) {
+                        (Mode::Unaligned, _) => Alignment::Unaligned,
+                        (Mode::Aligned, None) => Alignment::Aligned,
+                        (Mode::Aligned, Some(timeout)) => Alignment::AlignedWithTimeout(timeout),
+                    },
+                    incremental: self.incremental,
+                    layout: StateLayout {
+                        inline_threshold: self.inline_threshold,
+                        max_merged_file_size: self.file_merging.then(|| {
+                            self.max_merged_file_size
+                                .unwrap_or(MergingOptions::default().max_file_size)
+                        }),
+                        max_space_amplification: self
+                            .max_space_amplification
+                            .unwrap_or(StateLayout::default().max_space_amplification),
+                    },
+                    restore: match &self.restore {
+                        None => Restore::Fresh,
+                        Some(RestoreArg::Latest) => Restore::Latest,
+                        Some(RestoreArg::Checkpoint { id, .. }) => Restore::Checkpoint(*id),
+                        Some(RestoreArg::Savepoint(dir)) => Restore::Savepoint(dir.clone()),
+                    },
+                    restore_mode: match self.restore_mode {
+                        RestoreModeArg::Claim => RestoreMode::Claim,
+                        RestoreModeArg::NoClaim => RestoreMode::NoClaim,
+                    },
+                    savepoint_dir: self.savepoint_dir.clone(),
+                });
         let max_attempts = self.max_restarts.unwrap_or(10 + self.inject_failures);
         config.restart = if self.restart_backoff {
             RestartStrategy::ExponentialBackoff {
@@ -516,6 +572,14 @@ impl RunArgs {
         config
     }
 
+    /// `--savepoint-after` or `--stop-with-savepoint-after`: when, and
+    /// whether to stop.
+    fn timed_savepoint(&self) -> Option<(Duration, bool)> {
+        self.savepoint_after
+            .map(|d| (d, false))
+            .or(self.stop_with_savepoint_after.map(|d| (d, true)))
+    }
+
     fn validate(&self) -> Result<(), CliError> {
         let needs_checkpoints = |argument| CliError::Usage {
             argument,
@@ -552,6 +616,19 @@ impl RunArgs {
                 argument: "--slow-subtask",
                 problem: format!("subtask {subtask} does not exist at parallelism {parallelism}"),
             });
+        }
+        if let Some(RestoreArg::Savepoint(dir)) = &self.restore {
+            // A local directory is checked here, before anything starts;
+            // other URLs when the job opens them.
+            let local = dir.strip_prefix("file://").unwrap_or(dir);
+            if !local.contains("://") && !Path::new(local).join(METADATA).is_file() {
+                return Err(CliError::Usage {
+                    argument: "--restore",
+                    problem: format!(
+                        "{dir} is not a savepoint or checkpoint directory: it holds no {METADATA}"
+                    ),
+                });
+            }
         }
         if self.checkpoint_interval.0.is_none() {
             if self.restore.is_some() {
@@ -627,7 +704,30 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
     })?;
     let metrics = handle.metrics().clone();
     let storage = handle.storage().cloned();
-    let report = handle.wait()?;
+    let (job_ended, ended) = std::sync::mpsc::channel::<()>();
+    let savepoint = args.timed_savepoint().map(|(after, stop)| {
+        let control = handle.control();
+        std::thread::spawn(move || {
+            // Woken early when the job ends first: no savepoint then.
+            if ended.recv_timeout(after) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                return None;
+            }
+            let taken = if stop {
+                control.stop_with_savepoint()
+            } else {
+                control.trigger_savepoint()
+            };
+            taken
+                .inspect_err(|e| tracing::warn!(error = %e, "the savepoint failed"))
+                .ok()
+        })
+    });
+    let outcome = handle.wait();
+    drop(job_ended);
+    let savepoint = savepoint
+        .and_then(|thread| thread.join().ok().flatten())
+        .map(|s| s.location);
+    let report = outcome?;
     let storage_counter = |counter: fn(&StorageCounters) -> &AtomicU64| {
         storage
             .as_ref()
@@ -684,5 +784,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         objects_created: storage_counter(|c| &c.objects_created),
         objects_deleted: storage_counter(|c| &c.objects_deleted),
         bytes_uploaded: storage_counter(|c| &c.bytes_uploaded),
+        savepoints_completed: stats.savepoints.load(Ordering::Relaxed),
+        savepoint,
     })
 }

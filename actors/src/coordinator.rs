@@ -20,12 +20,14 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tidemark::checkpoint::coordinator::{Action, CheckpointCoordinator, Event, Now, RequestId};
 use tidemark::checkpoint::input_end::InputEnd;
+use tidemark::checkpoint::savepoint;
 use tidemark::checkpoint::shared::SharedStateRegistry;
 use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::store::CompletedCheckpointStore;
 use tidemark::checkpoint::{CheckpointFailure, CompletedCheckpoint};
 use tidemark::event::CheckpointKind;
-use tidemark::ids::{Attempt, CheckpointId, SubtaskId};
+use tidemark::graph::OperatorSpec;
+use tidemark::ids::{Attempt, CheckpointId, JobId, SubtaskId};
 use tokio::sync::oneshot;
 
 /// The subtasks of the current attempt.
@@ -44,13 +46,23 @@ pub struct AbortPending {
     pub reason: String,
 }
 
+/// A checkpoint to restore from.
+#[derive(Clone, Debug)]
+pub struct RestoreFrom {
+    pub checkpoint: CompletedCheckpoint,
+    /// One of the job's retained checkpoints, whose files it owns and may
+    /// base incremental checkpoints on; otherwise the savepoint or
+    /// unclaimed checkpoint the job was started from.
+    pub owned: bool,
+}
+
 /// The checkpoint to restore from: answered once no abandoned checkpoint is
 /// still writing its metadata, so that a checkpoint that completes during a
 /// restart is the one restored (the sinks may commit it). The master hooks
 /// are restored from it on the way.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct LatestCheckpoint(pub oneshot::Sender<Result<Option<CompletedCheckpoint>, String>>);
+pub struct LatestCheckpoint(pub oneshot::Sender<Result<Option<RestoreFrom>, String>>);
 
 /// The job is over: abandon pending checkpoints and answer once their state
 /// is deleted.
@@ -63,7 +75,22 @@ pub struct Shutdown(pub oneshot::Sender<()>);
 #[rtype(result = "()")]
 pub struct TriggerManual {
     pub kind: CheckpointKind,
+    /// A savepoint that stops the job: no periodic checkpoint starts after
+    /// it, and its completion commits the sinks.
+    pub stop: bool,
     pub reply: oneshot::Sender<Result<CheckpointId, CheckpointFailure>>,
+}
+
+/// Where savepoints go, and what the coordinator records in every
+/// checkpoint's metadata.
+pub struct Savepoints {
+    pub job: JobId,
+    /// The savepoint directory; `None`: savepoints cannot be taken.
+    pub dir: Option<CheckpointStorage>,
+    pub operators: Vec<OperatorSpec>,
+    /// The savepoint or unclaimed checkpoint the job started from: what a
+    /// failover restores until the job has a checkpoint of its own.
+    pub started_from: Option<CompletedCheckpoint>,
 }
 
 pub struct CoordinatorActor {
@@ -83,7 +110,13 @@ pub struct CoordinatorActor {
     deleting: usize,
     shutdown_replies: Vec<oneshot::Sender<()>>,
 
-    restore_replies: Vec<oneshot::Sender<Result<Option<CompletedCheckpoint>, String>>>,
+    restore_replies: Vec<oneshot::Sender<Result<Option<RestoreFrom>, String>>>,
+    savepoints: Savepoints,
+    /// Savepoints in flight: their completion is not a retained checkpoint
+    /// and, unless they stop the job, commits nothing.
+    savepoint_ids: BTreeSet<CheckpointId>,
+    /// The request of a stop with a savepoint under way.
+    stopping: Option<RequestId>,
     timer: Option<SpawnHandle>,
     requests: HashMap<RequestId, oneshot::Sender<Result<CheckpointId, CheckpointFailure>>>,
     /// Manual triggers that arrived while no attempt was running.
@@ -113,6 +146,7 @@ impl CoordinatorActor {
         supervisor: Addr<JobSupervisor>,
         metrics: Arc<JobMetrics>,
         max_space_amplification: f64,
+        savepoints: Savepoints,
     ) -> Self {
         CoordinatorActor {
             core,
@@ -130,6 +164,9 @@ impl CoordinatorActor {
             deleting: 0,
             shutdown_replies: Vec::new(),
             restore_replies: Vec::new(),
+            savepoints,
+            savepoint_ids: BTreeSet::new(),
+            stopping: None,
             switched: HashSet::new(),
             timer: None,
             requests: HashMap::new(),
@@ -151,7 +188,10 @@ impl CoordinatorActor {
     /// Starts the checkpoint that ends the input, once the core allows it
     /// and an attempt is running to take it.
     fn trigger_final(&mut self, ctx: &mut Context<Self>) {
-        if !self.sources.is_empty() && self.input_end.trigger_final(self.core.pending()) {
+        if !self.sources.is_empty()
+            && self.stopping.is_none()
+            && self.input_end.trigger_final(self.core.pending())
+        {
             let request = self.next_request;
             self.next_request += 1;
             self.feed(
@@ -227,6 +267,7 @@ impl CoordinatorActor {
     /// counted them already.
     fn abort_all(&mut self, reason: String, ctx: &mut Context<Self>) {
         self.registry.abort_all();
+        self.savepoint_ids.clear();
         self.feed(Event::AbortAll { reason }, ctx);
         self.delete_released(ctx);
     }
@@ -243,6 +284,9 @@ impl CoordinatorActor {
         for action in actions {
             match action {
                 Action::Trigger { barrier, next_id } => {
+                    if barrier.options.kind == CheckpointKind::Savepoint {
+                        self.savepoint_ids.insert(barrier.id);
+                    }
                     self.triggered.insert(barrier.id, Instant::now());
                     self.registry.triggered(barrier.id);
                     let storage = self.storage.clone();
@@ -273,6 +317,11 @@ impl CoordinatorActor {
                     );
                 }
                 Action::Finalize(mut checkpoint) => {
+                    checkpoint.operators = self.savepoints.operators.clone();
+                    if checkpoint.kind == CheckpointKind::Savepoint {
+                        self.write_savepoint(checkpoint, ctx);
+                        continue;
+                    }
                     // Registered before the metadata is written: the
                     // registry may replace duplicate shared files, and the
                     // metadata must hold what it counts.
@@ -312,6 +361,12 @@ impl CoordinatorActor {
                     );
                 }
                 Action::NotifyComplete(id) => {
+                    // An intermediate savepoint commits no side effects
+                    // (as in Flink): the job goes on, and a failover
+                    // restores an older checkpoint.
+                    if self.savepoint_ids.remove(&id) && self.stopping.is_none() {
+                        continue;
+                    }
                     let mut compactions = self.registry.compactions();
                     for (subtask_id, subtask) in &self.subtasks {
                         let rewrite = compactions
@@ -336,6 +391,7 @@ impl CoordinatorActor {
                     }
                 }
                 Action::NotifyAbort { checkpoint, reason } => {
+                    self.savepoint_ids.remove(&checkpoint);
                     self.registry.aborted(checkpoint);
                     self.delete_released(ctx);
                     if !matches!(reason, CheckpointFailure::Aborted { .. }) {
@@ -355,6 +411,11 @@ impl CoordinatorActor {
                 }
                 Action::FailJob(reason) => self.supervisor.do_send(CheckpointingFailed(reason)),
                 Action::Resolve { request, result } => {
+                    if self.stopping == Some(request) && result.is_err() {
+                        // The job goes on as if no stop had been asked for.
+                        self.stopping = None;
+                        self.core.pause_periodic(false);
+                    }
                     if let Some(reply) = self.requests.remove(&request) {
                         let _ = reply.send(result);
                     }
@@ -368,13 +429,77 @@ impl CoordinatorActor {
             return;
         }
         for reply in std::mem::take(&mut self.restore_replies) {
-            let latest = self.store.latest().cloned();
+            let latest = match self.store.latest() {
+                Some(checkpoint) => Some(RestoreFrom {
+                    checkpoint: checkpoint.clone(),
+                    owned: true,
+                }),
+                None => self
+                    .savepoints
+                    .started_from
+                    .clone()
+                    .map(|checkpoint| RestoreFrom {
+                        checkpoint,
+                        owned: false,
+                    }),
+            };
             let restored = match &latest {
-                Some(checkpoint) => self.core.restore_master_hooks(checkpoint),
+                Some(from) => self.core.restore_master_hooks(&from.checkpoint),
                 None => Ok(()),
             };
             let _ = reply.send(restored.map(|()| latest));
         }
+    }
+
+    /// Copies a savepoint out of the checkpoint directory into its own
+    /// directory, then deletes what its snapshots wrote to the checkpoint
+    /// directory: it never joins the retained checkpoints.
+    fn write_savepoint(&mut self, checkpoint: CompletedCheckpoint, ctx: &mut Context<Self>) {
+        let id = checkpoint.id;
+        self.finalizing.insert(id);
+        let source = self.storage.clone();
+        let target = self.savepoints.dir.clone();
+        let job = self.savepoints.job;
+        ctx.spawn(
+            async move {
+                let written = match &target {
+                    Some(target) => savepoint::write(&source, target, job, &checkpoint)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    None => Err("no savepoint directory is configured".to_owned()),
+                };
+                (checkpoint, written)
+            }
+            .into_actor(self)
+            .map(move |(checkpoint, written), act, ctx| {
+                act.finalizing.remove(&id);
+                match written {
+                    Ok((location, _)) => {
+                        tracing::info!(%location, "savepoint written");
+                        let states: Vec<_> = checkpoint.subtasks.into_values().collect();
+                        let copied = act.registry.discardable(id, &states);
+                        // Never retained: for the registry it ended like
+                        // an aborted checkpoint.
+                        act.registry.aborted(id);
+                        act.spawn_delete(copied, Vec::new(), ctx);
+                        act.metrics
+                            .checkpoints
+                            .savepoints
+                            .fetch_add(1, Ordering::Relaxed);
+                        act.feed(Event::Persisted(id), ctx);
+                    }
+                    Err(reason) => act.feed(
+                        Event::PersistFailed {
+                            checkpoint: id,
+                            reason,
+                        },
+                        ctx,
+                    ),
+                }
+                act.answer_restore();
+                act.answer_shutdown();
+            }),
+        );
     }
 
     /// `_metadata` is written: the checkpoint joins the store, which may
@@ -470,15 +595,28 @@ impl Handler<TriggerManual> for CoordinatorActor {
     type Result = ();
 
     fn handle(&mut self, msg: TriggerManual, ctx: &mut Context<Self>) {
-        if self.input_end.ended() {
-            let _ = msg.reply.send(Err(CheckpointFailure::NotTriggered(
-                "the input has ended".into(),
-            )));
+        let refusal = if self.input_end.ended() {
+            Some("the input has ended")
+        } else if self.stopping.is_some() {
+            Some("the job is stopping with a savepoint")
+        } else if msg.kind == CheckpointKind::Savepoint && self.savepoints.dir.is_none() {
+            Some("no savepoint directory is configured")
+        } else {
+            None
+        };
+        if let Some(refusal) = refusal {
+            let _ = msg
+                .reply
+                .send(Err(CheckpointFailure::NotTriggered(refusal.into())));
             return;
         }
         let request = self.next_request;
         self.next_request += 1;
         self.requests.insert(request, msg.reply);
+        if msg.stop {
+            self.stopping = Some(request);
+            self.core.pause_periodic(true);
+        }
         if self.sources.is_empty() {
             self.waiting.push((request, msg.kind));
         } else {

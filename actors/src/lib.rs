@@ -23,6 +23,7 @@ pub mod cleanup;
 pub mod cli;
 mod coordinator;
 mod endpoint;
+pub mod inspect;
 mod messages;
 pub mod metrics;
 pub mod runtime;
@@ -32,7 +33,7 @@ mod subtask;
 mod supervisor;
 pub mod wordcount;
 
-pub use runtime::{JobError, JobHandle, JobReport, RunJob, Runtime};
+pub use runtime::{JobControl, JobError, JobHandle, JobReport, RunJob, Runtime, Savepoint};
 
 /// What an embedding application needs in scope.
 pub mod prelude {

@@ -1,6 +1,6 @@
 use clap::Parser;
-use tidemark_actors::cleanup;
 use tidemark_actors::cli::{self, Cli, Command};
+use tidemark_actors::{cleanup, inspect};
 
 fn main() {
     tracing_subscriber::fmt()
@@ -30,6 +30,16 @@ fn main() {
             }
         }),
         Command::Cleanup(args) => cleanup::cleanup(&args).map(|sweep| println!("{sweep}")),
+        Command::Inspect(args) => inspect::inspect(&args).map(|inspection| {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&inspection).expect("the inspection is plain data")
+                );
+            } else {
+                print!("{inspection}");
+            }
+        }),
     };
     if let Err(e) = outcome {
         eprintln!("tidemark: {e}");

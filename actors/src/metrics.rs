@@ -55,7 +55,9 @@ pub struct JobMetrics {
 /// Figures of the checkpoints of a run.
 #[derive(Debug, Default)]
 pub struct CheckpointStats {
+    /// Completed checkpoints; savepoints are counted apart.
     pub completed: AtomicU64,
+    pub savepoints: AtomicU64,
     pub failed: AtomicU64,
     pub restarts: AtomicU64,
     /// Trigger to completion, per completed checkpoint, in milliseconds.

@@ -5,13 +5,14 @@
 use crate::coordinator::TriggerManual;
 use crate::messages::Cancel;
 use crate::metrics::JobMetrics;
-use crate::supervisor::{JobSupervisor, TriggerCheckpointRequest};
+use crate::supervisor::{JobSupervisor, StopWithSavepoint, TriggerCheckpointRequest};
 use actix::{Actor, Addr, Arbiter, System};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use thiserror::Error;
 use tidemark::checkpoint::restore::RestoreError;
+use tidemark::checkpoint::savepoint::{self, SavepointError};
 use tidemark::checkpoint::storage::{CheckpointStorage, StorageError};
 use tidemark::checkpoint::{CheckpointFailure, SettingsError};
 use tidemark::error::TaskError;
@@ -39,6 +40,8 @@ pub enum JobError {
     Storage(#[from] StorageError),
     #[error("cannot restore: {0}")]
     Restore(#[from] RestoreError),
+    #[error(transparent)]
+    Savepoint(#[from] SavepointError),
     #[error("checkpointing failed: {0}")]
     Checkpointing(String),
     #[error("a master hook failed to restore: {0}")]
@@ -65,10 +68,78 @@ impl JobReport {
 
 pub struct JobHandle {
     outcome: mpsc::Receiver<Result<JobReport, JobError>>,
-    supervisor: Addr<JobSupervisor>,
+    control: JobControl,
     metrics: Arc<JobMetrics>,
     storage: Option<CheckpointStorage>,
     thread: JoinHandle<()>,
+}
+
+/// A completed savepoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Savepoint {
+    pub id: CheckpointId,
+    /// Its directory, a path or URL: what `--restore` takes.
+    pub location: String,
+}
+
+/// Triggers checkpoints and savepoints of a running job, from any thread
+/// that is not driving an async runtime; each call blocks until the
+/// checkpoint completed or failed.
+#[derive(Clone)]
+pub struct JobControl {
+    supervisor: Addr<JobSupervisor>,
+    job: JobId,
+    savepoint_dir: Option<CheckpointStorage>,
+}
+
+impl JobControl {
+    pub fn trigger_checkpoint(
+        &self,
+        kind: CheckpointKind,
+    ) -> Result<CheckpointId, CheckpointFailure> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.supervisor
+            .do_send(TriggerCheckpointRequest(TriggerManual {
+                kind,
+                stop: false,
+                reply,
+            }));
+        Self::answer(answer)
+    }
+
+    /// A savepoint into the job's savepoint directory; the job goes on.
+    pub fn trigger_savepoint(&self) -> Result<Savepoint, CheckpointFailure> {
+        let id = self.trigger_checkpoint(CheckpointKind::Savepoint)?;
+        Ok(self.savepoint(id))
+    }
+
+    /// A savepoint, then the sinks commit it and the job ends: `wait`
+    /// returns once it has. If the savepoint fails, the job goes on.
+    pub fn stop_with_savepoint(&self) -> Result<Savepoint, CheckpointFailure> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.supervisor.do_send(StopWithSavepoint(reply));
+        let id = Self::answer(answer)?;
+        Ok(self.savepoint(id))
+    }
+
+    fn answer(
+        answer: tokio::sync::oneshot::Receiver<Result<CheckpointId, CheckpointFailure>>,
+    ) -> Result<CheckpointId, CheckpointFailure> {
+        answer
+            .blocking_recv()
+            .unwrap_or_else(|_| Err(CheckpointFailure::NotTriggered("the job has ended".into())))
+    }
+
+    fn savepoint(&self, id: CheckpointId) -> Savepoint {
+        let dir = self
+            .savepoint_dir
+            .as_ref()
+            .expect("a savepoint completed, so the job has a savepoint directory");
+        Savepoint {
+            id,
+            location: dir.location(&savepoint::directory_name(self.job, id)),
+        }
+    }
 }
 
 impl JobHandle {
@@ -87,7 +158,7 @@ impl JobHandle {
     }
 
     pub fn cancel(&self) {
-        self.supervisor.do_send(Cancel);
+        self.control.supervisor.do_send(Cancel);
     }
 
     /// Triggers a checkpoint (or savepoint) now and blocks until it completed
@@ -96,12 +167,12 @@ impl JobHandle {
         &self,
         kind: CheckpointKind,
     ) -> Result<CheckpointId, CheckpointFailure> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        self.supervisor
-            .do_send(TriggerCheckpointRequest(TriggerManual { kind, reply }));
-        answer
-            .blocking_recv()
-            .unwrap_or_else(|_| Err(CheckpointFailure::NotTriggered("the job has ended".into())))
+        self.control.trigger_checkpoint(kind)
+    }
+
+    /// Triggers checkpoints and savepoints from other threads.
+    pub fn control(&self) -> JobControl {
+        self.control.clone()
     }
 
     pub fn metrics(&self) -> &Arc<JobMetrics> {
@@ -156,12 +227,21 @@ impl Runtime {
             .as_ref()
             .map(|c| CheckpointStorage::open(&c.storage_url, job_id(&job.name)))
             .transpose()?;
+        let savepoint_dir = job
+            .config
+            .checkpointing
+            .as_ref()
+            .and_then(|c| c.savepoint_dir.as_deref())
+            .map(|dir| CheckpointStorage::open_directory(dir, true))
+            .transpose()?;
+        let job_id = job_id(&job.name);
         let metrics = Arc::new(JobMetrics::default());
         let (outcome_tx, outcome) = mpsc::channel();
         let (addr_tx, addr_rx) = mpsc::channel();
         let threads = self.threads.max(1);
         let job_metrics = metrics.clone();
         let job_storage = storage.clone();
+        let job_savepoint_dir = savepoint_dir.clone();
         let thread = std::thread::Builder::new()
             .name(format!("tidemark-{}", job.name))
             .spawn(move || {
@@ -169,9 +249,15 @@ impl Runtime {
                 let arbiters: Vec<Arbiter> = (0..threads).map(|_| Arbiter::new()).collect();
                 let handles = arbiters.iter().map(Arbiter::handle).collect();
                 system.block_on(async move {
-                    let supervisor =
-                        JobSupervisor::new(job, handles, job_metrics, outcome_tx, job_storage)
-                            .start();
+                    let supervisor = JobSupervisor::new(
+                        job,
+                        handles,
+                        job_metrics,
+                        outcome_tx,
+                        job_storage,
+                        job_savepoint_dir,
+                    )
+                    .start();
                     let _ = addr_tx.send(supervisor);
                 });
                 let _ = system.run();
@@ -186,7 +272,11 @@ impl Runtime {
             .map_err(|_| JobError::Runtime("the runtime did not start".into()))?;
         Ok(JobHandle {
             outcome,
-            supervisor,
+            control: JobControl {
+                supervisor,
+                job: job_id,
+                savepoint_dir,
+            },
             metrics,
             storage,
             thread,

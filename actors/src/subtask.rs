@@ -31,7 +31,7 @@ use tidemark::checkpoint::merging::StateLayout;
 use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::{Ack, ChannelSide, ChannelState, CheckpointMetrics};
 use tidemark::error::TaskError;
-use tidemark::event::{Alignment, Barrier, ChannelEvent};
+use tidemark::event::{Alignment, Barrier, ChannelEvent, CheckpointKind};
 use tidemark::fault::{Fault, FaultPoint};
 use tidemark::ids::{Attempt, CheckpointId, SubtaskId};
 use tidemark::operator::Outgoing;
@@ -125,12 +125,13 @@ pub struct SubtaskActor {
 }
 
 /// The asynchronous part of a snapshot → its subtask: the shared files the
-/// acknowledged state references.
+/// acknowledged state references, none for a savepoint, which is never a
+/// base.
 #[derive(Message)]
 #[rtype(result = "()")]
 struct Uploaded {
     checkpoint: CheckpointId,
-    shared: SharedBase,
+    shared: Option<SharedBase>,
 }
 
 /// Subtask → itself: go on with the input, after the mailbox had its turn.
@@ -448,7 +449,10 @@ impl SubtaskActor {
 
         let (subtask, attempt) = (self.id, self.attempt);
         let supervisor = self.supervisor.clone();
-        let base = checkpointing.incremental.then(|| self.shared_base.clone());
+        // A savepoint is copied out of the checkpoint directory and its
+        // files there deleted: it references nothing and is nobody's base.
+        let savepoint = barrier.options.kind == CheckpointKind::Savepoint;
+        let base = (checkpointing.incremental && !savepoint).then(|| self.shared_base.clone());
         let me = ctx.address();
         let async_fault = self.fault(FaultPoint::AsyncWrite, id);
         let stall = self.fault(FaultPoint::StallAfterWrite, id);
@@ -526,10 +530,12 @@ impl SubtaskActor {
                 Ok((state, took)) => {
                     me.do_send(Uploaded {
                         checkpoint: id,
-                        shared: state
-                            .shared_files()
-                            .map(|f| (f.name.clone(), f.clone()))
-                            .collect(),
+                        shared: (!savepoint).then(|| {
+                            state
+                                .shared_files()
+                                .map(|f| (f.name.clone(), f.clone()))
+                                .collect()
+                        }),
                     });
                     metrics.async_ = took;
                     metrics.state_size = state.size();
@@ -701,7 +707,9 @@ impl Handler<Uploaded> for SubtaskActor {
 
     fn handle(&mut self, msg: Uploaded, _ctx: &mut Context<Self>) {
         self.running.remove(&msg.checkpoint);
-        self.uploaded.insert(msg.checkpoint, Arc::new(msg.shared));
+        if let Some(shared) = msg.shared {
+            self.uploaded.insert(msg.checkpoint, Arc::new(shared));
+        }
     }
 }
 

@@ -7,7 +7,8 @@
 //! attempt are recognised by their attempt number and dropped.
 
 use crate::coordinator::{
-    AbortPending, CoordinatorActor, Deployed, LatestCheckpoint, Shutdown, TriggerManual,
+    AbortPending, CoordinatorActor, Deployed, LatestCheckpoint, RestoreFrom, Savepoints, Shutdown,
+    TriggerManual,
 };
 use crate::endpoint::{InputEndpoint, OutputEndpoint};
 use crate::messages::{Cancel, ConnectUpstream, Stop, SubtaskFailed, SubtaskFinished, Wire};
@@ -31,19 +32,22 @@ use std::time::{Duration, Instant};
 use tidemark::batch::{Batch, EncodedBatch};
 use tidemark::checkpoint::coordinator::CheckpointCoordinator;
 use tidemark::checkpoint::restore::{self, RestoreError};
-use tidemark::checkpoint::storage::CheckpointStorage;
+use tidemark::checkpoint::savepoint;
+use tidemark::checkpoint::storage::{CheckpointStorage, ReadError};
 use tidemark::checkpoint::store::CompletedCheckpointStore;
 use tidemark::checkpoint::{
-    ChannelState, CompletedCheckpoint, NativeFileHandle, NativeStateHandle, Restore, StateHandle,
-    SubtaskState,
+    ChannelState, CheckpointFailure, NativeFileHandle, NativeStateHandle, Restore, RestoreMode,
+    SnapshotFormat, StateHandle, SubtaskState,
 };
 use tidemark::error::TaskError;
+use tidemark::event::CheckpointKind;
 use tidemark::graph::JobGraph;
-use tidemark::ids::{Attempt, SubtaskId, SubtaskIndex};
+use tidemark::ids::{Attempt, CheckpointId, SubtaskId, SubtaskIndex};
 use tidemark::job::Job;
 use tidemark::key_group::KeyGroupRange;
 use tidemark::task::{OutputContext, RestoreState, TaskContext};
 use tidemark::StateBackend;
+use tokio::sync::oneshot;
 
 /// Coordinator → supervisor: checkpoints failed more often than tolerated.
 #[derive(Message)]
@@ -54,6 +58,13 @@ pub struct CheckpointingFailed(pub String);
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct TriggerCheckpointRequest(pub TriggerManual);
+
+/// Job handle → supervisor: take a savepoint, commit the sinks and end the
+/// job; answered once the savepoint completed (or failed, and the job goes
+/// on).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopWithSavepoint(pub oneshot::Sender<Result<CheckpointId, CheckpointFailure>>);
 
 pub struct JobSupervisor {
     job: Job,
@@ -73,6 +84,10 @@ pub struct JobSupervisor {
     failed_at: Option<Instant>,
     /// Manual triggers that arrived before the coordinator was up.
     early_triggers: Vec<TriggerManual>,
+    /// Where savepoints go.
+    savepoint_dir: Option<CheckpointStorage>,
+    /// The directory of the savepoint the job was started from.
+    started_from_savepoint: Option<CheckpointStorage>,
 }
 
 /// What a subtask resumes from.
@@ -92,13 +107,14 @@ const PARALLEL_READS: usize = 4;
 async fn load(
     storage: &CheckpointStorage,
     graph: &JobGraph,
-    checkpoint: Option<&CompletedCheckpoint>,
+    from: Option<&RestoreFrom>,
     local_dir: Option<&Path>,
     stats: &CheckpointStats,
 ) -> Result<HashMap<SubtaskId, Restored>, JobError> {
-    let Some(checkpoint) = checkpoint else {
+    let Some(RestoreFrom { checkpoint, owned }) = from else {
         return Ok(HashMap::new());
     };
+    let owned = *owned;
     let started = Instant::now();
     let plans = restore::plan(checkpoint, graph).map_err(JobError::Restore)?;
     let reads = plans.into_iter().map(|(subtask, plan)| {
@@ -117,11 +133,15 @@ async fn load(
                     }));
                 };
                 state.native = Some(download(&storage, subtask, &native, local_dir).await?);
-                shared_base = native
-                    .shared
-                    .into_iter()
-                    .map(|f| (f.name.clone(), f))
-                    .collect();
+                // Files the job does not own are never referenced by its
+                // checkpoints: the first one after such a restore is full.
+                if owned {
+                    shared_base = native
+                        .shared
+                        .into_iter()
+                        .map(|f| (f.name.clone(), f))
+                        .collect();
+                }
             }
             let malformed =
                 |problem: String| JobError::Restore(RestoreError::Malformed { subtask, problem });
@@ -217,24 +237,12 @@ async fn read(
     subtask: SubtaskId,
     handle: &StateHandle,
 ) -> Result<bytes::Bytes, JobError> {
-    let bytes = match handle {
-        StateHandle::Inline(_) => handle.from_range(bytes::Bytes::new()),
-        StateHandle::Object { path, .. } => {
-            handle.from_object(storage.get(path).await.map_err(JobError::Storage)?)
-        }
-        // Only the segment, not the merged file around it.
-        StateHandle::Segment { path, .. } => handle.from_range(
-            storage
-                .get_range(path, handle.range())
-                .await
-                .map_err(JobError::Storage)?,
-        ),
-    };
-    bytes.map_err(|e| {
-        JobError::Restore(RestoreError::Malformed {
+    storage.read_handle(handle).await.map_err(|e| match e {
+        ReadError::Storage(e) => JobError::Storage(e),
+        ReadError::Mismatch(e) => JobError::Restore(RestoreError::Malformed {
             subtask,
             problem: e.to_string(),
-        })
+        }),
     })
 }
 
@@ -245,8 +253,11 @@ impl JobSupervisor {
         metrics: Arc<JobMetrics>,
         outcome: mpsc::Sender<Result<JobReport, JobError>>,
         storage: Option<CheckpointStorage>,
+        savepoint_dir: Option<CheckpointStorage>,
     ) -> Self {
         JobSupervisor {
+            savepoint_dir,
+            started_from_savepoint: None,
             job,
             arbiters,
             metrics,
@@ -319,33 +330,58 @@ impl JobSupervisor {
         let hooks = self.job.take_master_hooks();
         let me = ctx.address();
         let metrics = self.metrics.clone();
+        let savepoint_dir = self.savepoint_dir.clone();
+        let job = crate::runtime::job_id(&self.job.name);
         ctx.spawn(
             async move {
                 let retain = settings.config.retain;
-                let next_id = storage
+                let mut next_id = storage
                     .next_checkpoint_id()
                     .await
                     .map_err(JobError::Storage)?;
                 // Failover restores only from checkpoints of this run or the
                 // one it was started from, never from other runs' leftovers.
                 let mut store = CompletedCheckpointStore::new(retain);
+                let mut savepoint_source = None;
                 let from = match settings.restore {
                     Restore::Fresh => None,
                     Restore::Latest => {
                         store = CompletedCheckpointStore::recover(&storage, retain)
                             .await
                             .map_err(JobError::Storage)?;
-                        store.latest().cloned()
+                        store.latest().cloned().map(|checkpoint| RestoreFrom {
+                            checkpoint,
+                            owned: true,
+                        })
                     }
                     Restore::Checkpoint(id) => {
                         let checkpoint =
                             storage.read_metadata(id).await.map_err(JobError::Storage)?;
-                        store.add(checkpoint.clone());
-                        Some(checkpoint)
+                        let location = storage.location(&CheckpointStorage::metadata_path(id));
+                        savepoint::check_references(&location, &checkpoint)?;
+                        let owned = settings.restore_mode == RestoreMode::Claim;
+                        if owned {
+                            store.add(checkpoint.clone());
+                        }
+                        Some(RestoreFrom { checkpoint, owned })
+                    }
+                    Restore::Savepoint(url) => {
+                        let (dir, checkpoint) = savepoint::open(&url).await?;
+                        savepoint_source = Some(dir);
+                        Some(RestoreFrom {
+                            checkpoint,
+                            owned: false,
+                        })
                     }
                 };
+                if let Some(from) = &from {
+                    // Ids go on from the restored checkpoint's, so that
+                    // nothing named after a checkpoint id (sink files) of the
+                    // run it came from is written again.
+                    next_id = next_id.max(CheckpointId(from.checkpoint.id.0 + 1));
+                }
                 let restore = load(
-                    &storage,
+                    savepoint_source.as_ref().unwrap_or(&storage),
                     &graph,
                     from.as_ref(),
                     local_dir.as_deref(),
@@ -362,8 +398,8 @@ impl JobSupervisor {
                 for hook in hooks {
                     core.add_master_hook(hook);
                 }
-                if let Some(checkpoint) = &from {
-                    core.restore_master_hooks(checkpoint)
+                if let Some(from) = &from {
+                    core.restore_master_hooks(&from.checkpoint)
                         .map_err(JobError::MasterHook)?;
                 }
                 let coordinator = CoordinatorActor::new(
@@ -373,17 +409,24 @@ impl JobSupervisor {
                     me,
                     metrics,
                     settings.layout.max_space_amplification,
+                    Savepoints {
+                        job,
+                        dir: savepoint_dir,
+                        operators: graph.operators.clone(),
+                        started_from: from.filter(|f| !f.owned).map(|f| f.checkpoint),
+                    },
                 )
                 .start();
-                Ok::<_, JobError>((coordinator, restore))
+                Ok::<_, JobError>((coordinator, restore, savepoint_source))
             }
             .into_actor(self)
             .map(|result, act, ctx| match result {
-                Ok((coordinator, restore)) => {
+                Ok((coordinator, restore, savepoint_source)) => {
                     for request in act.early_triggers.drain(..) {
                         coordinator.do_send(request);
                     }
                     act.coordinator = Some(coordinator);
+                    act.started_from_savepoint = savepoint_source;
                     let attempt = act.attempt;
                     act.start(attempt, restore, ctx);
                 }
@@ -626,6 +669,7 @@ impl JobSupervisor {
         let Some(storage) = self.storage.clone() else {
             return;
         };
+        let savepoint = self.started_from_savepoint.clone();
         let graph = self.job.graph.clone();
         let local_dir = self.local_dir();
         let metrics = self.metrics.clone();
@@ -633,12 +677,19 @@ impl JobSupervisor {
             async move {
                 let (reply, answer) = tokio::sync::oneshot::channel();
                 coordinator.do_send(LatestCheckpoint(reply));
-                let latest: Option<CompletedCheckpoint> = answer
+                let latest: Option<RestoreFrom> = answer
                     .await
                     .map_err(|e| JobError::Runtime(format!("the coordinator is gone: {e}")))?
                     .map_err(JobError::MasterHook)?;
+                let self_contained = latest
+                    .as_ref()
+                    .is_some_and(|f| f.checkpoint.format == SnapshotFormat::SelfContained);
+                let source = match savepoint.as_ref() {
+                    Some(savepoint) if self_contained => savepoint,
+                    _ => &storage,
+                };
                 load(
-                    &storage,
+                    source,
                     &graph,
                     latest.as_ref(),
                     local_dir.as_deref(),
@@ -786,14 +837,44 @@ impl Handler<TriggerCheckpointRequest> for JobSupervisor {
             Some(coordinator) => coordinator.do_send(request),
             None if self.storage.is_some() => self.early_triggers.push(request),
             None => {
-                let _ =
-                    request
-                        .reply
-                        .send(Err(tidemark::checkpoint::CheckpointFailure::NotTriggered(
-                            "the job runs without checkpointing".into(),
-                        )));
+                let _ = request.reply.send(Err(CheckpointFailure::NotTriggered(
+                    "the job runs without checkpointing".into(),
+                )));
             }
         }
+    }
+}
+
+impl Handler<StopWithSavepoint> for JobSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, StopWithSavepoint(reply): StopWithSavepoint, ctx: &mut Context<Self>) {
+        let (savepoint, done) = oneshot::channel();
+        let trigger = TriggerManual {
+            kind: CheckpointKind::Savepoint,
+            stop: true,
+            reply: savepoint,
+        };
+        <Self as Handler<TriggerCheckpointRequest>>::handle(
+            self,
+            TriggerCheckpointRequest(trigger),
+            ctx,
+        );
+        ctx.spawn(done.into_actor(self).map(move |outcome, act, ctx| {
+            let outcome = outcome.unwrap_or_else(|_| {
+                Err(CheckpointFailure::NotTriggered("the job has ended".into()))
+            });
+            if outcome.is_ok() {
+                // The sinks were told to commit before this answer came:
+                // the notification is ahead of the stop in their mailboxes.
+                let report = JobReport {
+                    records_in: act.metrics.records_in(),
+                    elapsed: act.started.elapsed(),
+                };
+                act.complete(Ok(report), ctx);
+            }
+            let _ = reply.send(outcome);
+        }));
     }
 }
 

@@ -393,3 +393,96 @@ fn cleanup_refuses_corrupted_metadata_unless_told_to_ignore_it() {
         BTreeSet::from(["checkpoint-id-counter".into()])
     );
 }
+
+#[test]
+fn inspect_shows_a_savepoint_and_a_checkpoint_for_people_and_as_json() {
+    let (checkpoints, savepoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let out = wordcount(
+        checkpoints.path(),
+        &[
+            "--records=300000",
+            "--keys=1000",
+            "--parallelism=2",
+            "--rate=200000",
+            "--inline-threshold=0",
+            "--checkpoint-interval=100ms",
+            "--savepoint-dir",
+            savepoints.path().to_str().unwrap(),
+            "--stop-with-savepoint-after=200ms",
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let savepoint = report["savepoint"]
+        .as_str()
+        .expect("a savepoint")
+        .to_owned();
+
+    let text = tidemark(&["inspect", &savepoint]);
+    assert!(text.status.success(), "{}", stderr(&text));
+    let text = String::from_utf8(text.stdout).unwrap();
+    for expected in [
+        "savepoint ",
+        "format: self-contained (metadata version",
+        "uid",
+        "max parallelism 128",
+        "key groups 0..64",
+        "key groups 64..128",
+        "operator state",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in\n{text}");
+    }
+
+    let json = tidemark(&["inspect", &format!("{savepoint}/_metadata"), "--json"]);
+    assert!(json.status.success(), "{}", stderr(&json));
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(json["kind"], "savepoint");
+    assert_eq!(json["format"], "self-contained");
+    let operators = json["operators"].as_array().unwrap();
+    assert_eq!(operators.len(), 2);
+    assert!(operators
+        .iter()
+        .all(|op| op["parallelism"] == 2 && op["max_parallelism"] == 128 && op["uid"].is_string()));
+    let keyed: Vec<&serde_json::Value> = json["subtasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| !s["key_groups"].is_null())
+        .collect();
+    assert_eq!(keyed.len(), 2);
+    for subtask in keyed {
+        let files = subtask["files"].as_array().unwrap();
+        assert!(!files.is_empty());
+        for file in files {
+            let size = file["size"].as_u64().unwrap();
+            let on_disk =
+                std::fs::metadata(Path::new(&savepoint).join(file["path"].as_str().unwrap()))
+                    .unwrap()
+                    .len();
+            assert_eq!(size, on_disk);
+        }
+    }
+
+    let job_dir = std::fs::read_dir(checkpoints.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let chk = std::fs::read_dir(&job_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("chk-"))
+        .expect("a retained checkpoint");
+    let json = tidemark(&["inspect", chk.to_str().unwrap(), "--json"]);
+    assert!(json.status.success(), "{}", stderr(&json));
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(json["kind"], "checkpoint");
+    assert_eq!(json["format"], "job-directory");
+
+    let out = tidemark(&["inspect", savepoints.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("_metadata"), "{}", stderr(&out));
+}

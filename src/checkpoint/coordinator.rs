@@ -195,6 +195,8 @@ pub struct CheckpointCoordinator {
     periodic_from: Instant,
     /// When the most recent checkpoint ended; `min_pause` counts from here.
     last_end: Option<Instant>,
+    /// No periodic checkpoint starts: a stop with a savepoint is under way.
+    paused: bool,
 }
 
 impl CheckpointCoordinator {
@@ -223,7 +225,15 @@ impl CheckpointCoordinator {
             consecutive_failures: 0,
             periodic_from: now.instant,
             last_end: None,
+            paused: false,
         }
+    }
+
+    /// Stops or resumes periodic checkpoints; manual triggers still work.
+    /// A stop with a savepoint pauses them, so that no checkpoint after the
+    /// savepoint commits anything, and resumes them if the savepoint fails.
+    pub fn pause_periodic(&mut self, paused: bool) {
+        self.paused = paused;
     }
 
     /// Hooks run in the order they were added. A hook replaces an earlier one
@@ -443,6 +453,8 @@ impl CheckpointCoordinator {
         out.push(Action::Finalize(CompletedCheckpoint {
             id,
             kind: p.kind,
+            format: Default::default(),
+            operators: Vec::new(),
             timestamp: p.timestamp,
             subtasks: p.acks.clone(),
             master_states: mem::take(&mut p.master_states),
@@ -471,12 +483,16 @@ impl CheckpointCoordinator {
                 result: Ok(id),
             });
         }
-        let subsumed: Vec<CheckpointId> = self
-            .pending
-            .range(..id)
-            .filter(|(_, p)| !p.finalizing && p.kind == CheckpointKind::Checkpoint)
-            .map(|(old, _)| *old)
-            .collect();
+        // A savepoint is not retained, so it subsumes nothing.
+        let subsumed: Vec<CheckpointId> = match p.kind {
+            CheckpointKind::Checkpoint => self
+                .pending
+                .range(..id)
+                .filter(|(_, p)| !p.finalizing && p.kind == CheckpointKind::Checkpoint)
+                .map(|(old, _)| *old)
+                .collect(),
+            CheckpointKind::Savepoint => Vec::new(),
+        };
         for old in subsumed {
             let failure = CheckpointFailure::Aborted {
                 checkpoint: old,
@@ -573,6 +589,9 @@ impl CheckpointCoordinator {
     }
 
     fn periodic_due(&self) -> Option<Instant> {
+        if self.paused {
+            return None;
+        }
         let due = self.periodic_from + self.config.interval?;
         Some(match self.last_end {
             Some(end) => due.max(end + self.config.min_pause),
@@ -762,6 +781,8 @@ mod tests {
         CompletedCheckpoint {
             id: CheckpointId(id),
             kind: Checkpoint,
+            format: Default::default(),
+            operators: Vec::new(),
             timestamp: UNIX_BASE + at,
             subtasks: (0..subtasks).map(|i| (subtask(i), state(id, i))).collect(),
             master_states: BTreeMap::new(),
@@ -1376,6 +1397,47 @@ mod tests {
             h.try_handle(1500, Event::Persisted(CheckpointId(1))),
             not_finalizing(1)
         );
+    }
+
+    #[test]
+    fn a_completed_savepoint_subsumes_no_pending_checkpoint() {
+        let config = CheckpointConfig {
+            max_concurrent: 2,
+            ..config()
+        };
+        let mut h = Harness::new(config, 1);
+        h.tick(1000);
+        h.handle(1100, manual(7, Savepoint));
+        assert_eq!(
+            h.complete(1200, 2),
+            vec![
+                Action::NotifyComplete(CheckpointId(2)),
+                Action::Resolve {
+                    request: 7,
+                    result: Ok(CheckpointId(2))
+                }
+            ]
+        );
+        assert_eq!(h.coordinator.pending(), 1, "checkpoint 1 goes on");
+        assert_eq!(
+            h.complete(1300, 1),
+            vec![Action::NotifyComplete(CheckpointId(1))]
+        );
+    }
+
+    #[test]
+    fn paused_periodic_checkpoints_leave_manual_triggers_and_resume() {
+        let mut h = Harness::new(config(), 1);
+        h.coordinator.pause_periodic(true);
+        assert_eq!(h.poll_timeout(), None);
+        assert_eq!(h.tick(5000), vec![]);
+        assert_eq!(
+            h.handle(5000, manual(1, Savepoint)),
+            vec![trigger(1, 5000, Savepoint, Alignment::Aligned)]
+        );
+        h.complete(5100, 1);
+        h.coordinator.pause_periodic(false);
+        assert_eq!(h.tick(5100), vec![checkpoint(2, 5100)]);
     }
 
     #[test]

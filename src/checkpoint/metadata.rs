@@ -8,7 +8,7 @@ use thiserror::Error;
 const MAGIC: &[u8; 8] = b"TIDEMARK";
 /// 2: state handles are inline bytes, whole objects or segments of merged
 /// files, and native files name the database instance that created them.
-const VERSION: u16 = 2;
+pub const VERSION: u16 = 2;
 const HEADER: usize = MAGIC.len() + 2 + 4;
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -72,6 +72,8 @@ mod tests {
         CompletedCheckpoint {
             id: CheckpointId(3),
             kind: CheckpointKind::Checkpoint,
+            format: Default::default(),
+            operators: Vec::new(),
             timestamp: 17,
             subtasks: BTreeMap::from([(
                 SubtaskId {

@@ -8,12 +8,14 @@ pub mod input_end;
 pub mod merging;
 pub mod metadata;
 pub mod restore;
+pub mod savepoint;
 pub mod shared;
 pub mod storage;
 pub mod store;
 
 use crate::batch::Batch;
 use crate::event::{Alignment, CheckpointKind};
+use crate::graph::OperatorSpec;
 use crate::ids::{CheckpointId, SubtaskId};
 use crate::key_group::KeyGroupRange;
 use crate::task::SOURCE_EXHAUSTED;
@@ -54,13 +56,32 @@ impl Default for CheckpointConfig {
 }
 
 /// Which checkpoint a job starts from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Restore {
     Fresh,
     /// The newest completed checkpoint in the checkpoint directory, or a
-    /// fresh start if there is none.
+    /// fresh start if there is none. The job continues its own checkpoints:
+    /// it always owns them, whatever the `RestoreMode`.
     Latest,
+    /// A checkpoint of the job's checkpoint directory.
     Checkpoint(CheckpointId),
+    /// A self-contained savepoint directory (a path or URL holding
+    /// `_metadata`), anywhere.
+    Savepoint(String),
+}
+
+/// Who owns the files of the checkpoint a job was restored from (Flink's
+/// restore modes). A savepoint is never owned: it is the user's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RestoreMode {
+    /// The job never deletes the restored checkpoint's files and never
+    /// references them from its own checkpoints: its first checkpoint is a
+    /// full one.
+    #[default]
+    NoClaim,
+    /// The restored checkpoint becomes the job's: retained like its own,
+    /// an incremental base for its next checkpoint, deleted once subsumed.
+    Claim,
 }
 
 /// Everything a job needs to be checkpointed.
@@ -71,6 +92,10 @@ pub struct CheckpointSettings {
     pub storage_url: String,
     pub alignment: Alignment,
     pub restore: Restore,
+    pub restore_mode: RestoreMode,
+    /// Where savepoints go (a path or URL), each into a directory of its
+    /// own; `None`: savepoints cannot be taken.
+    pub savepoint_dir: Option<String>,
     /// RocksDB state uploads only the files the newest completed checkpoint
     /// does not already hold.
     pub incremental: bool,
@@ -356,6 +381,22 @@ impl SubtaskState {
             .collect()
     }
 
+    /// Every state object this state references, to relocate them.
+    pub fn handles_mut(&mut self) -> impl Iterator<Item = &mut StateHandle> {
+        let (key_groups, native) = match &mut self.keyed {
+            Some(KeyedStateHandle::KeyGroups(k)) => (Some(&mut k.handle), None),
+            Some(KeyedStateHandle::Native(n)) => (None, Some(n)),
+            None => (None, None),
+        };
+        let files = native
+            .into_iter()
+            .flat_map(|n| n.shared.iter_mut().chain(n.private.iter_mut()));
+        key_groups
+            .into_iter()
+            .chain(files.map(|f| &mut f.handle))
+            .chain(self.channels.iter_mut().map(|c| &mut c.handle))
+    }
+
     /// Shared files, which outlive the checkpoint that uploaded them.
     pub fn shared_files(&self) -> impl Iterator<Item = &NativeFileHandle> {
         self.native().into_iter().flat_map(|n| &n.shared)
@@ -432,11 +473,29 @@ pub struct Ack {
     pub metrics: CheckpointMetrics,
 }
 
+/// What the paths of a checkpoint's handles are relative to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SnapshotFormat {
+    /// Relative to the job's directory in checkpoint storage; handles may
+    /// name shared and merged files that other checkpoints use too.
+    #[default]
+    JobDirectory,
+    /// Relative to the directory holding `_metadata`, which holds every
+    /// byte of state: the directory can be copied anywhere and restored.
+    SelfContained,
+}
+
 /// A checkpoint whose every subtask acknowledged, ready to be made durable.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompletedCheckpoint {
     pub id: CheckpointId,
     pub kind: CheckpointKind,
+    #[serde(default)]
+    pub format: SnapshotFormat,
+    /// The operators of the job that took it, so that a restore can check
+    /// that they fit (metadata of older versions has none).
+    #[serde(default)]
+    pub operators: Vec<OperatorSpec>,
     /// Trigger time, milliseconds since the Unix epoch.
     pub timestamp: u64,
     pub subtasks: BTreeMap<SubtaskId, SubtaskState>,
@@ -490,6 +549,8 @@ pub(crate) mod tests {
         CompletedCheckpoint {
             id: CheckpointId(id),
             kind: CheckpointKind::Checkpoint,
+            format: Default::default(),
+            operators: Vec::new(),
             timestamp: id,
             subtasks: BTreeMap::new(),
             master_states: BTreeMap::new(),

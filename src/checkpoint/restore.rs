@@ -31,6 +31,12 @@ pub enum RestoreError {
         checkpointed: u32,
         now: u32,
     },
+    #[error("operator {name:?} has max parallelism {checkpointed} in the checkpoint and {now} in the job; key groups cannot be mapped between them (set the job's max parallelism to {checkpointed})")]
+    MaxParallelism {
+        name: String,
+        checkpointed: u32,
+        now: u32,
+    },
     #[error("the state of {subtask} is malformed: {problem}")]
     Malformed { subtask: SubtaskId, problem: String },
 }
@@ -79,6 +85,18 @@ pub fn plan(
     checkpoint: &CompletedCheckpoint,
     graph: &JobGraph,
 ) -> Result<HashMap<SubtaskId, RestorePlan>, RestoreError> {
+    for recorded in &checkpoint.operators {
+        let Some(op) = graph.operators.get(recorded.id.0 as usize) else {
+            continue;
+        };
+        if op.max_parallelism != recorded.max_parallelism {
+            return Err(RestoreError::MaxParallelism {
+                name: op.name.clone(),
+                checkpointed: recorded.max_parallelism,
+                now: op.max_parallelism,
+            });
+        }
+    }
     let mut checkpointed: BTreeMap<OperatorId, u32> = BTreeMap::new();
     for subtask in checkpoint.subtasks.keys() {
         if subtask.operator.0 as usize >= graph.operators.len() {
@@ -212,6 +230,8 @@ mod tests {
         CompletedCheckpoint {
             id: CheckpointId(1),
             kind: CheckpointKind::Checkpoint,
+            format: Default::default(),
+            operators: Vec::new(),
             timestamp: 0,
             subtasks,
             master_states: BTreeMap::new(),
@@ -295,6 +315,25 @@ mod tests {
                 Err(RestoreError::Malformed { .. })
             ));
         }
+    }
+
+    #[test]
+    fn a_checkpoint_of_another_max_parallelism_is_refused() {
+        let mut c = checkpoint(2);
+        let mut other = graph(2);
+        other.operators[1].max_parallelism = 256;
+        c.operators = graph(2).operators;
+        let error = plan(&c, &other).unwrap_err();
+        assert_eq!(
+            error,
+            RestoreError::MaxParallelism {
+                name: "count".into(),
+                checkpointed: 128,
+                now: 256
+            }
+        );
+        assert!(error.to_string().contains("max parallelism"), "{error}");
+        assert!(plan(&c, &graph(2)).is_ok());
     }
 
     #[test]

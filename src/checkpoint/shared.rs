@@ -527,6 +527,8 @@ mod tests {
         CompletedCheckpoint {
             id: CheckpointId(id),
             kind: CheckpointKind::Checkpoint,
+            format: Default::default(),
+            operators: Vec::new(),
             timestamp: id,
             subtasks: BTreeMap::from([(subtask(), state)]),
             master_states: BTreeMap::new(),

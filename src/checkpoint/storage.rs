@@ -14,7 +14,7 @@
 //! checkpoint can reach outside the job's directory.
 
 use super::metadata::{self, MetadataError};
-use super::CompletedCheckpoint;
+use super::{CompletedCheckpoint, HandleMismatch, StateHandle};
 use crate::ids::{CheckpointId, JobId};
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -29,7 +29,8 @@ use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::SystemTime;
 use thiserror::Error;
 
-const METADATA: &str = "_metadata";
+/// The metadata file of a checkpoint or savepoint directory.
+pub const METADATA: &str = "_metadata";
 /// The checkpoint id counter, relative to the job directory.
 pub const COUNTER: &str = "checkpoint-id-counter";
 
@@ -55,6 +56,15 @@ pub enum StorageError {
     Metadata { path: String, source: MetadataError },
     #[error("{path} holds {found:?}, not a checkpoint id counter")]
     Counter { path: String, found: String },
+}
+
+/// Why the bytes of a state handle could not be read.
+#[derive(Debug, Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error(transparent)]
+    Mismatch(#[from] HandleMismatch),
 }
 
 impl StorageError {
@@ -138,7 +148,9 @@ fn s3_store(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), StorageError> {
     Ok((Arc::new(store), prefix))
 }
 
-fn local_store(url: &str) -> Result<Arc<dyn ObjectStore>, StorageError> {
+/// `create`: make the directory if it does not exist; without it, a missing
+/// directory is an error and nothing is created.
+fn local_store(url: &str, create: bool) -> Result<Arc<dyn ObjectStore>, StorageError> {
     let open = |e: Box<dyn std::error::Error + Send + Sync>| StorageError::Open {
         url: url.to_owned(),
         source: e,
@@ -147,16 +159,38 @@ fn local_store(url: &str) -> Result<Arc<dyn ObjectStore>, StorageError> {
     if dir.contains("://") {
         return Err(StorageError::UnsupportedUrl(url.to_owned()));
     }
-    std::fs::create_dir_all(dir).map_err(|e| open(e.into()))?;
+    if create {
+        std::fs::create_dir_all(dir).map_err(|e| open(e.into()))?;
+    }
     let fs = LocalFileSystem::new_with_prefix(dir).map_err(|e| open(e.into()))?;
     // Deleting a checkpoint's last object removes its directory too.
     Ok(Arc::new(fs.with_automatic_cleanup(true)))
+}
+
+/// Refuses absolute paths, `..`, `.`, empty segments, backslashes and
+/// URLs: a relative path read from metadata can only name an object inside
+/// the directory it is relative to.
+pub fn check_relative(relative: &str) -> Result<(), StorageError> {
+    let escaping = relative.is_empty()
+        || relative.starts_with('/')
+        || relative.contains('\\')
+        || relative.contains("://")
+        || relative
+            .split('/')
+            .any(|part| part.is_empty() || part == "." || part == "..");
+    if escaping {
+        return Err(StorageError::EscapingPath(relative.to_owned()));
+    }
+    Ok(())
 }
 
 /// The checkpoint directory of one job on one object store.
 #[derive(Clone, Debug)]
 pub struct CheckpointStorage {
     store: Arc<dyn ObjectStore>,
+    /// The store's own URL (local directory, `memory://NAME`,
+    /// `s3://bucket`), which paths in it are relative to, for messages.
+    url: Arc<str>,
     job_dir: Path,
     counters: Arc<StorageCounters>,
     /// The id counter is known to exist, so writing it creates nothing.
@@ -165,24 +199,70 @@ pub struct CheckpointStorage {
 
 impl CheckpointStorage {
     /// `url`: a plain path, `file://` path, `memory://` (an in-memory store
-    /// that lives as long as this value and its clones), `memory://NAME` (the
+    /// that lives as long as this value and its clones), `memory://NAME[/prefix]` (the
     /// same store as every other open `memory://NAME` of this process), or
     /// `s3://bucket/prefix`.
     pub fn open(url: &str, job: JobId) -> Result<Self, StorageError> {
-        let (store, root): (Arc<dyn ObjectStore>, Path) =
-            if let Some(name) = url.strip_prefix("memory://") {
-                (memory_store(name), Path::default())
-            } else if url.starts_with("s3://") {
-                s3_store(url)?
+        let storage = Self::open_directory(url, true)?;
+        storage.subdirectory(&job.to_string())
+    }
+
+    /// The directory `url` itself (URLs as for `open`): a savepoint
+    /// directory, or where savepoint directories are made. Unless `create`,
+    /// a local directory must exist already.
+    pub fn open_directory(url: &str, create: bool) -> Result<Self, StorageError> {
+        let invalid = |problem: String| StorageError::InvalidUrl {
+            url: url.to_owned(),
+            problem,
+        };
+        let (store, root, store_url): (Arc<dyn ObjectStore>, Path, String) =
+            if let Some(rest) = url.strip_prefix("memory://") {
+                let (name, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+                let prefix = Path::parse(prefix.trim_end_matches('/'))
+                    .map_err(|e| invalid(format!("bad prefix: {e}")))?;
+                (memory_store(name), prefix, format!("memory://{name}"))
+            } else if let Some(rest) = url.strip_prefix("s3://") {
+                let bucket = rest.split('/').next().unwrap_or_default();
+                let (store, prefix) = s3_store(url)?;
+                (store, prefix, format!("s3://{bucket}"))
             } else {
-                (local_store(url)?, Path::default())
+                let dir = url.trim_end_matches('/');
+                (local_store(url, create)?, Path::default(), dir.to_owned())
             };
         Ok(CheckpointStorage {
             store,
-            job_dir: root.join(job.to_string().as_str()),
+            url: store_url.into(),
+            job_dir: root,
             counters: Arc::default(),
             counter_exists: Arc::default(),
         })
+    }
+
+    /// The directory `relative` of this one, on the same store, with
+    /// counters of its own.
+    pub fn subdirectory(&self, relative: &str) -> Result<Self, StorageError> {
+        Ok(CheckpointStorage {
+            store: self.store.clone(),
+            url: self.url.clone(),
+            job_dir: self.resolve(relative)?,
+            counters: Arc::default(),
+            counter_exists: Arc::default(),
+        })
+    }
+
+    /// The directory as a URL or path, for people.
+    pub fn directory(&self) -> String {
+        self.location("")
+    }
+
+    /// `relative` as a URL or path, for people.
+    pub fn location(&self, relative: &str) -> String {
+        let dir = self.job_dir.to_string();
+        [&*self.url, dir.as_str(), relative]
+            .into_iter()
+            .filter(|part| !part.is_empty())
+            .collect::<Vec<_>>()
+            .join("/")
     }
 
     pub fn counters(&self) -> &StorageCounters {
@@ -198,16 +278,7 @@ impl CheckpointStorage {
     /// and empty segments are refused: a checkpoint can only name objects
     /// inside its job's directory.
     pub fn resolve(&self, relative: &str) -> Result<Path, StorageError> {
-        let escaping = relative.is_empty()
-            || relative.starts_with('/')
-            || relative.contains('\\')
-            || relative.contains("://")
-            || relative
-                .split('/')
-                .any(|part| part.is_empty() || part == "." || part == "..");
-        if escaping {
-            return Err(StorageError::EscapingPath(relative.to_owned()));
-        }
+        check_relative(relative)?;
         let mut path = self.job_dir.clone();
         for part in relative.split('/') {
             path = path.join(part);
@@ -262,6 +333,18 @@ impl CheckpointStorage {
             .get_range(&path, range)
             .await
             .map_err(Self::io(&path))
+    }
+
+    /// The bytes of a state object: inline ones as they are, a whole object,
+    /// or only the segment of a merged file.
+    pub async fn read_handle(&self, handle: &StateHandle) -> Result<Bytes, ReadError> {
+        Ok(match handle {
+            StateHandle::Inline(_) => handle.from_range(Bytes::new())?,
+            StateHandle::Object { path, .. } => handle.from_object(self.get(path).await?)?,
+            StateHandle::Segment { path, .. } => {
+                handle.from_range(self.get_range(path, handle.range()).await?)?
+            }
+        })
     }
 
     /// Deleting what is already gone succeeds: cleanup may be retried.
@@ -342,21 +425,35 @@ impl CheckpointStorage {
         &self,
         checkpoint: &CompletedCheckpoint,
     ) -> Result<(), StorageError> {
-        self.put(
-            &Self::metadata_path(checkpoint.id),
-            metadata::encode(checkpoint).into(),
-        )
-        .await
+        self.write_metadata_at(&Self::metadata_path(checkpoint.id), checkpoint)
+            .await
+    }
+
+    /// Writes the metadata file `relative` (a checkpoint's or a savepoint's).
+    pub async fn write_metadata_at(
+        &self,
+        relative: &str,
+        checkpoint: &CompletedCheckpoint,
+    ) -> Result<(), StorageError> {
+        self.put(relative, metadata::encode(checkpoint).into())
+            .await
     }
 
     pub async fn read_metadata(
         &self,
         id: CheckpointId,
     ) -> Result<CompletedCheckpoint, StorageError> {
-        let relative = Self::metadata_path(id);
-        let bytes = self.get(&relative).await?;
+        self.read_metadata_at(&Self::metadata_path(id)).await
+    }
+
+    /// The metadata file `relative` (a checkpoint's or a savepoint's).
+    pub async fn read_metadata_at(
+        &self,
+        relative: &str,
+    ) -> Result<CompletedCheckpoint, StorageError> {
+        let bytes = self.get(relative).await?;
         metadata::decode(&bytes).map_err(|source| StorageError::Metadata {
-            path: relative,
+            path: self.location(relative),
             source,
         })
     }

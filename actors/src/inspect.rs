@@ -1,0 +1,242 @@
+//! `tidemark inspect PATH`: what a checkpoint's or savepoint's `_metadata`
+//! holds, for people or (`--json`) for programs. Only `_metadata` is read.
+
+use crate::cli::CliError;
+use clap::Args;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use tidemark::checkpoint::storage::{CheckpointStorage, METADATA};
+use tidemark::checkpoint::{
+    metadata, ChannelSide, CompletedCheckpoint, KeyedStateHandle, SnapshotFormat, StateHandle,
+    SubtaskState,
+};
+use tidemark::event::CheckpointKind;
+
+#[derive(Clone, Debug, Args)]
+pub struct InspectArgs {
+    /// A checkpoint directory (`chk-N`), a savepoint directory, or the
+    /// `_metadata` in one: a path or URL.
+    pub path: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A checkpoint's or savepoint's metadata, as `inspect` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Inspection {
+    pub path: String,
+    pub kind: &'static str,
+    /// `job-directory` (references relative to the job's checkpoint
+    /// directory) or `self-contained` (relative to this directory).
+    pub format: &'static str,
+    pub format_version: u16,
+    pub id: u64,
+    /// Trigger time, milliseconds since the Unix epoch.
+    pub timestamp_ms: u64,
+    pub operators: Vec<OperatorView>,
+    pub subtasks: Vec<SubtaskView>,
+    /// Bytes of state, inline or not.
+    pub state_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct OperatorView {
+    pub id: u32,
+    pub name: String,
+    pub uid: String,
+    pub parallelism: u32,
+    pub max_parallelism: u32,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SubtaskView {
+    pub operator: u32,
+    pub index: u32,
+    /// `[start, end)`, if the subtask has keyed state.
+    pub key_groups: Option<[u32; 2]>,
+    /// What the keyed state is: `key-groups` (heap) or `native` (RocksDB).
+    pub keyed: Option<&'static str>,
+    pub files: Vec<FileView>,
+    pub inline_bytes: u64,
+    pub channels: Vec<ChannelView>,
+    /// Operator state (source offsets, sink transactions): bytes by name.
+    pub operator_state: BTreeMap<String, usize>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FileView {
+    pub path: String,
+    /// Where the state object starts in it: merged files hold several.
+    pub offset: u64,
+    pub size: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChannelView {
+    pub side: &'static str,
+    pub channel: u32,
+    pub batches: u32,
+    pub bytes: u64,
+    pub inline: bool,
+}
+
+impl SubtaskView {
+    fn of(operator: u32, index: u32, state: &SubtaskState) -> Self {
+        let (key_groups, keyed) = match &state.keyed {
+            None => (None, None),
+            Some(KeyedStateHandle::KeyGroups(k)) => (
+                Some([k.start_group, k.start_group + k.offsets.len() as u32]),
+                Some("key-groups"),
+            ),
+            Some(KeyedStateHandle::Native(n)) => {
+                (Some([n.key_groups.start, n.key_groups.end]), Some("native"))
+            }
+        };
+        let mut files = Vec::new();
+        let mut inline_bytes = 0;
+        for handle in state.handles() {
+            match handle {
+                StateHandle::Inline(bytes) => inline_bytes += bytes.len() as u64,
+                StateHandle::Object { path, size } => files.push(FileView {
+                    path: path.clone(),
+                    offset: 0,
+                    size: *size,
+                }),
+                StateHandle::Segment { path, offset, size } => files.push(FileView {
+                    path: path.clone(),
+                    offset: *offset,
+                    size: *size,
+                }),
+            }
+        }
+        SubtaskView {
+            operator,
+            index,
+            key_groups,
+            keyed,
+            files,
+            inline_bytes,
+            channels: state
+                .channels
+                .iter()
+                .map(|c| ChannelView {
+                    side: match c.side {
+                        ChannelSide::Input => "input",
+                        ChannelSide::Output => "output",
+                    },
+                    channel: c.channel,
+                    batches: c.batches,
+                    bytes: c.handle.size(),
+                    inline: matches!(c.handle, StateHandle::Inline(_)),
+                })
+                .collect(),
+            operator_state: state
+                .operator
+                .iter()
+                .map(|(name, bytes)| (name.clone(), bytes.len()))
+                .collect(),
+        }
+    }
+}
+
+impl Inspection {
+    pub fn of(path: String, checkpoint: &CompletedCheckpoint) -> Self {
+        Inspection {
+            path,
+            kind: match checkpoint.kind {
+                CheckpointKind::Checkpoint => "checkpoint",
+                CheckpointKind::Savepoint => "savepoint",
+            },
+            format: match checkpoint.format {
+                SnapshotFormat::JobDirectory => "job-directory",
+                SnapshotFormat::SelfContained => "self-contained",
+            },
+            format_version: metadata::VERSION,
+            id: checkpoint.id.0,
+            timestamp_ms: checkpoint.timestamp,
+            operators: checkpoint
+                .operators
+                .iter()
+                .map(|op| OperatorView {
+                    id: op.id.0,
+                    name: op.name.clone(),
+                    uid: op.uid.clone(),
+                    parallelism: op.parallelism,
+                    max_parallelism: op.max_parallelism,
+                })
+                .collect(),
+            subtasks: checkpoint
+                .subtasks
+                .iter()
+                .map(|(id, state)| SubtaskView::of(id.operator.0, id.index.0, state))
+                .collect(),
+            state_bytes: checkpoint.subtasks.values().map(SubtaskState::size).sum(),
+        }
+    }
+}
+
+impl fmt::Display for Inspection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{} {} of {}", self.kind, self.id, self.path)?;
+        writeln!(
+            f,
+            "format: {} (metadata version {}), taken at {} ms since the epoch, {} bytes of state",
+            self.format, self.format_version, self.timestamp_ms, self.state_bytes
+        )?;
+        writeln!(f, "operators:")?;
+        for op in &self.operators {
+            writeln!(
+                f,
+                "  op-{} {:?} uid {:?}: parallelism {}, max parallelism {}",
+                op.id, op.name, op.uid, op.parallelism, op.max_parallelism
+            )?;
+        }
+        writeln!(f, "subtasks:")?;
+        for s in &self.subtasks {
+            write!(f, "  op-{} #{}", s.operator, s.index)?;
+            if let (Some([start, end]), Some(keyed)) = (s.key_groups, s.keyed) {
+                write!(f, ": {keyed} state of key groups {start}..{end}")?;
+            }
+            writeln!(f, ", {} bytes inline", s.inline_bytes)?;
+            for file in &s.files {
+                writeln!(
+                    f,
+                    "    file {} ({} bytes at {})",
+                    file.path, file.size, file.offset
+                )?;
+            }
+            for c in &s.channels {
+                writeln!(
+                    f,
+                    "    channel state: {} channel {}, {} batches, {} bytes{}",
+                    c.side,
+                    c.channel,
+                    c.batches,
+                    c.bytes,
+                    if c.inline { " inline" } else { "" }
+                )?;
+            }
+            for (name, bytes) in &s.operator_state {
+                writeln!(f, "    operator state {name:?}: {bytes} bytes")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn inspect(args: &InspectArgs) -> Result<Inspection, CliError> {
+    let dir = args.path.trim_end_matches('/');
+    let dir = dir
+        .strip_suffix(METADATA)
+        .unwrap_or(dir)
+        .trim_end_matches('/');
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Runtime(e.to_string()))?;
+    let storage = CheckpointStorage::open_directory(dir, false)?;
+    let checkpoint = runtime.block_on(storage.read_metadata_at(METADATA))?;
+    Ok(Inspection::of(storage.directory(), &checkpoint))
+}
