@@ -175,7 +175,7 @@ impl JobBuilder {
                 let source = factory(SourceContext {
                     subtask: ctx.subtask,
                     parallelism: ctx.parallelism,
-                    start_offset: ctx.source_offset,
+                    start: ctx.source_position.clone(),
                 });
                 Box::new(ChainTask::source(Box::new(source), next))
             }),

@@ -27,6 +27,7 @@ pub mod restart;
 pub mod rng;
 pub mod sink;
 pub mod source;
+pub mod split;
 pub mod state;
 pub mod task;
 

@@ -371,7 +371,11 @@ impl<T: Send> Downstream<T> for SinkWriter<T> {
     fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
         self.sink
             .restore(state.operator.get(SINK).map(Vec::as_slice))
-            .map_err(TaskError::Sink)
+            .map_err(TaskError::Sink)?;
+        for adopted in &state.adopted {
+            self.sink.adopt(adopted).map_err(TaskError::Sink)?;
+        }
+        Ok(())
     }
 }
 

@@ -36,4 +36,11 @@ pub trait Sink<T>: Send {
     fn restore(&mut self, _state: Option<&[u8]>) -> Result<(), UserError> {
         Ok(())
     }
+
+    /// Called after `restore` with what `pre_commit` returned at a subtask
+    /// that a rescale to a lower parallelism removed: commit it, since that
+    /// subtask will not.
+    fn adopt(&mut self, _state: &[u8]) -> Result<(), UserError> {
+        Ok(())
+    }
 }

@@ -1,16 +1,26 @@
-//! Sources. A source is replayable: it reports the offset it has reached, and
-//! a subtask can open it at a given offset, which is how a restore rewinds it.
+//! Sources. A source is replayable: it reads records by index as its
+//! [`Split`] assigns them, reports the split's position, and a subtask can
+//! open it at a position, which is how a restore rewinds it, at the same or
+//! another parallelism.
 
 use crate::error::UserError;
 use crate::ids::SubtaskIndex;
+use crate::split::{Split, SplitPosition};
 
 /// Where a source subtask starts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SourceContext {
     pub subtask: SubtaskIndex,
     pub parallelism: u32,
-    /// Offset to resume from: 0 on a fresh start.
-    pub start_offset: u64,
+    /// Position to resume from: `None` on a fresh start.
+    pub start: Option<SplitPosition>,
+}
+
+impl SourceContext {
+    /// The indices this subtask reads, from where it starts.
+    pub fn split(&self) -> Split {
+        Split::new(self.subtask.0, self.parallelism, self.start.clone())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,28 +35,22 @@ pub trait Source<T>: Send {
     /// Appends at most `max` records to `out`.
     fn read(&mut self, out: &mut Vec<T>, max: usize) -> Result<SourceStatus, UserError>;
 
-    /// Offset of the next record to read; opening the source at this offset
-    /// resumes exactly after the records read so far.
-    fn offset(&self) -> u64;
+    /// Position of the split after the records read so far; opening the
+    /// source at it resumes exactly after them.
+    fn position(&self) -> SplitPosition;
 }
 
-/// A replayable source over items in memory: subtask j of p reads the items
-/// at positions j, j + p, j + 2p, …; its offset counts the items it read.
+/// A replayable source over items in memory, item i being index i.
 pub struct Items<T> {
     items: std::sync::Arc<Vec<T>>,
-    next: usize,
-    step: usize,
-    offset: u64,
+    split: Split,
 }
 
 impl<T> Items<T> {
     pub fn new(items: std::sync::Arc<Vec<T>>, ctx: SourceContext) -> Self {
-        let step = ctx.parallelism as usize;
         Items {
-            next: ctx.subtask.0 as usize + ctx.start_offset as usize * step,
             items,
-            step,
-            offset: ctx.start_offset,
+            split: ctx.split(),
         }
     }
 }
@@ -54,22 +58,24 @@ impl<T> Items<T> {
 impl<T: Clone + Send + Sync> Source<T> for Items<T> {
     fn read(&mut self, out: &mut Vec<T>, max: usize) -> Result<SourceStatus, UserError> {
         for _ in 0..max {
-            let Some(item) = self.items.get(self.next) else {
+            let Some(item) = usize::try_from(self.split.peek())
+                .ok()
+                .and_then(|i| self.items.get(i))
+            else {
                 break;
             };
             out.push(item.clone());
-            self.next += self.step;
-            self.offset += 1;
+            self.split.advance();
         }
-        Ok(if self.next >= self.items.len() {
+        Ok(if self.split.peek() >= self.items.len() as u64 {
             SourceStatus::Finished
         } else {
             SourceStatus::Running
         })
     }
 
-    fn offset(&self) -> u64 {
-        self.offset
+    fn position(&self) -> SplitPosition {
+        self.split.position().clone()
     }
 }
 
@@ -87,17 +93,19 @@ mod tests {
     #[test]
     fn items_split_by_subtask_and_resume_at_an_offset() {
         let items = Arc::new((0..10).collect::<Vec<u32>>());
-        let ctx = |subtask, start_offset| SourceContext {
+        let ctx = |subtask, start| SourceContext {
             subtask: crate::ids::SubtaskIndex(subtask),
             parallelism: 3,
-            start_offset,
+            start,
         };
         assert_eq!(
-            read_all(&mut Items::new(items.clone(), ctx(1, 0))),
+            read_all(&mut Items::new(items.clone(), ctx(1, None))),
             [1, 4, 7]
         );
-        let mut resumed = Items::new(items.clone(), ctx(0, 2));
+        let mut first = Items::new(items.clone(), ctx(0, None));
+        first.read(&mut Vec::new(), 2).unwrap();
+        let mut resumed = Items::new(items.clone(), ctx(0, Some(first.position())));
         assert_eq!(read_all(&mut resumed), [6, 9]);
-        assert_eq!(resumed.offset(), 4);
+        assert_eq!(resumed.position().next, 12);
     }
 }

@@ -9,6 +9,7 @@ use crate::ids::{CheckpointId, KeyGroup, SubtaskIndex};
 use crate::key_group::KeyGroupRange;
 use crate::operator::{Downstream, Outgoing};
 use crate::source::{Source, SourceStatus};
+use crate::split::SplitPosition;
 use crate::state::{HeapSnapshot, StateBackend};
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -25,8 +26,8 @@ pub struct TaskContext {
     /// The edge this subtask feeds, if any: its partitioner and the
     /// consumer's parallelism and max parallelism.
     pub output: Option<OutputContext>,
-    /// Offset a source resumes from.
-    pub source_offset: u64,
+    /// Position a source resumes from: `None` on a fresh start.
+    pub source_position: Option<SplitPosition>,
     /// Where a keyed operator keeps its state: the job's choice.
     pub state_backend: StateBackend,
 }
@@ -39,8 +40,8 @@ pub struct OutputContext {
     pub consumer_max_parallelism: u32,
 }
 
-/// Operator-state entry of a source: its offset, u64 little endian.
-pub const SOURCE_OFFSET: &str = "source-offset";
+/// Operator-state entry of a source: its `SplitPosition`, MessagePack.
+pub const SOURCE_POSITION: &str = "source-position";
 /// Operator-state entry of a source that had read everything when the
 /// snapshot was taken: once a checkpoint holding it for every source
 /// completes, the input can end without anything left to replay.
@@ -99,20 +100,22 @@ pub struct RestoreState {
     /// A local directory holding the files of a RocksDB native checkpoint,
     /// downloaded for this subtask; the backend takes them over.
     pub native: Option<PathBuf>,
+    /// Local directories of further native checkpoints, after a rescale:
+    /// the backend copies the key groups it owns out of them and deletes them.
+    pub imports: Vec<PathBuf>,
+    /// Sink transactions of subtasks a rescale removed, to commit.
+    pub adopted: Vec<Vec<u8>>,
 }
 
 impl RestoreState {
-    pub fn source_offset(&self) -> Result<u64, TaskError> {
-        match self.operator.get(SOURCE_OFFSET) {
-            None => Ok(0),
-            Some(bytes) => bytes
-                .as_slice()
-                .try_into()
-                .map(u64::from_le_bytes)
-                .map_err(|_| {
-                    TaskError::Protocol(format!("a source offset of {} bytes", bytes.len()))
-                }),
-        }
+    pub fn source_position(&self) -> Result<Option<SplitPosition>, TaskError> {
+        self.operator
+            .get(SOURCE_POSITION)
+            .map(|bytes| {
+                rmp_serde::from_slice(bytes)
+                    .map_err(|e| TaskError::Protocol(format!("a malformed source position: {e}")))
+            })
+            .transpose()
     }
 }
 
@@ -217,10 +220,10 @@ impl<T: Data> Task for ChainTask<T> {
     ) -> Result<TaskSnapshot, TaskError> {
         let mut snapshot = TaskSnapshot::default();
         if let Some(head) = &self.source {
-            snapshot.operator.insert(
-                SOURCE_OFFSET.into(),
-                head.source.offset().to_le_bytes().to_vec(),
-            );
+            let position = rmp_serde::to_vec(&head.source.position()).map_err(|e| {
+                TaskError::Protocol(format!("cannot encode a source position: {e}"))
+            })?;
+            snapshot.operator.insert(SOURCE_POSITION.into(), position);
             if head.exhausted {
                 snapshot
                     .operator

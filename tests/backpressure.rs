@@ -26,8 +26,8 @@ impl Source<u64> for Counted {
         Ok(status)
     }
 
-    fn offset(&self) -> u64 {
-        self.inner.offset()
+    fn position(&self) -> tidemark::split::SplitPosition {
+        self.inner.position()
     }
 }
 

@@ -96,6 +96,23 @@ impl FileSink {
         Ok(())
     }
 
+    /// Commits pre-committed files of a restored checkpoint; a restore that
+    /// ran before may have committed them already.
+    fn commit_restored(&self, names: &[String]) -> Result<(), UserError> {
+        for name in names {
+            let (pending, visible) = (
+                self.dir.join(format!("{PENDING}{name}")),
+                self.dir.join(name),
+            );
+            if pending.exists() {
+                rename(&pending, &visible)?;
+            } else if !visible.exists() {
+                return Err(format!("pre-committed file {} is missing", pending.display()).into());
+            }
+        }
+        Ok(())
+    }
+
     /// Hidden files of this subtask in this run.
     fn own_hidden_files(&self) -> Result<Vec<PathBuf>, UserError> {
         let prefixes = [
@@ -159,22 +176,19 @@ impl Sink<(u64, u64)> for FileSink {
             None => (self.run.clone(), Vec::new()),
         };
         self.run = run;
-        for name in names {
-            let (pending, visible) = (
-                self.dir.join(format!("{PENDING}{name}")),
-                self.dir.join(&name),
-            );
-            if pending.exists() {
-                rename(&pending, &visible)?;
-            } else if !visible.exists() {
-                return Err(format!("pre-committed file {} is missing", pending.display()).into());
-            }
-        }
+        self.commit_restored(&names)?;
         for leftover in self.own_hidden_files()? {
             std::fs::remove_file(&leftover)
                 .map_err(|e| format!("cannot delete {}: {e}", leftover.display()))?;
         }
         Ok(())
+    }
+
+    /// The files a removed subtask pre-committed; what it wrote after them
+    /// stays hidden, like the files of a run that is never restored.
+    fn adopt(&mut self, state: &[u8]) -> Result<(), UserError> {
+        let (_, names): (String, Vec<String>) = rmp_serde::from_slice(state)?;
+        self.commit_restored(&names)
     }
 }
 

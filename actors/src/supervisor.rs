@@ -45,6 +45,7 @@ use tidemark::graph::JobGraph;
 use tidemark::ids::{Attempt, CheckpointId, SubtaskId, SubtaskIndex};
 use tidemark::job::Job;
 use tidemark::key_group::KeyGroupRange;
+use tidemark::split::SplitPosition;
 use tidemark::task::{OutputContext, RestoreState, TaskContext};
 use tidemark::StateBackend;
 use tokio::sync::oneshot;
@@ -122,25 +123,34 @@ async fn load(
         async move {
             let mut state = RestoreState {
                 operator: plan.operator,
+                adopted: plan.adopted,
                 ..RestoreState::default()
             };
             let mut shared_base = SharedBase::new();
-            if let Some(native) = plan.native {
+            if plan.native.is_some() || !plan.imports.is_empty() {
                 let Some(local_dir) = local_dir else {
                     return Err(JobError::Restore(RestoreError::Malformed {
                         subtask,
                         problem: "the checkpoint holds RocksDB state and the job runs on the heap backend".into(),
                     }));
                 };
-                state.native = Some(download(&storage, subtask, &native, local_dir).await?);
-                // Files the job does not own are never referenced by its
-                // checkpoints: the first one after such a restore is full.
-                if owned {
-                    shared_base = native
-                        .shared
-                        .into_iter()
-                        .map(|f| (f.name.clone(), f))
-                        .collect();
+                for import in &plan.imports {
+                    state
+                        .imports
+                        .push(download(&storage, subtask, import, local_dir).await?);
+                }
+                if let Some(native) = plan.native {
+                    state.native = Some(download(&storage, subtask, &native, local_dir).await?);
+                    // Files the job does not own are never referenced by its
+                    // checkpoints: the first one after such a restore is full,
+                    // and so is the first one after a rescale merged several.
+                    if owned && plan.imports.is_empty() {
+                        shared_base = native
+                            .shared
+                            .into_iter()
+                            .map(|f| (f.name.clone(), f))
+                            .collect();
+                    }
                 }
             }
             let malformed =
@@ -275,7 +285,11 @@ impl JobSupervisor {
         }
     }
 
-    fn task_context(&self, subtask: SubtaskId, source_offset: u64) -> TaskContext {
+    fn task_context(
+        &self,
+        subtask: SubtaskId,
+        source_position: Option<SplitPosition>,
+    ) -> TaskContext {
         let graph = &self.job.graph;
         let op = graph.operator(subtask.operator);
         TaskContext {
@@ -297,7 +311,7 @@ impl JobSupervisor {
                     consumer_max_parallelism: consumer.max_parallelism,
                 }
             }),
-            source_offset,
+            source_position,
             state_backend: self.job.config.state_backend.clone(),
         }
     }
@@ -492,8 +506,8 @@ impl JobSupervisor {
                 .restored_inflight_batches
                 .fetch_add(replayed as u64, Ordering::Relaxed);
             let failed = |error| JobError::TaskFailed { subtask: id, error };
-            let offset = state.source_offset().map_err(failed)?;
-            let ctx = self.task_context(id, offset);
+            let position = state.source_position().map_err(failed)?;
+            let ctx = self.task_context(id, position);
             let factory = self.job.task_factory(id.operator).clone();
             let task = catch_unwind(AssertUnwindSafe(|| {
                 let mut task = factory(&ctx);

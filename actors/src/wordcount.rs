@@ -6,21 +6,20 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tidemark::job::JobConfig;
 use tidemark::rng::splitmix64;
+use tidemark::split::{Split, SplitPosition};
 use tidemark::{
     AllKeys, Collector, Job, KeyedContext, KeyedProcessFunction, Source, SourceContext,
     SourceStatus, StateRegistrar, UserError, ValueState,
 };
 
-/// Source subtask j of P emits the keys of records i in 0..N with
-/// i mod P == j, in increasing i; record i's key is
-/// `splitmix64(seed + i) % keys`. Its offset counts the records it emitted.
+/// Emits the keys of records 0..N as its split assigns them (source
+/// subtask j of P: i mod P == j, in increasing i, on a fresh start); record
+/// i's key is `splitmix64(seed + i) % keys`.
 pub struct Generator {
     records: u64,
     keys: u64,
     seed: u64,
-    subtask: u64,
-    parallelism: u64,
-    offset: u64,
+    split: Split,
 }
 
 impl Generator {
@@ -29,33 +28,30 @@ impl Generator {
             records,
             keys,
             seed,
-            subtask: u64::from(ctx.subtask.0),
-            parallelism: u64::from(ctx.parallelism),
-            offset: ctx.start_offset,
+            split: ctx.split(),
         }
     }
 }
 
 impl Source<u64> for Generator {
     fn read(&mut self, out: &mut Vec<u64>, max: usize) -> Result<SourceStatus, UserError> {
-        let mut i = self.subtask + self.offset * self.parallelism;
         for _ in 0..max {
+            let i = self.split.peek();
             if i >= self.records {
                 return Ok(SourceStatus::Finished);
             }
             out.push(splitmix64(self.seed.wrapping_add(i)) % self.keys);
-            i += self.parallelism;
-            self.offset += 1;
+            self.split.advance();
         }
-        Ok(if i >= self.records {
+        Ok(if self.split.peek() >= self.records {
             SourceStatus::Finished
         } else {
             SourceStatus::Running
         })
     }
 
-    fn offset(&self) -> u64 {
-        self.offset
+    fn position(&self) -> SplitPosition {
+        self.split.position().clone()
     }
 }
 

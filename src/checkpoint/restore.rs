@@ -5,11 +5,13 @@
 
 use super::{
     ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyGroupsStateHandle, KeyedStateHandle,
-    NativeStateHandle, StateHandle,
+    NativeStateHandle, StateHandle, SubtaskState,
 };
 use crate::graph::JobGraph;
-use crate::ids::{KeyGroup, OperatorId, SubtaskId};
+use crate::ids::{KeyGroup, OperatorId, SubtaskId, SubtaskIndex};
 use crate::key_group::KeyGroupRange;
+use crate::split::{self, SplitPosition};
+use crate::task::{SINK, SOURCE_EXHAUSTED, SOURCE_POSITION};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use thiserror::Error;
@@ -18,12 +20,6 @@ use thiserror::Error;
 pub enum RestoreError {
     #[error("the checkpoint has state for {0}, which this job does not have")]
     UnknownSubtask(SubtaskId),
-    #[error("operator {name:?} ran at parallelism {checkpointed} in the checkpoint and is {now} now; restoring at another parallelism is not supported yet")]
-    Parallelism {
-        name: String,
-        checkpointed: u32,
-        now: u32,
-    },
     #[error("checkpoint {checkpoint} is unaligned and holds in-flight channel state; operator {name:?} ran at parallelism {checkpointed} in it and is {now} now, and restoring channel state at another parallelism is not supported yet")]
     UnalignedRescale {
         checkpoint: crate::ids::CheckpointId,
@@ -53,11 +49,17 @@ pub struct KeyedSlices {
 pub struct RestorePlan {
     pub keyed: Vec<KeyedSlices>,
     pub operator: BTreeMap<String, Vec<u8>>,
+    /// Sink transactions of subtasks a rescale removed: pre-committed, to
+    /// be committed by this subtask.
+    pub adopted: Vec<Vec<u8>>,
     /// In-flight batches to replay, each on a channel the subtask has.
     pub channels: Vec<ChannelStateHandle>,
-    /// A native checkpoint of exactly the key groups the subtask owns, to
-    /// download and open.
+    /// The native checkpoint with the most of the key groups the subtask
+    /// owns, to download, open and clip to them.
     pub native: Option<NativeStateHandle>,
+    /// Further native checkpoints holding key groups the subtask owns, after
+    /// a rescale: their owned key groups are copied in.
+    pub imports: Vec<NativeStateHandle>,
 }
 
 fn ranges(
@@ -79,8 +81,16 @@ fn ranges(
     Ok(out)
 }
 
-/// The state of every subtask of `graph` in `checkpoint`. Subtasks the
-/// checkpoint knows nothing of start empty.
+fn overlap(a: KeyGroupRange, b: KeyGroupRange) -> u32 {
+    (a.end.min(b.end) + 1).saturating_sub(a.start.max(b.start))
+}
+
+/// The state of every subtask of `graph` in `checkpoint`, at the job's
+/// parallelism, which may differ from the checkpoint's: key groups go to
+/// the subtask that owns them now, source positions are redistributed so
+/// that every record is read exactly once, and the sink transactions of
+/// removed subtasks go to subtask 0. Subtasks the checkpoint knows nothing
+/// of start empty.
 pub fn plan(
     checkpoint: &CompletedCheckpoint,
     graph: &JobGraph,
@@ -97,50 +107,74 @@ pub fn plan(
             });
         }
     }
-    let mut checkpointed: BTreeMap<OperatorId, u32> = BTreeMap::new();
-    for subtask in checkpoint.subtasks.keys() {
+    let mut old: BTreeMap<OperatorId, Vec<(SubtaskIndex, &SubtaskState)>> = BTreeMap::new();
+    for (subtask, state) in &checkpoint.subtasks {
         if subtask.operator.0 as usize >= graph.operators.len() {
             return Err(RestoreError::UnknownSubtask(*subtask));
         }
-        let p = checkpointed.entry(subtask.operator).or_default();
-        *p = (*p).max(subtask.index.0 + 1);
+        old.entry(subtask.operator)
+            .or_default()
+            .push((subtask.index, state));
     }
-    for (&operator, &parallelism) in &checkpointed {
+    let has_channel_state = checkpoint
+        .subtasks
+        .values()
+        .any(|state| !state.channels.is_empty());
+    let mut plans = HashMap::new();
+    for (&operator, states) in &old {
         let op = graph.operator(operator);
-        let has_channel_state = checkpoint
-            .subtasks
-            .values()
-            .any(|state| !state.channels.is_empty());
-        if op.parallelism != parallelism && has_channel_state {
+        let checkpointed = checkpoint
+            .operators
+            .iter()
+            .find(|o| o.id == operator)
+            .map_or_else(
+                || states.iter().map(|(i, _)| i.0 + 1).max().unwrap_or(0),
+                |o| o.parallelism,
+            );
+        if op.parallelism != checkpointed && has_channel_state {
             return Err(RestoreError::UnalignedRescale {
                 checkpoint: checkpoint.id,
                 name: op.name.clone(),
-                checkpointed: parallelism,
+                checkpointed,
                 now: op.parallelism,
             });
         }
-        if op.parallelism != parallelism {
-            return Err(RestoreError::Parallelism {
-                name: op.name.clone(),
-                checkpointed: parallelism,
-                now: op.parallelism,
-            });
-        }
+        plan_operator(graph, operator, checkpointed, states, &mut plans)?;
     }
-    let mut plans: HashMap<SubtaskId, RestorePlan> = HashMap::new();
-    for (subtask, state) in &checkpoint.subtasks {
-        let op = graph.operator(subtask.operator);
-        let owned = KeyGroupRange::for_subtask(op.max_parallelism, op.parallelism, subtask.index);
-        let plan = plans.entry(*subtask).or_default();
-        plan.operator = state.operator.clone();
+    Ok(plans)
+}
+
+/// Key groups, native checkpoints, operator and channel state of one
+/// operator's subtasks at `graph`'s parallelism, from `states` at
+/// `checkpointed`.
+fn plan_operator(
+    graph: &JobGraph,
+    operator: OperatorId,
+    checkpointed: u32,
+    states: &[(SubtaskIndex, &SubtaskState)],
+    plans: &mut HashMap<SubtaskId, RestorePlan>,
+) -> Result<(), RestoreError> {
+    let op = graph.operator(operator);
+    let id = |index| SubtaskId { operator, index };
+    let mut slices: Vec<KeyedSlices> = Vec::new();
+    let mut natives: Vec<&NativeStateHandle> = Vec::new();
+    for &(index, state) in states {
+        let subtask = id(index);
+        if index.0 >= checkpointed {
+            return Err(RestoreError::Malformed {
+                subtask,
+                problem: format!("a subtask of an operator at parallelism {checkpointed}"),
+            });
+        }
+        let owned = KeyGroupRange::for_subtask(op.max_parallelism, checkpointed, index);
         for channel in &state.channels {
             let count = match channel.side {
-                ChannelSide::Input => graph.input_count(*subtask),
-                ChannelSide::Output => graph.output_count(*subtask),
+                ChannelSide::Input => graph.input_count(subtask),
+                ChannelSide::Output => graph.output_count(subtask),
             };
             if channel.channel as usize >= count {
                 return Err(RestoreError::Malformed {
-                    subtask: *subtask,
+                    subtask,
                     problem: format!(
                         "channel state for {:?} channel {} of {count}",
                         channel.side, channel.channel
@@ -148,18 +182,17 @@ pub fn plan(
                 });
             }
         }
-        plan.channels = state.channels.clone();
         match &state.keyed {
             None => {}
             Some(KeyedStateHandle::KeyGroups(keyed)) => {
-                let groups = ranges(*subtask, keyed)?;
+                let groups = ranges(subtask, keyed)?;
                 if let Some((group, _)) = groups.iter().find(|(g, _)| !owned.contains(*g)) {
                     return Err(RestoreError::Malformed {
-                        subtask: *subtask,
+                        subtask,
                         problem: format!("{group} belongs to another subtask"),
                     });
                 }
-                plan.keyed.push(KeyedSlices {
+                slices.push(KeyedSlices {
                     handle: keyed.handle.clone(),
                     groups,
                 });
@@ -167,18 +200,116 @@ pub fn plan(
             Some(KeyedStateHandle::Native(native)) => {
                 if native.key_groups != owned {
                     return Err(RestoreError::Malformed {
-                        subtask: *subtask,
+                        subtask,
                         problem: format!(
                             "a native checkpoint of {:?} where the subtask owns {owned:?}",
                             native.key_groups
                         ),
                     });
                 }
-                plan.native = Some(native.clone());
+                natives.push(native);
             }
         }
     }
-    Ok(plans)
+    let operator_states =
+        operator_state(op.parallelism, checkpointed, states).map_err(|problem| {
+            RestoreError::Malformed {
+                subtask: id(SubtaskIndex(0)),
+                problem,
+            }
+        })?;
+    for (j, (operator_state, adopted)) in operator_states.into_iter().enumerate() {
+        let index = SubtaskIndex(j as u32);
+        let owned = KeyGroupRange::for_subtask(op.max_parallelism, op.parallelism, index);
+        let mut plan = RestorePlan {
+            operator: operator_state,
+            adopted,
+            ..RestorePlan::default()
+        };
+        if op.parallelism == checkpointed {
+            if let Some((_, state)) = states.iter().find(|(i, _)| *i == index) {
+                plan.channels = state.channels.clone();
+            }
+        }
+        for keyed in &slices {
+            let groups: Vec<_> = keyed
+                .groups
+                .iter()
+                .filter(|(g, _)| owned.contains(*g))
+                .cloned()
+                .collect();
+            if !groups.is_empty() {
+                plan.keyed.push(KeyedSlices {
+                    handle: keyed.handle.clone(),
+                    groups,
+                });
+            }
+        }
+        let mut overlapping: Vec<&NativeStateHandle> = natives
+            .iter()
+            .copied()
+            .filter(|n| overlap(n.key_groups, owned) > 0)
+            .collect();
+        overlapping.sort_by_key(|n| std::cmp::Reverse(overlap(n.key_groups, owned)));
+        let mut overlapping = overlapping.into_iter().cloned();
+        plan.native = overlapping.next();
+        plan.imports = overlapping.collect();
+        plans.insert(id(index), plan);
+    }
+    Ok(())
+}
+
+/// Each new subtask's operator state and the sink transactions it adopts.
+/// At the same parallelism every subtask keeps its own. Otherwise source
+/// positions are redistributed, a new source is exhausted if every old one
+/// was, subtask j keeps the sink transactions and other entries of old
+/// subtask j, and subtask 0 adopts the sink transactions of old subtasks
+/// beyond the new parallelism.
+#[allow(clippy::type_complexity)]
+fn operator_state(
+    parallelism: u32,
+    checkpointed: u32,
+    states: &[(SubtaskIndex, &SubtaskState)],
+) -> Result<Vec<(BTreeMap<String, Vec<u8>>, Vec<Vec<u8>>)>, String> {
+    let of = |j: u32| {
+        states
+            .iter()
+            .find(|(i, _)| i.0 == j)
+            .map(|(_, s)| &s.operator)
+    };
+    let mut out: Vec<(BTreeMap<String, Vec<u8>>, Vec<Vec<u8>>)> = (0..parallelism)
+        .map(|j| (of(j).cloned().unwrap_or_default(), Vec::new()))
+        .collect();
+    if parallelism == checkpointed {
+        return Ok(out);
+    }
+    let is_source = states
+        .iter()
+        .any(|(_, s)| s.operator.contains_key(SOURCE_POSITION));
+    if is_source {
+        let old = (0..checkpointed)
+            .map(|j| match of(j).and_then(|o| o.get(SOURCE_POSITION)) {
+                None => Ok(SplitPosition::start(j)),
+                Some(bytes) => rmp_serde::from_slice(bytes)
+                    .map_err(|e| format!("a malformed source position: {e}")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let exhausted =
+            (0..checkpointed).all(|j| of(j).is_some_and(|o| o.contains_key(SOURCE_EXHAUSTED)));
+        for ((state, _), position) in out.iter_mut().zip(split::redistribute(&old, parallelism)) {
+            let bytes = rmp_serde::to_vec(&position)
+                .map_err(|e| format!("cannot encode a source position: {e}"))?;
+            state.insert(SOURCE_POSITION.into(), bytes);
+            if exhausted {
+                state.insert(SOURCE_EXHAUSTED.into(), Vec::new());
+            } else {
+                state.remove(SOURCE_EXHAUSTED);
+            }
+        }
+    }
+    let removed = (parallelism..checkpointed).filter_map(|j| of(j)?.get(SINK).cloned());
+    out[0].1.extend(removed);
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -250,14 +381,6 @@ mod tests {
 
     #[test]
     fn a_checkpoint_that_does_not_fit_the_job_is_refused() {
-        assert_eq!(
-            plan(&checkpoint(2), &graph(3)),
-            Err(RestoreError::Parallelism {
-                name: "count".into(),
-                checkpointed: 2,
-                now: 3
-            })
-        );
         let mut foreign = checkpoint(1);
         foreign.subtasks.insert(
             SubtaskId {
@@ -281,6 +404,123 @@ mod tests {
             plan(&truncated, &graph(1)),
             Err(RestoreError::Malformed { .. })
         ));
+    }
+
+    fn source(index: u32) -> SubtaskId {
+        SubtaskId {
+            operator: OperatorId(0),
+            index: SubtaskIndex(index),
+        }
+    }
+
+    #[test]
+    fn at_any_new_parallelism_every_key_group_is_read_once_by_its_new_owner() {
+        for old in 1..=5 {
+            for new in 1..=5 {
+                let plans = plan(&checkpoint(old), &graph(new)).unwrap();
+                let mut read: Vec<(KeyGroup, String, Range<u64>)> = Vec::new();
+                for j in 0..new {
+                    let owned = KeyGroupRange::for_subtask(128, new, SubtaskIndex(j));
+                    for slices in &plans[&count(j)].keyed {
+                        for (group, range) in &slices.groups {
+                            assert!(owned.contains(*group), "{old} -> {new}: {group}");
+                            let path = slices.handle.physical().unwrap().to_owned();
+                            read.push((*group, path, range.clone()));
+                        }
+                    }
+                }
+                read.sort_by_key(|(g, _, _)| g.0);
+                assert_eq!(read.len(), 128, "{old} -> {new}");
+                for (g, (group, path, range)) in read.into_iter().enumerate() {
+                    assert_eq!(group, KeyGroup(g as u32));
+                    let was = crate::key_group::subtask_for_key_group(128, old, group);
+                    assert_eq!(path, format!("chk-1/count-{}", was.0));
+                    let first = KeyGroupRange::for_subtask(128, old, was).start;
+                    let at = u64::from(group.0 - first) * 10;
+                    assert_eq!(range, at..at + 10);
+                }
+            }
+        }
+    }
+
+    fn native(p: u32, i: u32) -> NativeStateHandle {
+        NativeStateHandle {
+            key_groups: KeyGroupRange::for_subtask(128, p, SubtaskIndex(i)),
+            shared: Vec::new(),
+            private: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_rescaled_subtask_opens_the_native_checkpoint_it_overlaps_most_and_imports_the_rest() {
+        let mut c = checkpoint(3);
+        for i in 0..3 {
+            c.subtasks.get_mut(&count(i)).unwrap().keyed =
+                Some(KeyedStateHandle::Native(native(3, i)));
+        }
+        let plans = plan(&c, &graph(2)).unwrap();
+        // New 0 owns 0..=63: old 0 (0..=42) and 21 groups of old 1 (43..=85).
+        assert_eq!(plans[&count(0)].native, Some(native(3, 0)));
+        assert_eq!(plans[&count(0)].imports, [native(3, 1)]);
+        // New 1 owns 64..=127: 22 groups of old 1, all 42 of old 2.
+        assert_eq!(plans[&count(1)].native, Some(native(3, 2)));
+        assert_eq!(plans[&count(1)].imports, [native(3, 1)]);
+        let plans = plan(&c, &graph(6)).unwrap();
+        for j in 0..6 {
+            let p = &plans[&count(j)];
+            assert_eq!(p.native, Some(native(3, j / 2)), "{j}");
+            assert!(p.imports.is_empty());
+        }
+    }
+
+    fn position(bytes: &[u8]) -> SplitPosition {
+        rmp_serde::from_slice(bytes).unwrap()
+    }
+
+    #[test]
+    fn a_rescale_redistributes_source_positions_and_hands_removed_sinks_to_subtask_0() {
+        let mut c = checkpoint(3);
+        for i in 0..3 {
+            let at = SplitPosition {
+                next: u64::from(i) + 3 * u64::from(i + 1),
+                read_before: Vec::new(),
+            };
+            let mut operator =
+                BTreeMap::from([(SOURCE_POSITION.to_owned(), rmp_serde::to_vec(&at).unwrap())]);
+            if i > 0 {
+                operator.insert(SOURCE_EXHAUSTED.into(), Vec::new());
+            }
+            c.subtasks.insert(
+                source(i),
+                SubtaskState {
+                    operator,
+                    ..SubtaskState::default()
+                },
+            );
+            c.subtasks.get_mut(&count(i)).unwrap().operator =
+                BTreeMap::from([(SINK.to_owned(), vec![i as u8])]);
+        }
+        let plans = plan(&c, &graph(2)).unwrap();
+        let old: Vec<SplitPosition> = (0..3)
+            .map(|i| position(&c.subtasks[&source(i)].operator[SOURCE_POSITION]))
+            .collect();
+        for (j, expected) in split::redistribute(&old, 2).into_iter().enumerate() {
+            let operator = &plans[&source(j as u32)].operator;
+            assert_eq!(position(&operator[SOURCE_POSITION]), expected);
+            assert!(
+                !operator.contains_key(SOURCE_EXHAUSTED),
+                "not every old source was"
+            );
+        }
+        assert_eq!(plans[&count(0)].operator[SINK], [0]);
+        assert_eq!(plans[&count(0)].adopted, [vec![2u8]]);
+        assert_eq!(plans[&count(1)].operator[SINK], [1]);
+        assert!(plans[&count(1)].adopted.is_empty());
+
+        let plans = plan(&c, &graph(4)).unwrap();
+        assert!(plans[&count(3)].operator.is_empty());
+        assert!(plans.values().all(|p| p.adopted.is_empty()));
+        assert!(plans[&source(3)].operator.contains_key(SOURCE_POSITION));
     }
 
     fn channel_state(side: ChannelSide, channel: u32) -> ChannelStateHandle {

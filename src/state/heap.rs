@@ -155,7 +155,7 @@ impl<K: Key> HeapKeyedStateBackend<K> {
     /// Loads the key groups of `state`. A native checkpoint cannot be read
     /// into the heap: it is refused rather than ignored.
     pub fn restore(&mut self, state: &RestoreState) -> Result<(), StateError> {
-        if let Some(dir) = &state.native {
+        if let Some(dir) = state.native.iter().chain(&state.imports).next() {
             return Err(StateError::NativeCheckpointOnHeap(dir.clone()));
         }
         for (group, bytes) in &state.key_groups {

@@ -67,6 +67,9 @@ const BLOCK_CACHE_BYTES: usize = 64 << 20;
 /// Key groups are written as a big-endian `u16`; Flink's bound is 2^15.
 const MAX_KEY_GROUPS: u32 = 1 << 15;
 
+/// Bytes of imported entries written at once.
+const IMPORT_BATCH_BYTES: usize = 4 << 20;
+
 /// A value as an entry sees it: read once from the database, changed in
 /// place, written back by the cache when `dirty`.
 pub(crate) struct CachedValue<S> {
@@ -631,8 +634,9 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
         })
     }
 
-    /// Opens the database on `state.native` if there is one, then writes the
-    /// key groups of `state` (heap snapshot format) into it.
+    /// Opens the database on `state.native` if there is one, copies in the
+    /// key groups it owns from `state.imports`, then writes the key groups
+    /// of `state` (heap snapshot format) into it.
     pub fn restore(&mut self, state: &RestoreState) -> Result<(), StateError> {
         if let Some(native) = &state.native {
             // Whatever was there before is replaced, cache included.
@@ -640,10 +644,57 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
             self.open = None;
             self.open(Some(native))?;
         }
+        for import in &state.imports {
+            self.import(import)?;
+        }
         for (group, bytes) in &state.key_groups {
             self.restore_group(*group, bytes)?;
         }
         self.ensure_open().map(|_| ())
+    }
+
+    /// Copies the key groups this subtask owns out of the native checkpoint
+    /// in `dir` (another subtask's, before a rescale), then deletes `dir`.
+    /// Keys start with their key group, big endian, so the owned ones are
+    /// one contiguous run per column family.
+    fn import(&mut self, dir: &Path) -> Result<(), StateError> {
+        self.ensure_open()?;
+        self.write_back()?;
+        self.clear_cache();
+        let options = Options::default();
+        let found = DB::list_cf(&options, dir).map_err(rocks)?;
+        let source = DB::open_cf_for_read_only(&options, dir, &found, false).map_err(rocks)?;
+        let db = &self.open.as_ref().expect("opened above").db;
+        let (first, past) = (
+            group_prefix(self.range.start),
+            group_prefix(self.range.end + 1),
+        );
+        for name in &found {
+            let from = source.cf_handle(name).expect("opened above");
+            let to = match db.cf_handle(name) {
+                Some(cf) if self.states.iter().any(|s| s.name() == name) => cf,
+                _ if is_empty(&source, from) => continue,
+                _ => return Err(StateError::UnknownState(name.clone())),
+            };
+            let mut iter = source.raw_iterator_cf(from);
+            iter.seek(first);
+            let mut batch = WriteBatch::default();
+            while let Some((key, value)) = iter.item() {
+                if key >= past.as_slice() {
+                    break;
+                }
+                batch.put_cf(to, key, value);
+                if batch.size_in_bytes() >= IMPORT_BATCH_BYTES {
+                    db.write_opt(std::mem::take(&mut batch), &self.write)
+                        .map_err(rocks)?;
+                }
+                iter.next();
+            }
+            iter.status().map_err(rocks)?;
+            db.write_opt(batch, &self.write).map_err(rocks)?;
+        }
+        drop(source);
+        fs::remove_dir_all(dir).map_err(|e| StateError::io(dir, e))
     }
 
     /// Loads one key group as `HeapSnapshot::write` wrote it.
