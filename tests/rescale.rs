@@ -1,0 +1,152 @@
+//! Restoring at another parallelism end to end: wordcount stopped at p=2,
+//! restored at p=1, 3 and 4 into the output of the first run. The committed
+//! output of both runs holds every update exactly once, which needs every
+//! key group at its new owner with its count, every record read exactly once
+//! by the redistributed sources, and every pre-committed file committed once.
+
+mod common;
+#[path = "common/storage.rs"]
+mod storage;
+
+use common::assert_updates_exactly_once;
+use std::path::{Path, PathBuf};
+use tidemark_actors::cli::{self, RunArgs, RunReport};
+
+const RECORDS: u64 = 200_000;
+const KEYS: u64 = 1_000;
+const SEED: u64 = 11;
+
+fn args(parallelism: u32, extra: &[String], checkpoints: &Path, output: &Path) -> RunArgs {
+    let mut args = vec![
+        "wordcount".to_string(),
+        format!("--records={RECORDS}"),
+        format!("--keys={KEYS}"),
+        format!("--seed={SEED}"),
+        format!("--parallelism={parallelism}"),
+        "--emit=updates".to_string(),
+        "--checkpoint-interval=100ms".to_string(),
+        format!("--checkpoint-dir={}", checkpoints.display()),
+        format!("--output={}", output.display()),
+    ];
+    args.extend_from_slice(extra);
+    RunArgs::parse(args).unwrap()
+}
+
+fn run(parallelism: u32, extra: &[String], checkpoints: &Path, output: &Path) -> RunReport {
+    cli::run(&args(parallelism, extra, checkpoints, output))
+        .unwrap_or_else(|e| panic!("p={parallelism} {extra:?}: {e}"))
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_tree(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
+}
+
+/// Restores `state` at each of `parallelisms`, each from its own copy of
+/// `state_dir` (where `state`, a savepoint or a checkpoint, lives) and of
+/// `output`, and checks that every update is committed exactly once over
+/// both runs. A checkpoint is restored within its checkpoint directory (the
+/// copy); a savepoint into a new one.
+fn restore_at(
+    parallelisms: &[u32],
+    state_dir: &Path,
+    state: &Path,
+    output: &Path,
+    flags: &[&str],
+    root: &Path,
+) {
+    for &p in parallelisms {
+        let (copy, out) = (
+            root.join(format!("state-{p}")),
+            root.join(format!("out-{p}")),
+        );
+        copy_tree(state_dir, &copy);
+        copy_tree(output, &out);
+        let mut extra: Vec<String> = flags.iter().map(|s| s.to_string()).collect();
+        let from = copy.join(state.strip_prefix(state_dir).unwrap());
+        extra.push(format!("--restore={}", from.display()));
+        let checkpoints = if state == state_dir {
+            root.join(format!("checkpoints-{p}"))
+        } else {
+            copy.clone()
+        };
+        let restored = run(p, &extra, &checkpoints, &out);
+        assert!(restored.restored_bytes > 0, "p={p}: nothing restored");
+        assert!(
+            restored.records_in < RECORDS,
+            "p={p}: the restored run read everything again"
+        );
+        assert_updates_exactly_once(
+            &out,
+            RECORDS,
+            KEYS,
+            SEED,
+            &format!("{flags:?} from p=2 to p={p}"),
+        );
+    }
+}
+
+#[test]
+fn a_savepoint_at_p2_restores_at_p1_p3_and_p4_exactly_once() {
+    let root = tempfile::tempdir().unwrap();
+    let (output, savepoints) = (root.path().join("output"), root.path().join("savepoints"));
+    std::fs::create_dir_all(&output).unwrap();
+    let stopped = run(
+        2,
+        &[
+            // Slow enough that the savepoint falls inside the run.
+            "--rate=200000".to_string(),
+            format!("--savepoint-dir={}", savepoints.display()),
+            "--stop-with-savepoint-after=300ms".to_string(),
+        ],
+        &root.path().join("checkpoints"),
+        &output,
+    );
+    assert!(stopped.records_in < RECORDS, "the job stopped early");
+    let savepoint = PathBuf::from(stopped.savepoint.expect("the savepoint completed"));
+    restore_at(
+        &[1, 3, 4],
+        &savepoint,
+        &savepoint,
+        &output,
+        &[],
+        root.path(),
+    );
+}
+
+/// A run on incremental RocksDB that fails at checkpoint 4 and gives up
+/// leaves checkpoint 3 retained, its pre-committed files uncommitted and
+/// files written after it hidden: restored at p=1 and p=3, the native
+/// checkpoints are cut and merged by key group.
+#[test]
+fn a_retained_rocksdb_checkpoint_at_p2_restores_at_p1_and_p3_exactly_once() {
+    let root = tempfile::tempdir().unwrap();
+    let (output, checkpoints) = (root.path().join("output"), root.path().join("checkpoints"));
+    std::fs::create_dir_all(&output).unwrap();
+    let rocksdb = ["--state=rocksdb", "--incremental"];
+    let mut failing: Vec<String> = rocksdb.iter().map(|s| s.to_string()).collect();
+    failing.extend([
+        "--rate=200000".to_string(),
+        "--inject-fault=sync-snapshot:4:1:0".to_string(),
+        "--max-restarts=0".to_string(),
+    ]);
+    assert!(cli::run(&args(2, &failing, &checkpoints, &output)).is_err());
+    let retained = storage::job_dir(&checkpoints).join("chk-3");
+    assert!(retained.join("_metadata").exists());
+    restore_at(
+        &[1, 3],
+        &checkpoints,
+        &retained,
+        &output,
+        &rocksdb,
+        root.path(),
+    );
+}
