@@ -20,6 +20,7 @@ fn settings(dir: &std::path::Path, config: CheckpointConfig) -> CheckpointSettin
         alignment: Alignment::Aligned,
         restore: Restore::Fresh,
         restore_mode: RestoreMode::NoClaim,
+        allow_non_restored_state: false,
         savepoint_dir: None,
         incremental: false,
         layout: Default::default(),

@@ -182,6 +182,11 @@ pub struct RunArgs {
     /// Savepoints are never claimed; `latest` always continues the job's own.
     #[arg(long, value_enum, default_value_t = RestoreModeArg::NoClaim)]
     pub restore_mode: RestoreModeArg,
+    /// Restore even if the checkpoint holds state of operators (by uid) the
+    /// job lacks, which is dropped, or lacks operators of the job, which
+    /// start empty.
+    #[arg(long, requires = "restore")]
+    pub allow_non_restored_state: bool,
     /// Where savepoints go, each into `savepoint-<job>-<id>/`: a path,
     /// `file://` path, `memory://NAME` or `s3://bucket/prefix`.
     #[arg(long)]
@@ -532,6 +537,7 @@ impl RunArgs {
                         RestoreModeArg::Claim => RestoreMode::Claim,
                         RestoreModeArg::NoClaim => RestoreMode::NoClaim,
                     },
+                    allow_non_restored_state: self.allow_non_restored_state,
                     savepoint_dir: self.savepoint_dir.clone(),
                 });
         let max_attempts = self.max_restarts.unwrap_or(10 + self.inject_failures);

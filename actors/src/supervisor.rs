@@ -109,6 +109,7 @@ async fn load(
     storage: &CheckpointStorage,
     graph: &JobGraph,
     from: Option<&RestoreFrom>,
+    allow_non_restored: bool,
     local_dir: Option<&Path>,
     stats: &CheckpointStats,
 ) -> Result<HashMap<SubtaskId, Restored>, JobError> {
@@ -117,7 +118,7 @@ async fn load(
     };
     let owned = *owned;
     let started = Instant::now();
-    let plans = restore::plan(checkpoint, graph).map_err(JobError::Restore)?;
+    let plans = restore::plan(checkpoint, graph, allow_non_restored).map_err(JobError::Restore)?;
     let reads = plans.into_iter().map(|(subtask, plan)| {
         let storage = storage.clone();
         async move {
@@ -398,6 +399,7 @@ impl JobSupervisor {
                     savepoint_source.as_ref().unwrap_or(&storage),
                     &graph,
                     from.as_ref(),
+                    settings.allow_non_restored_state,
                     local_dir.as_deref(),
                     &metrics.checkpoints,
                 )
@@ -684,6 +686,12 @@ impl JobSupervisor {
             return;
         };
         let savepoint = self.started_from_savepoint.clone();
+        let allow_non_restored = self
+            .job
+            .config
+            .checkpointing
+            .as_ref()
+            .is_some_and(|s| s.allow_non_restored_state);
         let graph = self.job.graph.clone();
         let local_dir = self.local_dir();
         let metrics = self.metrics.clone();
@@ -706,6 +714,7 @@ impl JobSupervisor {
                     source,
                     &graph,
                     latest.as_ref(),
+                    allow_non_restored,
                     local_dir.as_deref(),
                     &metrics.checkpoints,
                 )

@@ -93,6 +93,9 @@ pub struct CheckpointSettings {
     pub alignment: Alignment,
     pub restore: Restore,
     pub restore_mode: RestoreMode,
+    /// A restore drops state of operators the job lacks and starts
+    /// operators the checkpoint lacks empty instead of refusing.
+    pub allow_non_restored_state: bool,
     /// Where savepoints go (a path or URL), each into a directory of its
     /// own; `None`: savepoints cannot be taken.
     pub savepoint_dir: Option<String>,

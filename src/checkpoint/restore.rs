@@ -7,7 +7,7 @@ use super::{
     ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyGroupsStateHandle, KeyedStateHandle,
     NativeStateHandle, StateHandle, SubtaskState,
 };
-use crate::graph::JobGraph;
+use crate::graph::{JobGraph, OperatorSpec};
 use crate::ids::{KeyGroup, OperatorId, SubtaskId, SubtaskIndex};
 use crate::key_group::KeyGroupRange;
 use crate::split::{self, SplitPosition};
@@ -33,6 +33,10 @@ pub enum RestoreError {
         checkpointed: u32,
         now: u32,
     },
+    #[error("the checkpoint holds state of operator uid {0:?}, which the job does not have; --allow-non-restored-state drops it")]
+    NotRestored(String),
+    #[error("operator uid {0:?} of the job is not in the checkpoint; --allow-non-restored-state starts it empty")]
+    NotInCheckpoint(String),
     #[error("the state of {subtask} is malformed: {problem}")]
     Malformed { subtask: SubtaskId, problem: String },
 }
@@ -91,10 +95,16 @@ fn overlap(a: KeyGroupRange, b: KeyGroupRange) -> u32 {
 /// that every record is read exactly once, and the sink transactions of
 /// removed subtasks go to subtask 0. Subtasks the checkpoint knows nothing
 /// of start empty.
+/// Operators are matched by uid, so that a job whose operators were
+/// reordered or added restores; state of an operator the job lacks, and an
+/// operator of the job without state in the checkpoint, are errors unless
+/// `allow_non_restored` (the state is dropped, the operator starts empty).
 pub fn plan(
     checkpoint: &CompletedCheckpoint,
     graph: &JobGraph,
+    allow_non_restored: bool,
 ) -> Result<HashMap<SubtaskId, RestorePlan>, RestoreError> {
+    let checkpoint = &by_uid(checkpoint, graph, allow_non_restored)?;
     for recorded in &checkpoint.operators {
         let Some(op) = graph.operators.get(recorded.id.0 as usize) else {
             continue;
@@ -142,6 +152,58 @@ pub fn plan(
         plan_operator(graph, operator, checkpointed, states, &mut plans)?;
     }
     Ok(plans)
+}
+
+/// `checkpoint` with its operators renumbered as the operators of `graph`
+/// with the same uid. A checkpoint that records no operators is taken as
+/// numbered like the job.
+fn by_uid(
+    checkpoint: &CompletedCheckpoint,
+    graph: &JobGraph,
+    allow_non_restored: bool,
+) -> Result<CompletedCheckpoint, RestoreError> {
+    let mut out = checkpoint.clone();
+    if checkpoint.operators.is_empty() {
+        return Ok(out);
+    }
+    let mut ids: BTreeMap<OperatorId, OperatorId> = BTreeMap::new();
+    out.operators.clear();
+    for recorded in &checkpoint.operators {
+        match graph.operators.iter().find(|op| op.uid == recorded.uid) {
+            Some(op) => {
+                ids.insert(recorded.id, op.id);
+                out.operators.push(OperatorSpec {
+                    id: op.id,
+                    ..recorded.clone()
+                });
+            }
+            None if allow_non_restored => {}
+            None => return Err(RestoreError::NotRestored(recorded.uid.clone())),
+        }
+    }
+    if !allow_non_restored {
+        if let Some(op) = graph
+            .operators
+            .iter()
+            .find(|op| !ids.values().any(|id| *id == op.id))
+        {
+            return Err(RestoreError::NotInCheckpoint(op.uid.clone()));
+        }
+    }
+    out.subtasks = std::mem::take(&mut out.subtasks)
+        .into_iter()
+        .filter_map(|(subtask, state)| {
+            let operator = *ids.get(&subtask.operator)?;
+            Some((
+                SubtaskId {
+                    operator,
+                    ..subtask
+                },
+                state,
+            ))
+        })
+        .collect();
+    Ok(out)
 }
 
 /// Key groups, native checkpoints, operator and channel state of one
@@ -371,7 +433,7 @@ mod tests {
 
     #[test]
     fn every_key_group_is_read_by_its_owner_from_its_byte_range() {
-        let plans = plan(&checkpoint(2), &graph(2)).unwrap();
+        let plans = plan(&checkpoint(2), &graph(2), false).unwrap();
         let second = &plans[&count(1)].keyed[0];
         assert_eq!(second.handle.physical(), Some("chk-1/count-1"));
         assert_eq!(second.groups.len(), 64);
@@ -390,7 +452,7 @@ mod tests {
             SubtaskState::default(),
         );
         assert!(matches!(
-            plan(&foreign, &graph(1)),
+            plan(&foreign, &graph(1), false),
             Err(RestoreError::UnknownSubtask(_))
         ));
         let mut truncated = checkpoint(1);
@@ -401,7 +463,7 @@ mod tests {
         };
         keyed.handle = StateHandle::object("chk-1/count-0", 5);
         assert!(matches!(
-            plan(&truncated, &graph(1)),
+            plan(&truncated, &graph(1), false),
             Err(RestoreError::Malformed { .. })
         ));
     }
@@ -417,7 +479,7 @@ mod tests {
     fn at_any_new_parallelism_every_key_group_is_read_once_by_its_new_owner() {
         for old in 1..=5 {
             for new in 1..=5 {
-                let plans = plan(&checkpoint(old), &graph(new)).unwrap();
+                let plans = plan(&checkpoint(old), &graph(new), false).unwrap();
                 let mut read: Vec<(KeyGroup, String, Range<u64>)> = Vec::new();
                 for j in 0..new {
                     let owned = KeyGroupRange::for_subtask(128, new, SubtaskIndex(j));
@@ -458,14 +520,14 @@ mod tests {
             c.subtasks.get_mut(&count(i)).unwrap().keyed =
                 Some(KeyedStateHandle::Native(native(3, i)));
         }
-        let plans = plan(&c, &graph(2)).unwrap();
+        let plans = plan(&c, &graph(2), false).unwrap();
         // New 0 owns 0..=63: old 0 (0..=42) and 21 groups of old 1 (43..=85).
         assert_eq!(plans[&count(0)].native, Some(native(3, 0)));
         assert_eq!(plans[&count(0)].imports, [native(3, 1)]);
         // New 1 owns 64..=127: 22 groups of old 1, all 42 of old 2.
         assert_eq!(plans[&count(1)].native, Some(native(3, 2)));
         assert_eq!(plans[&count(1)].imports, [native(3, 1)]);
-        let plans = plan(&c, &graph(6)).unwrap();
+        let plans = plan(&c, &graph(6), false).unwrap();
         for j in 0..6 {
             let p = &plans[&count(j)];
             assert_eq!(p.native, Some(native(3, j / 2)), "{j}");
@@ -500,7 +562,7 @@ mod tests {
             c.subtasks.get_mut(&count(i)).unwrap().operator =
                 BTreeMap::from([(SINK.to_owned(), vec![i as u8])]);
         }
-        let plans = plan(&c, &graph(2)).unwrap();
+        let plans = plan(&c, &graph(2), false).unwrap();
         let old: Vec<SplitPosition> = (0..3)
             .map(|i| position(&c.subtasks[&source(i)].operator[SOURCE_POSITION]))
             .collect();
@@ -517,10 +579,42 @@ mod tests {
         assert_eq!(plans[&count(1)].operator[SINK], [1]);
         assert!(plans[&count(1)].adopted.is_empty());
 
-        let plans = plan(&c, &graph(4)).unwrap();
+        let plans = plan(&c, &graph(4), false).unwrap();
         assert!(plans[&count(3)].operator.is_empty());
         assert!(plans.values().all(|p| p.adopted.is_empty()));
         assert!(plans[&source(3)].operator.contains_key(SOURCE_POSITION));
+    }
+
+    #[test]
+    fn operators_are_matched_by_uid_and_unmatched_ones_need_the_flag() {
+        let mut c = checkpoint(2);
+        c.operators = graph(2).operators;
+        // The job renumbered its operators: count is first now.
+        let mut renumbered = graph(2);
+        renumbered.operators.swap(0, 1);
+        for (i, op) in renumbered.operators.iter_mut().enumerate() {
+            op.id = OperatorId(i as u32);
+        }
+        let plans = plan(&c, &renumbered, false).unwrap();
+        let moved = SubtaskId {
+            operator: OperatorId(0),
+            index: SubtaskIndex(1),
+        };
+        assert_eq!(plans[&moved].keyed[0].groups[0].0, KeyGroup(64));
+
+        let mut lacking = graph(2);
+        lacking.operators[1].uid = "renamed".into();
+        let error = plan(&c, &lacking, false).unwrap_err();
+        assert_eq!(error, RestoreError::NotRestored("count-1".into()));
+        assert!(error.to_string().contains("--allow-non-restored-state"));
+        let plans = plan(&c, &lacking, true).unwrap();
+        assert!(plans.values().all(|p| p.keyed.is_empty()), "dropped");
+
+        c.operators.pop();
+        c.subtasks.clear();
+        let error = plan(&c, &graph(2), false).unwrap_err();
+        assert_eq!(error, RestoreError::NotInCheckpoint("count-1".into()));
+        assert!(plan(&c, &graph(2), true).unwrap().is_empty());
     }
 
     fn channel_state(side: ChannelSide, channel: u32) -> ChannelStateHandle {
@@ -537,7 +631,7 @@ mod tests {
         let mut c = checkpoint(2);
         let state = c.subtasks.get_mut(&count(1)).unwrap();
         state.channels.push(channel_state(ChannelSide::Input, 1));
-        let plans = plan(&c, &graph(2)).unwrap();
+        let plans = plan(&c, &graph(2), false).unwrap();
         assert_eq!(
             plans[&count(1)].channels,
             [channel_state(ChannelSide::Input, 1)]
@@ -551,7 +645,7 @@ mod tests {
             let mut c = checkpoint(2);
             c.subtasks.get_mut(&count(0)).unwrap().channels.push(bad);
             assert!(matches!(
-                plan(&c, &graph(2)),
+                plan(&c, &graph(2), false),
                 Err(RestoreError::Malformed { .. })
             ));
         }
@@ -563,7 +657,7 @@ mod tests {
         let mut other = graph(2);
         other.operators[1].max_parallelism = 256;
         c.operators = graph(2).operators;
-        let error = plan(&c, &other).unwrap_err();
+        let error = plan(&c, &other, false).unwrap_err();
         assert_eq!(
             error,
             RestoreError::MaxParallelism {
@@ -573,7 +667,7 @@ mod tests {
             }
         );
         assert!(error.to_string().contains("max parallelism"), "{error}");
-        assert!(plan(&c, &graph(2)).is_ok());
+        assert!(plan(&c, &graph(2), false).is_ok());
     }
 
     #[test]
@@ -584,7 +678,7 @@ mod tests {
             .unwrap()
             .channels
             .push(channel_state(ChannelSide::Input, 0));
-        let error = plan(&c, &graph(3)).unwrap_err();
+        let error = plan(&c, &graph(3), false).unwrap_err();
         assert!(matches!(error, RestoreError::UnalignedRescale { .. }));
         assert!(error.to_string().contains("unaligned"), "{error}");
     }
