@@ -6,7 +6,7 @@ mod common;
 #[path = "common/storage.rs"]
 mod storage;
 
-use common::{assert_updates_exactly_once, expected_counts};
+use common::{assert_updates_exactly_once, copy_tree, expected_counts};
 use std::collections::HashMap;
 use std::path::Path;
 use storage::{assert_storage_is_exactly_the_retained_checkpoints, job_dir, open, retained};
@@ -60,21 +60,6 @@ fn an_incremental_chain_keeps_exactly_what_the_retained_checkpoints_reference() 
         .any(|f| f.uploaded_by < c.id)));
     assert!(report.bytes_uploaded_total > 0);
     assert!(report.files_uploaded_total > 0);
-}
-
-/// Copies a directory tree, so that each restore works on its own copy: a
-/// restored job checkpoints into its directory and subsumes what it retains.
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let path = entry.unwrap().path();
-        let target = to.join(path.file_name().unwrap());
-        if path.is_dir() {
-            copy_tree(&path, &target);
-        } else {
-            std::fs::copy(&path, &target).unwrap();
-        }
-    }
 }
 
 #[test]

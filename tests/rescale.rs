@@ -8,7 +8,7 @@ mod common;
 #[path = "common/storage.rs"]
 mod storage;
 
-use common::assert_updates_exactly_once;
+use common::{assert_updates_exactly_once, copy_tree};
 use std::path::{Path, PathBuf};
 use tidemark_actors::cli::{self, RunArgs, RunReport};
 
@@ -35,19 +35,6 @@ fn args(parallelism: u32, extra: &[String], checkpoints: &Path, output: &Path) -
 fn run(parallelism: u32, extra: &[String], checkpoints: &Path, output: &Path) -> RunReport {
     cli::run(&args(parallelism, extra, checkpoints, output))
         .unwrap_or_else(|e| panic!("p={parallelism} {extra:?}: {e}"))
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let path = entry.unwrap().path();
-        let target = to.join(path.file_name().unwrap());
-        if path.is_dir() {
-            copy_tree(&path, &target);
-        } else {
-            std::fs::copy(&path, &target).unwrap();
-        }
-    }
 }
 
 /// Restores `state` at each of `parallelisms`, each from its own copy of

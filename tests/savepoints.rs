@@ -6,7 +6,7 @@ mod common;
 #[path = "common/storage.rs"]
 mod storage;
 
-use common::assert_updates_exactly_once;
+use common::{assert_updates_exactly_once, copy_tree};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use storage::{assert_storage_is_exactly_the_retained_checkpoints, block_on, open};
@@ -34,19 +34,6 @@ fn run(extra: &[String], checkpoints: &Path, output: &Path) -> RunReport {
     ];
     args.extend_from_slice(extra);
     cli::run(&RunArgs::parse(args).unwrap()).unwrap_or_else(|e| panic!("{extra:?}: {e}"))
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let path = entry.unwrap().path();
-        let target = to.join(path.file_name().unwrap());
-        if path.is_dir() {
-            copy_tree(&path, &target);
-        } else {
-            std::fs::copy(&path, &target).unwrap();
-        }
-    }
 }
 
 /// The savepoint's metadata, after checking that its directory holds

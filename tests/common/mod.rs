@@ -62,3 +62,20 @@ pub fn assert_updates_exactly_once(dir: &Path, records: u64, keys: u64, seed: u6
         }
     }
 }
+
+/// Copies a directory tree, so that each restore works on its own copy: a
+/// restored job checkpoints into its directory and may subsume, or a test
+/// delete, the original.
+#[allow(dead_code)]
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_tree(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
+}
