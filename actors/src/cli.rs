@@ -458,6 +458,8 @@ pub struct RunReport {
     pub objects_deleted: u64,
     pub bytes_uploaded: u64,
     pub savepoints_completed: u64,
+    /// Trigger to the last savepoint's directory written.
+    pub savepoint_ms: f64,
     /// Where the savepoint of --savepoint-after or
     /// --stop-with-savepoint-after is, if it completed.
     pub savepoint: Option<String>,
@@ -791,6 +793,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         objects_deleted: storage_counter(|c| &c.objects_deleted),
         bytes_uploaded: storage_counter(|c| &c.bytes_uploaded),
         savepoints_completed: stats.savepoints.load(Ordering::Relaxed),
+        savepoint_ms: stats.savepoint_us_last.load(Ordering::Relaxed) as f64 / 1e3,
         savepoint,
     })
 }

@@ -482,10 +482,13 @@ impl CoordinatorActor {
                         // an aborted checkpoint.
                         act.registry.aborted(id);
                         act.spawn_delete(copied, Vec::new(), ctx);
-                        act.metrics
-                            .checkpoints
-                            .savepoints
-                            .fetch_add(1, Ordering::Relaxed);
+                        let stats = &act.metrics.checkpoints;
+                        stats.savepoints.fetch_add(1, Ordering::Relaxed);
+                        if let Some(at) = act.triggered.remove(&id) {
+                            stats
+                                .savepoint_us_last
+                                .store(at.elapsed().as_micros() as u64, Ordering::Relaxed);
+                        }
                         act.feed(Event::Persisted(id), ctx);
                     }
                     Err(reason) => act.feed(

@@ -58,6 +58,8 @@ pub struct CheckpointStats {
     /// Completed checkpoints; savepoints are counted apart.
     pub completed: AtomicU64,
     pub savepoints: AtomicU64,
+    /// Trigger to the last savepoint's directory written, in microseconds.
+    pub savepoint_us_last: AtomicU64,
     pub failed: AtomicU64,
     pub restarts: AtomicU64,
     /// Trigger to completion, per completed checkpoint, in milliseconds.
