@@ -78,7 +78,8 @@ struct Churn {
     report: RunReport,
 }
 
-/// Restores a copy of the filled state (the restore claims its files) and
+/// Restores a copy of the filled state, claiming its files so that the
+/// first checkpoint is incremental on them, and
 /// changes it at `rate` records/s for `seconds`.
 fn churn(filled: &Path, keys: u64, rate: u64, seconds: u64) -> Churn {
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -96,6 +97,7 @@ fn churn(filled: &Path, keys: u64, rate: u64, seconds: u64) -> Churn {
         "--checkpoint-interval=1s".into(),
         "--emit=updates".into(),
         format!("--restore={}", checkpoint.display()),
+        "--restore-mode=claim".into(),
         format!(
             "--checkpoint-dir={}",
             dir.path().join("checkpoints").display()
