@@ -27,10 +27,13 @@ fn round(state: &str, keys: u64) -> (f64, f64, u64) {
         let mut args = vec![
             "wordcount".to_string(),
             format!("--keys={keys}"),
-            // Enough records that every key exists before the savepoint.
-            format!("--records={}", keys * 20),
+            // Every key exists before the savepoint at 3 s (9 records per
+            // key), and the input outlasts it.
+            format!("--records={}", keys * 30),
+            format!("--rate={}", keys * 3),
             "--parallelism=2".to_string(),
-            "--checkpoint-interval=off".to_string(),
+            // No periodic checkpoint within the runs.
+            "--checkpoint-interval=1h".to_string(),
             format!("--state={state}"),
             format!("--state-dir={}", dir.path().join("state").display()),
             format!(

@@ -444,7 +444,8 @@ pub struct RunReport {
     /// From a failure to the restored attempt's deployment.
     pub recovery_ms: Percentiles,
     /// The state the last restore read (from `--restore` or a failover) and
-    /// how long reading and downloading it took.
+    /// how long it took, from reading and downloading it until every
+    /// subtask's state was rebuilt from it.
     pub restored_bytes: u64,
     pub restore_ms: f64,
     /// Physical objects the retained checkpoints reference, and their total

@@ -87,8 +87,9 @@ pub struct CheckpointStats {
     pub files_uploaded_total: AtomicU64,
     /// Bytes each completed checkpoint wrote itself.
     pub bytes_uploaded_samples: Mutex<Vec<f64>>,
-    /// The state the last restore read, and how long reading it took
-    /// (downloads of native checkpoints included).
+    /// The state the last restore read, and how long the restore took: from
+    /// reading (downloads of native checkpoints included) until every
+    /// subtask was built on its state.
     pub restored_bytes_last: AtomicU64,
     pub restore_us_last: AtomicU64,
     /// Physical objects the retained checkpoints reference, and their total

@@ -111,10 +111,9 @@ async fn load(
     from: Option<&RestoreFrom>,
     allow_non_restored: bool,
     local_dir: Option<&Path>,
-    stats: &CheckpointStats,
-) -> Result<HashMap<SubtaskId, Restored>, JobError> {
+) -> Result<Loaded, JobError> {
     let Some(RestoreFrom { checkpoint, owned }) = from else {
-        return Ok(HashMap::new());
+        return Ok(Loaded::default());
     };
     let owned = *owned;
     let started = Instant::now();
@@ -185,15 +184,23 @@ async fn load(
             Ok::<_, JobError>((subtask, Restored { state, shared_base }))
         }
     });
-    let restored: HashMap<SubtaskId, Restored> = futures::future::try_join_all(reads)
+    let subtasks = futures::future::try_join_all(reads)
         .await?
         .into_iter()
         .collect();
-    stats.record_restore(
-        checkpoint.subtasks.values().map(SubtaskState::size).sum(),
-        started.elapsed(),
-    );
-    Ok(restored)
+    let bytes = checkpoint.subtasks.values().map(SubtaskState::size).sum();
+    Ok(Loaded {
+        subtasks,
+        restore: Some((started, bytes)),
+    })
+}
+
+/// What `load` read for each subtask, and when it started reading how many
+/// bytes: a restore ends once the subtasks are built on its state.
+#[derive(Default)]
+struct Loaded {
+    subtasks: HashMap<SubtaskId, Restored>,
+    restore: Option<(Instant, u64)>,
 }
 
 /// Downloads the files of a native checkpoint into a directory of its own
@@ -337,7 +344,7 @@ impl JobSupervisor {
             (self.storage.clone(), self.job.config.checkpointing.clone())
         else {
             let attempt = self.attempt;
-            return self.start(attempt, HashMap::new(), ctx);
+            return self.start(attempt, Loaded::default(), ctx);
         };
         let graph = self.job.graph.clone();
         let local_dir = self.local_dir();
@@ -401,7 +408,6 @@ impl JobSupervisor {
                     from.as_ref(),
                     settings.allow_non_restored_state,
                     local_dir.as_deref(),
-                    &metrics.checkpoints,
                 )
                 .await?;
                 let mut core = CheckpointCoordinator::new(
@@ -451,17 +457,17 @@ impl JobSupervisor {
         );
     }
 
-    fn start(
-        &mut self,
-        attempt: Attempt,
-        restore: HashMap<SubtaskId, Restored>,
-        ctx: &mut Context<Self>,
-    ) {
+    fn start(&mut self, attempt: Attempt, loaded: Loaded, ctx: &mut Context<Self>) {
         if attempt != self.attempt || self.outcome.is_none() {
             return;
         }
-        if let Err(e) = self.deploy(ctx.address(), restore) {
+        if let Err(e) = self.deploy(ctx.address(), loaded.subtasks) {
             return self.fail(e, ctx);
+        }
+        if let Some((started, bytes)) = loaded.restore {
+            self.metrics
+                .checkpoints
+                .record_restore(bytes, started.elapsed());
         }
         if let Some(at) = self.failed_at.take() {
             CheckpointStats::record(
@@ -694,7 +700,6 @@ impl JobSupervisor {
             .is_some_and(|s| s.allow_non_restored_state);
         let graph = self.job.graph.clone();
         let local_dir = self.local_dir();
-        let metrics = self.metrics.clone();
         ctx.spawn(
             async move {
                 let (reply, answer) = tokio::sync::oneshot::channel();
@@ -716,7 +721,6 @@ impl JobSupervisor {
                     latest.as_ref(),
                     allow_non_restored,
                     local_dir.as_deref(),
-                    &metrics.checkpoints,
                 )
                 .await
             }
