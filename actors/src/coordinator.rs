@@ -112,11 +112,6 @@ pub struct CoordinatorActor {
 
     restore_replies: Vec<oneshot::Sender<Result<Option<RestoreFrom>, String>>>,
     savepoints: Savepoints,
-    /// Savepoints in flight: their completion is not a retained checkpoint
-    /// and, unless they stop the job, commits nothing.
-    savepoint_ids: BTreeSet<CheckpointId>,
-    /// The request of a stop with a savepoint under way.
-    stopping: Option<RequestId>,
     timer: Option<SpawnHandle>,
     requests: HashMap<RequestId, oneshot::Sender<Result<CheckpointId, CheckpointFailure>>>,
     /// Manual triggers that arrived while no attempt was running.
@@ -165,8 +160,6 @@ impl CoordinatorActor {
             shutdown_replies: Vec::new(),
             restore_replies: Vec::new(),
             savepoints,
-            savepoint_ids: BTreeSet::new(),
-            stopping: None,
             switched: HashSet::new(),
             timer: None,
             requests: HashMap::new(),
@@ -189,7 +182,7 @@ impl CoordinatorActor {
     /// and an attempt is running to take it.
     fn trigger_final(&mut self, ctx: &mut Context<Self>) {
         if !self.sources.is_empty()
-            && self.stopping.is_none()
+            && !self.core.stopping()
             && self.input_end.trigger_final(self.core.pending())
         {
             let request = self.next_request;
@@ -267,7 +260,6 @@ impl CoordinatorActor {
     /// counted them already.
     fn abort_all(&mut self, reason: String, ctx: &mut Context<Self>) {
         self.registry.abort_all();
-        self.savepoint_ids.clear();
         self.feed(Event::AbortAll { reason }, ctx);
         self.delete_released(ctx);
     }
@@ -284,9 +276,6 @@ impl CoordinatorActor {
         for action in actions {
             match action {
                 Action::Trigger { barrier, next_id } => {
-                    if barrier.options.kind == CheckpointKind::Savepoint {
-                        self.savepoint_ids.insert(barrier.id);
-                    }
                     self.triggered.insert(barrier.id, Instant::now());
                     self.registry.triggered(barrier.id);
                     let storage = self.storage.clone();
@@ -361,12 +350,6 @@ impl CoordinatorActor {
                     );
                 }
                 Action::NotifyComplete(id) => {
-                    // An intermediate savepoint commits no side effects
-                    // (as in Flink): the job goes on, and a failover
-                    // restores an older checkpoint.
-                    if self.savepoint_ids.remove(&id) && self.stopping.is_none() {
-                        continue;
-                    }
                     let mut compactions = self.registry.compactions();
                     for (subtask_id, subtask) in &self.subtasks {
                         let rewrite = compactions
@@ -391,7 +374,6 @@ impl CoordinatorActor {
                     }
                 }
                 Action::NotifyAbort { checkpoint, reason } => {
-                    self.savepoint_ids.remove(&checkpoint);
                     self.registry.aborted(checkpoint);
                     self.delete_released(ctx);
                     if !matches!(reason, CheckpointFailure::Aborted { .. }) {
@@ -411,11 +393,6 @@ impl CoordinatorActor {
                 }
                 Action::FailJob(reason) => self.supervisor.do_send(CheckpointingFailed(reason)),
                 Action::Resolve { request, result } => {
-                    if self.stopping == Some(request) && result.is_err() {
-                        // The job goes on as if no stop had been asked for.
-                        self.stopping = None;
-                        self.core.pause_periodic(false);
-                    }
                     if let Some(reply) = self.requests.remove(&request) {
                         let _ = reply.send(result);
                     }
@@ -600,7 +577,7 @@ impl Handler<TriggerManual> for CoordinatorActor {
     fn handle(&mut self, msg: TriggerManual, ctx: &mut Context<Self>) {
         let refusal = if self.input_end.ended() {
             Some("the input has ended")
-        } else if self.stopping.is_some() {
+        } else if self.core.stopping() {
             Some("the job is stopping with a savepoint")
         } else if msg.kind == CheckpointKind::Savepoint && self.savepoints.dir.is_none() {
             Some("no savepoint directory is configured")
@@ -617,8 +594,7 @@ impl Handler<TriggerManual> for CoordinatorActor {
         self.next_request += 1;
         self.requests.insert(request, msg.reply);
         if msg.stop {
-            self.stopping = Some(request);
-            self.core.pause_periodic(true);
+            self.core.stop_with_savepoint(request);
         }
         if self.sources.is_empty() {
             self.waiting.push((request, msg.kind));

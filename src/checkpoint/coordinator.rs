@@ -195,8 +195,9 @@ pub struct CheckpointCoordinator {
     periodic_from: Instant,
     /// When the most recent checkpoint ended; `min_pause` counts from here.
     last_end: Option<Instant>,
-    /// No periodic checkpoint starts: a stop with a savepoint is under way.
-    paused: bool,
+    /// The request of a stop with a savepoint under way: no periodic
+    /// checkpoint starts, so that nothing after the savepoint commits.
+    stop: Option<RequestId>,
 }
 
 impl CheckpointCoordinator {
@@ -225,15 +226,36 @@ impl CheckpointCoordinator {
             consecutive_failures: 0,
             periodic_from: now.instant,
             last_end: None,
-            paused: false,
+            stop: None,
         }
     }
 
-    /// Stops or resumes periodic checkpoints; manual triggers still work.
-    /// A stop with a savepoint pauses them, so that no checkpoint after the
-    /// savepoint commits anything, and resumes them if the savepoint fails.
-    pub fn pause_periodic(&mut self, paused: bool) {
-        self.paused = paused;
+    /// `request`, a savepoint trigger, stops the job: periodic checkpoints
+    /// pause (manual triggers still work) and the savepoint, unlike an
+    /// intermediate one, commits side effects. If it fails, the job goes on
+    /// as if no stop had been asked for.
+    pub fn stop_with_savepoint(&mut self, request: RequestId) {
+        self.stop = Some(request);
+    }
+
+    /// Whether a stop with a savepoint is under way.
+    pub fn stopping(&self) -> bool {
+        self.stop.is_some()
+    }
+
+    fn resolve_failed(
+        &mut self,
+        request: RequestId,
+        failure: CheckpointFailure,
+        out: &mut Vec<Action>,
+    ) {
+        if self.stop == Some(request) {
+            self.stop = None;
+        }
+        out.push(Action::Resolve {
+            request,
+            result: Err(failure),
+        });
     }
 
     /// Hooks run in the order they were added. A hook replaces an earlier one
@@ -476,7 +498,12 @@ impl CheckpointCoordinator {
         }
         self.last_end = Some(now.instant);
         self.record_ended(id, Ended::Completed);
-        out.push(Action::NotifyComplete(id));
+        // An intermediate savepoint commits no side effects (as in Flink):
+        // the job goes on, and a failover restores an older checkpoint.
+        let stops = p.request.is_some() && p.request == self.stop;
+        if p.kind == CheckpointKind::Checkpoint || stops {
+            out.push(Action::NotifyComplete(id));
+        }
         if let Some(request) = p.request {
             out.push(Action::Resolve {
                 request,
@@ -528,10 +555,7 @@ impl CheckpointCoordinator {
             });
         }
         if let Some(request) = p.request {
-            out.push(Action::Resolve {
-                request,
-                result: Err(failure.clone()),
-            });
+            self.resolve_failed(request, failure.clone(), out);
         }
         self.last_end = Some(now.instant);
         self.record_ended(id, ended);
@@ -561,11 +585,9 @@ impl CheckpointCoordinator {
         }
         // A queued request has no checkpoint id yet, so it cannot be
         // `Aborted { checkpoint, .. }`.
-        for (request, _) in self.queued.drain(..) {
-            out.push(Action::Resolve {
-                request,
-                result: Err(CheckpointFailure::NotTriggered(reason.clone())),
-            });
+        for (request, _) in std::mem::take(&mut self.queued) {
+            let failure = CheckpointFailure::NotTriggered(reason.clone());
+            self.resolve_failed(request, failure, out);
         }
         self.periodic_from = now.instant;
         self.last_end = None;
@@ -589,7 +611,7 @@ impl CheckpointCoordinator {
     }
 
     fn periodic_due(&self) -> Option<Instant> {
-        if self.paused {
+        if self.stopping() {
             return None;
         }
         let due = self.periodic_from + self.config.interval?;
@@ -1410,13 +1432,11 @@ mod tests {
         h.handle(1100, manual(7, Savepoint));
         assert_eq!(
             h.complete(1200, 2),
-            vec![
-                Action::NotifyComplete(CheckpointId(2)),
-                Action::Resolve {
-                    request: 7,
-                    result: Ok(CheckpointId(2))
-                }
-            ]
+            vec![Action::Resolve {
+                request: 7,
+                result: Ok(CheckpointId(2))
+            }],
+            "an intermediate savepoint commits nothing: no completion notice"
         );
         assert_eq!(h.coordinator.pending(), 1, "checkpoint 1 goes on");
         assert_eq!(
@@ -1426,17 +1446,47 @@ mod tests {
     }
 
     #[test]
-    fn paused_periodic_checkpoints_leave_manual_triggers_and_resume() {
+    fn a_stop_with_savepoint_pauses_periodic_checkpoints_and_its_savepoint_commits() {
         let mut h = Harness::new(config(), 1);
-        h.coordinator.pause_periodic(true);
+        h.coordinator.stop_with_savepoint(1);
+        assert!(h.coordinator.stopping());
         assert_eq!(h.poll_timeout(), None);
         assert_eq!(h.tick(5000), vec![]);
         assert_eq!(
             h.handle(5000, manual(1, Savepoint)),
             vec![trigger(1, 5000, Savepoint, Alignment::Aligned)]
         );
-        h.complete(5100, 1);
-        h.coordinator.pause_periodic(false);
+        assert_eq!(
+            h.complete(5100, 1),
+            vec![
+                Action::NotifyComplete(CheckpointId(1)),
+                Action::Resolve {
+                    request: 1,
+                    result: Ok(CheckpointId(1))
+                }
+            ],
+            "the stopping savepoint commits the sinks"
+        );
+        assert_eq!(h.tick(9000), vec![], "still stopping: nothing after it");
+    }
+
+    #[test]
+    fn a_failed_stop_with_savepoint_resumes_periodic_checkpoints() {
+        let mut h = Harness::new(config(), 1);
+        h.coordinator.stop_with_savepoint(1);
+        h.handle(5000, manual(1, Savepoint));
+        let failed = h.handle(5100, decline(1, 0, "no"));
+        assert!(
+            failed.iter().any(|a| matches!(
+                a,
+                Action::Resolve {
+                    request: 1,
+                    result: Err(_)
+                }
+            )),
+            "{failed:?}"
+        );
+        assert!(!h.coordinator.stopping());
         assert_eq!(h.tick(5100), vec![checkpoint(2, 5100)]);
     }
 
@@ -1494,13 +1544,10 @@ mod tests {
         );
         assert_eq!(
             h.complete(2800, 2),
-            vec![
-                Action::NotifyComplete(CheckpointId(2)),
-                Action::Resolve {
-                    request: 9,
-                    result: Ok(CheckpointId(2))
-                },
-            ]
+            vec![Action::Resolve {
+                request: 9,
+                result: Ok(CheckpointId(2))
+            }]
         );
     }
 
@@ -1901,13 +1948,20 @@ mod tests {
                         }
                         Action::NotifyComplete(id) => {
                             prop_assert!(finalized.contains_key(&id) && persisted.contains(&id));
+                            // No stop with a savepoint here: an intermediate
+                            // savepoint commits nothing.
+                            prop_assert_eq!(finalized[&id].kind, Checkpoint);
                             prop_assert!(completed.insert(id), "completed twice");
                         }
                         Action::Resolve { request, result } => {
                             prop_assert!(request < requests);
                             prop_assert!(resolved.insert(request), "request {} resolved twice", request);
                             if let Ok(id) = result {
-                                prop_assert!(completed.contains(&id));
+                                prop_assert!(persisted.contains(&id));
+                                prop_assert_eq!(
+                                    completed.contains(&id),
+                                    finalized[&id].kind == Checkpoint
+                                );
                             }
                         }
                         Action::Discard { states, .. } => {

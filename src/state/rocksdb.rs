@@ -118,8 +118,13 @@ struct State<K, S> {
 #[derive(Default)]
 struct Buffers {
     key: Vec<u8>,
-    value: Vec<u8>,
     pending: Pending,
+}
+
+/// A database key: the big-endian key group, then the key in rmp-serde.
+fn write_key<K: Serialize>(out: &mut Vec<u8>, group: u16, key: &K) {
+    out.extend_from_slice(&group.to_be_bytes());
+    rmp_serde::encode::write(out, key).expect("keys serialize to memory");
 }
 
 /// Encoded writes of one column family, to be sorted by key before they go
@@ -137,8 +142,7 @@ struct Pending {
 impl Pending {
     fn push<K: Serialize, S: Serialize>(&mut self, group: u16, key: &K, value: Option<&S>) {
         let start = self.bytes.len();
-        self.bytes.extend_from_slice(&group.to_be_bytes());
-        rmp_serde::encode::write(&mut self.bytes, key).expect("keys serialize to memory");
+        write_key(&mut self.bytes, group, key);
         let key_len = self.bytes.len() - start;
         let value_len = value.map(|value| {
             rmp_serde::encode::write(&mut self.bytes, value).expect("values serialize to memory");
@@ -167,23 +171,8 @@ impl Pending {
 impl Buffers {
     fn key<K: Serialize>(&mut self, group: u16, key: &K) -> &[u8] {
         self.key.clear();
-        self.key.extend_from_slice(&group.to_be_bytes());
-        rmp_serde::encode::write(&mut self.key, key).expect("keys serialize to memory");
+        write_key(&mut self.key, group, key);
         &self.key
-    }
-
-    fn put<K: Serialize, S: Serialize>(
-        &mut self,
-        cf: &ColumnFamily,
-        batch: &mut WriteBatch,
-        group: u16,
-        key: &K,
-        value: &S,
-    ) {
-        self.value.clear();
-        rmp_serde::encode::write(&mut self.value, value).expect("values serialize to memory");
-        self.key(group, key);
-        batch.put_cf(cf, &self.key, &self.value);
     }
 }
 
@@ -240,8 +229,9 @@ impl<K: Key, S: Data> RocksState<K> for State<K, S> {
         let entries: Vec<(K, S)> =
             rmp_serde::from_read(input).map_err(|e| StateError::Decode(e.to_string()))?;
         for (key, value) in &entries {
-            buffers.put(cf, batch, group, key, value);
+            buffers.pending.push(group, key, Some(value));
         }
+        buffers.pending.write_sorted(cf, batch);
         Ok(())
     }
 }
