@@ -1,6 +1,6 @@
 //! The input gate of a subtask: the events its input endpoints delivered, one
-//! queue per channel, polled fairly, with the restored channel state of each
-//! channel ahead of its queue. The barrier handler decides which channels are
+//! queue per channel, polled fairly, with the restored channel state of every
+//! channel ahead of all of them. The barrier handler decides which channels are
 //! blocked and what the queues hold for a checkpoint; the gate only honours
 //! and answers that.
 
@@ -44,7 +44,9 @@ impl InputGate {
         self.channels.len()
     }
 
-    /// Queues restored channel state; it polls before anything delivered on the channel.
+    /// Queues restored channel state. It polls before anything delivered on
+    /// any channel: after a rescale, the records of one old channel may be
+    /// replayed on another channel than the one their successors arrive on.
     pub fn replay(&mut self, channel: usize, batches: Vec<Batch>) {
         self.channels[channel].replay.extend(batches);
     }
@@ -87,6 +89,7 @@ impl InputGate {
     /// Next input and its channel, from an unblocked channel, round robin so
     /// that one fast channel cannot starve the others.
     pub fn poll(&mut self) -> Option<(usize, Input)> {
+        let replaying = self.channels.iter().any(|c| !c.replay.is_empty());
         let n = self.channels.len();
         for step in 0..n {
             let channel = (self.next + step) % n;
@@ -96,6 +99,7 @@ impl InputGate {
             }
             let input = match c.replay.pop_front() {
                 Some(batch) => Input::Replayed(batch),
+                None if replaying => continue,
                 None => match c.queue.pop_front() {
                     Some(event) => Input::Delivered(event),
                     None => continue,
@@ -166,17 +170,19 @@ mod tests {
     }
 
     #[test]
-    fn replayed_batches_poll_before_delivered_events_of_their_channel() {
-        let mut gate = InputGate::new(2);
+    fn replayed_batches_of_every_channel_poll_before_anything_delivered() {
+        let mut gate = InputGate::new(3);
         gate.push(0, ChannelEvent::Batch(batch(3)));
         gate.replay(0, vec![batch(1), batch(2)]);
         gate.push(1, ChannelEvent::Batch(batch(10)));
+        gate.replay(2, vec![batch(20)]);
         assert_eq!(
             drain(&mut gate),
             [
                 (0, true, "[1]".to_string()),
-                (1, false, "[10]".to_string()),
+                (2, true, "[20]".to_string()),
                 (0, true, "[2]".to_string()),
+                (1, false, "[10]".to_string()),
                 (0, false, "[3]".to_string()),
             ]
         );

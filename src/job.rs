@@ -390,7 +390,12 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                     ctx.max_parallelism,
                 );
                 let process = KeyedProcess::new(key_of.clone(), &factory, states, next);
-                Box::new(ChainTask::input(Box::new(process)))
+                let (key_of, owned, max_parallelism) =
+                    (key_of.clone(), ctx.key_groups, ctx.max_parallelism);
+                let owns = Arc::new(move |record: &T| {
+                    owned.contains(key_group_of(&key_of(record), max_parallelism))
+                });
+                Box::new(ChainTask::keyed_input(Box::new(process), owns))
             }),
         }
     }

@@ -14,6 +14,7 @@ use crate::state::{HeapSnapshot, StateBackend};
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Everything a subtask's chain is built from.
 #[derive(Clone, Debug)]
@@ -105,6 +106,9 @@ pub struct RestoreState {
     pub imports: Vec<PathBuf>,
     /// Sink transactions of subtasks a rescale removed, to commit.
     pub adopted: Vec<Vec<u8>>,
+    /// The replayed input holds records of key groups other subtasks own
+    /// (`RestorePlan::filter_replay`).
+    pub filter_replay: bool,
 }
 
 impl RestoreState {
@@ -140,6 +144,10 @@ pub trait Task: Send {
 
     /// Before any input: load the restored state into the chain.
     fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError>;
+
+    /// The records of `batch` in key groups this subtask owns: replayed
+    /// input of a rescaled hash edge holds those of other subtasks too.
+    fn retain_owned(&self, batch: Batch) -> Result<Batch, TaskError>;
 }
 
 /// What one `produce` call read.
@@ -156,10 +164,15 @@ struct SourceHead<T> {
     exhausted: bool,
 }
 
+/// Whether a record's key group is one the subtask owns.
+pub type Owns<T> = Arc<dyn Fn(&T) -> bool + Send + Sync>;
+
 /// A chain fed by a source or by the subtask's input gate.
 pub struct ChainTask<T> {
     source: Option<SourceHead<T>>,
     next: Box<dyn Downstream<T>>,
+    /// Keyed chains only.
+    owns: Option<Owns<T>>,
 }
 
 impl<T> ChainTask<T> {
@@ -171,11 +184,25 @@ impl<T> ChainTask<T> {
                 exhausted: false,
             }),
             next,
+            owns: None,
         }
     }
 
     pub fn input(next: Box<dyn Downstream<T>>) -> Self {
-        ChainTask { source: None, next }
+        ChainTask {
+            source: None,
+            next,
+            owns: None,
+        }
+    }
+
+    /// A chain whose head is keyed: it owns the records for which `owns` holds.
+    pub fn keyed_input(next: Box<dyn Downstream<T>>, owns: Owns<T>) -> Self {
+        ChainTask {
+            source: None,
+            next,
+            owns: Some(owns),
+        }
     }
 }
 
@@ -240,5 +267,16 @@ impl<T: Data> Task for ChainTask<T> {
 
     fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
         self.next.restore(state)
+    }
+
+    fn retain_owned(&self, batch: Batch) -> Result<Batch, TaskError> {
+        let owns = self.owns.as_ref().ok_or_else(|| {
+            TaskError::Protocol(
+                "replayed records of a rescaled hash edge reached a chain without a key".into(),
+            )
+        })?;
+        let mut records = batch.into_records::<T>()?;
+        records.retain(|record| owns(record));
+        Ok(Batch::new(records))
     }
 }

@@ -10,6 +10,7 @@ mod storage;
 
 use common::{assert_updates_exactly_once, copy_tree};
 use std::path::{Path, PathBuf};
+use tidemark::checkpoint::storage::{CheckpointStorage, METADATA};
 use tidemark_actors::cli::{self, RunArgs, RunReport};
 
 const RECORDS: u64 = 200_000;
@@ -41,7 +42,7 @@ fn run(parallelism: u32, extra: &[String], checkpoints: &Path, output: &Path) ->
 /// `state_dir` (where `state`, a savepoint or a checkpoint, lives) and of
 /// `output`, and checks that every update is committed exactly once over
 /// both runs. A checkpoint is restored within its checkpoint directory (the
-/// copy); a savepoint into a new one.
+/// copy); a savepoint into a new one. Returns the restored runs' reports.
 fn restore_at(
     parallelisms: &[u32],
     state_dir: &Path,
@@ -49,7 +50,8 @@ fn restore_at(
     output: &Path,
     flags: &[&str],
     root: &Path,
-) {
+) -> Vec<RunReport> {
+    let mut reports = Vec::new();
     for &p in parallelisms {
         let (copy, out) = (
             root.join(format!("state-{p}")),
@@ -78,7 +80,9 @@ fn restore_at(
             SEED,
             &format!("{flags:?} from p=2 to p={p}"),
         );
+        reports.push(restored);
     }
+    reports
 }
 
 #[test]
@@ -109,6 +113,20 @@ fn a_savepoint_at_p2_restores_at_p1_p3_and_p4_exactly_once() {
     );
 }
 
+/// A run of `flags` that fails at checkpoint 4 and gives up leaves
+/// checkpoint 3 retained; returns its directory.
+fn retained_checkpoint_3(flags: &[&str], checkpoints: &Path, output: &Path) -> PathBuf {
+    let mut failing: Vec<String> = flags.iter().map(|s| s.to_string()).collect();
+    failing.extend([
+        "--inject-fault=sync-snapshot:4:1:0".to_string(),
+        "--max-restarts=0".to_string(),
+    ]);
+    assert!(cli::run(&args(2, &failing, checkpoints, output)).is_err());
+    let retained = storage::job_dir(checkpoints).join("chk-3");
+    assert!(retained.join("_metadata").exists());
+    retained
+}
+
 /// A run on incremental RocksDB that fails at checkpoint 4 and gives up
 /// leaves checkpoint 3 retained, its pre-committed files uncommitted and
 /// files written after it hidden: restored at p=1 and p=3, the native
@@ -119,15 +137,11 @@ fn a_retained_rocksdb_checkpoint_at_p2_restores_at_p1_and_p3_exactly_once() {
     let (output, checkpoints) = (root.path().join("output"), root.path().join("checkpoints"));
     std::fs::create_dir_all(&output).unwrap();
     let rocksdb = ["--state=rocksdb", "--incremental"];
-    let mut failing: Vec<String> = rocksdb.iter().map(|s| s.to_string()).collect();
-    failing.extend([
-        "--rate=200000".to_string(),
-        "--inject-fault=sync-snapshot:4:1:0".to_string(),
-        "--max-restarts=0".to_string(),
-    ]);
-    assert!(cli::run(&args(2, &failing, &checkpoints, &output)).is_err());
-    let retained = storage::job_dir(&checkpoints).join("chk-3");
-    assert!(retained.join("_metadata").exists());
+    let retained = retained_checkpoint_3(
+        &[rocksdb.as_slice(), &["--rate=200000"]].concat(),
+        &checkpoints,
+        &output,
+    );
     restore_at(
         &[1, 3],
         &checkpoints,
@@ -136,4 +150,43 @@ fn a_retained_rocksdb_checkpoint_at_p2_restores_at_p1_and_p3_exactly_once() {
         &rocksdb,
         root.path(),
     );
+}
+
+/// An unaligned checkpoint taken while a slow counter backpressures the
+/// sources holds in-flight records on both ends of the keyed edge. Restored
+/// at p=1, 3 and 4, they are replayed by the new owners of their key groups
+/// before any new input, each record counted exactly once.
+#[test]
+fn an_unaligned_checkpoint_under_backpressure_at_p2_restores_at_p1_p3_and_p4_exactly_once() {
+    let root = tempfile::tempdir().unwrap();
+    let (output, checkpoints) = (root.path().join("output"), root.path().join("checkpoints"));
+    std::fs::create_dir_all(&output).unwrap();
+    let retained = retained_checkpoint_3(
+        &["--mode=unaligned", "--slow-subtask=0", "--slow-ns=20000"],
+        &checkpoints,
+        &output,
+    );
+    let storage = CheckpointStorage::open_directory(retained.to_str().unwrap(), false).unwrap();
+    let metadata = storage::block_on(storage.read_metadata_at(METADATA)).unwrap();
+    let inflight: u64 = metadata
+        .subtasks
+        .values()
+        .flat_map(|s| &s.channels)
+        .map(|c| u64::from(c.batches))
+        .sum();
+    assert!(inflight > 0, "checkpoint 3 holds no in-flight batches");
+    let reports = restore_at(
+        &[1, 3, 4],
+        &checkpoints,
+        &retained,
+        &output,
+        &[],
+        root.path(),
+    );
+    for (p, report) in [1, 3, 4].iter().zip(&reports) {
+        assert!(
+            report.restored_inflight_batches > 0,
+            "p={p}: nothing of {inflight} in-flight batches replayed"
+        );
+    }
 }

@@ -36,8 +36,8 @@ use tidemark::checkpoint::savepoint;
 use tidemark::checkpoint::storage::{CheckpointStorage, ReadError};
 use tidemark::checkpoint::store::CompletedCheckpointStore;
 use tidemark::checkpoint::{
-    ChannelState, CheckpointFailure, NativeFileHandle, NativeStateHandle, Restore, RestoreMode,
-    SnapshotFormat, StateHandle, SubtaskState,
+    ChannelSide, ChannelState, CheckpointFailure, NativeFileHandle, NativeStateHandle, Restore,
+    RestoreMode, SnapshotFormat, StateHandle, SubtaskState,
 };
 use tidemark::error::TaskError;
 use tidemark::event::CheckpointKind;
@@ -124,6 +124,7 @@ async fn load(
             let mut state = RestoreState {
                 operator: plan.operator,
                 adopted: plan.adopted,
+                filter_replay: plan.filter_replay,
                 ..RestoreState::default()
             };
             let mut shared_base = SharedBase::new();
@@ -507,22 +508,34 @@ impl JobSupervisor {
                 mut state,
                 shared_base,
             } = restore.remove(&id).unwrap_or_default();
-            let replay = std::mem::take(&mut state.channels);
-            let replayed: usize = replay.iter().map(|c| c.batches.len()).sum();
-            self.metrics
-                .checkpoints
-                .restored_inflight_batches
-                .fetch_add(replayed as u64, Ordering::Relaxed);
+            let mut replay = std::mem::take(&mut state.channels);
             let failed = |error| JobError::TaskFailed { subtask: id, error };
             let position = state.source_position().map_err(failed)?;
             let ctx = self.task_context(id, position);
             let factory = self.job.task_factory(id.operator).clone();
             let task = catch_unwind(AssertUnwindSafe(|| {
                 let mut task = factory(&ctx);
-                task.restore(&state).map(|()| task)
+                task.restore(&state)?;
+                if state.filter_replay {
+                    for channel in replay.iter_mut().filter(|c| c.side == ChannelSide::Input) {
+                        let batches = std::mem::take(&mut channel.batches);
+                        for batch in batches {
+                            let owned = task.retain_owned(batch)?;
+                            if !owned.is_empty() {
+                                channel.batches.push(owned);
+                            }
+                        }
+                    }
+                }
+                Ok(task)
             }))
             .unwrap_or_else(|panic| Err(TaskError::Panic(panic_message(panic.as_ref()))))
             .map_err(failed)?;
+            let replayed: usize = replay.iter().map(|c| c.batches.len()).sum();
+            self.metrics
+                .checkpoints
+                .restored_inflight_batches
+                .fetch_add(replayed as u64, Ordering::Relaxed);
             let input_edge = graph.input_edge(id.operator);
             let spec = SubtaskSpec {
                 id,

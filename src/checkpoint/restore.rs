@@ -7,8 +7,8 @@ use super::{
     ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyGroupsStateHandle, KeyedStateHandle,
     NativeStateHandle, StateHandle, SubtaskState,
 };
-use crate::graph::{JobGraph, OperatorSpec};
-use crate::ids::{KeyGroup, OperatorId, SubtaskId, SubtaskIndex};
+use crate::graph::{Edge, JobGraph, OperatorSpec, Partitioner};
+use crate::ids::{CheckpointId, KeyGroup, OperatorId, SubtaskId, SubtaskIndex};
 use crate::key_group::KeyGroupRange;
 use crate::split::{self, SplitPosition};
 use crate::task::{SINK, SOURCE_EXHAUSTED, SOURCE_POSITION};
@@ -20,12 +20,11 @@ use thiserror::Error;
 pub enum RestoreError {
     #[error("the checkpoint has state for {0}, which this job does not have")]
     UnknownSubtask(SubtaskId),
-    #[error("checkpoint {checkpoint} is unaligned and holds in-flight channel state; operator {name:?} ran at parallelism {checkpointed} in it and is {now} now, and restoring channel state at another parallelism is not supported yet")]
-    UnalignedRescale {
-        checkpoint: crate::ids::CheckpointId,
-        name: String,
-        checkpointed: u32,
-        now: u32,
+    #[error("checkpoint {checkpoint} is unaligned and holds in-flight records of the broadcast edge {from:?} -> {to:?}, whose parallelism changed; every consumer had read the broadcast up to another point, so they cannot be redistributed: restore at the checkpointed parallelism, or from a savepoint")]
+    BroadcastRescale {
+        checkpoint: CheckpointId,
+        from: String,
+        to: String,
     },
     #[error("operator {name:?} has max parallelism {checkpointed} in the checkpoint and {now} in the job; key groups cannot be mapped between them (set the job's max parallelism to {checkpointed})")]
     MaxParallelism {
@@ -58,6 +57,10 @@ pub struct RestorePlan {
     pub adopted: Vec<Vec<u8>>,
     /// In-flight batches to replay, each on a channel the subtask has.
     pub channels: Vec<ChannelStateHandle>,
+    /// The replayed input came over a hash edge whose consumer was rescaled:
+    /// it holds records of key groups other subtasks own now, which this
+    /// subtask must drop.
+    pub filter_replay: bool,
     /// The native checkpoint with the most of the key groups the subtask
     /// owns, to download, open and clip to them.
     pub native: Option<NativeStateHandle>,
@@ -92,9 +95,10 @@ fn overlap(a: KeyGroupRange, b: KeyGroupRange) -> u32 {
 /// The state of every subtask of `graph` in `checkpoint`, at the job's
 /// parallelism, which may differ from the checkpoint's: key groups go to
 /// the subtask that owns them now, source positions are redistributed so
-/// that every record is read exactly once, and the sink transactions of
-/// removed subtasks go to subtask 0. Subtasks the checkpoint knows nothing
-/// of start empty.
+/// that every record is read exactly once, the sink transactions of
+/// removed subtasks go to subtask 0, and the in-flight records of an
+/// unaligned checkpoint go to the consumers that may own them. Subtasks the
+/// checkpoint knows nothing of start empty.
 /// Operators are matched by uid, so that a job whose operators were
 /// reordered or added restores; state of an operator the job lacks, and an
 /// operator of the job without state in the checkpoint, are errors unless
@@ -126,31 +130,20 @@ pub fn plan(
             .or_default()
             .push((subtask.index, state));
     }
-    let has_channel_state = checkpoint
-        .subtasks
-        .values()
-        .any(|state| !state.channels.is_empty());
+    let mut checkpointed: BTreeMap<OperatorId, u32> = checkpoint
+        .operators
+        .iter()
+        .map(|o| (o.id, o.parallelism))
+        .collect();
+    for (&operator, states) in &old {
+        let parallelism = states.iter().map(|(i, _)| i.0 + 1).max().unwrap_or(0);
+        checkpointed.entry(operator).or_insert(parallelism);
+    }
     let mut plans = HashMap::new();
     for (&operator, states) in &old {
-        let op = graph.operator(operator);
-        let checkpointed = checkpoint
-            .operators
-            .iter()
-            .find(|o| o.id == operator)
-            .map_or_else(
-                || states.iter().map(|(i, _)| i.0 + 1).max().unwrap_or(0),
-                |o| o.parallelism,
-            );
-        if op.parallelism != checkpointed && has_channel_state {
-            return Err(RestoreError::UnalignedRescale {
-                checkpoint: checkpoint.id,
-                name: op.name.clone(),
-                checkpointed,
-                now: op.parallelism,
-            });
-        }
-        plan_operator(graph, operator, checkpointed, states, &mut plans)?;
+        plan_operator(graph, operator, checkpointed[&operator], states, &mut plans)?;
     }
+    plan_channels(checkpoint.id, graph, &checkpointed, &old, &mut plans)?;
     Ok(plans)
 }
 
@@ -206,7 +199,7 @@ fn by_uid(
     Ok(out)
 }
 
-/// Key groups, native checkpoints, operator and channel state of one
+/// Key groups, native checkpoints and operator state of one
 /// operator's subtasks at `graph`'s parallelism, from `states` at
 /// `checkpointed`.
 fn plan_operator(
@@ -229,21 +222,6 @@ fn plan_operator(
             });
         }
         let owned = KeyGroupRange::for_subtask(op.max_parallelism, checkpointed, index);
-        for channel in &state.channels {
-            let count = match channel.side {
-                ChannelSide::Input => graph.input_count(subtask),
-                ChannelSide::Output => graph.output_count(subtask),
-            };
-            if channel.channel as usize >= count {
-                return Err(RestoreError::Malformed {
-                    subtask,
-                    problem: format!(
-                        "channel state for {:?} channel {} of {count}",
-                        channel.side, channel.channel
-                    ),
-                });
-            }
-        }
         match &state.keyed {
             None => {}
             Some(KeyedStateHandle::KeyGroups(keyed)) => {
@@ -288,11 +266,6 @@ fn plan_operator(
             adopted,
             ..RestorePlan::default()
         };
-        if op.parallelism == checkpointed {
-            if let Some((_, state)) = states.iter().find(|(i, _)| *i == index) {
-                plan.channels = state.channels.clone();
-            }
-        }
         for keyed in &slices {
             let groups: Vec<_> = keyed
                 .groups
@@ -319,6 +292,148 @@ fn plan_operator(
         plans.insert(id(index), plan);
     }
     Ok(())
+}
+
+/// In-flight records of an unaligned checkpoint, edge by edge. Where neither
+/// end of an edge changed its parallelism, every channel state stays with
+/// its subtask. Otherwise all of them are records on their way to a
+/// consumer: those of old channel p -> c, what c had received and then what
+/// p had not yet sent, are replayed in that order as input of the new
+/// consumers that may own them. On a hash edge that is every new owner of a
+/// key group of old c, which drops the records of key groups it does not own
+/// (Flink filters recovered records the same way); on a rebalance or forward
+/// edge it is consumer c mod the new parallelism. They go to input channel
+/// p mod the new input count, so the records of one old channel stay in
+/// order.
+fn plan_channels(
+    checkpoint: CheckpointId,
+    graph: &JobGraph,
+    checkpointed: &BTreeMap<OperatorId, u32>,
+    old: &BTreeMap<OperatorId, Vec<(SubtaskIndex, &SubtaskState)>>,
+    plans: &mut HashMap<SubtaskId, RestorePlan>,
+) -> Result<(), RestoreError> {
+    let was = |op: OperatorId| {
+        checkpointed
+            .get(&op)
+            .copied()
+            .unwrap_or(graph.operator(op).parallelism)
+    };
+    let channels_of = |edge: Option<&Edge>, peer: fn(&Edge) -> OperatorId| {
+        edge.map_or(0, |e| match e.partitioner {
+            Partitioner::Forward => 1,
+            _ => was(peer(e)),
+        })
+    };
+    for (&operator, states) in old {
+        let inputs = channels_of(graph.input_edge(operator), |e| e.from);
+        let outputs = channels_of(graph.output_edge(operator), |e| e.to);
+        for &(index, state) in states {
+            for channel in &state.channels {
+                let count = match channel.side {
+                    ChannelSide::Input => inputs,
+                    ChannelSide::Output => outputs,
+                };
+                if channel.channel >= count {
+                    return Err(RestoreError::Malformed {
+                        subtask: SubtaskId { operator, index },
+                        problem: format!(
+                            "channel state for {:?} channel {} of {count}",
+                            channel.side, channel.channel
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    let handles = |operator: OperatorId, index: u32, side: ChannelSide, channel: u32| {
+        old.get(&operator)
+            .and_then(|states| states.iter().find(|(i, _)| i.0 == index))
+            .into_iter()
+            .flat_map(|(_, state)| state.channels.iter())
+            .filter(move |c| c.side == side && c.channel == channel)
+    };
+    for edge in &graph.edges {
+        let (from, to) = (was(edge.from), was(edge.to));
+        let consumer = graph.operator(edge.to);
+        let (new_from, new_to) = (graph.operator(edge.from).parallelism, consumer.parallelism);
+        let forward = edge.partitioner == Partitioner::Forward;
+        for c in 0..to {
+            for (k, p) in (0..from).filter(|&p| !forward || p == c).enumerate() {
+                let mut records: Vec<ChannelStateHandle> =
+                    handles(edge.to, c, ChannelSide::Input, k as u32)
+                        .cloned()
+                        .collect();
+                let outgoing: Vec<ChannelStateHandle> = handles(
+                    edge.from,
+                    p,
+                    ChannelSide::Output,
+                    if forward { 0 } else { c },
+                )
+                .cloned()
+                .collect();
+                if from == new_from && to == new_to {
+                    for (operator, index, kept) in [(edge.to, c, records), (edge.from, p, outgoing)]
+                    {
+                        if !kept.is_empty() {
+                            plan_of(plans, operator, index).channels.extend(kept);
+                        }
+                    }
+                    continue;
+                }
+                records.extend(outgoing);
+                if records.is_empty() {
+                    continue;
+                }
+                let targets: Vec<u32> = match edge.partitioner {
+                    Partitioner::Broadcast => {
+                        return Err(RestoreError::BroadcastRescale {
+                            checkpoint,
+                            from: graph.operator(edge.from).name.clone(),
+                            to: consumer.name.clone(),
+                        })
+                    }
+                    Partitioner::Hash => {
+                        let max = consumer.max_parallelism;
+                        let range = KeyGroupRange::for_subtask(max, to, SubtaskIndex(c));
+                        (0..new_to)
+                            .filter(|&j| {
+                                overlap(
+                                    range,
+                                    KeyGroupRange::for_subtask(max, new_to, SubtaskIndex(j)),
+                                ) > 0
+                            })
+                            .collect()
+                    }
+                    Partitioner::Rebalance | Partitioner::Forward => vec![c % new_to],
+                };
+                let channel = if forward { 0 } else { p % new_from };
+                for j in targets {
+                    let plan = plan_of(plans, edge.to, j);
+                    plan.filter_replay |= edge.partitioner == Partitioner::Hash && to != new_to;
+                    plan.channels
+                        .extend(records.iter().map(|r| ChannelStateHandle {
+                            side: ChannelSide::Input,
+                            channel,
+                            ..r.clone()
+                        }));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn plan_of(
+    plans: &mut HashMap<SubtaskId, RestorePlan>,
+    operator: OperatorId,
+    index: u32,
+) -> &mut RestorePlan {
+    plans
+        .entry(SubtaskId {
+            operator,
+            index: SubtaskIndex(index),
+        })
+        .or_default()
 }
 
 /// Each new subtask's operator state and the sink transactions it adopts.
@@ -379,7 +494,6 @@ mod tests {
     use super::*;
     use crate::checkpoint::SubtaskState;
     use crate::event::CheckpointKind;
-    use crate::graph::{Edge, Partitioner};
     use crate::ids::{CheckpointId, SubtaskIndex};
 
     fn graph(p: u32) -> JobGraph {
@@ -670,16 +784,155 @@ mod tests {
         assert!(plan(&c, &graph(2), false).is_ok());
     }
 
+    /// Input state of every count subtask on every channel, and output state
+    /// of every source subtask on every channel, named after where they are.
+    fn unaligned(p: u32) -> CompletedCheckpoint {
+        let mut c = checkpoint(p);
+        let handle = |side: &str, subtask: u32, channel: u32| ChannelStateHandle {
+            side: if side == "in" {
+                ChannelSide::Input
+            } else {
+                ChannelSide::Output
+            },
+            channel,
+            batches: 1,
+            handle: StateHandle::object(format!("{side}-{subtask}-{channel}"), 10),
+        };
+        for i in 0..p {
+            let inputs = (0..p).map(|ch| handle("in", i, ch)).collect();
+            c.subtasks.get_mut(&count(i)).unwrap().channels = inputs;
+            let outputs = (0..p).map(|ch| handle("out", i, ch)).collect();
+            c.subtasks.insert(
+                source(i),
+                SubtaskState {
+                    channels: outputs,
+                    ..SubtaskState::default()
+                },
+            );
+        }
+        c
+    }
+
+    /// (channel, object) of each replayed channel state, in order.
+    fn replayed(plan: &RestorePlan) -> Vec<(u32, String)> {
+        plan.channels
+            .iter()
+            .map(|c| {
+                assert_eq!(c.side, ChannelSide::Input);
+                (c.channel, c.handle.physical().unwrap().to_owned())
+            })
+            .collect()
+    }
+
     #[test]
-    fn an_unaligned_checkpoint_is_not_rescaled() {
+    fn in_flight_records_of_a_rescaled_hash_edge_go_to_every_new_owner_of_their_key_groups() {
+        let plans = plan(&unaligned(2), &graph(3), false).unwrap();
+        // Old channel p -> c: what c had received, then what p had not sent,
+        // on the new consumer's channel p.
+        let from_old = |c: u32| -> Vec<(u32, String)> {
+            (0..2)
+                .flat_map(|p| [(p, format!("in-{c}-{p}")), (p, format!("out-{p}-{c}"))])
+                .collect()
+        };
+        // Old 0 owned 0..=63 and old 1 64..=127; new 1 owns 43..=85.
+        assert_eq!(replayed(&plans[&count(0)]), from_old(0));
+        assert_eq!(
+            replayed(&plans[&count(1)]),
+            [from_old(0), from_old(1)].concat()
+        );
+        assert_eq!(replayed(&plans[&count(2)]), from_old(1));
+        for j in 0..3 {
+            assert!(plans[&count(j)].filter_replay, "{j}");
+            assert!(plans[&source(j)].channels.is_empty(), "{j}");
+        }
+
+        // Every old channel's records reach exactly the new owners of the key
+        // groups of its old consumer, once each and on a channel they have.
+        for old in 1..=4 {
+            for new in (1..=4).filter(|&new| new != old) {
+                let plans = plan(&unaligned(old), &graph(new), false).unwrap();
+                for j in 0..new {
+                    let owned = KeyGroupRange::for_subtask(128, new, SubtaskIndex(j));
+                    let got = replayed(&plans[&count(j)]);
+                    let expected: Vec<String> = (0..old)
+                        .filter(|&c| {
+                            overlap(KeyGroupRange::for_subtask(128, old, SubtaskIndex(c)), owned)
+                                > 0
+                        })
+                        .flat_map(|c| {
+                            (0..old)
+                                .flat_map(move |p| [format!("in-{c}-{p}"), format!("out-{p}-{c}")])
+                        })
+                        .collect();
+                    let objects: Vec<String> = got.iter().map(|(_, o)| o.clone()).collect();
+                    assert_eq!(objects, expected, "{old} -> {new}, subtask {j}");
+                    assert!(got.iter().all(|(ch, _)| *ch < new), "{old} -> {new}");
+                    assert!(plans[&count(j)].filter_replay);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn in_flight_records_of_a_rescaled_rebalance_edge_go_to_one_consumer_unfiltered() {
+        let mut c = unaligned(3);
+        let mut g = graph(2);
+        g.edges[0].partitioner = Partitioner::Rebalance;
+        c.operators = graph(3).operators;
+        let plans = plan(&c, &g, false).unwrap();
+        let from_old = |c: u32| -> Vec<(u32, String)> {
+            (0..3)
+                .flat_map(|p| {
+                    [
+                        (p % 2, format!("in-{c}-{p}")),
+                        (p % 2, format!("out-{p}-{c}")),
+                    ]
+                })
+                .collect()
+        };
+        assert_eq!(
+            replayed(&plans[&count(0)]),
+            [from_old(0), from_old(2)].concat()
+        );
+        assert_eq!(replayed(&plans[&count(1)]), from_old(1));
+        assert!(!plans[&count(0)].filter_replay);
+    }
+
+    #[test]
+    fn in_flight_records_of_a_broadcast_edge_are_not_rescaled() {
+        let mut g = graph(3);
+        g.edges[0].partitioner = Partitioner::Broadcast;
+        let error = plan(&unaligned(2), &g, false).unwrap_err();
+        assert!(
+            matches!(error, RestoreError::BroadcastRescale { .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("broadcast edge"), "{error}");
+        let mut same = graph(2);
+        same.edges[0].partitioner = Partitioner::Broadcast;
+        assert!(plan(&unaligned(2), &same, false).is_ok());
+    }
+
+    #[test]
+    fn channel_state_is_checked_against_the_checkpointed_topology() {
+        // Channel 1 of count 0 existed at p=2, not at p=1.
         let mut c = checkpoint(2);
+        c.operators = graph(2).operators;
         c.subtasks
             .get_mut(&count(0))
             .unwrap()
             .channels
-            .push(channel_state(ChannelSide::Input, 0));
-        let error = plan(&c, &graph(3), false).unwrap_err();
-        assert!(matches!(error, RestoreError::UnalignedRescale { .. }));
-        assert!(error.to_string().contains("unaligned"), "{error}");
+            .push(channel_state(ChannelSide::Input, 1));
+        let plans = plan(&c, &graph(1), false).unwrap();
+        assert_eq!(replayed(&plans[&count(0)]), [(0, "chk-1/in-1".to_string())]);
+        c.subtasks
+            .get_mut(&count(1))
+            .unwrap()
+            .channels
+            .push(channel_state(ChannelSide::Input, 2));
+        assert!(matches!(
+            plan(&c, &graph(1), false),
+            Err(RestoreError::Malformed { .. })
+        ));
     }
 }
