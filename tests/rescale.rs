@@ -1,5 +1,7 @@
 //! Restoring at another parallelism end to end: wordcount stopped at p=2,
-//! restored at p=1, 3 and 4 into the output of the first run. The committed
+//! restored at p=1, 3 and 4 into the output of the first run, from a
+//! savepoint moved elsewhere, a retained RocksDB checkpoint and an unaligned
+//! checkpoint with in-flight records. The committed
 //! output of both runs holds every update exactly once, which needs every
 //! key group at its new owner with its count, every record read exactly once
 //! by the redistributed sources, and every pre-committed file committed once.
@@ -103,10 +105,15 @@ fn a_savepoint_at_p2_restores_at_p1_p3_and_p4_exactly_once() {
     );
     assert!(stopped.records_in < RECORDS, "the job stopped early");
     let savepoint = PathBuf::from(stopped.savepoint.expect("the savepoint completed"));
+    // Moved elsewhere, with the checkpoint directory gone.
+    let elsewhere = root.path().join("elsewhere");
+    copy_tree(&savepoint, &elsewhere);
+    std::fs::remove_dir_all(&savepoints).unwrap();
+    std::fs::remove_dir_all(root.path().join("checkpoints")).unwrap();
     restore_at(
         &[1, 3, 4],
-        &savepoint,
-        &savepoint,
+        &elsewhere,
+        &elsewhere,
         &output,
         &[],
         root.path(),

@@ -639,6 +639,19 @@ impl RunArgs {
                 });
             }
         }
+        let job_dir = format!(
+            "{}/{}",
+            self.checkpoint_dir.trim_end_matches('/'),
+            job_id(self.topology.job_name())
+        );
+        if let Some(dir) = self.savepoint_dir.as_ref().filter(|d| inside(d, &job_dir)) {
+            return Err(CliError::Usage {
+                argument: "--savepoint-dir",
+                problem: format!(
+                    "{dir} lies inside the job's checkpoint directory {job_dir}, where retention and cleanup delete what no checkpoint references; choose a directory outside it"
+                ),
+            });
+        }
         if self.checkpoint_interval.0.is_none() {
             if self.restore.is_some() {
                 return Err(needs_checkpoints("--restore"));
@@ -657,16 +670,12 @@ impl RunArgs {
         {
             // A checkpoint is only read from the job's own directory in the
             // checkpoint storage: a path elsewhere is refused, not followed.
-            let local = self
-                .checkpoint_dir
-                .strip_prefix("file://")
-                .unwrap_or(&self.checkpoint_dir);
-            let job_dir = Path::new(local).join(job_id(self.topology.job_name()).to_string());
+            let job_dir = Path::new(job_dir.strip_prefix("file://").unwrap_or(&job_dir));
             let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
                 (Ok(a), Ok(b)) => a == b,
                 _ => false,
             };
-            if !same(parent, &job_dir) {
+            if !same(parent, job_dir) {
                 return Err(CliError::Usage {
                     argument: "--restore",
                     problem: format!(
@@ -678,6 +687,23 @@ impl RunArgs {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether storage location `inner` lies within `outer`: local paths by
+/// their absolute form, URLs by prefix.
+fn inside(inner: &str, outer: &str) -> bool {
+    let local = |s: &str| {
+        let s = s.strip_prefix("file://").unwrap_or(s);
+        (!s.contains("://"))
+            .then(|| std::path::absolute(s).ok())
+            .flatten()
+    };
+    match (local(inner), local(outer)) {
+        (Some(inner), Some(outer)) => inner.starts_with(outer),
+        (None, None) => format!("{}/", inner.trim_end_matches('/'))
+            .starts_with(&format!("{}/", outer.trim_end_matches('/'))),
+        _ => false,
     }
 }
 

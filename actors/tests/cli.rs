@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
+use tidemark_actors::runtime::job_id;
 
 fn tidemark(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tidemark"))
@@ -151,6 +152,24 @@ fn bad_arguments_exit_2_naming_the_argument() {
         (
             &["run", "wordcount", "--checkpoint-dir=s3:///x"][..],
             "--checkpoint-dir",
+        ),
+        (
+            &[
+                "run",
+                "wordcount",
+                "--checkpoint-dir=/tmp/x",
+                &format!("--savepoint-dir=/tmp/x/{}/savepoints", job_id("wordcount")),
+            ][..],
+            "--savepoint-dir",
+        ),
+        (
+            &[
+                "run",
+                "wordcount",
+                "--checkpoint-dir=s3://b/x/",
+                &format!("--savepoint-dir=s3://b/x/{}", job_id("wordcount")),
+            ][..],
+            "--savepoint-dir",
         ),
         (&["cleanup"][..], "--checkpoint-dir"),
         (
