@@ -210,6 +210,38 @@ fn refused(root: &Path, savepoint: &Path, output: &Path) -> cli::CliError {
     error
 }
 
+/// A job restored from a savepoint need not take periodic checkpoints: with
+/// only `--savepoint-dir` it still restores, and commits with the final
+/// checkpoint at the end of its input.
+#[test]
+fn a_savepoint_restores_into_a_job_without_periodic_checkpoints() {
+    let root = tempfile::tempdir().unwrap();
+    let (savepoint, output) = small_savepoint(root.path());
+    let args = RunArgs::parse([
+        "wordcount".to_string(),
+        format!("--records={RECORDS}"),
+        format!("--keys={KEYS}"),
+        format!("--seed={SEED}"),
+        "--parallelism=3".to_string(),
+        "--emit=updates".to_string(),
+        "--checkpoint-interval=off".to_string(),
+        format!(
+            "--checkpoint-dir={}",
+            root.path().join("restored").display()
+        ),
+        format!(
+            "--savepoint-dir={}",
+            root.path().join("savepoints").display()
+        ),
+        format!("--output={}", output.display()),
+        format!("--restore={}", savepoint.display()),
+    ])
+    .unwrap();
+    let restored = cli::run(&args).unwrap();
+    assert!(restored.restored_bytes > 0, "nothing restored");
+    assert_updates_exactly_once(&output, RECORDS, KEYS, SEED, "without checkpoints");
+}
+
 fn rewrite_metadata(dir: &Path, change: impl FnOnce(&mut CompletedCheckpoint)) {
     let path = dir.join(METADATA);
     let mut metadata = metadata::decode(&std::fs::read(&path).unwrap()).unwrap();

@@ -653,7 +653,7 @@ impl RunArgs {
             });
         }
         if self.checkpoint_interval.0.is_none() {
-            if self.restore.is_some() {
+            if self.restore.is_some() && self.savepoint_dir.is_none() {
                 return Err(needs_checkpoints("--restore"));
             }
             if self.inject_failures > 0 {
