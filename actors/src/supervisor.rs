@@ -25,7 +25,7 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -97,6 +97,10 @@ struct Restored {
     state: RestoreState,
     /// The shared files of a restored native checkpoint, by name.
     shared_base: SharedBase,
+    /// The directories native checkpoints were downloaded to. The backend
+    /// moves or deletes what it restores from; what a failed restore leaves
+    /// goes with these.
+    downloads: Vec<tempfile::TempDir>,
 }
 
 /// Objects a restore reads or downloads at once.
@@ -128,6 +132,7 @@ async fn load(
                 ..RestoreState::default()
             };
             let mut shared_base = SharedBase::new();
+            let mut downloads = Vec::new();
             if plan.native.is_some() || !plan.imports.is_empty() {
                 let Some(local_dir) = local_dir else {
                     return Err(JobError::Restore(RestoreError::Malformed {
@@ -136,12 +141,14 @@ async fn load(
                     }));
                 };
                 for import in &plan.imports {
-                    state
-                        .imports
-                        .push(download(&storage, subtask, import, local_dir).await?);
+                    let dir = download(&storage, subtask, import, local_dir).await?;
+                    state.imports.push(dir.path().to_path_buf());
+                    downloads.push(dir);
                 }
                 if let Some(native) = plan.native {
-                    state.native = Some(download(&storage, subtask, &native, local_dir).await?);
+                    let dir = download(&storage, subtask, &native, local_dir).await?;
+                    state.native = Some(dir.path().to_path_buf());
+                    downloads.push(dir);
                     // Files the job does not own are never referenced by its
                     // checkpoints: the first one after such a restore is full,
                     // and so is the first one after a rescale merged several.
@@ -182,7 +189,14 @@ async fn load(
                     batches: batches.into_iter().map(Batch::from).collect(),
                 });
             }
-            Ok::<_, JobError>((subtask, Restored { state, shared_base }))
+            Ok::<_, JobError>((
+                subtask,
+                Restored {
+                    state,
+                    shared_base,
+                    downloads,
+                },
+            ))
         }
     });
     let subtasks = futures::future::try_join_all(reads)
@@ -205,21 +219,14 @@ struct Loaded {
 }
 
 /// Downloads the files of a native checkpoint into a directory of its own
-/// under `local_dir`, which the state backend then takes over.
+/// under `local_dir`, which the state backend then takes over; dropped
+/// before that, the directory is deleted.
 async fn download(
     storage: &CheckpointStorage,
     subtask: SubtaskId,
     native: &NativeStateHandle,
     local_dir: &Path,
-) -> Result<PathBuf, JobError> {
-    static DOWNLOADS: AtomicU64 = AtomicU64::new(0);
-    let dir = local_dir.join(format!(
-        "restore-{}-{}-{subtask}",
-        std::process::id(),
-        DOWNLOADS.fetch_add(1, Ordering::Relaxed)
-    ));
-    let local = |e: std::io::Error| JobError::Runtime(format!("restoring {subtask}: {e}"));
-    std::fs::create_dir_all(&dir).map_err(local)?;
+) -> Result<tempfile::TempDir, JobError> {
     let files: Vec<&NativeFileHandle> = native.shared.iter().chain(&native.private).collect();
     for file in &files {
         // A name from the metadata becomes a local path: it must stay a name.
@@ -230,6 +237,13 @@ async fn download(
             }));
         }
     }
+    let local = |e: std::io::Error| JobError::Runtime(format!("restoring {subtask}: {e}"));
+    std::fs::create_dir_all(local_dir).map_err(local)?;
+    let download = tempfile::Builder::new()
+        .prefix(&format!("restore-{subtask}-"))
+        .tempdir_in(local_dir)
+        .map_err(local)?;
+    let dir = download.path();
     stream::iter(files)
         .map(|file| {
             let dir = &dir;
@@ -245,7 +259,7 @@ async fn download(
         .buffer_unordered(PARALLEL_READS)
         .try_collect::<Vec<()>>()
         .await?;
-    Ok(dir)
+    Ok(download)
 }
 
 /// The bytes of the state object at `handle`: inline, or read from its
@@ -507,6 +521,7 @@ impl JobSupervisor {
             let Restored {
                 mut state,
                 shared_base,
+                downloads: _downloads,
             } = restore.remove(&id).unwrap_or_default();
             let mut replay = std::mem::take(&mut state.channels);
             let failed = |error| JobError::TaskFailed { subtask: id, error };
