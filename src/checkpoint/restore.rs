@@ -139,6 +139,18 @@ pub fn plan(
         let parallelism = states.iter().map(|(i, _)| i.0 + 1).max().unwrap_or(0);
         checkpointed.entry(operator).or_insert(parallelism);
     }
+    for (&operator, &parallelism) in &checkpointed {
+        let max = graph.operator(operator).max_parallelism;
+        if parallelism == 0 || parallelism > max {
+            return Err(RestoreError::Malformed {
+                subtask: SubtaskId {
+                    operator,
+                    index: SubtaskIndex(0),
+                },
+                problem: format!("an operator at parallelism {parallelism}, outside 1..={max}"),
+            });
+        }
+    }
     let mut plans = HashMap::new();
     for (&operator, states) in &old {
         plan_operator(graph, operator, checkpointed[&operator], states, &mut plans)?;
@@ -762,6 +774,20 @@ mod tests {
                 plan(&c, &graph(2), false),
                 Err(RestoreError::Malformed { .. })
             ));
+        }
+    }
+
+    #[test]
+    fn a_checkpointed_parallelism_beyond_the_max_parallelism_is_refused() {
+        for parallelism in [0, 129] {
+            let mut c = checkpoint(2);
+            c.operators = graph(2).operators;
+            c.operators[1].parallelism = parallelism;
+            let error = plan(&c, &graph(2), false).unwrap_err();
+            assert!(
+                matches!(&error, RestoreError::Malformed { problem, .. } if problem.contains("outside 1..=128")),
+                "{error}"
+            );
         }
     }
 
