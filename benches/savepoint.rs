@@ -27,10 +27,12 @@ fn round(state: &str, keys: u64) -> (f64, f64, u64) {
         let mut args = vec![
             "wordcount".to_string(),
             format!("--keys={keys}"),
-            // Every key exists before the savepoint at 3 s (9 records per
-            // key), and the input outlasts it.
-            format!("--records={}", keys * 30),
-            format!("--rate={}", keys * 3),
+            // Every key exists before the savepoint at 6 s (9 records per
+            // key), and the input outlasts it. The rate is one both backends
+            // sustain: under backpressure an aligned savepoint also waits
+            // for its barriers to pass the full channels.
+            format!("--records={}", keys * 10),
+            format!("--rate={}", keys * 3 / 2),
             "--parallelism=2".to_string(),
             // No periodic checkpoint within the runs.
             "--checkpoint-interval=1h".to_string(),
@@ -48,7 +50,7 @@ fn round(state: &str, keys: u64) -> (f64, f64, u64) {
         args.extend_from_slice(extra);
         args
     };
-    let stopped = run(common(&["--stop-with-savepoint-after=3s".to_string()]));
+    let stopped = run(common(&["--stop-with-savepoint-after=6s".to_string()]));
     let savepoint = stopped.savepoint.expect("the savepoint completed");
     let restored = run(common(&[format!("--restore={savepoint}")]));
     (
