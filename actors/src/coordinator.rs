@@ -220,10 +220,17 @@ impl CoordinatorActor {
     /// a shutdown waits for every deletion in flight.
     fn spawn_delete(
         &mut self,
-        paths: Vec<String>,
+        mut paths: Vec<String>,
         checkpoints: Vec<CheckpointId>,
         ctx: &mut Context<Self>,
     ) {
+        // Objects inside a deleted checkpoint's directory go with it: a
+        // second delete would succeed on object stores and count twice.
+        let dirs: Vec<String> = checkpoints
+            .iter()
+            .map(|&id| format!("{}/", CheckpointStorage::checkpoint_dir(id)))
+            .collect();
+        paths.retain(|path| !dirs.iter().any(|dir| path.starts_with(dir)));
         let storage = self.storage.clone();
         self.deleting += 1;
         ctx.spawn(
