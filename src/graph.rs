@@ -155,12 +155,6 @@ impl JobGraph {
             .map_or(0, |e| self.input_channels(e, subtask.index).len())
     }
 
-    /// How many output channels `subtask` writes.
-    pub fn output_count(&self, subtask: SubtaskId) -> usize {
-        self.output_edge(subtask.operator)
-            .map_or(0, |e| self.output_channels(e, subtask.index).len())
-    }
-
     pub fn validate(&self) -> Result<(), GraphError> {
         if self.operators.is_empty() {
             return Err(GraphError::Empty);

@@ -691,13 +691,24 @@ impl RunArgs {
 }
 
 /// Whether storage location `inner` lies within `outer`: local paths by
-/// their absolute form, URLs by prefix.
+/// their absolute form with `..` resolved, URLs by prefix.
 fn inside(inner: &str, outer: &str) -> bool {
     let local = |s: &str| {
         let s = s.strip_prefix("file://").unwrap_or(s);
-        (!s.contains("://"))
-            .then(|| std::path::absolute(s).ok())
-            .flatten()
+        if s.contains("://") {
+            return None;
+        }
+        let absolute = std::path::absolute(s).ok()?;
+        let mut normal = PathBuf::new();
+        for part in absolute.components() {
+            match part {
+                std::path::Component::ParentDir => {
+                    normal.pop();
+                }
+                part => normal.push(part),
+            }
+        }
+        Some(normal)
     };
     match (local(inner), local(outer)) {
         (Some(inner), Some(outer)) => inner.starts_with(outer),

@@ -220,28 +220,27 @@ impl CoordinatorActor {
     /// a shutdown waits for every deletion in flight.
     fn spawn_delete(
         &mut self,
-        mut paths: Vec<String>,
+        paths: Vec<String>,
         checkpoints: Vec<CheckpointId>,
         ctx: &mut Context<Self>,
     ) {
-        // Objects inside a deleted checkpoint's directory go with it: a
-        // second delete would succeed on object stores and count twice.
-        let dirs: Vec<String> = checkpoints
-            .iter()
-            .map(|&id| format!("{}/", CheckpointStorage::checkpoint_dir(id)))
-            .collect();
-        paths.retain(|path| !dirs.iter().any(|dir| path.starts_with(dir)));
         let storage = self.storage.clone();
         self.deleting += 1;
         ctx.spawn(
             async move {
+                let mut deleted = Vec::new();
                 for id in checkpoints {
-                    if let Err(e) = storage.delete_checkpoint(id).await {
-                        tracing::warn!(error = %e, checkpoint = %id, "discarding a subsumed checkpoint failed");
+                    match storage.delete_checkpoint(id).await {
+                        Ok(()) => deleted.push(format!("{}/", CheckpointStorage::checkpoint_dir(id))),
+                        Err(e) => tracing::warn!(error = %e, checkpoint = %id, "discarding a subsumed checkpoint failed"),
                     }
                 }
-                for path in paths {
-                    if let Err(e) = storage.delete(&path).await {
+                // Objects inside a deleted checkpoint's directory went with
+                // it: a second delete would succeed on object stores and
+                // count twice.
+                let gone = |path: &String| deleted.iter().any(|dir| path.starts_with(dir));
+                for path in paths.iter().filter(|path| !gone(path)) {
+                    if let Err(e) = storage.delete(path).await {
                         tracing::warn!(error = %e, "discarding checkpoint state failed");
                     }
                 }

@@ -158,7 +158,10 @@ fn bad_arguments_exit_2_naming_the_argument() {
                 "run",
                 "wordcount",
                 "--checkpoint-dir=/tmp/x",
-                &format!("--savepoint-dir=/tmp/x/{}/savepoints", job_id("wordcount")),
+                &format!(
+                    "--savepoint-dir=/tmp/y/../x/{}/savepoints",
+                    job_id("wordcount")
+                ),
             ][..],
             "--savepoint-dir",
         ),

@@ -151,7 +151,7 @@ impl BarrierHandler {
     }
 
     /// Channel state of the restored checkpoint: polled before anything
-    /// delivered on that channel, without credit.
+    /// delivered on any channel, without credit.
     pub fn replay(&mut self, channel: usize, batches: Vec<Batch>) {
         self.check_channel(channel);
         self.gate.replay(channel, batches);

@@ -20,7 +20,7 @@ use thiserror::Error;
 pub enum RestoreError {
     #[error("the checkpoint has state for {0}, which this job does not have")]
     UnknownSubtask(SubtaskId),
-    #[error("checkpoint {checkpoint} is unaligned and holds in-flight records of the broadcast edge {from:?} -> {to:?}, whose parallelism changed; every consumer had read the broadcast up to another point, so they cannot be redistributed: restore at the checkpointed parallelism, or from a savepoint")]
+    #[error("checkpoint {checkpoint} is unaligned and holds in-flight records of the broadcast edge {from:?} -> {to:?}, whose consumer's parallelism changed; every consumer had read the broadcast up to another point, so they cannot be redistributed: restore at the checkpointed parallelism, or from a savepoint")]
     BroadcastRescale {
         checkpoint: CheckpointId,
         from: String,
@@ -136,8 +136,19 @@ pub fn plan(
         .map(|o| (o.id, o.parallelism))
         .collect();
     for (&operator, states) in &old {
-        let parallelism = states.iter().map(|(i, _)| i.0 + 1).max().unwrap_or(0);
+        let parallelism = states
+            .iter()
+            .map(|(i, _)| i.0.saturating_add(1))
+            .max()
+            .unwrap_or(0);
         checkpointed.entry(operator).or_insert(parallelism);
+    }
+    if checkpoint.operators.is_empty() {
+        // Numbered like the job (`by_uid`), and at its parallelism where no
+        // state says otherwise.
+        for op in &graph.operators {
+            checkpointed.entry(op.id).or_insert(op.parallelism);
+        }
     }
     for (&operator, &parallelism) in &checkpointed {
         let max = graph.operator(operator).max_parallelism;
@@ -306,17 +317,22 @@ fn plan_operator(
     Ok(())
 }
 
-/// In-flight records of an unaligned checkpoint, edge by edge. Where neither
-/// end of an edge changed its parallelism, every channel state stays with
-/// its subtask. Otherwise all of them are records on their way to a
-/// consumer: those of old channel p -> c, what c had received and then what
-/// p had not yet sent, are replayed in that order as input of the new
-/// consumers that may own them. On a hash edge that is every new owner of a
-/// key group of old c, which drops the records of key groups it does not own
-/// (Flink filters recovered records the same way); on a rebalance or forward
-/// edge it is consumer c mod the new parallelism. They go to input channel
-/// p mod the new input count, so the records of one old channel stay in
-/// order.
+/// In-flight records of an unaligned checkpoint, edge by edge. The
+/// checkpoint records operators, not edges: the job's edges are taken as
+/// the checkpointed job's. Where neither end of an edge changed its
+/// parallelism, every channel state stays with its subtask. Otherwise all
+/// of them are records on their way to a consumer: those of old channel
+/// p -> c, what c had received and then what p had not yet sent, are
+/// replayed in that order as input of the new consumers that may own them.
+/// On a hash edge that is every new owner of a key group of old c, which
+/// drops the records of key groups it does not own (Flink filters recovered
+/// records the same way); on a rebalance or forward edge it is consumer
+/// c mod the new parallelism; on a broadcast edge, whose consumers each had
+/// read up to another point, it is c itself, and a consumer that changed its
+/// parallelism is refused. They go to input channel p mod the new input
+/// count, so the records of one old channel stay in order. An edge with an
+/// end the checkpoint does not hold (dropped by uid) loses its channel
+/// state with that end's state.
 fn plan_channels(
     checkpoint: CheckpointId,
     graph: &JobGraph,
@@ -324,33 +340,51 @@ fn plan_channels(
     old: &BTreeMap<OperatorId, Vec<(SubtaskIndex, &SubtaskState)>>,
     plans: &mut HashMap<SubtaskId, RestorePlan>,
 ) -> Result<(), RestoreError> {
-    let was = |op: OperatorId| {
-        checkpointed
-            .get(&op)
-            .copied()
-            .unwrap_or(graph.operator(op).parallelism)
-    };
-    let channels_of = |edge: Option<&Edge>, peer: fn(&Edge) -> OperatorId| {
-        edge.map_or(0, |e| match e.partitioner {
-            Partitioner::Forward => 1,
-            _ => was(peer(e)),
+    let was = |op: OperatorId| checkpointed.get(&op).copied();
+    let edges: Vec<(&Edge, u32, u32)> = graph
+        .edges
+        .iter()
+        .filter_map(|e| Some((e, was(e.from)?, was(e.to)?)))
+        .collect();
+    for &(edge, from, to) in &edges {
+        if edge.partitioner == Partitioner::Forward && from != to {
+            return Err(RestoreError::Malformed {
+                subtask: SubtaskId {
+                    operator: edge.to,
+                    index: SubtaskIndex(0),
+                },
+                problem: format!("a forward edge from parallelism {from} to {to}"),
+            });
+        }
+    }
+    // `None`: the edge's other end is not in the checkpoint.
+    let channels_of = |operator: OperatorId, side: ChannelSide| {
+        let edge = match side {
+            ChannelSide::Input => graph.input_edge(operator),
+            ChannelSide::Output => graph.output_edge(operator),
+        };
+        let Some(edge) = edge else {
+            return Some(0);
+        };
+        let &(_, from, to) = edges.iter().find(|(e, ..)| *e == edge)?;
+        Some(match (edge.partitioner, side) {
+            (Partitioner::Forward, _) => 1,
+            (_, ChannelSide::Input) => from,
+            (_, ChannelSide::Output) => to,
         })
     };
     for (&operator, states) in old {
-        let inputs = channels_of(graph.input_edge(operator), |e| e.from);
-        let outputs = channels_of(graph.output_edge(operator), |e| e.to);
         for &(index, state) in states {
             for channel in &state.channels {
-                let count = match channel.side {
-                    ChannelSide::Input => inputs,
-                    ChannelSide::Output => outputs,
-                };
-                if channel.channel >= count {
+                let count = channels_of(operator, channel.side);
+                if count.is_some_and(|count| channel.channel >= count) {
                     return Err(RestoreError::Malformed {
                         subtask: SubtaskId { operator, index },
                         problem: format!(
-                            "channel state for {:?} channel {} of {count}",
-                            channel.side, channel.channel
+                            "channel state for {:?} channel {} of {}",
+                            channel.side,
+                            channel.channel,
+                            count.unwrap_or(0)
                         ),
                     });
                 }
@@ -364,8 +398,7 @@ fn plan_channels(
             .flat_map(|(_, state)| state.channels.iter())
             .filter(move |c| c.side == side && c.channel == channel)
     };
-    for edge in &graph.edges {
-        let (from, to) = (was(edge.from), was(edge.to));
+    for &(edge, from, to) in &edges {
         let consumer = graph.operator(edge.to);
         let (new_from, new_to) = (graph.operator(edge.from).parallelism, consumer.parallelism);
         let forward = edge.partitioner == Partitioner::Forward;
@@ -397,6 +430,8 @@ fn plan_channels(
                     continue;
                 }
                 let targets: Vec<u32> = match edge.partitioner {
+                    // Each consumer's pending broadcast records are its own.
+                    Partitioner::Broadcast if to == new_to => vec![c],
                     Partitioner::Broadcast => {
                         return Err(RestoreError::BroadcastRescale {
                             checkpoint,
@@ -925,7 +960,7 @@ mod tests {
     }
 
     #[test]
-    fn in_flight_records_of_a_broadcast_edge_are_not_rescaled() {
+    fn in_flight_records_of_a_broadcast_edge_stay_with_their_consumer_or_are_refused() {
         let mut g = graph(3);
         g.edges[0].partitioner = Partitioner::Broadcast;
         let error = plan(&unaligned(2), &g, false).unwrap_err();
@@ -937,6 +972,60 @@ mod tests {
         let mut same = graph(2);
         same.edges[0].partitioner = Partitioner::Broadcast;
         assert!(plan(&unaligned(2), &same, false).is_ok());
+        // Only the producer changed: every consumer replays its own.
+        let mut c = unaligned(2);
+        c.operators = graph(2).operators;
+        let mut producer = graph(2);
+        producer.edges[0].partitioner = Partitioner::Broadcast;
+        producer.operators[0].parallelism = 3;
+        let plans = plan(&c, &producer, false).unwrap();
+        for j in 0..2 {
+            let expected: Vec<(u32, String)> = (0..2)
+                .flat_map(|p| [(p, format!("in-{j}-{p}")), (p, format!("out-{p}-{j}"))])
+                .collect();
+            assert_eq!(replayed(&plans[&count(j)]), expected);
+            assert!(!plans[&count(j)].filter_replay);
+        }
+    }
+
+    #[test]
+    fn in_flight_records_of_an_edge_to_a_dropped_operator_are_dropped_with_it() {
+        let mut c = unaligned(2);
+        c.operators = graph(2).operators;
+        let mut renamed = graph(3);
+        renamed.operators[1].uid = "renamed".into();
+        let plans = plan(&c, &renamed, true).unwrap();
+        assert!(plans.values().all(|p| p.channels.is_empty()));
+        assert!(plans.values().all(|p| !p.filter_replay));
+    }
+
+    #[test]
+    fn a_forward_edge_between_two_parallelisms_is_malformed() {
+        let mut c = unaligned(2);
+        c.operators = graph(2).operators;
+        c.operators[1].parallelism = 3;
+        for i in 0..2 {
+            c.subtasks.get_mut(&count(i)).unwrap().keyed = None;
+        }
+        let mut forward = graph(2);
+        forward.edges[0].partitioner = Partitioner::Forward;
+        let error = plan(&c, &forward, false).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("forward edge from parallelism 2 to 3"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_subtask_index_at_the_end_of_the_range_is_malformed() {
+        let mut c = checkpoint(1);
+        c.subtasks.insert(count(u32::MAX), SubtaskState::default());
+        assert!(matches!(
+            plan(&c, &graph(1), false),
+            Err(RestoreError::Malformed { .. })
+        ));
     }
 
     #[test]
