@@ -110,8 +110,9 @@ fn an_aborted_checkpoints_uploads_are_deleted_and_never_become_a_base() {
 }
 
 /// A restore that fails while downloading (an SST object of the checkpoint
-/// is gone) fails the job naming the object, and leaves nothing of what it
-/// had downloaded in `--state-dir`.
+/// is gone) or after it (the SST is garbage, so the database does not open)
+/// fails the job naming what is wrong, and leaves nothing of what it had
+/// downloaded in `--state-dir`.
 #[test]
 fn a_failed_restore_leaves_no_downloads_behind() {
     let (checkpoints, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -128,29 +129,41 @@ fn a_failed_restore_leaves_no_downloads_behind() {
         .unwrap()
         .to_owned();
     let job = job_dir(checkpoints.path());
-    std::fs::remove_file(job.join(&sst)).unwrap();
-    let state_dir = tempfile::tempdir().unwrap();
-    let mut args: Vec<String> = [
-        "wordcount",
-        "--records=400000",
-        "--keys=5000",
-        "--parallelism=3",
-        "--state=rocksdb",
-        "--max-restarts=0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend([
-        format!("--checkpoint-dir={}", checkpoints.path().display()),
-        format!("--state-dir={}", state_dir.path().display()),
-        format!("--restore={}", job.join(newest.id.to_string()).display()),
-    ]);
-    let error = cli::run(&RunArgs::parse(args).unwrap()).unwrap_err();
-    assert!(error.to_string().contains(&sst), "{error}");
-    let left: Vec<_> = std::fs::read_dir(state_dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
+    let path = job.join(&sst);
+    let size = std::fs::metadata(&path).unwrap().len() as usize;
+    type Damage = fn(&Path, usize);
+    let damages: [(Damage, &str); 2] = [
+        (|path, _| std::fs::remove_file(path).unwrap(), sst.as_str()),
+        (
+            |path, size| std::fs::write(path, vec![0x5a; size]).unwrap(),
+            "Corruption",
+        ),
+    ];
+    for (damage, named) in damages {
+        let state_dir = tempfile::tempdir().unwrap();
+        damage(&path, size);
+        let mut args: Vec<String> = [
+            "wordcount",
+            "--records=400000",
+            "--keys=5000",
+            "--parallelism=3",
+            "--state=rocksdb",
+            "--max-restarts=0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
         .collect();
-    assert!(left.is_empty(), "{left:?}");
+        args.extend([
+            format!("--checkpoint-dir={}", checkpoints.path().display()),
+            format!("--state-dir={}", state_dir.path().display()),
+            format!("--restore={}", job.join(newest.id.to_string()).display()),
+        ]);
+        let error = cli::run(&RunArgs::parse(args).unwrap()).unwrap_err();
+        assert!(error.to_string().contains(named), "{error}");
+        let left: Vec<_> = std::fs::read_dir(state_dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "{named}: {left:?}");
+    }
 }
