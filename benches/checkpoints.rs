@@ -8,14 +8,10 @@
 //! `TIDEMARK_BENCH_RECORDS` (default 200,000,000) and `TIDEMARK_BENCH_REPS`
 //! (default 3) change the size.
 
-use tidemark_actors::cli::{self, RunArgs, RunReport};
+mod common;
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use common::{env_or, median};
+use tidemark_actors::cli::{self, RunArgs, RunReport};
 
 fn run(records: u64, keys: u64, extra: &[&str]) -> RunReport {
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -28,11 +24,6 @@ fn run(records: u64, keys: u64, extra: &[&str]) -> RunReport {
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     cli::run(&RunArgs::parse(args).expect("valid arguments")).expect("wordcount runs")
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {

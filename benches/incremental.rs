@@ -16,15 +16,11 @@
 //!
 //! cargo bench --bench incremental
 
+mod common;
+
+use common::env_or;
 use std::path::{Path, PathBuf};
 use tidemark_actors::cli::{self, RunArgs, RunReport};
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn run(args: Vec<String>) -> RunReport {
     let mut all = vec!["wordcount".to_string(), "--parallelism=2".to_string()];

@@ -10,14 +10,10 @@
 //!
 //! cargo bench --bench merging
 
-use tidemark_actors::cli::{self, RunArgs, RunReport};
+mod common;
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use common::env_or;
+use tidemark_actors::cli::{self, RunArgs, RunReport};
 
 fn run(keys: u64, records: u64, extra: &[&str]) -> RunReport {
     let dir = tempfile::tempdir().expect("a temporary directory");

@@ -7,14 +7,10 @@
 //! `TIDEMARK_BENCH_KEYS` (default 1,000,000) and `TIDEMARK_BENCH_REPS`
 //! (default 3) change the size.
 
-use tidemark_actors::cli::{self, RunArgs, RunReport};
+mod common;
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use common::{env_or, median};
+use tidemark_actors::cli::{self, RunArgs, RunReport};
 
 fn run(args: Vec<String>) -> RunReport {
     cli::run(&RunArgs::parse(args).expect("valid arguments")).expect("wordcount runs")
@@ -58,11 +54,6 @@ fn round(state: &str, keys: u64) -> (f64, f64, u64) {
         restored.restore_ms,
         restored.restored_bytes,
     )
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {

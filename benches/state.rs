@@ -11,6 +11,9 @@
 //! in entries (default: the backend's default, and 1, which is no cache). `TIDEMARK_BENCH_FILTER` runs only the
 //! configurations whose name contains it.
 
+mod common;
+
+use common::env_or;
 use std::time::Instant;
 use tidemark::ids::{CheckpointId, SubtaskIndex};
 use tidemark::key_group::KeyGroupRange;
@@ -18,13 +21,6 @@ use tidemark::rng::splitmix64;
 use tidemark::state::{KeyedStateBackend, RocksDbKeyedStateBackend, StateBackend};
 use tidemark::task::KeyedSnapshot;
 use tidemark::{KeyedContext, StateRegistrar};
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 #[derive(Clone, Copy)]
 enum Keys {

@@ -11,6 +11,9 @@
 //! over the repetitions so that a noisy neighbour hits all alike. Set
 //! `TIDEMARK_BENCH_RECORDS` and `TIDEMARK_BENCH_REPS` to change the size.
 
+mod common;
+
+use common::{env_or, median};
 use std::process::Command;
 use tidemark_actors::cli::{self, RunArgs};
 
@@ -45,13 +48,6 @@ const CONFIGS: [(&str, &[&str]); 5] = [
     ),
 ];
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn peak_rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
@@ -76,11 +72,6 @@ fn child(config: usize, records: u64) {
     let args = RunArgs::parse(args).expect("valid arguments");
     let report = cli::run(&args).expect("wordcount runs");
     println!("{} {}", report.throughput_rps, peak_rss_mib());
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {

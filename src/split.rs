@@ -71,15 +71,11 @@ pub fn redistribute(old: &[SplitPosition], parallelism: u32) -> Vec<SplitPositio
     });
     (0..parallelism)
         .map(|j| {
-            let mut cursor = Split {
-                step: u64::from(parallelism),
-                position: SplitPosition {
-                    next: u64::from(j),
-                    read_before: read_before.clone(),
-                },
+            let position = SplitPosition {
+                next: u64::from(j),
+                read_before: read_before.clone(),
             };
-            cursor.skip_read();
-            cursor.position
+            Split::new(j, parallelism, Some(position)).position
         })
         .collect()
 }
@@ -93,11 +89,22 @@ pub struct Split {
 
 impl Split {
     /// Subtask `subtask` of `parallelism` from `position`, or from its start.
+    /// Below the highest floor of the staircases everything was read, so it
+    /// starts there at the earliest. (`next` only grows and staircases are
+    /// only dropped, so later reads never fall below it again.)
     pub fn new(subtask: u32, parallelism: u32, position: Option<SplitPosition>) -> Self {
-        let mut split = Split {
-            step: u64::from(parallelism),
-            position: position.unwrap_or_else(|| SplitPosition::start(subtask)),
-        };
+        let step = u64::from(parallelism);
+        let mut position = position.unwrap_or_else(|| SplitPosition::start(subtask));
+        let floor = position
+            .read_before
+            .iter()
+            .map(Staircase::floor)
+            .max()
+            .unwrap_or(0);
+        if position.next < floor {
+            position.next += (floor - position.next).div_ceil(step) * step;
+        }
+        let mut split = Split { step, position };
         split.skip_read();
         split
     }
@@ -117,15 +124,10 @@ impl Split {
         &self.position
     }
 
-    /// Moves `next` past the indices an earlier parallelism read, dropping
-    /// the staircases it has passed. Below the highest floor everything was
-    /// read, so it jumps there first; above it, it checks index by index.
+    /// Moves `next` past the indices an earlier parallelism read, index by
+    /// index, dropping the staircases it has passed.
     fn skip_read(&mut self) {
         let SplitPosition { next, read_before } = &mut self.position;
-        let floor = read_before.iter().map(Staircase::floor).max().unwrap_or(0);
-        if *next < floor {
-            *next += (floor - *next).div_ceil(self.step) * self.step;
-        }
         loop {
             read_before.retain(|s| *next < s.top());
             if !read_before.iter().any(|s| s.contains(*next)) {

@@ -187,9 +187,10 @@ fn snapshot_tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
-/// Restores from `savepoint` into `output` and returns the error, after
-/// checking that neither the savepoint nor the output changed.
-fn refused(root: &Path, savepoint: &Path, output: &Path) -> cli::CliError {
+/// Restores from `savepoint` into `output` and checks that it is refused
+/// with `exit_code` and a message naming each of `naming`, and that neither
+/// the savepoint nor the output changed.
+fn assert_refused(root: &Path, savepoint: &Path, output: &Path, exit_code: i32, naming: &[&str]) {
     let before = (snapshot_tree(savepoint), snapshot_tree(output));
     let args = RunArgs::parse([
         "wordcount".to_string(),
@@ -207,7 +208,10 @@ fn refused(root: &Path, savepoint: &Path, output: &Path) -> cli::CliError {
         before,
         "nothing was touched"
     );
-    error
+    assert_eq!(error.exit_code(), exit_code, "{error}");
+    for name in naming {
+        assert!(error.to_string().contains(name), "{error}");
+    }
 }
 
 /// A job restored from a savepoint need not take periodic checkpoints: with
@@ -254,12 +258,8 @@ fn a_directory_without_metadata_is_not_a_savepoint() {
     let root = tempfile::tempdir().unwrap();
     let (savepoint, output) = small_savepoint(root.path());
     std::fs::remove_file(savepoint.join(METADATA)).unwrap();
-    let error = refused(root.path(), &savepoint, &output);
-    assert_eq!(error.exit_code(), 2);
-    let message = error.to_string();
-    assert!(message.contains("--restore"), "{message}");
-    assert!(message.contains(savepoint.to_str().unwrap()), "{message}");
-    assert!(message.contains("no _metadata"), "{message}");
+    let named = ["--restore", savepoint.to_str().unwrap(), "no _metadata"];
+    assert_refused(root.path(), &savepoint, &output, 2, &named);
 }
 
 #[test]
@@ -267,11 +267,8 @@ fn foreign_metadata_is_refused() {
     let root = tempfile::tempdir().unwrap();
     let (savepoint, output) = small_savepoint(root.path());
     std::fs::write(savepoint.join(METADATA), b"{\"savepoint\": true}").unwrap();
-    let error = refused(root.path(), &savepoint, &output);
-    assert_eq!(error.exit_code(), 1);
-    let message = error.to_string();
-    assert!(message.contains(savepoint.to_str().unwrap()), "{message}");
-    assert!(message.contains("not checkpoint metadata"), "{message}");
+    let named = [savepoint.to_str().unwrap(), "not checkpoint metadata"];
+    assert_refused(root.path(), &savepoint, &output, 1, &named);
 }
 
 #[test]
@@ -284,11 +281,8 @@ fn corrupted_and_truncated_metadata_is_refused() {
     flipped[good.len() / 2] ^= 0x40;
     for bad in [flipped, good[..good.len() - 7].to_vec()] {
         std::fs::write(&path, &bad).unwrap();
-        let error = refused(root.path(), &savepoint, &output);
-        assert_eq!(error.exit_code(), 1);
-        let message = error.to_string();
-        assert!(message.contains(path.to_str().unwrap()), "{message}");
-        assert!(message.contains("checksum"), "{message}");
+        let named = [path.to_str().unwrap(), "checksum"];
+        assert_refused(root.path(), &savepoint, &output, 1, &named);
     }
 }
 
@@ -301,10 +295,7 @@ fn a_savepoint_of_another_max_parallelism_is_refused() {
             op.max_parallelism = 64;
         }
     });
-    let error = refused(root.path(), &savepoint, &output);
-    assert_eq!(error.exit_code(), 1);
-    let message = error.to_string();
-    assert!(message.contains("max parallelism 64"), "{message}");
+    assert_refused(root.path(), &savepoint, &output, 1, &["max parallelism 64"]);
 }
 
 /// Crafted metadata naming objects outside the savepoint directory, where
@@ -343,11 +334,8 @@ fn references_outside_the_directory_are_refused_and_never_read() {
             }
         });
         std::fs::remove_file(savepoint.join(&victim)).unwrap();
-        let error = refused(root.path(), &savepoint, &output);
-        assert_eq!(error.exit_code(), 1);
-        let message = error.to_string();
-        assert!(message.contains(&reference), "{message}");
-        assert!(message.contains("outside its directory"), "{message}");
+        let named = [reference.as_str(), "outside its directory"];
+        assert_refused(root.path(), &savepoint, &output, 1, &named);
         assert_eq!(std::fs::read(&planted).unwrap(), planted_bytes);
         // Back to the real object for the next reference.
         std::fs::copy(&planted, savepoint.join(&victim)).unwrap();

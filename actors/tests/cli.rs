@@ -240,6 +240,21 @@ fn restoring_a_missing_checkpoint_names_it_and_fails() {
     );
 }
 
+/// A `chk-N` directory of the only job under `checkpoints`.
+fn retained_checkpoint(checkpoints: &Path) -> PathBuf {
+    let job_dir = std::fs::read_dir(checkpoints)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::read_dir(&job_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("chk-"))
+        .expect("the run left a retained checkpoint")
+}
+
 #[test]
 fn a_corrupted_checkpoint_is_refused_with_the_reason() {
     let checkpoints = tempfile::tempdir().unwrap();
@@ -249,17 +264,7 @@ fn a_corrupted_checkpoint_is_refused_with_the_reason() {
         wordcount(checkpoints.path(), &args)
     };
     assert!(run(&[]).status.success());
-    let job_dir = std::fs::read_dir(checkpoints.path())
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
-    let chk = std::fs::read_dir(&job_dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("chk-"))
-        .expect("the run left its last checkpoint");
+    let chk = retained_checkpoint(checkpoints.path());
     let metadata = chk.join("_metadata");
     let mut bytes = std::fs::read(&metadata).unwrap();
     let last = bytes.len() - 1;
@@ -487,17 +492,7 @@ fn inspect_shows_a_savepoint_and_a_checkpoint_for_people_and_as_json() {
         }
     }
 
-    let job_dir = std::fs::read_dir(checkpoints.path())
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
-    let chk = std::fs::read_dir(&job_dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("chk-"))
-        .expect("a retained checkpoint");
+    let chk = retained_checkpoint(checkpoints.path());
     let json = tidemark(&["inspect", chk.to_str().unwrap(), "--json"]);
     assert!(json.status.success(), "{}", stderr(&json));
     let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();

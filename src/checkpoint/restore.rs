@@ -9,7 +9,7 @@ use super::{
 };
 use crate::graph::{Edge, JobGraph, OperatorSpec, Partitioner};
 use crate::ids::{CheckpointId, KeyGroup, OperatorId, SubtaskId, SubtaskIndex};
-use crate::key_group::KeyGroupRange;
+use crate::key_group::{subtask_for_key_group, KeyGroupRange};
 use crate::split::{self, SplitPosition};
 use crate::task::{SINK, SOURCE_EXHAUSTED, SOURCE_POSITION};
 use std::collections::{BTreeMap, HashMap};
@@ -442,14 +442,8 @@ fn plan_channels(
                     Partitioner::Hash => {
                         let max = consumer.max_parallelism;
                         let range = KeyGroupRange::for_subtask(max, to, SubtaskIndex(c));
-                        (0..new_to)
-                            .filter(|&j| {
-                                overlap(
-                                    range,
-                                    KeyGroupRange::for_subtask(max, new_to, SubtaskIndex(j)),
-                                ) > 0
-                            })
-                            .collect()
+                        let owner = |group| subtask_for_key_group(max, new_to, KeyGroup(group)).0;
+                        (owner(range.start)..=owner(range.end)).collect()
                     }
                     Partitioner::Rebalance | Partitioner::Forward => vec![c % new_to],
                 };

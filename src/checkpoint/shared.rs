@@ -77,6 +77,17 @@ impl Count {
     }
 }
 
+/// The handle `key` is known by that is `file`'s.
+fn keyed_handle<'a>(
+    keys: &'a mut BTreeMap<SharedKey, Vec<KeyedHandle>>,
+    key: &SharedKey,
+    file: &NativeFileHandle,
+) -> Option<&'a mut KeyedHandle> {
+    keys.get_mut(key)?
+        .iter_mut()
+        .find(|h| h.file.handle == file.handle)
+}
+
 #[derive(Debug, Default)]
 struct PhysicalFile {
     /// By offset: length, and retained checkpoints referencing the segment.
@@ -247,7 +258,7 @@ impl SharedStateRegistry {
             }
         }
         for (key, file) in &keyed {
-            if let Some(handle) = self.keyed_handle(key, file) {
+            if let Some(handle) = keyed_handle(&mut self.keys, key, file) {
                 handle.count.drop_reference();
             }
         }
@@ -258,9 +269,8 @@ impl SharedStateRegistry {
             }
         }
         for (key, file) in &keyed {
-            let pending = self.pending.clone();
-            if let Some(handle) = self.keyed_handle(key, file) {
-                handle.count.release(&pending);
+            if let Some(handle) = keyed_handle(&mut self.keys, key, file) {
+                handle.count.release(&self.pending);
             }
         }
     }
@@ -423,17 +433,6 @@ impl SharedStateRegistry {
             };
             handles[at].count.take_up();
         }
-    }
-
-    fn keyed_handle(
-        &mut self,
-        key: &SharedKey,
-        file: &NativeFileHandle,
-    ) -> Option<&mut KeyedHandle> {
-        self.keys
-            .get_mut(key)?
-            .iter_mut()
-            .find(|h| h.file.handle == file.handle)
     }
 
     fn ended(&mut self, checkpoint: CheckpointId) {

@@ -339,7 +339,7 @@ impl CheckpointStorage {
     /// or only the segment of a merged file.
     pub async fn read_handle(&self, handle: &StateHandle) -> Result<Bytes, ReadError> {
         Ok(match handle {
-            StateHandle::Inline(_) => handle.from_range(Bytes::new())?,
+            StateHandle::Inline(bytes) => Bytes::copy_from_slice(bytes),
             StateHandle::Object { path, .. } => handle.from_object(self.get(path).await?)?,
             StateHandle::Segment { path, .. } => {
                 handle.from_range(self.get_range(path, handle.range()).await?)?
