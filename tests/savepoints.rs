@@ -187,6 +187,26 @@ fn snapshot_tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
+/// A failure before the restored job completed a checkpoint of its own
+/// restores the savepoint again, from the savepoint's directory.
+#[test]
+fn a_failover_before_the_first_own_checkpoint_restores_the_savepoint_again() {
+    let root = tempfile::tempdir().unwrap();
+    let (savepoint, output) = small_savepoint(root.path());
+    let name = savepoint.file_name().unwrap().to_str().unwrap();
+    let id: u64 = name.rsplit('-').next().unwrap().parse().unwrap();
+    let restored = run(
+        &[
+            format!("--restore={}", savepoint.display()),
+            format!("--inject-fault=sync-snapshot:{}:1:0", id + 1),
+        ],
+        &root.path().join("restored"),
+        &output,
+    );
+    assert_eq!(restored.restarts, 1);
+    assert_updates_exactly_once(&output, RECORDS, KEYS, SEED, "failover to the savepoint");
+}
+
 /// Restores from `savepoint` into `output` and checks that it is refused
 /// with `exit_code` and a message naming each of `naming`, and that neither
 /// the savepoint nor the output changed.

@@ -26,7 +26,6 @@ use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::store::CompletedCheckpointStore;
 use tidemark::checkpoint::{CheckpointFailure, CompletedCheckpoint};
 use tidemark::event::CheckpointKind;
-use tidemark::graph::OperatorSpec;
 use tidemark::ids::{Attempt, CheckpointId, JobId, SubtaskId};
 use tokio::sync::oneshot;
 
@@ -54,6 +53,9 @@ pub struct RestoreFrom {
     /// base incremental checkpoints on; otherwise the savepoint or
     /// unclaimed checkpoint the job was started from.
     pub owned: bool,
+    /// Where its state is when not in the job's checkpoint storage: the
+    /// savepoint directory the job was started from.
+    pub dir: Option<CheckpointStorage>,
 }
 
 /// The checkpoint to restore from: answered once no abandoned checkpoint is
@@ -81,16 +83,14 @@ pub struct TriggerManual {
     pub reply: oneshot::Sender<Result<CheckpointId, CheckpointFailure>>,
 }
 
-/// Where savepoints go, and what the coordinator records in every
-/// checkpoint's metadata.
+/// Where savepoints go, and what the job started from.
 pub struct Savepoints {
     pub job: JobId,
     /// The savepoint directory; `None`: savepoints cannot be taken.
     pub dir: Option<CheckpointStorage>,
-    pub operators: Vec<OperatorSpec>,
     /// The savepoint or unclaimed checkpoint the job started from: what a
     /// failover restores until the job has a checkpoint of its own.
-    pub started_from: Option<CompletedCheckpoint>,
+    pub started_from: Option<RestoreFrom>,
 }
 
 pub struct CoordinatorActor {
@@ -312,7 +312,6 @@ impl CoordinatorActor {
                     );
                 }
                 Action::Finalize(mut checkpoint) => {
-                    checkpoint.operators = self.savepoints.operators.clone();
                     if checkpoint.kind == CheckpointKind::Savepoint {
                         self.write_savepoint(checkpoint, ctx);
                         continue;
@@ -416,18 +415,12 @@ impl CoordinatorActor {
                 Some(checkpoint) => Some(RestoreFrom {
                     checkpoint: checkpoint.clone(),
                     owned: true,
+                    dir: None,
                 }),
-                None => self
-                    .savepoints
-                    .started_from
-                    .clone()
-                    .map(|checkpoint| RestoreFrom {
-                        checkpoint,
-                        owned: false,
-                    }),
+                None => self.savepoints.started_from.clone(),
             };
             let restored = match &latest {
-                Some(from) => self.core.restore_master_hooks(&from.checkpoint),
+                Some(from) => self.core.restore(&from.checkpoint),
                 None => Ok(()),
             };
             let _ = reply.send(restored.map(|()| latest));

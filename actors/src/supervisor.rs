@@ -37,7 +37,7 @@ use tidemark::checkpoint::storage::{CheckpointStorage, ReadError};
 use tidemark::checkpoint::store::CompletedCheckpointStore;
 use tidemark::checkpoint::{
     ChannelSide, ChannelState, CheckpointFailure, NativeFileHandle, NativeStateHandle, Restore,
-    RestoreMode, SnapshotFormat, StateHandle, SubtaskState,
+    RestoreMode, StateHandle, SubtaskState,
 };
 use tidemark::error::TaskError;
 use tidemark::event::CheckpointKind;
@@ -87,8 +87,6 @@ pub struct JobSupervisor {
     early_triggers: Vec<TriggerManual>,
     /// Where savepoints go.
     savepoint_dir: Option<CheckpointStorage>,
-    /// The directory of the savepoint the job was started from.
-    started_from_savepoint: Option<CheckpointStorage>,
 }
 
 /// What a subtask resumes from.
@@ -116,10 +114,16 @@ async fn load(
     allow_non_restored: bool,
     local_dir: Option<&Path>,
 ) -> Result<Loaded, JobError> {
-    let Some(RestoreFrom { checkpoint, owned }) = from else {
+    let Some(RestoreFrom {
+        checkpoint,
+        owned,
+        dir,
+    }) = from
+    else {
         return Ok(Loaded::default());
     };
     let owned = *owned;
+    let storage = dir.as_ref().unwrap_or(storage);
     let started = Instant::now();
     let plans = restore::plan(checkpoint, graph, allow_non_restored).map_err(JobError::Restore)?;
     let reads = plans.into_iter().map(|(subtask, plan)| {
@@ -290,7 +294,6 @@ impl JobSupervisor {
     ) -> Self {
         JobSupervisor {
             savepoint_dir,
-            started_from_savepoint: None,
             job,
             arbiters,
             metrics,
@@ -372,14 +375,13 @@ impl JobSupervisor {
         ctx.spawn(
             async move {
                 let retain = settings.config.retain;
-                let mut next_id = storage
+                let next_id = storage
                     .next_checkpoint_id()
                     .await
                     .map_err(JobError::Storage)?;
                 // Failover restores only from checkpoints of this run or the
                 // one it was started from, never from other runs' leftovers.
                 let mut store = CompletedCheckpointStore::new(retain);
-                let mut savepoint_source = None;
                 let from = match settings.restore {
                     Restore::Fresh => None,
                     Restore::Latest => {
@@ -389,6 +391,7 @@ impl JobSupervisor {
                         store.latest().cloned().map(|checkpoint| RestoreFrom {
                             checkpoint,
                             owned: true,
+                            dir: None,
                         })
                     }
                     Restore::Checkpoint(id) => {
@@ -400,25 +403,23 @@ impl JobSupervisor {
                         if owned {
                             store.add(checkpoint.clone());
                         }
-                        Some(RestoreFrom { checkpoint, owned })
+                        Some(RestoreFrom {
+                            checkpoint,
+                            owned,
+                            dir: None,
+                        })
                     }
                     Restore::Savepoint(url) => {
                         let (dir, checkpoint) = savepoint::open(&url).await?;
-                        savepoint_source = Some(dir);
                         Some(RestoreFrom {
                             checkpoint,
                             owned: false,
+                            dir: Some(dir),
                         })
                     }
                 };
-                if let Some(from) = &from {
-                    // Ids go on from the restored checkpoint's, so that
-                    // nothing named after a checkpoint id (sink files) of the
-                    // run it came from is written again.
-                    next_id = next_id.max(CheckpointId(from.checkpoint.id.0 + 1));
-                }
                 let restore = load(
-                    savepoint_source.as_ref().unwrap_or(&storage),
+                    &storage,
                     &graph,
                     from.as_ref(),
                     settings.allow_non_restored_state,
@@ -432,11 +433,12 @@ impl JobSupervisor {
                     next_id,
                     crate::coordinator::now(),
                 );
+                core.record_operators(graph.operators.clone());
                 for hook in hooks {
                     core.add_master_hook(hook);
                 }
                 if let Some(from) = &from {
-                    core.restore_master_hooks(&from.checkpoint)
+                    core.restore(&from.checkpoint)
                         .map_err(JobError::MasterHook)?;
                 }
                 let coordinator = CoordinatorActor::new(
@@ -449,21 +451,19 @@ impl JobSupervisor {
                     Savepoints {
                         job,
                         dir: savepoint_dir,
-                        operators: graph.operators.clone(),
-                        started_from: from.filter(|f| !f.owned).map(|f| f.checkpoint),
+                        started_from: from.filter(|f| !f.owned),
                     },
                 )
                 .start();
-                Ok::<_, JobError>((coordinator, restore, savepoint_source))
+                Ok::<_, JobError>((coordinator, restore))
             }
             .into_actor(self)
             .map(|result, act, ctx| match result {
-                Ok((coordinator, restore, savepoint_source)) => {
+                Ok((coordinator, restore)) => {
                     for request in act.early_triggers.drain(..) {
                         coordinator.do_send(request);
                     }
                     act.coordinator = Some(coordinator);
-                    act.started_from_savepoint = savepoint_source;
                     let attempt = act.attempt;
                     act.start(attempt, restore, ctx);
                 }
@@ -719,7 +719,6 @@ impl JobSupervisor {
         let Some(storage) = self.storage.clone() else {
             return;
         };
-        let savepoint = self.started_from_savepoint.clone();
         let allow_non_restored = self
             .job
             .config
@@ -736,15 +735,8 @@ impl JobSupervisor {
                     .await
                     .map_err(|e| JobError::Runtime(format!("the coordinator is gone: {e}")))?
                     .map_err(JobError::MasterHook)?;
-                let self_contained = latest
-                    .as_ref()
-                    .is_some_and(|f| f.checkpoint.format == SnapshotFormat::SelfContained);
-                let source = match savepoint.as_ref() {
-                    Some(savepoint) if self_contained => savepoint,
-                    _ => &storage,
-                };
                 load(
-                    source,
+                    &storage,
                     &graph,
                     latest.as_ref(),
                     allow_non_restored,

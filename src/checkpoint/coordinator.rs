@@ -12,6 +12,7 @@
 
 use super::{Ack, CheckpointConfig, CheckpointFailure, CompletedCheckpoint, SubtaskState};
 use crate::event::{Alignment, Barrier, CheckpointKind, CheckpointOptions};
+use crate::graph::OperatorSpec;
 use crate::ids::{CheckpointId, SubtaskId};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::mem;
@@ -198,6 +199,9 @@ pub struct CheckpointCoordinator {
     /// The request of a stop with a savepoint under way: no periodic
     /// checkpoint starts, so that nothing after the savepoint commits.
     stop: Option<RequestId>,
+    /// Recorded in every checkpoint: a restore matches state to operators
+    /// by uid.
+    operators: Vec<OperatorSpec>,
 }
 
 impl CheckpointCoordinator {
@@ -227,7 +231,13 @@ impl CheckpointCoordinator {
             periodic_from: now.instant,
             last_end: None,
             stop: None,
+            operators: Vec::new(),
         }
+    }
+
+    /// The job's operators, recorded in the metadata of every checkpoint.
+    pub fn record_operators(&mut self, operators: Vec<OperatorSpec>) {
+        self.operators = operators;
     }
 
     /// `request`, a savepoint trigger, stops the job: periodic checkpoints
@@ -265,9 +275,13 @@ impl CheckpointCoordinator {
         self.hooks.push(hook);
     }
 
-    /// Calls every hook's `restore` with the state it returned for that
-    /// checkpoint (None if it returned none), stopping at the first error.
-    pub fn restore_master_hooks(&mut self, checkpoint: &CompletedCheckpoint) -> Result<(), String> {
+    /// Resumes from `checkpoint`: ids go on after its id, so that nothing
+    /// named after a checkpoint id (sink files) of the run it came from is
+    /// written again, and every hook's `restore` is called with the state it
+    /// returned for that checkpoint (None if it returned none), stopping at
+    /// the first error.
+    pub fn restore(&mut self, checkpoint: &CompletedCheckpoint) -> Result<(), String> {
+        self.next_id = self.next_id.max(CheckpointId(checkpoint.id.0 + 1));
         for hook in &mut self.hooks {
             let state = checkpoint.master_states.get(hook.name()).map(Vec::as_slice);
             hook.restore(checkpoint.id, state).map_err(|e| {
@@ -476,7 +490,7 @@ impl CheckpointCoordinator {
             id,
             kind: p.kind,
             format: Default::default(),
-            operators: Vec::new(),
+            operators: self.operators.clone(),
             timestamp: p.timestamp,
             subtasks: p.acks.clone(),
             master_states: mem::take(&mut p.master_states),
@@ -1737,13 +1751,24 @@ mod tests {
             BTreeMap::from([("kafka".to_owned(), b"offsets@chk-1".to_vec())])
         );
         log.lock().unwrap().clear();
-        assert_eq!(h.coordinator.restore_master_hooks(&completed), Ok(()));
+        assert_eq!(h.coordinator.restore(&completed), Ok(()));
         assert_eq!(
             *log.lock().unwrap(),
             [
                 "kafka restore chk-1 Some(\"offsets@chk-1\")",
                 "audit restore chk-1 None"
             ]
+        );
+        assert_eq!(h.coordinator.next_id(), CheckpointId(2));
+        let older_run = CompletedCheckpoint {
+            id: CheckpointId(41),
+            ..completed.clone()
+        };
+        assert_eq!(h.coordinator.restore(&older_run), Ok(()));
+        assert_eq!(
+            h.coordinator.next_id(),
+            CheckpointId(42),
+            "ids go on after the restored checkpoint's"
         );
     }
 
@@ -1790,9 +1815,19 @@ mod tests {
         assert_eq!(h.coordinator.pending(), 0);
         assert_eq!(h.coordinator.next_id(), CheckpointId(2), "the id is spent");
         assert_eq!(
-            h.coordinator.restore_master_hooks(&completed(1, 0, 1)),
+            h.coordinator.restore(&completed(1, 0, 1)),
             Err("master hook kafka failed to restore chk-1: broker down".into())
         );
+    }
+
+    #[test]
+    fn every_checkpoint_records_the_jobs_operators() {
+        let mut h = Harness::new(config(), 1);
+        let mut graph = crate::graph::JobGraph::default();
+        graph.add_operator("count", 1);
+        h.coordinator.record_operators(graph.operators.clone());
+        h.tick(1000);
+        assert_eq!(finalized(h.ack_all(1100, 1)).operators, graph.operators);
     }
 
     #[test]
