@@ -576,25 +576,22 @@ impl Handler<TriggerManual> for CoordinatorActor {
     fn handle(&mut self, msg: TriggerManual, ctx: &mut Context<Self>) {
         let refusal = if self.input_end.ended() {
             Some("the input has ended")
-        } else if self.core.stopping() {
-            Some("the job is stopping with a savepoint")
         } else if msg.kind == CheckpointKind::Savepoint && self.savepoints.dir.is_none() {
             Some("no savepoint directory is configured")
         } else {
             None
         };
-        if let Some(refusal) = refusal {
-            let _ = msg
-                .reply
-                .send(Err(CheckpointFailure::NotTriggered(refusal.into())));
+        let request = self.next_request;
+        let admitted = match refusal {
+            Some(refusal) => Err(CheckpointFailure::NotTriggered(refusal.into())),
+            None => self.core.admit_manual(request, msg.stop),
+        };
+        if let Err(refusal) = admitted {
+            let _ = msg.reply.send(Err(refusal));
             return;
         }
-        let request = self.next_request;
         self.next_request += 1;
         self.requests.insert(request, msg.reply);
-        if msg.stop {
-            self.core.stop_with_savepoint(request);
-        }
         if self.sources.is_empty() {
             self.waiting.push((request, msg.kind));
         } else {

@@ -240,12 +240,26 @@ impl CheckpointCoordinator {
         self.operators = operators;
     }
 
-    /// `request`, a savepoint trigger, stops the job: periodic checkpoints
-    /// pause (manual triggers still work) and the savepoint, unlike an
-    /// intermediate one, commits side effects. If it fails, the job goes on
-    /// as if no stop had been asked for.
-    pub fn stop_with_savepoint(&mut self, request: RequestId) {
-        self.stop = Some(request);
+    /// Admits manual request `request` before its `Event::Trigger`. While a
+    /// stop with a savepoint is under way none is: nothing may start after
+    /// the savepoint that stops the job. With `stop`, `request`, a savepoint,
+    /// stops the job: periodic checkpoints pause and the savepoint, unlike
+    /// an intermediate one, commits side effects. If it fails, the job goes
+    /// on as if no stop had been asked for.
+    pub fn admit_manual(
+        &mut self,
+        request: RequestId,
+        stop: bool,
+    ) -> Result<(), CheckpointFailure> {
+        if self.stopping() {
+            return Err(CheckpointFailure::NotTriggered(
+                "the job is stopping with a savepoint".into(),
+            ));
+        }
+        if stop {
+            self.stop = Some(request);
+        }
+        Ok(())
     }
 
     /// Whether a stop with a savepoint is under way.
@@ -1462,8 +1476,15 @@ mod tests {
     #[test]
     fn a_stop_with_savepoint_pauses_periodic_checkpoints_and_its_savepoint_commits() {
         let mut h = Harness::new(config(), 1);
-        h.coordinator.stop_with_savepoint(1);
+        assert_eq!(h.coordinator.admit_manual(1, true), Ok(()));
         assert!(h.coordinator.stopping());
+        assert_eq!(
+            h.coordinator.admit_manual(2, false),
+            Err(CheckpointFailure::NotTriggered(
+                "the job is stopping with a savepoint".into()
+            )),
+            "nothing starts after the stopping savepoint"
+        );
         assert_eq!(h.poll_timeout(), None);
         assert_eq!(h.tick(5000), vec![]);
         assert_eq!(
@@ -1487,7 +1508,7 @@ mod tests {
     #[test]
     fn a_failed_stop_with_savepoint_resumes_periodic_checkpoints() {
         let mut h = Harness::new(config(), 1);
-        h.coordinator.stop_with_savepoint(1);
+        h.coordinator.admit_manual(1, true).unwrap();
         h.handle(5000, manual(1, Savepoint));
         let failed = h.handle(5100, decline(1, 0, "no"));
         assert!(
@@ -1501,6 +1522,7 @@ mod tests {
             "{failed:?}"
         );
         assert!(!h.coordinator.stopping());
+        assert_eq!(h.coordinator.admit_manual(2, false), Ok(()));
         assert_eq!(h.tick(5100), vec![checkpoint(2, 5100)]);
     }
 
