@@ -129,13 +129,17 @@ async fn load(
     let reads = plans.into_iter().map(|(subtask, plan)| {
         let storage = storage.clone();
         async move {
+            let shared_base: SharedBase = plan
+                .incremental_base(owned)
+                .iter()
+                .map(|f| (f.name.clone(), f.clone()))
+                .collect();
             let mut state = RestoreState {
                 operator: plan.operator,
                 adopted: plan.adopted,
                 filter_replay: plan.filter_replay,
                 ..RestoreState::default()
             };
-            let mut shared_base = SharedBase::new();
             let mut downloads = Vec::new();
             if plan.native.is_some() || !plan.imports.is_empty() {
                 let Some(local_dir) = local_dir else {
@@ -153,16 +157,6 @@ async fn load(
                     let dir = download(&storage, subtask, &native, local_dir).await?;
                     state.native = Some(dir.path().to_path_buf());
                     downloads.push(dir);
-                    // Files the job does not own are never referenced by its
-                    // checkpoints: the first one after such a restore is full,
-                    // and so is the first one after a rescale merged several.
-                    if owned && plan.imports.is_empty() {
-                        shared_base = native
-                            .shared
-                            .into_iter()
-                            .map(|f| (f.name.clone(), f))
-                            .collect();
-                    }
                 }
             }
             let malformed =

@@ -5,7 +5,7 @@
 
 use super::{
     ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyGroupsStateHandle, KeyedStateHandle,
-    NativeStateHandle, StateHandle, SubtaskState,
+    NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
 };
 use crate::graph::{Edge, JobGraph, OperatorSpec, Partitioner};
 use crate::ids::{CheckpointId, KeyGroup, OperatorId, SubtaskId, SubtaskIndex};
@@ -67,6 +67,21 @@ pub struct RestorePlan {
     /// Further native checkpoints holding key groups the subtask owns, after
     /// a rescale: their owned key groups are copied in.
     pub imports: Vec<NativeStateHandle>,
+}
+
+impl RestorePlan {
+    /// The shared files the subtask's next incremental checkpoint may
+    /// reference instead of uploading them again: those of its native
+    /// checkpoint if the job `owned` the restored checkpoint and nothing was
+    /// imported. Files the job does not own are never referenced by its
+    /// checkpoints, so the first one after such a restore is full, and so is
+    /// the first one after a rescale merged several.
+    pub fn incremental_base(&self, owned: bool) -> &[NativeFileHandle] {
+        match &self.native {
+            Some(native) if owned && self.imports.is_empty() => &native.shared,
+            _ => &[],
+        }
+    }
 }
 
 fn ranges(
@@ -666,6 +681,36 @@ mod tests {
             shared: Vec::new(),
             private: Vec::new(),
         }
+    }
+
+    #[test]
+    fn only_an_owned_native_checkpoint_restored_alone_is_an_incremental_base() {
+        let shared = NativeFileHandle {
+            name: "000008.sst".into(),
+            instance: 1,
+            uploaded_by: CheckpointId(1),
+            handle: StateHandle::object("shared/op-1-0/chk-1-000008.sst", 100),
+        };
+        let mut c = checkpoint(2);
+        for i in 0..2 {
+            let mut n = native(2, i);
+            n.shared = vec![shared.clone()];
+            c.subtasks.get_mut(&count(i)).unwrap().keyed = Some(KeyedStateHandle::Native(n));
+        }
+        let same = plan(&c, &graph(2), false).unwrap();
+        assert_eq!(
+            same[&count(0)].incremental_base(true),
+            std::slice::from_ref(&shared)
+        );
+        assert!(
+            same[&count(0)].incremental_base(false).is_empty(),
+            "not owned"
+        );
+        let merged = plan(&c, &graph(1), false).unwrap();
+        assert!(
+            merged[&count(0)].incremental_base(true).is_empty(),
+            "imported"
+        );
     }
 
     #[test]
