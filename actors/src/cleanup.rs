@@ -9,7 +9,7 @@
 //! period exceeds the checkpoint timeout. Only the job's directory is ever
 //! listed or deleted from.
 
-use crate::cli::{parse_duration, CliError};
+use crate::cli::{block_on, parse_duration, CliError};
 use crate::runtime::job_id;
 use clap::Args;
 use std::collections::BTreeSet;
@@ -157,11 +157,7 @@ pub fn cleanup(args: &CleanupArgs) -> Result<Sweep, CliError> {
                 problem: e.to_string(),
             }
         })?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| CliError::Runtime(e.to_string()))?;
-    runtime.block_on(sweep(&storage, args))
+    block_on(sweep(&storage, args))?
 }
 
 impl fmt::Display for Sweep {

@@ -258,15 +258,29 @@ pub enum RestoreArg {
     Savepoint(String),
 }
 
+/// The directory `path` names: itself, or the one its `_metadata` is in.
+pub(crate) fn snapshot_dir(path: &str) -> &str {
+    let dir = path.trim_end_matches('/');
+    dir.strip_suffix(METADATA)
+        .unwrap_or(dir)
+        .trim_end_matches('/')
+}
+
+/// Runs `future` to completion on a runtime of its own: what the commands
+/// other than `run` need to talk to storage.
+pub(crate) fn block_on<F: std::future::Future>(future: F) -> Result<F::Output, CliError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Runtime(e.to_string()))?;
+    Ok(runtime.block_on(future))
+}
+
 fn parse_restore(s: &str) -> Result<RestoreArg, String> {
     if s == "latest" {
         return Ok(RestoreArg::Latest);
     }
-    let dir = s.trim_end_matches('/');
-    let dir = dir
-        .strip_suffix(METADATA)
-        .unwrap_or(dir)
-        .trim_end_matches('/');
+    let dir = snapshot_dir(s);
     if dir.is_empty() {
         return Err(format!(
             "expected `latest`, a checkpoint directory chk-N or a savepoint directory, got {s:?}"

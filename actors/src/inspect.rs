@@ -1,7 +1,7 @@
 //! `tidemark inspect PATH`: what a checkpoint's or savepoint's `_metadata`
 //! holds, for people or (`--json`) for programs. Only `_metadata` is read.
 
-use crate::cli::CliError;
+use crate::cli::{block_on, snapshot_dir, CliError};
 use clap::Args;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -97,17 +97,12 @@ impl SubtaskView {
         let mut files = Vec::new();
         let mut inline_bytes = 0;
         for handle in state.handles() {
-            match handle {
-                StateHandle::Inline(bytes) => inline_bytes += bytes.len() as u64,
-                StateHandle::Object { path, size } => files.push(FileView {
-                    path: path.clone(),
-                    offset: 0,
-                    size: *size,
-                }),
-                StateHandle::Segment { path, offset, size } => files.push(FileView {
-                    path: path.clone(),
-                    offset: *offset,
-                    size: *size,
+            match handle.physical() {
+                None => inline_bytes += handle.size(),
+                Some(path) => files.push(FileView {
+                    path: path.to_owned(),
+                    offset: handle.range().start,
+                    size: handle.size(),
                 }),
             }
         }
@@ -227,16 +222,7 @@ impl fmt::Display for Inspection {
 }
 
 pub fn inspect(args: &InspectArgs) -> Result<Inspection, CliError> {
-    let dir = args.path.trim_end_matches('/');
-    let dir = dir
-        .strip_suffix(METADATA)
-        .unwrap_or(dir)
-        .trim_end_matches('/');
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| CliError::Runtime(e.to_string()))?;
-    let storage = CheckpointStorage::open_directory(dir, false)?;
-    let checkpoint = runtime.block_on(storage.read_metadata_at(METADATA))?;
+    let storage = CheckpointStorage::open_directory(snapshot_dir(&args.path), false)?;
+    let checkpoint = block_on(storage.read_metadata_at(METADATA))??;
     Ok(Inspection::of(storage.directory(), &checkpoint))
 }

@@ -14,10 +14,7 @@ fn main() {
     let outcome = match command {
         Command::Run(args) => cli::run(&args).map(|report| {
             if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string(&report).expect("the report is plain data")
-                );
+                print_json(&report);
             } else {
                 println!(
                     "{:?}: {} records in {:.3} s, {:.0} records/s at parallelism {}",
@@ -32,10 +29,7 @@ fn main() {
         Command::Cleanup(args) => cleanup::cleanup(&args).map(|sweep| println!("{sweep}")),
         Command::Inspect(args) => inspect::inspect(&args).map(|inspection| {
             if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string(&inspection).expect("the inspection is plain data")
-                );
+                print_json(&inspection);
             } else {
                 print!("{inspection}");
             }
@@ -45,4 +39,12 @@ fn main() {
         eprintln!("tidemark: {e}");
         std::process::exit(e.exit_code());
     }
+}
+
+/// One line of JSON on standard output.
+fn print_json(value: &impl serde::Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string(value).expect("reports are plain data")
+    );
 }

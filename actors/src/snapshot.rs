@@ -4,7 +4,7 @@
 //! `tidemark::checkpoint::merging`) and write the physical files to
 //! checkpoint storage, a bounded number at a time.
 
-use futures::stream::{self, StreamExt, TryStreamExt};
+use futures::stream::{self, StreamExt};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -221,12 +221,6 @@ impl Drop for Links {
     }
 }
 
-/// Deletes the physical files of an upload that was cancelled, whichever of
-/// them it wrote.
-pub async fn discard(storage: &CheckpointStorage, paths: Vec<String>) {
-    delete_all(storage, paths).await;
-}
-
 impl Shape {
     fn state(self, handles: impl Iterator<Item = StateHandle>) -> SubtaskState {
         let mut handles = handles;
@@ -380,12 +374,13 @@ async fn write_files(
     Ok(out)
 }
 
-/// Deletes `paths`, ignoring failures: an object left behind is an orphan
-/// that `tidemark cleanup` sweeps.
-async fn delete_all(storage: &CheckpointStorage, paths: Vec<String>) {
-    let _ = stream::iter(paths)
+/// Deletes `paths` (the physical files of an upload that failed or was
+/// cancelled, whichever of them it wrote), every one even if some fail: an
+/// object left behind is an orphan that `tidemark cleanup` sweeps.
+pub async fn delete_all(storage: &CheckpointStorage, paths: Vec<String>) {
+    stream::iter(paths)
         .map(|path| async move { storage.delete(&path).await })
         .buffer_unordered(PARALLEL_WRITES)
-        .try_collect::<Vec<()>>()
+        .for_each(|_| async {})
         .await;
 }

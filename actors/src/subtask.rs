@@ -524,7 +524,7 @@ impl SubtaskActor {
                 // The checkpoint aborted: nothing will acknowledge what the
                 // cancelled upload wrote.
                 let paths = std::mem::take(&mut *planned.lock().expect("not poisoned"));
-                return snapshot::discard(storage, paths).await;
+                return snapshot::delete_all(storage, paths).await;
             };
             match uploaded {
                 Ok((state, took)) => {
