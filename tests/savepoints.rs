@@ -381,9 +381,10 @@ fn references_outside_the_directory_are_refused_and_never_read() {
 
 /// A run that fails at checkpoint 4 and gives up, leaving checkpoint 3
 /// retained, restored in `mode` into the same directories: the committed
-/// output is exactly once. Returns checkpoint 3 and what checkpoint storage
-/// held of it after the restored run.
-fn restore_checkpoint_3(mode: &str) -> (CompletedCheckpoint, BTreeSet<String>) {
+/// output is exactly once. Returns checkpoint 3, what checkpoint storage
+/// held after the restored run, and what the new run's retained
+/// checkpoints account for of that.
+fn restore_checkpoint_3(mode: &str) -> (CompletedCheckpoint, BTreeSet<String>, BTreeSet<String>) {
     let (checkpoints, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let rocksdb = ["--state=rocksdb".to_string(), "--incremental".to_string()];
     let mut failing = rocksdb.to_vec();
@@ -434,20 +435,27 @@ fn restore_checkpoint_3(mode: &str) -> (CompletedCheckpoint, BTreeSet<String>) {
             assert!(file.uploaded_by.0 > 3, "{:?}", file.handle);
         }
     }
-    (restored, held)
+    let (_, own) = storage::retained_objects(&storage);
+    (restored, held, own)
 }
 
 #[test]
 fn no_claim_never_deletes_the_restored_checkpoints_files() {
-    let (restored, held) = restore_checkpoint_3("no-claim");
-    let mut files: BTreeSet<String> = restored.objects().into_iter().map(str::to_owned).collect();
-    files.insert(CheckpointStorage::metadata_path(restored.id));
-    let missing: Vec<_> = files.difference(&held).collect();
+    let (restored, held, own) = restore_checkpoint_3("no-claim");
+    let mut expected: BTreeSet<String> =
+        restored.objects().into_iter().map(str::to_owned).collect();
+    expected.insert(CheckpointStorage::metadata_path(restored.id));
+    let missing: Vec<_> = expected.difference(&held).collect();
     assert!(missing.is_empty(), "deleted: {missing:?}");
+    // And nothing else stays behind.
+    expected.extend(own);
+    assert_eq!(held, expected);
 }
 
 #[test]
 fn claim_takes_the_restored_checkpoint_over_and_subsumes_it() {
-    let (restored, held) = restore_checkpoint_3("claim");
+    let (restored, held, own) = restore_checkpoint_3("claim");
     assert!(!held.contains(&CheckpointStorage::metadata_path(restored.id)));
+    // Its files went too, but for those the new checkpoints still reference.
+    assert_eq!(held, own);
 }

@@ -435,7 +435,9 @@ fn inspect_shows_a_savepoint_and_a_checkpoint_for_people_and_as_json() {
             "--checkpoint-interval=100ms",
             "--savepoint-dir",
             savepoints.path().to_str().unwrap(),
-            "--stop-with-savepoint-after=200ms",
+            // Late enough for a periodic checkpoint to complete first, on
+            // a loaded machine too; the input lasts 1.5 s.
+            "--stop-with-savepoint-after=600ms",
             "--json",
         ],
     );

@@ -157,6 +157,16 @@ pub fn assert_storage_is_exactly_the_retained_checkpoints(
     storage: &CheckpointStorage,
     context: &str,
 ) -> Vec<CompletedCheckpoint> {
+    let (checkpoints, referenced) = retained_objects(storage);
+    assert_eq!(objects(storage), referenced, "{context}");
+    checkpoints
+}
+
+/// The retained checkpoints, and all that storage should hold for them:
+/// the objects they reference, their metadata and the id counter.
+pub fn retained_objects(
+    storage: &CheckpointStorage,
+) -> (Vec<CompletedCheckpoint>, BTreeSet<String>) {
     let checkpoints = retained(storage);
     let mut referenced: BTreeSet<String> = checkpoints
         .iter()
@@ -170,6 +180,5 @@ pub fn assert_storage_is_exactly_the_retained_checkpoints(
             .map(|c| CheckpointStorage::metadata_path(c.id)),
     );
     referenced.insert(tidemark::checkpoint::storage::COUNTER.into());
-    assert_eq!(objects(storage), referenced, "{context}");
-    checkpoints
+    (checkpoints, referenced)
 }
