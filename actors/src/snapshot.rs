@@ -7,7 +7,6 @@
 use futures::stream::{self, StreamExt};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tidemark::batch::{Batch, EncodedBatch};
 use tidemark::checkpoint::merging::{MergePlan, Placement, StateLayout};
@@ -17,7 +16,7 @@ use tidemark::checkpoint::{
     NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
 };
 use tidemark::ids::{CheckpointId, SubtaskId};
-use tidemark::rng::splitmix64;
+use tidemark::rng::unique_token;
 use tidemark::task::{KeyedSnapshot, NativeCheckpoint, TaskSnapshot};
 
 /// Physical files written at once by one snapshot.
@@ -147,7 +146,7 @@ pub async fn prepare(
         .into_iter()
         .map(|(path, size, source)| ((path, size), source))
         .unzip();
-    let plan = layout.plan(subtask, checkpoint, token(), &paths);
+    let plan = layout.plan(subtask, checkpoint, unique_token(), &paths);
     let (links, native) = match native {
         Some((native, handle)) => (Some(Links(native.dir)), Some(handle)),
         None => (None, None),
@@ -165,18 +164,6 @@ pub async fn prepare(
             channels,
         },
     })
-}
-
-/// Tells apart the physical files of two writers of the same checkpoint id
-/// (two attempts, or a process restarted from an older checkpoint).
-fn token() -> u64 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    splitmix64(
-        nanos ^ u64::from(std::process::id()) << 32 ^ COUNTER.fetch_add(1, Ordering::Relaxed),
-    )
 }
 
 impl Prepared {

@@ -36,7 +36,7 @@
 //!   defaults 10.3 %, this 5.2 % (1.6 % median).
 //! - A write-back cache of typed values in front of the database (see
 //!   `RocksDbKeyedStateBackend`), which turns a read-modify-write per record
-//!   into one read per key and a batched write per cache generation.
+//!   into one read per key and one sorted, batched write per write-back.
 
 use super::heap::table_hash;
 use super::{Key, KeySlot, StateError};
@@ -275,26 +275,16 @@ struct Open {
     instance: u64,
 }
 
-/// A token no other database instance draws: the hasher's keys are random
-/// per process and distinct per call, the directory and clock set apart
-/// processes that happened to draw alike.
-fn instance_token(dir: &Path) -> u64 {
-    use std::hash::{BuildHasher, Hash, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    dir.hash(&mut hasher);
-    std::process::id().hash(&mut hasher);
-    std::time::SystemTime::now().hash(&mut hasher);
-    hasher.finish()
-}
-
 /// Keyed state in RocksDB.
 ///
 /// In front of the database sits a write-back cache of typed values, bounded
 /// by a number of entries over all states. An entry reads its value into the
 /// cache once; later records of the same key find it there, deserialized.
 /// When the cache is full, a record whose key is not in it first writes every
-/// dirty value to the database in one write batch and empties the cache (a
-/// "generation"). Snapshots and `AllKeys` flush it first. With uniform keys
+/// dirty value back in one write batch sorted by key, then evicts the values
+/// not used since the last such sweep and others until the cache is half
+/// full. Snapshots and `AllKeys` write it back first and keep the values,
+/// clean. With uniform keys
 /// the cache mostly batches the writes and coalesces repeated updates; with
 /// skewed keys it also saves the reads of the hot ones. Capacity 1 is a
 /// write-back per record.
@@ -457,7 +447,7 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
                 self.clip(&db, cf)?;
             }
         }
-        let instance = instance_token(dir.path());
+        let instance = crate::rng::unique_token();
         self.open = Some(Open {
             db,
             options,
