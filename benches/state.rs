@@ -82,19 +82,13 @@ fn main() {
         .collect();
     let range = KeyGroupRange::for_subtask(128, 1, SubtaskIndex(0));
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let rocksdb = StateBackend::RocksDb {
-        local_dir: dir.path().to_owned(),
-        cache_entries: RocksDbKeyedStateBackend::<u64>::DEFAULT_CACHE_ENTRIES,
-    };
     println!("one subtask, {records} records over {n} keys");
     for (keys, label) in [(Keys::Uniform, "uniform"), (Keys::Skewed, "skewed")] {
         let heap = KeyedStateBackend::new(&StateBackend::Heap, "bench", range, 128);
         run(&format!("heap, {label}"), heap, keys, records, n);
         for &cache in &caches {
-            let mut backend = KeyedStateBackend::new(&rocksdb, "bench", range, 128);
-            if let KeyedStateBackend::RocksDb(b) = &mut backend {
-                b.set_cache_capacity(cache);
-            }
+            let rocksdb = StateBackend::rocksdb(Some(dir.path().to_owned()), Some(cache));
+            let backend = KeyedStateBackend::new(&rocksdb, "bench", range, 128);
             run(
                 &format!("rocksdb/{cache}, {label}"),
                 backend,

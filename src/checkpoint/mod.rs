@@ -493,11 +493,9 @@ pub enum SnapshotFormat {
 pub struct CompletedCheckpoint {
     pub id: CheckpointId,
     pub kind: CheckpointKind,
-    #[serde(default)]
     pub format: SnapshotFormat,
-    /// The operators of the job that took it, so that a restore can check
-    /// that they fit (metadata of older versions has none).
-    #[serde(default)]
+    /// The operators of the job that took it, so that a restore can match
+    /// its state to the job's operators by uid.
     pub operators: Vec<OperatorSpec>,
     /// Trigger time, milliseconds since the Unix epoch.
     pub timestamp: u64,
