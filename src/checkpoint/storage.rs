@@ -123,21 +123,10 @@ fn memory_store(name: &str) -> Arc<InMemory> {
     store
 }
 
-/// `s3://bucket/prefix`, with the client's settings from the usual `AWS_*`
-/// environment variables (credentials, region, `AWS_ENDPOINT_URL` and
-/// `AWS_ALLOW_HTTP` for a local server). Returns the store and the prefix.
-fn s3_store(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), StorageError> {
-    let invalid = |problem: String| StorageError::InvalidUrl {
-        url: url.to_owned(),
-        problem,
-    };
-    let rest = url.strip_prefix("s3://").expect("an s3:// URL");
-    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-    if bucket.is_empty() {
-        return Err(invalid("no bucket name".into()));
-    }
-    let prefix = Path::parse(prefix.trim_end_matches('/'))
-        .map_err(|e| invalid(format!("bad prefix: {e}")))?;
+/// The store `bucket` on S3, with the client's settings from the usual
+/// `AWS_*` environment variables (credentials, region, `AWS_ENDPOINT_URL`
+/// and `AWS_ALLOW_HTTP` for a local server).
+fn s3_store(url: &str, bucket: &str) -> Result<Arc<dyn ObjectStore>, StorageError> {
     let store = AmazonS3Builder::from_env()
         .with_bucket_name(bucket)
         .build()
@@ -145,7 +134,7 @@ fn s3_store(url: &str) -> Result<(Arc<dyn ObjectStore>, Path), StorageError> {
             url: url.to_owned(),
             source: e.into(),
         })?;
-    Ok((Arc::new(store), prefix))
+    Ok(Arc::new(store))
 }
 
 /// `create`: make the directory if it does not exist; without it, a missing
@@ -215,16 +204,24 @@ impl CheckpointStorage {
             url: url.to_owned(),
             problem,
         };
+        // `scheme://name/prefix`: the store's name and the prefix within it.
+        let named = |scheme: &str| -> Result<Option<(String, Path)>, StorageError> {
+            let Some(rest) = url.strip_prefix(scheme) else {
+                return Ok(None);
+            };
+            let (name, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            let prefix = Path::parse(prefix.trim_end_matches('/'))
+                .map_err(|e| invalid(format!("bad prefix: {e}")))?;
+            Ok(Some((name.to_owned(), prefix)))
+        };
         let (store, root, store_url): (Arc<dyn ObjectStore>, Path, String) =
-            if let Some(rest) = url.strip_prefix("memory://") {
-                let (name, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-                let prefix = Path::parse(prefix.trim_end_matches('/'))
-                    .map_err(|e| invalid(format!("bad prefix: {e}")))?;
-                (memory_store(name), prefix, format!("memory://{name}"))
-            } else if let Some(rest) = url.strip_prefix("s3://") {
-                let bucket = rest.split('/').next().unwrap_or_default();
-                let (store, prefix) = s3_store(url)?;
-                (store, prefix, format!("s3://{bucket}"))
+            if let Some((name, prefix)) = named("memory://")? {
+                (memory_store(&name), prefix, format!("memory://{name}"))
+            } else if let Some((bucket, prefix)) = named("s3://")? {
+                if bucket.is_empty() {
+                    return Err(invalid("no bucket name".into()));
+                }
+                (s3_store(url, &bucket)?, prefix, format!("s3://{bucket}"))
             } else {
                 let dir = url.trim_end_matches('/');
                 (local_store(url, create)?, Path::default(), dir.to_owned())
