@@ -39,32 +39,41 @@ fn run(seed: u64, extra: &[String], output: &Path, checkpoints: &str) -> RunRepo
     cli::run(&RunArgs::parse(args).unwrap()).unwrap_or_else(|e| panic!("seed {seed}: {e}"))
 }
 
-/// Random kills over `seeds`, each run on its own storage from `storage`.
+/// Runs seeds `0..seeds` with `extra` (which injects the failures), each on
+/// its own storage from `storage`, and checks what every run must leave:
+/// every update committed exactly once, at least one restart, no uncommitted
+/// output file, and only the retained checkpoint in storage. Returns the
+/// reports.
+fn kills(seeds: u64, extra: &[&str], storage: impl Fn() -> TestStorage) -> Vec<RunReport> {
+    let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    (0..seeds)
+        .map(|seed| {
+            let (output, checkpoints) = (tempfile::tempdir().unwrap(), storage());
+            let report = run(seed, &extra, output.path(), &checkpoints.url);
+            let context = format!("{extra:?} {} seed {seed}", checkpoints.url);
+            assert_updates_exactly_once(output.path(), RECORDS, KEYS, seed, &context);
+            assert!(report.restarts >= 1, "{context}: no failure was injected");
+            let leftovers: Vec<_> = std::fs::read_dir(output.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| n.starts_with('.'))
+                .collect();
+            assert!(
+                leftovers.is_empty(),
+                "{context}: uncommitted files left: {leftovers:?}"
+            );
+            assert_only_the_retained_checkpoint_remains(&checkpoints.storage, seed);
+            report
+        })
+        .collect()
+}
+
+/// Five random kills per seed over `seeds`.
 fn random_kills(seeds: u64, storage: impl Fn() -> TestStorage) {
-    let mut restarts = 0;
-    for seed in 0..seeds {
-        let (output, checkpoints) = (tempfile::tempdir().unwrap(), storage());
-        let report = run(
-            seed,
-            &["--inject-failures=5".into()],
-            output.path(),
-            &checkpoints.url,
-        );
-        let context = format!("{} seed {seed}", checkpoints.url);
-        assert_updates_exactly_once(output.path(), RECORDS, KEYS, seed, &context);
-        assert!(report.restarts >= 1, "{context}: no failure was injected");
-        restarts += report.restarts;
-        let leftovers: Vec<_> = std::fs::read_dir(output.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .filter(|n| n.starts_with('.'))
-            .collect();
-        assert!(
-            leftovers.is_empty(),
-            "{context}: uncommitted files left: {leftovers:?}"
-        );
-        assert_only_the_retained_checkpoint_remains(&checkpoints.storage, seed);
-    }
+    let restarts: u64 = kills(seeds, &["--inject-failures=5"], storage)
+        .iter()
+        .map(|r| r.restarts)
+        .sum();
     assert!(
         restarts >= 4 * seeds,
         "only {restarts} restarts over {seeds} seeds of 5 kills"
@@ -94,28 +103,23 @@ fn random_kills_on_s3_lose_and_duplicate_nothing() {
 /// pass. Returns the in-flight batches that restores replayed and the
 /// checkpoints that switched to unaligned, over 20 seeds.
 fn kills_under_backpressure(mode: &str) -> (u64, u64) {
-    let (mut replayed, mut switched) = (0, 0);
-    for seed in 0..20 {
-        let (output, checkpoints) = (tempfile::tempdir().unwrap(), TestStorage::local());
-        let report = run(
-            seed,
-            &[
-                "--inject-failures=3".into(),
-                "--slow-subtask=0".into(),
-                "--slow-ns=4000".into(),
-                mode.into(),
-            ],
-            output.path(),
-            &checkpoints.url,
-        );
-        let context = format!("{mode} seed {seed}");
-        assert_updates_exactly_once(output.path(), RECORDS, KEYS, seed, &context);
-        assert!(report.restarts >= 1, "{context}: no failure was injected");
-        assert_only_the_retained_checkpoint_remains(&checkpoints.storage, seed);
-        replayed += report.restored_inflight_batches;
-        switched += report.checkpoints_switched_to_unaligned;
-    }
-    (replayed, switched)
+    let reports = kills(
+        20,
+        &[
+            "--inject-failures=3",
+            "--slow-subtask=0",
+            "--slow-ns=4000",
+            mode,
+        ],
+        TestStorage::local,
+    );
+    (
+        reports.iter().map(|r| r.restored_inflight_batches).sum(),
+        reports
+            .iter()
+            .map(|r| r.checkpoints_switched_to_unaligned)
+            .sum(),
+    )
 }
 
 #[test]
@@ -147,20 +151,8 @@ fn aligned_timeout_50ms_under_backpressure_and_kills_is_exactly_once() {
 /// download native checkpoints whose shared files earlier checkpoints
 /// uploaded.
 fn rocksdb_kills(seeds: u64, extra: &[&str], storage: impl Fn() -> TestStorage) {
-    for seed in 0..seeds {
-        let (output, checkpoints) = (tempfile::tempdir().unwrap(), storage());
-        let mut args: Vec<String> = vec![
-            "--inject-failures=3".into(),
-            "--state=rocksdb".into(),
-            "--incremental".into(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let report = run(seed, &args, output.path(), &checkpoints.url);
-        let context = format!("rocksdb {extra:?} {} seed {seed}", checkpoints.url);
-        assert_updates_exactly_once(output.path(), RECORDS, KEYS, seed, &context);
-        assert!(report.restarts >= 1, "{context}: no failure was injected");
-        assert_only_the_retained_checkpoint_remains(&checkpoints.storage, seed);
-    }
+    let rocksdb = ["--inject-failures=3", "--state=rocksdb", "--incremental"];
+    kills(seeds, &[&rocksdb[..], extra].concat(), storage);
 }
 
 #[test]
@@ -211,18 +203,15 @@ fn rocksdb_incremental_with_file_merging_under_kills_is_exactly_once() {
 
 #[test]
 fn heap_state_with_file_merging_and_nothing_inline_under_kills_is_exactly_once() {
-    for seed in 0..5 {
-        let (output, checkpoints) = (tempfile::tempdir().unwrap(), TestStorage::local());
-        let args = [
-            "--inject-failures=3".into(),
-            "--file-merging".into(),
-            "--inline-threshold=0".into(),
-        ];
-        let report = run(seed, &args, output.path(), &checkpoints.url);
-        assert_updates_exactly_once(output.path(), RECORDS, KEYS, seed, "merged heap");
-        assert!(report.restarts >= 1);
-        assert_only_the_retained_checkpoint_remains(&checkpoints.storage, seed);
-    }
+    kills(
+        5,
+        &[
+            "--inject-failures=3",
+            "--file-merging",
+            "--inline-threshold=0",
+        ],
+        TestStorage::local,
+    );
 }
 
 #[test]
