@@ -20,7 +20,9 @@ const RECORDS: u64 = 300_000;
 const KEYS: u64 = 2_000;
 const SEED: u64 = 5;
 
-fn run(extra: &[String], checkpoints: &Path, output: &Path) -> RunReport {
+/// Wordcount at p=2 with 100 ms checkpoints; an argument in `extra`
+/// replaces the default of the same name.
+fn args(extra: &[String], checkpoints: &Path, output: &Path) -> RunArgs {
     let mut args = vec![
         "wordcount".to_string(),
         format!("--records={RECORDS}"),
@@ -32,8 +34,14 @@ fn run(extra: &[String], checkpoints: &Path, output: &Path) -> RunReport {
         format!("--checkpoint-dir={}", checkpoints.display()),
         format!("--output={}", output.display()),
     ];
+    let name = |arg: &str| arg.split('=').next().unwrap_or_default().to_owned();
+    args.retain(|a| !extra.iter().any(|e| name(e) == name(a)));
     args.extend_from_slice(extra);
-    cli::run(&RunArgs::parse(args).unwrap()).unwrap_or_else(|e| panic!("{extra:?}: {e}"))
+    RunArgs::parse(args).unwrap()
+}
+
+fn run(extra: &[String], checkpoints: &Path, output: &Path) -> RunReport {
+    cli::run(&args(extra, checkpoints, output)).unwrap_or_else(|e| panic!("{extra:?}: {e}"))
 }
 
 /// The savepoint's metadata, after checking that its directory holds
@@ -212,17 +220,9 @@ fn a_failover_before_the_first_own_checkpoint_restores_the_savepoint_again() {
 /// the savepoint nor the output changed.
 fn assert_refused(root: &Path, savepoint: &Path, output: &Path, exit_code: i32, naming: &[&str]) {
     let before = (snapshot_tree(savepoint), snapshot_tree(output));
-    let args = RunArgs::parse([
-        "wordcount".to_string(),
-        format!("--records={RECORDS}"),
-        format!("--keys={KEYS}"),
-        "--parallelism=2".to_string(),
-        format!("--checkpoint-dir={}", root.join("restored").display()),
-        format!("--output={}", output.display()),
-        format!("--restore={}", savepoint.display()),
-    ])
-    .unwrap();
-    let error = cli::run(&args).expect_err("the restore is refused");
+    let restore = [format!("--restore={}", savepoint.display())];
+    let error = cli::run(&args(&restore, &root.join("restored"), output))
+        .expect_err("the restore is refused");
     assert_eq!(
         (snapshot_tree(savepoint), snapshot_tree(output)),
         before,
@@ -241,27 +241,19 @@ fn assert_refused(root: &Path, savepoint: &Path, output: &Path, exit_code: i32, 
 fn a_savepoint_restores_into_a_job_without_periodic_checkpoints() {
     let root = tempfile::tempdir().unwrap();
     let (savepoint, output) = small_savepoint(root.path());
-    let args = RunArgs::parse([
-        "wordcount".to_string(),
-        format!("--records={RECORDS}"),
-        format!("--keys={KEYS}"),
-        format!("--seed={SEED}"),
-        "--parallelism=3".to_string(),
-        "--emit=updates".to_string(),
-        "--checkpoint-interval=off".to_string(),
-        format!(
-            "--checkpoint-dir={}",
-            root.path().join("restored").display()
-        ),
-        format!(
-            "--savepoint-dir={}",
-            root.path().join("savepoints").display()
-        ),
-        format!("--output={}", output.display()),
-        format!("--restore={}", savepoint.display()),
-    ])
-    .unwrap();
-    let restored = cli::run(&args).unwrap();
+    let restored = run(
+        &[
+            "--parallelism=3".to_string(),
+            "--checkpoint-interval=off".to_string(),
+            format!(
+                "--savepoint-dir={}",
+                root.path().join("savepoints").display()
+            ),
+            format!("--restore={}", savepoint.display()),
+        ],
+        &root.path().join("restored"),
+        &output,
+    );
     assert!(restored.restored_bytes > 0, "nothing restored");
     assert_updates_exactly_once(&output, RECORDS, KEYS, SEED, "without checkpoints");
 }
@@ -392,20 +384,8 @@ fn restore_checkpoint_3(mode: &str) -> (CompletedCheckpoint, BTreeSet<String>, B
         "--rate=300000".to_string(),
         "--inject-fault=sync-snapshot:4:1:0".to_string(),
         "--max-restarts=0".to_string(),
-        format!("--checkpoint-dir={}", checkpoints.path().display()),
-        format!("--output={}", output.path().display()),
     ]);
-    let mut args = vec![
-        "wordcount".to_string(),
-        format!("--records={RECORDS}"),
-        format!("--keys={KEYS}"),
-        format!("--seed={SEED}"),
-        "--parallelism=2".to_string(),
-        "--emit=updates".to_string(),
-        "--checkpoint-interval=100ms".to_string(),
-    ];
-    args.extend(failing);
-    assert!(cli::run(&RunArgs::parse(args).unwrap()).is_err());
+    assert!(cli::run(&args(&failing, checkpoints.path(), output.path())).is_err());
     let storage = open(checkpoints.path().to_str().unwrap());
     let kept = assert_storage_is_exactly_the_retained_checkpoints(&storage, "after the failure");
     let restored = kept.last().unwrap().clone();
