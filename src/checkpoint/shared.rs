@@ -834,6 +834,54 @@ mod tests {
         );
     }
 
+    /// A subtask's native snapshot at the trigger of `id`, as the shell makes
+    /// it: the `small` private files, the SSTs of `db` reused from `base`
+    /// unless the registry asks to rewrite them, the others placed by
+    /// `options` (inline below its threshold). Returns the state and the
+    /// physical files it wrote.
+    fn snapshot(
+        r: &mut SharedStateRegistry,
+        options: &MergingOptions,
+        id: u64,
+        base: &BTreeMap<String, NativeFileHandle>,
+        small: &[(&str, u64)],
+        db: &[(String, u64)],
+    ) -> (SubtaskState, Vec<String>) {
+        r.triggered(CheckpointId(id));
+        let rewrite = r.compactions().remove(&subtask()).unwrap_or_default();
+        let reused = |name: &str| {
+            base.get(name)
+                .filter(|f| !rewrite.contains(&SharedKey::of(subtask(), f)))
+                .cloned()
+        };
+        let uploads: Vec<&(String, u64)> = db.iter().filter(|(n, _)| reused(n).is_none()).collect();
+        let sizes: Vec<u64> = small
+            .iter()
+            .map(|(_, s)| *s)
+            .chain(uploads.iter().map(|(_, s)| *s))
+            .collect();
+        let plan = options.plan(subtask(), CheckpointId(id), 0, &sizes);
+        let handle = |i: usize| {
+            plan.handle(i)
+                .unwrap_or_else(|| StateHandle::Inline(vec![0; sizes[i] as usize]))
+        };
+        let private = small
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _))| sst(name, handle(i), id))
+            .collect();
+        let mut fresh = small.len()..;
+        let shared = db
+            .iter()
+            .map(|(name, _)| {
+                reused(name)
+                    .unwrap_or_else(|| sst(name, handle(fresh.next().expect("unbounded")), id))
+            })
+            .collect();
+        let files = plan.files.iter().map(|f| f.path.clone()).collect();
+        (native(shared, private), files)
+    }
+
     /// One subtask's RocksDB over hundreds of checkpoints with retain 3:
     /// flushes add SSTs, compactions merge a few into one, the small files
     /// go inline. Returns the largest overall space amplification seen after
@@ -860,46 +908,12 @@ mod tests {
                 }
                 db.push((format!("{id}-c.sst"), size * 9 / 10));
             }
-            r.triggered(CheckpointId(id));
-            let rewrite = r.compactions().remove(&subtask()).unwrap_or_default();
-            let reused = |name: &str| {
-                base.get(name)
-                    .filter(|f| !rewrite.contains(&SharedKey::of(subtask(), f)))
-                    .cloned()
-            };
             let small = [
                 ("MANIFEST", 4 * KIB + id * 64),
                 ("OPTIONS", 7 * KIB),
                 ("CURRENT", 16),
             ];
-            let uploads: Vec<&(String, u64)> =
-                db.iter().filter(|(n, _)| reused(n).is_none()).collect();
-            let sizes: Vec<u64> = small
-                .iter()
-                .map(|(_, s)| *s)
-                .chain(uploads.iter().map(|(_, s)| *s))
-                .collect();
-            let plan = options.plan(subtask(), CheckpointId(id), 0, &sizes);
-            let handle = |i: usize| {
-                plan.handle(i)
-                    .unwrap_or_else(|| StateHandle::Inline(vec![0; sizes[i] as usize]))
-            };
-            let private = small
-                .iter()
-                .enumerate()
-                .map(|(i, (name, _))| sst(name, handle(i), id))
-                .collect();
-            let mut fresh = (small.len()..).zip(&uploads);
-            let shared = db
-                .iter()
-                .map(|(name, _)| {
-                    reused(name).unwrap_or_else(|| {
-                        let (i, _) = fresh.next().expect("planned");
-                        sst(name, handle(i), id)
-                    })
-                })
-                .collect();
-            let state = native(shared, private);
+            let (state, _) = snapshot(&mut r, &options, id, &base, &small, &db);
             base = state
                 .shared_files()
                 .map(|f| (f.name.clone(), f.clone()))
@@ -1057,7 +1071,7 @@ mod tests {
             let options = MergingOptions { inline_threshold: 3, max_file_size: 30 };
             let mut r = SharedStateRegistry::new();
             let mut store = CompletedCheckpointStore::new(retain);
-            let mut db: Vec<String> = Vec::new();
+            let mut db: Vec<(String, u64)> = Vec::new();
             let mut base: BTreeMap<String, NativeFileHandle> = BTreeMap::new();
             let mut notified = 0;
             let mut pending: Vec<(u64, SubtaskState)> = Vec::new();
@@ -1072,36 +1086,18 @@ mod tests {
                             .into_iter()
                             .enumerate()
                             .filter(|(i, _)| compacted >> (i % 8) & 1 == 0)
-                            .map(|(_, name)| name)
+                            .map(|(_, file)| file)
                             .collect();
                         for _ in 0..flushes % 3 + 1 {
-                            db.push(format!("{next}-{}.sst", db.len()));
+                            db.push((format!("{next}-{}.sst", db.len()), 10));
                         }
                         let id = next;
                         next += 1;
-                        r.triggered(CheckpointId(id));
-                        let rewrite = r.compactions().remove(&subtask()).unwrap_or_default();
-                        let reused = |name: &str| {
-                            base.get(name)
-                                .filter(|f| !rewrite.contains(&SharedKey::of(subtask(), f)))
-                                .cloned()
-                        };
                         // MANIFEST goes in the file, CURRENT inline.
-                        let uploads: Vec<&String> = db.iter().filter(|n| reused(n).is_none()).collect();
-                        let mut sizes = vec![8, 2];
-                        sizes.extend(uploads.iter().map(|_| 10));
-                        let plan = options.plan(subtask(), CheckpointId(id), 0, &sizes);
-                        written.extend(plan.files.iter().map(|f| f.path.clone()));
-                        let handle = |i: usize| plan.handle(i).unwrap_or_else(|| StateHandle::Inline(vec![0; sizes[i] as usize]));
-                        let private = vec![sst("MANIFEST", handle(0), id), sst("CURRENT", handle(1), id)];
-                        let mut fresh = 2..;
-                        let shared = db
-                            .iter()
-                            .map(|name| reused(name).unwrap_or_else(|| {
-                                sst(name, handle(fresh.next().expect("unbounded")), id)
-                            }))
-                            .collect();
-                        pending.push((id, native(shared, private)));
+                        let small = [("MANIFEST", 8), ("CURRENT", 2)];
+                        let (state, files) = snapshot(&mut r, &options, id, &base, &small, &db);
+                        written.extend(files);
+                        pending.push((id, state));
                     }
                     Op::Complete(i) if !pending.is_empty() => {
                         let (id, state) = pending.remove(i.index(pending.len()));
