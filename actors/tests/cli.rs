@@ -240,15 +240,19 @@ fn restoring_a_missing_checkpoint_names_it_and_fails() {
     );
 }
 
+/// The directory of the only job under `checkpoints`.
+fn job_dir(checkpoints: &Path) -> PathBuf {
+    let dirs: Vec<PathBuf> = std::fs::read_dir(checkpoints)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "one job directory: {dirs:?}");
+    dirs[0].clone()
+}
+
 /// A `chk-N` directory of the only job under `checkpoints`.
 fn retained_checkpoint(checkpoints: &Path) -> PathBuf {
-    let job_dir = std::fs::read_dir(checkpoints)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
-    std::fs::read_dir(&job_dir)
+    std::fs::read_dir(job_dir(checkpoints))
         .unwrap()
         .map(|e| e.unwrap().path())
         .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("chk-"))
@@ -341,12 +345,7 @@ fn finished_run() -> (tempfile::TempDir, PathBuf, BTreeSet<String>) {
         &["--records=20000", "--keys=100", "--parallelism=2"],
     );
     assert!(out.status.success(), "{}", stderr(&out));
-    let job = std::fs::read_dir(checkpoints.path())
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let job = job_dir(checkpoints.path());
     let left = files(&job);
     assert!(left.iter().any(|f| f.ends_with("/_metadata")), "{left:?}");
     for file in &left {
