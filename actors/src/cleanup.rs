@@ -137,11 +137,7 @@ async fn sweep(storage: &CheckpointStorage, args: &CleanupArgs) -> Result<Sweep,
         }
     }
     Ok(Sweep {
-        job_dir: format!(
-            "{}/{}",
-            args.checkpoint_dir.trim_end_matches('/'),
-            job_id(&args.job)
-        ),
+        job_dir: storage.directory(),
         orphans,
         young,
         corrupted,
