@@ -29,6 +29,7 @@ pub mod sink;
 pub mod source;
 pub mod split;
 pub mod state;
+pub mod storage;
 pub mod task;
 
 pub use batch::{Batch, BatchLimits, Data};

@@ -425,9 +425,11 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "rocksdb")]
     /// Counts records per key and emits `(key, count)` at the end.
     struct Count(crate::state::ValueState<u64>);
 
+    #[cfg(feature = "rocksdb")]
     impl KeyedProcessFunction<u64, u64, (u64, u64)> for Count {
         fn process(
             &mut self,
@@ -445,6 +447,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "rocksdb")]
     fn counter(local_dir: &std::path::Path) -> KeyedProcess<u64, u64, (u64, u64)> {
         let config = crate::state::StateBackend::RocksDb {
             local_dir: local_dir.to_owned(),
@@ -459,6 +462,7 @@ mod tests {
         KeyedProcess::new(Arc::new(|k: &u64| *k), &factory, states, Box::new(writer))
     }
 
+    #[cfg(feature = "rocksdb")]
     fn counts(process: &mut KeyedProcess<u64, u64, (u64, u64)>) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
         process.end_of_input(&mut out).unwrap();
@@ -470,6 +474,7 @@ mod tests {
         counts
     }
 
+    #[cfg(feature = "rocksdb")]
     #[test]
     fn a_keyed_operator_on_rocksdb_snapshots_natively_and_restores_from_it() {
         let dir = tempfile::tempdir().unwrap();

@@ -10,8 +10,8 @@ use std::path::Path;
 use storage::{
     assert_storage_is_exactly_the_retained_checkpoints, block_on, retained, TestStorage,
 };
-use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::ids::{OperatorId, SubtaskId, SubtaskIndex};
+use tidemark::storage::CheckpointStorage;
 use tidemark_actors::cli::{self, RunArgs, RunReport};
 
 const RECORDS: u64 = 300_000;

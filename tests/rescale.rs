@@ -12,7 +12,7 @@ mod storage;
 
 use common::{assert_updates_exactly_once, copy_tree};
 use std::path::{Path, PathBuf};
-use tidemark::checkpoint::storage::{CheckpointStorage, METADATA};
+use tidemark::storage::{CheckpointStorage, METADATA};
 use tidemark_actors::cli::{self, RunArgs, RunReport};
 
 const RECORDS: u64 = 200_000;

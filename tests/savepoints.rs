@@ -11,9 +11,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use storage::{assert_storage_is_exactly_the_retained_checkpoints, block_on, open};
 use tidemark::checkpoint::metadata;
-use tidemark::checkpoint::storage::{CheckpointStorage, METADATA};
 use tidemark::checkpoint::{CompletedCheckpoint, SnapshotFormat, StateHandle};
 use tidemark::event::CheckpointKind;
+use tidemark::storage::{CheckpointStorage, METADATA};
 use tidemark_actors::cli::{self, RunArgs, RunReport};
 
 const RECORDS: u64 = 300_000;

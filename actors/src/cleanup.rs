@@ -15,8 +15,8 @@ use clap::Args;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::time::{Duration, SystemTime};
-use tidemark::checkpoint::storage::{CheckpointStorage, StorageError, StoredObject, COUNTER};
 use tidemark::checkpoint::CompletedCheckpoint;
+use tidemark::storage::{CheckpointStorage, StorageError, StoredObject, COUNTER};
 
 #[derive(Clone, Debug, Args)]
 pub struct CleanupArgs {

@@ -11,14 +11,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use thiserror::Error;
 use tidemark::checkpoint::merging::{MergingOptions, StateLayout};
-use tidemark::checkpoint::storage::METADATA;
-use tidemark::checkpoint::storage::{StorageCounters, StorageError};
 use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings, Restore, RestoreMode};
 use tidemark::event::Alignment;
 use tidemark::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
 use tidemark::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use tidemark::job::JobConfig;
 use tidemark::restart::RestartStrategy;
+use tidemark::storage::METADATA;
+use tidemark::storage::{StorageCounters, StorageError};
 use tidemark::StateBackend;
 
 #[derive(Debug, Parser)]
@@ -509,9 +509,12 @@ impl RunArgs {
         config.source_rate = self.rate;
         config.state_backend = match (self.state, &self.state_dir) {
             (StateKind::Heap, _) => StateBackend::Heap,
+            #[cfg(feature = "rocksdb")]
             (StateKind::Rocksdb, dir) => {
                 StateBackend::rocksdb(dir.clone(), self.state_cache_entries)
             }
+            #[cfg(not(feature = "rocksdb"))]
+            (StateKind::Rocksdb, _) => unreachable!("validate refuses --state rocksdb"),
         };
         // Savepoints need the coordinator even without periodic checkpoints.
         let checkpointing = self.checkpoint_interval.0.is_some() || self.savepoint_dir.is_some();
@@ -608,6 +611,13 @@ impl RunArgs {
             argument,
             problem: "needs checkpointing; --checkpoint-interval is off".into(),
         };
+        #[cfg(not(feature = "rocksdb"))]
+        if self.state == StateKind::Rocksdb {
+            return Err(CliError::Usage {
+                argument: "--state",
+                problem: "this tidemark was built without RocksDB (the `rocksdb` feature)".into(),
+            });
+        }
         if self.incremental && self.state != StateKind::Rocksdb {
             return Err(CliError::Usage {
                 argument: "--incremental",

@@ -20,13 +20,13 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tidemark::checkpoint::coordinator::{Action, CheckpointCoordinator, Event, Now, RequestId};
 use tidemark::checkpoint::input_end::InputEnd;
-use tidemark::checkpoint::savepoint;
 use tidemark::checkpoint::shared::SharedStateRegistry;
-use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::store::CompletedCheckpointStore;
 use tidemark::checkpoint::{CheckpointFailure, CompletedCheckpoint};
 use tidemark::event::CheckpointKind;
 use tidemark::ids::{Attempt, CheckpointId, JobId, SubtaskId};
+use tidemark::storage::savepoint;
+use tidemark::storage::CheckpointStorage;
 use tokio::sync::oneshot;
 
 /// The subtasks of the current attempt.

@@ -6,12 +6,12 @@ use clap::Args;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
-use tidemark::checkpoint::storage::{CheckpointStorage, METADATA};
 use tidemark::checkpoint::{
     metadata, ChannelSide, CompletedCheckpoint, KeyedStateHandle, SnapshotFormat, StateHandle,
     SubtaskState,
 };
 use tidemark::event::CheckpointKind;
+use tidemark::storage::{CheckpointStorage, METADATA};
 
 #[derive(Clone, Debug, Args)]
 pub struct InspectArgs {

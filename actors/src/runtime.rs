@@ -12,14 +12,15 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use thiserror::Error;
 use tidemark::checkpoint::restore::RestoreError;
-use tidemark::checkpoint::savepoint::{self, SavepointError};
-use tidemark::checkpoint::storage::{CheckpointStorage, StorageError};
+use tidemark::checkpoint::savepoint;
 use tidemark::checkpoint::{CheckpointFailure, SettingsError};
 use tidemark::error::TaskError;
 use tidemark::event::CheckpointKind;
 use tidemark::graph::GraphError;
 use tidemark::ids::{CheckpointId, JobId, SubtaskId};
 use tidemark::job::Job;
+use tidemark::storage::savepoint::SavepointError;
+use tidemark::storage::{CheckpointStorage, StorageError};
 
 #[derive(Debug, Error)]
 pub enum JobError {

@@ -10,13 +10,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tidemark::batch::{Batch, EncodedBatch};
 use tidemark::checkpoint::merging::{MergePlan, Placement, StateLayout};
-use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::{
     ChannelSide, ChannelState, ChannelStateHandle, KeyGroupsStateHandle, KeyedStateHandle,
     NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
 };
 use tidemark::ids::{CheckpointId, SubtaskId};
 use tidemark::rng::unique_token;
+use tidemark::storage::CheckpointStorage;
 use tidemark::task::{KeyedSnapshot, NativeCheckpoint, TaskSnapshot};
 
 /// Physical files written at once by one snapshot.

@@ -28,7 +28,6 @@ use tidemark::batch::Batch;
 use tidemark::channel::CreditSender;
 use tidemark::checkpoint::barrier::{BarrierAction, BarrierHandler, Polled};
 use tidemark::checkpoint::merging::StateLayout;
-use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::{Ack, ChannelSide, ChannelState, CheckpointMetrics};
 use tidemark::error::TaskError;
 use tidemark::event::{Alignment, Barrier, ChannelEvent, CheckpointKind};
@@ -37,6 +36,7 @@ use tidemark::ids::{Attempt, CheckpointId, SubtaskId};
 use tidemark::operator::Outgoing;
 use tidemark::rate::RateLimiter;
 use tidemark::source::SourceStatus;
+use tidemark::storage::CheckpointStorage;
 use tidemark::task::Task;
 use tokio::sync::oneshot;
 

@@ -32,8 +32,7 @@ use std::time::{Duration, Instant};
 use tidemark::batch::{Batch, EncodedBatch};
 use tidemark::checkpoint::coordinator::CheckpointCoordinator;
 use tidemark::checkpoint::restore::{self, RestoreError};
-use tidemark::checkpoint::savepoint;
-use tidemark::checkpoint::storage::{CheckpointStorage, ReadError};
+use tidemark::checkpoint::savepoint::check_references;
 use tidemark::checkpoint::store::CompletedCheckpointStore;
 use tidemark::checkpoint::{
     ChannelSide, ChannelState, CheckpointFailure, NativeFileHandle, NativeStateHandle, Restore,
@@ -46,6 +45,8 @@ use tidemark::ids::{Attempt, CheckpointId, SubtaskId, SubtaskIndex};
 use tidemark::job::Job;
 use tidemark::key_group::KeyGroupRange;
 use tidemark::split::SplitPosition;
+use tidemark::storage::savepoint::{self, SavepointError};
+use tidemark::storage::{CheckpointStorage, ReadError};
 use tidemark::task::{OutputContext, RestoreState, TaskContext};
 use tidemark::StateBackend;
 use tokio::sync::oneshot;
@@ -341,6 +342,7 @@ impl JobSupervisor {
     fn local_dir(&self) -> Option<PathBuf> {
         match &self.job.config.state_backend {
             StateBackend::Heap => None,
+            #[cfg(feature = "rocksdb")]
             StateBackend::RocksDb { local_dir, .. } => Some(local_dir.clone()),
         }
     }
@@ -379,7 +381,8 @@ impl JobSupervisor {
                 let from = match settings.restore {
                     Restore::Fresh => None,
                     Restore::Latest => {
-                        store = CompletedCheckpointStore::recover(&storage, retain)
+                        store = storage
+                            .recover_store(retain)
                             .await
                             .map_err(JobError::Storage)?;
                         store.latest().cloned().map(|checkpoint| RestoreFrom {
@@ -392,7 +395,7 @@ impl JobSupervisor {
                         let checkpoint =
                             storage.read_metadata(id).await.map_err(JobError::Storage)?;
                         let location = storage.location(&CheckpointStorage::metadata_path(id));
-                        savepoint::check_references(&location, &checkpoint)?;
+                        check_references(&location, &checkpoint).map_err(SavepointError::from)?;
                         let owned = settings.restore_mode == RestoreMode::Claim;
                         if owned {
                             store.add(checkpoint.clone());

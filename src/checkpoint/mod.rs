@@ -10,7 +10,6 @@ pub mod metadata;
 pub mod restore;
 pub mod savepoint;
 pub mod shared;
-pub mod storage;
 pub mod store;
 
 use crate::batch::Batch;
@@ -139,6 +138,19 @@ pub fn ends_input(checkpoint: &CompletedCheckpoint, sources: &[SubtaskId]) -> bo
                 .get(s)
                 .is_some_and(|state| state.operator.contains_key(SOURCE_EXHAUSTED))
         })
+}
+
+/// Whether `relative`, a path read from metadata, names an object inside the
+/// directory it is relative to: absolute paths, `..`, `.`, empty segments,
+/// backslashes and URLs do not.
+pub fn stays_inside(relative: &str) -> bool {
+    !(relative.is_empty()
+        || relative.starts_with('/')
+        || relative.contains('\\')
+        || relative.contains("://")
+        || relative
+            .split('/')
+            .any(|part| part.is_empty() || part == "." || part == ".."))
 }
 
 /// Where the bytes of one state object live. Paths are relative to the

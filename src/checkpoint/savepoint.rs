@@ -1,4 +1,5 @@
-//! Savepoints in a self-contained, relocatable format (seed 000 §5.2). A
+//! Savepoints in a self-contained, relocatable format (seed 000 §5.2): the
+//! plan of the copy, which [`crate::storage::savepoint`] carries out. A
 //! savepoint is taken like a checkpoint, into the checkpoint directory, and
 //! then copied out: every state object becomes a plain object of its own in
 //! `<savepoint-dir>/savepoint-<job>-<id>/`, next to a `_metadata` whose
@@ -9,29 +10,16 @@
 //! Savepoints are never retained checkpoints: no registry counts their
 //! files and no cleanup deletes them.
 
-use super::storage::{check_relative, CheckpointStorage, ReadError, StorageError, METADATA};
-use super::{CompletedCheckpoint, SnapshotFormat, StateHandle};
+use super::{stays_inside, CompletedCheckpoint, SnapshotFormat, StateHandle};
 use crate::ids::{CheckpointId, JobId};
-use futures::stream::{self, StreamExt, TryStreamExt};
 use thiserror::Error;
 
-/// Objects copied at once.
-const PARALLEL_COPIES: usize = 4;
-
+/// A reference in metadata that leaves its directory.
 #[derive(Debug, Error)]
-pub enum SavepointError {
-    #[error("{0} already holds a savepoint; nothing was written")]
-    Exists(String),
-    #[error("{0} is not a savepoint or checkpoint directory: it holds no {METADATA}")]
-    NoMetadata(String),
-    #[error("{0} is a checkpoint whose references are relative to its job's checkpoint directory, not a self-contained savepoint; restore it as <checkpoint dir>/<job>/chk-N")]
-    NotSelfContained(String),
-    #[error("{path} references {reference:?}, which is outside its directory; nothing was read")]
-    EscapingReference { path: String, reference: String },
-    #[error("{path}: {source}")]
-    Read { path: String, source: ReadError },
-    #[error(transparent)]
-    Storage(#[from] StorageError),
+#[error("{path} references {reference:?}, which is outside its directory; nothing was read")]
+pub struct EscapingReference {
+    pub path: String,
+    pub reference: String,
 }
 
 /// The directory of savepoint `id` of `job`, relative to the savepoint
@@ -76,80 +64,22 @@ pub fn relocate(checkpoint: &CompletedCheckpoint) -> (CompletedCheckpoint, Vec<C
 pub fn check_references(
     path: &str,
     checkpoint: &CompletedCheckpoint,
-) -> Result<(), SavepointError> {
-    for reference in checkpoint.objects() {
-        check_relative(reference).map_err(|_| SavepointError::EscapingReference {
+) -> Result<(), EscapingReference> {
+    match checkpoint.objects().into_iter().find(|r| !stays_inside(r)) {
+        Some(reference) => Err(EscapingReference {
             path: path.to_owned(),
             reference: reference.to_owned(),
-        })?;
+        }),
+        None => Ok(()),
     }
-    Ok(())
-}
-
-/// Copies savepoint `checkpoint` out of checkpoint storage `source` into
-/// its own directory under `target` and writes its `_metadata` last.
-/// Returns the savepoint's location and metadata.
-pub async fn write(
-    source: &CheckpointStorage,
-    target: &CheckpointStorage,
-    job: JobId,
-    checkpoint: &CompletedCheckpoint,
-) -> Result<(String, CompletedCheckpoint), SavepointError> {
-    let dir = target.subdirectory(&directory_name(job, checkpoint.id))?;
-    let location = dir.directory();
-    match dir.get(METADATA).await {
-        Ok(_) => return Err(SavepointError::Exists(location)),
-        Err(e) if e.is_not_found() => {}
-        Err(e) => return Err(e.into()),
-    }
-    let (savepoint, copies) = relocate(checkpoint);
-    stream::iter(copies)
-        .map(|copy| {
-            let dir = &dir;
-            async move {
-                let bytes =
-                    source
-                        .read_handle(&copy.from)
-                        .await
-                        .map_err(|e| SavepointError::Read {
-                            path: source.location(copy.from.physical().unwrap_or_default()),
-                            source: e,
-                        })?;
-                dir.put(&copy.to, bytes).await?;
-                Ok::<_, SavepointError>(())
-            }
-        })
-        .buffer_unordered(PARALLEL_COPIES)
-        .try_collect::<()>()
-        .await?;
-    dir.write_metadata_at(METADATA, &savepoint).await?;
-    Ok((location, savepoint))
-}
-
-/// Opens the savepoint directory `url` and reads its metadata, refusing
-/// anything but a self-contained snapshot whose references stay inside it.
-/// Nothing but `_metadata` is read, and nothing is written.
-pub async fn open(url: &str) -> Result<(CheckpointStorage, CompletedCheckpoint), SavepointError> {
-    let dir = CheckpointStorage::open_directory(url, false)?;
-    let location = dir.directory();
-    let checkpoint = match dir.read_metadata_at(METADATA).await {
-        Err(e) if e.is_not_found() => return Err(SavepointError::NoMetadata(location)),
-        other => other?,
-    };
-    if checkpoint.format != SnapshotFormat::SelfContained {
-        return Err(SavepointError::NotSelfContained(location));
-    }
-    check_references(&location, &checkpoint)?;
-    Ok((dir, checkpoint))
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::checkpoint::tests::checkpoint;
     use crate::checkpoint::{KeyGroupsStateHandle, KeyedStateHandle, SubtaskState};
     use crate::ids::{OperatorId, SubtaskId, SubtaskIndex};
-    use bytes::Bytes;
 
     fn subtask(index: u32) -> SubtaskId {
         SubtaskId {
@@ -160,7 +90,7 @@ mod tests {
 
     /// Keyed state of two subtasks as segments of one merged file, and
     /// channel state inline.
-    fn merged() -> CompletedCheckpoint {
+    pub(crate) fn merged() -> CompletedCheckpoint {
         let mut c = checkpoint(4);
         for (index, offset) in [(0, 0), (1, 3)] {
             let state = SubtaskState {
@@ -208,48 +138,6 @@ mod tests {
                 StateHandle::object("op-1-1-0", 3),
                 StateHandle::Inline(vec![7]),
             ]
-        );
-    }
-
-    #[tokio::test]
-    async fn a_savepoint_holds_every_byte_and_restores_from_its_directory_alone() {
-        let source = CheckpointStorage::open("memory://", JobId(9)).unwrap();
-        source
-            .put("merged/file-1", Bytes::from_static(b"abcdef"))
-            .await
-            .unwrap();
-        let target = CheckpointStorage::open_directory("memory://savepoint-test", true).unwrap();
-        let (location, written) = write(&source, &target, JobId(9), &merged()).await.unwrap();
-        assert_eq!(
-            location,
-            "memory://savepoint-test/savepoint-0000000000000009-4"
-        );
-        source.delete("merged/file-1").await.unwrap();
-
-        let (dir, read) = open(&location).await.unwrap();
-        assert_eq!(read, written);
-        let mut bytes = Vec::new();
-        for state in read.subtasks.values() {
-            for handle in state.handles() {
-                bytes.push(dir.read_handle(handle).await.unwrap());
-            }
-        }
-        assert_eq!(bytes, [&b"abc"[..], b"def", &[7]]);
-
-        let again = write(&source, &target, JobId(9), &merged()).await;
-        assert!(matches!(again, Err(SavepointError::Exists(_))), "{again:?}");
-    }
-
-    #[tokio::test]
-    async fn a_checkpoint_or_nothing_is_not_a_savepoint() {
-        let dir = CheckpointStorage::open_directory("memory://not-a-savepoint", true).unwrap();
-        let missing = open("memory://not-a-savepoint").await;
-        assert!(matches!(missing, Err(SavepointError::NoMetadata(_))));
-        dir.write_metadata_at(METADATA, &merged()).await.unwrap();
-        let checkpoint = open("memory://not-a-savepoint").await;
-        assert!(
-            matches!(checkpoint, Err(SavepointError::NotSelfContained(_))),
-            "{checkpoint:?}"
         );
     }
 }

@@ -1,8 +1,8 @@
 //! `CompletedCheckpointStore`: the completed checkpoints a job keeps, newest
 //! last. Adding one beyond the retained number subsumes the oldest, whose
-//! objects the caller then deletes. Recovered from storage by listing.
+//! objects the caller then deletes. `CheckpointStorage::recover_store`
+//! rebuilds it from storage.
 
-use super::storage::{CheckpointStorage, StorageError};
 use super::CompletedCheckpoint;
 use std::collections::VecDeque;
 
@@ -19,20 +19,6 @@ impl CompletedCheckpointStore {
             retain,
             checkpoints: VecDeque::new(),
         }
-    }
-
-    /// The newest `retain` checkpoints found in storage. Their metadata must
-    /// read back: a corrupted one is an error, not a silent fallback to an
-    /// older checkpoint.
-    pub async fn recover(storage: &CheckpointStorage, retain: usize) -> Result<Self, StorageError> {
-        let mut store = Self::new(retain);
-        let ids = storage.completed_ids().await?;
-        for id in ids.iter().skip(ids.len().saturating_sub(retain)) {
-            store
-                .checkpoints
-                .push_back(storage.read_metadata(*id).await?);
-        }
-        Ok(store)
     }
 
     /// Returns the checkpoints this one subsumes. Checkpoints stay in id
@@ -58,7 +44,7 @@ impl CompletedCheckpointStore {
 mod tests {
     use super::*;
     use crate::checkpoint::tests::checkpoint;
-    use crate::ids::{CheckpointId, JobId};
+    use crate::ids::CheckpointId;
 
     #[test]
     fn retains_the_newest_and_hands_back_the_subsumed() {
@@ -73,28 +59,5 @@ mod tests {
         let subsumed = store.add(checkpoint(1));
         assert_eq!(subsumed.iter().map(|c| c.id.0).collect::<Vec<_>>(), [1]);
         assert_eq!(store.latest().unwrap().id, CheckpointId(3));
-    }
-
-    #[tokio::test]
-    async fn recovers_the_newest_from_storage_and_refuses_corrupted_metadata() {
-        let dir = tempfile::tempdir().unwrap();
-        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), JobId(1)).unwrap();
-        for id in [1, 2, 3] {
-            storage.write_metadata(&checkpoint(id)).await.unwrap();
-        }
-        let store = CompletedCheckpointStore::recover(&storage, 2)
-            .await
-            .unwrap();
-        let ids: Vec<u64> = store.retained().map(|c| c.id.0).collect();
-        assert_eq!(ids, [2, 3]);
-
-        storage
-            .put("chk-3/_metadata", bytes::Bytes::from_static(b"garbage"))
-            .await
-            .unwrap();
-        let err = CompletedCheckpointStore::recover(&storage, 2)
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("chk-3/_metadata"), "{err}");
     }
 }

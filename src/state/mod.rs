@@ -7,12 +7,15 @@
 //! dispatch to the backend through an enum, not a trait object.
 
 mod heap;
+#[cfg(feature = "rocksdb")]
 mod rocksdb;
 
 pub use self::heap::{HeapKeyedStateBackend, HeapSnapshot, KeySlot};
+#[cfg(feature = "rocksdb")]
 pub use self::rocksdb::RocksDbKeyedStateBackend;
 
 use self::heap::{table_hash, GroupTable};
+#[cfg(feature = "rocksdb")]
 use self::rocksdb::CachedValue;
 use hashbrown::hash_table;
 
@@ -23,7 +26,7 @@ use crate::task::{KeyedSnapshot, RestoreState};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::marker::PhantomData;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// What a key must be: hashable to a key group, and storable.
 pub trait Key: Data + Hash + Eq + Debug {}
@@ -35,6 +38,7 @@ pub enum StateBackend {
     /// Typed hash tables in memory; snapshots are full copies.
     #[default]
     Heap,
+    #[cfg(feature = "rocksdb")]
     /// One RocksDB database per subtask, in a directory of its own under
     /// `local_dir` that is removed when the subtask's instance goes away;
     /// snapshots are RocksDB native checkpoints. `cache_entries` bounds the
@@ -46,10 +50,12 @@ pub enum StateBackend {
 }
 
 impl StateBackend {
+    #[cfg(feature = "rocksdb")]
     /// RocksDB under `local_dir` (default `<temp dir>/tidemark-state`) with
     /// a write-back cache of `cache_entries` (default
     /// [`RocksDbKeyedStateBackend::DEFAULT_CACHE_ENTRIES`]).
     pub fn rocksdb(local_dir: Option<PathBuf>, cache_entries: Option<usize>) -> Self {
+        #[cfg(feature = "rocksdb")]
         StateBackend::RocksDb {
             local_dir: local_dir.unwrap_or_else(|| std::env::temp_dir().join("tidemark-state")),
             cache_entries: cache_entries
@@ -72,6 +78,7 @@ pub enum StateError {
          the job with the RocksDB backend"
     )]
     NativeCheckpointOnHeap(PathBuf),
+    #[cfg(feature = "rocksdb")]
     #[error("RocksDB: {0}")]
     RocksDb(String),
     #[error("{path}: {message}")]
@@ -79,7 +86,8 @@ pub enum StateError {
 }
 
 impl StateError {
-    pub(crate) fn io(path: &Path, error: std::io::Error) -> Self {
+    #[cfg(feature = "rocksdb")]
+    pub(crate) fn io(path: &std::path::Path, error: std::io::Error) -> Self {
         StateError::Io {
             path: path.to_owned(),
             message: error.to_string(),
@@ -90,6 +98,7 @@ impl StateError {
 /// The keyed state of one subtask, in the backend the job chose.
 pub enum KeyedStateBackend<K: Key> {
     Heap(HeapKeyedStateBackend<K>),
+    #[cfg(feature = "rocksdb")]
     /// Boxed: the database handle, options and cache are far larger than
     /// the heap backend, and only reached through the enum once per record.
     RocksDb(Box<RocksDbKeyedStateBackend<K>>),
@@ -99,6 +108,7 @@ impl<K: Key> KeyedStateBackend<K> {
     /// The backend `config` asks for. `label` names the subtask in the
     /// RocksDB working directory (`op-<operator>-<index>`); nothing is
     /// created on disk until the state is restored or first used.
+    #[cfg_attr(not(feature = "rocksdb"), allow(unused_variables))]
     pub fn new(
         config: &StateBackend,
         label: &str,
@@ -109,6 +119,7 @@ impl<K: Key> KeyedStateBackend<K> {
             StateBackend::Heap => {
                 KeyedStateBackend::Heap(HeapKeyedStateBackend::new(key_groups, max_parallelism))
             }
+            #[cfg(feature = "rocksdb")]
             StateBackend::RocksDb {
                 local_dir,
                 cache_entries,
@@ -124,6 +135,7 @@ impl<K: Key> KeyedStateBackend<K> {
     pub fn key_groups(&self) -> KeyGroupRange {
         match self {
             KeyedStateBackend::Heap(b) => b.key_groups(),
+            #[cfg(feature = "rocksdb")]
             KeyedStateBackend::RocksDb(b) => b.key_groups(),
         }
     }
@@ -131,6 +143,7 @@ impl<K: Key> KeyedStateBackend<K> {
     fn max_parallelism(&self) -> u32 {
         match self {
             KeyedStateBackend::Heap(b) => b.max_parallelism(),
+            #[cfg(feature = "rocksdb")]
             KeyedStateBackend::RocksDb(b) => b.max_parallelism(),
         }
     }
@@ -154,15 +167,18 @@ impl<K: Key> KeyedStateBackend<K> {
     fn register<S: Data>(&mut self, name: &str) -> usize {
         match self {
             KeyedStateBackend::Heap(b) => b.register::<S>(name),
+            #[cfg(feature = "rocksdb")]
             KeyedStateBackend::RocksDb(b) => b.register::<S>(name),
         }
     }
 
     /// The synchronous part of checkpoint `checkpoint`: an owned copy of the
     /// heap, or a RocksDB native checkpoint in a fresh directory.
+    #[cfg_attr(not(feature = "rocksdb"), allow(unused_variables))]
     pub fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<KeyedSnapshot, StateError> {
         match self {
             KeyedStateBackend::Heap(b) => Ok(KeyedSnapshot::Heap(b.snapshot())),
+            #[cfg(feature = "rocksdb")]
             KeyedStateBackend::RocksDb(b) => b.snapshot(checkpoint).map(KeyedSnapshot::Native),
         }
     }
@@ -173,6 +189,7 @@ impl<K: Key> KeyedStateBackend<K> {
     pub fn restore(&mut self, state: &RestoreState) -> Result<(), StateError> {
         match self {
             KeyedStateBackend::Heap(b) => b.restore(state),
+            #[cfg(feature = "rocksdb")]
             KeyedStateBackend::RocksDb(b) => b.restore(state),
         }
     }
@@ -182,6 +199,7 @@ impl<K: Key> KeyedStateBackend<K> {
     pub fn flush(&mut self) -> Result<(), StateError> {
         match self {
             KeyedStateBackend::Heap(_) => Ok(()),
+            #[cfg(feature = "rocksdb")]
             KeyedStateBackend::RocksDb(b) => b.write_back(),
         }
     }
@@ -288,6 +306,7 @@ impl<'a, K: Key> KeyedContext<'a, K> {
                 key: self.key,
                 hash: self.slot.hash,
             }),
+            #[cfg(feature = "rocksdb")]
             KeyedStateBackend::RocksDb(b) => {
                 Entry(EntryRef::RocksDb(b.entry::<S>(id, self.key, self.slot)))
             }
@@ -310,6 +329,7 @@ enum EntryRef<'a, K: Key, S> {
         key: &'a K,
         hash: u64,
     },
+    #[cfg(feature = "rocksdb")]
     RocksDb(&'a mut CachedValue<S>),
 }
 
@@ -319,6 +339,7 @@ impl<K: Key, S: Data> Entry<'_, K, S> {
             EntryRef::Heap { table, key, hash } => {
                 table.find(*hash, |(k, _)| k == *key).map(|(_, s)| s)
             }
+            #[cfg(feature = "rocksdb")]
             EntryRef::RocksDb(cached) => cached.value.as_ref(),
         }
     }
@@ -333,6 +354,7 @@ impl<K: Key, S: Data> Entry<'_, K, S> {
                     }
                 }
             }
+            #[cfg(feature = "rocksdb")]
             EntryRef::RocksDb(cached) => {
                 cached.value = Some(value);
                 cached.dirty = true;
@@ -346,6 +368,7 @@ impl<K: Key, S: Data> Entry<'_, K, S> {
                 let entry = table.find_entry(*hash, |(k, _)| k == *key).ok()?;
                 Some(entry.remove().0 .1)
             }
+            #[cfg(feature = "rocksdb")]
             EntryRef::RocksDb(cached) => {
                 let old = cached.value.take();
                 cached.dirty |= old.is_some();
@@ -369,6 +392,7 @@ impl<K: Key, S: Data> Entry<'_, K, S> {
                     .into_mut()
                     .1
             }
+            #[cfg(feature = "rocksdb")]
             EntryRef::RocksDb(cached) => {
                 cached.dirty = true;
                 cached.value.get_or_insert_with(S::default)
@@ -390,30 +414,14 @@ impl<'a, K: Key> AllKeys<'a, K> {
     }
 
     /// Every key with a value, and the value, key group by key group.
-    pub fn values<V: Data>(&self, state: &ValueState<V>) -> impl Iterator<Item = (K, V)> + 'a {
+    pub fn values<V: Data>(&self, state: &ValueState<V>) -> Box<dyn Iterator<Item = (K, V)> + 'a> {
         match self.backend {
-            KeyedStateBackend::Heap(b) => Either::Left(
+            KeyedStateBackend::Heap(b) => Box::new(
                 b.entries::<V>(state.id)
                     .map(|(k, v)| (k.clone(), v.clone())),
             ),
-            KeyedStateBackend::RocksDb(b) => Either::Right(b.entries::<V>(state.id)),
-        }
-    }
-}
-
-/// One of two iterators of the same items.
-enum Either<A, B> {
-    Left(A),
-    Right(B),
-}
-
-impl<T, A: Iterator<Item = T>, B: Iterator<Item = T>> Iterator for Either<A, B> {
-    type Item = T;
-
-    fn next(&mut self) -> Option<T> {
-        match self {
-            Either::Left(a) => a.next(),
-            Either::Right(b) => b.next(),
+            #[cfg(feature = "rocksdb")]
+            KeyedStateBackend::RocksDb(b) => Box::new(b.entries::<V>(state.id)),
         }
     }
 }

@@ -18,6 +18,7 @@ fn heap<K: Key>(range: KeyGroupRange) -> KeyedStateBackend<K> {
     KeyedStateBackend::new(&StateBackend::Heap, "test", range, MAX_P)
 }
 
+#[cfg(feature = "rocksdb")]
 fn rocks<K: Key>(dir: &tempfile::TempDir, range: KeyGroupRange) -> KeyedStateBackend<K> {
     let config = StateBackend::RocksDb {
         local_dir: dir.path().to_owned(),
@@ -26,6 +27,7 @@ fn rocks<K: Key>(dir: &tempfile::TempDir, range: KeyGroupRange) -> KeyedStateBac
     KeyedStateBackend::new(&config, "op-1-0", range, MAX_P)
 }
 
+#[cfg(feature = "rocksdb")]
 /// RocksDB with a write-back cache of one entry: every record's value goes
 /// through the database.
 fn rocks_uncached<K: Key>(dir: &tempfile::TempDir, range: KeyGroupRange) -> KeyedStateBackend<K> {
@@ -46,6 +48,7 @@ fn all<K: Key + Ord, V: Data>(
     all
 }
 
+#[cfg(feature = "rocksdb")]
 fn native(snapshot: KeyedSnapshot) -> NativeCheckpoint {
     match snapshot {
         KeyedSnapshot::Native(native) => native,
@@ -146,12 +149,14 @@ fn the_heap_backend_keeps_value_map_and_list_semantics() {
     value_map_and_list_semantics(heap(whole()));
 }
 
+#[cfg(feature = "rocksdb")]
 #[test]
 fn the_rocksdb_backend_keeps_value_map_and_list_semantics() {
     let dir = tempfile::tempdir().unwrap();
     value_map_and_list_semantics(rocks(&dir, whole()));
 }
 
+#[cfg(feature = "rocksdb")]
 #[test]
 fn the_rocksdb_backend_without_a_cache_keeps_value_map_and_list_semantics() {
     let dir = tempfile::tempdir().unwrap();
@@ -233,6 +238,7 @@ fn a_state_name_is_declared_once() {
     reg.value::<u64>("count");
 }
 
+#[cfg(feature = "rocksdb")]
 #[test]
 fn a_native_snapshot_restores_every_state_and_key_and_is_isolated_from_later_writes() {
     let dir = tempfile::tempdir().unwrap();
@@ -333,6 +339,7 @@ fn a_native_snapshot_restores_every_state_and_key_and_is_isolated_from_later_wri
     );
 }
 
+#[cfg(feature = "rocksdb")]
 #[test]
 fn a_native_restore_creates_missing_states_and_refuses_undeclared_ones() {
     let dir = tempfile::tempdir().unwrap();
@@ -362,6 +369,7 @@ fn a_native_restore_creates_missing_states_and_refuses_undeclared_ones() {
     );
 }
 
+#[cfg(feature = "rocksdb")]
 #[test]
 fn a_native_restore_keeps_only_the_key_groups_of_the_subtask() {
     let dir = tempfile::tempdir().unwrap();
@@ -397,6 +405,7 @@ fn the_heap_backend_refuses_a_native_checkpoint() {
     assert!(err.to_string().contains("RocksDB"), "{err}");
 }
 
+#[cfg(feature = "rocksdb")]
 #[test]
 fn the_working_directory_exists_from_first_use_until_drop() {
     let dir = tempfile::tempdir().unwrap();

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tidemark::checkpoint::storage::CheckpointStorage;
 use tidemark::checkpoint::CompletedCheckpoint;
+use tidemark::storage::CheckpointStorage;
 use tidemark_actors::cli::Topology;
 use tidemark_actors::runtime::job_id;
 
@@ -179,6 +179,6 @@ pub fn retained_objects(
             .iter()
             .map(|c| CheckpointStorage::metadata_path(c.id)),
     );
-    referenced.insert(tidemark::checkpoint::storage::COUNTER.into());
+    referenced.insert(tidemark::storage::COUNTER.into());
     (checkpoints, referenced)
 }

@@ -1,5 +1,8 @@
-//! `CheckpointStorage` over `object_store`: where a job's checkpoints live and
-//! how their objects are written, read and deleted. Layout under the root
+//! The IO side of checkpoints: `CheckpointStorage` over `object_store`,
+//! where a job's checkpoints live and how their objects are written, read
+//! and deleted, and the savepoint copier. The decisions it carries out (what
+//! to write, keep, copy or delete) are made by the pure state machines of
+//! [`crate::checkpoint`]. Layout under the root
 //! (a local directory, an in-memory store, or an S3 bucket and prefix):
 //!
 //! ```text
@@ -13,12 +16,14 @@
 //! hold them) and are validated before use, so that nothing read from a
 //! checkpoint can reach outside the job's directory.
 
-use super::metadata::{self, MetadataError};
-use super::{CompletedCheckpoint, HandleMismatch, StateHandle};
+pub mod savepoint;
+
+use crate::checkpoint::metadata::{self, MetadataError};
+use crate::checkpoint::store::CompletedCheckpointStore;
+use crate::checkpoint::{stays_inside, CompletedCheckpoint, HandleMismatch, StateHandle};
 use crate::ids::{CheckpointId, JobId};
 use bytes::Bytes;
 use futures::TryStreamExt;
-use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
@@ -126,8 +131,9 @@ fn memory_store(name: &str) -> Arc<InMemory> {
 /// The store `bucket` on S3, with the client's settings from the usual
 /// `AWS_*` environment variables (credentials, region, `AWS_ENDPOINT_URL`
 /// and `AWS_ALLOW_HTTP` for a local server).
+#[cfg(feature = "s3")]
 fn s3_store(url: &str, bucket: &str) -> Result<Arc<dyn ObjectStore>, StorageError> {
-    let store = AmazonS3Builder::from_env()
+    let store = object_store::aws::AmazonS3Builder::from_env()
         .with_bucket_name(bucket)
         .build()
         .map_err(|e| StorageError::Open {
@@ -135,6 +141,14 @@ fn s3_store(url: &str, bucket: &str) -> Result<Arc<dyn ObjectStore>, StorageErro
             source: e.into(),
         })?;
     Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "s3"))]
+fn s3_store(url: &str, _bucket: &str) -> Result<Arc<dyn ObjectStore>, StorageError> {
+    Err(StorageError::InvalidUrl {
+        url: url.to_owned(),
+        problem: "this build of Tidemark has no S3 client; build it with the `s3` feature".into(),
+    })
 }
 
 /// `create`: make the directory if it does not exist; without it, a missing
@@ -154,23 +168,6 @@ fn local_store(url: &str, create: bool) -> Result<Arc<dyn ObjectStore>, StorageE
     let fs = LocalFileSystem::new_with_prefix(dir).map_err(|e| open(e.into()))?;
     // Deleting a checkpoint's last object removes its directory too.
     Ok(Arc::new(fs.with_automatic_cleanup(true)))
-}
-
-/// Refuses absolute paths, `..`, `.`, empty segments, backslashes and
-/// URLs: a relative path read from metadata can only name an object inside
-/// the directory it is relative to.
-pub fn check_relative(relative: &str) -> Result<(), StorageError> {
-    let escaping = relative.is_empty()
-        || relative.starts_with('/')
-        || relative.contains('\\')
-        || relative.contains("://")
-        || relative
-            .split('/')
-            .any(|part| part.is_empty() || part == "." || part == "..");
-    if escaping {
-        return Err(StorageError::EscapingPath(relative.to_owned()));
-    }
-    Ok(())
 }
 
 /// The checkpoint directory of one job on one object store.
@@ -275,7 +272,9 @@ impl CheckpointStorage {
     /// and empty segments are refused: a checkpoint can only name objects
     /// inside its job's directory.
     pub fn resolve(&self, relative: &str) -> Result<Path, StorageError> {
-        check_relative(relative)?;
+        if !stays_inside(relative) {
+            return Err(StorageError::EscapingPath(relative.to_owned()));
+        }
         let mut path = self.job_dir.clone();
         for part in relative.split('/') {
             path = path.join(part);
@@ -475,6 +474,21 @@ impl CheckpointStorage {
         ids
     }
 
+    /// The newest `retain` checkpoints found in storage. Their metadata must
+    /// read back: a corrupted one is an error, not a silent fallback to an
+    /// older checkpoint.
+    pub async fn recover_store(
+        &self,
+        retain: usize,
+    ) -> Result<CompletedCheckpointStore, StorageError> {
+        let mut store = CompletedCheckpointStore::new(retain);
+        let ids = self.completed_ids().await?;
+        for id in ids.iter().skip(ids.len().saturating_sub(retain)) {
+            store.add(self.read_metadata(*id).await?);
+        }
+        Ok(store)
+    }
+
     /// `CheckpointIDCounter`: the next id to use, never below one past any
     /// checkpoint found in storage, so ids strictly increase across restarts
     /// of the coordinator and of the process.
@@ -627,5 +641,24 @@ mod tests {
         storage.delete_checkpoint(CheckpointId(1)).await.unwrap();
         assert_eq!(counters.objects_deleted.load(Ordering::Relaxed), 2);
         assert_eq!(storage.objects().await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn recovers_the_newest_from_storage_and_refuses_corrupted_metadata() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), JobId(1)).unwrap();
+        for id in [1, 2, 3] {
+            storage.write_metadata(&checkpoint(id)).await.unwrap();
+        }
+        let store = storage.recover_store(2).await.unwrap();
+        let ids: Vec<u64> = store.retained().map(|c| c.id.0).collect();
+        assert_eq!(ids, [2, 3]);
+
+        storage
+            .put("chk-3/_metadata", bytes::Bytes::from_static(b"garbage"))
+            .await
+            .unwrap();
+        let err = storage.recover_store(2).await.unwrap_err();
+        assert!(err.to_string().contains("chk-3/_metadata"), "{err}");
     }
 }
