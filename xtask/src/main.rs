@@ -1,0 +1,170 @@
+//! `cargo xtask`: the README's commands, made to work on a machine that has
+//! nothing but the Rust toolchain. Before cargo starts the long build
+//! (RocksDB's bundled C++), it checks what that build and the tests need,
+//! installs what is missing through the system's package manager when it may
+//! (root, or sudo without a password, on Debian or Ubuntu), and otherwise
+//! stops at once saying exactly what to install and how.
+//!
+//! - `cargo xtask setup`: install the build's and the tests' prerequisites.
+//! - `cargo xtask run ARGS`: `cargo run --release -p tidemark-actors -- ARGS`.
+//! - `cargo xtask test ARGS`: start a local S3 server (moto) on a free
+//!   loopback port, point the S3 test cases at it, `cargo test --workspace
+//!   ARGS`, stop the server.
+
+mod prerequisites;
+mod s3;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+const USAGE: &str = "usage: cargo xtask setup | run [ARGS...] | test [ARGS...]
+
+  setup   install what the build and the tests need (a C++ compiler,
+          libclang for RocksDB's bindings, moto's S3 server)
+  run     cargo run --release -p tidemark-actors -- ARGS
+  test    cargo test --workspace ARGS, with the S3 cases against a local
+          moto server";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (command, rest) = match args.split_first() {
+        Some((command, rest)) => (command.as_str(), rest),
+        None => ("", &[][..]),
+    };
+    let result = match command {
+        "setup" => prerequisites::ensure(prerequisites::Purpose::Test).map(|()| ExitCode::SUCCESS),
+        "run" => run(rest),
+        "test" => test(rest),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("cargo xtask {command}: {e}");
+        ExitCode::FAILURE
+    })
+}
+
+fn run(args: &[String]) -> Result<ExitCode, String> {
+    prerequisites::ensure(prerequisites::Purpose::Build)?;
+    announce_first_build("release", "the release build", 30);
+    let mut cargo = cargo();
+    cargo
+        .args(["run", "--release", "-p", "tidemark-actors", "--"])
+        .args(args);
+    status(cargo)
+}
+
+fn test(args: &[String]) -> Result<ExitCode, String> {
+    prerequisites::ensure(prerequisites::Purpose::Test)?;
+    let server = s3::MotoServer::start()?;
+    announce_first_build("debug", "the test build", 20);
+    let mut cargo = cargo();
+    cargo.args(["test", "--workspace"]).args(args);
+    server.configure(&mut cargo);
+    let code = status(cargo);
+    drop(server);
+    code
+}
+
+/// The workspace's root: commands run there wherever `cargo xtask` was
+/// started from.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lies inside the workspace")
+        .to_owned()
+}
+
+fn cargo() -> Command {
+    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    command.current_dir(workspace_root());
+    command
+}
+
+/// Says how long a build will take before it starts, when RocksDB has
+/// never been compiled into the target directory for `profile`.
+fn announce_first_build(profile: &str, what: &str, minutes: u32) {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let built = std::fs::read_dir(target.join(profile).join("build"))
+        .map(|dirs| {
+            dirs.flatten().any(|d| {
+                d.file_name()
+                    .to_string_lossy()
+                    .starts_with("librocksdb-sys-")
+            })
+        })
+        .unwrap_or(false);
+    if !built {
+        eprintln!(
+            "cargo xtask: the first build compiles RocksDB's bundled C++ for {what}: about \
+             {minutes} minutes on 2 cores; later builds take seconds"
+        );
+    }
+}
+
+/// Runs `command` and passes its exit code on.
+fn status(mut command: Command) -> Result<ExitCode, String> {
+    let status = command
+        .status()
+        .map_err(|e| format!("cannot start {:?}: {e}", command.get_program()))?;
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => ExitCode::FAILURE,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::workspace_root;
+
+    /// The indented command that follows `label` in README.md.
+    fn readme_command(readme: &str, label: &str) -> String {
+        let mut lines = readme.lines().skip_while(|l| *l != label).skip(1);
+        lines
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or_else(|| panic!("README.md has no command after {label:?}"))
+            .trim()
+            .to_owned()
+    }
+
+    #[test]
+    fn ci_runs_exactly_the_readme_test_command_and_the_readme_commands_are_xtasks() {
+        let root = workspace_root();
+        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        let run = readme_command(&readme, "Run the main job, wordcount:");
+        let test = readme_command(&readme, "Run the tests:");
+        assert!(run.starts_with("cargo xtask run "), "{run}");
+        assert_eq!(test, "cargo xtask test");
+        let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
+        let last = ci
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap()
+            .trim();
+        assert_eq!(
+            last, test,
+            ".ci/run must end with the README's test command"
+        );
+        let commands: Vec<&str> = ci
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .collect();
+        assert_eq!(
+            commands,
+            [
+                "set -euo pipefail",
+                "cd \"$(dirname \"$0\")/..\"",
+                "export CARGO_TARGET_DIR=\"${CARGO_TARGET_DIR:-/var/tmp/tidemark-target}\"",
+                test.as_str(),
+            ],
+            ".ci/run runs nothing a newcomer would not"
+        );
+    }
+}

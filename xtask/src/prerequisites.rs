@@ -1,0 +1,291 @@
+//! What the build and the tests need from the machine, found or installed
+//! before cargo starts. The build: a C++ compiler and libclang (the
+//! `rocksdb` crate compiles RocksDB's bundled C++ and generates its bindings
+//! with bindgen, which loads libclang). The tests: Python 3 with moto's S3
+//! server, so that the S3 test cases run against a real S3 API.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The moto release the S3 tests are known to pass against.
+pub const MOTO: &str = "moto[server]==5.2.1";
+
+/// What the machine is being prepared for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    Build,
+    Test,
+}
+
+/// One thing the machine lacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Missing {
+    CxxCompiler,
+    Libclang,
+    Python,
+    Pip,
+    Moto,
+}
+
+impl Missing {
+    fn describe(self) -> &'static str {
+        match self {
+            Missing::CxxCompiler => "a C++ compiler (RocksDB's bundled C++)",
+            Missing::Libclang => "libclang with its headers (bindgen generates RocksDB's bindings)",
+            Missing::Python => "Python 3 (moto, the local S3 server of the tests)",
+            Missing::Pip => "pip for Python 3 (installs moto)",
+            Missing::Moto => "moto's S3 server, from PyPI",
+        }
+    }
+
+    /// Debian's packages that provide it; moto comes from PyPI instead.
+    fn debian_packages(self) -> &'static [&'static str] {
+        match self {
+            Missing::CxxCompiler => &["g++"],
+            Missing::Libclang => &["libclang-dev"],
+            Missing::Python => &["python3", "python3-pip"],
+            Missing::Pip => &["python3-pip"],
+            Missing::Moto => &[],
+        }
+    }
+}
+
+/// Makes sure the machine has what `purpose` needs, installing what it
+/// can; fails naming what is still missing and how to install it.
+pub fn ensure(purpose: Purpose) -> Result<(), String> {
+    let missing = find_missing(purpose);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let packages: Vec<&str> = missing
+        .iter()
+        .flat_map(|m| m.debian_packages())
+        .copied()
+        .collect();
+    if !packages.is_empty() {
+        install_debian(&packages, &missing)?;
+    }
+    if find_missing(purpose).contains(&Missing::Moto) {
+        install_moto()?;
+    }
+    match find_missing(purpose).as_slice() {
+        [] => Ok(()),
+        still => Err(format!("still missing after installing: {}", list(still))),
+    }
+}
+
+fn find_missing(purpose: Purpose) -> Vec<Missing> {
+    let mut missing = Vec::new();
+    if !has_cxx_compiler() {
+        missing.push(Missing::CxxCompiler);
+    }
+    if libclang_dir().is_none() {
+        missing.push(Missing::Libclang);
+    }
+    if purpose == Purpose::Test {
+        if !succeeds(Command::new(python()).arg("--version")) {
+            missing.push(Missing::Python);
+        } else if !succeeds(
+            Command::new(python()).args(["-c", "import moto.server, flask, flask_cors"]),
+        ) {
+            if succeeds(Command::new(python()).args(["-m", "pip", "--version"])) {
+                missing.push(Missing::Moto);
+            } else {
+                missing.extend([Missing::Pip, Missing::Moto]);
+            }
+        }
+    }
+    missing
+}
+
+fn list(missing: &[Missing]) -> String {
+    missing
+        .iter()
+        .map(|m| m.describe())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The Python that runs moto: `PYTHON` if set.
+pub fn python() -> String {
+    std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+fn succeeds(command: &mut Command) -> bool {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The compiler the `cc` crate will use: `CXX`, else `c++`.
+fn has_cxx_compiler() -> bool {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    succeeds(Command::new(cxx).arg("--version"))
+}
+
+/// Where bindgen will find libclang: `LIBCLANG_PATH`, `llvm-config
+/// --libdir`, or the system's library directories (those clang-sys
+/// searches). A directory counts only with the unversioned `libclang.so`
+/// or `libclang-N.so` that a development package installs, which comes
+/// with clang's headers; a bare runtime `libclang.so.1` does not.
+fn libclang_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("LIBCLANG_PATH") {
+        return Some(dir.into());
+    }
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Ok(out) = Command::new("llvm-config")
+        .arg("--libdir")
+        .stderr(Stdio::null())
+        .output()
+    {
+        dirs.push(String::from_utf8_lossy(&out.stdout).trim().into());
+    }
+    for root in ["/usr/lib", "/usr/lib64", "/usr/local/lib"] {
+        dirs.push(root.into());
+        dirs.extend(subdirs(Path::new(root)));
+        dirs.extend(
+            subdirs(Path::new(root))
+                .into_iter()
+                .filter(|d| {
+                    d.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("llvm"))
+                })
+                .map(|d| d.join("lib")),
+        );
+    }
+    dirs.into_iter().find(|dir| {
+        std::fs::read_dir(dir).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| is_libclang_dev(&e.file_name().to_string_lossy()))
+        })
+    })
+}
+
+fn subdirs(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `libclang.so` or `libclang-14.so`, not `libclang.so.1` nor
+/// `libclang-cpp.so`.
+fn is_libclang_dev(name: &str) -> bool {
+    name == "libclang.so"
+        || name
+            .strip_prefix("libclang-")
+            .and_then(|rest| rest.strip_suffix(".so"))
+            .is_some_and(|version| {
+                !version.is_empty() && version.chars().all(|c| c.is_ascii_digit() || c == '.')
+            })
+}
+
+/// Installs `packages` with apt-get as root, or through sudo when it needs
+/// no password; otherwise says what to run.
+fn install_debian(packages: &[&str], missing: &[Missing]) -> Result<(), String> {
+    let install = format!(
+        "apt-get update && apt-get install -y --no-install-recommends {}",
+        packages.join(" ")
+    );
+    let refuse = |why: &str| {
+        format!(
+            "this machine lacks {}. {why} Install it, then run the command again:\n\n    sudo sh -c '{install}'\n\n(or, elsewhere than Debian or Ubuntu, your system's packages for a C++ compiler, libclang and Python 3 with pip; LIBCLANG_PATH names libclang's directory if it is not a system one)",
+            list(missing)
+        )
+    };
+    if !succeeds(Command::new("apt-get").arg("--version")) {
+        return Err(refuse("This is not a Debian-like system (no apt-get)."));
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| out.stdout.trim_ascii() == b"0");
+    let sudo = !root && succeeds(Command::new("sudo").args(["-n", "true"]));
+    if !root && !sudo {
+        return Err(refuse("Installing it needs root."));
+    }
+    eprintln!(
+        "cargo xtask: installing {} (for {})",
+        packages.join(" "),
+        list(missing)
+    );
+    for args in [
+        vec!["update", "-qq"],
+        [
+            &["install", "-y", "-qq", "--no-install-recommends"][..],
+            packages,
+        ]
+        .concat(),
+    ] {
+        let mut command = if sudo {
+            let mut c = Command::new("sudo");
+            c.args(["-n", "env", "DEBIAN_FRONTEND=noninteractive", "apt-get"]);
+            c
+        } else {
+            let mut c = Command::new("apt-get");
+            c.env("DEBIAN_FRONTEND", "noninteractive");
+            c
+        };
+        command
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        let status = command
+            .status()
+            .map_err(|e| format!("cannot run apt-get: {e}"))?;
+        if !status.success() {
+            return Err(format!("apt-get {} failed ({status})", args.join(" ")));
+        }
+    }
+    Ok(())
+}
+
+/// Installs moto with pip into the Python that runs it (as root into a
+/// distribution's own Python too: PEP 668 would refuse it otherwise).
+fn install_moto() -> Result<(), String> {
+    eprintln!("cargo xtask: installing {MOTO} from PyPI (the S3 tests' server)");
+    let status = Command::new(python())
+        .args(["-m", "pip", "install", "--quiet", MOTO])
+        .env("PIP_BREAK_SYSTEM_PACKAGES", "1")
+        .stdin(Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot run pip: {e}"))?;
+    if !status.success() {
+        return Err(format!(
+            "`{} -m pip install '{MOTO}'` failed ({status}); install it by hand and run the command again",
+            python()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_libclang_dev;
+
+    #[test]
+    fn only_a_development_libclang_counts() {
+        for dev in ["libclang.so", "libclang-14.so", "libclang-18.1.so"] {
+            assert!(is_libclang_dev(dev), "{dev}");
+        }
+        for not in [
+            "libclang.so.1",
+            "libclang-14.so.1",
+            "libclang-cpp.so",
+            "libclang-cpp.so.14",
+            "libclang-.so",
+            "libclangBasic.a",
+        ] {
+            assert!(!is_libclang_dev(not), "{not}");
+        }
+    }
+}
