@@ -19,7 +19,10 @@ impl<T: Clone + Send + Serialize + DeserializeOwned + 'static> Data for T {}
 /// Upper bounds on one batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchLimits {
+    /// Records per batch.
     pub max_records: usize,
+    /// In-memory bytes per batch, counted as `size_of::<T>()` per record
+    /// (what the records own on the heap is not counted).
     pub max_bytes: usize,
 }
 
@@ -71,10 +74,13 @@ impl<T: Data> Records for Vec<T> {
 /// written as, so that a consumer of another type refuses them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EncodedBatch {
+    /// `std::any::type_name` of the record type.
     pub type_name: String,
+    /// Number of records.
     pub len: u64,
     /// In-memory size of the records when they were encoded.
     pub bytes: u64,
+    /// The `Vec` of records, rmp-serde.
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
 }
@@ -95,16 +101,26 @@ pub struct Batch(Payload);
 /// stored records are damaged: reported rather than panicking.
 #[derive(Debug, thiserror::Error)]
 pub enum BatchError {
+    /// The record type differs.
     #[error("a batch of {found} arrived where {expected} was expected")]
     Type {
+        /// The type the consumer takes.
         expected: &'static str,
+        /// The type the batch holds.
         found: String,
     },
+    /// Encoded records of the right type name that do not decode.
     #[error("a stored batch of {type_name} does not decode: {reason}")]
-    Decode { type_name: String, reason: String },
+    Decode {
+        /// The type the batch holds.
+        type_name: String,
+        /// The decoder's error.
+        reason: String,
+    },
 }
 
 impl Batch {
+    /// A batch of `records`, typed; nothing is serialized.
     pub fn new<T: Data>(records: Vec<T>) -> Self {
         Batch(Payload::Typed {
             records: Box::new(records),
@@ -112,6 +128,7 @@ impl Batch {
         })
     }
 
+    /// Number of records.
     pub fn len(&self) -> usize {
         match &self.0 {
             Payload::Typed { records, .. } => records.len(),
@@ -119,10 +136,12 @@ impl Batch {
         }
     }
 
+    /// Whether it holds no record.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// In-memory size, as [`BatchLimits::max_bytes`] counts it.
     pub fn bytes(&self) -> usize {
         match &self.0 {
             Payload::Typed { records, .. } => records.bytes(),
@@ -137,6 +156,7 @@ impl Batch {
         }
     }
 
+    /// The batch as bytes, for channel state.
     pub fn encode(&self) -> EncodedBatch {
         match &self.0 {
             Payload::Typed { records, type_name } => EncodedBatch {
@@ -149,6 +169,8 @@ impl Batch {
         }
     }
 
+    /// The records, if they are of type `T`; encoded records are decoded
+    /// here.
     pub fn into_records<T: Data>(self) -> Result<Vec<T>, BatchError> {
         let expected = std::any::type_name::<T>();
         let mismatch = |found: &str| BatchError::Type {

@@ -35,10 +35,19 @@ impl Default for ChannelConfig {
     }
 }
 
+/// A broken flow-control protocol: a bug on one side of the channel, never a
+/// condition to wait out.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ChannelError {
+    /// The sender sent a batch it had no credit for.
     #[error("received a batch without credit: {queued} batches held, {capacity} granted")]
-    CreditOverrun { queued: u32, capacity: u32 },
+    CreditOverrun {
+        /// Batches the receiver held.
+        queued: u32,
+        /// Credits it had granted.
+        capacity: u32,
+    },
+    /// The consumer reported a batch consumed that it was never handed.
     #[error("a batch was consumed that was never delivered")]
     NothingDelivered,
 }
@@ -52,6 +61,7 @@ pub struct CreditSender {
 }
 
 impl CreditSender {
+    /// Queues `event` behind everything queued.
     pub fn push(&mut self, event: ChannelEvent) {
         self.queued_batches += u32::from(event.is_batch());
         self.queue.push_back(event);
@@ -73,6 +83,7 @@ impl CreditSender {
         queued_batches(&self.queue)
     }
 
+    /// The receiver granted `credits` more batches.
     pub fn grant(&mut self, credits: u32) {
         self.credits += credits;
     }
@@ -95,6 +106,7 @@ impl CreditSender {
         self.queue.is_empty()
     }
 
+    /// Batches queued, waiting for credit.
     pub fn queued_batches(&self) -> u32 {
         self.queued_batches
     }
@@ -124,10 +136,13 @@ impl CreditReceiver {
         }
     }
 
+    /// Credits to grant the sender when the channel opens.
     pub fn initial_credits(&self) -> u32 {
         self.capacity
     }
 
+    /// Takes an event from the sender; a batch beyond the granted credit is
+    /// an error.
     pub fn receive(&mut self, event: ChannelEvent) -> Result<(), ChannelError> {
         if event.is_batch() {
             if self.buffered() >= self.capacity {

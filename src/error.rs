@@ -8,18 +8,28 @@ use thiserror::Error;
 /// An error raised by user code: a source, a sink or a function.
 pub type UserError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Why a subtask failed. Any of them fails the subtask, and the job
+/// supervisor restarts the job from the latest completed checkpoint.
 #[derive(Debug, Error)]
 pub enum TaskError {
+    /// The user's `Source` returned an error.
     #[error("source failed: {0}")]
     Source(UserError),
+    /// The user's `Sink` returned an error (writing, pre-committing,
+    /// committing or adopting transactions).
     #[error("sink failed: {0}")]
     Sink(UserError),
+    /// User code (or an injected fault) panicked; the panic message.
     #[error("user code panicked: {0}")]
     Panic(String),
+    /// A batch could not be built or read.
     #[error(transparent)]
     Batch(#[from] BatchError),
+    /// The state backend failed, typically while restoring a snapshot.
     #[error("restoring state failed: {0}")]
     State(#[from] StateError),
+    /// The runtime broke its own protocol or read malformed checkpoint data:
+    /// a bug or a corrupt checkpoint, not the user's code.
     #[error("{0}")]
     Protocol(String),
 }

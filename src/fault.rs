@@ -24,8 +24,11 @@ pub enum FaultPoint {
 /// Fail `subtask` at `point` of `checkpoint`, once, in the first attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fault {
+    /// The step of the checkpoint that fails.
     pub point: FaultPoint,
+    /// The checkpoint during which it fails.
     pub checkpoint: CheckpointId,
+    /// The subtask that fails.
     pub subtask: SubtaskId,
 }
 
@@ -35,7 +38,9 @@ pub struct Fault {
 /// would, so the subtasks sharing the thread keep their pace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlowSubtask {
+    /// The subtask made slow.
     pub subtask: SubtaskId,
+    /// Pause per record of each batch, in nanoseconds.
     pub ns_per_record: u64,
 }
 
@@ -49,6 +54,8 @@ pub struct KillSchedule {
 }
 
 impl KillSchedule {
+    /// `kills` kills of random subtasks among `subtasks`, at random progress
+    /// inside the middle 90% of a run of `records` records.
     pub fn new(seed: u64, kills: usize, records: u64, subtasks: usize) -> Self {
         let mut rng = SplitMix64::new(seed ^ 0x6b69_6c6c);
         let mut kills: Vec<(u64, usize)> = (0..kills)

@@ -26,6 +26,9 @@ struct InputChannel {
     blocked: bool,
 }
 
+/// The per-channel input queues of one subtask (Flink's `InputGate`).
+/// Channels are numbered `0..channels` in the order of
+/// `JobGraph::input_channels`.
 #[derive(Debug)]
 pub struct InputGate {
     channels: Vec<InputChannel>,
@@ -33,6 +36,7 @@ pub struct InputGate {
 }
 
 impl InputGate {
+    /// A gate of `channels` empty, unblocked channels.
     pub fn new(channels: usize) -> Self {
         InputGate {
             channels: (0..channels).map(|_| InputChannel::default()).collect(),
@@ -40,6 +44,7 @@ impl InputGate {
         }
     }
 
+    /// Number of channels.
     pub fn channels(&self) -> usize {
         self.channels.len()
     }
@@ -51,10 +56,13 @@ impl InputGate {
         self.channels[channel].replay.extend(batches);
     }
 
+    /// Queues an event the input endpoint of `channel` delivered.
     pub fn push(&mut self, channel: usize, event: ChannelEvent) {
         self.channels[channel].queue.push_back(event);
     }
 
+    /// Stops or resumes polling `channel` (alignment); its events stay
+    /// queued.
     pub fn set_blocked(&mut self, channel: usize, blocked: bool) {
         self.channels[channel].blocked = blocked;
     }
@@ -64,6 +72,7 @@ impl InputGate {
         self.channels[channel].blocked
     }
 
+    /// Resumes every channel: the alignment ended.
     pub fn unblock_all(&mut self) {
         for c in &mut self.channels {
             c.blocked = false;

@@ -21,55 +21,91 @@ pub enum Partitioner {
     Broadcast,
 }
 
+/// A vertex of the `JobGraph`: one operator chain, run by `parallelism`
+/// subtasks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperatorSpec {
+    /// Its position in `JobGraph::operators`.
     pub id: OperatorId,
+    /// For people: logs, statistics and the REST API. Chained steps append
+    /// theirs (`source -> map`).
     pub name: String,
     /// Stable identity across versions of a job: state is matched by it.
     pub uid: String,
+    /// Number of subtasks, `1..=max_parallelism`.
     pub parallelism: u32,
+    /// Number of key groups of its keyed state, and so the highest
+    /// parallelism it can ever be rescaled to; fixed for the life of its
+    /// state (default [`DEFAULT_MAX_PARALLELISM`]).
     pub max_parallelism: u32,
 }
 
+/// An edge of the `JobGraph`: every producer subtask has one channel to each
+/// consumer subtask it can route to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Edge {
+    /// The producer operator.
     pub from: OperatorId,
+    /// The consumer operator.
     pub to: OperatorId,
+    /// How records are routed across the edge.
     pub partitioner: Partitioner,
 }
 
+/// Why a `JobGraph` cannot be deployed ([`JobGraph::validate`]).
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum GraphError {
+    /// An operator's parallelism is 0 or above its max parallelism.
     #[error("operator {name:?}: parallelism {parallelism} must be between 1 and its max parallelism {max_parallelism}")]
     Parallelism {
+        /// The operator's name.
         name: String,
+        /// Its parallelism.
         parallelism: u32,
+        /// Its max parallelism.
         max_parallelism: u32,
     },
+    /// Two operators have the same uid, so their state could not be told
+    /// apart.
     #[error("operator uid {0:?} is used twice; uids must be unique within a job")]
     DuplicateUid(String),
+    /// A forward edge between operators of different parallelism.
     #[error("forward edge {from} -> {to} joins parallelism {from_parallelism} to {to_parallelism}; use rebalance or key_by")]
     ForwardParallelism {
+        /// The producer's name.
         from: String,
+        /// The consumer's name.
         to: String,
+        /// The producer's parallelism.
         from_parallelism: u32,
+        /// The consumer's parallelism.
         to_parallelism: u32,
     },
+    /// An operator (named) with more than one `"input"` or `"output"` edge:
+    /// only linear pipelines run so far.
     #[error("operator {0:?} has more than one {1} edge; only linear pipelines are supported")]
     NotLinear(String, &'static str),
+    /// An edge names an operator the graph does not have.
     #[error("edge refers to unknown operator {0}")]
     UnknownOperator(OperatorId),
+    /// No operators at all.
     #[error("the job has no operators")]
     Empty,
 }
 
+/// The untyped shape of a job (Flink's `JobGraph`): what the runtime deploys
+/// and what checkpoints are matched against.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobGraph {
+    /// Indexed by `OperatorId`.
     pub operators: Vec<OperatorSpec>,
+    /// The edges; at most one into and one out of each operator for now.
     pub edges: Vec<Edge>,
 }
 
 impl JobGraph {
+    /// Appends an operator with a default uid (`<name>-<id>`) and the default
+    /// max parallelism.
     pub fn add_operator(&mut self, name: &str, parallelism: u32) -> OperatorId {
         let id = OperatorId(self.operators.len() as u32);
         self.operators.push(OperatorSpec {
@@ -82,22 +118,27 @@ impl JobGraph {
         id
     }
 
+    /// The operator `id`; panics if there is none.
     pub fn operator(&self, id: OperatorId) -> &OperatorSpec {
         &self.operators[id.0 as usize]
     }
 
+    /// The operator `id`, to change; panics if there is none.
     pub fn operator_mut(&mut self, id: OperatorId) -> &mut OperatorSpec {
         &mut self.operators[id.0 as usize]
     }
 
+    /// The edge into `id`: `None` for a source.
     pub fn input_edge(&self, id: OperatorId) -> Option<&Edge> {
         self.edges.iter().find(|e| e.to == id)
     }
 
+    /// The edge out of `id`: `None` for a sink.
     pub fn output_edge(&self, id: OperatorId) -> Option<&Edge> {
         self.edges.iter().find(|e| e.from == id)
     }
 
+    /// Every subtask of the job, operator by operator.
     pub fn subtasks(&self) -> impl Iterator<Item = SubtaskId> + '_ {
         self.operators.iter().flat_map(|op| {
             (0..op.parallelism).map(move |i| SubtaskId {
@@ -155,6 +196,9 @@ impl JobGraph {
             .map_or(0, |e| self.input_channels(e, subtask.index).len())
     }
 
+    /// Checks what deployment relies on: parallelism within bounds, unique
+    /// uids, edges between existing operators, forward edges between equal
+    /// parallelism, a linear pipeline.
     pub fn validate(&self) -> Result<(), GraphError> {
         if self.operators.is_empty() {
             return Err(GraphError::Empty);

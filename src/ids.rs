@@ -53,7 +53,9 @@ id_type!(
 /// One subtask of one operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct SubtaskId {
+    /// The operator of the `JobGraph` (which is a whole chain).
     pub operator: OperatorId,
+    /// Which parallel instance.
     pub index: SubtaskIndex,
 }
 
@@ -66,7 +68,9 @@ impl fmt::Display for SubtaskId {
 /// A channel of an edge: from one producer subtask to one consumer subtask.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ChannelId {
+    /// The producer.
     pub from: SubtaskId,
+    /// The consumer.
     pub to: SubtaskId,
 }
 

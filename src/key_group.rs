@@ -13,7 +13,9 @@ pub const DEFAULT_MAX_PARALLELISM: u32 = 128;
 /// Inclusive range of key groups owned by one subtask.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct KeyGroupRange {
+    /// First key group.
     pub start: u32,
+    /// Last key group, included.
     pub end: u32,
 }
 
@@ -37,14 +39,17 @@ impl KeyGroupRange {
         }
     }
 
+    /// Number of key groups.
     pub fn len(&self) -> usize {
         (self.end + 1 - self.start) as usize
     }
 
+    /// Whether the range holds no key group.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// Whether `group` is in the range.
     pub fn contains(&self, group: KeyGroup) -> bool {
         (self.start..=self.end).contains(&group.0)
     }
@@ -55,6 +60,7 @@ impl KeyGroupRange {
         (group.0 - self.start) as usize
     }
 
+    /// The key groups in ascending order.
     pub fn iter(&self) -> impl Iterator<Item = KeyGroup> {
         (self.start..=self.end).map(KeyGroup)
     }
@@ -78,10 +84,13 @@ pub fn key_hash<K: Hash + ?Sized>(key: &K) -> u64 {
     fmix64(hasher.finish())
 }
 
+/// The key group of a key whose [`key_hash`] is `hash`:
+/// `hash % max_parallelism`.
 pub fn key_group_for_hash(hash: u64, max_parallelism: u32) -> KeyGroup {
     KeyGroup((hash % u64::from(max_parallelism)) as u32)
 }
 
+/// The key group of `key`; every subtask and every run computes the same.
 pub fn key_group_of<K: Hash + ?Sized>(key: &K, max_parallelism: u32) -> KeyGroup {
     key_group_for_hash(key_hash(key), max_parallelism)
 }

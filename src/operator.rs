@@ -17,6 +17,7 @@ pub type Outgoing = Vec<(usize, Batch)>;
 
 /// The rest of a chain, seen from the operator before it.
 pub trait Downstream<T>: Send {
+    /// Takes one record.
     fn push(&mut self, record: T);
 
     /// End of an input batch: write out what is buffered.
@@ -34,8 +35,10 @@ pub trait Downstream<T>: Send {
         snapshot: &mut TaskSnapshot,
     ) -> Result<(), TaskError>;
 
+    /// Checkpoint `checkpoint` completed (a sink commits).
     fn notify_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError>;
 
+    /// Before any input: load this step's part of the restored state.
     fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError>;
 }
 
@@ -45,6 +48,7 @@ pub struct Collector<'a, T> {
 }
 
 impl<T> Collector<'_, T> {
+    /// Emits `record` to the next step, at once.
     pub fn collect(&mut self, record: T) {
         self.next.push(record);
     }
@@ -58,6 +62,7 @@ pub struct Stateless<F, O> {
 }
 
 impl<F, O> Stateless<F, O> {
+    /// `f` feeding `next`.
     pub fn new(f: F, next: Box<dyn Downstream<O>>) -> Self {
         Stateless { f, next }
     }
@@ -106,6 +111,7 @@ where
 /// A function over a keyed stream: sees one record at a time with the state
 /// of its key.
 pub trait KeyedProcessFunction<K: Key, I, O>: Send {
+    /// Handles `record`; `ctx` holds the state of its key.
     fn process(&mut self, record: I, ctx: &mut KeyedContext<'_, K>, out: &mut Collector<'_, O>);
 
     /// End of input: a function that holds results back emits them here.
@@ -126,6 +132,9 @@ where
 pub type KeyedFunctionFactory<K, I, O> =
     Arc<dyn Fn(&mut StateRegistrar<'_, K>) -> Box<dyn KeyedProcessFunction<K, I, O>> + Send + Sync>;
 
+/// A keyed step: runs a [`KeyedProcessFunction`] with the state of each
+/// record's key, kept in the subtask's keyed state backend, which it
+/// snapshots and restores.
 pub struct KeyedProcess<K: Key, I, O> {
     key_of: Arc<dyn Fn(&I) -> K + Send + Sync>,
     function: Box<dyn KeyedProcessFunction<K, I, O>>,
@@ -134,6 +143,8 @@ pub struct KeyedProcess<K: Key, I, O> {
 }
 
 impl<K: Key, I, O> KeyedProcess<K, I, O> {
+    /// Opens the function `factory` builds, declaring its states in
+    /// `states`; `key_of` extracts a record's key.
     pub fn new(
         key_of: Arc<dyn Fn(&I) -> K + Send + Sync>,
         factory: &KeyedFunctionFactory<K, I, O>,
@@ -202,11 +213,15 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
 pub enum Route<T> {
     /// The single channel of a forward edge.
     Forward,
+    /// Round robin over the channels.
     Rebalance,
+    /// A copy to every channel.
     Broadcast,
     /// By key group, through a table from key group to consumer subtask.
     Hash {
+        /// The key group of a record's key.
         key_group_of: Arc<dyn Fn(&T) -> KeyGroup + Send + Sync>,
+        /// Channel (consumer subtask index) of each key group.
         channel_of_group: Vec<u32>,
     },
 }
@@ -239,6 +254,8 @@ pub struct RecordWriter<T> {
 }
 
 impl<T: Data> RecordWriter<T> {
+    /// Routes over `channels` output channels, cutting a batch every
+    /// `per_batch` records.
     pub fn new(route: Route<T>, channels: usize, per_batch: usize) -> Self {
         RecordWriter {
             route,
@@ -326,6 +343,7 @@ pub struct SinkWriter<T> {
 }
 
 impl<T> SinkWriter<T> {
+    /// Writes into `sink`, one call per input batch.
     pub fn new(sink: Box<dyn Sink<T>>) -> Self {
         SinkWriter {
             sink,

@@ -2,6 +2,8 @@
 
 use std::time::{Duration, Instant};
 
+/// Limits a source to `per_second` records on average, with bursts of at
+/// most `burst` after a stall.
 #[derive(Debug)]
 pub struct RateLimiter {
     per_second: f64,

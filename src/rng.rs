@@ -23,16 +23,20 @@ pub fn unique_token() -> u64 {
     )
 }
 
+/// A seeded SplitMix64 stream: the same seed gives the same sequence on every
+/// platform. Not for cryptography.
 #[derive(Clone, Debug)]
 pub struct SplitMix64 {
     state: u64,
 }
 
 impl SplitMix64 {
+    /// The stream of `seed`.
     pub fn new(seed: u64) -> Self {
         SplitMix64 { state: seed }
     }
 
+    /// The next number of the stream.
     pub fn next_u64(&mut self) -> u64 {
         let out = splitmix64(self.state);
         self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);

@@ -7,12 +7,19 @@
 use crate::error::UserError;
 use crate::ids::{CheckpointId, SubtaskIndex};
 
+/// Which sink subtask a sink is opened for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SinkContext {
+    /// Which sink subtask this is.
     pub subtask: SubtaskIndex,
+    /// How many sink subtasks there are.
     pub parallelism: u32,
 }
 
+/// Where records of type `T` leave the job, one per sink subtask. A sink is
+/// exactly-once end to end when its output becomes visible only in
+/// [`commit`](Sink::commit) and [`finish`](Sink::finish); one that publishes
+/// in [`write`](Sink::write) sees records again after a restore.
 pub trait Sink<T>: Send {
     /// The results of one input batch.
     fn write(&mut self, records: &mut Vec<T>) -> Result<(), UserError>;

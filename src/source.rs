@@ -10,7 +10,9 @@ use crate::split::{Split, SplitPosition};
 /// Where a source subtask starts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SourceContext {
+    /// Which source subtask this is.
     pub subtask: SubtaskIndex,
+    /// How many source subtasks share the records.
     pub parallelism: u32,
     /// Position to resume from: `None` on a fresh start.
     pub start: Option<SplitPosition>,
@@ -23,6 +25,7 @@ impl SourceContext {
     }
 }
 
+/// What a [`Source::read`] says about the records after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SourceStatus {
     /// More records may follow.
@@ -31,6 +34,9 @@ pub enum SourceStatus {
     Finished,
 }
 
+/// A replayable source of records of type `T`, one per source subtask.
+/// Exactly-once rests on [`position`](Source::position): opening the source
+/// at a checkpointed position must read exactly the records after it.
 pub trait Source<T>: Send {
     /// Appends at most `max` records to `out`.
     fn read(&mut self, out: &mut Vec<T>, max: usize) -> Result<SourceStatus, UserError>;
@@ -47,6 +53,7 @@ pub struct Items<T> {
 }
 
 impl<T> Items<T> {
+    /// This subtask's share of `items`, from where `ctx` starts it.
     pub fn new(items: std::sync::Arc<Vec<T>>, ctx: SourceContext) -> Self {
         Items {
             items,

@@ -120,6 +120,7 @@ impl Split {
         self.skip_read();
     }
 
+    /// The progress to checkpoint as the subtask's operator state.
     pub fn position(&self) -> &SplitPosition {
         &self.position
     }

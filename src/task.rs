@@ -19,10 +19,15 @@ use std::sync::Arc;
 /// Everything a subtask's chain is built from.
 #[derive(Clone, Debug)]
 pub struct TaskContext {
+    /// Which subtask of its operator this is.
     pub subtask: SubtaskIndex,
+    /// The operator's parallelism.
     pub parallelism: u32,
+    /// The operator's max parallelism: the number of key groups.
     pub max_parallelism: u32,
+    /// The key groups this subtask owns.
     pub key_groups: KeyGroupRange,
+    /// How large the batches the chain emits may grow.
     pub batch_limits: BatchLimits,
     /// The edge this subtask feeds, if any: its partitioner and the
     /// consumer's parallelism and max parallelism.
@@ -33,11 +38,17 @@ pub struct TaskContext {
     pub state_backend: StateBackend,
 }
 
+/// The edge a subtask feeds, as its last step needs it to route records.
 #[derive(Clone, Copy, Debug)]
 pub struct OutputContext {
+    /// How records are routed.
     pub partitioner: Partitioner,
+    /// Number of this subtask's output channels on the edge.
     pub channels: usize,
+    /// The consumer operator's parallelism.
     pub consumer_parallelism: u32,
+    /// The consumer operator's max parallelism, for the key group of a
+    /// hash-partitioned record.
     pub consumer_max_parallelism: u32,
 }
 
@@ -53,7 +64,10 @@ pub const SINK: &str = "sink";
 /// What the synchronous part of a snapshot captured.
 #[derive(Default)]
 pub struct TaskSnapshot {
+    /// The keyed state of a keyed chain; `None` for a chain without one.
     pub keyed: Option<KeyedSnapshot>,
+    /// Operator state by entry name ([`SOURCE_POSITION`],
+    /// [`SOURCE_EXHAUSTED`], [`SINK`]).
     pub operator: BTreeMap<String, Vec<u8>>,
 }
 
@@ -69,16 +83,22 @@ pub enum KeyedSnapshot {
 /// directory of their own, which the uploader removes when it is done.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NativeCheckpoint {
+    /// The checkpoint's directory, beside the database's working directory.
     pub dir: PathBuf,
+    /// The key groups the database held.
     pub key_groups: KeyGroupRange,
     /// The database instance's token (`NativeFileHandle::instance`).
     pub instance: u64,
+    /// The files of `dir`, sorted by name.
     pub files: Vec<NativeFile>,
 }
 
+/// One file of a [`NativeCheckpoint`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NativeFile {
+    /// File name inside the checkpoint's directory.
     pub name: String,
+    /// Size in bytes.
     pub size: u64,
 }
 
@@ -95,8 +115,13 @@ impl NativeFile {
 /// subtask replays on their channels ahead of anything new.
 #[derive(Clone, Debug, Default)]
 pub struct RestoreState {
+    /// Key groups in the heap snapshot format (`HeapSnapshot::write`), to
+    /// load into either backend.
     pub key_groups: Vec<(KeyGroup, Bytes)>,
+    /// This subtask's operator state, by entry name (as in
+    /// [`TaskSnapshot::operator`]).
     pub operator: BTreeMap<String, Vec<u8>>,
+    /// Channel state of an unaligned checkpoint, to replay first.
     pub channels: Vec<ChannelState>,
     /// A local directory holding the files of a RocksDB native checkpoint,
     /// downloaded for this subtask; the backend takes them over.
@@ -112,6 +137,7 @@ pub struct RestoreState {
 }
 
 impl RestoreState {
+    /// The [`SOURCE_POSITION`] entry, decoded: where a source resumes.
     pub fn source_position(&self) -> Result<Option<SplitPosition>, TaskError> {
         self.operator
             .get(SOURCE_POSITION)
@@ -123,6 +149,8 @@ impl RestoreState {
     }
 }
 
+/// A subtask's body behind one type-erased interface, driven by the subtask
+/// actor. Every error fails the subtask.
 pub trait Task: Send {
     /// Sources only: read up to `max` records and push them through the chain.
     fn produce(&mut self, max: usize, out: &mut Outgoing) -> Result<Produced, TaskError>;
@@ -130,6 +158,8 @@ pub trait Task: Send {
     /// Subtasks with input: push one batch through the chain.
     fn process(&mut self, batch: Batch, out: &mut Outgoing) -> Result<(), TaskError>;
 
+    /// No more input will come (the source finished, or every input channel
+    /// ended): emit what the chain holds back.
     fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError>;
 
     /// Synchronous part of checkpoint `checkpoint`: flushes what precedes the
@@ -140,6 +170,7 @@ pub trait Task: Send {
         out: &mut Outgoing,
     ) -> Result<TaskSnapshot, TaskError>;
 
+    /// Checkpoint `checkpoint` completed: two-phase-commit sinks commit.
     fn notify_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError>;
 
     /// Before any input: load the restored state into the chain.
@@ -153,7 +184,9 @@ pub trait Task: Send {
 /// What one `produce` call read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Produced {
+    /// Records read.
     pub records: usize,
+    /// Whether the source has more.
     pub status: SourceStatus,
 }
 
@@ -176,6 +209,7 @@ pub struct ChainTask<T> {
 }
 
 impl<T> ChainTask<T> {
+    /// A source subtask's chain: `source` feeding `next`.
     pub fn source(source: Box<dyn Source<T>>, next: Box<dyn Downstream<T>>) -> Self {
         ChainTask {
             source: Some(SourceHead {
@@ -188,6 +222,7 @@ impl<T> ChainTask<T> {
         }
     }
 
+    /// A chain fed by the input gate whose head is not keyed.
     pub fn input(next: Box<dyn Downstream<T>>) -> Self {
         ChainTask {
             source: None,
