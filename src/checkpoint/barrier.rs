@@ -34,8 +34,11 @@ pub enum Polled {
     /// endpoint, which must be told when it is consumed; replayed channel
     /// state is not.
     Batch {
+        /// The gate channel it came from.
         channel: usize,
+        /// The records.
         batch: Batch,
+        /// Whether consuming it returns a credit to the input endpoint.
         credited: bool,
     },
     /// The gate held a control event (or the timeout fired); carry out these
@@ -52,25 +55,37 @@ pub enum BarrierAction {
     /// `Abort` of its checkpoint follows. `timed_out`: it began aligned and
     /// switched because the alignment here outlasted the barrier's timeout.
     Snapshot {
+        /// The barrier to forward (options as taken here).
         barrier: Barrier,
+        /// Whether the snapshot is unaligned.
         unaligned: bool,
+        /// Whether an aligned-with-timeout checkpoint switched to unaligned.
         timed_out: bool,
+        /// From the first barrier of the checkpoint here to the snapshot
+        /// (Flink's alignment duration).
         alignment: Duration,
+        /// Bytes of the batches the operator processed meanwhile (Flink's
+        /// bytes processed during alignment).
         bytes_during_alignment: u64,
     },
     /// The input channel state of an unaligned snapshot, indexed by channel,
     /// each in channel order; `alignment` runs from the first barrier to the
     /// last.
     ChannelState {
+        /// The unaligned checkpoint.
         checkpoint: CheckpointId,
+        /// Per gate channel, the batches that belong to the channel state.
         inputs: Vec<Vec<Batch>>,
+        /// From the first barrier to the last.
         alignment: Duration,
     },
     /// The checkpoint is abandoned at this subtask: the shell declines it to
     /// the coordinator and forwards a cancel marker downstream. Emitted at
     /// most once per checkpoint id.
     Abort {
+        /// The abandoned checkpoint.
         checkpoint: CheckpointId,
+        /// Why.
         reason: AbortReason,
     },
     /// Every channel ended and the operator has seen all its input. Emitted once.
@@ -136,6 +151,7 @@ pub struct BarrierHandler {
 }
 
 impl BarrierHandler {
+    /// A handler for a gate of `channels` input channels.
     pub fn new(channels: usize) -> Self {
         BarrierHandler {
             gate: InputGate::new(channels),
@@ -146,6 +162,7 @@ impl BarrierHandler {
         }
     }
 
+    /// Number of input channels.
     pub fn channels(&self) -> usize {
         self.gate.channels()
     }

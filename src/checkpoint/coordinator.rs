@@ -18,6 +18,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::mem;
 use std::time::Instant;
 
+/// Names a manual trigger, chosen by the shell, so that its
+/// `Action::Resolve` can be routed back to whoever asked.
 pub type RequestId = u64;
 
 /// Ended checkpoints remembered, so that a late message for one of them can
@@ -28,10 +30,14 @@ const RECENTLY_ENDED: usize = 16;
 /// milliseconds go into barriers.
 #[derive(Clone, Copy, Debug)]
 pub struct Now {
+    /// Monotonic time: timeouts, intervals and pauses.
     pub instant: Instant,
+    /// Wall time, milliseconds since the Unix epoch: barrier timestamps.
     pub unix_ms: u64,
 }
 
+/// What the shell tells the coordinator, one event per
+/// [`CheckpointCoordinator::handle`] call.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// A timer fired (or any moment the shell wants the coordinator to look
@@ -40,25 +46,38 @@ pub enum Event {
     /// Manual trigger of a checkpoint or savepoint; answered with
     /// `Action::Resolve`.
     Trigger {
+        /// Names the request in its `Resolve`.
         request: RequestId,
+        /// Checkpoint or savepoint.
         kind: CheckpointKind,
     },
+    /// A subtask acknowledged a checkpoint with its state (Flink's
+    /// `AcknowledgeCheckpoint`).
     Ack(Ack),
+    /// A subtask abandoned a checkpoint (Flink's `DeclineCheckpoint`): the
+    /// checkpoint fails.
     Decline {
+        /// The declined checkpoint.
         checkpoint: CheckpointId,
+        /// The subtask that declined.
         subtask: SubtaskId,
+        /// Why, for the failure.
         reason: String,
     },
     /// The shell made a finalized checkpoint durable (metadata written,
     /// added to the completed-checkpoint store).
     Persisted(CheckpointId),
+    /// The shell could not make a finalized checkpoint durable: it fails.
     PersistFailed {
+        /// The checkpoint.
         checkpoint: CheckpointId,
+        /// The storage error.
         reason: String,
     },
     /// The job is restarting or stopping: abandon everything pending and
     /// queued.
     AbortAll {
+        /// Why, for the failures reported.
         reason: String,
     },
 }
@@ -69,27 +88,42 @@ pub enum Action {
     /// Persist the id counter (`next_id` = barrier.id + 1) then tell every
     /// source subtask to inject this barrier.
     Trigger {
+        /// The barrier the sources inject.
         barrier: Barrier,
+        /// The counter value to persist first.
         next_id: CheckpointId,
     },
     /// Every subtask acknowledged: write `_metadata`, add to the store, then
     /// feed back Persisted or PersistFailed.
     Finalize(CompletedCheckpoint),
+    /// Tell every subtask that the checkpoint completed (two-phase-commit
+    /// sinks commit, incremental backends move their base). Not sent for an
+    /// intermediate savepoint, only for one that stops the job.
     NotifyComplete(CheckpointId),
+    /// Tell every subtask that the checkpoint was aborted, so that they
+    /// cancel its running asynchronous part.
     NotifyAbort {
+        /// The aborted checkpoint.
         checkpoint: CheckpointId,
+        /// Why.
         reason: CheckpointFailure,
     },
     /// Delete the objects these states wrote (an aborted checkpoint's acks,
     /// a late ack).
     Discard {
+        /// The checkpoint the states belong to.
         checkpoint: CheckpointId,
+        /// The states whose objects to delete.
         states: Vec<SubtaskState>,
     },
     /// Consecutive failures exceeded the tolerable number.
     FailJob(String),
+    /// Answer manual request `request`: the id of its completed checkpoint,
+    /// or why it failed.
     Resolve {
+        /// The request of the `Event::Trigger`.
         request: RequestId,
+        /// Its outcome.
         result: Result<CheckpointId, CheckpointFailure>,
     },
 }
@@ -97,25 +131,38 @@ pub enum Action {
 /// An event that contradicts what the coordinator knows; it was not applied.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CoordinatorError {
+    /// An ack or decline of an id that was never triggered or ended too long
+    /// ago to be remembered.
     #[error("{subtask} reported on unknown checkpoint {checkpoint}")]
     UnknownCheckpoint {
+        /// The checkpoint named.
         checkpoint: CheckpointId,
+        /// The subtask that sent it.
         subtask: SubtaskId,
     },
+    /// An ack or decline from a subtask that is not part of the job.
     #[error("{subtask} is not expected to acknowledge checkpoint {checkpoint}")]
     UnknownSubtask {
+        /// The checkpoint named.
         checkpoint: CheckpointId,
+        /// The subtask that sent it.
         subtask: SubtaskId,
     },
+    /// A second ack of a subtask for a checkpoint it already acknowledged.
     #[error("{subtask} acknowledged checkpoint {checkpoint} twice")]
     DuplicateAck {
+        /// The checkpoint named.
         checkpoint: CheckpointId,
+        /// The subtask that sent it.
         subtask: SubtaskId,
     },
     /// Persisted or PersistFailed for a checkpoint that was never handed out
     /// with `Action::Finalize`, or whose outcome is already known.
     #[error("checkpoint {checkpoint} is not being finalized")]
-    NotFinalizing { checkpoint: CheckpointId },
+    NotFinalizing {
+        /// The checkpoint named.
+        checkpoint: CheckpointId,
+    },
 }
 
 /// User code run by the coordinator on trigger and on restore (Flink's
@@ -123,7 +170,14 @@ pub enum CoordinatorError {
 pub trait MasterHook: Send {
     /// Keys the hook's state in `CompletedCheckpoint::master_states`.
     fn name(&self) -> &str;
+
+    /// Runs before the barriers of `checkpoint` go out; the state returned
+    /// is stored in its metadata. An error fails the checkpoint before any
+    /// barrier goes out.
     fn trigger(&mut self, checkpoint: CheckpointId) -> Result<Option<Vec<u8>>, String>;
+
+    /// Runs when the job resumes from `checkpoint`, with the state `trigger`
+    /// returned for it (`None` if none); an error fails the restore.
     fn restore(&mut self, checkpoint: CheckpointId, state: Option<&[u8]>) -> Result<(), String>;
 }
 
@@ -309,6 +363,10 @@ impl CheckpointCoordinator {
         Ok(())
     }
 
+    /// Applies `event` at `now` and returns what the shell must do, in
+    /// order: first what expired by `now`, then the event's consequences,
+    /// then triggers that are due. An event that contradicts the
+    /// coordinator's state is refused with nothing changed.
     pub fn handle(&mut self, now: Now, event: Event) -> Result<Vec<Action>, CoordinatorError> {
         self.check(now.instant, &event)?;
         let mut out = Vec::new();
@@ -368,6 +426,7 @@ impl CheckpointCoordinator {
         periodic.into_iter().chain(expiry).min()
     }
 
+    /// The id the next checkpoint will get.
     pub fn next_id(&self) -> CheckpointId {
         self.next_id
     }

@@ -10,6 +10,8 @@ use super::{ends_input, CompletedCheckpoint};
 use crate::ids::{Attempt, SubtaskId};
 use std::collections::BTreeSet;
 
+/// Decides when a checkpointed job takes its final checkpoint and when its
+/// sources may end their output. The coordinator actor owns one.
 #[derive(Debug, Default)]
 pub struct InputEnd {
     attempt: Attempt,
@@ -31,6 +33,8 @@ impl InputEnd {
         self.check();
     }
 
+    /// Source `source` of `attempt` has read everything; reports of older
+    /// attempts are ignored.
     pub fn source_exhausted(&mut self, attempt: Attempt, source: SubtaskId) {
         if attempt >= self.attempt {
             self.exhausted.insert((attempt, source));

@@ -177,19 +177,33 @@ impl StateLayout {
 /// planned sizes) back to back, in that order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PhysicalFile {
+    /// Path relative to the job directory.
     pub path: String,
+    /// Sum of the sizes of its objects.
     pub size: u64,
+    /// Indices of its objects, in file order.
     pub objects: Vec<usize>,
 }
 
+/// Where one object of a snapshot goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
+    /// In the ack and `_metadata`, no file.
     Inline,
-    Segment { file: usize, offset: u64 },
+    /// Into a physical file of the plan.
+    Segment {
+        /// Index into [`MergePlan::files`].
+        file: usize,
+        /// Byte offset in that file.
+        offset: u64,
+    },
 }
 
+/// Where every object of one snapshot goes, fixed before any byte is
+/// written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MergePlan {
+    /// The physical files to write, each in one go.
     pub files: Vec<PhysicalFile>,
     /// Per planned object, in order.
     pub placements: Vec<Placement>,

@@ -11,18 +11,24 @@ const MAGIC: &[u8; 8] = b"TIDEMARK";
 pub const VERSION: u16 = 2;
 const HEADER: usize = MAGIC.len() + 2 + 4;
 
+/// Why bytes are not a `_metadata` this build can read.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum MetadataError {
+    /// Too short, or no `TIDEMARK` magic: another file.
     #[error("not checkpoint metadata (no Tidemark header)")]
     NotMetadata,
+    /// A format version other than [`VERSION`].
     #[error("metadata format version {0} is not supported (this build reads version {VERSION})")]
     Version(u16),
+    /// The payload does not match its CRC-32.
     #[error("metadata is corrupted or truncated (checksum mismatch)")]
     Checksum,
+    /// The checksum holds but the payload does not decode.
     #[error("metadata does not decode: {0}")]
     Decode(String),
 }
 
+/// The `_metadata` bytes of `checkpoint`, in format [`VERSION`].
 pub fn encode(checkpoint: &CompletedCheckpoint) -> Vec<u8> {
     let payload = rmp_serde::to_vec_named(checkpoint).expect("checkpoint metadata is plain data");
     let mut out = Vec::with_capacity(HEADER + payload.len());
@@ -33,6 +39,7 @@ pub fn encode(checkpoint: &CompletedCheckpoint) -> Vec<u8> {
     out
 }
 
+/// Reads `_metadata` bytes, checking magic, version and checksum first.
 pub fn decode(bytes: &[u8]) -> Result<CompletedCheckpoint, MetadataError> {
     if bytes.len() < HEADER || &bytes[..MAGIC.len()] != MAGIC {
         return Err(MetadataError::NotMetadata);

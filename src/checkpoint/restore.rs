@@ -16,41 +16,68 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use thiserror::Error;
 
+/// Why a checkpoint cannot be restored into a job. Nothing has been read or
+/// started when it is returned.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RestoreError {
+    /// State of an operator id the job does not have.
     #[error("the checkpoint has state for {0}, which this job does not have")]
     UnknownSubtask(SubtaskId),
+    /// Channel state of a broadcast edge whose consumer was rescaled.
     #[error("checkpoint {checkpoint} is unaligned and holds in-flight records of the broadcast edge {from:?} -> {to:?}, whose consumer's parallelism changed; every consumer had read the broadcast up to another point, so they cannot be redistributed: restore at the checkpointed parallelism, or from a savepoint")]
     BroadcastRescale {
+        /// The restored checkpoint.
         checkpoint: CheckpointId,
+        /// The producer's name.
         from: String,
+        /// The consumer's name.
         to: String,
     },
+    /// An operator's max parallelism changed: its key groups do not map.
     #[error("operator {name:?} has max parallelism {checkpointed} in the checkpoint and {now} in the job; key groups cannot be mapped between them (set the job's max parallelism to {checkpointed})")]
     MaxParallelism {
+        /// The operator's name.
         name: String,
+        /// Its max parallelism in the checkpoint.
         checkpointed: u32,
+        /// Its max parallelism in the job.
         now: u32,
     },
+    /// State of an operator uid the job does not have, without
+    /// `allow_non_restored`.
     #[error("the checkpoint holds state of operator uid {0:?}, which the job does not have; --allow-non-restored-state drops it")]
     NotRestored(String),
+    /// An operator uid of the job without state in the checkpoint, without
+    /// `allow_non_restored`.
     #[error("operator uid {0:?} of the job is not in the checkpoint; --allow-non-restored-state starts it empty")]
     NotInCheckpoint(String),
+    /// The checkpoint contradicts itself (key groups of another subtask,
+    /// offsets outside an object, channels that do not exist...).
     #[error("the state of {subtask} is malformed: {problem}")]
-    Malformed { subtask: SubtaskId, problem: String },
+    Malformed {
+        /// The subtask whose state is wrong (index 0 for a whole operator).
+        subtask: SubtaskId,
+        /// What is wrong.
+        problem: String,
+    },
 }
 
 /// Key groups of one state object that a subtask reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyedSlices {
+    /// The state object, in the key-group format.
     pub handle: StateHandle,
     /// Byte ranges within the state object's bytes.
     pub groups: Vec<(KeyGroup, Range<u64>)>,
 }
 
+/// What one subtask resumes from, as references into the checkpoint; the
+/// shell reads them into a `RestoreState`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RestorePlan {
+    /// Key groups it owns, in the key-group format, slice by slice.
     pub keyed: Vec<KeyedSlices>,
+    /// Its operator state, redistributed if the parallelism changed.
     pub operator: BTreeMap<String, Vec<u8>>,
     /// Sink transactions of subtasks a rescale removed: pre-committed, to
     /// be committed by this subtask.

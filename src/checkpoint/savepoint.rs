@@ -18,7 +18,9 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 #[error("{path} references {reference:?}, which is outside its directory; nothing was read")]
 pub struct EscapingReference {
+    /// The metadata's location, for the message.
     pub path: String,
+    /// The offending reference.
     pub reference: String,
 }
 
@@ -31,6 +33,8 @@ pub fn directory_name(job: JobId, id: CheckpointId) -> String {
 /// One state object to copy into the savepoint directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Copy {
+    /// The object as the checkpoint references it, in the checkpoint
+    /// directory.
     pub from: StateHandle,
     /// Relative to the savepoint directory.
     pub to: String,

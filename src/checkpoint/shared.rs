@@ -129,7 +129,9 @@ struct KeyedHandle {
 /// Bytes stored and bytes some retained checkpoint references.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Space {
+    /// Bytes stored.
     pub total: u64,
+    /// Bytes some retained checkpoint references.
     pub live: u64,
 }
 
@@ -144,8 +146,10 @@ impl Space {
     }
 }
 
+/// Space amplification above which a merged file is compacted, by default.
 pub const DEFAULT_MAX_SPACE_AMPLIFICATION: f64 = 1.5;
 
+/// Flink's `SharedStateRegistry`, sans-IO: see the module documentation.
 #[derive(Debug)]
 pub struct SharedStateRegistry {
     files: BTreeMap<String, PhysicalFile>,
@@ -166,10 +170,12 @@ impl Default for SharedStateRegistry {
 }
 
 impl SharedStateRegistry {
+    /// An empty registry with the default maximum space amplification.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Compacts files whose space amplification exceeds `max`.
     pub fn with_max_space_amplification(mut self, max: f64) -> Self {
         self.max_space_amplification = max;
         self
@@ -186,6 +192,8 @@ impl SharedStateRegistry {
         registry
     }
 
+    /// `checkpoint` is pending: objects released from now on wait for it to
+    /// end before they are deleted.
     pub fn triggered(&mut self, checkpoint: CheckpointId) {
         self.pending.insert(checkpoint);
     }
@@ -336,6 +344,7 @@ impl SharedStateRegistry {
             })
     }
 
+    /// Space of the counted object at `path`, if it is counted.
     pub fn file_space(&self, path: &str) -> Option<Space> {
         self.files.get(path).map(PhysicalFile::space)
     }

@@ -6,6 +6,8 @@
 use super::CompletedCheckpoint;
 use std::collections::VecDeque;
 
+/// Flink's `CompletedCheckpointStore`, in memory: the retained completed
+/// checkpoints in id order.
 #[derive(Debug)]
 pub struct CompletedCheckpointStore {
     retain: usize,
@@ -13,6 +15,7 @@ pub struct CompletedCheckpointStore {
 }
 
 impl CompletedCheckpointStore {
+    /// An empty store keeping the newest `retain` (at least one).
     pub fn new(retain: usize) -> Self {
         assert!(retain > 0, "at least one completed checkpoint is retained");
         CompletedCheckpointStore {
@@ -31,10 +34,12 @@ impl CompletedCheckpointStore {
         self.checkpoints.drain(..excess).collect()
     }
 
+    /// The newest retained checkpoint: what a restore starts from.
     pub fn latest(&self) -> Option<&CompletedCheckpoint> {
         self.checkpoints.back()
     }
 
+    /// The retained checkpoints, oldest first.
     pub fn retained(&self) -> impl Iterator<Item = &CompletedCheckpoint> {
         self.checkpoints.iter()
     }
