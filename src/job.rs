@@ -31,20 +31,45 @@ type ChainFactory<T> =
     Arc<dyn Fn(&TaskContext, Box<dyn Downstream<T>>) -> Box<dyn Task> + Send + Sync>;
 
 /// Runtime settings that belong to the job rather than to one operator.
+///
+/// `JobConfig::default()` runs without checkpoints; the setters build the
+/// rest in a few lines, and `tidemark_actors::config::load` reads the same
+/// settings from a Flink-style YAML file:
+///
+/// ```
+/// use std::time::Duration;
+/// use tidemark::checkpoint::CheckpointSettings;
+/// use tidemark::job::JobConfig;
+/// use tidemark::restart::RestartStrategy;
+///
+/// let config = JobConfig::default()
+///     .parallelism(4)
+///     .checkpointing(CheckpointSettings::new("./tidemark-data/checkpoints").retain(3))
+///     .restart(RestartStrategy::FixedDelay {
+///         delay: Duration::from_secs(1),
+///         max_attempts: 3,
+///     });
+/// assert_eq!(config.checkpointing.unwrap().config.retain, 3);
+/// ```
 #[derive(Clone, Debug)]
 pub struct JobConfig {
     /// Parallelism of operators that do not set their own.
     pub parallelism: u32,
+    /// How many records and bytes a batch carries at most.
     pub batch_limits: BatchLimits,
+    /// Credits per channel, which bound the memory of in-flight batches.
     pub channels: ChannelConfig,
     /// Total records per second over all source subtasks.
     pub source_rate: Option<f64>,
     /// `None`: no checkpoints, and a failure fails the job.
     pub checkpointing: Option<CheckpointSettings>,
+    /// What the supervisor does when the job fails.
     pub restart: RestartStrategy,
     /// Seeded kills of random subtasks during the run.
     pub kills: Option<KillSchedule>,
+    /// Targeted failures at given steps of given checkpoints, for tests.
     pub faults: Vec<Fault>,
+    /// A subtask slowed down on purpose, to build backpressure in tests.
     pub slow: Option<SlowSubtask>,
     /// Where keyed operators keep their state.
     pub state_backend: StateBackend,
@@ -58,10 +83,7 @@ impl Default for JobConfig {
             channels: ChannelConfig::default(),
             source_rate: None,
             checkpointing: None,
-            restart: RestartStrategy::FixedDelay {
-                delay: std::time::Duration::from_millis(10),
-                max_attempts: 10,
-            },
+            restart: RestartStrategy::default(),
             kills: None,
             faults: Vec::new(),
             slow: None,
@@ -70,16 +92,68 @@ impl Default for JobConfig {
     }
 }
 
+/// Consuming setters, so that a configuration is one expression. The
+/// fault-injection fields (`kills`, `faults`, `slow`) are for tests and
+/// have none.
+impl JobConfig {
+    /// Parallelism of operators that do not set their own.
+    pub fn parallelism(mut self, parallelism: u32) -> Self {
+        self.parallelism = parallelism;
+        self
+    }
+
+    /// How many records and bytes a batch carries at most.
+    pub fn batch_limits(mut self, limits: BatchLimits) -> Self {
+        self.batch_limits = limits;
+        self
+    }
+
+    /// Credits per channel.
+    pub fn channels(mut self, channels: ChannelConfig) -> Self {
+        self.channels = channels;
+        self
+    }
+
+    /// Caps the total rate of all source subtasks, in records per second.
+    pub fn source_rate(mut self, records_per_second: f64) -> Self {
+        self.source_rate = Some(records_per_second);
+        self
+    }
+
+    /// Turns checkpoints on.
+    pub fn checkpointing(mut self, settings: CheckpointSettings) -> Self {
+        self.checkpointing = Some(settings);
+        self
+    }
+
+    /// What the supervisor does when the job fails.
+    pub fn restart(mut self, strategy: RestartStrategy) -> Self {
+        self.restart = strategy;
+        self
+    }
+
+    /// Where keyed operators keep their state.
+    pub fn state_backend(mut self, backend: StateBackend) -> Self {
+        self.state_backend = backend;
+        self
+    }
+}
+
 /// A complete, deployable job.
 pub struct Job {
+    /// Names the job's directory in checkpoint storage, so it must stay the
+    /// same across the runs that restore each other.
     pub name: String,
+    /// The operators and edges, untyped: what restores and rescales match.
     pub graph: JobGraph,
+    /// The job's runtime settings.
     pub config: JobConfig,
     tasks: Vec<TaskFactory>,
     master_hooks: Vec<Box<dyn MasterHook>>,
 }
 
 impl Job {
+    /// Starts a job named `name`; see [`Job::name`].
     pub fn builder(name: &str) -> JobBuilder {
         JobBuilder {
             name: name.to_owned(),
@@ -95,15 +169,19 @@ impl Job {
         std::mem::take(&mut self.master_hooks)
     }
 
+    /// What deploys a subtask of `operator`.
     pub fn task_factory(&self, operator: OperatorId) -> &TaskFactory {
         &self.tasks[operator.0 as usize]
     }
 
+    /// Refuses a graph the runtime cannot deploy, before anything starts.
     pub fn validate(&self) -> Result<(), GraphError> {
         self.graph.validate()
     }
 }
 
+/// Builds a [`Job`]: the job's settings, then its sources and the operators
+/// downstream of them. The settings' setters are [`JobConfig`]'s.
 pub struct JobBuilder {
     name: String,
     config: JobConfig,
@@ -113,23 +191,27 @@ pub struct JobBuilder {
 }
 
 impl JobBuilder {
+    /// Replaces every setting, including those set before; call it first.
     pub fn config(mut self, config: JobConfig) -> Self {
         self.config = config;
         self
     }
 
+    /// See [`JobConfig::parallelism`]; operators added afterwards get it.
     pub fn parallelism(mut self, parallelism: u32) -> Self {
-        self.config.parallelism = parallelism;
+        self.config = self.config.parallelism(parallelism);
         self
     }
 
+    /// See [`JobConfig::batch_limits`].
     pub fn batch_limits(mut self, limits: BatchLimits) -> Self {
-        self.config.batch_limits = limits;
+        self.config = self.config.batch_limits(limits);
         self
     }
 
+    /// See [`JobConfig::channels`].
     pub fn channels(mut self, channels: ChannelConfig) -> Self {
-        self.config.channels = channels;
+        self.config = self.config.channels(channels);
         self
     }
 
@@ -139,20 +221,27 @@ impl JobBuilder {
         self
     }
 
+    /// See [`JobConfig::checkpointing`].
     pub fn checkpointing(mut self, settings: CheckpointSettings) -> Self {
-        self.config.checkpointing = Some(settings);
+        self.config = self.config.checkpointing(settings);
         self
     }
 
-    /// Caps the total rate of all source subtasks, in records per second.
+    /// See [`JobConfig::source_rate`].
     pub fn source_rate(mut self, records_per_second: f64) -> Self {
-        self.config.source_rate = Some(records_per_second);
+        self.config = self.config.source_rate(records_per_second);
         self
     }
 
-    /// Where keyed operators keep their state.
+    /// See [`JobConfig::restart`].
+    pub fn restart(mut self, strategy: RestartStrategy) -> Self {
+        self.config = self.config.restart(strategy);
+        self
+    }
+
+    /// See [`JobConfig::state_backend`].
     pub fn state_backend(mut self, backend: StateBackend) -> Self {
-        self.config.state_backend = backend;
+        self.config = self.config.state_backend(backend);
         self
     }
 
@@ -161,6 +250,8 @@ impl JobBuilder {
         self.graph.add_operator(name, self.config.parallelism)
     }
 
+    /// Adds a source operator; `factory` builds each subtask's source at
+    /// the position it resumes from.
     pub fn source<T, S, F>(mut self, name: &str, factory: F) -> Stream<T>
     where
         T: Data,
@@ -209,6 +300,9 @@ impl<T: Data> Stream<T> {
         self
     }
 
+    /// Sets the current operator's number of key groups, the most subtasks
+    /// its state can ever be rescaled to; it must stay the same across the
+    /// runs that restore each other.
     pub fn max_parallelism(mut self, max_parallelism: u32) -> Self {
         self.job.graph.operator_mut(self.op).max_parallelism = max_parallelism;
         self
@@ -227,6 +321,7 @@ impl<T: Data> Stream<T> {
         }
     }
 
+    /// One record out per record in, chained into the current operator.
     pub fn map<O, F>(self, mut f: F) -> Stream<O>
     where
         O: Data,
@@ -235,6 +330,7 @@ impl<T: Data> Stream<T> {
         self.then(move |record, out| out.collect(f(record)))
     }
 
+    /// Keeps the records `f` accepts, chained into the current operator.
     pub fn filter<F>(self, mut f: F) -> Stream<T>
     where
         F: FnMut(&T) -> bool + Clone + Send + Sync + 'static,
@@ -246,6 +342,8 @@ impl<T: Data> Stream<T> {
         })
     }
 
+    /// Any number of records out per record in, chained into the current
+    /// operator.
     pub fn flat_map<O, I, F>(self, mut f: F) -> Stream<O>
     where
         O: Data,
@@ -352,6 +450,7 @@ impl<T: Data> Stream<T> {
     }
 }
 
+/// A stream partitioned by key, waiting for the keyed function that reads it.
 pub struct KeyedStream<K, T> {
     stream: Stream<T>,
     key_of: Arc<dyn Fn(&T) -> K + Send + Sync>,

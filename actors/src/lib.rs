@@ -19,11 +19,10 @@
 //! # Ok(()) }
 //! ```
 
-pub mod cleanup;
 pub mod cli;
+pub mod config;
 mod coordinator;
 mod endpoint;
-pub mod inspect;
 mod messages;
 pub mod metrics;
 pub mod runtime;

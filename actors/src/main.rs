@@ -1,6 +1,4 @@
-use clap::Parser;
-use tidemark_actors::cli::{self, Cli, Command};
-use tidemark_actors::{cleanup, inspect};
+use tidemark_actors::cli::{self, cleanup, inspect, Cli, Command};
 
 fn main() {
     tracing_subscriber::fmt()
@@ -10,7 +8,7 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    let Cli { command } = Cli::parse();
+    let Cli { command } = Cli::from_args(std::env::args_os()).unwrap_or_else(|e| e.exit());
     let outcome = match command {
         Command::Run(args) => cli::run(&args).map(|report| {
             if args.json {

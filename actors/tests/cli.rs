@@ -504,3 +504,70 @@ fn inspect_shows_a_savepoint_and_a_checkpoint_for_people_and_as_json() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("_metadata"), "{}", stderr(&out));
 }
+
+/// Writes `yaml` as `tidemark.yaml` in `dir`.
+fn config_file(dir: &Path, yaml: &str) -> PathBuf {
+    let path = dir.join("tidemark.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+#[test]
+fn a_configuration_file_sets_the_job_and_a_flag_given_wins_over_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = dir.path().join("checkpoints");
+    let config = config_file(
+        dir.path(),
+        &format!(
+            "parallelism.default: 3\nexecution:\n  checkpointing:\n    interval: 100 ms\n    dir: {}\n",
+            checkpoints.display()
+        ),
+    );
+    let out = tidemark(&[
+        "run",
+        "wordcount",
+        "--records=20000",
+        "--keys=100",
+        "--config",
+        config.to_str().unwrap(),
+        "--parallelism=2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(report["parallelism"], 2, "the flag, not the file's 3");
+    assert!(
+        job_dir(&checkpoints).ends_with(job_id("wordcount").to_string()),
+        "checkpoints where the file says"
+    );
+}
+
+#[test]
+fn a_bad_configuration_file_exits_2_naming_the_key_and_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    for (yaml, named) in [
+        (
+            "parallelism.default: 2\nexecution.checkpointing.timeout: soon\n",
+            "tidemark.yaml:2: execution.checkpointing.timeout",
+        ),
+        (
+            "execution:\n  checkpointing:\n    intervall: 1 s\n",
+            "tidemark.yaml:3: unknown key execution.checkpointing.intervall",
+        ),
+        (
+            "execution.checkpointing.incremental: true\n",
+            "execution.checkpointing.incremental (",
+        ),
+    ] {
+        let config = config_file(dir.path(), yaml);
+        let out = tidemark(&["run", "wordcount", "--config", config.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{yaml}: {}", stderr(&out));
+        assert!(stderr(&out).contains(named), "{yaml}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(config.to_str().unwrap()),
+            "{yaml}: {}",
+            stderr(&out)
+        );
+    }
+}

@@ -34,6 +34,7 @@ pub struct CheckpointConfig {
     pub timeout: Duration,
     /// Least time from the end of one checkpoint to the trigger of the next.
     pub min_pause: Duration,
+    /// Checkpoints in flight at once; a trigger waits while this many are.
     pub max_concurrent: usize,
     /// Consecutive failed checkpoints tolerated; one more fails the job.
     pub tolerable_failures: u32,
@@ -57,6 +58,7 @@ impl Default for CheckpointConfig {
 /// Which checkpoint a job starts from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Restore {
+    /// No state: the job starts from the beginning of its sources.
     Fresh,
     /// The newest completed checkpoint in the checkpoint directory, or a
     /// fresh start if there is none. The job continues its own checkpoints:
@@ -84,13 +86,34 @@ pub enum RestoreMode {
 }
 
 /// Everything a job needs to be checkpointed.
+///
+/// The default checkpoints every second into `./tidemark-data/checkpoints`,
+/// aligned, full, retains one and starts fresh. The consuming setters are
+/// named after the fields and Flink's options, so that a configuration is
+/// one expression:
+///
+/// ```
+/// use std::time::Duration;
+/// use tidemark::checkpoint::CheckpointSettings;
+///
+/// let settings = CheckpointSettings::new("./tidemark-data/checkpoints")
+///     .interval(Duration::from_secs(1))
+///     .unaligned()
+///     .retain(3);
+/// assert!(settings.validate().is_ok());
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckpointSettings {
+    /// How often and how carefully checkpoints are taken.
     pub config: CheckpointConfig,
-    /// A path, `file://` or `memory://`.
+    /// A path, `file://`, `memory://` or `s3://`: the root under which
+    /// the job's directory is.
     pub storage_url: String,
+    /// Whether barriers wait for each other or overtake in-flight data.
     pub alignment: Alignment,
+    /// Which checkpoint the job starts from.
     pub restore: Restore,
+    /// Who owns the restored checkpoint's files.
     pub restore_mode: RestoreMode,
     /// A restore drops state of operators the job lacks and starts
     /// operators the checkpoint lacks empty instead of refusing.
@@ -105,14 +128,153 @@ pub struct CheckpointSettings {
     pub layout: merging::StateLayout,
 }
 
+impl Default for CheckpointSettings {
+    fn default() -> Self {
+        CheckpointSettings::new(Self::DEFAULT_STORAGE_URL)
+    }
+}
+
+/// Consuming setters.
+impl CheckpointSettings {
+    /// Where checkpoints go unless told otherwise: next to the program,
+    /// where a user finds them.
+    pub const DEFAULT_STORAGE_URL: &'static str = "./tidemark-data/checkpoints";
+
+    /// The defaults, with checkpoints under `storage_url`.
+    pub fn new(storage_url: impl Into<String>) -> Self {
+        CheckpointSettings {
+            config: CheckpointConfig::default(),
+            storage_url: storage_url.into(),
+            alignment: Alignment::Aligned,
+            restore: Restore::Fresh,
+            restore_mode: RestoreMode::NoClaim,
+            allow_non_restored_state: false,
+            savepoint_dir: None,
+            incremental: false,
+            layout: merging::StateLayout::default(),
+        }
+    }
+
+    /// Periodic trigger; `None` leaves only manual checkpoints and
+    /// savepoints.
+    pub fn interval(mut self, interval: impl Into<Option<Duration>>) -> Self {
+        self.config.interval = interval.into();
+        self
+    }
+
+    /// A checkpoint not complete this long after its trigger is aborted.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.config.timeout = timeout;
+        self
+    }
+
+    /// Least time from the end of one checkpoint to the next trigger.
+    pub fn min_pause(mut self, min_pause: Duration) -> Self {
+        self.config.min_pause = min_pause;
+        self
+    }
+
+    /// Checkpoints in flight at once.
+    pub fn max_concurrent(mut self, max_concurrent: usize) -> Self {
+        self.config.max_concurrent = max_concurrent;
+        self
+    }
+
+    /// Consecutive failed checkpoints tolerated; one more fails the job.
+    pub fn tolerable_failures(mut self, tolerable_failures: u32) -> Self {
+        self.config.tolerable_failures = tolerable_failures;
+        self
+    }
+
+    /// Completed checkpoints kept.
+    pub fn retain(mut self, retain: usize) -> Self {
+        self.config.retain = retain;
+        self
+    }
+
+    /// Aligned, unaligned, or aligned until a timeout.
+    pub fn alignment(mut self, alignment: Alignment) -> Self {
+        self.alignment = alignment;
+        self
+    }
+
+    /// Barriers overtake in-flight data, which becomes channel state.
+    pub fn unaligned(self) -> Self {
+        self.alignment(Alignment::Unaligned)
+    }
+
+    /// Which checkpoint the job starts from.
+    pub fn restore(mut self, restore: Restore) -> Self {
+        self.restore = restore;
+        self
+    }
+
+    /// Who owns the restored checkpoint's files.
+    pub fn restore_mode(mut self, restore_mode: RestoreMode) -> Self {
+        self.restore_mode = restore_mode;
+        self
+    }
+
+    /// Whether a restore may drop state no operator claims and start
+    /// operators the checkpoint lacks empty.
+    pub fn allow_non_restored_state(mut self, allow: bool) -> Self {
+        self.allow_non_restored_state = allow;
+        self
+    }
+
+    /// Where savepoints go; without one, savepoints cannot be taken.
+    pub fn savepoint_dir(mut self, dir: impl Into<String>) -> Self {
+        self.savepoint_dir = Some(dir.into());
+        self
+    }
+
+    /// Whether RocksDB state uploads only what its base does not hold.
+    pub fn incremental(mut self, incremental: bool) -> Self {
+        self.incremental = incremental;
+        self
+    }
+
+    /// State objects smaller than this travel inline (`0`: only empty ones).
+    pub fn inline_threshold(mut self, bytes: u64) -> Self {
+        self.layout.inline_threshold = bytes;
+        self
+    }
+
+    /// Turns file merging on, with physical files rolled over at the size
+    /// already set or the default, or off.
+    pub fn file_merging(mut self, enabled: bool) -> Self {
+        self.layout.max_merged_file_size = enabled.then(|| {
+            self.layout
+                .max_merged_file_size
+                .unwrap_or(merging::MergingOptions::default().max_file_size)
+        });
+        self
+    }
+
+    /// Turns file merging on, with physical files rolled over before they
+    /// pass `bytes`.
+    pub fn max_merged_file_size(mut self, bytes: u64) -> Self {
+        self.layout.max_merged_file_size = Some(bytes);
+        self
+    }
+
+    /// A merged file whose total over live bytes passes this is compacted.
+    pub fn max_space_amplification(mut self, amplification: f64) -> Self {
+        self.layout.max_space_amplification = amplification;
+        self
+    }
+}
+
 /// Checkpoint settings that cannot work together.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SettingsError {
+    /// Unaligned barriers and concurrent checkpoints.
     #[error("unaligned checkpoints (also aligned ones with a timeout) need max concurrent checkpoints 1, not {0}: an unaligned barrier overtakes the in-flight data and with it the barrier of an older checkpoint, which then aborts")]
     UnalignedConcurrent(usize),
 }
 
 impl CheckpointSettings {
+    /// Refuses combinations that would fail at run time.
     pub fn validate(&self) -> Result<(), SettingsError> {
         match self.alignment {
             Alignment::Aligned => Ok(()),

@@ -9,7 +9,8 @@
 //! period exceeds the checkpoint timeout. Only the job's directory is ever
 //! listed or deleted from.
 
-use crate::cli::{block_on, parse_duration, CliError};
+use crate::cli::{block_on, CliError};
+use crate::config::values;
 use crate::runtime::job_id;
 use clap::Args;
 use std::collections::BTreeSet;
@@ -18,6 +19,7 @@ use std::time::{Duration, SystemTime};
 use tidemark::checkpoint::CompletedCheckpoint;
 use tidemark::storage::{CheckpointStorage, StorageError, StoredObject, COUNTER};
 
+/// `tidemark cleanup`'s arguments.
 #[derive(Clone, Debug, Args)]
 pub struct CleanupArgs {
     /// Checkpoint storage, as given to `run`.
@@ -31,7 +33,7 @@ pub struct CleanupArgs {
     pub dry_run: bool,
     /// Unreferenced objects younger than this are kept; against a running
     /// job it must exceed the checkpoint timeout.
-    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    #[arg(long, default_value = "1h", value_parser = values::duration)]
     pub grace: Duration,
     /// Treat a checkpoint whose `_metadata` does not decode as not retained,
     /// so that its metadata and the objects it may reference are swept too.
@@ -43,8 +45,12 @@ pub struct CleanupArgs {
 /// An unreferenced object, and how long ago it was last written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Orphan {
+    /// Relative to the job's directory.
     pub path: String,
+    /// Bytes.
     pub size: u64,
+    /// Since it was last written: young ones may belong to a checkpoint in
+    /// progress.
     pub age: Duration,
 }
 
@@ -60,6 +66,7 @@ pub struct Sweep {
     pub young: Vec<Orphan>,
     /// Corrupted metadata swept under `--ignore-corrupted-metadata`.
     pub corrupted: Vec<String>,
+    /// Whether the orphans were only listed.
     pub dry_run: bool,
 }
 
@@ -145,11 +152,13 @@ async fn sweep(storage: &CheckpointStorage, args: &CleanupArgs) -> Result<Sweep,
     })
 }
 
+/// Sweeps the job's directory in the checkpoint storage, or with
+/// `--dry-run` lists what a sweep would delete.
 pub fn cleanup(args: &CleanupArgs) -> Result<Sweep, CliError> {
     let storage =
         CheckpointStorage::open(&args.checkpoint_dir, job_id(&args.job)).map_err(|e| {
             CliError::Usage {
-                argument: "--checkpoint-dir",
+                argument: "--checkpoint-dir".into(),
                 problem: e.to_string(),
             }
         })?;

@@ -1,7 +1,8 @@
 //! `tidemark inspect PATH`: what a checkpoint's or savepoint's `_metadata`
 //! holds, for people or (`--json`) for programs. Only `_metadata` is read.
 
-use crate::cli::{block_on, snapshot_dir, CliError};
+use crate::cli::{block_on, CliError};
+use crate::config::values::snapshot_dir;
 use clap::Args;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -13,6 +14,7 @@ use tidemark::checkpoint::{
 use tidemark::event::CheckpointKind;
 use tidemark::storage::{CheckpointStorage, METADATA};
 
+/// `tidemark inspect`'s arguments.
 #[derive(Clone, Debug, Args)]
 pub struct InspectArgs {
     /// A checkpoint directory (`chk-N`), a savepoint directory, or the
@@ -26,59 +28,87 @@ pub struct InspectArgs {
 /// A checkpoint's or savepoint's metadata, as `inspect` shows it.
 #[derive(Clone, Debug, Serialize)]
 pub struct Inspection {
+    /// The directory the metadata was read from.
     pub path: String,
+    /// `checkpoint` or `savepoint`.
     pub kind: &'static str,
     /// `job-directory` (references relative to the job's checkpoint
     /// directory) or `self-contained` (relative to this directory).
     pub format: &'static str,
+    /// The metadata format's version.
     pub format_version: u16,
+    /// The checkpoint id.
     pub id: u64,
     /// Trigger time, milliseconds since the Unix epoch.
     pub timestamp_ms: u64,
+    /// The job's operators when it was taken, which a restore matches by
+    /// uid.
     pub operators: Vec<OperatorView>,
+    /// Every subtask's state.
     pub subtasks: Vec<SubtaskView>,
     /// Bytes of state, inline or not.
     pub state_bytes: u64,
 }
 
+/// An operator of the job the metadata records.
 #[derive(Clone, Debug, Serialize)]
 pub struct OperatorView {
+    /// Its index in the job graph.
     pub id: u32,
+    /// Its chain's name.
     pub name: String,
+    /// The stable identity a restore matches it by.
     pub uid: String,
+    /// Subtasks when the snapshot was taken.
     pub parallelism: u32,
+    /// Key groups, which bound any later parallelism.
     pub max_parallelism: u32,
 }
 
+/// One subtask's state in the snapshot.
 #[derive(Clone, Debug, Serialize)]
 pub struct SubtaskView {
+    /// Its operator's id.
     pub operator: u32,
+    /// Its index within the operator.
     pub index: u32,
     /// `[start, end)`, if the subtask has keyed state.
     pub key_groups: Option<[u32; 2]>,
     /// What the keyed state is: `key-groups` (heap) or `native` (RocksDB).
     pub keyed: Option<&'static str>,
+    /// The objects its state lives in.
     pub files: Vec<FileView>,
+    /// State carried inside the metadata.
     pub inline_bytes: u64,
+    /// In-flight data of an unaligned checkpoint.
     pub channels: Vec<ChannelView>,
     /// Operator state (source offsets, sink transactions): bytes by name.
     pub operator_state: BTreeMap<String, usize>,
 }
 
+/// A state object: an object of its own, or a segment of a merged one.
 #[derive(Clone, Debug, Serialize)]
 pub struct FileView {
+    /// The physical object, relative to the snapshot's directory.
     pub path: String,
     /// Where the state object starts in it: merged files hold several.
     pub offset: u64,
+    /// Bytes of the state object.
     pub size: u64,
 }
 
+/// The persisted in-flight batches of one channel.
 #[derive(Clone, Debug, Serialize)]
 pub struct ChannelView {
+    /// `input` or `output`.
     pub side: &'static str,
+    /// The channel's index on that side.
     pub channel: u32,
+    /// Batches persisted.
     pub batches: u32,
+    /// Their bytes.
     pub bytes: u64,
+    /// Whether they travel inside the metadata.
     pub inline: bool,
 }
 
@@ -137,6 +167,7 @@ impl SubtaskView {
 }
 
 impl Inspection {
+    /// What `checkpoint`, read from `path`, shows.
     pub fn of(path: String, checkpoint: &CompletedCheckpoint) -> Self {
         Inspection {
             path,
@@ -221,6 +252,7 @@ impl fmt::Display for Inspection {
     }
 }
 
+/// Reads the metadata `args.path` names, and nothing else.
 pub fn inspect(args: &InspectArgs) -> Result<Inspection, CliError> {
     let storage = CheckpointStorage::open_directory(snapshot_dir(&args.path), false)?;
     let checkpoint = block_on(storage.read_metadata_at(METADATA))??;

@@ -1,66 +1,24 @@
-//! The `tidemark` command line: runs an example topology and reports on it.
+//! `tidemark run TOPOLOGY`: runs an example topology under the job settings
+//! of its flags and `--config` file, with optional fault injection and a
+//! timed savepoint, and reports on it.
 
-use crate::cleanup::CleanupArgs;
-use crate::metrics::CheckpointStats;
+use super::report::{Finished, RunReport};
+use super::{Cli, CliError, Command};
+use crate::config::{ConfigFile, Options, Origins, RestoreArg};
 use crate::runtime::{job_id, JobError, Runtime};
 use crate::wordcount::{Emit, Wordcount};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, ValueEnum};
 use serde::Serialize;
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use thiserror::Error;
-use tidemark::checkpoint::merging::{MergingOptions, StateLayout};
-use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings, Restore, RestoreMode};
-use tidemark::event::Alignment;
 use tidemark::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
 use tidemark::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use tidemark::job::JobConfig;
 use tidemark::restart::RestartStrategy;
-use tidemark::storage::METADATA;
-use tidemark::storage::{StorageCounters, StorageError};
-use tidemark::StateBackend;
+use tidemark::storage::{StorageError, METADATA};
 
-#[derive(Debug, Parser)]
-#[command(
-    name = "tidemark",
-    version,
-    about = "Fault-tolerant stream topologies on actix"
-)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-// Parsed once per process: its size does not matter.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run an example topology.
-    Run(RunArgs),
-    /// Delete what no retained checkpoint of a job references.
-    Cleanup(CleanupArgs),
-    /// Show a checkpoint's or savepoint's metadata.
-    Inspect(crate::inspect::InspectArgs),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    Aligned,
-    Unaligned,
-}
-
-/// `--state`: where keyed state lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StateKind {
-    /// Typed hash tables in memory.
-    Heap,
-    /// One RocksDB database per subtask, under --state-dir.
-    Rocksdb,
-}
-
+/// The example topologies `run` knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Topology {
@@ -77,8 +35,11 @@ impl Topology {
     }
 }
 
+/// `tidemark run`'s arguments: the topology's own, the job settings, and
+/// what this run does besides (faults, a timed savepoint, the report).
 #[derive(Clone, Debug, Args)]
 pub struct RunArgs {
+    /// The topology to run.
     #[arg(value_enum)]
     pub topology: Topology,
     /// Records to generate over all sources.
@@ -90,12 +51,6 @@ pub struct RunArgs {
     /// Seed of the record generator.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Subtasks per operator [default: the number of cores].
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=128))]
-    pub parallelism: Option<u32>,
-    /// Total records per second over all sources [default: unlimited].
-    #[arg(long, value_parser = parse_rate)]
-    pub rate: Option<f64>,
     /// What the counting operator emits.
     #[arg(long, value_enum, default_value_t = Emit::Final)]
     pub emit: Emit,
@@ -103,67 +58,11 @@ pub struct RunArgs {
     /// whose names do not start with `.` or `_`.
     #[arg(long)]
     pub output: Option<PathBuf>,
-    /// Checkpoint interval (`200ms`, `2s`), or `off`.
-    #[arg(long, default_value = "1s", value_parser = parse_interval)]
-    pub checkpoint_interval: CheckpointInterval,
-    /// Where keyed state lives.
-    #[arg(long, value_enum, default_value_t = StateKind::Heap)]
-    pub state: StateKind,
-    /// Local working directories of the RocksDB backend, one per subtask
-    /// instance, removed when it ends [default: <temp dir>/tidemark-state].
-    #[arg(long)]
-    pub state_dir: Option<PathBuf>,
-    /// Values the RocksDB backend keeps decoded in front of each database;
-    /// a record whose key is cached costs no RocksDB read, and its writes
-    /// reach RocksDB once per eviction or checkpoint.
-    /// [default: 1048576]
-    #[arg(long, value_parser = parse_cache_entries)]
-    pub state_cache_entries: Option<usize>,
-    /// Checkpoint storage: a path, `file://` path, `memory://` or
-    /// `s3://bucket/prefix` (settings from the AWS_* environment variables).
-    #[arg(long, default_value = "./tidemark-data/checkpoints")]
-    pub checkpoint_dir: String,
-    /// A checkpoint not complete this long after its trigger is aborted.
-    #[arg(long, default_value = "10min", value_parser = parse_duration)]
-    pub timeout: Duration,
-    /// Least time between the end of a checkpoint and the next trigger.
-    #[arg(long, default_value = "0s", value_parser = parse_duration)]
-    pub min_pause: Duration,
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_concurrent: u32,
-    /// Consecutive failed checkpoints tolerated before the job fails.
-    #[arg(long, default_value_t = 0)]
-    pub tolerable_failures: u32,
-    /// Completed checkpoints kept.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-    pub retain: u32,
-    /// Aligned checkpoints wait for the barrier on every input; unaligned
-    /// ones overtake the in-flight batches and persist them.
-    #[arg(long, value_enum, default_value_t = Mode::Aligned)]
-    pub mode: Mode,
-    /// Aligned checkpoints whose alignment at a subtask lasts this long
-    /// switch to unaligned there (`0s`: at the first barrier).
-    #[arg(long, value_parser = parse_duration)]
-    pub aligned_timeout: Option<Duration>,
-    /// RocksDB state uploads only the files its newest completed checkpoint
-    /// does not already hold.
-    #[arg(long)]
-    pub incremental: bool,
-    /// State objects smaller than this travel inside the acknowledgement
-    /// and `_metadata` instead of becoming objects (`0`: none do).
-    #[arg(long, default_value = "20KiB", value_parser = parse_size)]
-    pub inline_threshold: u64,
-    /// A subtask writes the state objects of one checkpoint as segments of
-    /// few physical files under `merged/`.
-    #[arg(long)]
-    pub file_merging: bool,
-    /// Size at which a merged physical file is rolled over.
-    #[arg(long, requires = "file_merging", value_parser = parse_size)]
-    pub max_merged_file_size: Option<u64>,
-    /// Merged files wasting more than this (total / live bytes) are
-    /// rewritten by the next checkpoint [default: 1.5].
-    #[arg(long, requires = "file_merging", value_parser = parse_amplification)]
-    pub max_space_amplification: Option<f64>,
+    /// A YAML file of job settings, with Flink's keys (such as
+    /// `execution.checkpointing.interval: 1 s`); the flags below win over
+    /// it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Make this subtask of the counting operator slow (with --slow-ns), so
     /// that its inputs fill and its upstreams are backpressured.
     #[arg(long, requires = "slow_ns")]
@@ -171,32 +70,12 @@ pub struct RunArgs {
     /// Nanoseconds the slow subtask spends per record.
     #[arg(long, requires = "slow_subtask", value_parser = clap::value_parser!(u64).range(1..))]
     pub slow_ns: Option<u64>,
-    /// Start from `latest` (the newest completed checkpoint in the checkpoint
-    /// directory), from a given `chk-N` of it, or from a savepoint directory
-    /// (a path or URL holding `_metadata`).
-    #[arg(long, value_parser = parse_restore)]
-    pub restore: Option<RestoreArg>,
-    /// Whether the job takes ownership of the checkpoint given to --restore
-    /// (`claim`: it may delete its files once subsumed) or not (`no-claim`:
-    /// it never deletes them, and its first checkpoint is a full one).
-    /// Savepoints are never claimed; `latest` always continues the job's own.
-    #[arg(long, value_enum, default_value_t = RestoreModeArg::NoClaim)]
-    pub restore_mode: RestoreModeArg,
-    /// Restore even if the checkpoint holds state of operators (by uid) the
-    /// job lacks, which is dropped, or lacks operators of the job, which
-    /// start empty.
-    #[arg(long, requires = "restore")]
-    pub allow_non_restored_state: bool,
-    /// Where savepoints go, each into `savepoint-<job>-<id>/`: a path,
-    /// `file://` path, `memory://NAME` or `s3://bucket/prefix`.
-    #[arg(long)]
-    pub savepoint_dir: Option<String>,
     /// Take one savepoint this long after the start and go on.
-    #[arg(long, requires = "savepoint_dir", conflicts_with = "stop_with_savepoint_after", value_parser = parse_duration)]
+    #[arg(long, conflicts_with = "stop_with_savepoint_after", value_parser = crate::config::values::duration)]
     pub savepoint_after: Option<Duration>,
     /// Take a savepoint this long after the start, commit the sinks and
     /// stop: the report says where the savepoint is.
-    #[arg(long, requires = "savepoint_dir", value_parser = parse_duration)]
+    #[arg(long, value_parser = crate::config::values::duration)]
     pub stop_with_savepoint_after: Option<Duration>,
     /// Kill a random subtask this many times at random moments (seeded by
     /// `--seed`); the job restores and goes on.
@@ -207,100 +86,15 @@ pub struct RunArgs {
     /// stall-after-write (the upload never acknowledges until aborted).
     #[arg(long, value_parser = parse_fault)]
     pub inject_fault: Vec<Fault>,
-    /// Restarts allowed after failures [default: 10 + --inject-failures].
-    #[arg(long)]
-    pub max_restarts: Option<u32>,
-    /// Delay before a restart.
-    #[arg(long, default_value = "10ms", value_parser = parse_duration)]
-    pub restart_delay: Duration,
-    /// Double the restart delay after every restart, up to 1 s.
-    #[arg(long)]
-    pub restart_backoff: bool,
     /// Print a JSON report as the last line of stdout.
     #[arg(long)]
     pub json: bool,
-}
-
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("expected a duration like 200ms or 2s ({e})"))
-}
-
-/// A checkpoint interval; `None` is `off`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CheckpointInterval(pub Option<Duration>);
-
-fn parse_interval(s: &str) -> Result<CheckpointInterval, String> {
-    match s {
-        "off" => Ok(CheckpointInterval(None)),
-        _ => match parse_duration(s)? {
-            d if d.is_zero() => Err("must be positive, or `off`".into()),
-            d => Ok(CheckpointInterval(Some(d))),
-        },
-    }
-}
-
-/// `--restore-mode`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum RestoreModeArg {
-    Claim,
-    NoClaim,
-}
-
-/// `--restore`: `latest`, a checkpoint directory `[PATH/]chk-N`, or a
-/// savepoint directory.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RestoreArg {
-    Latest,
-    Checkpoint {
-        parent: Option<PathBuf>,
-        id: CheckpointId,
-    },
-    Savepoint(String),
-}
-
-/// The directory `path` names: itself, or the one its `_metadata` is in.
-pub(crate) fn snapshot_dir(path: &str) -> &str {
-    let dir = path.trim_end_matches('/');
-    dir.strip_suffix(METADATA)
-        .unwrap_or(dir)
-        .trim_end_matches('/')
-}
-
-/// Runs `future` to completion on a runtime of its own: what the commands
-/// other than `run` need to talk to storage.
-pub(crate) fn block_on<F: std::future::Future>(future: F) -> Result<F::Output, CliError> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| CliError::Runtime(e.to_string()))?;
-    Ok(runtime.block_on(future))
-}
-
-fn parse_restore(s: &str) -> Result<RestoreArg, String> {
-    if s == "latest" {
-        return Ok(RestoreArg::Latest);
-    }
-    let dir = snapshot_dir(s);
-    if dir.is_empty() {
-        return Err(format!(
-            "expected `latest`, a checkpoint directory chk-N or a savepoint directory, got {s:?}"
-        ));
-    }
-    let path = PathBuf::from(dir);
-    let id = path
-        .file_name()
-        .and_then(|n| n.to_str()?.strip_prefix("chk-")?.parse().ok());
-    let Some(id) = id.filter(|_| !dir.contains("://")) else {
-        return Ok(RestoreArg::Savepoint(dir.to_owned()));
-    };
-    let parent = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .map(Path::to_path_buf);
-    Ok(RestoreArg::Checkpoint {
-        parent,
-        id: CheckpointId(id),
-    })
+    /// The job's settings, last in the help under a heading of their own.
+    #[command(flatten, next_help_heading = "Job settings (also keys of --config)")]
+    pub options: Options,
+    /// The flags the command line gave, by id: they win over `--config`.
+    #[arg(skip)]
+    pub(crate) given: BTreeSet<String>,
 }
 
 fn parse_fault(s: &str) -> Result<Fault, String> {
@@ -328,47 +122,18 @@ fn parse_fault(s: &str) -> Result<Fault, String> {
     })
 }
 
-fn parse_cache_entries(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!(
-            "expected a number of entries of at least 1, got {s:?}"
-        )),
-    }
+/// The job settings a run uses, and where each came from.
+struct Settings {
+    options: Options,
+    origins: Origins,
 }
 
-/// Bytes, with an optional unit: `4096`, `20KiB`, `32MiB`, `1GiB`.
-fn parse_size(s: &str) -> Result<u64, String> {
-    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let unit = match &s[digits.len()..] {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        other => return Err(format!("unknown unit {other:?}; use B, KiB, MiB or GiB")),
-    };
-    digits
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(unit))
-        .ok_or_else(|| format!("expected a size such as 20KiB, got {s:?}"))
-}
-
-fn parse_amplification(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 1.0 => Ok(v),
-        _ => Err(format!(
-            "expected total / live bytes above 1 (1.5 rewrites a file a third of which is wasted), got {s:?}"
-        )),
-    }
-}
-
-fn parse_rate(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
-        Ok(_) => Err("must be a positive number of records per second".into()),
-        Err(e) => Err(format!("not a number: {e}")),
+impl Settings {
+    fn usage(&self, option: &str, problem: String) -> CliError {
+        CliError::Usage {
+            argument: self.origins.name(option),
+            problem,
+        }
     }
 }
 
@@ -381,199 +146,39 @@ impl RunArgs {
         let argv = ["tidemark".to_owned(), "run".to_owned()]
             .into_iter()
             .chain(args.into_iter().map(Into::into));
-        match Cli::try_parse_from(argv)?.command {
+        match Cli::from_args(argv)?.command {
             Command::Run(args) => Ok(args),
             Command::Cleanup(_) | Command::Inspect(_) => {
                 unreachable!("the subcommand is `run`")
             }
         }
     }
-}
 
-#[derive(Debug, Error)]
-pub enum CliError {
-    /// A bad argument found after parsing: exit code 2, like clap's own.
-    #[error("{argument}: {problem}")]
-    Usage {
-        argument: &'static str,
-        problem: String,
-    },
-    #[error(transparent)]
-    Job(#[from] JobError),
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    #[error("corrupted checkpoint metadata; nothing was deleted, since its checkpoint may reference any object (--ignore-corrupted-metadata sweeps it too):\n  {}", .0.join("\n  "))]
-    CorruptedMetadata(Vec<String>),
-    #[error("checkpoints were subsumed during each of {attempts} scans; nothing was deleted")]
-    StorageChanging { attempts: usize },
-    #[error("cannot start an async runtime: {0}")]
-    Runtime(String),
-}
-
-impl CliError {
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            CliError::Usage { .. } => 2,
-            _ => 1,
-        }
-    }
-}
-
-/// The `--json` report.
-#[derive(Clone, Debug, Serialize)]
-pub struct RunReport {
-    pub topology: Topology,
-    pub records_in: u64,
-    pub elapsed_s: f64,
-    pub throughput_rps: f64,
-    pub parallelism: u32,
-    /// Most batches queued in any output endpoint, and its credits.
-    pub max_output_queued: u32,
-    pub output_credits: u32,
-    /// Most batches held by any input endpoint and its subtask, and its credits.
-    pub max_input_buffered: u32,
-    pub input_credits: u32,
-    pub checkpoints_completed: u64,
-    pub checkpoints_failed: u64,
-    pub restarts: u64,
-    pub checkpoint_duration_ms: Percentiles,
-    pub alignment_ms: Percentiles,
-    /// The whole state the last completed checkpoint references.
-    pub checkpointed_bytes_full: u64,
-    /// What the last completed checkpoint wrote itself, and all of them.
-    pub bytes_uploaded_last: u64,
-    pub bytes_uploaded_total: u64,
-    pub files_uploaded_total: u64,
-    /// What each completed checkpoint wrote itself.
-    pub bytes_uploaded_per_checkpoint: Percentiles,
-    pub mode: Mode,
-    /// In-flight bytes persisted by the last completed checkpoint, and the
-    /// most by any.
-    pub persisted_inflight_bytes: LastMax,
-    /// Most batches persisted for one channel by one checkpoint.
-    pub persisted_inflight_batches_per_channel_max: u32,
-    pub checkpoints_switched_to_unaligned: u64,
-    /// In-flight batches that restores replayed from channel state.
-    pub restored_inflight_batches: u64,
-    /// From a failure to the restored attempt's deployment.
-    pub recovery_ms: Percentiles,
-    /// The state the last restore read (from `--restore` or a failover) and
-    /// how long it took, from reading and downloading it until every
-    /// subtask's state was rebuilt from it.
-    pub restored_bytes: u64,
-    pub restore_ms: f64,
-    /// Physical objects the retained checkpoints reference, and their total
-    /// over live bytes after the last completed checkpoint, and the most.
-    pub physical_files_live: u64,
-    pub space_amplification: f64,
-    pub space_amplification_max: f64,
-    /// What the run did to checkpoint storage: objects created and deleted
-    /// (metadata and the id counter included) and the bytes of every put.
-    pub objects_created: u64,
-    pub objects_deleted: u64,
-    pub bytes_uploaded: u64,
-    pub savepoints_completed: u64,
-    /// Trigger to the last savepoint's directory written.
-    pub savepoint_ms: f64,
-    /// Where the savepoint of --savepoint-after or
-    /// --stop-with-savepoint-after is, if it completed.
-    pub savepoint: Option<String>,
-}
-
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct LastMax {
-    pub last: u64,
-    pub max: u64,
-}
-
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct Percentiles {
-    pub p50: f64,
-    pub p99: f64,
-    pub max: f64,
-}
-
-impl Percentiles {
-    fn of(samples: &std::sync::Mutex<Vec<f64>>) -> Self {
-        let (p50, p99, max) = CheckpointStats::percentiles(samples);
-        Percentiles { p50, p99, max }
-    }
-}
-
-impl RunArgs {
-    fn job_config(&self) -> JobConfig {
-        let mut config = JobConfig::default();
-        if let Some(p) = self.parallelism {
-            config.parallelism = p;
-        }
-        config.source_rate = self.rate;
-        config.state_backend = match (self.state, &self.state_dir) {
-            (StateKind::Heap, _) => StateBackend::Heap,
-            #[cfg(feature = "rocksdb")]
-            (StateKind::Rocksdb, dir) => {
-                StateBackend::rocksdb(dir.clone(), self.state_cache_entries)
+    /// The flags given, over the `--config` file, over the defaults;
+    /// refused if they do not work together.
+    fn settings(&self) -> Result<Settings, CliError> {
+        let mut options = self.options.clone();
+        let origins = match &self.config {
+            Some(file) => {
+                ConfigFile::read(file)?.apply(&mut options, |id| self.given.contains(id))?
             }
-            #[cfg(not(feature = "rocksdb"))]
-            (StateKind::Rocksdb, _) => unreachable!("validate refuses --state rocksdb"),
+            None => Origins::default(),
         };
-        // Savepoints need the coordinator even without periodic checkpoints.
-        let checkpointing = self.checkpoint_interval.0.is_some() || self.savepoint_dir.is_some();
-        config.checkpointing =
-            checkpointing
-                .then_some(self.checkpoint_interval.0)
-                .map(|interval| CheckpointSettings {
-                    config: CheckpointConfig {
-                        interval,
-                        timeout: self.timeout,
-                        min_pause: self.min_pause,
-                        max_concurrent: self.max_concurrent as usize,
-                        tolerable_failures: self.tolerable_failures,
-                        retain: self.retain as usize,
-                    },
-                    storage_url: self.checkpoint_dir.clone(),
-                    alignment: match (self.mode, self.aligned_timeout) {
-                        (Mode::Unaligned, _) => Alignment::Unaligned,
-                        (Mode::Aligned, None) => Alignment::Aligned,
-                        (Mode::Aligned, Some(timeout)) => Alignment::AlignedWithTimeout(timeout),
-                    },
-                    incremental: self.incremental,
-                    layout: StateLayout {
-                        inline_threshold: self.inline_threshold,
-                        max_merged_file_size: self.file_merging.then(|| {
-                            self.max_merged_file_size
-                                .unwrap_or(MergingOptions::default().max_file_size)
-                        }),
-                        max_space_amplification: self
-                            .max_space_amplification
-                            .unwrap_or(StateLayout::default().max_space_amplification),
-                    },
-                    restore: match &self.restore {
-                        None => Restore::Fresh,
-                        Some(RestoreArg::Latest) => Restore::Latest,
-                        Some(RestoreArg::Checkpoint { id, .. }) => Restore::Checkpoint(*id),
-                        Some(RestoreArg::Savepoint(dir)) => Restore::Savepoint(dir.clone()),
-                    },
-                    restore_mode: match self.restore_mode {
-                        RestoreModeArg::Claim => RestoreMode::Claim,
-                        RestoreModeArg::NoClaim => RestoreMode::NoClaim,
-                    },
-                    allow_non_restored_state: self.allow_non_restored_state,
-                    savepoint_dir: self.savepoint_dir.clone(),
-                });
-        let max_attempts = self.max_restarts.unwrap_or(10 + self.inject_failures);
-        config.restart = if self.restart_backoff {
-            RestartStrategy::ExponentialBackoff {
-                initial: self.restart_delay,
-                max: Duration::from_secs(1),
-                multiplier: 2.0,
-                max_attempts,
-            }
-        } else {
-            RestartStrategy::FixedDelay {
-                delay: self.restart_delay,
-                max_attempts,
-            }
-        };
+        let settings = Settings { options, origins };
+        settings
+            .options
+            .validate(&settings.origins)
+            .map_err(|refusal| settings.usage(refusal.option, refusal.problem))?;
+        Ok(settings)
+    }
+
+    fn job_config(&self, settings: &Settings) -> JobConfig {
+        let mut options = settings.options.clone();
+        // Each injected failure costs a restart the default must allow.
+        options
+            .max_restarts
+            .get_or_insert(RestartStrategy::DEFAULT_MAX_ATTEMPTS + self.inject_failures);
+        let mut config = options.job_config();
         if self.inject_failures > 0 {
             let subtasks = 2 * config.parallelism as usize;
             config.kills = Some(KillSchedule::new(
@@ -606,91 +211,85 @@ impl RunArgs {
             .or(self.stop_with_savepoint_after.map(|d| (d, true)))
     }
 
-    fn validate(&self) -> Result<(), CliError> {
-        let needs_checkpoints = |argument| CliError::Usage {
-            argument,
-            problem: "needs checkpointing; --checkpoint-interval is off".into(),
+    /// What the job's settings cannot check alone: the run's own flags
+    /// against them, and paths against the job's directory.
+    fn validate(&self, settings: &Settings) -> Result<(), CliError> {
+        let options = &settings.options;
+        let usage = |argument: &str, problem: String| CliError::Usage {
+            argument: argument.to_owned(),
+            problem,
         };
-        #[cfg(not(feature = "rocksdb"))]
-        if self.state == StateKind::Rocksdb {
-            return Err(CliError::Usage {
-                argument: "--state",
-                problem: "this tidemark was built without RocksDB (the `rocksdb` feature)".into(),
-            });
-        }
-        if self.incremental && self.state != StateKind::Rocksdb {
-            return Err(CliError::Usage {
-                argument: "--incremental",
-                problem: "applies to RocksDB state; add --state rocksdb".into(),
-            });
-        }
-        if self.state_cache_entries.is_some() && self.state != StateKind::Rocksdb {
-            return Err(CliError::Usage {
-                argument: "--state-cache-entries",
-                problem: "applies to RocksDB state; add --state rocksdb".into(),
-            });
-        }
-        if self.mode == Mode::Unaligned && self.aligned_timeout.is_some() {
-            return Err(CliError::Usage {
-                argument: "--aligned-timeout",
-                problem: "applies to aligned checkpoints; with --mode unaligned every checkpoint is unaligned from the start".into(),
-            });
-        }
-        let config = self.job_config();
-        if let Some(Err(e)) = config.checkpointing.as_ref().map(|c| c.validate()) {
-            return Err(CliError::Usage {
-                argument: "--max-concurrent",
-                problem: e.to_string(),
-            });
-        }
-        let parallelism = config.parallelism;
+        let parallelism = options.job_config().parallelism;
         if let Some(subtask) = self.slow_subtask.filter(|s| *s >= parallelism) {
-            return Err(CliError::Usage {
-                argument: "--slow-subtask",
-                problem: format!("subtask {subtask} does not exist at parallelism {parallelism}"),
-            });
+            return Err(usage(
+                "--slow-subtask",
+                format!("subtask {subtask} does not exist at parallelism {parallelism}"),
+            ));
         }
-        if let Some(RestoreArg::Savepoint(dir)) = &self.restore {
+        if options.savepoint_dir.is_none() {
+            for (flag, given) in [
+                ("--savepoint-after", self.savepoint_after.is_some()),
+                (
+                    "--stop-with-savepoint-after",
+                    self.stop_with_savepoint_after.is_some(),
+                ),
+            ] {
+                if given {
+                    return Err(usage(
+                        flag,
+                        "needs --savepoint-dir (or execution.checkpointing.savepoint-dir)".into(),
+                    ));
+                }
+            }
+        }
+        if options.checkpoint_interval.0.is_none() {
+            let problem = || {
+                format!(
+                    "needs checkpointing; {} is off",
+                    settings.origins.name("checkpoint_interval")
+                )
+            };
+            if self.inject_failures > 0 {
+                return Err(usage("--inject-failures", problem()));
+            }
+            if !self.inject_fault.is_empty() {
+                return Err(usage("--inject-fault", problem()));
+            }
+        }
+        if let Some(RestoreArg::Savepoint(dir)) = &options.restore {
             // A local directory is checked here, before anything starts;
             // other URLs when the job opens them.
             let local = dir.strip_prefix("file://").unwrap_or(dir);
             if !local.contains("://") && !Path::new(local).join(METADATA).is_file() {
-                return Err(CliError::Usage {
-                    argument: "--restore",
-                    problem: format!(
+                return Err(settings.usage(
+                    "restore",
+                    format!(
                         "{dir} is not a savepoint or checkpoint directory: it holds no {METADATA}"
                     ),
-                });
+                ));
             }
         }
         let job_dir = format!(
             "{}/{}",
-            self.checkpoint_dir.trim_end_matches('/'),
+            options.checkpoint_dir.trim_end_matches('/'),
             job_id(self.topology.job_name())
         );
-        if let Some(dir) = self.savepoint_dir.as_ref().filter(|d| inside(d, &job_dir)) {
-            return Err(CliError::Usage {
-                argument: "--savepoint-dir",
-                problem: format!(
+        if let Some(dir) = options
+            .savepoint_dir
+            .as_ref()
+            .filter(|d| inside(d, &job_dir))
+        {
+            return Err(settings.usage(
+                "savepoint_dir",
+                format!(
                     "{dir} lies inside the job's checkpoint directory {job_dir}, where retention and cleanup delete what no checkpoint references; choose a directory outside it"
                 ),
-            });
-        }
-        if self.checkpoint_interval.0.is_none() {
-            if self.restore.is_some() && self.savepoint_dir.is_none() {
-                return Err(needs_checkpoints("--restore"));
-            }
-            if self.inject_failures > 0 {
-                return Err(needs_checkpoints("--inject-failures"));
-            }
-            if !self.inject_fault.is_empty() {
-                return Err(needs_checkpoints("--inject-fault"));
-            }
+            ));
         }
         if let Some(RestoreArg::Checkpoint {
             parent: Some(parent),
             ..
-        }) = &self.restore
+        }) = &options.restore
         {
             // A checkpoint is only read from the job's own directory in the
             // checkpoint storage: a path elsewhere is refused, not followed.
@@ -700,14 +299,14 @@ impl RunArgs {
                 _ => false,
             };
             if !same(parent, job_dir) {
-                return Err(CliError::Usage {
-                    argument: "--restore",
-                    problem: format!(
+                return Err(settings.usage(
+                    "restore",
+                    format!(
                         "{} is not a checkpoint directory of this job; its checkpoints are in {}",
                         parent.display(),
                         job_dir.display()
                     ),
-                });
+                ));
             }
         }
         Ok(())
@@ -742,17 +341,18 @@ fn inside(inner: &str, outer: &str) -> bool {
     }
 }
 
+/// Runs the topology to its end (or its timed stop) and reports on it.
 pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
-    args.validate()?;
+    let settings = args.settings()?;
+    args.validate(&settings)?;
     if let Some(dir) = &args.output {
         std::fs::create_dir_all(dir).map_err(|e| CliError::Usage {
-            argument: "--output",
+            argument: "--output".into(),
             problem: format!("cannot use {} as the output directory: {e}", dir.display()),
         })?;
     }
-    let config = args.job_config();
-    let parallelism = config.parallelism;
-    let channels = config.channels;
+    let config = args.job_config(&settings);
+    let (parallelism, channels) = (config.parallelism, config.channels);
     let job = match args.topology {
         Topology::Wordcount => Wordcount {
             records: args.records,
@@ -766,10 +366,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
     let handle = Runtime::default().run(job).map_err(|e| match e {
         JobError::Storage(
             e @ (StorageError::UnsupportedUrl(_) | StorageError::InvalidUrl { .. }),
-        ) => CliError::Usage {
-            argument: "--checkpoint-dir",
-            problem: e.to_string(),
-        },
+        ) => settings.usage("checkpoint_dir", e.to_string()),
         e => e.into(),
     })?;
     let metrics = handle.metrics().clone();
@@ -797,65 +394,14 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
     let savepoint = savepoint
         .and_then(|thread| thread.join().ok().flatten())
         .map(|s| s.location);
-    let report = outcome?;
-    let storage_counter = |counter: fn(&StorageCounters) -> &AtomicU64| {
-        storage
-            .as_ref()
-            .map_or(0, |s| counter(s.counters()).load(Ordering::Relaxed))
-    };
-    let stats = &metrics.checkpoints;
-    let gauges: Vec<_> = metrics.channels.iter().map(|g| g.value().clone()).collect();
-    Ok(RunReport {
+    Ok(RunReport::new(Finished {
         topology: args.topology,
-        records_in: report.records_in,
-        elapsed_s: report.elapsed.as_secs_f64(),
-        throughput_rps: report.throughput(),
+        mode: settings.options.mode,
         parallelism,
-        max_output_queued: gauges
-            .iter()
-            .map(|g| g.max_output_queued())
-            .max()
-            .unwrap_or(0),
-        output_credits: channels.output_credits,
-        max_input_buffered: gauges
-            .iter()
-            .map(|g| g.max_input_buffered())
-            .max()
-            .unwrap_or(0),
-        input_credits: channels.input_credits,
-        checkpoints_completed: stats.completed.load(Ordering::Relaxed),
-        checkpoints_failed: stats.failed.load(Ordering::Relaxed),
-        restarts: stats.restarts.load(Ordering::Relaxed),
-        checkpoint_duration_ms: Percentiles::of(&stats.durations_ms),
-        alignment_ms: Percentiles::of(&stats.alignments_ms),
-        checkpointed_bytes_full: stats.bytes_full.load(Ordering::Relaxed),
-        bytes_uploaded_last: stats.bytes_uploaded_last.load(Ordering::Relaxed),
-        bytes_uploaded_total: stats.bytes_uploaded_total.load(Ordering::Relaxed),
-        files_uploaded_total: stats.files_uploaded_total.load(Ordering::Relaxed),
-        bytes_uploaded_per_checkpoint: Percentiles::of(&stats.bytes_uploaded_samples),
-        mode: args.mode,
-        persisted_inflight_bytes: LastMax {
-            last: stats.inflight_last.load(Ordering::Relaxed),
-            max: stats.inflight_max.load(Ordering::Relaxed),
-        },
-        persisted_inflight_batches_per_channel_max: stats
-            .inflight_batches_per_channel_max
-            .load(Ordering::Relaxed),
-        checkpoints_switched_to_unaligned: stats.switched_to_unaligned.load(Ordering::Relaxed),
-        restored_inflight_batches: stats.restored_inflight_batches.load(Ordering::Relaxed),
-        recovery_ms: Percentiles::of(&stats.recoveries_ms),
-        restored_bytes: stats.restored_bytes_last.load(Ordering::Relaxed),
-        restore_ms: stats.restore_us_last.load(Ordering::Relaxed) as f64 / 1e3,
-        physical_files_live: stats.physical_files_live.load(Ordering::Relaxed),
-        space_amplification: f64::from_bits(stats.space_amplification_last.load(Ordering::Relaxed)),
-        space_amplification_max: f64::from_bits(
-            stats.space_amplification_max.load(Ordering::Relaxed),
-        ),
-        objects_created: storage_counter(|c| &c.objects_created),
-        objects_deleted: storage_counter(|c| &c.objects_deleted),
-        bytes_uploaded: storage_counter(|c| &c.bytes_uploaded),
-        savepoints_completed: stats.savepoints.load(Ordering::Relaxed),
-        savepoint_ms: stats.savepoint_us_last.load(Ordering::Relaxed) as f64 / 1e3,
+        channels,
+        report: outcome?,
+        metrics: &metrics,
+        storage: storage.as_ref(),
         savepoint,
-    })
+    }))
 }

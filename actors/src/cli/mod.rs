@@ -1,0 +1,122 @@
+//! The `tidemark` command line: one module per command, and what they
+//! share: parsing, errors and their exit codes, a runtime for storage IO.
+
+pub mod cleanup;
+pub mod inspect;
+mod report;
+mod run;
+
+pub use report::{LastMax, Percentiles, RunReport};
+pub use run::{run, RunArgs, Topology};
+
+use crate::config::ConfigError;
+use crate::runtime::JobError;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use thiserror::Error;
+use tidemark::storage::StorageError;
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "tidemark",
+    version,
+    about = "Fault-tolerant stream topologies on actix"
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+// Parsed once per process: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run an example topology.
+    Run(RunArgs),
+    /// Delete what no retained checkpoint of a job references.
+    Cleanup(cleanup::CleanupArgs),
+    /// Show a checkpoint's or savepoint's metadata.
+    Inspect(inspect::InspectArgs),
+}
+
+impl Cli {
+    /// Parses `argv` (program name first) and remembers which `run` flags
+    /// it gave, since those win over a configuration file while defaults
+    /// do not.
+    pub fn from_args<I, T>(argv: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let matches = Cli::command().try_get_matches_from(argv)?;
+        let mut cli = Cli::from_arg_matches(&matches)?;
+        if let (Command::Run(args), Some(("run", run))) = (&mut cli.command, matches.subcommand()) {
+            args.given = run
+                .ids()
+                .map(|id| id.as_str())
+                .filter(|id| run.value_source(id) == Some(ValueSource::CommandLine))
+                .map(str::to_owned)
+                .collect::<BTreeSet<_>>();
+        }
+        Ok(cli)
+    }
+}
+
+/// Why a command failed.
+#[derive(Debug, Error)]
+pub enum CliError {
+    /// A bad argument found after parsing: exit code 2, like clap's own.
+    #[error("{argument}: {problem}")]
+    Usage {
+        /// The flag, or the key and file that set it.
+        argument: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The configuration file of `--config`: exit code 2.
+    #[error("--config {0}")]
+    Config(#[from] ConfigError),
+    /// The job failed.
+    #[error(transparent)]
+    Job(#[from] JobError),
+    /// Checkpoint storage failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// `cleanup` found metadata that does not decode.
+    #[error("corrupted checkpoint metadata; nothing was deleted, since its checkpoint may reference any object (--ignore-corrupted-metadata sweeps it too):\n  {}", .0.join("\n  "))]
+    CorruptedMetadata(Vec<String>),
+    /// `cleanup` never saw storage hold still.
+    #[error("checkpoints were subsumed during each of {attempts} scans; nothing was deleted")]
+    StorageChanging {
+        /// Scans tried.
+        attempts: usize,
+    },
+    /// No async runtime for storage IO.
+    #[error("cannot start an async runtime: {0}")]
+    Runtime(String),
+}
+
+impl CliError {
+    /// 2 for what the user can fix in the command line, 1 for the rest.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Usage { .. } | CliError::Config(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// Runs `future` to completion on a runtime of its own: what the commands
+/// other than `run` need to talk to storage.
+pub(crate) fn block_on<F: std::future::Future>(future: F) -> Result<F::Output, CliError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Runtime(e.to_string()))?;
+    Ok(runtime.block_on(future))
+}

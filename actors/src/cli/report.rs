@@ -1,0 +1,206 @@
+//! The report of `tidemark run`: what the job did, from its metrics and its
+//! checkpoint storage's counters, printed as JSON with `--json`.
+
+use super::Topology;
+use crate::config::Mode;
+use crate::metrics::{CheckpointStats, JobMetrics};
+use crate::runtime::JobReport;
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tidemark::channel::ChannelConfig;
+use tidemark::storage::{CheckpointStorage, StorageCounters};
+
+/// The `--json` report.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunReport {
+    /// What ran.
+    pub topology: Topology,
+    /// Records read by all sources, replays included.
+    pub records_in: u64,
+    /// From deployment to the end of the job.
+    pub elapsed_s: f64,
+    /// `records_in` over `elapsed_s`.
+    pub throughput_rps: f64,
+    /// Subtasks per operator.
+    pub parallelism: u32,
+    /// Most batches queued in any output endpoint.
+    pub max_output_queued: u32,
+    /// An output endpoint's credits, which bound `max_output_queued`.
+    pub output_credits: u32,
+    /// Most batches held by any input endpoint and its subtask.
+    pub max_input_buffered: u32,
+    /// An input endpoint's credits, which bound `max_input_buffered`.
+    pub input_credits: u32,
+    /// Checkpoints that completed.
+    pub checkpoints_completed: u64,
+    /// Checkpoints that failed.
+    pub checkpoints_failed: u64,
+    /// Restarts after failures.
+    pub restarts: u64,
+    /// Trigger to completion of each completed checkpoint.
+    pub checkpoint_duration_ms: Percentiles,
+    /// How long subtasks waited for barriers on all inputs.
+    pub alignment_ms: Percentiles,
+    /// The whole state the last completed checkpoint references.
+    pub checkpointed_bytes_full: u64,
+    /// What the last completed checkpoint wrote itself.
+    pub bytes_uploaded_last: u64,
+    /// What all completed checkpoints wrote themselves.
+    pub bytes_uploaded_total: u64,
+    /// Files all completed checkpoints wrote themselves.
+    pub files_uploaded_total: u64,
+    /// What each completed checkpoint wrote itself.
+    pub bytes_uploaded_per_checkpoint: Percentiles,
+    /// Aligned or unaligned checkpoints.
+    pub mode: Mode,
+    /// In-flight bytes persisted by the last completed checkpoint, and the
+    /// most by any.
+    pub persisted_inflight_bytes: LastMax,
+    /// Most batches persisted for one channel by one checkpoint.
+    pub persisted_inflight_batches_per_channel_max: u32,
+    /// Aligned checkpoints whose alignment timed out at some subtask.
+    pub checkpoints_switched_to_unaligned: u64,
+    /// In-flight batches that restores replayed from channel state.
+    pub restored_inflight_batches: u64,
+    /// From a failure to the restored attempt's deployment.
+    pub recovery_ms: Percentiles,
+    /// The state the last restore read (from `--restore` or a failover).
+    pub restored_bytes: u64,
+    /// How long the last restore took, from reading and downloading its
+    /// state until every subtask's state was rebuilt from it.
+    pub restore_ms: f64,
+    /// Physical objects the retained checkpoints reference.
+    pub physical_files_live: u64,
+    /// Their total over live bytes after the last completed checkpoint.
+    pub space_amplification: f64,
+    /// The most `space_amplification` seen.
+    pub space_amplification_max: f64,
+    /// Objects the run created in checkpoint storage, metadata and the id
+    /// counter included.
+    pub objects_created: u64,
+    /// Objects the run deleted from checkpoint storage.
+    pub objects_deleted: u64,
+    /// Bytes of every put to checkpoint storage.
+    pub bytes_uploaded: u64,
+    /// Savepoints that completed.
+    pub savepoints_completed: u64,
+    /// Trigger to the last savepoint's directory written.
+    pub savepoint_ms: f64,
+    /// Where the savepoint of --savepoint-after or
+    /// --stop-with-savepoint-after is, if it completed.
+    pub savepoint: Option<String>,
+}
+
+/// A figure's last value and its most.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct LastMax {
+    /// The last value.
+    pub last: u64,
+    /// The most.
+    pub max: u64,
+}
+
+/// The median, 99th percentile and maximum of a run's samples.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Percentiles {
+    /// The median.
+    pub p50: f64,
+    /// The 99th percentile.
+    pub p99: f64,
+    /// The maximum.
+    pub max: f64,
+}
+
+impl Percentiles {
+    fn of(samples: &std::sync::Mutex<Vec<f64>>) -> Self {
+        let (p50, p99, max) = CheckpointStats::percentiles(samples);
+        Percentiles { p50, p99, max }
+    }
+}
+
+/// A finished run, what its report is made from.
+pub(super) struct Finished<'a> {
+    pub topology: Topology,
+    pub mode: Mode,
+    pub parallelism: u32,
+    pub channels: ChannelConfig,
+    pub report: JobReport,
+    pub metrics: &'a JobMetrics,
+    pub storage: Option<&'a CheckpointStorage>,
+    pub savepoint: Option<String>,
+}
+
+impl RunReport {
+    pub(super) fn new(run: Finished<'_>) -> RunReport {
+        let Finished {
+            topology,
+            mode,
+            parallelism,
+            channels,
+            report,
+            metrics,
+            storage,
+            savepoint,
+        } = run;
+        let storage_counter = |counter: fn(&StorageCounters) -> &AtomicU64| {
+            storage.map_or(0, |s| counter(s.counters()).load(Ordering::Relaxed))
+        };
+        let stats = &metrics.checkpoints;
+        let gauges: Vec<_> = metrics.channels.iter().map(|g| g.value().clone()).collect();
+        RunReport {
+            topology,
+            records_in: report.records_in,
+            elapsed_s: report.elapsed.as_secs_f64(),
+            throughput_rps: report.throughput(),
+            parallelism,
+            max_output_queued: gauges
+                .iter()
+                .map(|g| g.max_output_queued())
+                .max()
+                .unwrap_or(0),
+            output_credits: channels.output_credits,
+            max_input_buffered: gauges
+                .iter()
+                .map(|g| g.max_input_buffered())
+                .max()
+                .unwrap_or(0),
+            input_credits: channels.input_credits,
+            checkpoints_completed: stats.completed.load(Ordering::Relaxed),
+            checkpoints_failed: stats.failed.load(Ordering::Relaxed),
+            restarts: stats.restarts.load(Ordering::Relaxed),
+            checkpoint_duration_ms: Percentiles::of(&stats.durations_ms),
+            alignment_ms: Percentiles::of(&stats.alignments_ms),
+            checkpointed_bytes_full: stats.bytes_full.load(Ordering::Relaxed),
+            bytes_uploaded_last: stats.bytes_uploaded_last.load(Ordering::Relaxed),
+            bytes_uploaded_total: stats.bytes_uploaded_total.load(Ordering::Relaxed),
+            files_uploaded_total: stats.files_uploaded_total.load(Ordering::Relaxed),
+            bytes_uploaded_per_checkpoint: Percentiles::of(&stats.bytes_uploaded_samples),
+            mode,
+            persisted_inflight_bytes: LastMax {
+                last: stats.inflight_last.load(Ordering::Relaxed),
+                max: stats.inflight_max.load(Ordering::Relaxed),
+            },
+            persisted_inflight_batches_per_channel_max: stats
+                .inflight_batches_per_channel_max
+                .load(Ordering::Relaxed),
+            checkpoints_switched_to_unaligned: stats.switched_to_unaligned.load(Ordering::Relaxed),
+            restored_inflight_batches: stats.restored_inflight_batches.load(Ordering::Relaxed),
+            recovery_ms: Percentiles::of(&stats.recoveries_ms),
+            restored_bytes: stats.restored_bytes_last.load(Ordering::Relaxed),
+            restore_ms: stats.restore_us_last.load(Ordering::Relaxed) as f64 / 1e3,
+            physical_files_live: stats.physical_files_live.load(Ordering::Relaxed),
+            space_amplification: f64::from_bits(
+                stats.space_amplification_last.load(Ordering::Relaxed),
+            ),
+            space_amplification_max: f64::from_bits(
+                stats.space_amplification_max.load(Ordering::Relaxed),
+            ),
+            objects_created: storage_counter(|c| &c.objects_created),
+            objects_deleted: storage_counter(|c| &c.objects_deleted),
+            bytes_uploaded: storage_counter(|c| &c.bytes_uploaded),
+            savepoints_completed: stats.savepoints.load(Ordering::Relaxed),
+            savepoint_ms: stats.savepoint_us_last.load(Ordering::Relaxed) as f64 / 1e3,
+            savepoint,
+        }
+    }
+}

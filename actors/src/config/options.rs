@@ -1,0 +1,369 @@
+//! A job's settings as one flat set of options. Each has a flag of
+//! `tidemark run` (its field name, in kebab case) and one or more keys of a
+//! configuration file (see `keys.rs`); [`Options::job_config`] turns them
+//! into the embedding API's [`JobConfig`].
+
+use super::values;
+use super::Origins;
+use clap::{ArgAction, Args, FromArgMatches, ValueEnum};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Duration;
+use tidemark::checkpoint::{CheckpointSettings, Restore, RestoreMode};
+use tidemark::event::Alignment;
+use tidemark::ids::CheckpointId;
+use tidemark::job::JobConfig;
+use tidemark::restart::RestartStrategy;
+use tidemark::StateBackend;
+
+/// `--mode`: whether barriers wait for each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Barriers wait on every input.
+    Aligned,
+    /// Barriers overtake in-flight batches, which become channel state.
+    Unaligned,
+}
+
+/// `--state`: where keyed state lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StateKind {
+    /// Typed hash tables in memory (Flink's `hashmap`).
+    #[value(alias = "hashmap")]
+    Heap,
+    /// One RocksDB database per subtask, under --state-dir.
+    Rocksdb,
+}
+
+/// A checkpoint interval; `None` is `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckpointInterval(pub Option<Duration>);
+
+/// `--restore`: `latest`, a checkpoint directory `[PATH/]chk-N`, or a
+/// savepoint directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RestoreArg {
+    /// The newest completed checkpoint of the job.
+    Latest,
+    /// A checkpoint of the job; `parent`, if given, must be the job's
+    /// directory.
+    Checkpoint {
+        /// The directory the path names `chk-N` in, if any.
+        parent: Option<PathBuf>,
+        /// N.
+        id: CheckpointId,
+    },
+    /// A self-contained savepoint directory, a path or URL.
+    Savepoint(String),
+}
+
+/// A setting refused after parsing, by its option name (`Origins::name`
+/// says it as a flag or as a key of the file).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The option's field name.
+    pub option: &'static str,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+/// The options a job's settings are made of; the defaults are the flags'.
+/// Boolean flags take an optional value (`--incremental=false`), so that
+/// the command line can turn off what a configuration file turned on.
+#[derive(Clone, Debug, Args)]
+pub struct Options {
+    /// Subtasks per operator [default: the number of cores].
+    #[arg(long, value_parser = values::parallelism)]
+    pub parallelism: Option<u32>,
+    /// Total records per second over all sources [default: unlimited].
+    #[arg(long, value_parser = values::rate)]
+    pub rate: Option<f64>,
+    /// Checkpoint interval (`200ms`, `2 s`), or `off`.
+    #[arg(long, default_value = "1s", value_parser = values::interval)]
+    pub checkpoint_interval: CheckpointInterval,
+    /// Checkpoint storage: a path, `file://` path, `memory://` or
+    /// `s3://bucket/prefix` (settings from the AWS_* environment variables).
+    #[arg(long, default_value = CheckpointSettings::DEFAULT_STORAGE_URL)]
+    pub checkpoint_dir: String,
+    /// A checkpoint not complete this long after its trigger is aborted.
+    #[arg(long, default_value = "10min", value_parser = values::duration)]
+    pub timeout: Duration,
+    /// Least time between the end of a checkpoint and the next trigger.
+    #[arg(long, default_value = "0s", value_parser = values::duration)]
+    pub min_pause: Duration,
+    /// Checkpoints in flight at once.
+    #[arg(long, default_value = "1", value_parser = values::positive)]
+    pub max_concurrent: u32,
+    /// Consecutive failed checkpoints tolerated before the job fails.
+    #[arg(long, default_value = "0", value_parser = values::count)]
+    pub tolerable_failures: u32,
+    /// Completed checkpoints kept.
+    #[arg(long, default_value = "1", value_parser = values::positive)]
+    pub retain: u32,
+    /// Aligned checkpoints wait for the barrier on every input; unaligned
+    /// ones overtake the in-flight batches and persist them.
+    #[arg(long, value_enum, default_value_t = Mode::Aligned)]
+    pub mode: Mode,
+    /// Aligned checkpoints whose alignment at a subtask lasts this long
+    /// switch to unaligned there (`0s`: at the first barrier).
+    #[arg(long, value_parser = values::duration)]
+    pub aligned_timeout: Option<Duration>,
+    /// RocksDB state uploads only the files its newest completed checkpoint
+    /// does not already hold.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = values::boolean)]
+    pub incremental: bool,
+    /// State objects smaller than this travel inside the acknowledgement
+    /// and `_metadata` instead of becoming objects (`0`: none do).
+    #[arg(long, default_value = "20KiB", value_parser = values::size)]
+    pub inline_threshold: u64,
+    /// A subtask writes the state objects of one checkpoint as segments of
+    /// few physical files under `merged/`.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = values::boolean)]
+    pub file_merging: bool,
+    /// Size at which a merged physical file is rolled over [default: 32MiB].
+    #[arg(long, value_parser = values::size)]
+    pub max_merged_file_size: Option<u64>,
+    /// Merged files wasting more than this (total / live bytes) are
+    /// rewritten by the next checkpoint [default: 1.5].
+    #[arg(long, value_parser = values::amplification)]
+    pub max_space_amplification: Option<f64>,
+    /// Where keyed state lives.
+    #[arg(long, value_enum, default_value_t = StateKind::Heap)]
+    pub state: StateKind,
+    /// Local working directories of the RocksDB backend, one per subtask
+    /// instance, removed when it ends [default: <temp dir>/tidemark-state].
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Values the RocksDB backend keeps decoded in front of each database;
+    /// a record whose key is cached costs no RocksDB read, and its writes
+    /// reach RocksDB once per eviction or checkpoint. [default: 1048576]
+    #[arg(long, value_parser = values::cache_entries)]
+    pub state_cache_entries: Option<usize>,
+    /// Start from `latest` (the newest completed checkpoint in the checkpoint
+    /// directory), from a given `chk-N` of it, or from a savepoint directory
+    /// (a path or URL holding `_metadata`).
+    #[arg(long, value_parser = values::restore)]
+    pub restore: Option<RestoreArg>,
+    /// Whether the job takes ownership of the checkpoint given to --restore
+    /// (`claim`: it may delete its files once subsumed) or not (`no-claim`:
+    /// it never deletes them, and its first checkpoint is a full one).
+    /// Savepoints are never claimed; `latest` always continues the job's own.
+    #[arg(long, default_value = "no-claim", value_parser = values::restore_mode)]
+    pub restore_mode: RestoreMode,
+    /// Restore even if the checkpoint holds state of operators (by uid) the
+    /// job lacks, which is dropped, or lacks operators of the job, which
+    /// start empty.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = values::boolean)]
+    pub allow_non_restored_state: bool,
+    /// Where savepoints go, each into `savepoint-<job>-<id>/`: a path,
+    /// `file://` path, `memory://NAME` or `s3://bucket/prefix`.
+    #[arg(long)]
+    pub savepoint_dir: Option<String>,
+    /// Restarts allowed after failures [default: 10 + --inject-failures].
+    #[arg(long, value_parser = values::count)]
+    pub max_restarts: Option<u32>,
+    /// Delay before a restart (the first one, with --restart-backoff).
+    #[arg(long, default_value = "10ms", value_parser = values::duration)]
+    pub restart_delay: Duration,
+    /// Multiply the restart delay after every restart, up to a maximum.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = values::boolean)]
+    pub restart_backoff: bool,
+    /// The longest restart delay with --restart-backoff; only a
+    /// configuration file sets it.
+    #[arg(skip = Duration::from_secs(1))]
+    pub max_restart_delay: Duration,
+    /// Growth of the restart delay per restart with --restart-backoff;
+    /// only a configuration file sets it.
+    #[arg(skip = 2.0)]
+    pub restart_backoff_multiplier: f64,
+}
+
+/// The flags' defaults, read from the flags' own declarations so that they
+/// are written down once.
+impl Default for Options {
+    fn default() -> Self {
+        let matches = Options::augment_args(clap::Command::new("defaults"))
+            .try_get_matches_from(["defaults"])
+            .expect("every option has a default");
+        Options::from_arg_matches(&matches).expect("the defaults parse")
+    }
+}
+
+impl Options {
+    /// The embedding API's settings these options make; checkpointing is
+    /// on when there is an interval or a savepoint directory, since
+    /// savepoints need the coordinator too.
+    pub fn job_config(&self) -> JobConfig {
+        let mut config = JobConfig::default()
+            .restart(self.restart())
+            .state_backend(self.state_backend());
+        if let Some(parallelism) = self.parallelism {
+            config = config.parallelism(parallelism);
+        }
+        if let Some(rate) = self.rate {
+            config = config.source_rate(rate);
+        }
+        if self.checkpoint_interval.0.is_some() || self.savepoint_dir.is_some() {
+            config = config.checkpointing(self.checkpoint_settings());
+        }
+        config
+    }
+
+    fn checkpoint_settings(&self) -> CheckpointSettings {
+        let mut settings = CheckpointSettings::new(&self.checkpoint_dir)
+            .interval(self.checkpoint_interval.0)
+            .timeout(self.timeout)
+            .min_pause(self.min_pause)
+            .max_concurrent(self.max_concurrent as usize)
+            .tolerable_failures(self.tolerable_failures)
+            .retain(self.retain as usize)
+            .alignment(self.alignment())
+            .incremental(self.incremental)
+            .inline_threshold(self.inline_threshold)
+            .file_merging(self.file_merging)
+            .restore(match &self.restore {
+                None => Restore::Fresh,
+                Some(RestoreArg::Latest) => Restore::Latest,
+                Some(RestoreArg::Checkpoint { id, .. }) => Restore::Checkpoint(*id),
+                Some(RestoreArg::Savepoint(dir)) => Restore::Savepoint(dir.clone()),
+            })
+            .restore_mode(self.restore_mode)
+            .allow_non_restored_state(self.allow_non_restored_state);
+        if let Some(size) = self.max_merged_file_size.filter(|_| self.file_merging) {
+            settings = settings.max_merged_file_size(size);
+        }
+        if let Some(amplification) = self.max_space_amplification {
+            settings = settings.max_space_amplification(amplification);
+        }
+        if let Some(dir) = &self.savepoint_dir {
+            settings = settings.savepoint_dir(dir);
+        }
+        settings
+    }
+
+    fn alignment(&self) -> Alignment {
+        match (self.mode, self.aligned_timeout) {
+            (Mode::Unaligned, _) => Alignment::Unaligned,
+            (Mode::Aligned, None) => Alignment::Aligned,
+            (Mode::Aligned, Some(timeout)) => Alignment::AlignedWithTimeout(timeout),
+        }
+    }
+
+    /// No restarts is one strategy, whether it is said as zero restarts or
+    /// as Flink's `restart-strategy.type: none`.
+    fn restart(&self) -> RestartStrategy {
+        let max_attempts = self
+            .max_restarts
+            .unwrap_or(RestartStrategy::DEFAULT_MAX_ATTEMPTS);
+        match (max_attempts, self.restart_backoff) {
+            (0, _) => RestartStrategy::None,
+            (_, false) => RestartStrategy::FixedDelay {
+                delay: self.restart_delay,
+                max_attempts,
+            },
+            (_, true) => RestartStrategy::ExponentialBackoff {
+                initial: self.restart_delay,
+                max: self.max_restart_delay,
+                multiplier: self.restart_backoff_multiplier,
+                max_attempts,
+            },
+        }
+    }
+
+    fn state_backend(&self) -> StateBackend {
+        match self.state {
+            StateKind::Heap => StateBackend::Heap,
+            #[cfg(feature = "rocksdb")]
+            StateKind::Rocksdb => {
+                StateBackend::rocksdb(self.state_dir.clone(), self.state_cache_entries)
+            }
+            // Refused by `validate`.
+            #[cfg(not(feature = "rocksdb"))]
+            StateKind::Rocksdb => StateBackend::Heap,
+        }
+    }
+
+    /// Refuses options that cannot work together or would be ignored;
+    /// `origins` names the other options in the explanation as the user
+    /// gave them.
+    pub fn validate(&self, origins: &Origins) -> Result<(), Refusal> {
+        let refuse = |option, problem: String| Err(Refusal { option, problem });
+        let rocksdb = || {
+            format!(
+                "applies to RocksDB state; set {}",
+                origins.suggest("--state rocksdb", "state.backend.type: rocksdb")
+            )
+        };
+        #[cfg(not(feature = "rocksdb"))]
+        if self.state == StateKind::Rocksdb {
+            return refuse(
+                "state",
+                "this tidemark was built without RocksDB (the `rocksdb` feature)".into(),
+            );
+        }
+        if self.state != StateKind::Rocksdb {
+            if self.incremental {
+                return refuse("incremental", rocksdb());
+            }
+            if self.state_cache_entries.is_some() {
+                return refuse("state_cache_entries", rocksdb());
+            }
+            if self.state_dir.is_some() {
+                return refuse("state_dir", rocksdb());
+            }
+        }
+        if self.mode == Mode::Unaligned && self.aligned_timeout.is_some() {
+            return refuse(
+                "aligned_timeout",
+                format!(
+                    "applies to aligned checkpoints; with {} every checkpoint is unaligned from the start",
+                    origins.name("mode")
+                ),
+            );
+        }
+        if !self.file_merging {
+            let merging = || {
+                format!(
+                    "applies to file merging; set {}",
+                    origins.suggest(
+                        "--file-merging",
+                        "execution.checkpointing.file-merging.enabled: true"
+                    )
+                )
+            };
+            if self.max_merged_file_size.is_some() {
+                return refuse("max_merged_file_size", merging());
+            }
+            if self.max_space_amplification.is_some() {
+                return refuse("max_space_amplification", merging());
+            }
+        }
+        if self.allow_non_restored_state && self.restore.is_none() {
+            return refuse(
+                "allow_non_restored_state",
+                format!(
+                    "applies to a restore; set {}",
+                    origins.suggest("--restore", "execution.state-recovery.path")
+                ),
+            );
+        }
+        if self.restore.is_some()
+            && self.checkpoint_interval.0.is_none()
+            && self.savepoint_dir.is_none()
+        {
+            return refuse(
+                "restore",
+                format!(
+                    "needs checkpointing; {} is off",
+                    origins.name("checkpoint_interval")
+                ),
+            );
+        }
+        if let Err(e) = self.checkpoint_settings().validate() {
+            return refuse("max_concurrent", e.to_string());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,465 @@
+use super::keys::KEYS;
+use super::*;
+use crate::cli::RunArgs;
+use std::time::Duration;
+use tidemark::checkpoint::CheckpointSettings;
+use tidemark::restart::RestartStrategy;
+
+/// The settings `yaml` makes over the defaults, unchecked, for comparing.
+fn from_file(yaml: &str) -> String {
+    let mut options = Options::default();
+    file(yaml)
+        .apply(&mut options, |_| false)
+        .unwrap_or_else(|e| panic!("{yaml}: {e}"));
+    format!("{:?}", options.job_config())
+}
+
+/// The settings the flags make, for comparing.
+fn from_flags(flags: &[&str]) -> String {
+    let args = RunArgs::parse(["wordcount"].iter().chain(flags).copied())
+        .unwrap_or_else(|e| panic!("{flags:?}: {e}"));
+    format!("{:?}", args.options.job_config())
+}
+
+fn file(yaml: &str) -> ConfigFile {
+    ConfigFile::parse("tidemark.yaml", yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"))
+}
+
+fn error(yaml: &str) -> ConfigError {
+    let mut options = Options::default();
+    ConfigFile::parse("tidemark.yaml", yaml)
+        .and_then(|f| f.apply(&mut options, |_| false))
+        .expect_err(yaml)
+}
+
+/// Files, each with the flags that mean the same. Every key of the table
+/// appears in one of them or in `REFUSED`.
+const SAME_AS_FLAGS: &[(&str, &[&str])] = &[
+    ("parallelism.default: 3", &["--parallelism=3"]),
+    ("execution.checkpointing.interval: 250 ms", &["--checkpoint-interval=250ms"]),
+    ("execution.checkpointing.interval: off", &["--checkpoint-interval=off"]),
+    ("execution.checkpointing.timeout: 2 min", &["--timeout=2min"]),
+    ("execution.checkpointing.min-pause: 500", &["--min-pause=500ms"]),
+    ("execution.checkpointing.max-concurrent-checkpoints: 3", &["--max-concurrent=3"]),
+    ("execution.checkpointing.tolerable-failed-checkpoints: 4", &["--tolerable-failures=4"]),
+    ("execution.checkpointing.num-retained: 3", &["--retain=3"]),
+    ("state.checkpoints.num-retained: 3", &["--retain=3"]),
+    ("execution.checkpointing.dir: s3://bucket/ck", &["--checkpoint-dir=s3://bucket/ck"]),
+    ("state.checkpoints.dir: /data/ck", &["--checkpoint-dir=/data/ck"]),
+    ("execution.checkpointing.savepoint-dir: /data/sp", &["--savepoint-dir=/data/sp"]),
+    ("state.savepoints.dir: /data/sp", &["--savepoint-dir=/data/sp"]),
+    ("execution.checkpointing.unaligned.enabled: true", &["--mode=unaligned"]),
+    ("execution.checkpointing.unaligned: true", &["--mode=unaligned"]),
+    ("execution.checkpointing.unaligned.enabled: false", &["--mode=aligned"]),
+    (
+        "execution.checkpointing.unaligned.enabled: true\nexecution.checkpointing.aligned-checkpoint-timeout: 30 s",
+        &["--aligned-timeout=30s"],
+    ),
+    (
+        "execution.checkpointing.unaligned.enabled: true\nexecution.checkpointing.alignment-timeout: 0",
+        &["--mode=unaligned"],
+    ),
+    ("execution.checkpointing.data-inline-threshold: 1 kb", &["--inline-threshold=1KiB"]),
+    ("state.storage.fs.memory-threshold: 0", &["--inline-threshold=0"]),
+    ("state.backend.fs.memory-threshold: 2kb", &["--inline-threshold=2048"]),
+    ("execution.checkpointing.file-merging.enabled: true", &["--file-merging"]),
+    (
+        "execution.checkpointing.file-merging:\n  enabled: true\n  max-file-size: 8 mb\n  max-space-amplification: 2.5",
+        &["--file-merging", "--max-merged-file-size=8MiB", "--max-space-amplification=2.5"],
+    ),
+    ("state.backend.type: hashmap", &["--state=heap"]),
+    ("state.backend: heap", &["--state=heap"]),
+    ("tidemark.source.rate: 5000", &["--rate=5000"]),
+    ("execution.state-recovery.path: latest", &["--restore=latest"]),
+    ("execution.savepoint.path: /data/sp/savepoint-1", &["--restore=/data/sp/savepoint-1"]),
+    (
+        "execution.state-recovery:\n  path: chk-4\n  claim-mode: CLAIM\n  ignore-unclaimed-state: true",
+        &["--restore=chk-4", "--restore-mode=claim", "--allow-non-restored-state"],
+    ),
+    (
+        "execution.savepoint.path: latest\nexecution.savepoint-restore-mode: NO_CLAIM\nexecution.savepoint.ignore-unclaimed-state: true",
+        &["--restore=latest", "--restore-mode=no-claim", "--allow-non-restored-state"],
+    ),
+    ("restart-strategy.type: none", &["--max-restarts=0"]),
+    ("restart-strategy: disable", &["--max-restarts=0"]),
+    ("restart-strategy.type: fixed-delay", &["--restart-backoff=false"]),
+    ("restart-strategy.type: exponential-delay", &["--restart-backoff"]),
+    (
+        "restart-strategy:\n  type: fixed-delay\n  fixed-delay:\n    attempts: 3\n    delay: 1 s",
+        &["--max-restarts=3", "--restart-delay=1s"],
+    ),
+    (
+        "restart-strategy.type: exponentialdelay\nrestart-strategy.exponential-delay.initial-backoff: 20ms\nrestart-strategy.exponential-delay.attempts-before-reset-backoff: 4\nrestart-strategy.exponential-delay.jitter-factor: 0",
+        &["--restart-backoff", "--restart-delay=20ms", "--max-restarts=4"],
+    ),
+    #[cfg(feature = "rocksdb")]
+    (
+        "state.backend.type: rocksdb\nstate.backend.rocksdb.localdir: /var/tmp/db\ntidemark.state.cache-entries: 1000\nexecution.checkpointing.incremental: true",
+        &["--state=rocksdb", "--state-dir=/var/tmp/db", "--state-cache-entries=1000", "--incremental"],
+    ),
+    #[cfg(feature = "rocksdb")]
+    (
+        "state.backend: rocksdb\nstate.backend.incremental: true",
+        &["--state=rocksdb", "--incremental"],
+    ),
+];
+
+/// Keys that name what Tidemark cannot do, each with a value and a word
+/// of the reason it gives.
+const REFUSED: &[(&str, &str)] = &[
+    ("restart-strategy.type: failure-rate", "failure-rate"),
+    (
+        "restart-strategy.failure-rate.max-failures-per-interval: 3",
+        "failure-rate",
+    ),
+    (
+        "restart-strategy.failure-rate.failure-rate-interval: 1 min",
+        "failure-rate",
+    ),
+    ("restart-strategy.failure-rate.delay: 1 s", "failure-rate"),
+    (
+        "restart-strategy.exponential-delay.reset-backoff-threshold: 1 h",
+        "never resets",
+    ),
+    (
+        "restart-strategy.exponential-delay.jitter-factor: 0.1",
+        "jitter",
+    ),
+    ("execution.state-recovery.claim-mode: LEGACY", "legacy"),
+    ("state.backend.rocksdb.localdir: /a,/b", "one directory"),
+    ("state.backend.type: forst", "hashmap or rocksdb"),
+];
+
+/// Rows of `SAME_AS_FLAGS` that set what is the default anyway.
+const RESTATE_DEFAULTS: &[&str] = &[
+    "execution.checkpointing.unaligned.enabled: false",
+    "state.backend.type: hashmap",
+    "state.backend: heap",
+    "restart-strategy.type: fixed-delay",
+];
+
+#[test]
+fn every_key_sets_what_its_flag_sets() {
+    let default = from_flags(&[]);
+    for (yaml, flags) in SAME_AS_FLAGS {
+        let settings = from_file(yaml);
+        assert_eq!(settings, from_flags(flags), "{yaml}");
+        if !RESTATE_DEFAULTS.contains(yaml) {
+            assert_ne!(settings, default, "{yaml} changes something");
+        }
+    }
+}
+
+/// The keys that have no flag.
+const BACKOFF: &str = "restart-strategy:\n  type: exponential-delay\n  exponential-delay:\n    max-backoff: 1 min\n    backoff-multiplier: 1.5\n";
+
+#[test]
+fn keys_without_a_flag_set_the_backoff() {
+    let mut options = Options::default();
+    file(BACKOFF).apply(&mut options, |_| false).unwrap();
+    assert_eq!(
+        options.job_config().restart,
+        RestartStrategy::ExponentialBackoff {
+            initial: RestartStrategy::DEFAULT_DELAY,
+            max: Duration::from_secs(60),
+            multiplier: 1.5,
+            max_attempts: RestartStrategy::DEFAULT_MAX_ATTEMPTS,
+        }
+    );
+}
+
+#[test]
+fn every_key_is_tested() {
+    let tested: Vec<&str> = SAME_AS_FLAGS
+        .iter()
+        .map(|(yaml, _)| *yaml)
+        .chain(REFUSED.iter().map(|(yaml, _)| *yaml))
+        .chain([BACKOFF])
+        .collect();
+    for key in KEYS {
+        #[cfg(not(feature = "rocksdb"))]
+        if [
+            "state.backend.rocksdb.localdir",
+            "tidemark.state.cache-entries",
+            "execution.checkpointing.incremental",
+        ]
+        .contains(&key.name)
+        {
+            continue;
+        }
+        let last = key.name.rsplit('.').next().unwrap();
+        assert!(
+            tested
+                .iter()
+                .any(|yaml| yaml.contains(key.name) || yaml.contains(&format!("{last}:"))),
+            "{} is tested",
+            key.name
+        );
+    }
+}
+
+#[test]
+fn keys_tidemark_cannot_honour_are_refused_with_the_reason() {
+    for (yaml, reason) in REFUSED {
+        match error(yaml) {
+            ConfigError::BadValue {
+                key, problem, line, ..
+            } => {
+                assert!(yaml.starts_with(&key), "{yaml}: {key}");
+                assert!(problem.contains(reason), "{yaml}: {problem}");
+                assert_eq!(line, 1);
+            }
+            other => panic!("{yaml}: {other}"),
+        }
+    }
+}
+
+#[test]
+fn nested_keys_are_flat_keys() {
+    let nested = "execution:\n  checkpointing:\n    interval: 1min\n    file-merging:\n      enabled: true\nparallelism:\n  default: 2\n";
+    let flat = "execution.checkpointing.interval: 1min\nexecution.checkpointing.file-merging.enabled: true\nparallelism.default: 2\n";
+    let mixed = "execution.checkpointing:\n  interval: 60000\n  file-merging.enabled: true\nparallelism.default: 2\n";
+    assert_eq!(from_file(nested), from_file(flat));
+    assert_eq!(from_file(mixed), from_file(flat));
+    assert_ne!(from_file(flat), from_file(""));
+}
+
+#[test]
+fn the_defaults_are_the_embedding_apis() {
+    let config = Options::default().job_config();
+    let embedded = JobConfig::default().checkpointing(CheckpointSettings::default());
+    assert_eq!(format!("{config:?}"), format!("{embedded:?}"));
+    assert_eq!(from_file("# nothing\n"), format!("{embedded:?}"));
+}
+
+/// `tidemark run wordcount FLAGS` with `yaml` as its configuration file.
+fn run_settings(yaml: &str, flags: &[&str]) -> (Options, Origins) {
+    let args = RunArgs::parse(["wordcount"].iter().chain(flags).copied()).unwrap();
+    let mut options = args.options.clone();
+    let origins = file(yaml)
+        .apply(&mut options, |id| args.given.contains(id))
+        .unwrap();
+    (options, origins)
+}
+
+#[test]
+fn flags_given_win_over_the_file_and_defaults_do_not() {
+    let yaml = "parallelism.default: 3\nexecution.checkpointing.timeout: 1 min\nexecution.checkpointing.file-merging.enabled: true\nrestart-strategy.type: exponential-delay\n";
+    let (options, origins) = run_settings(
+        yaml,
+        &["--parallelism=2", "--file-merging=false", "--timeout=10min"],
+    );
+    assert_eq!(options.parallelism, Some(2));
+    assert!(!options.file_merging);
+    assert_eq!(
+        options.timeout,
+        Duration::from_secs(600),
+        "given, though equal to the default"
+    );
+    assert!(options.restart_backoff, "the file's, over the default");
+    assert_eq!(origins.name("parallelism"), "--parallelism");
+    assert_eq!(
+        origins.name("restart_backoff"),
+        "restart-strategy.type (tidemark.yaml:4)"
+    );
+    assert_eq!(
+        origins.located("restart_backoff"),
+        Some(&Located {
+            key: "restart-strategy.type".into(),
+            line: 4
+        })
+    );
+}
+
+#[test]
+fn an_alignment_flag_replaces_both_alignment_keys() {
+    let yaml = "execution.checkpointing.unaligned.enabled: true\nexecution.checkpointing.aligned-checkpoint-timeout: 30 s\n";
+    let (options, _) = run_settings(yaml, &["--mode=unaligned"]);
+    assert_eq!(
+        (options.mode, options.aligned_timeout),
+        (Mode::Unaligned, None)
+    );
+    let (options, _) = run_settings(yaml, &["--aligned-timeout=5s"]);
+    assert_eq!(
+        (options.mode, options.aligned_timeout),
+        (Mode::Aligned, Some(Duration::from_secs(5)))
+    );
+    let (options, _) = run_settings(yaml, &[]);
+    assert_eq!(
+        (options.mode, options.aligned_timeout),
+        (Mode::Aligned, Some(Duration::from_secs(30)))
+    );
+}
+
+#[test]
+fn unknown_keys_and_bad_values_name_the_key_the_file_and_the_line() {
+    let e = error("parallelism.default: 2\nexecution:\n  checkpointing:\n    intervall: 1 s\n");
+    assert!(
+        matches!(&e, ConfigError::UnknownKey { key, line: 4, .. } if key == "execution.checkpointing.intervall"),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "tidemark.yaml:4: unknown key execution.checkpointing.intervall"
+    );
+    for (yaml, key) in [
+        (
+            "execution.checkpointing.timeout: soon",
+            "execution.checkpointing.timeout",
+        ),
+        (
+            "execution.checkpointing.interval: 0 s",
+            "execution.checkpointing.interval",
+        ),
+        (
+            "execution.checkpointing.num-retained: 0",
+            "execution.checkpointing.num-retained",
+        ),
+        (
+            "execution.checkpointing.data-inline-threshold: 20 kilo",
+            "execution.checkpointing.data-inline-threshold",
+        ),
+        (
+            "execution.checkpointing.incremental: yes",
+            "execution.checkpointing.incremental",
+        ),
+        ("parallelism.default: 129", "parallelism.default"),
+        (
+            "execution.checkpointing.file-merging.max-space-amplification: 1",
+            "execution.checkpointing.file-merging.max-space-amplification",
+        ),
+        (
+            "restart-strategy.exponential-delay.backoff-multiplier: 0.5",
+            "restart-strategy.exponential-delay.backoff-multiplier",
+        ),
+        ("restart-strategy.type: sometimes", "restart-strategy.type"),
+        (
+            "execution.state-recovery.path: /",
+            "execution.state-recovery.path",
+        ),
+        (
+            "tidemark.state.cache-entries: 0",
+            "tidemark.state.cache-entries",
+        ),
+        ("tidemark.source.rate: -3", "tidemark.source.rate"),
+        (
+            "execution.checkpointing.timeout:",
+            "execution.checkpointing.timeout",
+        ),
+        (
+            "execution.checkpointing.timeout: [1 s]",
+            "execution.checkpointing.timeout",
+        ),
+    ] {
+        let e = error(&format!("# settings\n{yaml}\n"));
+        let text = e.to_string();
+        assert!(
+            text.starts_with(&format!("tidemark.yaml:2: {key}: ")),
+            "{yaml}: {text}"
+        );
+    }
+}
+
+#[test]
+fn a_setting_given_twice_is_a_conflict() {
+    for (yaml, key, other) in [
+        (
+            "state.checkpoints.dir: /a\nexecution.checkpointing.dir: /b\n",
+            "execution.checkpointing.dir",
+            "state.checkpoints.dir",
+        ),
+        (
+            "execution.checkpointing.interval: 1 s\nexecution:\n  checkpointing:\n    interval: 2 s\n",
+            "execution.checkpointing.interval",
+            "execution.checkpointing.interval",
+        ),
+        (
+            "restart-strategy.type: none\nrestart-strategy.fixed-delay.attempts: 3\n",
+            "restart-strategy.fixed-delay.attempts",
+            "restart-strategy.type",
+        ),
+    ] {
+        match error(yaml) {
+            ConfigError::Conflict { key: k, other: o, other_line: 1, .. } => {
+                assert_eq!((k.as_str(), o.as_str()), (key, other), "{yaml}")
+            }
+            e => panic!("{yaml}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn keys_that_would_be_ignored_are_refused() {
+    for (yaml, key, problem) in [
+        (
+            "execution.checkpointing.aligned-checkpoint-timeout: 1 s\n",
+            "execution.checkpointing.aligned-checkpoint-timeout",
+            "unaligned.enabled: true",
+        ),
+        (
+            "restart-strategy.type: fixed-delay\nrestart-strategy.exponential-delay.max-backoff: 1 s\n",
+            "restart-strategy.exponential-delay.max-backoff",
+            "exponential-delay, and the restart strategy is fixed-delay",
+        ),
+        (
+            "restart-strategy.type: none\nrestart-strategy.fixed-delay.delay: 1 s\n",
+            "restart-strategy.fixed-delay.delay",
+            "fixed-delay, and the restart strategy is none",
+        ),
+    ] {
+        match error(yaml) {
+            ConfigError::BadValue { key: k, problem: p, .. } => {
+                assert_eq!(k, key, "{yaml}");
+                assert!(p.contains(problem), "{yaml}: {p}");
+            }
+            e => panic!("{yaml}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_file_that_is_not_a_map_of_keys_is_refused() {
+    for (yaml, line) in [
+        ("- a\n- b\n", 1),
+        ("a: [1\n", 2),
+        ("a: 1\n---\nb: 2\n", 3),
+        ("? [a]\n: 1\n", 1),
+    ] {
+        match ConfigFile::parse("tidemark.yaml", yaml) {
+            Err(ConfigError::Syntax { line: l, .. }) => assert_eq!(l, line, "{yaml}"),
+            other => panic!("{yaml}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn load_refuses_settings_that_do_not_work_together_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tidemark.yaml");
+    std::fs::write(
+        &path,
+        "parallelism.default: 2\nexecution.checkpointing.file-merging.max-file-size: 1 mb\n",
+    )
+    .unwrap();
+    let e = load(&path).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "{}:2: execution.checkpointing.file-merging.max-file-size: applies to file merging",
+            path.display()
+        )),
+        "{text}"
+    );
+
+    std::fs::write(
+        &path,
+        "parallelism.default: 2\nexecution.checkpointing.num-retained: 4\n",
+    )
+    .unwrap();
+    let config = load(&path).unwrap();
+    assert_eq!(config.parallelism, 2);
+    assert_eq!(config.checkpointing.unwrap().config.retain, 4);
+
+    let missing = dir.path().join("missing.yaml");
+    assert!(matches!(load(&missing), Err(ConfigError::Read { path, .. }) if path == missing));
+}

@@ -1,0 +1,276 @@
+//! Values in the formats of Flink's configuration, read by the same
+//! function whether a flag or a configuration file gives them: one format
+//! per kind of value. Each returns the problem as text, which clap and the
+//! file reader put next to the flag or key.
+
+use super::options::{CheckpointInterval, RestoreArg};
+use std::ops::RangeInclusive;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tidemark::checkpoint::RestoreMode;
+use tidemark::ids::CheckpointId;
+use tidemark::storage::METADATA;
+
+/// Splits `1 s`, `20kb` or `500` into its digits and its lower-case unit,
+/// as Flink's `TimeUtils` and `MemorySize` do.
+fn number_and_unit(s: &str) -> Option<(u64, String)> {
+    let s = s.trim();
+    let digits = s.len() - s.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    let number = s[..digits].parse().ok()?;
+    Some((number, s[digits..].trim().to_lowercase()))
+}
+
+/// Flink's `TimeUtils.parseDuration`: a whole number and a unit (`d`, `h`,
+/// `min` or `m`, `s`, `ms`, `µs`, `ns`, or their long names such as
+/// `minutes`), with or without a space; a bare number is milliseconds.
+pub fn duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("expected a duration such as 100 ms, 2s or 10 min, got {s:?}");
+    let (n, unit) = number_and_unit(s).ok_or_else(bad)?;
+    let seconds = |per: u64| n.checked_mul(per).map(Duration::from_secs);
+    match unit.as_str() {
+        "d" | "day" | "days" => seconds(86_400),
+        "h" | "hour" | "hours" => seconds(3_600),
+        "min" | "m" | "minute" | "minutes" => seconds(60),
+        "s" | "sec" | "secs" | "second" | "seconds" => seconds(1),
+        "" | "ms" | "milli" | "millis" | "millisecond" | "milliseconds" => {
+            Some(Duration::from_millis(n))
+        }
+        "µs" | "micro" | "micros" | "microsecond" | "microseconds" => {
+            Some(Duration::from_micros(n))
+        }
+        "ns" | "nano" | "nanos" | "nanosecond" | "nanoseconds" => Some(Duration::from_nanos(n)),
+        _ => None,
+    }
+    .ok_or_else(bad)
+}
+
+/// Flink's `MemorySize`: a whole number of bytes with an optional binary
+/// unit (`b`, `k`/`kb`, `m`/`mb`, `g`/`gb`, `t`/`tb` and their long names;
+/// `KiB`, `MiB`, `GiB`, `TiB` too), any case, with or without a space.
+pub fn size(s: &str) -> Result<u64, String> {
+    let bad = || format!("expected a size such as 4096, 20 kb or 32MiB, got {s:?}");
+    let (n, unit) = number_and_unit(s).ok_or_else(bad)?;
+    let shift = match unit.as_str() {
+        "" | "b" | "bytes" => 0,
+        "k" | "kb" | "kib" | "kibibytes" => 10,
+        "m" | "mb" | "mib" | "mebibytes" => 20,
+        "g" | "gb" | "gib" | "gibibytes" => 30,
+        "t" | "tb" | "tib" | "tebibytes" => 40,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(1 << shift).ok_or_else(bad)
+}
+
+/// `true` or `false`, any case, as Flink reads booleans.
+pub fn boolean(s: &str) -> Result<bool, String> {
+    match s.trim().to_lowercase().as_str() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(format!("expected true or false, got {s:?}")),
+    }
+}
+
+/// A whole number within `range`.
+fn whole(s: &str, range: RangeInclusive<u64>) -> Result<u64, String> {
+    s.trim()
+        .parse()
+        .ok()
+        .filter(|n| range.contains(n))
+        .ok_or_else(|| match range.end() {
+            &u64::MAX => format!(
+                "expected a whole number of at least {}, got {s:?}",
+                range.start()
+            ),
+            end => format!(
+                "expected a whole number from {} to {end}, got {s:?}",
+                range.start()
+            ),
+        })
+}
+
+/// Subtasks per operator: at least one, at most the default max
+/// parallelism, since every subtask needs a key group.
+pub fn parallelism(s: &str) -> Result<u32, String> {
+    whole(s, 1..=128).map(|n| n as u32)
+}
+
+/// A count that must be at least one.
+pub fn positive(s: &str) -> Result<u32, String> {
+    whole(s, 1..=u32::MAX.into()).map(|n| n as u32)
+}
+
+/// A count that may be zero.
+pub fn count(s: &str) -> Result<u32, String> {
+    whole(s, 0..=u32::MAX.into()).map(|n| n as u32)
+}
+
+/// Values the RocksDB backend keeps decoded: at least one.
+pub fn cache_entries(s: &str) -> Result<usize, String> {
+    whole(s, 1..=usize::MAX as u64).map(|n| n as usize)
+}
+
+/// A finite number above zero.
+fn positive_real(s: &str) -> Option<f64> {
+    s.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0)
+}
+
+/// Records per second over all sources.
+pub fn rate(s: &str) -> Result<f64, String> {
+    positive_real(s)
+        .ok_or_else(|| format!("expected a positive number of records per second, got {s:?}"))
+}
+
+/// Total over live bytes of a merged file, above which it is compacted.
+pub fn amplification(s: &str) -> Result<f64, String> {
+    positive_real(s).filter(|v| *v > 1.0).ok_or_else(|| {
+        format!(
+            "expected total / live bytes above 1 (1.5 rewrites a file a third of which is wasted), got {s:?}"
+        )
+    })
+}
+
+/// Growth of the restart delay per restart: at least 1.
+pub fn multiplier(s: &str) -> Result<f64, String> {
+    positive_real(s)
+        .filter(|v| *v >= 1.0)
+        .ok_or_else(|| format!("expected a factor of at least 1, got {s:?}"))
+}
+
+/// A checkpoint interval: a positive duration, or `off`.
+pub fn interval(s: &str) -> Result<CheckpointInterval, String> {
+    if s.trim() == "off" {
+        return Ok(CheckpointInterval(None));
+    }
+    match duration(s)? {
+        d if d.is_zero() => Err("must be positive, or `off`".into()),
+        d => Ok(CheckpointInterval(Some(d))),
+    }
+}
+
+/// The directory `path` names: itself, or the one its `_metadata` is in.
+pub(crate) fn snapshot_dir(path: &str) -> &str {
+    let dir = path.trim_end_matches('/');
+    dir.strip_suffix(METADATA)
+        .unwrap_or(dir)
+        .trim_end_matches('/')
+}
+
+/// `latest`, a checkpoint directory `[PATH/]chk-N`, or a savepoint
+/// directory (a path or URL, or the `_metadata` in it).
+pub fn restore(s: &str) -> Result<RestoreArg, String> {
+    if s == "latest" {
+        return Ok(RestoreArg::Latest);
+    }
+    let dir = snapshot_dir(s);
+    if dir.is_empty() {
+        return Err(format!(
+            "expected `latest`, a checkpoint directory chk-N or a savepoint directory, got {s:?}"
+        ));
+    }
+    let path = PathBuf::from(dir);
+    let id = path
+        .file_name()
+        .and_then(|n| n.to_str()?.strip_prefix("chk-")?.parse().ok());
+    let Some(id) = id.filter(|_| !dir.contains("://")) else {
+        return Ok(RestoreArg::Savepoint(dir.to_owned()));
+    };
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(Path::to_path_buf);
+    Ok(RestoreArg::Checkpoint {
+        parent,
+        id: CheckpointId(id),
+    })
+}
+
+/// `claim` or `no-claim`, also in Flink's spelling `CLAIM`, `NO_CLAIM`.
+pub fn restore_mode(s: &str) -> Result<RestoreMode, String> {
+    match s.trim().to_lowercase().replace('_', "-").as_str() {
+        "claim" => Ok(RestoreMode::Claim),
+        "no-claim" => Ok(RestoreMode::NoClaim),
+        "legacy" => Err("Flink's legacy mode is not supported; use claim or no-claim".into()),
+        _ => Err(format!("expected claim or no-claim, got {s:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_flink_reads_them() {
+        let ms = Duration::from_millis;
+        for (text, expected) in [
+            ("1 s", ms(1000)),
+            ("100 ms", ms(100)),
+            ("10 min", ms(600_000)),
+            ("1min", ms(60_000)),
+            ("2m", ms(120_000)),
+            ("500ms", ms(500)),
+            ("500", ms(500)),
+            ("  3 SECONDS ", ms(3000)),
+            ("1h", ms(3_600_000)),
+            ("2 days", ms(172_800_000)),
+            ("7µs", Duration::from_micros(7)),
+            ("9 nanos", Duration::from_nanos(9)),
+            ("0s", Duration::ZERO),
+        ] {
+            assert_eq!(duration(text), Ok(expected), "{text:?}");
+        }
+        for bad in [
+            "",
+            "s",
+            "1.5s",
+            "-1s",
+            "1 fortnight",
+            "1s 500ms",
+            "99999999999999999999 d",
+        ] {
+            assert!(duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn sizes_read_as_flink_reads_them_in_binary_units() {
+        for (text, expected) in [
+            ("4096", 4096),
+            ("32 mb", 32 << 20),
+            ("20kb", 20 << 10),
+            ("1 gb", 1 << 30),
+            ("20KiB", 20 << 10),
+            ("1MiB", 1 << 20),
+            ("3 bytes", 3),
+            ("2t", 2 << 40),
+            ("0", 0),
+        ] {
+            assert_eq!(size(text), Ok(expected), "{text:?}");
+        }
+        for bad in ["", "kb", "1.5mb", "1 kilo", "-1", "99999999999 tb"] {
+            assert!(size(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn restore_names_latest_a_checkpoint_or_a_savepoint() {
+        assert_eq!(restore("latest"), Ok(RestoreArg::Latest));
+        assert_eq!(
+            restore("/ck/job/chk-7/_metadata"),
+            Ok(RestoreArg::Checkpoint {
+                parent: Some("/ck/job".into()),
+                id: CheckpointId(7)
+            })
+        );
+        assert_eq!(
+            restore("s3://b/sp/chk-7"),
+            Ok(RestoreArg::Savepoint("s3://b/sp/chk-7".into()))
+        );
+        assert!(restore("/").is_err());
+        assert_eq!(restore_mode("NO_CLAIM"), Ok(RestoreMode::NoClaim));
+        assert_eq!(restore_mode("claim"), Ok(RestoreMode::Claim));
+        assert!(restore_mode("LEGACY").unwrap_err().contains("legacy"));
+    }
+}
