@@ -27,8 +27,8 @@ pub enum Partitioner {
 pub struct OperatorSpec {
     /// Its position in `JobGraph::operators`.
     pub id: OperatorId,
-    /// For people: logs, statistics and the REST API. Chained steps append
-    /// theirs (`source -> map`).
+    /// For people: logs, statistics and the REST API. A sink chained to the
+    /// operator appends its name (`count -> sink`).
     pub name: String,
     /// Stable identity across versions of a job: state is matched by it.
     pub uid: String,

@@ -1,14 +1,37 @@
-//! Tidemark's core: everything about running a fault-tolerant stream job that
-//! can be decided without threads, clocks or sockets. It owns the model (ids,
-//! the `JobGraph`, key groups, batches and channel events), the typed job
-//! builder and the operator chains it produces, keyed state and its backends,
-//! and the protocols as sans-IO state machines: credit-based flow control, the
-//! input gate, the checkpoint coordinator and the barrier handler, with the
-//! checkpoint formats and storage they hand their results to, restore
-//! planning, restart strategies and failure-injection schedules. It does not
-//! own actors, timers or threads: the
-//! `tidemark-actors` crate wraps each state machine in an actix actor and
-//! carries out what it decides.
+//! Tidemark's core: everything about running a fault-tolerant stream job
+//! short of actors, threads and timers.
+//!
+//! The checkpoint protocol lives in [`checkpoint`] (`src/checkpoint/`), pure
+//! and deterministic: the coordinator ([`checkpoint::coordinator`]) and the
+//! barrier handler ([`checkpoint::barrier`]) are state machines that take an
+//! event and the current time and return actions; the shared-state registry
+//! ([`checkpoint::shared`]), the file-merging planner
+//! ([`checkpoint::merging`]), restore planning ([`checkpoint::restore`]), the
+//! `_metadata` format ([`checkpoint::metadata`]) and the savepoint plan
+//! ([`checkpoint::savepoint`]) decide from their inputs alone. Around them,
+//! equally free of IO: the model (ids, the [`graph::JobGraph`], key groups,
+//! batches and channel events), credit-based flow control and the input
+//! gate, the typed job builder ([`job`]) and the operator chains it
+//! produces, keyed state on the heap, restart strategies and
+//! failure-injection schedules.
+//!
+//! Two places do IO, carrying out what those decided: [`storage`]
+//! (`src/storage/`: checkpoint storage over `object_store`, as async
+//! functions, and the savepoint copier) and the RocksDB state backend
+//! (`src/state/rocksdb.rs`, on local disk).
+//!
+//! Features, both on by default: `rocksdb` (the RocksDB state backend,
+//! which compiles RocksDB's C++) and `s3` (`s3://` checkpoint storage, with
+//! object_store's S3 client and HTTP stack). An application that keeps its
+//! state on the heap and its checkpoints in local files or in memory
+//! depends on `tidemark` with `default-features = false` and compiles
+//! neither RocksDB nor an HTTP client.
+//!
+//! This crate owns no actors, threads or timers: the `tidemark-actors`
+//! crate wraps each state machine in an actix actor, arms its timers, moves
+//! its messages and runs the storage IO.
+
+#![warn(missing_docs)]
 
 pub mod batch;
 pub mod channel;

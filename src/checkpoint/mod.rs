@@ -1,6 +1,24 @@
-//! Checkpoints: the protocol that makes a job's state fault tolerant, as
-//! sans-IO state machines (the coordinator, the barrier handler) plus the
-//! formats and storage they hand their results to.
+//! Checkpoints: the protocol that makes a job's state fault tolerant, the
+//! pure side of it. Nothing here does IO, reads a clock or spawns a task:
+//!
+//! - [`coordinator`]: Flink's `CheckpointCoordinator`, a state machine from
+//!   events to actions.
+//! - [`barrier`]: the barrier handler of a subtask's input (aligned,
+//!   unaligned, aligned with timeout), a state machine over its input gate.
+//! - [`input_end`]: when a checkpointed job takes its final checkpoint and
+//!   ends its input.
+//! - [`shared`]: the `SharedStateRegistry`, which decides what may be
+//!   deleted.
+//! - [`merging`]: the file-merging planner, where a snapshot's objects go.
+//! - [`restore`]: restore planning, which state each subtask resumes from.
+//! - [`metadata`]: the `_metadata` format.
+//! - [`savepoint`]: the savepoint plan (relocation and reference checks).
+//! - [`store`]: the in-memory `CompletedCheckpointStore`.
+//!
+//! This module also holds the handles and records they exchange (state
+//! handles, acks, completed checkpoints) and the job's checkpoint settings.
+//! The IO side, which writes, reads, copies and deletes what these decide,
+//! is [`crate::storage`] (and the RocksDB backend in [`crate::state`]).
 
 pub mod barrier;
 pub mod coordinator;

@@ -70,6 +70,7 @@ pub struct HeapSnapshot {
 }
 
 impl HeapSnapshot {
+    /// The key groups it holds.
     pub fn key_groups(&self) -> KeyGroupRange {
         self.range
     }
@@ -94,7 +95,9 @@ impl HeapSnapshot {
 /// group in the range.
 #[derive(Clone, Copy, Debug)]
 pub struct KeySlot {
+    /// The key's table hash (its key hash with the halves swapped).
     pub hash: u64,
+    /// Offset of its key group in the backend's range.
     pub group: usize,
 }
 
@@ -105,6 +108,8 @@ pub(super) fn table_hash<K: Key>(key: &K) -> u64 {
     key_hash(key).rotate_left(32)
 }
 
+/// Keyed state of one subtask on the heap: one table per state and key
+/// group. Snapshots are full.
 pub struct HeapKeyedStateBackend<K: Key> {
     range: KeyGroupRange,
     max_parallelism: u32,
@@ -114,6 +119,7 @@ pub struct HeapKeyedStateBackend<K: Key> {
 }
 
 impl<K: Key> HeapKeyedStateBackend<K> {
+    /// Empty state for the key groups `range` of `max_parallelism`.
     pub fn new(range: KeyGroupRange, max_parallelism: u32) -> Self {
         HeapKeyedStateBackend {
             range,
@@ -124,10 +130,12 @@ impl<K: Key> HeapKeyedStateBackend<K> {
         }
     }
 
+    /// The key groups it owns.
     pub fn key_groups(&self) -> KeyGroupRange {
         self.range
     }
 
+    /// The operator's max parallelism.
     pub fn max_parallelism(&self) -> u32 {
         self.max_parallelism
     }
@@ -144,6 +152,7 @@ impl<K: Key> HeapKeyedStateBackend<K> {
         self.tables.len() - 1
     }
 
+    /// The synchronous part of a snapshot: an owned copy of every table.
     pub fn snapshot(&self) -> HeapSnapshot {
         HeapSnapshot {
             range: self.range,

@@ -44,7 +44,9 @@ pub enum StateBackend {
     /// snapshots are RocksDB native checkpoints. `cache_entries` bounds the
     /// write-back cache of typed values in front of each database.
     RocksDb {
+        /// Parent of the subtasks' working directories (local disk).
         local_dir: PathBuf,
+        /// Typed values cached per subtask in front of its database.
         cache_entries: usize,
     },
 }
@@ -64,25 +66,40 @@ impl StateBackend {
     }
 }
 
+/// Why keyed state could not be restored, read or snapshotted.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum StateError {
+    /// The snapshot holds a state (by name) that the operator did not
+    /// declare: the job's code changed in a way the state cannot follow.
     #[error("keyed state {0:?} in the snapshot is not declared by the operator")]
     UnknownState(String),
+    /// A key group handed to a subtask that does not own it: a restore
+    /// planning bug.
     #[error("{0} is not owned by this subtask")]
     ForeignKeyGroup(KeyGroup),
+    /// Stored bytes do not decode as the declared type.
     #[error("keyed state does not decode: {0}")]
     Decode(String),
+    /// A RocksDB native checkpoint offered to the heap backend (the directory
+    /// holding it).
     #[error(
         "the checkpoint in {0} was taken with the RocksDB state backend (a native \
          checkpoint); the heap backend restores only key-group snapshots, so run \
          the job with the RocksDB backend"
     )]
     NativeCheckpointOnHeap(PathBuf),
+    /// RocksDB returned an error.
     #[cfg(feature = "rocksdb")]
     #[error("RocksDB: {0}")]
     RocksDb(String),
+    /// A local file or directory of the state could not be used.
     #[error("{path}: {message}")]
-    Io { path: PathBuf, message: String },
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The IO error.
+        message: String,
+    },
 }
 
 impl StateError {
@@ -97,6 +114,7 @@ impl StateError {
 
 /// The keyed state of one subtask, in the backend the job chose.
 pub enum KeyedStateBackend<K: Key> {
+    /// [`StateBackend::Heap`].
     Heap(HeapKeyedStateBackend<K>),
     #[cfg(feature = "rocksdb")]
     /// Boxed: the database handle, options and cache are far larger than
@@ -132,6 +150,7 @@ impl<K: Key> KeyedStateBackend<K> {
         }
     }
 
+    /// The key groups this subtask owns.
     pub fn key_groups(&self) -> KeyGroupRange {
         match self {
             KeyedStateBackend::Heap(b) => b.key_groups(),
@@ -248,18 +267,25 @@ pub struct StateRegistrar<'a, K: Key> {
 }
 
 impl<'a, K: Key> StateRegistrar<'a, K> {
+    /// Declares states in `backend`.
     pub fn new(backend: &'a mut KeyedStateBackend<K>) -> Self {
         StateRegistrar { backend }
     }
 
+    /// Declares value state `name`. The name is what matches the state in a
+    /// snapshot, so it must be unique in the operator and stable across
+    /// versions of the job.
     pub fn value<V: Data>(&mut self, name: &str) -> ValueState<V> {
         ValueState::new(self.backend.register::<V>(name))
     }
 
+    /// Declares map state `name` (named as for [`value`](Self::value)). A
+    /// key's whole map is one value of the backend.
     pub fn map<UK: Key, UV: Data>(&mut self, name: &str) -> MapState<UK, UV> {
         MapState::new(self.backend.register::<rustc_hash::FxHashMap<UK, UV>>(name))
     }
 
+    /// Declares list state `name` (named as for [`value`](Self::value)).
     pub fn list<V: Data>(&mut self, name: &str) -> ListState<V> {
         ListState::new(self.backend.register::<Vec<V>>(name))
     }
@@ -280,14 +306,17 @@ impl<'a, K: Key> KeyedContext<'a, K> {
         KeyedContext { backend, key, slot }
     }
 
+    /// The key of the record being processed.
     pub fn key(&self) -> &K {
         self.key
     }
 
+    /// The current key's value of `state`.
     pub fn value<V: Data>(&mut self, state: &ValueState<V>) -> Entry<'_, K, V> {
         self.entry(state.id)
     }
 
+    /// The current key's map of `state`.
     pub fn map<UK: Key, UV: Data>(
         &mut self,
         state: &MapState<UK, UV>,
@@ -295,6 +324,7 @@ impl<'a, K: Key> KeyedContext<'a, K> {
         self.entry(state.id)
     }
 
+    /// The current key's list of `state`.
     pub fn list<V: Data>(&mut self, state: &ListState<V>) -> Entry<'_, K, Vec<V>> {
         self.entry(state.id)
     }
@@ -334,6 +364,7 @@ enum EntryRef<'a, K: Key, S> {
 }
 
 impl<K: Key, S: Data> Entry<'_, K, S> {
+    /// The value, if the key has one.
     pub fn get(&self) -> Option<&S> {
         match &self.0 {
             EntryRef::Heap { table, key, hash } => {
@@ -344,6 +375,7 @@ impl<K: Key, S: Data> Entry<'_, K, S> {
         }
     }
 
+    /// Replaces the value.
     pub fn set(&mut self, value: S) {
         match &mut self.0 {
             EntryRef::Heap { table, key, hash } => {
@@ -362,6 +394,7 @@ impl<K: Key, S: Data> Entry<'_, K, S> {
         }
     }
 
+    /// Removes the value; returns what it was.
     pub fn clear(&mut self) -> Option<S> {
         match &mut self.0 {
             EntryRef::Heap { table, key, hash } => {

@@ -315,6 +315,9 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
     /// on top), next to RocksDB's 64 MiB block cache and its memtables.
     pub const DEFAULT_CACHE_ENTRIES: usize = 1 << 20;
 
+    /// A backend for the key groups `range` of `max_parallelism` (at most
+    /// 2^15), whose working directory will be made under `local_dir` and
+    /// named after `label`; nothing is created yet.
     pub fn new(local_dir: &Path, label: &str, range: KeyGroupRange, max_parallelism: u32) -> Self {
         assert!(
             max_parallelism <= MAX_KEY_GROUPS,
@@ -343,10 +346,12 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
         self.cache_capacity = entries.max(1);
     }
 
+    /// The key groups it owns.
     pub fn key_groups(&self) -> KeyGroupRange {
         self.range
     }
 
+    /// The operator's max parallelism.
     pub fn max_parallelism(&self) -> u32 {
         self.max_parallelism
     }

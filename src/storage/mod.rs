@@ -9,6 +9,7 @@
 //! <root>/<job-id>/chk-<id>/_metadata        written last, atomically
 //! <root>/<job-id>/chk-<id>/<object>         state written by subtasks
 //! <root>/<job-id>/shared/<object>           incremental files shared across checkpoints
+//! <root>/<job-id>/merged/<object>           physical files holding merged segments
 //! <root>/<job-id>/checkpoint-id-counter     next checkpoint id
 //! ```
 //!
@@ -39,35 +40,69 @@ pub const METADATA: &str = "_metadata";
 /// The checkpoint id counter, relative to the job directory.
 pub const COUNTER: &str = "checkpoint-id-counter";
 
+/// Why checkpoint storage could not be opened, read or written.
 #[derive(Debug, Error)]
 pub enum StorageError {
+    /// A URL scheme other than a path, `file://`, `memory://` or `s3://`.
     #[error("unsupported checkpoint storage URL {0:?}: use a path, file://, memory:// or s3://bucket/prefix")]
     UnsupportedUrl(String),
+    /// A supported scheme with a bad rest (no bucket, a bad prefix), or
+    /// `s3://` in a build without the `s3` feature.
     #[error("invalid checkpoint storage URL {url:?}: {problem}")]
-    InvalidUrl { url: String, problem: String },
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The store could not be opened (a local directory missing or not
+    /// creatable, an S3 client that cannot be configured).
     #[error("cannot open checkpoint storage at {url}: {source}")]
     Open {
+        /// The URL as given.
         url: String,
+        /// The underlying error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A relative path (typically read from a checkpoint) that would leave
+    /// the directory: refused before any IO.
     #[error("path {0:?} escapes the checkpoint directory")]
     EscapingPath(String),
+    /// The object store failed; [`StorageError::is_not_found`] tells a
+    /// missing object apart.
     #[error("checkpoint storage failed at {path}: {source}")]
     Io {
+        /// The object's path in the store.
         path: String,
+        /// The object store's error.
         source: object_store::Error,
     },
+    /// A metadata file was read but is not valid `_metadata`.
     #[error("{path}: {source}")]
-    Metadata { path: String, source: MetadataError },
+    Metadata {
+        /// Where the file is.
+        path: String,
+        /// What is wrong with it.
+        source: MetadataError,
+    },
+    /// The id counter object does not hold a number.
     #[error("{path} holds {found:?}, not a checkpoint id counter")]
-    Counter { path: String, found: String },
+    Counter {
+        /// Where the counter is.
+        path: String,
+        /// What it holds.
+        found: String,
+    },
 }
 
 /// Why the bytes of a state handle could not be read.
 #[derive(Debug, Error)]
 pub enum ReadError {
+    /// The store failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// The object is not as long as the handle records: truncated or
+    /// replaced.
     #[error(transparent)]
     Mismatch(#[from] HandleMismatch),
 }
@@ -104,7 +139,9 @@ pub struct StorageCounters {
 pub struct StoredObject {
     /// Relative to the job directory.
     pub path: String,
+    /// Size in bytes.
     pub size: u64,
+    /// When the store last wrote it; cleanup judges orphans by age.
     pub last_modified: SystemTime,
 }
 
@@ -259,6 +296,7 @@ impl CheckpointStorage {
             .join("/")
     }
 
+    /// What this storage (and its clones, not its subdirectories) did.
     pub fn counters(&self) -> &StorageCounters {
         &self.counters
     }
@@ -289,6 +327,8 @@ impl CheckpointStorage {
         }
     }
 
+    /// Writes the object `relative` whole (an atomic put), replacing any
+    /// object of that name.
     pub async fn put(&self, relative: &str, bytes: Bytes) -> Result<(), StorageError> {
         self.write(relative, bytes).await?;
         self.counters
@@ -312,6 +352,7 @@ impl CheckpointStorage {
         Ok(())
     }
 
+    /// The bytes of the object `relative`.
     pub async fn get(&self, relative: &str) -> Result<Bytes, StorageError> {
         let path = self.resolve(relative)?;
         let result = self.store.get(&path).await.map_err(Self::io(&path))?;
@@ -435,6 +476,7 @@ impl CheckpointStorage {
             .await
     }
 
+    /// The `_metadata` of checkpoint `id` of this job directory.
     pub async fn read_metadata(
         &self,
         id: CheckpointId,
@@ -509,6 +551,8 @@ impl CheckpointStorage {
         Ok(CheckpointId(stored.max(after_completed)))
     }
 
+    /// Persists the id counter: `next` is the lowest id a later run may use.
+    /// Done before the barrier of `next - 1` goes out.
     pub async fn store_next_checkpoint_id(&self, next: CheckpointId) -> Result<(), StorageError> {
         self.write(COUNTER, Bytes::from(next.0.to_string())).await?;
         if !self.counter_exists.swap(true, Ordering::Relaxed) {

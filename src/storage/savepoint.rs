@@ -12,18 +12,32 @@ use thiserror::Error;
 /// Objects copied at once.
 const PARALLEL_COPIES: usize = 4;
 
+/// Why a savepoint could not be written or opened.
 #[derive(Debug, Error)]
 pub enum SavepointError {
+    /// The savepoint's directory (named) already has a `_metadata`: a
+    /// savepoint is never overwritten.
     #[error("{0} already holds a savepoint; nothing was written")]
     Exists(String),
+    /// The directory (named) has no `_metadata`.
     #[error("{0} is not a savepoint or checkpoint directory: it holds no {METADATA}")]
     NoMetadata(String),
+    /// The directory (named) holds a checkpoint of a job directory, not a
+    /// relocatable savepoint.
     #[error("{0} is a checkpoint whose references are relative to its job's checkpoint directory, not a self-contained savepoint; restore it as <checkpoint dir>/<job>/chk-N")]
     NotSelfContained(String),
+    /// The metadata references something outside its directory.
     #[error(transparent)]
     EscapingReference(#[from] EscapingReference),
+    /// A state object of the checkpoint could not be read for the copy.
     #[error("{path}: {source}")]
-    Read { path: String, source: ReadError },
+    Read {
+        /// The object's location.
+        path: String,
+        /// Why.
+        source: ReadError,
+    },
+    /// Storage failed otherwise.
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
