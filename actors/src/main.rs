@@ -1,3 +1,6 @@
+//! The `tidemark` command line: `run` an example topology, `inspect` a
+//! checkpoint or savepoint, `cleanup` a job's checkpoint directory.
+
 use tidemark_actors::cli::{self, cleanup, inspect, Cli, Command};
 
 fn main() {

@@ -10,13 +10,17 @@ use tidemark::ids::ChannelId;
 /// High-water marks of one channel, against the credits that bound them.
 #[derive(Debug, Default)]
 pub struct ChannelGauge {
+    /// Batches the output endpoint may have in flight: bounds
+    /// `max_output_queued`.
     pub output_credits: u32,
+    /// Batches the input endpoint grants: bounds `max_input_buffered`.
     pub input_credits: u32,
     max_output_queued: AtomicU32,
     max_input_buffered: AtomicU32,
 }
 
 impl ChannelGauge {
+    /// A gauge with no batches seen yet.
     pub fn new(output_credits: u32, input_credits: u32) -> Self {
         ChannelGauge {
             output_credits,
@@ -25,10 +29,13 @@ impl ChannelGauge {
         }
     }
 
+    /// Called by the output endpoint with its current queue length.
     pub fn observe_output(&self, queued: u32) {
         self.max_output_queued.fetch_max(queued, Ordering::Relaxed);
     }
 
+    /// Called by the input endpoint with the batches it holds or has handed
+    /// to its subtask.
     pub fn observe_input(&self, buffered: u32) {
         self.max_input_buffered
             .fetch_max(buffered, Ordering::Relaxed);
@@ -45,10 +52,16 @@ impl ChannelGauge {
     }
 }
 
+/// The live figures of one job, over all its attempts: restarts add to
+/// them, they never reset. [`crate::JobHandle::metrics`] reads them while the
+/// job runs; the `--json` report is built from them.
 #[derive(Debug, Default)]
 pub struct JobMetrics {
     records_in: AtomicU64,
+    /// One gauge per channel, created at its first deployment and kept
+    /// across restarts.
     pub channels: DashMap<ChannelId, Arc<ChannelGauge>>,
+    /// Figures of checkpoints, savepoints, restarts and restores.
     pub checkpoints: CheckpointStats,
 }
 
@@ -57,50 +70,70 @@ pub struct JobMetrics {
 pub struct CheckpointStats {
     /// Completed checkpoints; savepoints are counted apart.
     pub completed: AtomicU64,
+    /// Savepoints written into their directory.
     pub savepoints: AtomicU64,
     /// Trigger to the last savepoint's directory written, in microseconds.
     pub savepoint_us_last: AtomicU64,
+    /// Checkpoints and savepoints that expired, were declined or could not
+    /// be finalized. Not counted: subsumed ones, those abandoned by a
+    /// restart or the job's end, and those a master hook failed to trigger.
     pub failed: AtomicU64,
+    /// Restarts after failures (not counting the one that gave up).
     pub restarts: AtomicU64,
     /// Trigger to completion, per completed checkpoint, in milliseconds.
     pub durations_ms: Mutex<Vec<f64>>,
-    /// Per acknowledgement, in milliseconds.
+    /// How long a subtask waited for the barrier on all its inputs, per
+    /// acknowledgement of the current attempt, in milliseconds.
     pub alignments_ms: Mutex<Vec<f64>>,
-    /// State size of the last completed checkpoint.
+    /// Bytes of the whole state the last completed checkpoint references,
+    /// shared files of earlier checkpoints and inline state included.
     pub bytes_full: AtomicU64,
-    /// From a failure to the restored attempt's first records, in milliseconds.
+    /// From a failure to the deployment of the next attempt that deploys
+    /// (restored, if there is a checkpoint), in milliseconds; one sample per
+    /// recovery.
     pub recoveries_ms: Mutex<Vec<f64>>,
     /// In-flight bytes persisted as channel state by the last completed
-    /// checkpoint, and the most by any.
+    /// checkpoint.
     pub inflight_last: AtomicU64,
+    /// The most in-flight bytes any completed checkpoint persisted.
     pub inflight_max: AtomicU64,
-    /// Most batches persisted for one channel by any completed checkpoint.
+    /// Most batches persisted for one channel (one side of it) by any
+    /// completed checkpoint.
     pub inflight_batches_per_channel_max: AtomicU32,
     /// Completed checkpoints that timed out aligning and went unaligned.
     pub switched_to_unaligned: AtomicU64,
-    /// In-flight batches replayed by restores.
+    /// In-flight batches that restores handed back to subtasks from channel
+    /// state, over all restores.
     pub restored_inflight_batches: AtomicU64,
-    /// What completed checkpoints wrote themselves, as opposed to what they
-    /// reference from earlier ones.
+    /// Bytes the last completed checkpoint wrote itself, as opposed to what
+    /// it references from earlier ones.
     pub bytes_uploaded_last: AtomicU64,
+    /// Bytes all completed checkpoints wrote themselves.
     pub bytes_uploaded_total: AtomicU64,
+    /// State handles all completed checkpoints wrote themselves: inline
+    /// handles and segments of merged files count one each.
     pub files_uploaded_total: AtomicU64,
     /// Bytes each completed checkpoint wrote itself.
     pub bytes_uploaded_samples: Mutex<Vec<f64>>,
-    /// The state the last restore read, and how long the restore took: from
-    /// reading (downloads of native checkpoints included) until every
-    /// subtask was built on its state.
+    /// Bytes of state the last restore read; 0 if the job never restored.
     pub restored_bytes_last: AtomicU64,
+    /// How long the last restore took, in microseconds: from reading
+    /// (downloads of native checkpoints included) until every subtask was
+    /// built on its state.
     pub restore_us_last: AtomicU64,
-    /// Physical objects the retained checkpoints reference, and their total
-    /// over live bytes after the last completed checkpoint (as `f64` bits),
-    /// and the most seen.
+    /// Physical objects the retained checkpoints reference, after the last
+    /// completed checkpoint.
     pub physical_files_live: AtomicU64,
+    /// Total over live bytes of those objects after the last completed
+    /// checkpoint, as `f64` bits (`f64::from_bits`): 1.0 with no objects,
+    /// infinite when none of their bytes is live.
     pub space_amplification_last: AtomicU64,
+    /// The most `space_amplification_last` seen, as `f64` bits.
     pub space_amplification_max: AtomicU64,
 }
 
 impl CheckpointStats {
+    /// Adds what a completed checkpoint wrote itself to the upload figures.
     pub fn record_uploads(&self, checkpoint: &CompletedCheckpoint) {
         let written: Vec<u64> = checkpoint
             .subtasks
@@ -116,12 +149,16 @@ impl CheckpointStats {
         Self::record(&self.bytes_uploaded_samples, bytes as f64);
     }
 
+    /// Sets the last restore's figures: `bytes` read, `took` from reading
+    /// until every subtask was built.
     pub fn record_restore(&self, bytes: u64, took: std::time::Duration) {
         self.restored_bytes_last.store(bytes, Ordering::Relaxed);
         self.restore_us_last
             .store(took.as_micros() as u64, Ordering::Relaxed);
     }
 
+    /// Sets the live objects and space amplification of the retained
+    /// checkpoints, after a checkpoint completed.
     pub fn record_space(&self, files: usize, space: Space) {
         self.physical_files_live
             .store(files as u64, Ordering::Relaxed);
@@ -133,6 +170,7 @@ impl CheckpointStats {
             .fetch_max(amplification.to_bits(), Ordering::Relaxed);
     }
 
+    /// Sets the channel-state figures from a completed checkpoint.
     pub fn record_inflight(&self, checkpoint: &CompletedCheckpoint) {
         let states = checkpoint.subtasks.values();
         let bytes = states.clone().map(SubtaskState::inflight_bytes).sum();
@@ -146,6 +184,7 @@ impl CheckpointStats {
             .fetch_max(batches, Ordering::Relaxed);
     }
 
+    /// Adds one sample to `samples`, for [`CheckpointStats::percentiles`].
     pub fn record(samples: &Mutex<Vec<f64>>, value: f64) {
         samples.lock().expect("metrics lock").push(value);
     }
@@ -163,15 +202,19 @@ impl CheckpointStats {
 }
 
 impl JobMetrics {
+    /// Called by sources with the records they read, replays included.
     pub fn add_records_in(&self, n: u64) {
         self.records_in.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Records read by all sources.
+    /// Records read by all sources, over all attempts: replays after a
+    /// restore count again.
     pub fn records_in(&self) -> u64 {
         self.records_in.load(Ordering::Relaxed)
     }
 
+    /// The gauge of channel `id`, created with these credits on the first
+    /// call; later calls return it as it is, whatever credits they pass.
     pub fn channel(
         &self,
         id: ChannelId,

@@ -22,33 +22,63 @@ use tidemark::job::Job;
 use tidemark::storage::savepoint::SavepointError;
 use tidemark::storage::{CheckpointStorage, StorageError};
 
+/// Why a job could not start or did not finish: from [`Runtime::run`]
+/// before anything is deployed, or from [`JobHandle::wait`].
 #[derive(Debug, Error)]
 pub enum JobError {
+    /// The job graph does not validate; nothing was deployed.
     #[error("invalid job: {0}")]
     InvalidJob(#[from] GraphError),
+    /// The checkpoint settings do not validate; nothing was deployed.
     #[error("invalid checkpointing: {0}")]
     InvalidCheckpointing(#[from] SettingsError),
+    /// A subtask failed. Without checkpointing this ends the job at once;
+    /// with it the job restarts, and this comes back inside
+    /// [`JobError::RestartsExhausted`].
     #[error("subtask {subtask} failed: {error}")]
     TaskFailed {
+        /// The subtask that failed.
         subtask: SubtaskId,
+        /// Its error, a panic included.
         error: TaskError,
     },
+    /// [`JobHandle::cancel`] ended the job.
     #[error("the job was cancelled")]
     Cancelled,
+    /// An injected fault names a subtask the job graph does not have;
+    /// nothing was deployed.
     #[error("a fault is aimed at {0}, which the job does not have")]
     UnknownFaultTarget(SubtaskId),
+    /// Checkpoint or savepoint storage could not be opened or read, when
+    /// the job started or when it restored; the job does not restart.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// The checkpoint or savepoint to restore from does not fit the job or
+    /// is malformed; the job does not restart.
     #[error("cannot restore: {0}")]
     Restore(#[from] RestoreError),
+    /// The savepoint or checkpoint to restore from has no `_metadata`, is
+    /// not self-contained, or references objects outside its directory.
     #[error(transparent)]
     Savepoint(#[from] SavepointError),
+    /// Consecutive checkpoint failures exceeded the tolerable number; the
+    /// job ends without restarting.
     #[error("checkpointing failed: {0}")]
     Checkpointing(String),
+    /// A master hook's `restore` failed, at the start or at a failover.
     #[error("a master hook failed to restore: {0}")]
     MasterHook(String),
+    /// The restart strategy allows no more restarts.
     #[error("gave up after {restarts} restarts; last failure: {last}")]
-    RestartsExhausted { restarts: u32, last: Box<JobError> },
+    RestartsExhausted {
+        /// Restarts done before giving up.
+        restarts: u32,
+        /// The failure that no restart followed.
+        last: Box<JobError>,
+    },
+    /// The runtime itself broke: its thread could not start or panicked,
+    /// the coordinator vanished, or a restore could not write its local
+    /// files (downloaded database files).
     #[error("the runtime failed: {0}")]
     Runtime(String),
 }
@@ -58,15 +88,20 @@ pub enum JobError {
 pub struct JobReport {
     /// Records read by all sources.
     pub records_in: u64,
+    /// From the job's start (restore included) to its end.
     pub elapsed: Duration,
 }
 
 impl JobReport {
+    /// `records_in` per second of `elapsed`.
     pub fn throughput(&self) -> f64 {
         self.records_in as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 }
 
+/// A running job, from [`Runtime::run`] or [`RunJob::run`]: wait for it,
+/// cancel it, trigger checkpoints, read its live metrics. Dropping the
+/// handle does not stop the job.
 pub struct JobHandle {
     outcome: mpsc::Receiver<Result<JobReport, JobError>>,
     control: JobControl,
@@ -78,6 +113,7 @@ pub struct JobHandle {
 /// A completed savepoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Savepoint {
+    /// Its checkpoint id, from the same counter as the job's checkpoints.
     pub id: CheckpointId,
     /// Its directory, a path or URL: what `--restore` takes.
     pub location: String,
@@ -94,6 +130,10 @@ pub struct JobControl {
 }
 
 impl JobControl {
+    /// Triggers a checkpoint or savepoint now and blocks until it completed
+    /// (for a savepoint: was copied into its directory) or failed. Fails
+    /// with [`CheckpointFailure::NotTriggered`] when the job runs without
+    /// checkpointing or has ended.
     pub fn trigger_checkpoint(
         &self,
         kind: CheckpointKind,
@@ -158,6 +198,10 @@ impl JobHandle {
         outcome
     }
 
+    /// Asks the job to end: `wait` then returns [`JobError::Cancelled`],
+    /// unless the job had already ended. Returns at once; pending
+    /// checkpoints are abandoned and their state deleted before the job
+    /// ends.
     pub fn cancel(&self) {
         self.control.supervisor.do_send(Cancel);
     }
@@ -176,6 +220,7 @@ impl JobHandle {
         self.control.clone()
     }
 
+    /// The job's live figures, updated while it runs and across restarts.
     pub fn metrics(&self) -> &Arc<JobMetrics> {
         &self.metrics
     }
@@ -196,6 +241,8 @@ pub fn job_id(name: &str) -> JobId {
 /// Deploys jobs; `threads` arbiters run their actors.
 #[derive(Clone, Debug)]
 pub struct Runtime {
+    /// Arbiters (threads) the job's actors are spread over; 0 counts as 1.
+    /// Defaults to the available parallelism.
     pub threads: usize,
 }
 
@@ -208,6 +255,10 @@ impl Default for Runtime {
 }
 
 impl Runtime {
+    /// Validates the job, opens its checkpoint and savepoint storage and
+    /// deploys it on a new actix system on its own thread; returns once the
+    /// job's supervisor is running, without waiting for the job. Errors here
+    /// mean nothing was deployed.
     pub fn run(&self, job: Job) -> Result<JobHandle, JobError> {
         job.validate()?;
         if let Some(settings) = &job.config.checkpointing {
@@ -287,6 +338,7 @@ impl Runtime {
 
 /// `job.run()`: deploys on a default runtime, one arbiter per core.
 pub trait RunJob {
+    /// Deploys the job; see [`Runtime::run`].
     fn run(self) -> Result<JobHandle, JobError>;
 }
 

@@ -199,6 +199,9 @@ pub struct Collect<T> {
 }
 
 impl<T> Collect<T> {
+    /// Appends each batch to `into` as it is written, not at checkpoints:
+    /// after a restart, replayed records appear again. Give every subtask a
+    /// clone of the same vector to gather them all.
     pub fn new(into: Arc<Mutex<Vec<T>>>) -> Self {
         Collect { into }
     }

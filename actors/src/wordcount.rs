@@ -23,6 +23,9 @@ pub struct Generator {
 }
 
 impl Generator {
+    /// Source subtask `ctx` of records `0..records`, with keys in
+    /// `0..keys` (`keys` must not be 0), starting where `ctx` says: at the
+    /// beginning, or at a restored position.
     pub fn new(records: u64, keys: u64, seed: u64, ctx: SourceContext) -> Self {
         Generator {
             records,
@@ -55,6 +58,7 @@ impl Source<u64> for Generator {
     }
 }
 
+/// What [`Counter`] emits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Emit {
     /// One (key, count after this record) per record.
@@ -63,12 +67,15 @@ pub enum Emit {
     Final,
 }
 
+/// Counts records per key in keyed value state named `count`.
 pub struct Counter {
     count: ValueState<u64>,
     emit: Emit,
 }
 
 impl Counter {
+    /// Registers the `count` state; for the `process` factory of a keyed
+    /// stream.
     pub fn open(states: &mut StateRegistrar<'_, u64>, emit: Emit) -> Self {
         Counter {
             count: states.value("count"),
@@ -101,19 +108,31 @@ impl KeyedProcessFunction<u64, u64, (u64, u64)> for Counter {
     }
 }
 
+/// The wordcount job's name, from which its id and checkpoint directory
+/// follow: runs of it find each other's checkpoints.
 pub const JOB_NAME: &str = "wordcount";
 
+/// The wordcount topology's parameters: generator → count by key → sink.
 #[derive(Clone, Debug)]
 pub struct Wordcount {
+    /// Records generated over all source subtasks.
     pub records: u64,
+    /// Distinct keys; must not be 0.
     pub keys: u64,
+    /// Seed of the keys: the same seed gives the same records.
     pub seed: u64,
+    /// What the count emits.
     pub emit: Emit,
     /// Directory of committed `key,count` files; `None` discards results.
     pub output: Option<PathBuf>,
 }
 
 impl Wordcount {
+    /// The job, named [`JOB_NAME`], with operator uids `generator` and
+    /// `count` (what savepoints match). With an output directory, each call
+    /// names its files after a new run (from the current time), so that
+    /// processes writing into one directory do not collide; a restored sink
+    /// goes on with the run it was restored from.
     pub fn job(&self, config: JobConfig) -> Job {
         let Wordcount {
             records,
