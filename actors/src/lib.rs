@@ -1,9 +1,14 @@
+#![warn(missing_docs)]
 //! Tidemark's actix shells. This crate owns everything that needs threads,
 //! mailboxes or a clock: the subtask, channel-endpoint and job-supervisor
 //! actors, the runtime that spreads them over a pool of arbiters, the job
 //! handle, the example topologies and the `tidemark` command line. Every
 //! decision of the protocols lives in the core crate, `tidemark`; the actors
 //! feed its state machines and carry out what they return.
+//!
+//! Features `rocksdb` and `s3` (both default) forward to the core crate's:
+//! without them the runtime runs heap state on local or in-memory storage
+//! and compiles neither RocksDB nor an HTTP client.
 //!
 //! ```no_run
 //! use tidemark_actors::prelude::*;
@@ -42,3 +47,9 @@ pub mod prelude {
         SourceContext, SourceStatus, StateRegistrar, UserError, ValueState,
     };
 }
+
+/// README.md's Rust snippets, compiled (and run unless marked `no_run`) as
+/// doc tests, so that the README cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

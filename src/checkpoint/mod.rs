@@ -341,12 +341,20 @@ pub enum StateHandle {
     /// `_metadata`, and no object exists for them.
     Inline(#[serde(with = "serde_bytes")] Vec<u8>),
     /// A physical object of its own.
-    Object { path: String, size: u64 },
+    Object {
+        /// The object, relative to the job's (or savepoint's) directory.
+        path: String,
+        /// Its length, checked on every read.
+        size: u64,
+    },
     /// `size` bytes at `offset` of a merged physical object, which holds
     /// other segments too.
     Segment {
+        /// The merged object, relative to the job's directory.
         path: String,
+        /// Where the segment starts in it.
         offset: u64,
+        /// The segment's length.
         size: u64,
     },
 }
@@ -355,13 +363,18 @@ pub enum StateHandle {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{path} holds {found} bytes where the checkpoint recorded {expected} (bytes {range:?})")]
 pub struct HandleMismatch {
+    /// The physical object.
     pub path: String,
+    /// The bytes of it that were read.
     pub range: Range<u64>,
+    /// Bytes the checkpoint recorded.
     pub expected: u64,
+    /// Bytes the object holds there.
     pub found: u64,
 }
 
 impl StateHandle {
+    /// A whole object of `size` bytes at `path`.
     pub fn object(path: impl Into<String>, size: u64) -> Self {
         StateHandle::Object {
             path: path.into(),
@@ -443,7 +456,9 @@ impl StateHandle {
 /// Keyed state of one subtask.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KeyedStateHandle {
+    /// The heap backend's format, which both backends restore from.
     KeyGroups(KeyGroupsStateHandle),
+    /// A RocksDB native checkpoint, which only RocksDB restores from.
     Native(NativeStateHandle),
 }
 
@@ -452,15 +467,18 @@ pub enum KeyedStateHandle {
 /// key groups it owns.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyGroupsStateHandle {
+    /// The first key group of the subtask's range.
     pub start_group: u32,
     /// Byte offset of each key group of the range, in order, in `handle`.
     pub offsets: Vec<u64>,
+    /// The object holding the key groups.
     pub handle: StateHandle,
 }
 
 /// The files of a RocksDB native checkpoint of a subtask's key groups.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NativeStateHandle {
+    /// The key groups the database held; a rescale clips it to fewer.
     pub key_groups: KeyGroupRange,
     /// SST files, in `shared/`: an incremental checkpoint references the
     /// ones an earlier checkpoint uploaded, and the `SharedStateRegistry`
@@ -471,10 +489,12 @@ pub struct NativeStateHandle {
     pub private: Vec<NativeFileHandle>,
 }
 
+/// One file of a RocksDB native checkpoint and where its bytes are.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NativeFileHandle {
     /// The file's name in the database directory.
     pub name: String,
+    /// Where the file's bytes are in checkpoint storage.
     pub handle: StateHandle,
     /// The checkpoint that uploaded it: if that checkpoint never completes,
     /// the object is its to delete.
@@ -490,12 +510,16 @@ pub struct NativeFileHandle {
 /// with the same key hold the same bytes, so a checkpoint can use either.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SharedKey {
+    /// The subtask whose database wrote the file.
     pub subtask: SubtaskId,
+    /// The database instance's token (`NativeFileHandle::instance`).
     pub instance: u64,
+    /// The file's name in the database directory.
     pub name: String,
 }
 
 impl SharedKey {
+    /// The key of `file`, uploaded by `subtask`.
     pub fn of(subtask: SubtaskId, file: &NativeFileHandle) -> Self {
         SharedKey {
             subtask,
@@ -518,8 +542,11 @@ pub enum ChannelSide {
 /// checkpoint captured there, and what a restore replays there first.
 #[derive(Clone, Debug)]
 pub struct ChannelState {
+    /// Input or output end of the subtask.
     pub side: ChannelSide,
+    /// The channel's index on that side.
     pub channel: usize,
+    /// The batches, oldest first.
     pub batches: Vec<Batch>,
 }
 
@@ -528,19 +555,25 @@ pub struct ChannelState {
 /// have none.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChannelStateHandle {
+    /// Input or output end of the subtask.
     pub side: ChannelSide,
+    /// The channel's index on that side.
     pub channel: u32,
+    /// How many batches the object holds.
     pub batches: u32,
+    /// The encoded batches.
     pub handle: StateHandle,
 }
 
 /// The acknowledged state of one subtask for one checkpoint.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubtaskState {
+    /// Keyed state; none for operators without keys.
     pub keyed: Option<KeyedStateHandle>,
     /// Small operator state travelling inline: a source's offset, a sink's
     /// pre-committed transactions.
     pub operator: BTreeMap<String, Vec<u8>>,
+    /// In-flight batches an unaligned checkpoint captured.
     #[serde(default)]
     pub channels: Vec<ChannelStateHandle>,
 }
@@ -645,11 +678,16 @@ impl SubtaskState {
 pub struct CheckpointMetrics {
     /// From the first barrier of the checkpoint at this subtask to the last.
     pub alignment: Duration,
+    /// Bytes the subtask processed while aligning.
     pub bytes_during_alignment: u64,
     /// From the trigger to the first barrier reaching this subtask.
     pub start_delay: Duration,
+    /// The synchronous part of the snapshot, during which the subtask
+    /// processes nothing.
     pub sync: Duration,
+    /// The asynchronous part: encoding and uploads off the subtask.
     pub async_: Duration,
+    /// Bytes of the subtask's state in this checkpoint.
     pub state_size: u64,
     /// Bytes of the in-flight batches persisted as channel state.
     pub persisted_inflight_bytes: u64,
@@ -662,9 +700,13 @@ pub struct CheckpointMetrics {
 /// A subtask's acknowledgement: its state and what it measured.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ack {
+    /// Who acknowledges.
     pub subtask: SubtaskId,
+    /// Which checkpoint.
     pub checkpoint: CheckpointId,
+    /// The handles of what the subtask wrote or references.
     pub state: SubtaskState,
+    /// What the subtask measured.
     pub metrics: CheckpointMetrics,
 }
 
@@ -683,14 +725,18 @@ pub enum SnapshotFormat {
 /// A checkpoint whose every subtask acknowledged, ready to be made durable.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompletedCheckpoint {
+    /// Ids strictly increase over a job's life, across restarts.
     pub id: CheckpointId,
+    /// Checkpoint or savepoint.
     pub kind: CheckpointKind,
+    /// What the handles' paths are relative to.
     pub format: SnapshotFormat,
     /// The operators of the job that took it, so that a restore can match
     /// its state to the job's operators by uid.
     pub operators: Vec<OperatorSpec>,
     /// Trigger time, milliseconds since the Unix epoch.
     pub timestamp: u64,
+    /// Every subtask's acknowledged state.
     pub subtasks: BTreeMap<SubtaskId, SubtaskState>,
     /// State returned by master hooks at trigger, by hook name.
     pub master_states: BTreeMap<String, Vec<u8>>,
@@ -711,24 +757,36 @@ impl CompletedCheckpoint {
 /// Why a checkpoint did not complete.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CheckpointFailure {
+    /// Not complete within the checkpoint timeout.
     #[error("checkpoint {0} expired before completing")]
     Expired(CheckpointId),
+    /// A subtask could not take its snapshot.
     #[error("subtask {subtask} declined checkpoint {checkpoint}: {reason}")]
     Declined {
+        /// The checkpoint declined.
         checkpoint: CheckpointId,
+        /// The subtask that declined it.
         subtask: SubtaskId,
+        /// Why, as the subtask said.
         reason: String,
     },
+    /// Every subtask acknowledged, but `_metadata` could not be written.
     #[error("checkpoint {checkpoint} could not be finalized: {reason}")]
     FinalizeFailed {
+        /// The checkpoint.
         checkpoint: CheckpointId,
+        /// The storage error.
         reason: String,
     },
+    /// Ended from outside: a failure, a cancel, or the job's end.
     #[error("checkpoint {checkpoint} was aborted: {reason}")]
     Aborted {
+        /// The checkpoint.
         checkpoint: CheckpointId,
+        /// What ended it.
         reason: String,
     },
+    /// The coordinator refused the trigger (no coordinator, stopping, ...).
     #[error("checkpoint not triggered: {0}")]
     NotTriggered(String),
 }

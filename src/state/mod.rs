@@ -57,7 +57,6 @@ impl StateBackend {
     /// a write-back cache of `cache_entries` (default
     /// [`RocksDbKeyedStateBackend::DEFAULT_CACHE_ENTRIES`]).
     pub fn rocksdb(local_dir: Option<PathBuf>, cache_entries: Option<usize>) -> Self {
-        #[cfg(feature = "rocksdb")]
         StateBackend::RocksDb {
             local_dir: local_dir.unwrap_or_else(|| std::env::temp_dir().join("tidemark-state")),
             cache_entries: cache_entries
