@@ -167,7 +167,8 @@ pub struct Options {
     /// Delay before a restart (the first one, with --restart-backoff).
     #[arg(long, default_value = "10ms", value_parser = values::duration)]
     pub restart_delay: Duration,
-    /// Multiply the restart delay after every restart, up to a maximum.
+    /// Double the restart delay after every restart, up to 1 s (a
+    /// configuration file may set other figures).
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = values::boolean)]
     pub restart_backoff: bool,
     /// The longest restart delay with --restart-backoff; only a
