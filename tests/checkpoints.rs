@@ -3,8 +3,8 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings, Restore, RestoreMode};
-use tidemark::event::{Alignment, CheckpointKind};
+use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings};
+use tidemark::event::CheckpointKind;
 use tidemark::fault::{Fault, FaultPoint};
 use tidemark::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use tidemark::MasterHook;
@@ -16,14 +16,7 @@ use tidemark_actors::JobError;
 fn settings(dir: &std::path::Path, config: CheckpointConfig) -> CheckpointSettings {
     CheckpointSettings {
         config,
-        storage_url: dir.to_str().unwrap().to_owned(),
-        alignment: Alignment::Aligned,
-        restore: Restore::Fresh,
-        restore_mode: RestoreMode::NoClaim,
-        allow_non_restored_state: false,
-        savepoint_dir: None,
-        incremental: false,
-        layout: Default::default(),
+        ..CheckpointSettings::new(dir.to_str().unwrap())
     }
 }
 

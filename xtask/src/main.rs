@@ -122,11 +122,11 @@ fn status(mut command: Command) -> Result<ExitCode, String> {
 mod tests {
     use super::workspace_root;
 
-    /// The indented command that follows `label` in README.md.
+    /// The command in the code block that follows `label` in README.md.
     fn readme_command(readme: &str, label: &str) -> String {
         let mut lines = readme.lines().skip_while(|l| *l != label).skip(1);
         lines
-            .find(|l| !l.trim().is_empty())
+            .find(|l| !l.trim().is_empty() && !l.starts_with("```"))
             .unwrap_or_else(|| panic!("README.md has no command after {label:?}"))
             .trim()
             .to_owned()
