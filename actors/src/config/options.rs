@@ -133,7 +133,7 @@ pub struct Options {
     #[arg(long, value_enum, default_value_t = StateKind::Heap)]
     pub state: StateKind,
     /// Local working directories of the RocksDB backend, one per subtask
-    /// instance, removed when it ends [default: <temp dir>/tidemark-state].
+    /// instance, removed when it ends [default: $TMPDIR/tidemark-state].
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
     /// Values the RocksDB backend keeps decoded in front of each database;
