@@ -6,7 +6,8 @@
 //! stops at once saying exactly what to install and how.
 //!
 //! - `cargo xtask setup`: install the build's and the tests' prerequisites.
-//! - `cargo xtask run ARGS`: `cargo run --release -p tidemark-actors -- ARGS`.
+//! - `cargo xtask run ARGS`: `tidemark run ARGS`, built with `cargo run
+//!   --release -p tidemark-actors`.
 //! - `cargo xtask test ARGS`: start a local S3 server (moto) on a free
 //!   loopback port, point the S3 test cases at it, `cargo test --workspace
 //!   ARGS`, stop the server.
@@ -21,7 +22,7 @@ const USAGE: &str = "usage: cargo xtask setup | run [ARGS...] | test [ARGS...]
 
   setup   install what the build and the tests need (a C++ compiler,
           libclang for RocksDB's bindings, moto's S3 server)
-  run     cargo run --release -p tidemark-actors -- ARGS
+  run     tidemark run ARGS (cargo run --release -p tidemark-actors -- run ARGS)
   test    cargo test --workspace ARGS, with the S3 cases against a local
           moto server";
 
@@ -51,7 +52,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     announce_first_build("release", "the release build", 30);
     let mut cargo = cargo();
     cargo
-        .args(["run", "--release", "-p", "tidemark-actors", "--"])
+        .args(["run", "--release", "-p", "tidemark-actors", "--", "run"])
         .args(args);
     status(cargo)
 }
