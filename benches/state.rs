@@ -18,7 +18,7 @@ use std::time::Instant;
 use tidemark::ids::{CheckpointId, SubtaskIndex};
 use tidemark::key_group::KeyGroupRange;
 use tidemark::rng::splitmix64;
-use tidemark::state::{KeyedStateBackend, RocksDbKeyedStateBackend, StateBackend};
+use tidemark::state::{KeyedStateBackend, StateBackend};
 use tidemark::task::KeyedSnapshot;
 use tidemark::{KeyedContext, StateRegistrar};
 
@@ -74,7 +74,7 @@ fn run(name: &str, mut backend: KeyedStateBackend<u64>, keys: Keys, records: u64
 fn main() {
     let records = env_or("TIDEMARK_BENCH_RECORDS", 10_000_000);
     let n = env_or("TIDEMARK_BENCH_KEYS", 1_000_000);
-    let default_cache = RocksDbKeyedStateBackend::<u64>::DEFAULT_CACHE_ENTRIES;
+    let default_cache = StateBackend::DEFAULT_CACHE_ENTRIES;
     let caches: Vec<usize> = std::env::var("TIDEMARK_BENCH_CACHE")
         .unwrap_or_else(|_| format!("{default_cache},1"))
         .split(',')

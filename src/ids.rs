@@ -19,7 +19,8 @@ macro_rules! id_type {
 }
 
 id_type!(
-    /// One run of a job; names its directory in checkpoint storage.
+    /// A job, by a hash of its name, so that every run of it finds the same
+    /// directory in checkpoint storage.
     JobId(u64),
     "job-{:016x}"
 );

@@ -93,8 +93,8 @@ impl Default for JobConfig {
 }
 
 /// Consuming setters, so that a configuration is one expression. The
-/// fault-injection fields (`kills`, `faults`, `slow`) are for tests and
-/// have none.
+/// fault-injection fields (`kills`, `faults`, `slow`), set by tests and by
+/// `tidemark run`'s failure injection, have none.
 impl JobConfig {
     /// Parallelism of operators that do not set their own.
     pub fn parallelism(mut self, parallelism: u32) -> Self {

@@ -469,7 +469,7 @@ mod tests {
     fn counter(local_dir: &std::path::Path) -> KeyedProcess<u64, u64, (u64, u64)> {
         let config = crate::state::StateBackend::RocksDb {
             local_dir: local_dir.to_owned(),
-            cache_entries: crate::state::RocksDbKeyedStateBackend::<u64>::DEFAULT_CACHE_ENTRIES,
+            cache_entries: crate::state::StateBackend::DEFAULT_CACHE_ENTRIES,
         };
         let range =
             crate::key_group::KeyGroupRange::for_subtask(128, 1, crate::ids::SubtaskIndex(0));

@@ -149,3 +149,27 @@ fn failures_beyond_the_tolerable_number_fail_the_job_with_the_reason() {
         other => panic!("expected the job to fail on checkpoints, got {other:?}"),
     }
 }
+
+#[test]
+fn settings_that_would_lose_savepoints_or_never_checkpoint_deploy_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = dir.path().to_str().unwrap();
+    let job_dir = format!("{url}/{}", tidemark_actors::runtime::job_id("refused"));
+    for settings in [
+        CheckpointSettings::new(url).savepoint_dir(format!("{job_dir}/savepoints")),
+        CheckpointSettings::new(url).retain(0),
+        CheckpointSettings::new(url).max_concurrent(0),
+    ] {
+        let refused = Job::builder("refused")
+            .checkpointing(settings.clone())
+            .source("generator", |ctx| Generator::new(1000, 10, 0, ctx))
+            .sink("discard", |_| Discard)
+            .run();
+        assert!(
+            matches!(refused, Err(JobError::InvalidCheckpointing(_))),
+            "{settings:?}"
+        );
+    }
+    // Nothing was deployed, so nothing was written.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

@@ -19,6 +19,7 @@ use tidemark::event::CheckpointKind;
 use tidemark::graph::GraphError;
 use tidemark::ids::{CheckpointId, JobId, SubtaskId};
 use tidemark::job::Job;
+use tidemark::state::StateError;
 use tidemark::storage::savepoint::SavepointError;
 use tidemark::storage::{CheckpointStorage, StorageError};
 
@@ -29,6 +30,9 @@ pub enum JobError {
     /// The job graph does not validate; nothing was deployed.
     #[error("invalid job: {0}")]
     InvalidJob(#[from] GraphError),
+    /// This build cannot run the state backend; nothing was deployed.
+    #[error("invalid state backend: {0}")]
+    InvalidStateBackend(#[from] StateError),
     /// The checkpoint settings do not validate; nothing was deployed.
     #[error("invalid checkpointing: {0}")]
     InvalidCheckpointing(#[from] SettingsError),
@@ -261,8 +265,10 @@ impl Runtime {
     /// mean nothing was deployed.
     pub fn run(&self, job: Job) -> Result<JobHandle, JobError> {
         job.validate()?;
+        job.config.state_backend.validate()?;
         if let Some(settings) = &job.config.checkpointing {
             settings.validate()?;
+            tidemark::storage::check_savepoint_dir(settings, job_id(&job.name))?;
         }
         let subtasks: Vec<SubtaskId> = job.graph.subtasks().collect();
         if let Some(fault) = job

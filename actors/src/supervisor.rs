@@ -342,7 +342,6 @@ impl JobSupervisor {
     fn local_dir(&self) -> Option<PathBuf> {
         match &self.job.config.state_backend {
             StateBackend::Heap => None,
-            #[cfg(feature = "rocksdb")]
             StateBackend::RocksDb { local_dir, .. } => Some(local_dir.clone()),
         }
     }

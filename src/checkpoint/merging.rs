@@ -32,7 +32,7 @@ use crate::ids::{CheckpointId, SubtaskId};
 /// How a snapshot's objects are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MergingOptions {
-    /// Objects smaller than this travel inline; 0 inlines nothing.
+    /// Objects smaller than this travel inline; with 0 only empty ones do.
     pub inline_threshold: u64,
     /// A physical file is rolled over before a segment would take it past
     /// this; an object larger than this gets a file of its own.
@@ -107,7 +107,7 @@ impl MergingOptions {
 /// How a job's snapshots store their state objects.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StateLayout {
-    /// Objects smaller than this travel inline; 0 inlines nothing.
+    /// Objects smaller than this travel inline; with 0 only empty ones do.
     pub inline_threshold: u64,
     /// With file merging, the size at which a physical file is rolled over;
     /// without (`None`), every object not inlined is an object of its own.

@@ -154,8 +154,8 @@ impl Default for CheckpointSettings {
 
 /// Consuming setters.
 impl CheckpointSettings {
-    /// Where checkpoints go unless told otherwise: next to the program,
-    /// where a user finds them.
+    /// Where checkpoints go unless told otherwise: under the working
+    /// directory, where a user finds them.
     pub const DEFAULT_STORAGE_URL: &'static str = "./tidemark-data/checkpoints";
 
     /// The defaults, with checkpoints under `storage_url`.
@@ -289,11 +289,31 @@ pub enum SettingsError {
     /// Unaligned barriers and concurrent checkpoints.
     #[error("unaligned checkpoints (also aligned ones with a timeout) need max concurrent checkpoints 1, not {0}: an unaligned barrier overtakes the in-flight data and with it the barrier of an older checkpoint, which then aborts")]
     UnalignedConcurrent(usize),
+    /// No completed checkpoint kept: nothing to restore from.
+    #[error("at least one completed checkpoint must be retained, not 0")]
+    NothingRetained,
+    /// No checkpoint may ever be in flight.
+    #[error("max concurrent checkpoints must be at least 1, not 0: no checkpoint or savepoint could ever be triggered")]
+    NoConcurrentCheckpoint,
+    /// Savepoints where retention and cleanup would delete them.
+    #[error("the savepoint directory {savepoint_dir} lies inside the job's checkpoint directory {job_dir}, where retention and cleanup delete what no checkpoint references; choose a directory outside it")]
+    SavepointsInsideCheckpoints {
+        /// The savepoint directory.
+        savepoint_dir: String,
+        /// The job's directory in checkpoint storage.
+        job_dir: String,
+    },
 }
 
 impl CheckpointSettings {
     /// Refuses combinations that would fail at run time.
     pub fn validate(&self) -> Result<(), SettingsError> {
+        if self.config.retain == 0 {
+            return Err(SettingsError::NothingRetained);
+        }
+        if self.config.max_concurrent == 0 {
+            return Err(SettingsError::NoConcurrentCheckpoint);
+        }
         match self.alignment {
             Alignment::Aligned => Ok(()),
             Alignment::Unaligned | Alignment::AlignedWithTimeout(_)
@@ -778,7 +798,8 @@ pub enum CheckpointFailure {
         /// The storage error.
         reason: String,
     },
-    /// Ended from outside: a failure, a cancel, or the job's end.
+    /// Not a failure: subsumed by a newer completed checkpoint, or
+    /// abandoned when the job restarts, stops or ends.
     #[error("checkpoint {checkpoint} was aborted: {reason}")]
     Aborted {
         /// The checkpoint.
@@ -786,7 +807,9 @@ pub enum CheckpointFailure {
         /// What ended it.
         reason: String,
     },
-    /// The coordinator refused the trigger (no coordinator, stopping, ...).
+    /// Never triggered: no coordinator, the job stopping or ended, a
+    /// queued request dropped at a restart, or a master hook that failed
+    /// (which counts as a failed checkpoint).
     #[error("checkpoint not triggered: {0}")]
     NotTriggered(String),
 }
@@ -794,6 +817,27 @@ pub enum CheckpointFailure {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn settings_that_could_never_checkpoint_or_restore_are_refused() {
+        let url = "memory://";
+        assert_eq!(CheckpointSettings::new(url).validate(), Ok(()));
+        assert_eq!(
+            CheckpointSettings::new(url).retain(0).validate(),
+            Err(SettingsError::NothingRetained)
+        );
+        assert_eq!(
+            CheckpointSettings::new(url).max_concurrent(0).validate(),
+            Err(SettingsError::NoConcurrentCheckpoint)
+        );
+        assert_eq!(
+            CheckpointSettings::new(url)
+                .unaligned()
+                .max_concurrent(2)
+                .validate(),
+            Err(SettingsError::UnalignedConcurrent(2))
+        );
+    }
 
     /// A completed checkpoint with no state, for storage tests.
     pub(crate) fn checkpoint(id: u64) -> CompletedCheckpoint {

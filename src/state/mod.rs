@@ -38,7 +38,6 @@ pub enum StateBackend {
     /// Typed hash tables in memory; snapshots are full copies.
     #[default]
     Heap,
-    #[cfg(feature = "rocksdb")]
     /// One RocksDB database per subtask, in a directory of its own under
     /// `local_dir` that is removed when the subtask's instance goes away;
     /// snapshots are RocksDB native checkpoints. `cache_entries` bounds the
@@ -52,15 +51,32 @@ pub enum StateBackend {
 }
 
 impl StateBackend {
-    #[cfg(feature = "rocksdb")]
+    /// Values the RocksDB write-back cache holds, over all states, unless
+    /// told otherwise: about 40 MiB for a `u64` key and value (a value's own
+    /// heap data comes on top), next to RocksDB's 64 MiB block cache and its
+    /// memtables.
+    pub const DEFAULT_CACHE_ENTRIES: usize = 1 << 20;
+
     /// RocksDB under `local_dir` (default `<temp dir>/tidemark-state`) with
     /// a write-back cache of `cache_entries` (default
-    /// [`RocksDbKeyedStateBackend::DEFAULT_CACHE_ENTRIES`]).
+    /// [`StateBackend::DEFAULT_CACHE_ENTRIES`]).
     pub fn rocksdb(local_dir: Option<PathBuf>, cache_entries: Option<usize>) -> Self {
         StateBackend::RocksDb {
             local_dir: local_dir.unwrap_or_else(|| std::env::temp_dir().join("tidemark-state")),
-            cache_entries: cache_entries
-                .unwrap_or(RocksDbKeyedStateBackend::<u64>::DEFAULT_CACHE_ENTRIES),
+            cache_entries: cache_entries.unwrap_or(Self::DEFAULT_CACHE_ENTRIES),
+        }
+    }
+
+    /// Refuses a backend this build cannot run: RocksDB without the
+    /// `rocksdb` feature. The variant exists in every build, so that
+    /// crates agreeing on the feature or not still agree on the type.
+    pub fn validate(&self) -> Result<(), StateError> {
+        match self {
+            #[cfg(not(feature = "rocksdb"))]
+            StateBackend::RocksDb { .. } => Err(StateError::RocksDb(
+                "this build of Tidemark has no RocksDB; build it with the `rocksdb` feature".into(),
+            )),
+            _ => Ok(()),
         }
     }
 }
@@ -87,8 +103,7 @@ pub enum StateError {
          the job with the RocksDB backend"
     )]
     NativeCheckpointOnHeap(PathBuf),
-    /// RocksDB returned an error.
-    #[cfg(feature = "rocksdb")]
+    /// RocksDB returned an error, or the build has none.
     #[error("RocksDB: {0}")]
     RocksDb(String),
     /// A local file or directory of the state could not be used.
@@ -135,6 +150,10 @@ impl<K: Key> KeyedStateBackend<K> {
         match config {
             StateBackend::Heap => {
                 KeyedStateBackend::Heap(HeapKeyedStateBackend::new(key_groups, max_parallelism))
+            }
+            #[cfg(not(feature = "rocksdb"))]
+            StateBackend::RocksDb { .. } => {
+                unreachable!("StateBackend::validate refuses RocksDB without the rocksdb feature")
             }
             #[cfg(feature = "rocksdb")]
             StateBackend::RocksDb {

@@ -39,7 +39,7 @@
 //!   into one read per key and one sorted, batched write per write-back.
 
 use super::heap::table_hash;
-use super::{Key, KeySlot, StateError};
+use super::{Key, KeySlot, StateBackend, StateError};
 use crate::batch::Data;
 use crate::ids::{CheckpointId, KeyGroup};
 use crate::key_group::KeyGroupRange;
@@ -310,11 +310,6 @@ pub struct RocksDbKeyedStateBackend<K: Key> {
 }
 
 impl<K: Key> RocksDbKeyedStateBackend<K> {
-    /// Values held by the write-back cache, over all states, by default:
-    /// about 40 MiB for a `u64` key and value (a value's own heap data comes
-    /// on top), next to RocksDB's 64 MiB block cache and its memtables.
-    pub const DEFAULT_CACHE_ENTRIES: usize = 1 << 20;
-
     /// A backend for the key groups `range` of `max_parallelism` (at most
     /// 2^15), whose working directory will be made under `local_dir` and
     /// named after `label`; nothing is created yet.
@@ -333,7 +328,7 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
             states: Vec::new(),
             cached: 0,
             dirty: false,
-            cache_capacity: Self::DEFAULT_CACHE_ENTRIES,
+            cache_capacity: StateBackend::DEFAULT_CACHE_ENTRIES,
             buffers: Buffers::default(),
             read: ReadOptions::default(),
             write,

@@ -22,7 +22,7 @@ fn heap<K: Key>(range: KeyGroupRange) -> KeyedStateBackend<K> {
 fn rocks<K: Key>(dir: &tempfile::TempDir, range: KeyGroupRange) -> KeyedStateBackend<K> {
     let config = StateBackend::RocksDb {
         local_dir: dir.path().to_owned(),
-        cache_entries: RocksDbKeyedStateBackend::<u64>::DEFAULT_CACHE_ENTRIES,
+        cache_entries: StateBackend::DEFAULT_CACHE_ENTRIES,
     };
     KeyedStateBackend::new(&config, "op-1-0", range, MAX_P)
 }

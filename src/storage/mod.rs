@@ -21,7 +21,10 @@ pub mod savepoint;
 
 use crate::checkpoint::metadata::{self, MetadataError};
 use crate::checkpoint::store::CompletedCheckpointStore;
-use crate::checkpoint::{stays_inside, CompletedCheckpoint, HandleMismatch, StateHandle};
+use crate::checkpoint::{
+    stays_inside, CheckpointSettings, CompletedCheckpoint, HandleMismatch, SettingsError,
+    StateHandle,
+};
 use crate::ids::{CheckpointId, JobId};
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -205,6 +208,51 @@ fn local_store(url: &str, create: bool) -> Result<Arc<dyn ObjectStore>, StorageE
     let fs = LocalFileSystem::new_with_prefix(dir).map_err(|e| open(e.into()))?;
     // Deleting a checkpoint's last object removes its directory too.
     Ok(Arc::new(fs.with_automatic_cleanup(true)))
+}
+
+/// Refuses a savepoint directory inside job `job`'s directory of checkpoint
+/// storage, where retention and cleanup would delete its savepoints. The
+/// job's directory is where [`CheckpointStorage::open`] puts it; nothing is
+/// opened.
+pub fn check_savepoint_dir(settings: &CheckpointSettings, job: JobId) -> Result<(), SettingsError> {
+    let job_dir = format!("{}/{job}", settings.storage_url.trim_end_matches('/'));
+    match &settings.savepoint_dir {
+        Some(dir) if lies_inside(dir, &job_dir) => {
+            Err(SettingsError::SavepointsInsideCheckpoints {
+                savepoint_dir: dir.clone(),
+                job_dir,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether storage location `inner` lies within `outer`: local paths by
+/// their absolute form with `..` resolved, URLs by prefix.
+fn lies_inside(inner: &str, outer: &str) -> bool {
+    let local = |s: &str| {
+        let s = s.strip_prefix("file://").unwrap_or(s);
+        if s.contains("://") {
+            return None;
+        }
+        let absolute = std::path::absolute(s).ok()?;
+        let mut normal = std::path::PathBuf::new();
+        for part in absolute.components() {
+            match part {
+                std::path::Component::ParentDir => {
+                    normal.pop();
+                }
+                part => normal.push(part),
+            }
+        }
+        Some(normal)
+    };
+    match (local(inner), local(outer)) {
+        (Some(inner), Some(outer)) => inner.starts_with(outer),
+        (None, None) => format!("{}/", inner.trim_end_matches('/'))
+            .starts_with(&format!("{}/", outer.trim_end_matches('/'))),
+        _ => false,
+    }
 }
 
 /// The checkpoint directory of one job on one object store.
@@ -637,12 +685,37 @@ mod tests {
     }
 
     #[test]
+    fn a_savepoint_directory_inside_the_job_directory_is_refused() {
+        let job = JobId(1);
+        let refused = |checkpoints: &str, savepoints: &str| {
+            let settings = CheckpointSettings::new(checkpoints).savepoint_dir(savepoints);
+            check_savepoint_dir(&settings, job).is_err()
+        };
+        assert!(refused("/tmp/x", &format!("/tmp/x/{job}")));
+        assert!(refused("/tmp/x/", &format!("/tmp/y/../x/{job}/savepoints")));
+        assert!(refused("s3://b/x/", &format!("s3://b/x/{job}/sp")));
+        assert!(!refused("/tmp/x", "/tmp/x-savepoints"));
+        assert!(!refused("/tmp/x", &format!("/tmp/x/{}", JobId(2))));
+        assert!(!refused("s3://b/x", &format!("s3://b/x/{job}-other")));
+        assert!(!refused("s3://b/x", &format!("/tmp/b/x/{job}")));
+        assert!(check_savepoint_dir(&CheckpointSettings::new("/tmp/x"), job).is_ok());
+    }
+
+    #[cfg(feature = "s3")]
+    #[test]
     fn an_s3_job_directory_lies_under_the_prefix() {
         let storage = CheckpointStorage::open("s3://bucket/a/b/", JobId(1)).unwrap();
         assert_eq!(
             storage.resolve("chk-1/x").unwrap().as_ref(),
             format!("a/b/{}/chk-1/x", JobId(1))
         );
+    }
+
+    #[cfg(not(feature = "s3"))]
+    #[test]
+    fn without_the_s3_feature_an_s3_url_is_refused_naming_the_feature() {
+        let err = CheckpointStorage::open("s3://bucket/a", JobId(1)).unwrap_err();
+        assert!(err.to_string().contains("`s3` feature"), "{err}");
     }
 
     #[tokio::test]
