@@ -11,7 +11,7 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    let Cli { command } = Cli::from_args(std::env::args_os()).unwrap_or_else(|e| e.exit());
+    let Cli { command } = Cli::try_parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit());
     let outcome = match command {
         Command::Run(args) => cli::run(&args).map(|report| {
             if args.json {

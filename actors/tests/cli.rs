@@ -183,6 +183,10 @@ fn bad_arguments_exit_2_naming_the_argument() {
             &["cleanup", "--checkpoint-dir=/tmp/x", "--grace=soon"][..],
             "--grace",
         ),
+        (
+            &["cleanup", "--checkpoint-dir=/tmp/x", "--grace=3600"][..],
+            "--grace",
+        ),
     ] {
         let out = tidemark(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
@@ -557,7 +561,7 @@ fn a_bad_configuration_file_exits_2_naming_the_key_and_the_file() {
         ),
         (
             "execution.checkpointing.incremental: true\n",
-            "execution.checkpointing.incremental (",
+            "tidemark.yaml:1: execution.checkpointing.incremental: applies to RocksDB state",
         ),
     ] {
         let config = config_file(dir.path(), yaml);

@@ -79,7 +79,7 @@ fn find_missing(purpose: Purpose) -> Vec<Missing> {
     if !has_cxx_compiler() {
         missing.push(Missing::CxxCompiler);
     }
-    if libclang_dir().is_none() {
+    if !has_libclang() {
         missing.push(Missing::Libclang);
     }
     if purpose == Purpose::Test {
@@ -126,14 +126,14 @@ fn has_cxx_compiler() -> bool {
     succeeds(Command::new(cxx).arg("--version"))
 }
 
-/// Where bindgen will find libclang: `LIBCLANG_PATH`, `llvm-config
+/// Whether bindgen will find libclang: `LIBCLANG_PATH`, `llvm-config
 /// --libdir`, or the system's library directories (those clang-sys
 /// searches). A directory counts only with the unversioned `libclang.so`
 /// or `libclang-N.so` that a development package installs, which comes
 /// with clang's headers; a bare runtime `libclang.so.1` does not.
-fn libclang_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("LIBCLANG_PATH") {
-        return Some(dir.into());
+fn has_libclang() -> bool {
+    if std::env::var_os("LIBCLANG_PATH").is_some() {
+        return true;
     }
     let mut dirs: Vec<PathBuf> = Vec::new();
     if let Ok(out) = Command::new("llvm-config")
@@ -144,19 +144,20 @@ fn libclang_dir() -> Option<PathBuf> {
         dirs.push(String::from_utf8_lossy(&out.stdout).trim().into());
     }
     for root in ["/usr/lib", "/usr/lib64", "/usr/local/lib"] {
+        let below = subdirs(Path::new(root));
+        let llvm_libs = below
+            .iter()
+            .filter(|d| {
+                d.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("llvm"))
+            })
+            .map(|d| d.join("lib"))
+            .collect::<Vec<_>>();
         dirs.push(root.into());
-        dirs.extend(subdirs(Path::new(root)));
-        dirs.extend(
-            subdirs(Path::new(root))
-                .into_iter()
-                .filter(|d| {
-                    d.file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with("llvm"))
-                })
-                .map(|d| d.join("lib")),
-        );
+        dirs.extend(below);
+        dirs.extend(llvm_libs);
     }
-    dirs.into_iter().find(|dir| {
+    dirs.iter().any(|dir| {
         std::fs::read_dir(dir).is_ok_and(|entries| {
             entries
                 .flatten()

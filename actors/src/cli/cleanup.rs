@@ -33,7 +33,7 @@ pub struct CleanupArgs {
     pub dry_run: bool,
     /// Unreferenced objects younger than this are kept; against a running
     /// job it must exceed the checkpoint timeout.
-    #[arg(long, default_value = "1h", value_parser = values::duration)]
+    #[arg(long, default_value = "1h", value_parser = values::flag_duration)]
     pub grace: Duration,
     /// Treat a checkpoint whose `_metadata` does not decode as not retained,
     /// so that its metadata and the objects it may reference are swept too.

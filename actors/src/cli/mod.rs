@@ -47,8 +47,8 @@ pub enum Command {
 impl Cli {
     /// Parses `argv` (program name first) and remembers which `run` flags
     /// it gave, since those win over a configuration file while defaults
-    /// do not.
-    pub fn from_args<I, T>(argv: I) -> Result<Cli, clap::Error>
+    /// do not. It shadows `Parser::try_parse_from`, which would not.
+    pub fn try_parse_from<I, T>(argv: I) -> Result<Cli, clap::Error>
     where
         I: IntoIterator<Item = T>,
         T: Into<OsString> + Clone,

@@ -16,7 +16,7 @@ use tidemark::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
 use tidemark::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use tidemark::job::JobConfig;
 use tidemark::restart::RestartStrategy;
-use tidemark::storage::{StorageError, METADATA};
+use tidemark::storage::{check_savepoint_dir, StorageError, METADATA};
 
 /// The example topologies `run` knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -71,11 +71,11 @@ pub struct RunArgs {
     #[arg(long, requires = "slow_subtask", value_parser = clap::value_parser!(u64).range(1..))]
     pub slow_ns: Option<u64>,
     /// Take one savepoint this long after the start and go on.
-    #[arg(long, conflicts_with = "stop_with_savepoint_after", value_parser = crate::config::values::duration)]
+    #[arg(long, conflicts_with = "stop_with_savepoint_after", value_parser = crate::config::values::flag_duration)]
     pub savepoint_after: Option<Duration>,
     /// Take a savepoint this long after the start, commit the sinks and
     /// stop: the report says where the savepoint is.
-    #[arg(long, value_parser = crate::config::values::duration)]
+    #[arg(long, value_parser = crate::config::values::flag_duration)]
     pub stop_with_savepoint_after: Option<Duration>,
     /// Kill a random subtask this many times at random moments (seeded by
     /// `--seed`); the job restores and goes on.
@@ -146,7 +146,7 @@ impl RunArgs {
         let argv = ["tidemark".to_owned(), "run".to_owned()]
             .into_iter()
             .chain(args.into_iter().map(Into::into));
-        match Cli::from_args(argv)?.command {
+        match Cli::try_parse_from(argv)?.command {
             Command::Run(args) => Ok(args),
             Command::Cleanup(_) | Command::Inspect(_) => {
                 unreachable!("the subcommand is `run`")
@@ -165,10 +165,15 @@ impl RunArgs {
             None => Origins::default(),
         };
         let settings = Settings { options, origins };
+        // A setting of the file is refused as `load` refuses it, naming the
+        // file, line and key; one of the flags by its flag.
         settings
             .options
             .validate(&settings.origins)
-            .map_err(|refusal| settings.usage(refusal.option, refusal.problem))?;
+            .map_err(|refusal| match settings.origins.located(refusal.option) {
+                Some(_) => CliError::Config(settings.origins.refused(refusal)),
+                None => settings.usage(refusal.option, refusal.problem),
+            })?;
         Ok(settings)
     }
 
@@ -213,13 +218,13 @@ impl RunArgs {
 
     /// What the job's settings cannot check alone: the run's own flags
     /// against them, and paths against the job's directory.
-    fn validate(&self, settings: &Settings) -> Result<(), CliError> {
+    fn validate(&self, settings: &Settings, config: &JobConfig) -> Result<(), CliError> {
         let options = &settings.options;
         let usage = |argument: &str, problem: String| CliError::Usage {
             argument: argument.to_owned(),
             problem,
         };
-        let parallelism = options.job_config().parallelism;
+        let parallelism = config.parallelism;
         if let Some(subtask) = self.slow_subtask.filter(|s| *s >= parallelism) {
             return Err(usage(
                 "--slow-subtask",
@@ -237,7 +242,13 @@ impl RunArgs {
                 if given {
                     return Err(usage(
                         flag,
-                        "needs --savepoint-dir (or execution.checkpointing.savepoint-dir)".into(),
+                        format!(
+                            "needs {}",
+                            settings.origins.suggest(
+                                "--savepoint-dir",
+                                "execution.checkpointing.savepoint-dir"
+                            )
+                        ),
                     ));
                 }
             }
@@ -269,22 +280,12 @@ impl RunArgs {
                 ));
             }
         }
-        let job_dir = format!(
-            "{}/{}",
-            options.checkpoint_dir.trim_end_matches('/'),
-            job_id(self.topology.job_name())
-        );
-        if let Some(dir) = options
-            .savepoint_dir
+        if let Some(Err(e)) = config
+            .checkpointing
             .as_ref()
-            .filter(|d| inside(d, &job_dir))
+            .map(|c| check_savepoint_dir(c, job_id(self.topology.job_name())))
         {
-            return Err(settings.usage(
-                "savepoint_dir",
-                format!(
-                    "{dir} lies inside the job's checkpoint directory {job_dir}, where retention and cleanup delete what no checkpoint references; choose a directory outside it"
-                ),
-            ));
+            return Err(settings.usage("savepoint_dir", e.to_string()));
         }
         if let Some(RestoreArg::Checkpoint {
             parent: Some(parent),
@@ -293,6 +294,11 @@ impl RunArgs {
         {
             // A checkpoint is only read from the job's own directory in the
             // checkpoint storage: a path elsewhere is refused, not followed.
+            let job_dir = format!(
+                "{}/{}",
+                options.checkpoint_dir.trim_end_matches('/'),
+                job_id(self.topology.job_name())
+            );
             let job_dir = Path::new(job_dir.strip_prefix("file://").unwrap_or(&job_dir));
             let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
                 (Ok(a), Ok(b)) => a == b,
@@ -313,45 +319,17 @@ impl RunArgs {
     }
 }
 
-/// Whether storage location `inner` lies within `outer`: local paths by
-/// their absolute form with `..` resolved, URLs by prefix.
-fn inside(inner: &str, outer: &str) -> bool {
-    let local = |s: &str| {
-        let s = s.strip_prefix("file://").unwrap_or(s);
-        if s.contains("://") {
-            return None;
-        }
-        let absolute = std::path::absolute(s).ok()?;
-        let mut normal = PathBuf::new();
-        for part in absolute.components() {
-            match part {
-                std::path::Component::ParentDir => {
-                    normal.pop();
-                }
-                part => normal.push(part),
-            }
-        }
-        Some(normal)
-    };
-    match (local(inner), local(outer)) {
-        (Some(inner), Some(outer)) => inner.starts_with(outer),
-        (None, None) => format!("{}/", inner.trim_end_matches('/'))
-            .starts_with(&format!("{}/", outer.trim_end_matches('/'))),
-        _ => false,
-    }
-}
-
 /// Runs the topology to its end (or its timed stop) and reports on it.
 pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
     let settings = args.settings()?;
-    args.validate(&settings)?;
+    let config = args.job_config(&settings);
+    args.validate(&settings, &config)?;
     if let Some(dir) = &args.output {
         std::fs::create_dir_all(dir).map_err(|e| CliError::Usage {
             argument: "--output".into(),
             problem: format!("cannot use {} as the output directory: {e}", dir.display()),
         })?;
     }
-    let config = args.job_config(&settings);
     let (parallelism, channels) = (config.parallelism, config.channels);
     let job = match args.topology {
         Topology::Wordcount => Wordcount {

@@ -22,6 +22,8 @@ pub(super) struct Applier<'a> {
     /// Flink's two alignment keys, which mean something only together.
     unaligned: Option<(bool, Located)>,
     aligned_timeout: Option<(Duration, Located)>,
+    /// Flink's `restart-strategy.type`, which its families' keys must match.
+    restart_type: Option<&'static str>,
 }
 
 impl Applier<'_> {
@@ -53,6 +55,12 @@ impl Applier<'_> {
     /// `unaligned.enabled` once every key is read.
     pub(super) fn aligned_timeout(&mut self, timeout: Duration) {
         self.aligned_timeout = Some((timeout, self.at.clone()));
+    }
+
+    /// `restart-strategy.type`, checked against the families' keys once
+    /// every key is read.
+    pub(super) fn restart_type(&mut self, kind: &'static str) {
+        self.restart_type = Some(kind);
     }
 
     /// Flink's alignment keys together: unaligned checkpoints, which with a
@@ -91,16 +99,12 @@ impl Applier<'_> {
     /// A `fixed-delay.*` or `exponential-delay.*` key belongs to its type;
     /// under another one Flink ignores it, Tidemark refuses it.
     fn check_restart_keys(&self) -> Result<(), (Located, String)> {
-        let disabled = self
-            .origins
-            .set
-            .get("max_restarts")
-            .is_some_and(|at| key(&at.key).is_some_and(|k| k.name == "restart-strategy.type"));
-        let kind = match (disabled, self.options.restart_backoff) {
-            (true, _) => "none",
-            (false, false) => "fixed-delay",
-            (false, true) => "exponential-delay",
-        };
+        let kind = self
+            .restart_type
+            .unwrap_or(match self.options.restart_backoff {
+                false => "fixed-delay",
+                true => "exponential-delay",
+            });
         for at in self.origins.set.values() {
             let family = key(&at.key)
                 .and_then(|k| k.name.strip_prefix("restart-strategy."))
@@ -140,6 +144,7 @@ impl ConfigFile {
             seen: Vec::new(),
             unaligned: None,
             aligned_timeout: None,
+            restart_type: None,
         };
         for entry in &self.entries {
             let Some(key) = key(&entry.key) else {
@@ -153,17 +158,15 @@ impl ConfigFile {
                 key: entry.key.clone(),
                 line: entry.line,
             };
-            if let Some((_, earlier)) = applier.seen.iter().find(|(name, _)| *name == key.name) {
-                return Err(ConfigError::Conflict {
-                    path: path(),
-                    line: at.line,
-                    key: at.key,
-                    other: earlier.key.clone(),
-                    other_line: earlier.line,
-                });
-            }
-            applier.at = at.clone();
-            (key.apply)(&mut applier, &entry.value).map_err(|problem| match problem {
+            let earlier = applier.seen.iter().find(|(name, _)| *name == key.name);
+            let applied = match earlier {
+                Some((_, earlier)) => Err(Problem::Conflict(earlier.clone())),
+                None => {
+                    applier.at = at.clone();
+                    (key.apply)(&mut applier, &entry.value)
+                }
+            };
+            applied.map_err(|problem| match problem {
                 Problem::Value(problem) => ConfigError::BadValue {
                     path: path(),
                     line: at.line,

@@ -4,7 +4,6 @@
 //! with the reason, never ignored.
 
 use super::apply::Applier;
-use super::options::StateKind;
 use super::{values, Located};
 
 /// What is wrong with one key of a file.
@@ -32,6 +31,32 @@ pub(super) struct Key {
     pub apply: Apply,
 }
 
+/// A key that reads its value with `$parse` and sets the option of the
+/// same name (in `Some` where the option is optional): the option is named
+/// once, so the key cannot set another option than its flag sets.
+macro_rules! sets {
+    ($name:literal, [$($alias:literal),*], $option:ident = Some($parse:expr)) => {
+        Key {
+            name: $name,
+            aliases: &[$($alias),*],
+            apply: |a, v| {
+                let value = $parse(v)?;
+                a.set(stringify!($option), |o| o.$option = Some(value))
+            },
+        }
+    };
+    ($name:literal, [$($alias:literal),*], $option:ident = $parse:expr) => {
+        Key {
+            name: $name,
+            aliases: &[$($alias),*],
+            apply: |a, v| {
+                let value = $parse(v)?;
+                a.set(stringify!($option), |o| o.$option = value)
+            },
+        }
+    };
+}
+
 /// Refuses a key Tidemark knows but cannot honour.
 fn unsupported(why: &'static str) -> Result<(), Problem> {
     Err(Problem::Value(why.into()))
@@ -42,78 +67,51 @@ const NO_FAILURE_RATE: &str =
 
 /// Every key a file may hold.
 pub(super) const KEYS: &[Key] = &[
-    Key {
-        name: "parallelism.default",
-        aliases: &[],
-        apply: |a, v| {
-            let p = values::parallelism(v)?;
-            a.set("parallelism", |o| o.parallelism = Some(p))
-        },
-    },
-    Key {
-        name: "execution.checkpointing.interval",
-        aliases: &[],
-        apply: |a, v| {
-            let i = values::interval(v)?;
-            a.set("checkpoint_interval", |o| o.checkpoint_interval = i)
-        },
-    },
-    Key {
-        name: "execution.checkpointing.timeout",
-        aliases: &[],
-        apply: |a, v| {
-            let d = values::duration(v)?;
-            a.set("timeout", |o| o.timeout = d)
-        },
-    },
-    Key {
-        name: "execution.checkpointing.min-pause",
-        aliases: &[],
-        apply: |a, v| {
-            let d = values::duration(v)?;
-            a.set("min_pause", |o| o.min_pause = d)
-        },
-    },
-    Key {
-        name: "execution.checkpointing.max-concurrent-checkpoints",
-        aliases: &[],
-        apply: |a, v| {
-            let n = values::positive(v)?;
-            a.set("max_concurrent", |o| o.max_concurrent = n)
-        },
-    },
-    Key {
-        name: "execution.checkpointing.tolerable-failed-checkpoints",
-        aliases: &[],
-        apply: |a, v| {
-            let n = values::count(v)?;
-            a.set("tolerable_failures", |o| o.tolerable_failures = n)
-        },
-    },
-    Key {
-        name: "execution.checkpointing.num-retained",
-        aliases: &["state.checkpoints.num-retained"],
-        apply: |a, v| {
-            let n = values::positive(v)?;
-            a.set("retain", |o| o.retain = n)
-        },
-    },
-    Key {
-        name: "execution.checkpointing.dir",
-        aliases: &["state.checkpoints.dir"],
-        apply: |a, v| {
-            let dir = v.to_owned();
-            a.set("checkpoint_dir", |o| o.checkpoint_dir = dir)
-        },
-    },
-    Key {
-        name: "execution.checkpointing.savepoint-dir",
-        aliases: &["state.savepoints.dir"],
-        apply: |a, v| {
-            let dir = v.to_owned();
-            a.set("savepoint_dir", |o| o.savepoint_dir = Some(dir))
-        },
-    },
+    sets!(
+        "parallelism.default",
+        [],
+        parallelism = Some(values::parallelism)
+    ),
+    sets!(
+        "execution.checkpointing.interval",
+        [],
+        checkpoint_interval = values::interval
+    ),
+    sets!(
+        "execution.checkpointing.timeout",
+        [],
+        timeout = values::duration
+    ),
+    sets!(
+        "execution.checkpointing.min-pause",
+        [],
+        min_pause = values::duration
+    ),
+    sets!(
+        "execution.checkpointing.max-concurrent-checkpoints",
+        [],
+        max_concurrent = values::positive
+    ),
+    sets!(
+        "execution.checkpointing.tolerable-failed-checkpoints",
+        [],
+        tolerable_failures = values::count
+    ),
+    sets!(
+        "execution.checkpointing.num-retained",
+        ["state.checkpoints.num-retained"],
+        retain = values::positive
+    ),
+    sets!(
+        "execution.checkpointing.dir",
+        ["state.checkpoints.dir"],
+        checkpoint_dir = values::text
+    ),
+    sets!(
+        "execution.checkpointing.savepoint-dir",
+        ["state.savepoints.dir"],
+        savepoint_dir = Some(values::text)
+    ),
     Key {
         name: "execution.checkpointing.unaligned.enabled",
         aliases: &["execution.checkpointing.unaligned"],
@@ -130,65 +128,39 @@ pub(super) const KEYS: &[Key] = &[
             Ok(())
         },
     },
-    Key {
-        name: "execution.checkpointing.incremental",
-        aliases: &["state.backend.incremental"],
-        apply: |a, v| {
-            let on = values::boolean(v)?;
-            a.set("incremental", |o| o.incremental = on)
-        },
-    },
-    Key {
-        name: "execution.checkpointing.data-inline-threshold",
-        aliases: &[
+    sets!(
+        "execution.checkpointing.incremental",
+        ["state.backend.incremental"],
+        incremental = values::boolean
+    ),
+    sets!(
+        "execution.checkpointing.data-inline-threshold",
+        [
             "state.storage.fs.memory-threshold",
-            "state.backend.fs.memory-threshold",
+            "state.backend.fs.memory-threshold"
         ],
-        apply: |a, v| {
-            let bytes = values::size(v)?;
-            a.set("inline_threshold", |o| o.inline_threshold = bytes)
-        },
-    },
-    Key {
-        name: "execution.checkpointing.file-merging.enabled",
-        aliases: &[],
-        apply: |a, v| {
-            let on = values::boolean(v)?;
-            a.set("file_merging", |o| o.file_merging = on)
-        },
-    },
-    Key {
-        name: "execution.checkpointing.file-merging.max-file-size",
-        aliases: &[],
-        apply: |a, v| {
-            let bytes = values::size(v)?;
-            a.set("max_merged_file_size", |o| {
-                o.max_merged_file_size = Some(bytes)
-            })
-        },
-    },
-    Key {
-        name: "execution.checkpointing.file-merging.max-space-amplification",
-        aliases: &[],
-        apply: |a, v| {
-            let f = values::amplification(v)?;
-            a.set("max_space_amplification", |o| {
-                o.max_space_amplification = Some(f)
-            })
-        },
-    },
-    Key {
-        name: "state.backend.type",
-        aliases: &["state.backend"],
-        apply: |a, v| {
-            let kind = match v.trim().to_lowercase().as_str() {
-                "hashmap" | "heap" => StateKind::Heap,
-                "rocksdb" => StateKind::Rocksdb,
-                _ => return Err(format!("expected hashmap or rocksdb, got {v:?}").into()),
-            };
-            a.set("state", |o| o.state = kind)
-        },
-    },
+        inline_threshold = values::size
+    ),
+    sets!(
+        "execution.checkpointing.file-merging.enabled",
+        [],
+        file_merging = values::boolean
+    ),
+    sets!(
+        "execution.checkpointing.file-merging.max-file-size",
+        [],
+        max_merged_file_size = Some(values::size)
+    ),
+    sets!(
+        "execution.checkpointing.file-merging.max-space-amplification",
+        [],
+        max_space_amplification = Some(values::amplification)
+    ),
+    sets!(
+        "state.backend.type",
+        ["state.backend"],
+        state = values::state_kind
+    ),
     Key {
         name: "state.backend.rocksdb.localdir",
         aliases: &[],
@@ -200,111 +172,77 @@ pub(super) const KEYS: &[Key] = &[
             a.set("state_dir", |o| o.state_dir = Some(dir))
         },
     },
-    Key {
-        name: "tidemark.state.cache-entries",
-        aliases: &[],
-        apply: |a, v| {
-            let n = values::cache_entries(v)?;
-            a.set("state_cache_entries", |o| o.state_cache_entries = Some(n))
-        },
-    },
-    Key {
-        name: "tidemark.source.rate",
-        aliases: &[],
-        apply: |a, v| {
-            let rate = values::rate(v)?;
-            a.set("rate", |o| o.rate = Some(rate))
-        },
-    },
-    Key {
-        name: "execution.state-recovery.path",
-        aliases: &["execution.savepoint.path"],
-        apply: |a, v| {
-            let restore = values::restore(v)?;
-            a.set("restore", |o| o.restore = Some(restore))
-        },
-    },
-    Key {
-        name: "execution.state-recovery.claim-mode",
-        aliases: &["execution.savepoint-restore-mode"],
-        apply: |a, v| {
-            let mode = values::restore_mode(v)?;
-            a.set("restore_mode", |o| o.restore_mode = mode)
-        },
-    },
-    Key {
-        name: "execution.state-recovery.ignore-unclaimed-state",
-        aliases: &["execution.savepoint.ignore-unclaimed-state"],
-        apply: |a, v| {
-            let allow = values::boolean(v)?;
-            a.set("allow_non_restored_state", |o| {
-                o.allow_non_restored_state = allow
-            })
-        },
-    },
+    sets!(
+        "tidemark.state.cache-entries",
+        [],
+        state_cache_entries = Some(values::cache_entries)
+    ),
+    sets!("tidemark.source.rate", [], rate = Some(values::rate)),
+    sets!(
+        "execution.state-recovery.path",
+        ["execution.savepoint.path"],
+        restore = Some(values::restore)
+    ),
+    sets!(
+        "execution.state-recovery.claim-mode",
+        ["execution.savepoint-restore-mode"],
+        restore_mode = values::restore_mode
+    ),
+    sets!(
+        "execution.state-recovery.ignore-unclaimed-state",
+        ["execution.savepoint.ignore-unclaimed-state"],
+        allow_non_restored_state = values::boolean
+    ),
     Key {
         name: "restart-strategy.type",
         aliases: &["restart-strategy"],
         apply: |a, v| match v.trim().to_lowercase().as_str() {
-            "none" | "off" | "disable" => a.set("max_restarts", |o| o.max_restarts = Some(0)),
-            "fixed-delay" | "fixeddelay" => a.set("restart_backoff", |o| o.restart_backoff = false),
+            "none" | "off" | "disable" => {
+                a.restart_type("none");
+                a.set("max_restarts", |o| o.max_restarts = Some(0))
+            }
+            "fixed-delay" | "fixeddelay" => {
+                a.restart_type("fixed-delay");
+                a.set("restart_backoff", |o| o.restart_backoff = false)
+            }
             "exponential-delay" | "exponentialdelay" => {
+                a.restart_type("exponential-delay");
                 a.set("restart_backoff", |o| o.restart_backoff = true)
             }
             "failure-rate" | "failurerate" => unsupported(NO_FAILURE_RATE),
             _ => Err(format!("expected none, fixed-delay or exponential-delay, got {v:?}").into()),
         },
     },
-    Key {
-        name: "restart-strategy.fixed-delay.attempts",
-        aliases: &[],
-        apply: |a, v| {
-            let n = values::count(v)?;
-            a.set("max_restarts", |o| o.max_restarts = Some(n))
-        },
-    },
-    Key {
-        name: "restart-strategy.fixed-delay.delay",
-        aliases: &[],
-        apply: |a, v| {
-            let d = values::duration(v)?;
-            a.set("restart_delay", |o| o.restart_delay = d)
-        },
-    },
-    Key {
-        name: "restart-strategy.exponential-delay.initial-backoff",
-        aliases: &[],
-        apply: |a, v| {
-            let d = values::duration(v)?;
-            a.set("restart_delay", |o| o.restart_delay = d)
-        },
-    },
-    Key {
-        name: "restart-strategy.exponential-delay.max-backoff",
-        aliases: &[],
-        apply: |a, v| {
-            let d = values::duration(v)?;
-            a.set("max_restart_delay", |o| o.max_restart_delay = d)
-        },
-    },
-    Key {
-        name: "restart-strategy.exponential-delay.backoff-multiplier",
-        aliases: &[],
-        apply: |a, v| {
-            let f = values::multiplier(v)?;
-            a.set("restart_backoff_multiplier", |o| {
-                o.restart_backoff_multiplier = f
-            })
-        },
-    },
-    Key {
-        name: "restart-strategy.exponential-delay.attempts-before-reset-backoff",
-        aliases: &[],
-        apply: |a, v| {
-            let n = values::count(v)?;
-            a.set("max_restarts", |o| o.max_restarts = Some(n))
-        },
-    },
+    sets!(
+        "restart-strategy.fixed-delay.attempts",
+        [],
+        max_restarts = Some(values::count)
+    ),
+    sets!(
+        "restart-strategy.fixed-delay.delay",
+        [],
+        restart_delay = values::duration
+    ),
+    sets!(
+        "restart-strategy.exponential-delay.initial-backoff",
+        [],
+        restart_delay = values::duration
+    ),
+    sets!(
+        "restart-strategy.exponential-delay.max-backoff",
+        [],
+        max_restart_delay = values::duration
+    ),
+    sets!(
+        "restart-strategy.exponential-delay.backoff-multiplier",
+        [],
+        restart_backoff_multiplier = values::multiplier
+    ),
+    sets!(
+        "restart-strategy.exponential-delay.attempts-before-reset-backoff",
+        [],
+        max_restarts = Some(values::count)
+    ),
     Key {
         name: "restart-strategy.exponential-delay.reset-backoff-threshold",
         aliases: &[],

@@ -43,6 +43,17 @@ pub fn load(path: impl AsRef<Path>) -> Result<JobConfig, ConfigError> {
     options
         .validate(&origins)
         .map_err(|refusal| origins.refused(refusal))?;
+    if let Some(RestoreArg::Checkpoint {
+        parent: Some(_), ..
+    }) = &options.restore
+    {
+        // `tidemark run` checks the path against the job's directory; here
+        // the job's name, and so its directory, is not known yet.
+        return Err(origins.refused(Refusal {
+            option: "restore",
+            problem: "give chk-N alone: a job restores a checkpoint from its own directory in checkpoint storage".into(),
+        }));
+    }
     Ok(options.job_config())
 }
 
@@ -142,7 +153,7 @@ impl Origins {
 
     /// How to change a setting: the flag, and the key too if a file is in
     /// use.
-    fn suggest(&self, flag: &str, key: &str) -> String {
+    pub(crate) fn suggest(&self, flag: &str, key: &str) -> String {
         match self.file {
             Some(_) => format!("{flag} or {key}"),
             None => flag.to_owned(),
@@ -150,7 +161,7 @@ impl Origins {
     }
 
     /// A refused option of a file as an error naming its key.
-    fn refused(&self, refusal: Refusal) -> ConfigError {
+    pub(crate) fn refused(&self, refusal: Refusal) -> ConfigError {
         let at = self
             .set
             .get(refusal.option)

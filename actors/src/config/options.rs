@@ -81,17 +81,17 @@ pub struct Options {
     #[arg(long, value_parser = values::rate)]
     pub rate: Option<f64>,
     /// Checkpoint interval (`200ms`, `2 s`), or `off`.
-    #[arg(long, default_value = "1s", value_parser = values::interval)]
+    #[arg(long, default_value = "1s", value_parser = values::flag_interval)]
     pub checkpoint_interval: CheckpointInterval,
     /// Checkpoint storage: a path, `file://` path, `memory://` or
     /// `s3://bucket/prefix` (settings from the AWS_* environment variables).
     #[arg(long, default_value = CheckpointSettings::DEFAULT_STORAGE_URL)]
     pub checkpoint_dir: String,
     /// A checkpoint not complete this long after its trigger is aborted.
-    #[arg(long, default_value = "10min", value_parser = values::duration)]
+    #[arg(long, default_value = "10min", value_parser = values::flag_duration)]
     pub timeout: Duration,
     /// Least time between the end of a checkpoint and the next trigger.
-    #[arg(long, default_value = "0s", value_parser = values::duration)]
+    #[arg(long, default_value = "0s", value_parser = values::flag_duration)]
     pub min_pause: Duration,
     /// Checkpoints in flight at once.
     #[arg(long, default_value = "1", value_parser = values::positive)]
@@ -108,7 +108,7 @@ pub struct Options {
     pub mode: Mode,
     /// Aligned checkpoints whose alignment at a subtask lasts this long
     /// switch to unaligned there (`0s`: at the first barrier).
-    #[arg(long, value_parser = values::duration)]
+    #[arg(long, value_parser = values::flag_duration)]
     pub aligned_timeout: Option<Duration>,
     /// RocksDB state uploads only the files its newest completed checkpoint
     /// does not already hold.
@@ -165,7 +165,7 @@ pub struct Options {
     #[arg(long, value_parser = values::count)]
     pub max_restarts: Option<u32>,
     /// Delay before a restart (the first one, with --restart-backoff).
-    #[arg(long, default_value = "10ms", value_parser = values::duration)]
+    #[arg(long, default_value = "10ms", value_parser = values::flag_duration)]
     pub restart_delay: Duration,
     /// Double the restart delay after every restart, up to 1 s (a
     /// configuration file may set other figures).
@@ -206,10 +206,15 @@ impl Options {
         if let Some(rate) = self.rate {
             config = config.source_rate(rate);
         }
-        if self.checkpoint_interval.0.is_some() || self.savepoint_dir.is_some() {
+        if self.checkpointing() {
             config = config.checkpointing(self.checkpoint_settings());
         }
         config
+    }
+
+    /// Savepoints need the coordinator even without periodic checkpoints.
+    fn checkpointing(&self) -> bool {
+        self.checkpoint_interval.0.is_some() || self.savepoint_dir.is_some()
     }
 
     fn checkpoint_settings(&self) -> CheckpointSettings {
@@ -276,13 +281,9 @@ impl Options {
     fn state_backend(&self) -> StateBackend {
         match self.state {
             StateKind::Heap => StateBackend::Heap,
-            #[cfg(feature = "rocksdb")]
             StateKind::Rocksdb => {
                 StateBackend::rocksdb(self.state_dir.clone(), self.state_cache_entries)
             }
-            // Refused by `validate`.
-            #[cfg(not(feature = "rocksdb"))]
-            StateKind::Rocksdb => StateBackend::Heap,
         }
     }
 
@@ -297,12 +298,8 @@ impl Options {
                 origins.suggest("--state rocksdb", "state.backend.type: rocksdb")
             )
         };
-        #[cfg(not(feature = "rocksdb"))]
-        if self.state == StateKind::Rocksdb {
-            return refuse(
-                "state",
-                "this tidemark was built without RocksDB (the `rocksdb` feature)".into(),
-            );
+        if let Err(e) = self.state_backend().validate() {
+            return refuse("state", e.to_string());
         }
         if self.state != StateKind::Rocksdb {
             if self.incremental {
@@ -350,10 +347,7 @@ impl Options {
                 ),
             );
         }
-        if self.restore.is_some()
-            && self.checkpoint_interval.0.is_none()
-            && self.savepoint_dir.is_none()
-        {
+        if self.restore.is_some() && !self.checkpointing() {
             return refuse(
                 "restore",
                 format!(
@@ -362,7 +356,10 @@ impl Options {
                 ),
             );
         }
-        if let Err(e) = self.checkpoint_settings().validate() {
+        if let Some(Err(e)) = self
+            .checkpointing()
+            .then(|| self.checkpoint_settings().validate())
+        {
             return refuse("max_concurrent", e.to_string());
         }
         Ok(())

@@ -144,7 +144,12 @@ fn every_key_sets_what_its_flag_sets() {
     for (yaml, flags) in SAME_AS_FLAGS {
         let settings = from_file(yaml);
         assert_eq!(settings, from_flags(flags), "{yaml}");
-        if !RESTATE_DEFAULTS.contains(yaml) {
+        if RESTATE_DEFAULTS.contains(yaml) {
+            let origins = file(yaml)
+                .apply(&mut Options::default(), |_| false)
+                .unwrap();
+            assert!(!origins.set.is_empty(), "{yaml} sets an option");
+        } else {
             assert_ne!(settings, default, "{yaml} changes something");
         }
     }
@@ -169,12 +174,14 @@ fn keys_without_a_flag_set_the_backoff() {
 }
 
 #[test]
-fn every_key_is_tested() {
-    let tested: Vec<&str> = SAME_AS_FLAGS
+fn every_key_and_every_deprecated_name_is_tested() {
+    let tested: std::collections::BTreeSet<String> = SAME_AS_FLAGS
         .iter()
         .map(|(yaml, _)| *yaml)
         .chain(REFUSED.iter().map(|(yaml, _)| *yaml))
         .chain([BACKOFF])
+        .flat_map(|yaml| file(yaml).entries)
+        .map(|entry| entry.key)
         .collect();
     for key in KEYS {
         #[cfg(not(feature = "rocksdb"))]
@@ -187,14 +194,9 @@ fn every_key_is_tested() {
         {
             continue;
         }
-        let last = key.name.rsplit('.').next().unwrap();
-        assert!(
-            tested
-                .iter()
-                .any(|yaml| yaml.contains(key.name) || yaml.contains(&format!("{last}:"))),
-            "{} is tested",
-            key.name
-        );
+        for name in [key.name].iter().chain(key.aliases) {
+            assert!(tested.contains(*name), "{name} is tested");
+        }
     }
 }
 
@@ -462,4 +464,32 @@ fn load_refuses_settings_that_do_not_work_together_naming_the_key() {
 
     let missing = dir.path().join("missing.yaml");
     assert!(matches!(load(&missing), Err(ConfigError::Read { path, .. }) if path == missing));
+
+    // A checkpoint path elsewhere would be read from the job's own
+    // directory instead: refused, as `chk-N` alone is taken.
+    std::fs::write(
+        &path,
+        "execution.state-recovery.path: /elsewhere/job/chk-7
+",
+    )
+    .unwrap();
+    let text = load(&path).unwrap_err().to_string();
+    assert!(
+        text.starts_with(&format!(
+            "{}:1: execution.state-recovery.path: give chk-N alone",
+            path.display()
+        )),
+        "{text}"
+    );
+    std::fs::write(
+        &path,
+        "execution.state-recovery.path: chk-7
+",
+    )
+    .unwrap();
+    let restore = load(&path).unwrap().checkpointing.unwrap().restore;
+    assert_eq!(
+        restore,
+        tidemark::checkpoint::Restore::Checkpoint(tidemark::ids::CheckpointId(7))
+    );
 }

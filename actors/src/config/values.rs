@@ -3,12 +3,14 @@
 //! per kind of value. Each returns the problem as text, which clap and the
 //! file reader put next to the flag or key.
 
-use super::options::{CheckpointInterval, RestoreArg};
+use super::options::{CheckpointInterval, RestoreArg, StateKind};
+use clap::ValueEnum;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tidemark::checkpoint::RestoreMode;
 use tidemark::ids::CheckpointId;
+use tidemark::key_group::DEFAULT_MAX_PARALLELISM;
 use tidemark::storage::METADATA;
 
 /// Splits `1 s`, `20kb` or `500` into its digits and its lower-case unit,
@@ -44,6 +46,24 @@ pub fn duration(s: &str) -> Result<Duration, String> {
     .ok_or_else(bad)
 }
 
+/// A duration on the command line: as in a file, but with its unit. A bare
+/// number was never a duration flag, and read as milliseconds it would make
+/// `cleanup --grace 3600` 3.6 s, short enough to delete what a running
+/// checkpoint still writes.
+pub fn flag_duration(s: &str) -> Result<Duration, String> {
+    require_unit(s)?;
+    duration(s)
+}
+
+fn require_unit(s: &str) -> Result<(), String> {
+    match number_and_unit(s) {
+        Some((_, unit)) if unit.is_empty() => Err(format!(
+            "expected a duration with its unit, such as 100 ms, 2s or 10 min, got {s:?}"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Flink's `MemorySize`: a whole number of bytes with an optional binary
 /// unit (`b`, `k`/`kb`, `m`/`mb`, `g`/`gb`, `t`/`tb` and their long names;
 /// `KiB`, `MiB`, `GiB`, `TiB` too), any case, with or without a space.
@@ -70,6 +90,17 @@ pub fn boolean(s: &str) -> Result<bool, String> {
     }
 }
 
+/// A path or URL, as written.
+pub fn text(s: &str) -> Result<String, String> {
+    Ok(s.to_owned())
+}
+
+/// Flink's `state.backend.type`, read as `--state` reads it.
+pub fn state_kind(s: &str) -> Result<StateKind, String> {
+    StateKind::from_str(s.trim(), true)
+        .map_err(|_| format!("expected hashmap or rocksdb, got {s:?}"))
+}
+
 /// A whole number within `range`.
 fn whole(s: &str, range: RangeInclusive<u64>) -> Result<u64, String> {
     s.trim()
@@ -91,7 +122,7 @@ fn whole(s: &str, range: RangeInclusive<u64>) -> Result<u64, String> {
 /// Subtasks per operator: at least one, at most the default max
 /// parallelism, since every subtask needs a key group.
 pub fn parallelism(s: &str) -> Result<u32, String> {
-    whole(s, 1..=128).map(|n| n as u32)
+    whole(s, 1..=u64::from(DEFAULT_MAX_PARALLELISM)).map(|n| n as u32)
 }
 
 /// A count that must be at least one.
@@ -148,6 +179,14 @@ pub fn interval(s: &str) -> Result<CheckpointInterval, String> {
         d if d.is_zero() => Err("must be positive, or `off`".into()),
         d => Ok(CheckpointInterval(Some(d))),
     }
+}
+
+/// A checkpoint interval on the command line: with its unit, or `off`.
+pub fn flag_interval(s: &str) -> Result<CheckpointInterval, String> {
+    if s.trim() != "off" {
+        require_unit(s)?;
+    }
+    interval(s)
 }
 
 /// The directory `path` names: itself, or the one its `_metadata` is in.
@@ -232,6 +271,23 @@ mod tests {
         ] {
             assert!(duration(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_duration_flag_needs_its_unit_where_a_file_does_not() {
+        assert_eq!(flag_duration("3600 s"), Ok(Duration::from_secs(3600)));
+        assert_eq!(duration("3600"), Ok(Duration::from_millis(3600)));
+        assert!(flag_duration("3600").is_err());
+        assert_eq!(flag_interval("off"), Ok(CheckpointInterval(None)));
+        assert_eq!(
+            flag_interval("2s"),
+            Ok(CheckpointInterval(Some(Duration::from_secs(2))))
+        );
+        assert!(flag_interval("2000").is_err());
+        assert_eq!(
+            interval("2000"),
+            Ok(CheckpointInterval(Some(Duration::from_secs(2))))
+        );
     }
 
     #[test]
