@@ -1,9 +1,11 @@
 //! Events on a channel. Barriers, cancel markers and end of partition travel
 //! in the same ordered stream as the batches, so no record overtakes a barrier
-//! unless the unaligned protocol moves it there on purpose.
+//! unless the unaligned protocol moves it there on purpose. Watermarks travel
+//! the same way, so a watermark never overtakes the records it follows.
 
 use crate::batch::Batch;
 use crate::ids::CheckpointId;
+use crate::time::{WatermarkEvent, WatermarkStatus};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -64,8 +66,21 @@ pub enum ChannelEvent {
     Barrier(Barrier),
     /// Checkpoint `id` was abandoned upstream: stop waiting for its barrier.
     CancelMarker(CheckpointId),
+    /// No record with a timestamp at or below this follows on the channel.
+    Watermark(u64),
+    /// The producer went idle or active.
+    WatermarkStatus(WatermarkStatus),
     /// The producer will send nothing more on this channel.
     EndOfPartition,
+}
+
+impl From<WatermarkEvent> for ChannelEvent {
+    fn from(event: WatermarkEvent) -> Self {
+        match event {
+            WatermarkEvent::Watermark(w) => ChannelEvent::Watermark(w),
+            WatermarkEvent::Status(s) => ChannelEvent::WatermarkStatus(s),
+        }
+    }
 }
 
 impl ChannelEvent {

@@ -21,7 +21,10 @@ use crate::sink::{Sink, SinkContext};
 use crate::source::{Source, SourceContext};
 use crate::state::{Key, KeyedStateBackend, StateBackend, StateRegistrar};
 use crate::task::{ChainTask, OutputContext, Task, TaskContext};
+use crate::time::window::{LateData, WindowOperator, WindowSettings};
+use crate::time::{AggregateFunction, TimeWindow, Timestamped, WatermarkStrategy, WindowAssigner};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Builds the task of one subtask of an operator.
 pub type TaskFactory = Arc<dyn Fn(&TaskContext) -> Box<dyn Task> + Send + Sync>;
@@ -272,6 +275,41 @@ impl JobBuilder {
             }),
         }
     }
+
+    /// Adds a source operator whose records carry event timestamps, with
+    /// watermarks after `strategy` (Flink's `fromSource` with a
+    /// `WatermarkStrategy`). Its watermark state is checkpointed with its
+    /// position, and the end of its input emits the final watermark.
+    pub fn source_with_watermarks<T, S, F>(
+        mut self,
+        name: &str,
+        strategy: WatermarkStrategy,
+        factory: F,
+    ) -> Stream<T>
+    where
+        T: Data + Timestamped,
+        S: Source<T> + 'static,
+        F: Fn(SourceContext) -> S + Send + Sync + 'static,
+    {
+        let op = self.add_operator(name);
+        Stream {
+            job: self,
+            op,
+            build: Arc::new(move |ctx, next| {
+                let source = factory(SourceContext {
+                    subtask: ctx.subtask,
+                    parallelism: ctx.parallelism,
+                    start: ctx.source_position.clone(),
+                });
+                Box::new(ChainTask::source_with_watermarks(
+                    Box::new(source),
+                    strategy,
+                    ctx.time_metrics.clone(),
+                    next,
+                ))
+            }),
+        }
+    }
 }
 
 /// A stream of `T` inside the operator being built.
@@ -488,7 +526,13 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                     ctx.key_groups,
                     ctx.max_parallelism,
                 );
-                let process = KeyedProcess::new(key_of.clone(), &factory, states, next);
+                let process = KeyedProcess::new(
+                    key_of.clone(),
+                    &factory,
+                    states,
+                    ctx.time_metrics.clone(),
+                    next,
+                );
                 let (key_of, owned, max_parallelism) =
                     (key_of.clone(), ctx.key_groups, ctx.max_parallelism);
                 let owns = Arc::new(move |record: &T| {
@@ -497,5 +541,100 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 Box::new(ChainTask::keyed_input(Box::new(process), owns))
             }),
         }
+    }
+}
+
+impl<K: Key, T: Data + Timestamped> KeyedStream<K, T> {
+    /// Groups each key's records into the windows of `assigner`.
+    pub fn window(self, assigner: WindowAssigner) -> WindowedStream<K, T> {
+        WindowedStream {
+            keyed: self,
+            assigner,
+            settings: WindowSettings::default(),
+        }
+    }
+}
+
+/// A keyed stream cut into windows, waiting for its aggregation.
+pub struct WindowedStream<K, T> {
+    keyed: KeyedStream<K, T>,
+    assigner: WindowAssigner,
+    settings: WindowSettings,
+}
+
+impl<K: Key, T: Data + Timestamped> WindowedStream<K, T> {
+    /// Keeps event-time windows open for late records this long after their
+    /// end (default 0); each late record fires its window again.
+    pub fn allowed_lateness(mut self, lateness: Duration) -> Self {
+        self.settings.allowed_lateness = u64::try_from(lateness.as_millis()).unwrap_or(u64::MAX);
+        self
+    }
+
+    /// Also fires every open event-time window every `every` of processing
+    /// time (at least 1 ms), before the watermark fires it for good.
+    pub fn early_firing(mut self, every: Duration) -> Self {
+        self.settings.early_firing =
+            Some(u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1));
+        self
+    }
+
+    /// Aggregates each window with `aggregate` and emits, when it fires,
+    /// what `emit` makes of the key, the window and the result. Records too
+    /// late for every window are dropped and counted.
+    pub fn aggregate<A, O, E>(self, name: &str, aggregate: A, emit: E) -> Stream<O>
+    where
+        A: AggregateFunction<T>,
+        O: Data,
+        E: Fn(&K, &TimeWindow, A::Result, &mut Collector<'_, O>) + Send + Sync + 'static,
+    {
+        self.build(name, aggregate, emit, None)
+    }
+
+    /// As [`aggregate`](Self::aggregate), with the late records handed to
+    /// `late`, whose output joins the window results (a late-data output).
+    pub fn aggregate_with_late_data<A, O, E, L>(
+        self,
+        name: &str,
+        aggregate: A,
+        emit: E,
+        late: L,
+    ) -> Stream<O>
+    where
+        A: AggregateFunction<T>,
+        O: Data,
+        E: Fn(&K, &TimeWindow, A::Result, &mut Collector<'_, O>) + Send + Sync + 'static,
+        L: Fn(T, &mut Collector<'_, O>) + Send + Sync + 'static,
+    {
+        self.build(name, aggregate, emit, Some(Arc::new(late)))
+    }
+
+    fn build<A, O, E>(
+        self,
+        name: &str,
+        aggregate: A,
+        emit: E,
+        late: Option<LateData<T, O>>,
+    ) -> Stream<O>
+    where
+        A: AggregateFunction<T>,
+        O: Data,
+        E: Fn(&K, &TimeWindow, A::Result, &mut Collector<'_, O>) + Send + Sync + 'static,
+    {
+        let WindowedStream {
+            keyed,
+            assigner,
+            settings,
+        } = self;
+        let (aggregate, emit) = (Arc::new(aggregate), Arc::new(emit));
+        keyed.process(name, move |states| {
+            WindowOperator::open(
+                states,
+                assigner,
+                settings,
+                aggregate.clone(),
+                emit.clone(),
+                late.clone(),
+            )
+        })
     }
 }

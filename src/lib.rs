@@ -54,6 +54,7 @@ pub mod split;
 pub mod state;
 pub mod storage;
 pub mod task;
+pub mod time;
 
 pub use batch::{Batch, BatchLimits, Data};
 pub use checkpoint::coordinator::MasterHook;

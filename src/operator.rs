@@ -10,7 +10,17 @@ use crate::key_group::subtask_for_key_group;
 use crate::sink::Sink;
 use crate::state::{AllKeys, Key, KeyedContext, KeyedStateBackend, StateRegistrar};
 use crate::task::{RestoreState, TaskSnapshot, SINK};
+use crate::time::timers::{TimeDomain, TimerService, TIMERS_STATE};
+use crate::time::{Millis, TimeMetrics};
 use std::sync::Arc;
+
+/// The earlier of two optional timestamps.
+pub(crate) fn earliest(a: Option<Millis>, b: Option<Millis>) -> Option<Millis> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
 
 /// Full batches ready to be sent, with the index of their output channel.
 pub type Outgoing = Vec<(usize, Batch)>;
@@ -40,6 +50,18 @@ pub trait Downstream<T>: Send {
 
     /// Before any input: load this step's part of the restored state.
     fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError>;
+
+    /// The watermark reached `watermark`: event-time timers up to it fire,
+    /// and what they emit is written out before the watermark goes on.
+    fn advance_watermark(&mut self, watermark: u64, out: &mut Outgoing) -> Result<(), TaskError>;
+
+    /// Processing time is `now`: due processing-time timers fire. Returns
+    /// the earliest processing-time timer left in the rest of the chain.
+    fn advance_processing_time(
+        &mut self,
+        now: Millis,
+        out: &mut Outgoing,
+    ) -> Result<Option<Millis>, TaskError>;
 }
 
 /// Hands a function's output to the rest of the chain.
@@ -106,6 +128,18 @@ where
     fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
         self.next.restore(state)
     }
+
+    fn advance_watermark(&mut self, watermark: u64, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.next.advance_watermark(watermark, out)
+    }
+
+    fn advance_processing_time(
+        &mut self,
+        now: Millis,
+        out: &mut Outgoing,
+    ) -> Result<Option<Millis>, TaskError> {
+        self.next.advance_processing_time(now, out)
+    }
 }
 
 /// A function over a keyed stream: sees one record at a time with the state
@@ -113,6 +147,16 @@ where
 pub trait KeyedProcessFunction<K: Key, I, O>: Send {
     /// Handles `record`; `ctx` holds the state of its key.
     fn process(&mut self, record: I, ctx: &mut KeyedContext<'_, K>, out: &mut Collector<'_, O>);
+
+    /// A timer of the key of `ctx` fired at `timestamp`
+    /// (`ctx.timer_domain()` says which clock); it is no longer set.
+    fn on_timer(
+        &mut self,
+        _timestamp: u64,
+        _ctx: &mut KeyedContext<'_, K>,
+        _out: &mut Collector<'_, O>,
+    ) {
+    }
 
     /// End of input: a function that holds results back emits them here.
     fn end_of_input(&mut self, _states: AllKeys<'_, K>, _out: &mut Collector<'_, O>) {}
@@ -132,31 +176,70 @@ where
 pub type KeyedFunctionFactory<K, I, O> =
     Arc<dyn Fn(&mut StateRegistrar<'_, K>) -> Box<dyn KeyedProcessFunction<K, I, O>> + Send + Sync>;
 
-/// A keyed step: runs a [`KeyedProcessFunction`] with the state of each
-/// record's key, kept in the subtask's keyed state backend, which it
+/// A keyed step: runs a [`KeyedProcessFunction`] with the state and timers
+/// of each record's key, kept in the subtask's keyed state backend, which it
 /// snapshots and restores.
 pub struct KeyedProcess<K: Key, I, O> {
     key_of: Arc<dyn Fn(&I) -> K + Send + Sync>,
     function: Box<dyn KeyedProcessFunction<K, I, O>>,
     states: KeyedStateBackend<K>,
+    timers: TimerService<K>,
+    metrics: Arc<TimeMetrics>,
     next: Box<dyn Downstream<O>>,
 }
 
 impl<K: Key, I, O> KeyedProcess<K, I, O> {
-    /// Opens the function `factory` builds, declaring its states in
-    /// `states`; `key_of` extracts a record's key.
+    /// Opens the function `factory` builds, declaring its states and the
+    /// timers' in `states`; `key_of` extracts a record's key; what it
+    /// counts about time goes to `metrics`.
     pub fn new(
         key_of: Arc<dyn Fn(&I) -> K + Send + Sync>,
         factory: &KeyedFunctionFactory<K, I, O>,
         mut states: KeyedStateBackend<K>,
+        metrics: Arc<TimeMetrics>,
         next: Box<dyn Downstream<O>>,
     ) -> Self {
-        let function = factory(&mut StateRegistrar::new(&mut states));
+        let mut registrar = StateRegistrar::new(&mut states);
+        let timers = TimerService::new(registrar.value(TIMERS_STATE));
+        let function = factory(&mut registrar);
         KeyedProcess {
             key_of,
             function,
             states,
+            timers,
+            metrics,
             next,
+        }
+    }
+
+    /// Fires the timers of `domain` due at `upto`, earliest first; timers
+    /// they set that are due fire in the same call.
+    fn fire(&mut self, domain: TimeDomain, upto: u64) {
+        while let Some((timestamp, keys)) = self.timers.pop_due(domain, upto) {
+            for key in keys {
+                let mut ctx = KeyedContext::with_timers(
+                    &mut self.states,
+                    &key,
+                    &mut self.timers,
+                    Some(domain),
+                );
+                ctx.remove_timer(domain, timestamp);
+                ctx.time_counters().timers_fired += 1;
+                self.function.on_timer(
+                    timestamp,
+                    &mut ctx,
+                    &mut Collector {
+                        next: self.next.as_mut(),
+                    },
+                );
+            }
+        }
+    }
+
+    fn publish_counters(&mut self) {
+        let counters = self.timers.take_counters();
+        if counters != Default::default() {
+            self.metrics.add(&counters);
         }
     }
 }
@@ -164,7 +247,7 @@ impl<K: Key, I, O> KeyedProcess<K, I, O> {
 impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
     fn push(&mut self, record: I) {
         let key = (self.key_of)(&record);
-        let mut ctx = KeyedContext::new(&mut self.states, &key);
+        let mut ctx = KeyedContext::with_timers(&mut self.states, &key, &mut self.timers, None);
         self.function.process(
             record,
             &mut ctx,
@@ -175,6 +258,7 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
     }
 
     fn flush(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.publish_counters();
         self.next.flush(out)
     }
 
@@ -186,6 +270,7 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
                 next: self.next.as_mut(),
             },
         );
+        self.publish_counters();
         self.next.end_of_input(out)
     }
 
@@ -196,6 +281,8 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
         snapshot: &mut TaskSnapshot,
     ) -> Result<(), TaskError> {
         snapshot.keyed = Some(self.states.snapshot(checkpoint)?);
+        self.metrics
+            .add_snapshot_timers(checkpoint, self.timers.len());
         self.next.snapshot(checkpoint, out, snapshot)
     }
 
@@ -205,7 +292,30 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
 
     fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
         self.states.restore(state)?;
+        self.states.flush()?;
+        for (key, timers) in AllKeys::new(&self.states).values(&self.timers.state()) {
+            self.timers.restored(&key, &timers);
+        }
         self.next.restore(state)
+    }
+
+    fn advance_watermark(&mut self, watermark: u64, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.timers.set_watermark(watermark);
+        self.metrics.observe_watermark(watermark);
+        self.fire(TimeDomain::EventTime, watermark);
+        self.publish_counters();
+        self.next.advance_watermark(watermark, out)
+    }
+
+    fn advance_processing_time(
+        &mut self,
+        now: Millis,
+        out: &mut Outgoing,
+    ) -> Result<Option<Millis>, TaskError> {
+        self.timers.set_now(now);
+        self.fire(TimeDomain::ProcessingTime, now);
+        let rest = self.next.advance_processing_time(now, out)?;
+        Ok(earliest(self.timers.next_processing_timer(), rest))
     }
 }
 
@@ -334,6 +444,19 @@ impl<T: Data> Downstream<T> for RecordWriter<T> {
     fn restore(&mut self, _state: &RestoreState) -> Result<(), TaskError> {
         Ok(())
     }
+
+    fn advance_watermark(&mut self, _watermark: u64, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.flush(out)
+    }
+
+    fn advance_processing_time(
+        &mut self,
+        _now: Millis,
+        out: &mut Outgoing,
+    ) -> Result<Option<Millis>, TaskError> {
+        self.flush(out)?;
+        Ok(None)
+    }
 }
 
 /// Last step of a chain that ends in a sink.
@@ -394,6 +517,19 @@ impl<T: Send> Downstream<T> for SinkWriter<T> {
             self.sink.adopt(adopted).map_err(TaskError::Sink)?;
         }
         Ok(())
+    }
+
+    fn advance_watermark(&mut self, _watermark: u64, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.flush(out)
+    }
+
+    fn advance_processing_time(
+        &mut self,
+        _now: Millis,
+        out: &mut Outgoing,
+    ) -> Result<Option<Millis>, TaskError> {
+        self.flush(out)?;
+        Ok(None)
     }
 }
 
@@ -477,7 +613,13 @@ mod tests {
         let factory: KeyedFunctionFactory<u64, u64, (u64, u64)> =
             Arc::new(|states| Box::new(Count(states.value("count"))));
         let writer = RecordWriter::<(u64, u64)>::new(Route::Forward, 1, 1 << 20);
-        KeyedProcess::new(Arc::new(|k: &u64| *k), &factory, states, Box::new(writer))
+        KeyedProcess::new(
+            Arc::new(|k: &u64| *k),
+            &factory,
+            states,
+            Default::default(),
+            Box::new(writer),
+        )
     }
 
     #[cfg(feature = "rocksdb")]

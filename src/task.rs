@@ -11,10 +11,15 @@ use crate::operator::{Downstream, Outgoing};
 use crate::source::{Source, SourceStatus};
 use crate::split::SplitPosition;
 use crate::state::{HeapSnapshot, StateBackend};
+use crate::time::watermark::GeneratorState;
+use crate::time::{
+    Millis, TimeMetrics, Timestamped, WatermarkEvent, WatermarkGenerator, WatermarkStrategy,
+};
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Everything a subtask's chain is built from.
 #[derive(Clone, Debug)]
@@ -36,6 +41,8 @@ pub struct TaskContext {
     pub source_position: Option<SplitPosition>,
     /// Where a keyed operator keeps its state: the job's choice.
     pub state_backend: StateBackend,
+    /// Where sources and keyed operators count what they do with time.
+    pub time_metrics: Arc<TimeMetrics>,
 }
 
 /// The edge a subtask feeds, as its last step needs it to route records.
@@ -58,6 +65,9 @@ pub const SOURCE_POSITION: &str = "source-position";
 /// snapshot was taken: once a checkpoint holding it for every source
 /// completes, the input can end without anything left to replay.
 pub const SOURCE_EXHAUSTED: &str = "source-exhausted";
+/// Operator-state entry of a source with a watermark strategy: its
+/// generator's `GeneratorState`, MessagePack.
+pub const SOURCE_WATERMARK: &str = "source-watermark";
 /// Operator-state entry of a sink: what its `pre_commit` returned.
 pub const SINK: &str = "sink";
 
@@ -152,8 +162,14 @@ impl RestoreState {
 /// A subtask's body behind one type-erased interface, driven by the subtask
 /// actor. Every error fails the subtask.
 pub trait Task: Send {
-    /// Sources only: read up to `max` records and push them through the chain.
-    fn produce(&mut self, max: usize, out: &mut Outgoing) -> Result<Produced, TaskError>;
+    /// Sources only: read up to `max` records at processing time `now` and
+    /// push them through the chain.
+    fn produce(
+        &mut self,
+        max: usize,
+        now: Millis,
+        out: &mut Outgoing,
+    ) -> Result<Produced, TaskError>;
 
     /// Subtasks with input: push one batch through the chain.
     fn process(&mut self, batch: Batch, out: &mut Outgoing) -> Result<(), TaskError>;
@@ -179,6 +195,30 @@ pub trait Task: Send {
     /// The records of `batch` in key groups this subtask owns: replayed
     /// input of a rescaled hash edge holds those of other subtasks too.
     fn retain_owned(&self, batch: Batch) -> Result<Batch, TaskError>;
+
+    /// The subtask's watermark reached `watermark`: event-time timers up to
+    /// it fire; the shell forwards the watermark after `out`.
+    fn advance_watermark(&mut self, watermark: u64, out: &mut Outgoing) -> Result<(), TaskError>;
+
+    /// Processing time is `now`: due processing-time timers fire. Returns
+    /// when the next one is due, for the shell to come back then.
+    fn advance_processing_time(
+        &mut self,
+        now: Millis,
+        out: &mut Outgoing,
+    ) -> Result<Option<Millis>, TaskError>;
+
+    /// Sources with a watermark strategy: how often to call
+    /// [`watermark_tick`](Self::watermark_tick) when no records come.
+    fn watermark_interval(&self) -> Option<Duration>;
+
+    /// Sources: the periodic check of the watermark and of idleness.
+    fn watermark_tick(&mut self, now: Millis);
+
+    /// Sources: the watermark events due since the last call (after
+    /// `produce`, a tick or the end of input), for the shell to send on every
+    /// output channel after the batches already written out.
+    fn take_watermarks(&mut self, events: &mut Vec<WatermarkEvent>);
 }
 
 /// What one `produce` call read.
@@ -195,6 +235,16 @@ struct SourceHead<T> {
     source: Box<dyn Source<T>>,
     buffer: Vec<T>,
     exhausted: bool,
+    watermarks: Option<SourceWatermarks<T>>,
+}
+
+/// A source's watermark generator and what it has emitted but the shell
+/// has not yet sent.
+struct SourceWatermarks<T> {
+    generator: WatermarkGenerator,
+    timestamp_of: fn(&T) -> u64,
+    due: Vec<WatermarkEvent>,
+    metrics: Arc<TimeMetrics>,
 }
 
 /// Whether a record's key group is one the subtask owns.
@@ -216,10 +266,38 @@ impl<T> ChainTask<T> {
                 source,
                 buffer: Vec::new(),
                 exhausted: false,
+                watermarks: None,
             }),
             next,
             owns: None,
         }
+    }
+
+    /// A source subtask's chain whose records carry event timestamps, with
+    /// watermarks after `strategy`; the newest timestamp goes to `metrics`.
+    pub fn source_with_watermarks(
+        source: Box<dyn Source<T>>,
+        strategy: WatermarkStrategy,
+        metrics: Arc<TimeMetrics>,
+        next: Box<dyn Downstream<T>>,
+    ) -> Self
+    where
+        T: Timestamped,
+    {
+        let mut task = Self::source(source, next);
+        if let Some(head) = &mut task.source {
+            head.watermarks = Some(SourceWatermarks {
+                generator: WatermarkGenerator::new(strategy, GeneratorState::default()),
+                timestamp_of: T::timestamp,
+                due: Vec::new(),
+                metrics,
+            });
+        }
+        task
+    }
+
+    fn watermarks(&mut self) -> Option<&mut SourceWatermarks<T>> {
+        self.source.as_mut()?.watermarks.as_mut()
     }
 
     /// A chain fed by the input gate whose head is not keyed.
@@ -242,7 +320,12 @@ impl<T> ChainTask<T> {
 }
 
 impl<T: Data> Task for ChainTask<T> {
-    fn produce(&mut self, max: usize, out: &mut Outgoing) -> Result<Produced, TaskError> {
+    fn produce(
+        &mut self,
+        max: usize,
+        now: Millis,
+        out: &mut Outgoing,
+    ) -> Result<Produced, TaskError> {
         let head = self.source.as_mut().ok_or_else(|| {
             TaskError::Protocol("a subtask with input was asked to produce".into())
         })?;
@@ -252,6 +335,13 @@ impl<T: Data> Task for ChainTask<T> {
             .map_err(TaskError::Source)?;
         head.exhausted = status == SourceStatus::Finished;
         let records = head.buffer.len();
+        if let Some(w) = &mut head.watermarks {
+            let max = head.buffer.iter().map(w.timestamp_of).max();
+            if let Some(max) = max {
+                w.metrics.observe_timestamp(max);
+            }
+            w.generator.on_records(max, now, &mut w.due);
+        }
         for record in head.buffer.drain(..) {
             self.next.push(record);
         }
@@ -272,6 +362,9 @@ impl<T: Data> Task for ChainTask<T> {
     }
 
     fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        if let Some(w) = self.watermarks() {
+            w.generator.on_end(&mut w.due);
+        }
         self.next.end_of_input(out)
     }
 
@@ -282,6 +375,12 @@ impl<T: Data> Task for ChainTask<T> {
     ) -> Result<TaskSnapshot, TaskError> {
         let mut snapshot = TaskSnapshot::default();
         if let Some(head) = &self.source {
+            if let Some(w) = &head.watermarks {
+                let state = rmp_serde::to_vec(&w.generator.state()).map_err(|e| {
+                    TaskError::Protocol(format!("cannot encode a watermark state: {e}"))
+                })?;
+                snapshot.operator.insert(SOURCE_WATERMARK.into(), state);
+            }
             let position = rmp_serde::to_vec(&head.source.position()).map_err(|e| {
                 TaskError::Protocol(format!("cannot encode a source position: {e}"))
             })?;
@@ -301,7 +400,44 @@ impl<T: Data> Task for ChainTask<T> {
     }
 
     fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
+        if let Some(w) = self.watermarks() {
+            if let Some(bytes) = state.operator.get(SOURCE_WATERMARK) {
+                let restored = rmp_serde::from_slice(bytes).map_err(|e| {
+                    TaskError::Protocol(format!("a malformed watermark state: {e}"))
+                })?;
+                w.generator = WatermarkGenerator::new(*w.generator.strategy(), restored);
+            }
+        }
         self.next.restore(state)
+    }
+
+    fn advance_watermark(&mut self, watermark: u64, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.next.advance_watermark(watermark, out)
+    }
+
+    fn advance_processing_time(
+        &mut self,
+        now: Millis,
+        out: &mut Outgoing,
+    ) -> Result<Option<Millis>, TaskError> {
+        self.next.advance_processing_time(now, out)
+    }
+
+    fn watermark_interval(&self) -> Option<Duration> {
+        let w = self.source.as_ref()?.watermarks.as_ref()?;
+        Some(w.generator.strategy().interval)
+    }
+
+    fn watermark_tick(&mut self, now: Millis) {
+        if let Some(w) = self.watermarks() {
+            w.generator.on_tick(now, &mut w.due);
+        }
+    }
+
+    fn take_watermarks(&mut self, events: &mut Vec<WatermarkEvent>) {
+        if let Some(w) = self.watermarks() {
+            events.append(&mut w.due);
+        }
     }
 
     fn retain_owned(&self, batch: Batch) -> Result<Batch, TaskError> {

@@ -35,6 +35,7 @@ pub mod sinks;
 mod snapshot;
 mod subtask;
 mod supervisor;
+pub mod windows;
 pub mod wordcount;
 
 pub use runtime::{JobControl, JobError, JobHandle, JobReport, RunJob, Runtime, Savepoint};

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use tidemark::checkpoint::shared::Space;
 use tidemark::checkpoint::{CompletedCheckpoint, StateHandle, SubtaskState};
 use tidemark::ids::ChannelId;
+use tidemark::time::TimeMetrics;
 
 /// High-water marks of one channel, against the credits that bound them.
 #[derive(Debug, Default)]
@@ -63,6 +64,8 @@ pub struct JobMetrics {
     pub channels: DashMap<ChannelId, Arc<ChannelGauge>>,
     /// Figures of checkpoints, savepoints, restarts and restores.
     pub checkpoints: CheckpointStats,
+    /// Timers, windows and watermarks, counted by the subtasks.
+    pub time: Arc<TimeMetrics>,
 }
 
 /// Figures of the checkpoints of a run.

@@ -20,7 +20,19 @@ impl<T> Sink<T> for Discard {
     }
 }
 
-/// Exactly-once files of `key,count` lines, by two-phase commit. Records go
+/// A record as one line of a [`FileSink`] file.
+pub trait Line {
+    /// Writes the line, without its newline.
+    fn line(&self, out: &mut dyn Write) -> std::io::Result<()>;
+}
+
+impl Line for (u64, u64) {
+    fn line(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        write!(out, "{},{}", self.0, self.1)
+    }
+}
+
+/// Exactly-once files of lines (such as `key,count`), by two-phase commit. Records go
 /// to a hidden in-progress file; at a checkpoint barrier it is flushed,
 /// synced and renamed to a hidden pending name (pre-commit); when the
 /// checkpoint completes the pending files are renamed to their visible names
@@ -138,11 +150,12 @@ fn rename(from: &Path, to: &Path) -> Result<(), UserError> {
         .map_err(|e| format!("cannot rename {} to {}: {e}", from.display(), to.display()).into())
 }
 
-impl Sink<(u64, u64)> for FileSink {
-    fn write(&mut self, records: &mut Vec<(u64, u64)>) -> Result<(), UserError> {
+impl<T: Line + Send> Sink<T> for FileSink {
+    fn write(&mut self, records: &mut Vec<T>) -> Result<(), UserError> {
         let writer = self.writer()?;
-        for (key, count) in records.iter() {
-            writeln!(writer, "{key},{count}")?;
+        for record in records.iter() {
+            record.line(writer)?;
+            writer.write_all(b"\n")?;
         }
         Ok(())
     }

@@ -38,6 +38,7 @@ use tidemark::rate::RateLimiter;
 use tidemark::source::SourceStatus;
 use tidemark::storage::CheckpointStorage;
 use tidemark::task::Task;
+use tidemark::time::WatermarkEvent;
 use tokio::sync::oneshot;
 
 /// What a subtask needs to take part in checkpoints.
@@ -122,6 +123,8 @@ pub struct SubtaskActor {
     /// Asynchronous parts still running, to cancel if their checkpoint
     /// aborts.
     running: BTreeMap<CheckpointId, AbortHandle>,
+    /// The processing-time timer a wake-up is armed for.
+    wake_at: Option<u64>,
 }
 
 /// The asynchronous part of a snapshot → its subtask: the shared files the
@@ -189,6 +192,7 @@ impl SubtaskActor {
             shared_base: Arc::new(spec.shared_base),
             uploaded: BTreeMap::new(),
             running: BTreeMap::new(),
+            wake_at: None,
         }
     }
 
@@ -253,6 +257,42 @@ impl SubtaskActor {
         }
     }
 
+    /// Sends what the source's watermark generator emitted, behind the
+    /// batches already written out.
+    fn forward_watermarks(&mut self) {
+        let mut events = Vec::new();
+        self.task.take_watermarks(&mut events);
+        for event in events {
+            self.broadcast_event(event.into());
+        }
+    }
+
+    /// Fires the processing-time timers due now and arms a wake-up for the
+    /// next one, so that they fire without input too.
+    fn advance_processing_time(&mut self, ctx: &mut Context<Self>) {
+        let unix_ms = now().unix_ms;
+        let Some(next) = self.guarded(|task, out| task.advance_processing_time(unix_ms, out))
+        else {
+            return;
+        };
+        self.send_outgoing();
+        if let Some(at) = next.filter(|&at| self.wake_at.is_none_or(|armed| at < armed)) {
+            self.wake_at = Some(at);
+            ctx.run_later(
+                Duration::from_millis(at.saturating_sub(unix_ms)),
+                move |act, ctx| {
+                    if act.wake_at == Some(at) {
+                        act.wake_at = None;
+                    }
+                    if act.phase == Phase::Running {
+                        act.advance_processing_time(ctx);
+                        act.drive(ctx);
+                    }
+                },
+            );
+        }
+    }
+
     /// Output held back for lack of credit: take no more input until it left.
     fn output_blocked(&self) -> bool {
         self.outputs.iter().any(|o| !o.is_empty())
@@ -299,6 +339,20 @@ impl SubtaskActor {
             match self.handler.poll(Instant::now()) {
                 None => return,
                 Some(Polled::Actions(actions)) => self.apply(actions, ctx),
+                Some(Polled::Watermarks(events)) => {
+                    for event in events {
+                        if let WatermarkEvent::Watermark(watermark) = event {
+                            if self
+                                .guarded(|task, out| task.advance_watermark(watermark, out))
+                                .is_none()
+                            {
+                                return;
+                            }
+                            self.send_outgoing();
+                        }
+                        self.broadcast_event(event.into());
+                    }
+                }
                 Some(Polled::Batch {
                     channel,
                     batch,
@@ -308,6 +362,7 @@ impl SubtaskActor {
                         let pause = self.ns_per_record.saturating_mul(batch.len() as u64);
                         self.resume_at = Some(Instant::now() + Duration::from_nanos(pause));
                     }
+                    self.advance_processing_time(ctx);
                     if self.guarded(|task, out| task.process(batch, out)).is_some() {
                         if credited {
                             self.input_addrs[channel].do_send(Consumed);
@@ -563,6 +618,7 @@ impl SubtaskActor {
     fn end_of_input(&mut self) {
         if self.guarded(|task, out| task.end_of_input(out)).is_some() {
             self.send_outgoing();
+            self.forward_watermarks();
             self.broadcast_event(ChannelEvent::EndOfPartition);
             self.phase = Phase::Draining;
         }
@@ -593,6 +649,16 @@ impl Handler<Wire> for SubtaskActor {
         // Replayed output channel state may be waiting for credit that
         // arrived before the endpoints were wired.
         self.send_outgoing();
+        if let Some(interval) = self.task.watermark_interval() {
+            ctx.run_interval(interval, |act, _| {
+                if matches!(act.phase, Phase::Running | Phase::Exhausted) {
+                    act.task.watermark_tick(now().unix_ms);
+                    act.forward_watermarks();
+                }
+            });
+        }
+        // Timers that fell due while the job was down fire now.
+        self.advance_processing_time(ctx);
         self.drive(ctx);
     }
 }
@@ -661,11 +727,13 @@ impl Handler<Produce> for SubtaskActor {
                 return;
             }
         };
-        let Some(produced) = self.guarded(|task, out| task.produce(max, out)) else {
+        let unix_ms = now().unix_ms;
+        let Some(produced) = self.guarded(|task, out| task.produce(max, unix_ms, out)) else {
             return;
         };
         self.metrics.add_records_in(produced.records as u64);
         self.send_outgoing();
+        self.forward_watermarks();
         if produced.status == SourceStatus::Finished {
             match &self.checkpointing {
                 Some(c) => {

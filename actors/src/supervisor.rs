@@ -334,6 +334,7 @@ impl JobSupervisor {
             }),
             source_position,
             state_backend: self.job.config.state_backend.clone(),
+            time_metrics: self.metrics.time.clone(),
         }
     }
 

@@ -12,38 +12,67 @@ use tidemark::{
     SourceStatus, StateRegistrar, UserError, ValueState,
 };
 
-/// Emits the keys of records 0..N as its split assigns them (source
-/// subtask j of P: i mod P == j, in increasing i, on a fresh start); record
-/// i's key is `splitmix64(seed + i) % keys`.
-pub struct Generator {
+/// Record i of a generated input, a pure function of i: replaying an index
+/// replays its record.
+pub trait Records: Send + 'static {
+    /// What a record is.
+    type Record;
+    /// Record `i`.
+    fn record(&self, i: u64) -> Self::Record;
+}
+
+/// Wordcount's records: record i is the key `splitmix64(seed + i) % keys`.
+#[derive(Clone, Copy, Debug)]
+pub struct Keys {
+    /// Distinct keys; not 0.
+    pub keys: u64,
+    /// Seed of the keys.
+    pub seed: u64,
+}
+
+impl Records for Keys {
+    type Record = u64;
+    fn record(&self, i: u64) -> u64 {
+        splitmix64(self.seed.wrapping_add(i)) % self.keys
+    }
+}
+
+/// Emits records 0..N as its split assigns them (source subtask j of P:
+/// i mod P == j, in increasing i, on a fresh start).
+pub struct Generator<R = Keys> {
     records: u64,
-    keys: u64,
-    seed: u64,
+    make: R,
     split: Split,
 }
 
 impl Generator {
-    /// Source subtask `ctx` of records `0..records`, with keys in
-    /// `0..keys` (`keys` must not be 0), starting where `ctx` says: at the
-    /// beginning, or at a restored position.
+    /// Source subtask `ctx` of wordcount's records `0..records`, with keys
+    /// in `0..keys` (`keys` must not be 0), starting where `ctx` says: at
+    /// the beginning, or at a restored position.
     pub fn new(records: u64, keys: u64, seed: u64, ctx: SourceContext) -> Self {
+        Generator::of(records, Keys { keys, seed }, ctx)
+    }
+}
+
+impl<R: Records> Generator<R> {
+    /// Source subtask `ctx` of records `0..records` made by `make`.
+    pub fn of(records: u64, make: R, ctx: SourceContext) -> Self {
         Generator {
             records,
-            keys,
-            seed,
+            make,
             split: ctx.split(),
         }
     }
 }
 
-impl Source<u64> for Generator {
-    fn read(&mut self, out: &mut Vec<u64>, max: usize) -> Result<SourceStatus, UserError> {
+impl<R: Records> Source<R::Record> for Generator<R> {
+    fn read(&mut self, out: &mut Vec<R::Record>, max: usize) -> Result<SourceStatus, UserError> {
         for _ in 0..max {
             let i = self.split.peek();
             if i >= self.records {
                 return Ok(SourceStatus::Finished);
             }
-            out.push(splitmix64(self.seed.wrapping_add(i)) % self.keys);
+            out.push(self.make.record(i));
             self.split.advance();
         }
         Ok(if self.split.peek() >= self.records {
@@ -154,14 +183,20 @@ impl Wordcount {
             None => counted.sink("discard", |_| Discard),
             Some(dir) => {
                 let dir = Arc::new(dir.clone());
-                let run = format!(
-                    "{:x}",
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_nanos())
-                );
+                let run = run_name();
                 counted.sink("files", move |ctx| FileSink::new(&dir, &run, ctx))
             }
         }
     }
+}
+
+/// Names the output files of a new run after the current time, so that
+/// processes writing into one directory do not collide.
+pub fn run_name() -> String {
+    format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    )
 }

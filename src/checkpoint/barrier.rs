@@ -25,6 +25,7 @@ use crate::batch::Batch;
 use crate::event::{Alignment, Barrier, ChannelEvent};
 use crate::gate::{Input, InputGate};
 use crate::ids::CheckpointId;
+use crate::time::{WatermarkEvent, WatermarkValve};
 use std::time::{Duration, Instant};
 
 /// What `poll` found for the operator.
@@ -44,6 +45,9 @@ pub enum Polled {
     /// The gate held a control event (or the timeout fired); carry out these
     /// actions, possibly none.
     Actions(Vec<BarrierAction>),
+    /// A watermark or status reached the operator and changed the subtask's
+    /// watermark or status: advance the operator, then forward these.
+    Watermarks(Vec<WatermarkEvent>),
 }
 
 /// What the subtask must do, in order.
@@ -148,6 +152,10 @@ pub struct BarrierHandler {
     /// (then it is this one) or settled.
     newest: Option<CheckpointId>,
     pending: Option<Pending>,
+    /// Watermarks pass the gate like batches (blocked with their channel),
+    /// so the operator never sees a watermark from after a barrier before
+    /// the snapshot of that barrier.
+    valve: WatermarkValve,
 }
 
 impl BarrierHandler {
@@ -159,6 +167,7 @@ impl BarrierHandler {
             closed: vec![false; channels],
             newest: None,
             pending: None,
+            valve: WatermarkValve::new(channels),
         }
     }
 
@@ -273,6 +282,16 @@ impl BarrierHandler {
             }
             Input::Delivered(ChannelEvent::EndOfPartition) => {
                 self.on_end_of_partition(now, channel, &mut actions)
+            }
+            Input::Delivered(ChannelEvent::Watermark(watermark)) => {
+                let mut events = Vec::new();
+                self.valve.on_watermark(channel, watermark, &mut events);
+                return Some(Polled::Watermarks(events));
+            }
+            Input::Delivered(ChannelEvent::WatermarkStatus(status)) => {
+                let mut events = Vec::new();
+                self.valve.on_status(channel, status, &mut events);
+                return Some(Polled::Watermarks(events));
             }
         }
         Some(Polled::Actions(actions))
@@ -739,6 +758,7 @@ mod tests {
             credited: bool,
         },
         Actions(Vec<Seen>),
+        Watermarks(Vec<crate::time::WatermarkEvent>),
     }
 
     fn poll(h: &mut BarrierHandler, now: Instant) -> Option<Got> {
@@ -753,6 +773,7 @@ mod tests {
                 credited,
             },
             Polled::Actions(actions) => Got::Actions(seen(actions)),
+            Polled::Watermarks(events) => Got::Watermarks(events),
         })
     }
 
@@ -784,6 +805,7 @@ mod tests {
                     credited,
                 } => batches[channel].extend(values.into_iter().map(|v| (v, credited))),
                 Got::Actions(a) => actions.extend(a),
+                Got::Watermarks(_) => {}
             }
         }
         (batches, actions)
@@ -809,6 +831,7 @@ mod tests {
                 credited,
                 ..
             }) => assert_eq!((c, credited), (channel, true)),
+            Some(Got::Watermarks(_)) => {}
             None => panic!("nothing to poll after a delivery on channel {channel}"),
         }
         actions
@@ -857,6 +880,35 @@ mod tests {
         assert_eq!(blocked(&h), Vec::<usize>::new());
         assert_eq!(h.pending(), None);
         assert_eq!(drain(&mut h, t(176)), [got(A, 3, true)]);
+    }
+
+    #[test]
+    fn watermarks_take_the_minimum_and_wait_behind_a_barrier_being_aligned() {
+        use crate::time::WatermarkEvent::Watermark;
+        let mut h = BarrierHandler::new(2);
+        deliver(&mut h, t(0), A, ChannelEvent::Watermark(5));
+        deliver(&mut h, t(0), B, ChannelEvent::Watermark(7));
+        assert_eq!(
+            drain(&mut h, t(1)),
+            [Got::Watermarks(vec![]), Got::Watermarks(vec![Watermark(5)])]
+        );
+        deliver(&mut h, t(2), A, in_band(barrier(1)));
+        deliver(&mut h, t(2), A, ChannelEvent::Watermark(20));
+        deliver(&mut h, t(2), B, ChannelEvent::Watermark(30));
+        deliver(&mut h, t(2), B, in_band(barrier(1)));
+        let got = drain(&mut h, t(3));
+        let snapshot_at = got
+            .iter()
+            .position(|g| matches!(g, Got::Actions(a) if !a.is_empty()))
+            .expect("the alignment completes");
+        let advanced_at = got
+            .iter()
+            .position(|g| *g == Got::Watermarks(vec![Watermark(20)]))
+            .expect("the watermark advances to the minimum, 20");
+        assert!(
+            snapshot_at < advanced_at,
+            "a watermark behind a barrier reached the operator before the snapshot: {got:?}"
+        );
     }
 
     #[test]
@@ -1699,6 +1751,7 @@ mod tests {
                         continue;
                     }
                     Polled::Actions(actions) => (Some((c, event)), actions),
+                    Polled::Watermarks(_) => unreachable!("no watermarks are sent"),
                 }
             };
             if let Some((c, event)) = &event {
@@ -2106,6 +2159,7 @@ mod tests {
                             continue;
                         }
                         Some(Polled::Actions(actions)) => actions,
+                        Some(Polled::Watermarks(_)) => unreachable!("no watermarks are sent"),
                     }
                 }
                 Move::Timer => {

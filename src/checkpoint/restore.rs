@@ -11,7 +11,8 @@ use crate::graph::{Edge, JobGraph, OperatorSpec, Partitioner};
 use crate::ids::{CheckpointId, KeyGroup, OperatorId, SubtaskId, SubtaskIndex};
 use crate::key_group::{subtask_for_key_group, KeyGroupRange};
 use crate::split::{self, SplitPosition};
-use crate::task::{SINK, SOURCE_EXHAUSTED, SOURCE_POSITION};
+use crate::task::{SINK, SOURCE_EXHAUSTED, SOURCE_POSITION, SOURCE_WATERMARK};
+use crate::time::watermark::GeneratorState;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use thiserror::Error;
@@ -564,6 +565,25 @@ fn operator_state(
                 state.insert(SOURCE_EXHAUSTED.into(), Vec::new());
             } else {
                 state.remove(SOURCE_EXHAUSTED);
+            }
+        }
+        if states
+            .iter()
+            .any(|(_, s)| s.operator.contains_key(SOURCE_WATERMARK))
+        {
+            // Every new subtask reads on from every old one's position, so it
+            // starts from the lowest of their watermark states.
+            let old = (0..checkpointed)
+                .map(|j| match of(j).and_then(|o| o.get(SOURCE_WATERMARK)) {
+                    None => Ok(GeneratorState::default()),
+                    Some(bytes) => rmp_serde::from_slice(bytes)
+                        .map_err(|e| format!("a malformed watermark state: {e}")),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let merged = rmp_serde::to_vec(&GeneratorState::merge_for_rescale(&old))
+                .map_err(|e| format!("cannot encode a watermark state: {e}"))?;
+            for (state, _) in &mut out {
+                state.insert(SOURCE_WATERMARK.into(), merged.clone());
             }
         }
     }

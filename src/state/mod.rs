@@ -23,6 +23,8 @@ use crate::batch::Data;
 use crate::ids::{CheckpointId, KeyGroup};
 use crate::key_group::{key_group_for_hash, key_hash, KeyGroupRange};
 use crate::task::{KeyedSnapshot, RestoreState};
+use crate::time::timers::{KeyTimers, TimeCounters, TimeDomain, TimerService};
+use crate::time::Millis;
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::marker::PhantomData;
@@ -309,19 +311,44 @@ impl<'a, K: Key> StateRegistrar<'a, K> {
     }
 }
 
-/// The state of the current key, handed to a keyed function with each record.
+/// The state and timers of the current key, handed to a keyed function with
+/// each record and each timer.
 pub struct KeyedContext<'a, K: Key> {
     backend: &'a mut KeyedStateBackend<K>,
     key: &'a K,
     slot: KeySlot,
+    timers: Option<&'a mut TimerService<K>>,
+    fired: Option<TimeDomain>,
 }
 
 impl<'a, K: Key> KeyedContext<'a, K> {
-    /// The state of `key`. The runtime makes one per record; tests and
-    /// benchmarks can drive a backend directly with it.
+    /// The state of `key`, without timers. Tests and benchmarks drive a
+    /// backend directly with it; the runtime gives functions
+    /// [`with_timers`](Self::with_timers).
     pub fn new(backend: &'a mut KeyedStateBackend<K>, key: &'a K) -> Self {
         let slot = backend.locate(key);
-        KeyedContext { backend, key, slot }
+        KeyedContext {
+            backend,
+            key,
+            slot,
+            timers: None,
+            fired: None,
+        }
+    }
+
+    /// The state and timers of `key`; `fired`: the domain of the timer
+    /// being fired, if that is why the function runs.
+    pub(crate) fn with_timers(
+        backend: &'a mut KeyedStateBackend<K>,
+        key: &'a K,
+        timers: &'a mut TimerService<K>,
+        fired: Option<TimeDomain>,
+    ) -> Self {
+        KeyedContext {
+            timers: Some(timers),
+            fired,
+            ..Self::new(backend, key)
+        }
     }
 
     /// The key of the record being processed.
@@ -348,17 +375,112 @@ impl<'a, K: Key> KeyedContext<'a, K> {
     }
 
     fn entry<S: Data>(&mut self, id: usize) -> Entry<'_, K, S> {
-        match self.backend {
-            KeyedStateBackend::Heap(b) => Entry(EntryRef::Heap {
-                table: b.group_mut::<S>(id, self.slot.group),
-                key: self.key,
-                hash: self.slot.hash,
-            }),
-            #[cfg(feature = "rocksdb")]
-            KeyedStateBackend::RocksDb(b) => {
-                Entry(EntryRef::RocksDb(b.entry::<S>(id, self.key, self.slot)))
+        entry_of(self.backend, self.key, self.slot, id)
+    }
+
+    fn timer_service(&mut self) -> &mut TimerService<K> {
+        self.timers.as_deref_mut().expect(
+            "timers are only available to functions the runtime runs (KeyedContext::new has none)",
+        )
+    }
+
+    /// Sets a timer of the current key at `timestamp` in `domain`; a timer
+    /// already set there stays one timer.
+    pub fn register_timer(&mut self, domain: TimeDomain, timestamp: u64) {
+        let id = self.timer_service().state().id;
+        let added = entry_of::<K, KeyTimers>(self.backend, self.key, self.slot, id)
+            .get_or_default()
+            .insert(domain, timestamp);
+        let key = self.key;
+        let timers = self.timer_service();
+        if added {
+            timers.indexed(domain, timestamp, key);
+            timers.counters().timers_registered += 1;
+        }
+    }
+
+    /// Deletes the current key's timer at `timestamp` in `domain`, if set.
+    pub fn delete_timer(&mut self, domain: TimeDomain, timestamp: u64) {
+        if self.remove_timer(domain, timestamp) {
+            let key = self.key;
+            self.timer_service().unindexed(domain, timestamp, key);
+        }
+    }
+
+    /// Drops a timer from the keyed state; true if it was set.
+    pub(crate) fn remove_timer(&mut self, domain: TimeDomain, timestamp: u64) -> bool {
+        let id = self.timer_service().state().id;
+        let mut entry = entry_of::<K, KeyTimers>(self.backend, self.key, self.slot, id);
+        let Some(timers) = entry.get() else {
+            return false;
+        };
+        let mut timers = timers.clone();
+        let removed = timers.remove(domain, timestamp);
+        if removed {
+            if timers.is_empty() {
+                entry.clear();
+            } else {
+                entry.set(timers);
             }
         }
+        removed
+    }
+
+    /// [`register_timer`](Self::register_timer) in event time.
+    pub fn register_event_time_timer(&mut self, timestamp: u64) {
+        self.register_timer(TimeDomain::EventTime, timestamp)
+    }
+
+    /// [`delete_timer`](Self::delete_timer) in event time.
+    pub fn delete_event_time_timer(&mut self, timestamp: u64) {
+        self.delete_timer(TimeDomain::EventTime, timestamp)
+    }
+
+    /// [`register_timer`](Self::register_timer) in processing time.
+    pub fn register_processing_time_timer(&mut self, timestamp: Millis) {
+        self.register_timer(TimeDomain::ProcessingTime, timestamp)
+    }
+
+    /// [`delete_timer`](Self::delete_timer) in processing time.
+    pub fn delete_processing_time_timer(&mut self, timestamp: Millis) {
+        self.delete_timer(TimeDomain::ProcessingTime, timestamp)
+    }
+
+    /// The operator's watermark: every record with a timestamp at or below
+    /// it has arrived (`None` before the first watermark).
+    pub fn current_watermark(&mut self) -> Option<u64> {
+        self.timer_service().watermark()
+    }
+
+    /// Processing time, ms since the Unix epoch, as of the current batch.
+    pub fn current_processing_time(&mut self) -> Millis {
+        self.timer_service().now()
+    }
+
+    /// In `on_timer`: the domain of the timer firing.
+    pub fn timer_domain(&self) -> Option<TimeDomain> {
+        self.fired
+    }
+
+    pub(crate) fn time_counters(&mut self) -> &mut TimeCounters {
+        self.timer_service().counters()
+    }
+}
+
+fn entry_of<'e, K: Key, S: Data>(
+    backend: &'e mut KeyedStateBackend<K>,
+    key: &'e K,
+    slot: KeySlot,
+    id: usize,
+) -> Entry<'e, K, S> {
+    match backend {
+        KeyedStateBackend::Heap(b) => Entry(EntryRef::Heap {
+            table: b.group_mut::<S>(id, slot.group),
+            key,
+            hash: slot.hash,
+        }),
+        #[cfg(feature = "rocksdb")]
+        KeyedStateBackend::RocksDb(b) => Entry(EntryRef::RocksDb(b.entry::<S>(id, key, slot))),
     }
 }
 

@@ -6,6 +6,7 @@ use super::report::{Finished, RunReport};
 use super::{Cli, CliError, Command};
 use crate::config::{ConfigFile, Options, Origins, RestoreArg};
 use crate::runtime::{job_id, JobError, Runtime};
+use crate::windows::{Events, Windows};
 use crate::wordcount::{Emit, Wordcount};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
@@ -17,6 +18,7 @@ use tidemark::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use tidemark::job::JobConfig;
 use tidemark::restart::RestartStrategy;
 use tidemark::storage::{check_savepoint_dir, StorageError, METADATA};
+use tidemark::time::WindowAssigner;
 
 /// The example topologies `run` knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -24,6 +26,8 @@ use tidemark::storage::{check_savepoint_dir, StorageError, METADATA};
 pub enum Topology {
     /// Count records per key.
     Wordcount,
+    /// Count records per key and event-time window.
+    Windows,
 }
 
 impl Topology {
@@ -31,6 +35,7 @@ impl Topology {
     pub fn job_name(self) -> &'static str {
         match self {
             Topology::Wordcount => crate::wordcount::JOB_NAME,
+            Topology::Windows => crate::windows::JOB_NAME,
         }
     }
 }
@@ -51,9 +56,20 @@ pub struct RunArgs {
     /// Seed of the record generator.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// What the counting operator emits.
+    /// What the counting operator emits (wordcount).
     #[arg(long, value_enum, default_value_t = Emit::Final)]
     pub emit: Emit,
+    /// Records per millisecond of event time (windows).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    pub events_per_ms: u64,
+    /// The most a record's timestamp lags behind its place in the input
+    /// (windows); the sources' watermarks trail by as much.
+    #[arg(long, default_value = "100ms", value_parser = crate::config::values::flag_duration)]
+    pub max_disorder: Duration,
+    /// The windows (windows): tumbling:SIZE, sliding:SIZE/SLIDE or
+    /// session:GAP.
+    #[arg(long, default_value = "tumbling:1s", value_parser = crate::windows::parse_window)]
+    pub window: WindowAssigner,
     /// Directory for the results: committed files are those directly in it
     /// whose names do not start with `.` or `_`.
     #[arg(long)]
@@ -194,7 +210,8 @@ impl RunArgs {
             ));
         }
         config.faults = self.inject_fault.clone();
-        // Operator 1 is the counter, with the sink chained to it.
+        // Operator 1 counts (by key, or by key and window), with the sink
+        // chained to it.
         config.slow = self
             .slow_subtask
             .zip(self.slow_ns)
@@ -337,6 +354,18 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
             keys: args.keys,
             seed: args.seed,
             emit: args.emit,
+            output: args.output.clone(),
+        }
+        .job(config),
+        Topology::Windows => Windows {
+            records: args.records,
+            events: Events {
+                keys: args.keys,
+                seed: args.seed,
+                events_per_ms: args.events_per_ms,
+                max_disorder: u64::try_from(args.max_disorder.as_millis()).unwrap_or(u64::MAX),
+            },
+            window: args.window,
             output: args.output.clone(),
         }
         .job(config),

@@ -1,0 +1,189 @@
+//! The windows topology: a generator of timestamped keyed records with
+//! bounded disorder, a per-key window count in event time, and a sink of
+//! `key,window_start,window_end,count` lines.
+
+use crate::sinks::{Discard, FileSink, Line};
+use crate::wordcount::{Generator, Records};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tidemark::job::JobConfig;
+use tidemark::rng::splitmix64;
+use tidemark::time::{Count, TimeWindow, Timestamped, WatermarkStrategy, WindowAssigner};
+use tidemark::Job;
+
+/// A generated record: a key and its event time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// The key.
+    pub key: u64,
+    /// Event time, ms.
+    pub timestamp: u64,
+}
+
+impl Timestamped for Event {
+    fn timestamp(&self) -> u64 {
+        self.timestamp
+    }
+}
+
+/// The windows topology's records: record i has wordcount's key and the
+/// timestamp `(i / events_per_ms).saturating_sub(splitmix64(seed + i +
+/// 0x9E3779B97F4A7C15) % (max_disorder + 1))`, all additions wrapping.
+#[derive(Clone, Copy, Debug)]
+pub struct Events {
+    /// Distinct keys; not 0.
+    pub keys: u64,
+    /// Seed of keys and disorder.
+    pub seed: u64,
+    /// Records per ms of event time; not 0.
+    pub events_per_ms: u64,
+    /// The most a timestamp lags behind its index's time, ms.
+    pub max_disorder: u64,
+}
+
+impl Records for Events {
+    type Record = Event;
+    fn record(&self, i: u64) -> Event {
+        let s = self.seed.wrapping_add(i);
+        let lag =
+            splitmix64(s.wrapping_add(0x9E37_79B9_7F4A_7C15)) % self.max_disorder.saturating_add(1);
+        Event {
+            key: splitmix64(s) % self.keys,
+            timestamp: (i / self.events_per_ms).saturating_sub(lag),
+        }
+    }
+}
+
+/// One window's count, as the sink writes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowCount {
+    /// The key.
+    pub key: u64,
+    /// The window.
+    pub window: TimeWindow,
+    /// Records of the key in it.
+    pub count: u64,
+}
+
+impl Line for WindowCount {
+    fn line(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        write!(
+            out,
+            "{},{},{},{}",
+            self.key, self.window.start, self.window.end, self.count
+        )
+    }
+}
+
+/// Parses `tumbling:SIZE`, `sliding:SIZE/SLIDE` or `session:GAP`, each a
+/// duration with its unit (`tumbling:1s`).
+pub fn parse_window(s: &str) -> Result<WindowAssigner, String> {
+    let usage = || format!("expected tumbling:SIZE, sliding:SIZE/SLIDE or session:GAP, got {s:?}");
+    let (kind, spec) = s.split_once(':').ok_or_else(usage)?;
+    let duration = |d: &str| -> Result<Duration, String> {
+        let d = crate::config::values::flag_duration(d.trim())?;
+        if d.as_millis() == 0 {
+            return Err(format!("a window length must be at least 1 ms, got {s:?}"));
+        }
+        Ok(d)
+    };
+    match kind {
+        "tumbling" => Ok(WindowAssigner::tumbling(duration(spec)?)),
+        "sliding" => {
+            let (size, slide) = spec.split_once('/').ok_or_else(usage)?;
+            Ok(WindowAssigner::sliding(duration(size)?, duration(slide)?))
+        }
+        "session" => Ok(WindowAssigner::session(duration(spec)?)),
+        _ => Err(usage()),
+    }
+}
+
+/// The windows job's name, from which its id and checkpoint directory follow.
+pub const JOB_NAME: &str = "windows";
+
+/// The windows topology's parameters: generator → window count by key → sink.
+#[derive(Clone, Debug)]
+pub struct Windows {
+    /// Records generated over all source subtasks.
+    pub records: u64,
+    /// How records are made.
+    pub events: Events,
+    /// The windows.
+    pub window: WindowAssigner,
+    /// Directory of committed `key,window_start,window_end,count` files;
+    /// `None` discards results.
+    pub output: Option<PathBuf>,
+}
+
+impl Windows {
+    /// The job, named [`JOB_NAME`], with operator uids `generator` and
+    /// `window` (what savepoints match). Sources use bounded
+    /// out-of-orderness of the generator's disorder, so no record is late.
+    /// Output files are named as wordcount's (`Wordcount::job`).
+    pub fn job(&self, config: JobConfig) -> Job {
+        let Windows {
+            records, events, ..
+        } = *self;
+        let strategy =
+            WatermarkStrategy::bounded_out_of_orderness(Duration::from_millis(events.max_disorder));
+        let counted = Job::builder(JOB_NAME)
+            .config(config)
+            .source_with_watermarks("generator", strategy, move |ctx| {
+                Generator::of(records, events, ctx)
+            })
+            .uid("generator")
+            .key_by(|event: &Event| event.key)
+            .window(self.window)
+            .aggregate("window", Count, |key, window, count, out| {
+                out.collect(WindowCount {
+                    key: *key,
+                    window: *window,
+                    count,
+                })
+            })
+            .uid("window");
+        match &self.output {
+            None => counted.sink("discard", |_| Discard),
+            Some(dir) => {
+                let dir = Arc::new(dir.clone());
+                let run = crate::wordcount::run_name();
+                counted.sink("files", move |ctx| FileSink::new(&dir, &run, ctx))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_flags_parse_with_their_units() {
+        assert_eq!(
+            parse_window("tumbling:1s"),
+            Ok(WindowAssigner::tumbling(Duration::from_secs(1)))
+        );
+        assert_eq!(
+            parse_window("sliding:2s/500ms"),
+            Ok(WindowAssigner::sliding(
+                Duration::from_secs(2),
+                Duration::from_millis(500)
+            ))
+        );
+        assert_eq!(
+            parse_window("session:300ms"),
+            Ok(WindowAssigner::session(Duration::from_millis(300)))
+        );
+        for bad in [
+            "tumbling",
+            "tumbling:1000",
+            "sliding:1s",
+            "hopping:1s",
+            "session:0ms",
+        ] {
+            assert!(parse_window(bad).is_err(), "{bad} was accepted");
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! Event time: record timestamps, watermarks from the sources to every
+//! operator, keyed timers and windows. Watermarks are channel events that
+//! travel in-band like barriers; timers are keyed state, so every snapshot,
+//! incremental checkpoint, savepoint and rescale carries them with the key
+//! groups they belong to.
+
+pub mod timers;
+pub mod watermark;
+pub mod window;
+
+pub use timers::{TimeCounters, TimeDomain, TimeMetrics, TimerService};
+pub use watermark::{
+    WatermarkEvent, WatermarkGenerator, WatermarkStatus, WatermarkStrategy, WatermarkValve,
+};
+pub use window::{AggregateFunction, Count, TimeWindow, WindowAssigner};
+
+/// A record that carries its event timestamp, in milliseconds. Sources with
+/// a [`WatermarkStrategy`] and event-time windows read it through this trait.
+pub trait Timestamped {
+    /// The record's event time, in milliseconds.
+    fn timestamp(&self) -> u64;
+}
+
+/// Processing time in milliseconds since the Unix epoch, as the shell gives
+/// it to the core.
+pub type Millis = u64;

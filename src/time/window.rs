@@ -1,0 +1,418 @@
+//! Windows on keyed streams (Flink's `WindowOperator`): tumbling, sliding
+//! and session windows in event or processing time, aggregated
+//! incrementally. A key's open windows and their accumulators are one keyed
+//! value, their firing and cleanup times keyed timers: nothing about a
+//! window is special to checkpoints, rescaling or either backend.
+
+use super::timers::TimeDomain;
+use super::Timestamped;
+use crate::batch::Data;
+use crate::operator::{Collector, KeyedProcessFunction};
+use crate::state::{Key, KeyedContext, StateRegistrar, ValueState};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A window of time, `[start, end)` in ms (Flink's `TimeWindow`; starts may
+/// be negative, as in Flink, for sliding windows over the first timestamps).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TimeWindow {
+    /// First timestamp in the window.
+    pub start: i64,
+    /// First timestamp after it.
+    pub end: i64,
+}
+
+impl TimeWindow {
+    /// The largest timestamp in the window: when it fires.
+    pub fn max_timestamp(&self) -> u64 {
+        u64::try_from(self.end - 1).expect("a window holding a timestamp ends after 0")
+    }
+
+    /// Whether the two overlap or touch, so that sessions merge.
+    pub fn intersects(&self, other: &TimeWindow) -> bool {
+        self.start <= other.end && self.end >= other.start
+    }
+
+    /// The smallest window covering both.
+    pub fn cover(&self, other: &TimeWindow) -> TimeWindow {
+        TimeWindow {
+            start: self.start.min(other.start),
+            end: self.end.max(other.end),
+        }
+    }
+}
+
+/// How records are put in windows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowKind {
+    /// Fixed windows of `size` ms, starting at multiples of it.
+    Tumbling {
+        /// Length, ms.
+        size: i64,
+    },
+    /// Windows of `size` ms starting at every multiple of `slide` ms.
+    Sliding {
+        /// Length, ms.
+        size: i64,
+        /// Distance between starts, ms.
+        slide: i64,
+    },
+    /// A record opens `[ts, ts + gap)`; a key's windows that overlap or
+    /// touch merge.
+    Session {
+        /// Inactivity that ends a session, ms.
+        gap: i64,
+    },
+}
+
+/// A window assigner and the clock it follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowAssigner {
+    /// The windows.
+    pub kind: WindowKind,
+    /// Event time (by the records' timestamps) or processing time (by the
+    /// clock when a record arrives).
+    pub domain: TimeDomain,
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
+}
+
+impl WindowAssigner {
+    /// Tumbling event-time windows of `size`.
+    pub fn tumbling(size: Duration) -> Self {
+        Self::event(WindowKind::Tumbling { size: millis(size) })
+    }
+
+    /// Sliding event-time windows of `size`, one starting every `slide`.
+    pub fn sliding(size: Duration, slide: Duration) -> Self {
+        Self::event(WindowKind::Sliding {
+            size: millis(size),
+            slide: millis(slide),
+        })
+    }
+
+    /// Session event-time windows closed by `gap` of inactivity.
+    pub fn session(gap: Duration) -> Self {
+        Self::event(WindowKind::Session { gap: millis(gap) })
+    }
+
+    fn event(kind: WindowKind) -> Self {
+        WindowAssigner {
+            kind,
+            domain: TimeDomain::EventTime,
+        }
+    }
+
+    /// The same windows in processing time.
+    pub fn processing_time(mut self) -> Self {
+        self.domain = TimeDomain::ProcessingTime;
+        self
+    }
+
+    /// Whether windows of a key merge (sessions).
+    pub fn is_merging(&self) -> bool {
+        matches!(self.kind, WindowKind::Session { .. })
+    }
+
+    /// The windows a record of timestamp `timestamp` belongs to, before
+    /// merging.
+    pub fn assign(&self, timestamp: u64) -> Vec<TimeWindow> {
+        let ts = i64::try_from(timestamp).unwrap_or(i64::MAX - 1);
+        let (size, slide) = match self.kind {
+            WindowKind::Tumbling { size } => (size, size),
+            WindowKind::Sliding { size, slide } => (size, slide),
+            WindowKind::Session { gap } => {
+                return vec![TimeWindow {
+                    start: ts,
+                    end: ts.saturating_add(gap),
+                }]
+            }
+        };
+        let mut windows = Vec::with_capacity((size / slide) as usize + 1);
+        let mut start = ts - ts.rem_euclid(slide);
+        while start > ts - size {
+            windows.push(TimeWindow {
+                start,
+                end: start.saturating_add(size),
+            });
+            start -= slide;
+        }
+        windows
+    }
+}
+
+/// An incremental aggregation (Flink's `AggregateFunction`): records are
+/// added to an accumulator as they arrive; sessions merge accumulators.
+pub trait AggregateFunction<T>: Send + Sync + 'static {
+    /// What is kept per window, in keyed state.
+    type Acc: Data + Default;
+    /// What a window emits.
+    type Result;
+    /// Adds `record` to `acc`.
+    fn add(&self, acc: &mut Self::Acc, record: &T);
+    /// Adds `other` into `acc` (two sessions became one).
+    fn merge(&self, acc: &mut Self::Acc, other: Self::Acc);
+    /// The window's result.
+    fn result(&self, acc: &Self::Acc) -> Self::Result;
+}
+
+/// Counts the records of a window.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Count;
+
+impl<T> AggregateFunction<T> for Count {
+    type Acc = u64;
+    type Result = u64;
+    fn add(&self, acc: &mut u64, _record: &T) {
+        *acc += 1;
+    }
+    fn merge(&self, acc: &mut u64, other: u64) {
+        *acc += other;
+    }
+    fn result(&self, acc: &u64) -> u64 {
+        *acc
+    }
+}
+
+/// When and how windows fire, beyond their assigner.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WindowSettings {
+    /// How long after its end (in event time) a window still takes late
+    /// records, firing again for each; past it, records are late data.
+    pub allowed_lateness: u64,
+    /// Event-time windows also fire every this many ms of processing time
+    /// while open (Flink's `ContinuousProcessingTimeTrigger` before the
+    /// watermark trigger).
+    pub early_firing: Option<u64>,
+}
+
+/// Emits a window's result: the key, the window and the aggregate.
+pub type WindowEmit<K, R, O> = Arc<dyn Fn(&K, &TimeWindow, R, &mut Collector<'_, O>) + Send + Sync>;
+
+/// Turns a record too late for any window into output (the late-data
+/// output); without one, late records are dropped and counted.
+pub type LateData<T, O> = Arc<dyn Fn(T, &mut Collector<'_, O>) + Send + Sync>;
+
+/// The keyed state name of a window operator's windows.
+pub const WINDOWS_STATE: &str = "windows";
+
+/// The window operator of one subtask: a keyed function over its key's
+/// open windows.
+pub struct WindowOperator<K, T, A: AggregateFunction<T>, O> {
+    assigner: WindowAssigner,
+    settings: WindowSettings,
+    aggregate: Arc<A>,
+    emit: WindowEmit<K, A::Result, O>,
+    late: Option<LateData<T, O>>,
+    windows: ValueState<Vec<(TimeWindow, A::Acc)>>,
+}
+
+impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
+    /// Declares the windows' state in `states`.
+    pub fn open(
+        states: &mut StateRegistrar<'_, K>,
+        assigner: WindowAssigner,
+        settings: WindowSettings,
+        aggregate: Arc<A>,
+        emit: WindowEmit<K, A::Result, O>,
+        late: Option<LateData<T, O>>,
+    ) -> Self {
+        WindowOperator {
+            assigner,
+            settings,
+            aggregate,
+            emit,
+            late,
+            windows: states.value(WINDOWS_STATE),
+        }
+    }
+
+    /// When `window` is cleaned up: its end plus the allowed lateness in
+    /// event time; processing time has no late records.
+    fn cleanup_time(&self, window: &TimeWindow) -> u64 {
+        match self.assigner.domain {
+            TimeDomain::EventTime => window
+                .max_timestamp()
+                .saturating_add(self.settings.allowed_lateness),
+            TimeDomain::ProcessingTime => window.max_timestamp(),
+        }
+    }
+
+    fn fire(
+        &self,
+        ctx: &mut KeyedContext<'_, K>,
+        window: &TimeWindow,
+        acc: &A::Acc,
+        out: &mut Collector<'_, O>,
+    ) {
+        ctx.time_counters().windows_fired += 1;
+        (self.emit)(ctx.key(), window, self.aggregate.result(acc), out);
+    }
+
+    fn set_timers(&self, ctx: &mut KeyedContext<'_, K>, window: &TimeWindow) {
+        let domain = self.assigner.domain;
+        ctx.register_timer(domain, window.max_timestamp());
+        ctx.register_timer(domain, self.cleanup_time(window));
+    }
+
+    fn delete_timers(&self, ctx: &mut KeyedContext<'_, K>, window: &TimeWindow) {
+        let domain = self.assigner.domain;
+        ctx.delete_timer(domain, window.max_timestamp());
+        ctx.delete_timer(domain, self.cleanup_time(window));
+    }
+}
+
+impl<K, T, A, O> KeyedProcessFunction<K, T, O> for WindowOperator<K, T, A, O>
+where
+    K: Key,
+    T: Timestamped + Send,
+    A: AggregateFunction<T>,
+    O: Send,
+{
+    fn process(&mut self, record: T, ctx: &mut KeyedContext<'_, K>, out: &mut Collector<'_, O>) {
+        let (timestamp, now) = match self.assigner.domain {
+            TimeDomain::EventTime => (record.timestamp(), ctx.current_watermark()),
+            TimeDomain::ProcessingTime => {
+                let now = ctx.current_processing_time();
+                (now, Some(now.saturating_sub(1)))
+            }
+        };
+        let is_late = |until: u64| now.is_some_and(|now| until <= now);
+        let mut windows = ctx.value(&self.windows).clear().unwrap_or_default();
+        let mut added: Vec<usize> = Vec::new();
+        for mut window in self.assigner.assign(timestamp) {
+            let mut acc = A::Acc::default();
+            if self.assigner.is_merging() {
+                // Merge every session the new one overlaps or touches.
+                let mut i = 0;
+                let mut merged = Vec::new();
+                while i < windows.len() {
+                    if windows[i].0.intersects(&window) {
+                        let (w, a) = windows.swap_remove(i);
+                        window = window.cover(&w);
+                        merged.push((w, a));
+                    } else {
+                        i += 1;
+                    }
+                }
+                if is_late(self.cleanup_time(&window)) {
+                    windows.extend(merged);
+                    continue;
+                }
+                let mut deleted = false;
+                for (w, a) in merged {
+                    if w != window {
+                        self.delete_timers(ctx, &w);
+                        deleted = true;
+                    }
+                    self.aggregate.merge(&mut acc, a);
+                }
+                if deleted {
+                    // A deleted time may have been another session's too.
+                    for (w, _) in &windows {
+                        self.set_timers(ctx, w);
+                    }
+                }
+            } else if is_late(self.cleanup_time(&window)) {
+                continue;
+            } else if let Some(at) = windows.iter().position(|(w, _)| *w == window) {
+                acc = windows.swap_remove(at).1;
+            }
+            self.aggregate.add(&mut acc, &record);
+            self.set_timers(ctx, &window);
+            windows.push((window, acc));
+            added.push(windows.len() - 1);
+        }
+        if added.is_empty() && is_late(timestamp.saturating_add(self.settings.allowed_lateness)) {
+            ctx.time_counters().late_records += 1;
+            if let Some(late) = &self.late {
+                late(record, out);
+            }
+        }
+        // A window whose time has passed but that is still allowed late
+        // records fires again with each (Flink's EventTimeTrigger).
+        for &at in &added {
+            let (window, acc) = &windows[at];
+            if is_late(window.max_timestamp()) {
+                self.fire(ctx, window, acc, out);
+            }
+        }
+        if let (Some(every), TimeDomain::EventTime, false) = (
+            self.settings.early_firing,
+            self.assigner.domain,
+            added.is_empty(),
+        ) {
+            let now = ctx.current_processing_time();
+            ctx.register_processing_time_timer(now - now % every + every);
+        }
+        if !windows.is_empty() {
+            ctx.value(&self.windows).set(windows);
+        }
+    }
+
+    fn on_timer(
+        &mut self,
+        timestamp: u64,
+        ctx: &mut KeyedContext<'_, K>,
+        out: &mut Collector<'_, O>,
+    ) {
+        let Some(mut windows) = ctx.value(&self.windows).clear() else {
+            return;
+        };
+        let domain = ctx.timer_domain();
+        if domain == Some(self.assigner.domain) {
+            windows.retain(|(window, acc)| {
+                if window.max_timestamp() == timestamp {
+                    self.fire(ctx, window, acc, out);
+                }
+                self.cleanup_time(window) != timestamp
+            });
+        } else if let Some(every) = self.settings.early_firing {
+            for (window, acc) in &windows {
+                self.fire(ctx, window, acc, out);
+            }
+            if !windows.is_empty() {
+                ctx.register_processing_time_timer(timestamp + every);
+            }
+        }
+        if !windows.is_empty() {
+            ctx.value(&self.windows).set(windows);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn w(start: i64, end: i64) -> TimeWindow {
+        TimeWindow { start, end }
+    }
+
+    #[test]
+    fn windows_are_flinks() {
+        assert_eq!(
+            WindowAssigner::tumbling(ms(1000)).assign(2500),
+            [w(2000, 3000)]
+        );
+        assert_eq!(
+            WindowAssigner::sliding(ms(1000), ms(500)).assign(2500),
+            [w(2500, 3500), w(2000, 3000)]
+        );
+        assert_eq!(
+            WindowAssigner::sliding(ms(1000), ms(400)).assign(100),
+            [w(0, 1000), w(-400, 600), w(-800, 200)]
+        );
+        assert_eq!(WindowAssigner::session(ms(10)).assign(5), [w(5, 15)]);
+        assert!(w(0, 10).intersects(&w(10, 20)), "touching sessions merge");
+        assert!(!w(0, 10).intersects(&w(11, 20)));
+        assert_eq!(w(0, 10).max_timestamp(), 9);
+    }
+}
