@@ -281,8 +281,7 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
         snapshot: &mut TaskSnapshot,
     ) -> Result<(), TaskError> {
         snapshot.keyed = Some(self.states.snapshot(checkpoint)?);
-        self.metrics
-            .add_snapshot_timers(checkpoint, self.timers.len());
+        snapshot.timers = self.timers.len();
         self.next.snapshot(checkpoint, out, snapshot)
     }
 

@@ -77,8 +77,10 @@ pub struct TaskSnapshot {
     /// The keyed state of a keyed chain; `None` for a chain without one.
     pub keyed: Option<KeyedSnapshot>,
     /// Operator state by entry name ([`SOURCE_POSITION`],
-    /// [`SOURCE_EXHAUSTED`], [`SINK`]).
+    /// [`SOURCE_EXHAUSTED`], [`SOURCE_WATERMARK`], [`SINK`]).
     pub operator: BTreeMap<String, Vec<u8>>,
+    /// Timers the keyed state holds.
+    pub timers: u64,
 }
 
 /// Keyed state as the synchronous part left it for the asynchronous part.

@@ -133,10 +133,13 @@ pub struct CheckpointStats {
     pub space_amplification_last: AtomicU64,
     /// The most `space_amplification_last` seen, as `f64` bits.
     pub space_amplification_max: AtomicU64,
+    /// Timers in the keyed state of the last completed checkpoint.
+    pub timers_last: AtomicU64,
 }
 
 impl CheckpointStats {
-    /// Adds what a completed checkpoint wrote itself to the upload figures.
+    /// Adds what a completed checkpoint wrote itself to the upload figures,
+    /// and keeps the timers it holds.
     pub fn record_uploads(&self, checkpoint: &CompletedCheckpoint) {
         let written: Vec<u64> = checkpoint
             .subtasks
@@ -145,6 +148,8 @@ impl CheckpointStats {
             .collect();
         let bytes = written.iter().sum();
         self.bytes_uploaded_last.store(bytes, Ordering::Relaxed);
+        let timers = checkpoint.subtasks.values().map(|s| s.timers).sum();
+        self.timers_last.store(timers, Ordering::Relaxed);
         self.bytes_uploaded_total
             .fetch_add(bytes, Ordering::Relaxed);
         self.files_uploaded_total

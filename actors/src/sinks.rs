@@ -239,15 +239,16 @@ mod tests {
     use super::*;
     use tidemark::ids::SubtaskIndex;
 
-    fn sink(dir: &Path, run: &str) -> FileSink {
-        FileSink::new(
+    /// A file sink of `key,count` lines.
+    fn sink(dir: &Path, run: &str) -> Box<dyn Sink<(u64, u64)>> {
+        Box::new(FileSink::new(
             dir,
             run,
             SinkContext {
                 subtask: SubtaskIndex(0),
                 parallelism: 1,
             },
-        )
+        ))
     }
 
     fn visible(dir: &Path) -> Vec<String> {

@@ -55,6 +55,7 @@ struct Shape {
     native: Option<NativeStateHandle>,
     checkpoint: CheckpointId,
     channels: Vec<(ChannelSide, usize, usize)>,
+    timers: u64,
 }
 
 /// A snapshot whose objects are serialized and placed but not written: its
@@ -83,7 +84,11 @@ pub async fn prepare(
     layout: &StateLayout,
 ) -> Result<Prepared, String> {
     let started = Instant::now();
-    let TaskSnapshot { keyed, operator } = snapshot;
+    let TaskSnapshot {
+        keyed,
+        operator,
+        timers,
+    } = snapshot;
     let prefix = format!(
         "{}/op-{}-{}",
         CheckpointStorage::checkpoint_dir(checkpoint),
@@ -162,6 +167,7 @@ pub async fn prepare(
             native,
             checkpoint,
             channels,
+            timers,
         },
     })
 }
@@ -218,6 +224,7 @@ impl Shape {
             native,
             checkpoint,
             channels,
+            timers,
         } = self;
         let keyed = match (heap, native) {
             (Some((offsets, start_group)), _) => {
@@ -253,6 +260,7 @@ impl Shape {
             keyed,
             operator,
             channels,
+            timers,
         }
     }
 }

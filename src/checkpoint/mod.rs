@@ -596,6 +596,10 @@ pub struct SubtaskState {
     /// In-flight batches an unaligned checkpoint captured.
     #[serde(default)]
     pub channels: Vec<ChannelStateHandle>,
+    /// Timers in the keyed state, for `inspect` and the report (the timers
+    /// themselves are in the keyed state).
+    #[serde(default)]
+    pub timers: u64,
 }
 
 impl SubtaskState {

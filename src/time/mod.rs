@@ -21,6 +21,9 @@ pub trait Timestamped {
     fn timestamp(&self) -> u64;
 }
 
+#[cfg(test)]
+mod tests;
+
 /// Processing time in milliseconds since the Unix epoch, as the shell gives
 /// it to the core.
 pub type Millis = u64;

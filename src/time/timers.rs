@@ -7,13 +7,11 @@
 //! clock are checked against, rebuilt from the state on restore.
 
 use super::Millis;
-use crate::ids::CheckpointId;
 use crate::state::{Key, ValueState};
 use rustc_hash::FxHashSet;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 
 /// The keyed state holding the timers; an operator cannot declare a state
 /// of this name.
@@ -97,8 +95,6 @@ pub struct TimeMetrics {
     max_timestamp: AtomicU64,
     /// Largest watermark below the final one that reached a keyed operator.
     watermark: AtomicU64,
-    /// Timers held by each checkpoint's snapshots, summed over subtasks.
-    timers_in_checkpoint: Mutex<BTreeMap<CheckpointId, u64>>,
 }
 
 impl TimeMetrics {
@@ -145,21 +141,6 @@ impl TimeMetrics {
                 .load(Ordering::Relaxed)
                 .saturating_sub(watermark)
         })
-    }
-
-    /// A subtask's snapshot for `checkpoint` held `timers` timers.
-    pub fn add_snapshot_timers(&self, checkpoint: CheckpointId, timers: u64) {
-        let mut counts = self.timers_in_checkpoint.lock().expect("not poisoned");
-        *counts.entry(checkpoint).or_default() += timers;
-        while counts.len() > 64 {
-            counts.pop_first();
-        }
-    }
-
-    /// Timers in the snapshots of `checkpoint`, summed over its subtasks.
-    pub fn timers_in_checkpoint(&self, checkpoint: CheckpointId) -> Option<u64> {
-        let counts = self.timers_in_checkpoint.lock().expect("not poisoned");
-        counts.get(&checkpoint).copied()
     }
 }
 

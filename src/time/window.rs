@@ -252,9 +252,14 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
         (self.emit)(ctx.key(), window, self.aggregate.result(acc), out);
     }
 
-    fn set_timers(&self, ctx: &mut KeyedContext<'_, K>, window: &TimeWindow) {
+    /// The window's firing timer, unless its time has passed (`now`, the
+    /// watermark or clock), when it fires on its records instead (as
+    /// Flink's `EventTimeTrigger`); and its cleanup timer.
+    fn set_timers(&self, ctx: &mut KeyedContext<'_, K>, window: &TimeWindow, now: Option<u64>) {
         let domain = self.assigner.domain;
-        ctx.register_timer(domain, window.max_timestamp());
+        if now.is_none_or(|now| window.max_timestamp() > now) {
+            ctx.register_timer(domain, window.max_timestamp());
+        }
         ctx.register_timer(domain, self.cleanup_time(window));
     }
 
@@ -313,7 +318,7 @@ where
                 if deleted {
                     // A deleted time may have been another session's too.
                     for (w, _) in &windows {
-                        self.set_timers(ctx, w);
+                        self.set_timers(ctx, w, now);
                     }
                 }
             } else if is_late(self.cleanup_time(&window)) {
@@ -322,7 +327,7 @@ where
                 acc = windows.swap_remove(at).1;
             }
             self.aggregate.add(&mut acc, &record);
-            self.set_timers(ctx, &window);
+            self.set_timers(ctx, &window, now);
             windows.push((window, acc));
             added.push(windows.len() - 1);
         }

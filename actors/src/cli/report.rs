@@ -89,6 +89,19 @@ pub struct RunReport {
     /// Where the savepoint of --savepoint-after or
     /// --stop-with-savepoint-after is, if it completed.
     pub savepoint: Option<String>,
+    /// Window results emitted, early and late firings included.
+    pub windows_fired: u64,
+    /// Records too late for every window they belong to.
+    pub late_records: u64,
+    /// Event- and processing-time timers set (not counting ones already set).
+    pub timers_registered: u64,
+    /// Timers fired, replays after a restore included.
+    pub timers_fired: u64,
+    /// Timers held by the last completed checkpoint.
+    pub timers_in_last_checkpoint: u64,
+    /// How far the last watermark before the end of input trailed the
+    /// newest timestamp the sources read, in ms; `null` without watermarks.
+    pub watermark_lag_ms: Option<u64>,
 }
 
 /// A figure's last value and its most.
@@ -146,6 +159,7 @@ impl RunReport {
             storage.map_or(0, |s| counter(s.counters()).load(Ordering::Relaxed))
         };
         let stats = &metrics.checkpoints;
+        let time = metrics.time.counters();
         let gauges: Vec<_> = metrics.channels.iter().map(|g| g.value().clone()).collect();
         RunReport {
             topology,
@@ -201,6 +215,12 @@ impl RunReport {
             savepoints_completed: stats.savepoints.load(Ordering::Relaxed),
             savepoint_ms: stats.savepoint_us_last.load(Ordering::Relaxed) as f64 / 1e3,
             savepoint,
+            windows_fired: time.windows_fired,
+            late_records: time.late_records,
+            timers_registered: time.timers_registered,
+            timers_fired: time.timers_fired,
+            timers_in_last_checkpoint: stats.timers_last.load(Ordering::Relaxed),
+            watermark_lag_ms: metrics.time.watermark_lag(),
         }
     }
 }

@@ -1,0 +1,404 @@
+//! Timers and windows driven through a keyed operator, step by step, on both
+//! backends: what survives a snapshot, where it goes on a rescale, and how
+//! windows fire, merge and treat late records.
+
+use super::window::{WindowOperator, WindowSettings};
+use super::*;
+use crate::batch::Data;
+use crate::ids::{CheckpointId, KeyGroup, SubtaskIndex};
+use crate::key_group::{key_group_of, KeyGroupRange};
+use crate::operator::{
+    Collector, Downstream, KeyedFunctionFactory, KeyedProcess, KeyedProcessFunction, Outgoing,
+    RecordWriter, Route,
+};
+use crate::state::{KeyedContext, KeyedStateBackend, StateBackend};
+use crate::task::{KeyedSnapshot, RestoreState, TaskSnapshot};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+
+const MAX_P: u32 = 128;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Ev {
+    key: u64,
+    ts: u64,
+}
+
+impl Timestamped for Ev {
+    fn timestamp(&self) -> u64 {
+        self.ts
+    }
+}
+
+fn ev(key: u64, ts: u64) -> Ev {
+    Ev { key, ts }
+}
+
+fn range(p: u32, index: u32) -> KeyGroupRange {
+    KeyGroupRange::for_subtask(MAX_P, p, SubtaskIndex(index))
+}
+
+fn operator<O: Data>(
+    backend: KeyedStateBackend<u64>,
+    factory: &KeyedFunctionFactory<u64, Ev, O>,
+    metrics: Arc<TimeMetrics>,
+) -> KeyedProcess<u64, Ev, O> {
+    let writer = RecordWriter::<O>::new(Route::Forward, 1, 1 << 20);
+    KeyedProcess::new(
+        Arc::new(|e: &Ev| e.key),
+        factory,
+        backend,
+        metrics,
+        Box::new(writer),
+    )
+}
+
+fn output<O: Data>(out: Outgoing) -> Vec<O> {
+    out.into_iter()
+        .flat_map(|(_, b)| b.into_records::<O>().unwrap())
+        .collect()
+}
+
+/// Sets an event-time timer at each record's timestamp and a
+/// processing-time timer at `ts + 1_000_000`; emits what fires.
+struct Echo;
+
+impl KeyedProcessFunction<u64, Ev, (u64, u64, bool)> for Echo {
+    fn process(
+        &mut self,
+        e: Ev,
+        ctx: &mut KeyedContext<'_, u64>,
+        _: &mut Collector<'_, (u64, u64, bool)>,
+    ) {
+        ctx.register_event_time_timer(e.ts);
+        ctx.register_processing_time_timer(e.ts + 1_000_000);
+    }
+
+    fn on_timer(
+        &mut self,
+        ts: u64,
+        ctx: &mut KeyedContext<'_, u64>,
+        out: &mut Collector<'_, (u64, u64, bool)>,
+    ) {
+        let event_time = ctx.timer_domain() == Some(TimeDomain::EventTime);
+        out.collect((*ctx.key(), ts, event_time));
+    }
+}
+
+fn echo() -> KeyedFunctionFactory<u64, Ev, (u64, u64, bool)> {
+    Arc::new(|_| Box::new(Echo))
+}
+
+/// Everything a snapshot of `process` holds, as restore states of the
+/// subtasks of parallelism `p`.
+fn restore_states<O: Data>(
+    process: &mut KeyedProcess<u64, Ev, O>,
+    checkpoint: u64,
+    p: u32,
+) -> (Vec<RestoreState>, u64) {
+    let mut take = |id: u64| {
+        let mut snapshot = TaskSnapshot::default();
+        process
+            .snapshot(CheckpointId(id), &mut Vec::new(), &mut snapshot)
+            .unwrap();
+        snapshot
+    };
+    let snapshot = take(checkpoint);
+    let states = match snapshot.keyed.expect("a keyed snapshot") {
+        KeyedSnapshot::Heap(heap) => {
+            let mut bytes = Vec::new();
+            let offsets = heap.write(&mut bytes);
+            let group = |g: KeyGroup| {
+                let start = offsets[g.0 as usize] as usize;
+                let end = offsets
+                    .get(g.0 as usize + 1)
+                    .map_or(bytes.len(), |o| *o as usize);
+                bytes::Bytes::copy_from_slice(&bytes[start..end])
+            };
+            (0..p)
+                .map(|i| RestoreState {
+                    key_groups: range(p, i).iter().map(|g| (g, group(g))).collect(),
+                    ..RestoreState::default()
+                })
+                .collect()
+        }
+        // A restore takes a native checkpoint's files over: one each.
+        KeyedSnapshot::Native(first) => std::iter::once(first.dir)
+            .chain((1..p).map(|i| match take(checkpoint + u64::from(i)).keyed {
+                Some(KeyedSnapshot::Native(native)) => native.dir,
+                _ => unreachable!("a RocksDB backend snapshots natively"),
+            }))
+            .map(|dir| RestoreState {
+                native: Some(dir),
+                ..RestoreState::default()
+            })
+            .collect(),
+    };
+    (states, snapshot.timers)
+}
+
+fn backends(dir: &tempfile::TempDir, range: KeyGroupRange) -> Vec<KeyedStateBackend<u64>> {
+    let mut backends = vec![KeyedStateBackend::new(
+        &StateBackend::Heap,
+        "test",
+        range,
+        MAX_P,
+    )];
+    #[cfg(feature = "rocksdb")]
+    backends.push(KeyedStateBackend::new(
+        &StateBackend::rocksdb(Some(dir.path().to_owned()), None),
+        &format!("op-{}-{}", range.start, range.end),
+        range,
+        MAX_P,
+    ));
+    #[cfg(not(feature = "rocksdb"))]
+    let _ = dir;
+    backends
+}
+
+#[test]
+fn timers_survive_a_snapshot_and_follow_their_key_groups_to_another_parallelism() {
+    let dir = tempfile::tempdir().unwrap();
+    let backends_of = |p: u32, i: u32| backends(&dir, range(p, i));
+    for (kind, backend) in backends_of(1, 0).into_iter().enumerate() {
+        let metrics = Arc::new(TimeMetrics::default());
+        let mut process = operator(backend, &echo(), metrics.clone());
+        process.restore(&RestoreState::default()).unwrap();
+        for key in 0..200u64 {
+            // Twice the same timer per key: set semantics keep one.
+            process.push(ev(key, 100 + key));
+            process.push(ev(key, 100 + key));
+        }
+        let mut out = Vec::new();
+        process.advance_watermark(149, &mut out).unwrap();
+        let fired: Vec<(u64, u64, bool)> = output(out);
+        assert_eq!(fired.len(), 50, "keys 0..50 fire at 100..=149");
+        let (states, timers) = restore_states(&mut process, 1, 2);
+        assert_eq!(
+            timers,
+            150 + 200,
+            "150 event-time and 200 processing-time timers"
+        );
+        // After the snapshot: neither in it nor restored.
+        process.push(ev(500, 500));
+
+        let mut restored_fired = Vec::new();
+        let mut next_processing = Vec::new();
+        for (i, state) in states.iter().enumerate() {
+            let backend = backends_of(2, i as u32).remove(kind);
+            let mut restored = operator(backend, &echo(), metrics.clone());
+            restored.restore(state).unwrap();
+            let mut out = Vec::new();
+            next_processing.push(restored.advance_processing_time(0, &mut out).unwrap());
+            restored.advance_watermark(u64::MAX, &mut out).unwrap();
+            // Processing-time timers that fell due while the job was down.
+            restored
+                .advance_processing_time(2_000_000, &mut out)
+                .unwrap();
+            for (key, ts, event_time) in output::<(u64, u64, bool)>(out) {
+                assert!(range(2, i as u32).contains(key_group_of(&key, MAX_P)));
+                restored_fired.push((key, ts, event_time));
+            }
+        }
+        restored_fired.sort();
+        let mut expected: Vec<(u64, u64, bool)> = (50..200)
+            .map(|k| (k, 100 + k, true))
+            .chain((0..200).map(|k| (k, 1_000_100 + k, false)))
+            .collect();
+        expected.sort();
+        assert_eq!(restored_fired, expected, "backend {kind}");
+        assert!(next_processing
+            .iter()
+            .all(|n| n.is_some_and(|n| n >= 1_000_100)));
+    }
+}
+
+fn windows<O: Data>(
+    assigner: WindowAssigner,
+    settings: WindowSettings,
+    late: bool,
+) -> KeyedFunctionFactory<u64, Ev, O>
+where
+    O: From<(u64, TimeWindow, u64)> + From<Ev>,
+{
+    Arc::new(move |states| {
+        let late: Option<window::LateData<Ev, O>> = late
+            .then(|| Arc::new(|e: Ev, out: &mut Collector<'_, O>| out.collect(O::from(e))) as _);
+        Box::new(WindowOperator::open(
+            states,
+            assigner,
+            settings,
+            Arc::new(Count),
+            Arc::new(
+                |k: &u64, w: &TimeWindow, n: u64, out: &mut Collector<'_, O>| {
+                    out.collect(O::from((*k, *w, n)))
+                },
+            ),
+            late,
+        ))
+    })
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+enum Out {
+    Fired(u64, i64, i64, u64),
+    Late(u64, u64),
+}
+
+impl From<(u64, TimeWindow, u64)> for Out {
+    fn from((k, w, n): (u64, TimeWindow, u64)) -> Self {
+        Out::Fired(k, w.start, w.end, n)
+    }
+}
+
+impl From<Ev> for Out {
+    fn from(e: Ev) -> Self {
+        Out::Late(e.key, e.ts)
+    }
+}
+
+struct Driver {
+    process: KeyedProcess<u64, Ev, Out>,
+    metrics: Arc<TimeMetrics>,
+}
+
+impl Driver {
+    fn new(backend: KeyedStateBackend<u64>, factory: &KeyedFunctionFactory<u64, Ev, Out>) -> Self {
+        let metrics = Arc::new(TimeMetrics::default());
+        let mut process = operator(backend, factory, metrics.clone());
+        process.restore(&RestoreState::default()).unwrap();
+        Driver { process, metrics }
+    }
+
+    fn records(&mut self, records: &[Ev]) -> Vec<Out> {
+        for &r in records {
+            self.process.push(r);
+        }
+        let mut out = Vec::new();
+        self.process.flush(&mut out).unwrap();
+        output(out)
+    }
+
+    fn watermark(&mut self, watermark: u64) -> Vec<Out> {
+        let mut out = Vec::new();
+        self.process.advance_watermark(watermark, &mut out).unwrap();
+        output(out)
+    }
+
+    fn processing_time(&mut self, now: u64) -> Vec<Out> {
+        let mut out = Vec::new();
+        self.process.advance_processing_time(now, &mut out).unwrap();
+        output(out)
+    }
+}
+
+#[test]
+fn session_windows_merge_and_a_late_record_bridges_two_sessions_within_lateness() {
+    let dir = tempfile::tempdir().unwrap();
+    for backend in backends(&dir, range(1, 0)) {
+        let settings = WindowSettings {
+            allowed_lateness: 100,
+            early_firing: None,
+        };
+        let factory = windows::<Out>(
+            WindowAssigner::session(Duration::from_millis(10)),
+            settings,
+            true,
+        );
+        let mut d = Driver::new(backend, &factory);
+        assert_eq!(d.records(&[ev(1, 0), ev(1, 5), ev(1, 20), ev(2, 3)]), []);
+        let mut fired = d.watermark(35);
+        fired.sort_by_key(|o| format!("{o:?}"));
+        assert_eq!(
+            fired,
+            [
+                Out::Fired(1, 0, 15, 2),
+                Out::Fired(1, 20, 30, 1),
+                Out::Fired(2, 3, 13, 1)
+            ]
+        );
+        // Late but within the lateness: [10, 20) touches both sessions of
+        // key 1, which merge into one that fires at once with every record.
+        assert_eq!(d.records(&[ev(1, 10)]), [Out::Fired(1, 0, 30, 4)]);
+        // Its timers moved to the merged session: nothing fires twice.
+        assert_eq!(d.watermark(120), [], "cleanup of key 2's session only");
+        assert_eq!(d.records(&[ev(1, 25)]), [Out::Fired(1, 0, 35, 5)]);
+        assert_eq!(d.watermark(200), []);
+        // Past the lateness: late data, to the late output.
+        assert_eq!(d.records(&[ev(1, 50)]), [Out::Late(1, 50)]);
+        assert_eq!(d.metrics.counters().late_records, 1);
+    }
+}
+
+#[test]
+fn tumbling_and_sliding_windows_fire_once_at_the_watermark_and_drop_late_records() {
+    let dir = tempfile::tempdir().unwrap();
+    for backend in backends(&dir, range(1, 0)) {
+        let factory = windows::<Out>(
+            WindowAssigner::sliding(Duration::from_millis(10), Duration::from_millis(5)),
+            WindowSettings::default(),
+            false,
+        );
+        let mut d = Driver::new(backend, &factory);
+        d.records(&[ev(7, 3), ev(7, 6), ev(7, 12)]);
+        assert_eq!(d.watermark(8), [Out::Fired(7, -5, 5, 1)]);
+        let mut fired = d.watermark(20);
+        fired.sort_by_key(|o| format!("{o:?}"));
+        assert_eq!(
+            fired,
+            [
+                Out::Fired(7, 0, 10, 2),
+                Out::Fired(7, 10, 20, 1),
+                Out::Fired(7, 5, 15, 2)
+            ]
+        );
+        // Late: its windows are gone and it is dropped, not emitted.
+        assert_eq!(d.records(&[ev(7, 14)]), []);
+        assert_eq!(d.watermark(u64::MAX), []);
+        assert_eq!(d.metrics.counters().late_records, 1);
+    }
+}
+
+#[test]
+fn early_firings_emit_open_windows_every_interval_of_processing_time() {
+    let dir = tempfile::tempdir().unwrap();
+    for backend in backends(&dir, range(1, 0)) {
+        let settings = WindowSettings {
+            allowed_lateness: 0,
+            early_firing: Some(100),
+        };
+        let factory = windows::<Out>(
+            WindowAssigner::tumbling(Duration::from_millis(1000)),
+            settings,
+            false,
+        );
+        let mut d = Driver::new(backend, &factory);
+        d.processing_time(1_050);
+        d.records(&[ev(1, 10), ev(1, 20)]);
+        assert_eq!(d.processing_time(1_099), []);
+        assert_eq!(d.processing_time(1_100), [Out::Fired(1, 0, 1000, 2)]);
+        d.records(&[ev(1, 30)]);
+        assert_eq!(d.processing_time(1_200), [Out::Fired(1, 0, 1000, 3)]);
+        assert_eq!(d.watermark(999), [Out::Fired(1, 0, 1000, 3)]);
+        assert_eq!(d.processing_time(1_300), [], "a fired window is gone");
+    }
+}
+
+#[test]
+fn processing_time_windows_follow_the_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    for backend in backends(&dir, range(1, 0)) {
+        let factory = windows::<Out>(
+            WindowAssigner::tumbling(Duration::from_millis(100)).processing_time(),
+            WindowSettings::default(),
+            false,
+        );
+        let mut d = Driver::new(backend, &factory);
+        d.processing_time(1_010);
+        // The records' own timestamps do not matter.
+        d.records(&[ev(4, 0), ev(4, 5_000)]);
+        assert_eq!(d.processing_time(1_098), []);
+        assert_eq!(d.processing_time(1_099), [Out::Fired(4, 1000, 1100, 2)]);
+    }
+}
