@@ -214,13 +214,13 @@ fn timers_survive_a_snapshot_and_follow_their_key_groups_to_another_parallelism(
     }
 }
 
-fn windows<O: Data>(
+fn windows<O>(
     assigner: WindowAssigner,
     settings: WindowSettings,
     late: bool,
 ) -> KeyedFunctionFactory<u64, Ev, O>
 where
-    O: From<(u64, TimeWindow, u64)> + From<Ev>,
+    O: Data + From<(u64, TimeWindow, u64)> + From<Ev>,
 {
     Arc::new(move |states| {
         let late: Option<window::LateData<Ev, O>> = late
