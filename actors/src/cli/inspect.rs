@@ -13,6 +13,8 @@ use tidemark::checkpoint::{
 };
 use tidemark::event::CheckpointKind;
 use tidemark::storage::{CheckpointStorage, METADATA};
+use tidemark::task::SOURCE_WATERMARK;
+use tidemark::time::watermark::GeneratorState;
 
 /// `tidemark inspect`'s arguments.
 #[derive(Clone, Debug, Args)]
@@ -63,6 +65,8 @@ pub struct OperatorView {
     pub parallelism: u32,
     /// Key groups, which bound any later parallelism.
     pub max_parallelism: u32,
+    /// Timers over its subtasks.
+    pub timers: u64,
 }
 
 /// One subtask's state in the snapshot.
@@ -84,6 +88,10 @@ pub struct SubtaskView {
     pub channels: Vec<ChannelView>,
     /// Operator state (source offsets, sink transactions): bytes by name.
     pub operator_state: BTreeMap<String, usize>,
+    /// Event- and processing-time timers in its keyed state.
+    pub timers: u64,
+    /// A source's last emitted watermark, from its operator state.
+    pub watermark: Option<u64>,
 }
 
 /// A state object: an object of its own, or a segment of a merged one.
@@ -162,6 +170,12 @@ impl SubtaskView {
                 .iter()
                 .map(|(name, bytes)| (name.clone(), bytes.len()))
                 .collect(),
+            timers: state.timers,
+            watermark: state
+                .operator
+                .get(SOURCE_WATERMARK)
+                .and_then(|bytes| rmp_serde::from_slice::<GeneratorState>(bytes).ok())
+                .and_then(|g| g.emitted),
         }
     }
 }
@@ -191,6 +205,12 @@ impl Inspection {
                     uid: op.uid.clone(),
                     parallelism: op.parallelism,
                     max_parallelism: op.max_parallelism,
+                    timers: checkpoint
+                        .subtasks
+                        .iter()
+                        .filter(|(id, _)| id.operator == op.id)
+                        .map(|(_, s)| s.timers)
+                        .sum(),
                 })
                 .collect(),
             subtasks: checkpoint
@@ -215,8 +235,8 @@ impl fmt::Display for Inspection {
         for op in &self.operators {
             writeln!(
                 f,
-                "  op-{} {:?} uid {:?}: parallelism {}, max parallelism {}",
-                op.id, op.name, op.uid, op.parallelism, op.max_parallelism
+                "  op-{} {:?} uid {:?}: parallelism {}, max parallelism {}, {} timers",
+                op.id, op.name, op.uid, op.parallelism, op.max_parallelism, op.timers
             )?;
         }
         writeln!(f, "subtasks:")?;
@@ -225,7 +245,12 @@ impl fmt::Display for Inspection {
             if let (Some([start, end]), Some(keyed)) = (s.key_groups, s.keyed) {
                 write!(f, ": {keyed} state of key groups {start}..{end}")?;
             }
-            writeln!(f, ", {} bytes inline", s.inline_bytes)?;
+            write!(f, ", {} bytes inline, {} timers", s.inline_bytes, s.timers)?;
+            match s.watermark {
+                Some(u64::MAX) => writeln!(f, ", watermark: end of input")?,
+                Some(w) => writeln!(f, ", watermark {w}")?,
+                None => writeln!(f)?,
+            }
             for file in &s.files {
                 writeln!(
                     f,
