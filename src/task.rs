@@ -343,6 +343,12 @@ impl<T: Data> Task for ChainTask<T> {
                 w.metrics.observe_timestamp(max);
             }
             w.generator.on_records(max, now, &mut w.due);
+            // As in Flink, a source that has read everything releases its
+            // consumers' windows at once, before the checkpoint that ends
+            // its input.
+            if head.exhausted {
+                w.generator.on_end(&mut w.due);
+            }
         }
         for record in head.buffer.drain(..) {
             self.next.push(record);

@@ -198,8 +198,11 @@ impl WatermarkGenerator {
     }
 
     /// End of a bounded input: the maximal watermark, which fires every
-    /// event-time timer downstream.
+    /// event-time timer downstream; emitted once.
     pub fn on_end(&mut self, out: &mut Vec<WatermarkEvent>) {
+        if self.state.emitted == Some(u64::MAX) {
+            return;
+        }
         if self.idle {
             self.idle = false;
             out.push(WatermarkEvent::Status(WatermarkStatus::Active));
@@ -342,6 +345,7 @@ mod tests {
         out.clear();
         restored.on_records(Some(550), 10, &mut out);
         assert_eq!(out, [], "a restored source does not emit below its state");
+        restored.on_end(&mut out);
         restored.on_end(&mut out);
         assert_eq!(out, [Watermark(u64::MAX)]);
     }

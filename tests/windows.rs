@@ -1,0 +1,612 @@
+//! The windows topology end to end: per key and event-time window counts
+//! (tumbling, sliding, session) checked line for line against what this file
+//! computes from the generator's definition, with its own window assignment
+//! and session merging. Every window of every key is committed exactly once,
+//! with its exact count: at parallelism 1 and 3, under injected kills on heap
+//! and incremental RocksDB state, aligned and unaligned, after a SIGKILL of
+//! the process and `--restore latest`, and across a savepoint taken at p=2
+//! while windows are open and restored at p=1 and p=3.
+
+// Of the shared helpers, this file uses `copy_tree`.
+#[allow(dead_code)]
+mod common;
+#[path = "common/storage.rs"]
+mod storage;
+
+use common::copy_tree;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+use tidemark::storage::CheckpointStorage;
+use tidemark_actors::cli::{self, RunArgs, RunReport, Topology};
+use tidemark_actors::runtime::job_id;
+
+/// SplitMix64, written out again so that the expectations do not trust the
+/// runtime's copy.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Window lengths in ms.
+#[derive(Clone, Copy, Debug)]
+enum Window {
+    Tumbling(i64),
+    Sliding(i64, i64),
+    Session(i64),
+}
+
+impl Window {
+    fn flag(self) -> String {
+        match self {
+            Window::Tumbling(size) => format!("--window=tumbling:{size}ms"),
+            Window::Sliding(size, slide) => format!("--window=sliding:{size}ms/{slide}ms"),
+            Window::Session(gap) => format!("--window=session:{gap}ms"),
+        }
+    }
+}
+
+/// One windows job's input and windows.
+#[derive(Clone, Copy, Debug)]
+struct Spec {
+    records: u64,
+    keys: u64,
+    seed: u64,
+    events_per_ms: u64,
+    max_disorder_ms: u64,
+    window: Window,
+}
+
+/// 100 keys over 10 s of event time in 1 s windows.
+const TUMBLING: Spec = Spec {
+    records: 100_000,
+    keys: 100,
+    seed: 1,
+    events_per_ms: 10,
+    max_disorder_ms: 80,
+    window: Window::Tumbling(1000),
+};
+
+/// 50 keys over 6 s of event time, a window of 1 s every 300 ms (3 or 4
+/// windows per record, the first ones starting before 0).
+const SLIDING: Spec = Spec {
+    records: 60_000,
+    keys: 50,
+    seed: 2,
+    events_per_ms: 10,
+    max_disorder_ms: 120,
+    window: Window::Sliding(1000, 300),
+};
+
+/// 20 keys, each with a record every 20 ms on average, sessions closed by
+/// 40 ms of inactivity: many sessions per key, and a disorder of 60 ms makes
+/// late-arriving records bridge sessions that were apart. One record per ms
+/// of event time: a source never emits a record after a watermark that
+/// already closed a session the record would touch (with several records
+/// per ms, one lagging by the whole disorder could follow its bucket's
+/// first in another batch, and whether it merges with a session ending at
+/// its timestamp would depend on timing).
+const SESSION: Spec = Spec {
+    records: 40_000,
+    keys: 20,
+    seed: 3,
+    events_per_ms: 1,
+    max_disorder_ms: 60,
+    window: Window::Session(40),
+};
+
+impl Spec {
+    fn with_seed(self, seed: u64) -> Spec {
+        Spec { seed, ..self }
+    }
+
+    fn with_records(self, records: u64) -> Spec {
+        Spec { records, ..self }
+    }
+
+    /// Record i: (key, timestamp), as the brief of the topology defines it.
+    fn record(&self, i: u64) -> (u64, u64) {
+        let s = self.seed.wrapping_add(i);
+        let key = splitmix64(s) % self.keys;
+        let lag = splitmix64(s.wrapping_add(0x9E37_79B9_7F4A_7C15)) % (self.max_disorder_ms + 1);
+        (key, (i / self.events_per_ms).saturating_sub(lag))
+    }
+
+    /// The windows of every key with their counts, sorted.
+    fn expected(&self) -> Vec<Line> {
+        let mut counts: HashMap<(u64, i64, i64), u64> = HashMap::new();
+        let mut sessions: HashMap<u64, Vec<i64>> = HashMap::new();
+        for i in 0..self.records {
+            let (key, ts) = self.record(i);
+            let ts = i64::try_from(ts).unwrap();
+            let (size, slide) = match self.window {
+                Window::Tumbling(size) => (size, size),
+                Window::Sliding(size, slide) => (size, slide),
+                Window::Session(_) => {
+                    sessions.entry(key).or_default().push(ts);
+                    continue;
+                }
+            };
+            // The windows [n * slide, n * slide + size) that hold ts.
+            let first = (ts - size).div_euclid(slide) + 1;
+            let last = ts.div_euclid(slide);
+            for n in first..=last {
+                *counts
+                    .entry((key, n * slide, n * slide + size))
+                    .or_default() += 1;
+            }
+        }
+        if let Window::Session(gap) = self.window {
+            for (key, mut stamps) in sessions {
+                stamps.sort_unstable();
+                // (start, end, count) of the session being built.
+                let mut open: Option<(i64, i64, u64)> = None;
+                for ts in stamps {
+                    open = match open {
+                        // [ts, ts + gap) overlaps or touches [start, end).
+                        Some((start, end, n)) if ts <= end => {
+                            Some((start, end.max(ts + gap), n + 1))
+                        }
+                        closed => {
+                            if let Some((start, end, n)) = closed {
+                                counts.insert((key, start, end), n);
+                            }
+                            Some((ts, ts + gap, 1))
+                        }
+                    };
+                }
+                let (start, end, n) = open.unwrap();
+                counts.insert((key, start, end), n);
+            }
+        }
+        let mut lines: Vec<Line> = counts
+            .into_iter()
+            .map(|((key, start, end), count)| Line {
+                key,
+                start,
+                end,
+                count,
+            })
+            .collect();
+        lines.sort_unstable();
+        lines
+    }
+
+    fn args(&self, parallelism: u32, output: &Path, checkpoints: &Path) -> Vec<String> {
+        vec![
+            "windows".to_string(),
+            format!("--records={}", self.records),
+            format!("--keys={}", self.keys),
+            format!("--seed={}", self.seed),
+            format!("--events-per-ms={}", self.events_per_ms),
+            format!("--max-disorder={}ms", self.max_disorder_ms),
+            self.window.flag(),
+            format!("--parallelism={parallelism}"),
+            "--checkpoint-interval=100ms".to_string(),
+            format!("--checkpoint-dir={}", checkpoints.display()),
+            format!("--output={}", output.display()),
+        ]
+    }
+
+    /// Runs the job; an argument in `extra` replaces the default of the
+    /// same name.
+    fn run(
+        &self,
+        parallelism: u32,
+        extra: &[String],
+        output: &Path,
+        checkpoints: &Path,
+    ) -> RunReport {
+        let mut args = self.args(parallelism, output, checkpoints);
+        let name = |arg: &str| arg.split('=').next().unwrap_or_default().to_owned();
+        args.retain(|a| !extra.iter().any(|e| name(e) == name(a)));
+        args.extend_from_slice(extra);
+        cli::run(&RunArgs::parse(&args).unwrap())
+            .unwrap_or_else(|e| panic!("{self:?} p={parallelism} {extra:?}: {e}"))
+    }
+}
+
+/// One output line: `key,window_start,window_end,count`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Line {
+    key: u64,
+    start: i64,
+    end: i64,
+    count: u64,
+}
+
+impl Line {
+    fn window(&self) -> (u64, i64, i64) {
+        (self.key, self.start, self.end)
+    }
+}
+
+/// The lines of the committed files (those directly in `dir` whose names do
+/// not start with `.` or `_`), sorted.
+fn committed(dir: &Path) -> Vec<Line> {
+    let mut lines = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        if name.starts_with('.') || name.starts_with('_') {
+            continue;
+        }
+        for line in std::fs::read_to_string(entry.path()).unwrap().lines() {
+            let fields: Vec<&str> = line.split(',').collect();
+            let [key, start, end, count] = fields[..] else {
+                panic!("{name}: {line:?} is not key,window_start,window_end,count");
+            };
+            let parse = |what: &str, v: &str| -> i64 {
+                v.parse()
+                    .unwrap_or_else(|e| panic!("{name}: {what} of {line:?}: {e}"))
+            };
+            lines.push(Line {
+                key: key.parse().unwrap(),
+                start: parse("start", start),
+                end: parse("end", end),
+                count: u64::try_from(parse("count", count)).unwrap(),
+            });
+        }
+    }
+    lines.sort_unstable();
+    lines
+}
+
+/// What differs between the expected and the committed lines, by window:
+/// missing, unexpected, emitted more than once, or with another count.
+fn diff(expected: &[Line], got: &[Line]) -> String {
+    let want: HashMap<_, _> = expected.iter().map(|l| (l.window(), l.count)).collect();
+    let mut have: BTreeMap<(u64, i64, i64), Vec<u64>> = BTreeMap::new();
+    for line in got {
+        have.entry(line.window()).or_default().push(line.count);
+    }
+    let mut missing: Vec<_> = expected
+        .iter()
+        .filter(|l| !have.contains_key(&l.window()))
+        .collect();
+    missing.sort_unstable();
+    let (mut unexpected, mut duplicated, mut wrong) = (Vec::new(), Vec::new(), Vec::new());
+    for (window, counts) in &have {
+        match want.get(window) {
+            None => unexpected.push((window, counts)),
+            Some(_) if counts.len() > 1 => duplicated.push((window, counts)),
+            Some(&n) if counts[0] != n => wrong.push((window, n, counts[0])),
+            Some(_) => {}
+        }
+    }
+    let sum = |lines: &[Line]| lines.iter().map(|l| l.count).sum::<u64>();
+    format!(
+        "{} lines expected, {} committed; counts sum to {} expected, {} committed\n\
+         {} windows missing, e.g. {:?}\n\
+         {} windows unexpected (key, start, end) [counts], e.g. {:?}\n\
+         {} windows emitted more than once, e.g. {:?}\n\
+         {} windows with another count (window, expected, committed), e.g. {:?}",
+        expected.len(),
+        got.len(),
+        sum(expected),
+        sum(got),
+        missing.len(),
+        &missing[..missing.len().min(8)],
+        unexpected.len(),
+        &unexpected[..unexpected.len().min(8)],
+        duplicated.len(),
+        &duplicated[..duplicated.len().min(8)],
+        wrong.len(),
+        &wrong[..wrong.len().min(8)],
+    )
+}
+
+/// The committed output is exactly the expected lines.
+fn assert_exact(output: &Path, expected: &[Line], context: &str) {
+    let got = committed(output);
+    if got != expected {
+        panic!("{context}: the output differs\n{}", diff(expected, &got));
+    }
+}
+
+/// The committed output is some of the expected lines, each at most once,
+/// and not all of them: windows were still open.
+fn assert_partial(output: &Path, expected: &[Line], context: &str) -> usize {
+    let got = committed(output);
+    let mut rest: HashMap<Line, u32> = expected.iter().map(|l| (*l, 1)).collect();
+    for line in &got {
+        match rest.get_mut(line) {
+            Some(n) if *n > 0 => *n -= 1,
+            _ => panic!(
+                "{context}: {line:?} is not a final result, or is committed twice\n{}",
+                diff(expected, &got)
+            ),
+        }
+    }
+    assert!(
+        got.len() < expected.len(),
+        "{context}: every window was already committed"
+    );
+    got.len()
+}
+
+/// The expected output is worth testing: several windows per key, and for
+/// each kind what makes it what it is.
+fn assert_expectations_are_interesting(spec: &Spec, expected: &[Line]) {
+    let keys = expected
+        .iter()
+        .map(|l| l.key)
+        .collect::<std::collections::BTreeSet<_>>();
+    assert_eq!(
+        keys.len() as u64,
+        spec.keys,
+        "{spec:?}: a key has no record"
+    );
+    assert!(
+        expected.len() as u64 >= 5 * spec.keys,
+        "{spec:?}: only {} windows",
+        expected.len()
+    );
+    match spec.window {
+        Window::Tumbling(_) => {}
+        Window::Sliding(..) => assert!(expected.iter().any(|l| l.start < 0), "{spec:?}"),
+        Window::Session(gap) => {
+            assert!(
+                expected.iter().any(|l| l.end - l.start > 4 * gap),
+                "{spec:?}"
+            );
+            assert!(expected.iter().any(|l| l.count == 1), "{spec:?}");
+        }
+    }
+}
+
+fn exact_at_p1_and_p3(spec: Spec) {
+    let expected = spec.expected();
+    assert_expectations_are_interesting(&spec, &expected);
+    for parallelism in [1, 3] {
+        let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let report = spec.run(parallelism, &[], output.path(), checkpoints.path());
+        assert_eq!(report.records_in, spec.records);
+        assert_exact(
+            output.path(),
+            &expected,
+            &format!("{spec:?} p={parallelism}"),
+        );
+    }
+}
+
+#[test]
+fn tumbling_windows_are_exact_at_p1_and_p3() {
+    exact_at_p1_and_p3(TUMBLING);
+}
+
+#[test]
+fn sliding_windows_are_exact_at_p1_and_p3() {
+    exact_at_p1_and_p3(SLIDING);
+}
+
+#[test]
+fn session_windows_are_exact_at_p1_and_p3() {
+    exact_at_p1_and_p3(SESSION);
+}
+
+/// The window kinds the kill tests cycle through, by seed; smaller inputs,
+/// slowed down so that checkpoints complete between the kills.
+fn killed_spec(seed: u64) -> Spec {
+    let spec = match seed % 3 {
+        0 => TUMBLING.with_records(60_000),
+        1 => SLIDING,
+        _ => SESSION.with_records(30_000),
+    };
+    spec.with_seed(seed)
+}
+
+/// Seeds `seeds` at p=2 with three seeded kills each and `extra`: every
+/// window is committed exactly once with its count, at least one restart
+/// happened, no uncommitted file is left, and checkpoint storage holds only
+/// the retained checkpoint. Returns the reports.
+fn kills(seeds: std::ops::Range<u64>, extra: &[&str]) -> Vec<RunReport> {
+    let mut reports = Vec::new();
+    for seed in seeds {
+        let spec = killed_spec(seed);
+        let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut args = vec![
+            "--inject-failures=3".to_string(),
+            // Half a second without the kills: several checkpoints.
+            format!("--rate={}", spec.records * 2),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let report = spec.run(2, &args, output.path(), checkpoints.path());
+        let context = format!("{spec:?} {args:?}");
+        assert!(report.restarts >= 1, "{context}: no failure was injected");
+        assert_exact(output.path(), &spec.expected(), &context);
+        let leftovers: Vec<_> = std::fs::read_dir(output.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(
+            leftovers.is_empty(),
+            "{context}: uncommitted files left: {leftovers:?}"
+        );
+        let storage = CheckpointStorage::open(
+            checkpoints.path().to_str().unwrap(),
+            job_id(Topology::Windows.job_name()),
+        )
+        .unwrap();
+        let kept = storage::assert_storage_is_exactly_the_retained_checkpoints(&storage, &context);
+        assert_eq!(kept.len(), 1, "{context}");
+        reports.push(report);
+    }
+    let restored: u64 = reports.iter().map(|r| r.restored_bytes).sum();
+    assert!(
+        restored > 0,
+        "{extra:?}: no kill came after a completed checkpoint"
+    );
+    reports
+}
+
+/// Unaligned, with the window operator's subtask 0 slow so that barriers
+/// overtake full channels.
+const UNALIGNED: [&str; 3] = ["--mode=unaligned", "--slow-subtask=0", "--slow-ns=4000"];
+const ROCKSDB: [&str; 2] = ["--state=rocksdb", "--incremental"];
+
+/// Some restore replayed in-flight batches of an unaligned checkpoint.
+fn assert_inflight_replayed(reports: &[RunReport]) {
+    let replayed: u64 = reports.iter().map(|r| r.restored_inflight_batches).sum();
+    assert!(replayed > 0, "no restore replayed in-flight batches");
+}
+
+#[test]
+fn heap_aligned_kills_are_exactly_once() {
+    kills(0..5, &[]);
+}
+
+#[test]
+fn heap_unaligned_kills_are_exactly_once() {
+    assert_inflight_replayed(&kills(5..10, &UNALIGNED));
+}
+
+#[test]
+fn rocksdb_incremental_aligned_kills_are_exactly_once() {
+    kills(10..15, &ROCKSDB);
+}
+
+#[test]
+fn rocksdb_incremental_unaligned_kills_are_exactly_once() {
+    assert_inflight_replayed(&kills(15..20, &[&ROCKSDB[..], &UNALIGNED[..]].concat()));
+}
+
+const CHILD: &str = "TIDEMARK_WINDOWS_SIGKILL_CHILD_ARGS";
+
+/// The child's entry point for the SIGKILL test; a no-op when the tests run
+/// normally.
+#[test]
+fn child_runs_the_job() {
+    if let Ok(args) = std::env::var(CHILD) {
+        let args: Vec<String> = args.split('\n').map(str::to_owned).collect();
+        cli::run(&RunArgs::parse(args).unwrap()).unwrap();
+    }
+}
+
+/// This test binary again, running the job of `args` in `child_runs_the_job`.
+fn spawn(args: &[String]) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_runs_the_job", "--nocapture"])
+        .env(CHILD, args.join("\n"))
+        .spawn()
+        .unwrap()
+}
+
+fn completed_checkpoints(dir: &Path) -> usize {
+    fn walk(dir: &Path, found: &mut usize) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, found);
+            } else if path.ends_with("_metadata") {
+                *found += 1;
+            }
+        }
+    }
+    let mut found = 0;
+    walk(dir, &mut found);
+    found
+}
+
+#[test]
+fn a_killed_process_resumes_its_windows_from_the_latest_checkpoint_exactly_once() {
+    let spec = SLIDING.with_records(200_000).with_seed(99);
+    let expected = spec.expected();
+    let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut args = spec.args(2, output.path(), checkpoints.path());
+    args.push("--rate=100000".into());
+    let mut child = spawn(&args);
+    // Kill once a checkpoint has completed and windows are committed.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while completed_checkpoints(checkpoints.path()) == 0 || committed(output.path()).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint completed within a minute"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the job ended before it could be killed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_partial(output.path(), &expected, "after SIGKILL");
+
+    let mut resumed = args.clone();
+    resumed.push("--restore=latest".into());
+    let status = spawn(&resumed).wait().unwrap();
+    assert!(status.success());
+    assert_exact(
+        output.path(),
+        &expected,
+        "after SIGKILL and --restore latest",
+    );
+}
+
+/// Stops `spec` at p=2 with a savepoint while windows are open, then
+/// restores it at p=1 and p=3, each from its own copy of the savepoint and
+/// of the output, into a new checkpoint directory: the output of both runs
+/// is exact.
+fn savepoint_at_p2_restores_at_p1_and_p3(spec: Spec, state: &[&str]) {
+    let expected = spec.expected();
+    let root = tempfile::tempdir().unwrap();
+    let root = root.path();
+    let (output, savepoints) = (root.join("output"), root.join("savepoints"));
+    let state: Vec<String> = state.iter().map(|s| s.to_string()).collect();
+    let mut first = state.clone();
+    first.extend([
+        // Slow enough that the savepoint falls inside the run.
+        format!("--rate={}", spec.records),
+        format!("--savepoint-dir={}", savepoints.display()),
+        "--stop-with-savepoint-after=300ms".to_string(),
+    ]);
+    let stopped = spec.run(2, &first, &output, &root.join("checkpoints"));
+    assert!(
+        stopped.records_in < spec.records,
+        "the job ended before the savepoint"
+    );
+    let savepoint = PathBuf::from(stopped.savepoint.expect("the savepoint completed"));
+    let context = format!("{spec:?} {state:?}");
+    let partial = assert_partial(&output, &expected, &format!("{context} at the savepoint"));
+    for p in [1, 3] {
+        let (copy, out) = (
+            root.join(format!("savepoint-{p}")),
+            root.join(format!("out-{p}")),
+        );
+        copy_tree(&savepoint, &copy);
+        copy_tree(&output, &out);
+        let mut again = state.clone();
+        again.push(format!("--restore={}", copy.display()));
+        let restored = spec.run(p, &again, &out, &root.join(format!("checkpoints-{p}")));
+        assert!(restored.restored_bytes > 0, "p={p}: nothing restored");
+        assert!(
+            restored.records_in < spec.records,
+            "p={p}: the restored run read everything again"
+        );
+        assert_exact(
+            &out,
+            &expected,
+            &format!("{context}: savepoint at p=2 ({} of {} windows committed, {} records read), restored at p={p}", partial, expected.len(), stopped.records_in),
+        );
+    }
+}
+
+#[test]
+fn a_savepoint_at_p2_with_open_sessions_restores_at_p1_and_p3_exactly() {
+    savepoint_at_p2_restores_at_p1_and_p3(SESSION.with_records(60_000), &[]);
+}
+
+#[test]
+fn a_savepoint_at_p2_with_open_sliding_windows_on_rocksdb_restores_at_p1_and_p3_exactly() {
+    savepoint_at_p2_restores_at_p1_and_p3(SLIDING.with_records(80_000), &ROCKSDB);
+}
+
+#[test]
+fn a_savepoint_at_p2_with_open_tumbling_windows_restores_at_p1_and_p3_exactly() {
+    savepoint_at_p2_restores_at_p1_and_p3(TUMBLING.with_records(80_000), &[]);
+}
