@@ -71,13 +71,18 @@ fn child(config: usize, records: u64) {
         format!("--records={records}"),
         "--keys=1000000".to_string(),
         "--parallelism=2".to_string(),
-        format!(
-            "--checkpoint-dir={}",
-            dir.path().join("checkpoints").display()
-        ),
-        format!("--state-dir={}", dir.path().join("state").display()),
     ];
     args.extend(extra.iter().map(|a| a.to_string()));
+    if !extra.contains(&"--checkpoint-interval=off") {
+        let checkpoints = dir.path().join("checkpoints");
+        args.push(format!("--checkpoint-dir={}", checkpoints.display()));
+    }
+    if extra.contains(&"--state=rocksdb") {
+        args.push(format!(
+            "--state-dir={}",
+            dir.path().join("state").display()
+        ));
+    }
     let args = RunArgs::parse(args).expect("valid arguments");
     let r = cli::run(&args).expect("the topology runs");
     println!(

@@ -213,7 +213,8 @@ impl<K: Key, I, O> KeyedProcess<K, I, O> {
     }
 
     /// Fires the timers of `domain` due at `upto`, earliest first; timers
-    /// they set that are due fire in the same call.
+    /// they set that are due fire in the same call. An indexed timer the
+    /// keyed state no longer holds was deleted, or fired already.
     fn fire(&mut self, domain: TimeDomain, upto: u64) {
         while let Some((timestamp, keys)) = self.timers.pop_due(domain, upto) {
             for key in keys {
@@ -223,7 +224,10 @@ impl<K: Key, I, O> KeyedProcess<K, I, O> {
                     &mut self.timers,
                     Some(domain),
                 );
-                ctx.remove_timer(domain, timestamp);
+                // Deleted since it was indexed, or indexed twice.
+                if !ctx.remove_timer(domain, timestamp) {
+                    continue;
+                }
                 ctx.time_counters().timers_fired += 1;
                 self.function.on_timer(
                     timestamp,

@@ -394,34 +394,24 @@ impl<'a, K: Key> KeyedContext<'a, K> {
         let key = self.key;
         let timers = self.timer_service();
         if added {
-            timers.indexed(domain, timestamp, key);
+            timers.added(domain, timestamp, key);
             timers.counters().timers_registered += 1;
         }
     }
 
     /// Deletes the current key's timer at `timestamp` in `domain`, if set.
     pub fn delete_timer(&mut self, domain: TimeDomain, timestamp: u64) {
-        if self.remove_timer(domain, timestamp) {
-            let key = self.key;
-            self.timer_service().unindexed(domain, timestamp, key);
-        }
+        self.remove_timer(domain, timestamp);
     }
 
     /// Drops a timer from the keyed state; true if it was set.
     pub(crate) fn remove_timer(&mut self, domain: TimeDomain, timestamp: u64) -> bool {
         let id = self.timer_service().state().id;
-        let mut entry = entry_of::<K, KeyTimers>(self.backend, self.key, self.slot, id);
-        let Some(timers) = entry.get() else {
-            return false;
-        };
-        let mut timers = timers.clone();
-        let removed = timers.remove(domain, timestamp);
+        let removed = entry_of::<K, KeyTimers>(self.backend, self.key, self.slot, id)
+            .update(|t| t.remove(domain, timestamp), |t| !t.is_empty())
+            == Some(true);
         if removed {
-            if timers.is_empty() {
-                entry.clear();
-            } else {
-                entry.set(timers);
-            }
+            self.timer_service().removed();
         }
         removed
     }
@@ -546,6 +536,35 @@ impl<K: Key, S: Data> Entry<'_, K, S> {
                 let old = cached.value.take();
                 cached.dirty |= old.is_some();
                 old
+            }
+        }
+    }
+
+    /// Changes the value in place with `f`, if the key has one, then
+    /// removes it unless `keep` holds: one lookup.
+    pub fn update<R>(
+        &mut self,
+        f: impl FnOnce(&mut S) -> R,
+        keep: impl FnOnce(&S) -> bool,
+    ) -> Option<R> {
+        match &mut self.0 {
+            EntryRef::Heap { table, key, hash } => {
+                let mut slot = table.find_entry(*hash, |(k, _)| k == *key).ok()?;
+                let result = f(&mut slot.get_mut().1);
+                if !keep(&slot.get().1) {
+                    slot.remove();
+                }
+                Some(result)
+            }
+            #[cfg(feature = "rocksdb")]
+            EntryRef::RocksDb(cached) => {
+                let value = cached.value.as_mut()?;
+                let result = f(value);
+                cached.dirty = true;
+                if !keep(value) {
+                    cached.value = None;
+                }
+                Some(result)
             }
         }
     }

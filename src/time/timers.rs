@@ -8,7 +8,6 @@
 
 use super::Millis;
 use crate::state::{Key, ValueState};
-use rustc_hash::FxHashSet;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,15 +25,51 @@ pub enum TimeDomain {
     ProcessingTime,
 }
 
-/// One key's timers: sorted timestamps, each at most once per domain.
+/// One clock's timers of one key: a set of timestamps, held without an
+/// allocation while there is at most one, which is the common case.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Timestamps {
+    one: Option<u64>,
+    more: Vec<u64>,
+}
+
+impl Timestamps {
+    fn insert(&mut self, timestamp: u64) -> bool {
+        match self.one {
+            None => self.one = Some(timestamp),
+            Some(t) if t == timestamp => return false,
+            Some(_) if self.more.contains(&timestamp) => return false,
+            Some(_) => self.more.push(timestamp),
+        }
+        true
+    }
+
+    fn remove(&mut self, timestamp: u64) -> bool {
+        if self.one == Some(timestamp) {
+            self.one = self.more.pop();
+            true
+        } else if let Some(at) = self.more.iter().position(|&t| t == timestamp) {
+            self.more.swap_remove(at);
+            true
+        } else {
+            false
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.one.iter().chain(&self.more).copied()
+    }
+}
+
+/// One key's timers, each timestamp at most once per domain.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyTimers {
-    event: Vec<u64>,
-    processing: Vec<u64>,
+    event: Timestamps,
+    processing: Timestamps,
 }
 
 impl KeyTimers {
-    fn of(&mut self, domain: TimeDomain) -> &mut Vec<u64> {
+    fn of(&mut self, domain: TimeDomain) -> &mut Timestamps {
         match domain {
             TimeDomain::EventTime => &mut self.event,
             TimeDomain::ProcessingTime => &mut self.processing,
@@ -43,30 +78,16 @@ impl KeyTimers {
 
     /// Adds `timestamp`; false if it was there.
     pub(crate) fn insert(&mut self, domain: TimeDomain, timestamp: u64) -> bool {
-        let timers = self.of(domain);
-        match timers.binary_search(&timestamp) {
-            Ok(_) => false,
-            Err(at) => {
-                timers.insert(at, timestamp);
-                true
-            }
-        }
+        self.of(domain).insert(timestamp)
     }
 
     /// Removes `timestamp`; false if it was not there.
     pub(crate) fn remove(&mut self, domain: TimeDomain, timestamp: u64) -> bool {
-        let timers = self.of(domain);
-        match timers.binary_search(&timestamp) {
-            Ok(at) => {
-                timers.remove(at);
-                true
-            }
-            Err(_) => false,
-        }
+        self.of(domain).remove(timestamp)
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.event.is_empty() && self.processing.is_empty()
+        self.event.one.is_none() && self.processing.one.is_none()
     }
 }
 
@@ -147,10 +168,16 @@ impl TimeMetrics {
 /// The timers of one keyed subtask: the index in front of the keyed state
 /// that stores them, the watermark and the clock. Sans-IO: the shell tells
 /// it the time.
+///
+/// The index is an ordered map from timestamp to keys and is only added
+/// to: a deleted timer stays in it until its time comes, and firing skips
+/// whatever the keyed state no longer holds. A key set twice at one time
+/// (deleted and set again) is indexed twice and fires once, because firing
+/// takes the timer out of the keyed state.
 pub struct TimerService<K: Key> {
     state: ValueState<KeyTimers>,
-    event: BTreeMap<u64, FxHashSet<K>>,
-    processing: BTreeMap<u64, FxHashSet<K>>,
+    event: BTreeMap<u64, Vec<K>>,
+    processing: BTreeMap<u64, Vec<K>>,
     len: u64,
     watermark: Option<u64>,
     now: Millis,
@@ -176,7 +203,7 @@ impl<K: Key> TimerService<K> {
         self.state
     }
 
-    fn index(&mut self, domain: TimeDomain) -> &mut BTreeMap<u64, FxHashSet<K>> {
+    fn index(&mut self, domain: TimeDomain) -> &mut BTreeMap<u64, Vec<K>> {
         match domain {
             TimeDomain::EventTime => &mut self.event,
             TimeDomain::ProcessingTime => &mut self.processing,
@@ -184,50 +211,41 @@ impl<K: Key> TimerService<K> {
     }
 
     /// Indexes a timer the keyed state just took.
-    pub(crate) fn indexed(&mut self, domain: TimeDomain, timestamp: u64, key: &K) {
+    pub(crate) fn added(&mut self, domain: TimeDomain, timestamp: u64, key: &K) {
         self.index(domain)
             .entry(timestamp)
             .or_default()
-            .insert(key.clone());
+            .push(key.clone());
         self.len += 1;
     }
 
-    /// Unindexes a timer the keyed state just dropped.
-    pub(crate) fn unindexed(&mut self, domain: TimeDomain, timestamp: u64, key: &K) {
-        let index = self.index(domain);
-        let Some(keys) = index.get_mut(&timestamp) else {
-            return;
-        };
-        let removed = keys.remove(key);
-        if keys.is_empty() {
-            index.remove(&timestamp);
-        }
-        if removed {
-            self.len -= 1;
-        }
+    /// The keyed state just dropped a timer; the index keeps it until its
+    /// time.
+    pub(crate) fn removed(&mut self) {
+        self.len -= 1;
     }
 
     /// Rebuilds the index from one key's restored timers.
     pub(crate) fn restored(&mut self, key: &K, timers: &KeyTimers) {
-        for &ts in &timers.event {
-            self.indexed(TimeDomain::EventTime, ts, key);
+        for ts in timers.event.iter() {
+            self.added(TimeDomain::EventTime, ts, key);
         }
-        for &ts in &timers.processing {
-            self.indexed(TimeDomain::ProcessingTime, ts, key);
+        for ts in timers.processing.iter() {
+            self.added(TimeDomain::ProcessingTime, ts, key);
         }
     }
 
     /// Takes the earliest timestamp of `domain` at or before `upto`, with
-    /// the keys whose timer it is; the caller fires them.
+    /// the keys indexed there; the caller fires those whose keyed state
+    /// still holds the timer.
     pub(crate) fn pop_due(&mut self, domain: TimeDomain, upto: u64) -> Option<(u64, Vec<K>)> {
         let index = self.index(domain);
         let entry = index.first_entry().filter(|e| *e.key() <= upto)?;
-        let (timestamp, keys) = entry.remove_entry();
-        self.len -= keys.len() as u64;
-        Some((timestamp, keys.into_iter().collect()))
+        Some(entry.remove_entry())
     }
 
-    /// The earliest processing-time timer, for the shell to wake up then.
+    /// The earliest processing-time timer, for the shell to wake up then
+    /// (possibly one since deleted: waking up for it fires nothing).
     pub fn next_processing_timer(&self) -> Option<Millis> {
         self.processing.keys().next().copied()
     }
@@ -281,11 +299,15 @@ mod tests {
         assert!(!t.insert(TimeDomain::EventTime, 5));
         assert!(t.insert(TimeDomain::ProcessingTime, 5));
         assert!(t.insert(TimeDomain::EventTime, 3));
-        assert_eq!(t.event, [3, 5]);
+        assert!(t.insert(TimeDomain::EventTime, 9));
+        assert!(!t.insert(TimeDomain::EventTime, 9));
+        assert_eq!(t.event.iter().collect::<Vec<_>>(), [5, 3, 9]);
         assert!(t.remove(TimeDomain::EventTime, 5));
         assert!(!t.remove(TimeDomain::EventTime, 5));
         assert!(t.remove(TimeDomain::ProcessingTime, 5));
         assert!(t.remove(TimeDomain::EventTime, 3));
+        assert!(!t.is_empty());
+        assert!(t.remove(TimeDomain::EventTime, 9));
         assert!(t.is_empty());
     }
 }

@@ -118,29 +118,26 @@ impl WindowAssigner {
     }
 
     /// The windows a record of timestamp `timestamp` belongs to, before
-    /// merging.
-    pub fn assign(&self, timestamp: u64) -> Vec<TimeWindow> {
+    /// merging, latest start first.
+    pub fn assign(&self, timestamp: u64) -> impl Iterator<Item = TimeWindow> {
         let ts = i64::try_from(timestamp).unwrap_or(i64::MAX - 1);
         let (size, slide) = match self.kind {
             WindowKind::Tumbling { size } => (size, size),
             WindowKind::Sliding { size, slide } => (size, slide),
-            WindowKind::Session { gap } => {
-                return vec![TimeWindow {
-                    start: ts,
-                    end: ts.saturating_add(gap),
-                }]
-            }
+            // One window, [ts, ts + gap): the start loop runs once.
+            WindowKind::Session { gap } => (gap, gap.max(1)),
         };
-        let mut windows = Vec::with_capacity((size / slide) as usize + 1);
-        let mut start = ts - ts.rem_euclid(slide);
-        while start > ts - size {
-            windows.push(TimeWindow {
+        let first = match self.kind {
+            WindowKind::Session { .. } => ts,
+            _ => ts - ts.rem_euclid(slide),
+        };
+        let starts = std::iter::successors(Some(first), move |start| start.checked_sub(slide));
+        starts
+            .take_while(move |&start| start > ts - size)
+            .map(move |start| TimeWindow {
                 start,
                 end: start.saturating_add(size),
-            });
-            start -= slide;
-        }
-        windows
+            })
     }
 }
 
@@ -150,7 +147,7 @@ pub trait AggregateFunction<T>: Send + Sync + 'static {
     /// What is kept per window, in keyed state.
     type Acc: Data + Default;
     /// What a window emits.
-    type Result;
+    type Result: Send;
     /// Adds `record` to `acc`.
     fn add(&self, acc: &mut Self::Acc, record: &T);
     /// Adds `other` into `acc` (two sessions became one).
@@ -208,6 +205,11 @@ pub struct WindowOperator<K, T, A: AggregateFunction<T>, O> {
     emit: WindowEmit<K, A::Result, O>,
     late: Option<LateData<T, O>>,
     windows: ValueState<Vec<(TimeWindow, A::Acc)>>,
+    /// The windows the record being processed went into (a buffer kept
+    /// across records).
+    touched: Vec<TimeWindow>,
+    /// Results to emit once the key's state is written back.
+    due: Vec<(TimeWindow, A::Result)>,
 }
 
 impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
@@ -227,6 +229,8 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
             emit,
             late,
             windows: states.value(WINDOWS_STATE),
+            touched: Vec::new(),
+            due: Vec::new(),
         }
     }
 
@@ -245,11 +249,102 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
         &self,
         ctx: &mut KeyedContext<'_, K>,
         window: &TimeWindow,
-        acc: &A::Acc,
+        result: A::Result,
         out: &mut Collector<'_, O>,
     ) {
         ctx.time_counters().windows_fired += 1;
-        (self.emit)(ctx.key(), window, self.aggregate.result(acc), out);
+        (self.emit)(ctx.key(), window, result, out);
+    }
+
+    /// Adds `record` to the key's windows in place; the windows it went into
+    /// go to `touched`, those whose time has passed to `due` with their
+    /// result.
+    fn add_to_windows(
+        &mut self,
+        record: &T,
+        timestamp: u64,
+        now: Option<u64>,
+        ctx: &mut KeyedContext<'_, K>,
+    ) {
+        let mut entry = ctx.value(&self.windows);
+        let windows = entry.get_or_default();
+        for window in self.assigner.assign(timestamp) {
+            if is_late(now, self.cleanup_time(&window)) {
+                continue;
+            }
+            let at = match windows.iter().position(|(w, _)| *w == window) {
+                Some(at) => at,
+                None => {
+                    windows.push((window, A::Acc::default()));
+                    windows.len() - 1
+                }
+            };
+            let acc = &mut windows[at].1;
+            self.aggregate.add(acc, record);
+            self.touched.push(window);
+            if is_late(now, window.max_timestamp()) {
+                self.due.push((window, self.aggregate.result(acc)));
+            }
+        }
+        if windows.is_empty() {
+            entry.clear();
+        }
+    }
+
+    /// Adds `record` to the key's sessions, merging every session its own
+    /// overlaps or touches.
+    fn add_to_session(
+        &mut self,
+        record: &T,
+        timestamp: u64,
+        now: Option<u64>,
+        ctx: &mut KeyedContext<'_, K>,
+    ) {
+        let mut windows = ctx.value(&self.windows).clear().unwrap_or_default();
+        let mut window = self
+            .assigner
+            .assign(timestamp)
+            .next()
+            .expect("a record opens a session");
+        let mut merged = Vec::new();
+        let mut i = 0;
+        while i < windows.len() {
+            if windows[i].0.intersects(&window) {
+                let (w, a) = windows.swap_remove(i);
+                window = window.cover(&w);
+                merged.push((w, a));
+            } else {
+                i += 1;
+            }
+        }
+        if is_late(now, self.cleanup_time(&window)) {
+            windows.extend(merged);
+        } else {
+            let mut acc = A::Acc::default();
+            let mut deleted = false;
+            for (w, a) in merged {
+                if w != window {
+                    self.delete_timers(ctx, &w);
+                    deleted = true;
+                }
+                self.aggregate.merge(&mut acc, a);
+            }
+            if deleted {
+                // A deleted time may have been another session's too.
+                for (w, _) in &windows {
+                    self.set_timers(ctx, w, now);
+                }
+            }
+            self.aggregate.add(&mut acc, record);
+            self.touched.push(window);
+            if is_late(now, window.max_timestamp()) {
+                self.due.push((window, self.aggregate.result(&acc)));
+            }
+            windows.push((window, acc));
+        }
+        if !windows.is_empty() {
+            ctx.value(&self.windows).set(windows);
+        }
     }
 
     /// The window's firing timer, unless its time has passed (`now`, the
@@ -285,53 +380,21 @@ where
                 (now, Some(now.saturating_sub(1)))
             }
         };
-        let is_late = |until: u64| now.is_some_and(|now| until <= now);
-        let mut windows = ctx.value(&self.windows).clear().unwrap_or_default();
-        let mut added: Vec<usize> = Vec::new();
-        for mut window in self.assigner.assign(timestamp) {
-            let mut acc = A::Acc::default();
-            if self.assigner.is_merging() {
-                // Merge every session the new one overlaps or touches.
-                let mut i = 0;
-                let mut merged = Vec::new();
-                while i < windows.len() {
-                    if windows[i].0.intersects(&window) {
-                        let (w, a) = windows.swap_remove(i);
-                        window = window.cover(&w);
-                        merged.push((w, a));
-                    } else {
-                        i += 1;
-                    }
-                }
-                if is_late(self.cleanup_time(&window)) {
-                    windows.extend(merged);
-                    continue;
-                }
-                let mut deleted = false;
-                for (w, a) in merged {
-                    if w != window {
-                        self.delete_timers(ctx, &w);
-                        deleted = true;
-                    }
-                    self.aggregate.merge(&mut acc, a);
-                }
-                if deleted {
-                    // A deleted time may have been another session's too.
-                    for (w, _) in &windows {
-                        self.set_timers(ctx, w, now);
-                    }
-                }
-            } else if is_late(self.cleanup_time(&window)) {
-                continue;
-            } else if let Some(at) = windows.iter().position(|(w, _)| *w == window) {
-                acc = windows.swap_remove(at).1;
-            }
-            self.aggregate.add(&mut acc, &record);
-            self.set_timers(ctx, &window, now);
-            windows.push((window, acc));
-            added.push(windows.len() - 1);
+        if self.assigner.is_merging() {
+            self.add_to_session(&record, timestamp, now, ctx);
+        } else {
+            self.add_to_windows(&record, timestamp, now, ctx);
         }
-        if added.is_empty() && is_late(timestamp.saturating_add(self.settings.allowed_lateness)) {
+        let touched = std::mem::take(&mut self.touched);
+        for window in &touched {
+            self.set_timers(ctx, window, now);
+        }
+        if touched.is_empty()
+            && is_late(
+                now,
+                timestamp.saturating_add(self.settings.allowed_lateness),
+            )
+        {
             ctx.time_counters().late_records += 1;
             if let Some(late) = &self.late {
                 late(record, out);
@@ -339,23 +402,19 @@ where
         }
         // A window whose time has passed but that is still allowed late
         // records fires again with each (Flink's EventTimeTrigger).
-        for &at in &added {
-            let (window, acc) = &windows[at];
-            if is_late(window.max_timestamp()) {
-                self.fire(ctx, window, acc, out);
-            }
+        for (window, result) in std::mem::take(&mut self.due) {
+            self.fire(ctx, &window, result, out);
         }
         if let (Some(every), TimeDomain::EventTime, false) = (
             self.settings.early_firing,
             self.assigner.domain,
-            added.is_empty(),
+            touched.is_empty(),
         ) {
             let now = ctx.current_processing_time();
             ctx.register_processing_time_timer(now - now % every + every);
         }
-        if !windows.is_empty() {
-            ctx.value(&self.windows).set(windows);
-        }
+        self.touched = touched;
+        self.touched.clear();
     }
 
     fn on_timer(
@@ -364,29 +423,43 @@ where
         ctx: &mut KeyedContext<'_, K>,
         out: &mut Collector<'_, O>,
     ) {
-        let Some(mut windows) = ctx.value(&self.windows).clear() else {
-            return;
-        };
-        let domain = ctx.timer_domain();
-        if domain == Some(self.assigner.domain) {
-            windows.retain(|(window, acc)| {
-                if window.max_timestamp() == timestamp {
-                    self.fire(ctx, window, acc, out);
+        // A timer of the windows' own clock fires and cleans up the windows
+        // of that time; one of the other clock is an early firing.
+        let early = ctx.timer_domain() != Some(self.assigner.domain);
+        let mut due = std::mem::take(&mut self.due);
+        let open = ctx.value(&self.windows).update(
+            |windows| {
+                if early {
+                    due.extend(
+                        windows
+                            .iter()
+                            .map(|(w, acc)| (*w, self.aggregate.result(acc))),
+                    );
+                } else {
+                    windows.retain(|(window, acc)| {
+                        if window.max_timestamp() == timestamp {
+                            due.push((*window, self.aggregate.result(acc)));
+                        }
+                        self.cleanup_time(window) != timestamp
+                    });
                 }
-                self.cleanup_time(window) != timestamp
-            });
-        } else if let Some(every) = self.settings.early_firing {
-            for (window, acc) in &windows {
-                self.fire(ctx, window, acc, out);
-            }
-            if !windows.is_empty() {
-                ctx.register_processing_time_timer(timestamp + every);
-            }
+                !windows.is_empty()
+            },
+            |windows| !windows.is_empty(),
+        );
+        for (window, result) in due.drain(..) {
+            self.fire(ctx, &window, result, out);
         }
-        if !windows.is_empty() {
-            ctx.value(&self.windows).set(windows);
+        self.due = due;
+        if let (true, Some(true), Some(every)) = (early, open, self.settings.early_firing) {
+            ctx.register_processing_time_timer(timestamp + every);
         }
     }
+}
+
+/// Whether `until` has passed at `now` (the watermark, or the clock).
+fn is_late(now: Option<u64>, until: u64) -> bool {
+    now.is_some_and(|now| until <= now)
 }
 
 #[cfg(test)]
@@ -403,19 +476,19 @@ mod tests {
 
     #[test]
     fn windows_are_flinks() {
+        let assign = |a: WindowAssigner, ts| a.assign(ts).collect::<Vec<_>>();
+        let (tumbling, sliding) = (WindowAssigner::tumbling, WindowAssigner::sliding);
+        assert_eq!(assign(tumbling(ms(1000)), 2500), [w(2000, 3000)]);
         assert_eq!(
-            WindowAssigner::tumbling(ms(1000)).assign(2500),
-            [w(2000, 3000)]
-        );
-        assert_eq!(
-            WindowAssigner::sliding(ms(1000), ms(500)).assign(2500),
+            assign(sliding(ms(1000), ms(500)), 2500),
             [w(2500, 3500), w(2000, 3000)]
         );
         assert_eq!(
-            WindowAssigner::sliding(ms(1000), ms(400)).assign(100),
+            assign(sliding(ms(1000), ms(400)), 100),
             [w(0, 1000), w(-400, 600), w(-800, 200)]
         );
-        assert_eq!(WindowAssigner::session(ms(10)).assign(5), [w(5, 15)]);
+        assert_eq!(assign(WindowAssigner::session(ms(10)), 5), [w(5, 15)]);
+        assert_eq!(assign(WindowAssigner::session(ms(10)), 0), [w(0, 10)]);
         assert!(w(0, 10).intersects(&w(10, 20)), "touching sessions merge");
         assert!(!w(0, 10).intersects(&w(11, 20)));
         assert_eq!(w(0, 10).max_timestamp(), 9);
