@@ -15,7 +15,7 @@
 mod prerequisites;
 mod s3;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 const USAGE: &str = "usage: cargo xtask setup | run [ARGS...] | test [ARGS...]
@@ -70,9 +70,14 @@ fn test(args: &[String]) -> Result<ExitCode, String> {
 }
 
 /// The workspace's root: commands run there wherever `cargo xtask` was
-/// started from.
+/// started from. It is read from `cargo run`'s environment, not compiled
+/// in: clones at other paths share one target directory, and cargo may
+/// reuse an xtask binary built in another clone.
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest_dir
         .parent()
         .expect("xtask lies inside the workspace")
         .to_owned()
