@@ -91,8 +91,8 @@ fn allowed_lateness_refires_a_window_and_later_records_go_to_the_late_output() {
             Out::Window(a(), 10, 20, 1),
             // 9 + 5 <= 19: too late for its window, to the late output.
             Out::Late(a(), 9),
-            // The final watermark fires the last window.
-            Out::Window(a(), 20, 30, 2),
+            // The final watermark fires the last window: 20, 25 and 27.
+            Out::Window(a(), 20, 30, 3),
         ]
     );
 }
