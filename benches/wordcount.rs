@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{env_or, median};
+use common::{env_or, median, peak_rss_mib};
 use std::process::Command;
 use tidemark_actors::cli::{self, RunArgs};
 
@@ -47,15 +47,6 @@ const CONFIGS: [(&str, &[&str]); 5] = [
         ],
     ),
 ];
-
-fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
-}
 
 fn child(config: usize, records: u64) {
     let state_dir = tempfile::tempdir().expect("a temporary directory");

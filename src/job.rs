@@ -255,25 +255,15 @@ impl JobBuilder {
 
     /// Adds a source operator; `factory` builds each subtask's source at
     /// the position it resumes from.
-    pub fn source<T, S, F>(mut self, name: &str, factory: F) -> Stream<T>
+    pub fn source<T, S, F>(self, name: &str, factory: F) -> Stream<T>
     where
         T: Data,
         S: Source<T> + 'static,
         F: Fn(SourceContext) -> S + Send + Sync + 'static,
     {
-        let op = self.add_operator(name);
-        Stream {
-            job: self,
-            op,
-            build: Arc::new(move |ctx, next| {
-                let source = factory(SourceContext {
-                    subtask: ctx.subtask,
-                    parallelism: ctx.parallelism,
-                    start: ctx.source_position.clone(),
-                });
-                Box::new(ChainTask::source(Box::new(source), next))
-            }),
-        }
+        self.source_task(name, factory, |source, _, next| {
+            Box::new(ChainTask::source(source, next))
+        })
     }
 
     /// Adds a source operator whose records carry event timestamps, with
@@ -281,7 +271,7 @@ impl JobBuilder {
     /// `WatermarkStrategy`). Its watermark state is checkpointed with its
     /// position, and the end of its input emits the final watermark.
     pub fn source_with_watermarks<T, S, F>(
-        mut self,
+        self,
         name: &str,
         strategy: WatermarkStrategy,
         factory: F,
@@ -291,6 +281,26 @@ impl JobBuilder {
         S: Source<T> + 'static,
         F: Fn(SourceContext) -> S + Send + Sync + 'static,
     {
+        self.source_task(name, factory, move |source, ctx, next| {
+            let metrics = ctx.time_metrics.clone();
+            Box::new(ChainTask::source_with_watermarks(
+                source, strategy, metrics, next,
+            ))
+        })
+    }
+
+    /// A source operator whose subtasks `head` builds around the source
+    /// `factory` opens where the subtask resumes.
+    fn source_task<T, S, F, H>(mut self, name: &str, factory: F, head: H) -> Stream<T>
+    where
+        T: Data,
+        S: Source<T> + 'static,
+        F: Fn(SourceContext) -> S + Send + Sync + 'static,
+        H: Fn(Box<dyn Source<T>>, &TaskContext, Box<dyn Downstream<T>>) -> Box<dyn Task>
+            + Send
+            + Sync
+            + 'static,
+    {
         let op = self.add_operator(name);
         Stream {
             job: self,
@@ -301,12 +311,7 @@ impl JobBuilder {
                     parallelism: ctx.parallelism,
                     start: ctx.source_position.clone(),
                 });
-                Box::new(ChainTask::source_with_watermarks(
-                    Box::new(source),
-                    strategy,
-                    ctx.time_metrics.clone(),
-                    next,
-                ))
+                head(Box::new(source), ctx, next)
             }),
         }
     }

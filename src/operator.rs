@@ -52,16 +52,25 @@ pub trait Downstream<T>: Send {
     fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError>;
 
     /// The watermark reached `watermark`: event-time timers up to it fire,
-    /// and what they emit is written out before the watermark goes on.
-    fn advance_watermark(&mut self, watermark: u64, out: &mut Outgoing) -> Result<(), TaskError>;
+    /// and what they emit is written out before the watermark goes on. A
+    /// step with a next step passes it on; the last step (the default)
+    /// only flushes.
+    fn advance_watermark(&mut self, _watermark: u64, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.flush(out)
+    }
 
     /// Processing time is `now`: due processing-time timers fire. Returns
-    /// the earliest processing-time timer left in the rest of the chain.
+    /// the earliest processing-time timer left in the rest of the chain;
+    /// as for [`advance_watermark`](Self::advance_watermark), the default
+    /// is the last step's.
     fn advance_processing_time(
         &mut self,
-        now: Millis,
+        _now: Millis,
         out: &mut Outgoing,
-    ) -> Result<Option<Millis>, TaskError>;
+    ) -> Result<Option<Millis>, TaskError> {
+        self.flush(out)?;
+        Ok(None)
+    }
 }
 
 /// Hands a function's output to the rest of the chain.
@@ -447,19 +456,6 @@ impl<T: Data> Downstream<T> for RecordWriter<T> {
     fn restore(&mut self, _state: &RestoreState) -> Result<(), TaskError> {
         Ok(())
     }
-
-    fn advance_watermark(&mut self, _watermark: u64, out: &mut Outgoing) -> Result<(), TaskError> {
-        self.flush(out)
-    }
-
-    fn advance_processing_time(
-        &mut self,
-        _now: Millis,
-        out: &mut Outgoing,
-    ) -> Result<Option<Millis>, TaskError> {
-        self.flush(out)?;
-        Ok(None)
-    }
 }
 
 /// Last step of a chain that ends in a sink.
@@ -520,19 +516,6 @@ impl<T: Send> Downstream<T> for SinkWriter<T> {
             self.sink.adopt(adopted).map_err(TaskError::Sink)?;
         }
         Ok(())
-    }
-
-    fn advance_watermark(&mut self, _watermark: u64, out: &mut Outgoing) -> Result<(), TaskError> {
-        self.flush(out)
-    }
-
-    fn advance_processing_time(
-        &mut self,
-        _now: Millis,
-        out: &mut Outgoing,
-    ) -> Result<Option<Millis>, TaskError> {
-        self.flush(out)?;
-        Ok(None)
     }
 }
 

@@ -53,15 +53,7 @@ fn kills(seeds: u64, extra: &[&str], storage: impl Fn() -> TestStorage) -> Vec<R
             let context = format!("{extra:?} {} seed {seed}", checkpoints.url);
             assert_updates_exactly_once(output.path(), RECORDS, KEYS, seed, &context);
             assert!(report.restarts >= 1, "{context}: no failure was injected");
-            let leftovers: Vec<_> = std::fs::read_dir(output.path())
-                .unwrap()
-                .map(|e| e.unwrap().file_name().into_string().unwrap())
-                .filter(|n| n.starts_with('.'))
-                .collect();
-            assert!(
-                leftovers.is_empty(),
-                "{context}: uncommitted files left: {leftovers:?}"
-            );
+            common::assert_no_uncommitted_files(output.path(), &context);
             assert_only_the_retained_checkpoint_remains(&checkpoints.storage, seed);
             report
         })

@@ -6,9 +6,7 @@ mod common;
 
 use common::assert_updates_exactly_once;
 use std::path::Path;
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
-use tidemark_actors::cli::{self, RunArgs};
 
 const CHILD: &str = "TIDEMARK_SIGKILL_CHILD_ARGS";
 const RECORDS: u64 = 2_000_000;
@@ -33,48 +31,17 @@ fn job_args(output: &Path, checkpoints: &Path) -> Vec<String> {
 /// The child's entry point; a no-op when the test runs normally.
 #[test]
 fn child_runs_the_job() {
-    if let Ok(args) = std::env::var(CHILD) {
-        let args: Vec<String> = args.split('\n').map(str::to_owned).collect();
-        cli::run(&RunArgs::parse(args).unwrap()).unwrap();
-    }
-}
-
-fn spawn(args: &[String]) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_runs_the_job", "--nocapture"])
-        .env(CHILD, args.join("\n"))
-        .spawn()
-        .unwrap()
-}
-
-fn completed_checkpoints(dir: &Path) -> usize {
-    walk(dir).filter(|p| p.ends_with("_metadata")).count()
-}
-
-fn walk(dir: &Path) -> Box<dyn Iterator<Item = std::path::PathBuf>> {
-    let entries: Vec<_> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    Box::new(entries.into_iter().flat_map(|p| {
-        if p.is_dir() {
-            walk(&p)
-        } else {
-            Box::new(std::iter::once(p))
-        }
-    }))
+    common::run_child_job(CHILD);
 }
 
 #[test]
 fn a_killed_process_resumes_from_the_latest_checkpoint_exactly_once() {
     let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let args = job_args(output.path(), checkpoints.path());
-    let mut child = spawn(&args);
+    let mut child = common::spawn_child_job(CHILD, &args);
     // Kill once a checkpoint has completed and its output is committed.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while completed_checkpoints(checkpoints.path()) == 0
+    while common::completed_checkpoints(checkpoints.path()) == 0
         || common::committed(output.path()).is_empty()
     {
         assert!(
@@ -94,7 +61,7 @@ fn a_killed_process_resumes_from_the_latest_checkpoint_exactly_once() {
 
     let mut resumed = args.clone();
     resumed.push("--restore=latest".into());
-    let status = spawn(&resumed).wait().unwrap();
+    let status = common::spawn_child_job(CHILD, &resumed).wait().unwrap();
     assert!(status.success());
     assert_updates_exactly_once(
         output.path(),

@@ -7,29 +7,17 @@
 //! the process and `--restore latest`, and across a savepoint taken at p=2
 //! while windows are open and restored at p=1 and p=3.
 
-// Of the shared helpers, this file uses `copy_tree`.
-#[allow(dead_code)]
 mod common;
 #[path = "common/storage.rs"]
 mod storage;
 
-use common::copy_tree;
+use common::{copy_tree, splitmix64};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 use tidemark::storage::CheckpointStorage;
 use tidemark_actors::cli::{self, RunArgs, RunReport, Topology};
 use tidemark_actors::runtime::job_id;
-
-/// SplitMix64, written out again so that the expectations do not trust the
-/// runtime's copy.
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 /// Window lengths in ms.
 #[derive(Clone, Copy, Debug)]
@@ -224,17 +212,11 @@ impl Line {
     }
 }
 
-/// The lines of the committed files (those directly in `dir` whose names do
-/// not start with `.` or `_`), sorted.
+/// The committed `key,window_start,window_end,count` lines, sorted.
 fn committed(dir: &Path) -> Vec<Line> {
-    let mut lines = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let entry = entry.unwrap();
-        let name = entry.file_name().into_string().unwrap();
-        if name.starts_with('.') || name.starts_with('_') {
-            continue;
-        }
-        for line in std::fs::read_to_string(entry.path()).unwrap().lines() {
+    let mut lines: Vec<Line> = common::committed_lines(dir)
+        .into_iter()
+        .map(|(name, line)| {
             let fields: Vec<&str> = line.split(',').collect();
             let [key, start, end, count] = fields[..] else {
                 panic!("{name}: {line:?} is not key,window_start,window_end,count");
@@ -243,14 +225,14 @@ fn committed(dir: &Path) -> Vec<Line> {
                 v.parse()
                     .unwrap_or_else(|e| panic!("{name}: {what} of {line:?}: {e}"))
             };
-            lines.push(Line {
+            Line {
                 key: key.parse().unwrap(),
                 start: parse("start", start),
                 end: parse("end", end),
                 count: u64::try_from(parse("count", count)).unwrap(),
-            });
-        }
-    }
+            }
+        })
+        .collect();
     lines.sort_unstable();
     lines
 }
@@ -418,15 +400,7 @@ fn kills(seeds: std::ops::Range<u64>, extra: &[&str]) -> Vec<RunReport> {
         let context = format!("{spec:?} {args:?}");
         assert!(report.restarts >= 1, "{context}: no failure was injected");
         assert_exact(output.path(), &spec.expected(), &context);
-        let leftovers: Vec<_> = std::fs::read_dir(output.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .filter(|n| n.starts_with('.'))
-            .collect();
-        assert!(
-            leftovers.is_empty(),
-            "{context}: uncommitted files left: {leftovers:?}"
-        );
+        common::assert_no_uncommitted_files(output.path(), &context);
         let storage = CheckpointStorage::open(
             checkpoints.path().to_str().unwrap(),
             job_id(Topology::Windows.job_name()),
@@ -481,35 +455,7 @@ const CHILD: &str = "TIDEMARK_WINDOWS_SIGKILL_CHILD_ARGS";
 /// normally.
 #[test]
 fn child_runs_the_job() {
-    if let Ok(args) = std::env::var(CHILD) {
-        let args: Vec<String> = args.split('\n').map(str::to_owned).collect();
-        cli::run(&RunArgs::parse(args).unwrap()).unwrap();
-    }
-}
-
-/// This test binary again, running the job of `args` in `child_runs_the_job`.
-fn spawn(args: &[String]) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_runs_the_job", "--nocapture"])
-        .env(CHILD, args.join("\n"))
-        .spawn()
-        .unwrap()
-}
-
-fn completed_checkpoints(dir: &Path) -> usize {
-    fn walk(dir: &Path, found: &mut usize) {
-        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                walk(&path, found);
-            } else if path.ends_with("_metadata") {
-                *found += 1;
-            }
-        }
-    }
-    let mut found = 0;
-    walk(dir, &mut found);
-    found
+    common::run_child_job(CHILD);
 }
 
 #[test]
@@ -519,10 +465,12 @@ fn a_killed_process_resumes_its_windows_from_the_latest_checkpoint_exactly_once(
     let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let mut args = spec.args(2, output.path(), checkpoints.path());
     args.push("--rate=100000".into());
-    let mut child = spawn(&args);
+    let mut child = common::spawn_child_job(CHILD, &args);
     // Kill once a checkpoint has completed and windows are committed.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while completed_checkpoints(checkpoints.path()) == 0 || committed(output.path()).is_empty() {
+    while common::completed_checkpoints(checkpoints.path()) == 0
+        || committed(output.path()).is_empty()
+    {
         assert!(
             Instant::now() < deadline,
             "no checkpoint completed within a minute"
@@ -539,7 +487,7 @@ fn a_killed_process_resumes_its_windows_from_the_latest_checkpoint_exactly_once(
 
     let mut resumed = args.clone();
     resumed.push("--restore=latest".into());
-    let status = spawn(&resumed).wait().unwrap();
+    let status = common::spawn_child_job(CHILD, &resumed).wait().unwrap();
     assert!(status.success());
     assert_exact(
         output.path(),

@@ -135,6 +135,8 @@ pub struct CheckpointStats {
     pub space_amplification_max: AtomicU64,
     /// Timers in the keyed state of the last completed checkpoint.
     pub timers_last: AtomicU64,
+    /// The most timers any completed checkpoint held.
+    pub timers_max: AtomicU64,
 }
 
 impl CheckpointStats {
@@ -150,6 +152,7 @@ impl CheckpointStats {
         self.bytes_uploaded_last.store(bytes, Ordering::Relaxed);
         let timers = checkpoint.subtasks.values().map(|s| s.timers).sum();
         self.timers_last.store(timers, Ordering::Relaxed);
+        self.timers_max.fetch_max(timers, Ordering::Relaxed);
         self.bytes_uploaded_total
             .fetch_add(bytes, Ordering::Relaxed);
         self.files_uploaded_total

@@ -5,7 +5,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use tidemark::ids::CheckpointId;
-use tidemark::{Sink, SinkContext, UserError};
+use tidemark::{Data, Job, Sink, SinkContext, Stream, UserError};
 
 /// Drops every record: for benchmarks and jobs run for their side effects.
 pub struct Discard;
@@ -18,6 +18,34 @@ impl<T> Sink<T> for Discard {
     fn finish(&mut self) -> Result<(), UserError> {
         Ok(())
     }
+}
+
+/// Ends `stream` in exactly-once files in `output` (named after a new run,
+/// [`run_name`]) or, without a directory, in [`Discard`]: the example
+/// topologies' sinks.
+pub fn files_or_discard<T>(stream: Stream<T>, output: Option<&Path>) -> Job
+where
+    T: Data + Line,
+{
+    match output {
+        None => stream.sink("discard", |_| Discard),
+        Some(dir) => {
+            let dir = Arc::new(dir.to_owned());
+            let run = run_name();
+            stream.sink("files", move |ctx| FileSink::new(&dir, &run, ctx))
+        }
+    }
+}
+
+/// Names the output files of a new run after the current time, so that
+/// processes writing into one directory do not collide.
+pub fn run_name() -> String {
+    format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    )
 }
 
 /// A record as one line of a [`FileSink`] file.

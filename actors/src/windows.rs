@@ -2,11 +2,10 @@
 //! bounded disorder, a per-key window count in event time, and a sink of
 //! `key,window_start,window_end,count` lines.
 
-use crate::sinks::{Discard, FileSink, Line};
+use crate::sinks::{files_or_discard, Line};
 use crate::wordcount::{Generator, Records};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 use tidemark::job::JobConfig;
 use tidemark::rng::splitmix64;
@@ -144,14 +143,7 @@ impl Windows {
                 })
             })
             .uid("window");
-        match &self.output {
-            None => counted.sink("discard", |_| Discard),
-            Some(dir) => {
-                let dir = Arc::new(dir.clone());
-                let run = crate::wordcount::run_name();
-                counted.sink("files", move |ctx| FileSink::new(&dir, &run, ctx))
-            }
-        }
+        files_or_discard(counted, self.output.as_deref())
     }
 }
 

@@ -1,9 +1,8 @@
 //! The wordcount topology: a deterministic generator of keyed records, a
 //! keyed count, and a sink of `(key, count)`.
 
-use crate::sinks::{Discard, FileSink};
+use crate::sinks::files_or_discard;
 use std::path::PathBuf;
-use std::sync::Arc;
 use tidemark::job::JobConfig;
 use tidemark::rng::splitmix64;
 use tidemark::split::{Split, SplitPosition};
@@ -179,24 +178,6 @@ impl Wordcount {
             .key_by(|key: &u64| *key)
             .process("count", move |states| Counter::open(states, emit))
             .uid("count");
-        match &self.output {
-            None => counted.sink("discard", |_| Discard),
-            Some(dir) => {
-                let dir = Arc::new(dir.clone());
-                let run = run_name();
-                counted.sink("files", move |ctx| FileSink::new(&dir, &run, ctx))
-            }
-        }
+        files_or_discard(counted, self.output.as_deref())
     }
-}
-
-/// Names the output files of a new run after the current time, so that
-/// processes writing into one directory do not collide.
-pub fn run_name() -> String {
-    format!(
-        "{:x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    )
 }

@@ -82,9 +82,10 @@ impl WatermarkStrategy {
         self
     }
 
-    /// Checks watermark and idleness every `interval` without records.
+    /// Checks watermark and idleness every `interval` (at least 1 ms)
+    /// without records.
     pub fn with_interval(mut self, interval: Duration) -> Self {
-        self.interval = interval;
+        self.interval = interval.max(Duration::from_millis(1));
         self
     }
 

@@ -1,14 +1,16 @@
-//! What the end-to-end tests check wordcount's committed output against,
-//! computed here from the generator's definition, independently of the
-//! runtime.
+//! What the end-to-end tests check the committed output of the example
+//! topologies against, computed here from the generators' definitions,
+//! independently of the runtime; and the output, checkpoint and child
+//! process helpers they share. Each test binary uses a part of it.
+#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::path::Path;
 
 /// SplitMix64, written out again so that the tests do not trust the
 /// runtime's copy.
-fn mix(seed: u64, i: u64) -> u64 {
-    let mut z = seed.wrapping_add(i).wrapping_add(0x9E37_79B9_7F4A_7C15);
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -17,14 +19,16 @@ fn mix(seed: u64, i: u64) -> u64 {
 pub fn expected_counts(records: u64, keys: u64, seed: u64) -> HashMap<u64, u64> {
     let mut counts = HashMap::new();
     for i in 0..records {
-        *counts.entry(mix(seed, i) % keys).or_insert(0) += 1;
+        *counts
+            .entry(splitmix64(seed.wrapping_add(i)) % keys)
+            .or_insert(0) += 1;
     }
     counts
 }
 
-/// Lines of the committed files: those directly in `dir` whose names do not
-/// start with `.` or `_`.
-pub fn committed(dir: &Path) -> Vec<(u64, u64)> {
+/// Lines of the committed files (those directly in `dir` whose names do
+/// not start with `.` or `_`), each with its file's name.
+pub fn committed_lines(dir: &Path) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {
         let entry = entry.unwrap();
@@ -33,11 +37,68 @@ pub fn committed(dir: &Path) -> Vec<(u64, u64)> {
             continue;
         }
         for line in std::fs::read_to_string(entry.path()).unwrap().lines() {
-            let (k, c) = line.split_once(',').expect("key,count");
-            out.push((k.parse().unwrap(), c.parse().unwrap()));
+            out.push((name.clone(), line.to_owned()));
         }
     }
     out
+}
+
+/// wordcount's committed `key,count` lines.
+pub fn committed(dir: &Path) -> Vec<(u64, u64)> {
+    committed_lines(dir)
+        .into_iter()
+        .map(|(_, line)| {
+            let (k, c) = line.split_once(',').expect("key,count");
+            (k.parse().unwrap(), c.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Nothing uncommitted (hidden) is left in the output directory `dir`.
+pub fn assert_no_uncommitted_files(dir: &Path, context: &str) {
+    let leftovers: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "{context}: uncommitted files left: {leftovers:?}"
+    );
+}
+
+/// A test binary that SIGKILLs a job runs itself again as the job's
+/// process: its test `child_runs_the_job` calls this, which runs the
+/// `tidemark run` arguments in the environment variable `var`, if set.
+pub fn run_child_job(var: &str) {
+    if let Ok(args) = std::env::var(var) {
+        let args: Vec<String> = args.split('\n').map(str::to_owned).collect();
+        let args = tidemark_actors::cli::RunArgs::parse(args).unwrap();
+        tidemark_actors::cli::run(&args).unwrap();
+    }
+}
+
+/// This test binary again, running `args` in its `child_runs_the_job`.
+pub fn spawn_child_job(var: &str, args: &[String]) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_runs_the_job", "--nocapture"])
+        .env(var, args.join("\n"))
+        .spawn()
+        .unwrap()
+}
+
+/// Checkpoints with `_metadata` anywhere below `dir`.
+pub fn completed_checkpoints(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .map(|p| match p.is_dir() {
+            true => completed_checkpoints(&p),
+            false => usize::from(p.ends_with("_metadata")),
+        })
+        .sum()
 }
 
 /// With `--emit updates`, exactly once means every key's counts are exactly
@@ -66,7 +127,6 @@ pub fn assert_updates_exactly_once(dir: &Path, records: u64, keys: u64, seed: u6
 /// Copies a directory tree, so that each restore works on its own copy: a
 /// restored job checkpoints into its directory and may subsume, or a test
 /// delete, the original.
-#[allow(dead_code)]
 pub fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {

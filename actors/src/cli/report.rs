@@ -99,6 +99,8 @@ pub struct RunReport {
     pub timers_fired: u64,
     /// Timers held by the last completed checkpoint.
     pub timers_in_last_checkpoint: u64,
+    /// The most timers any completed checkpoint held.
+    pub timers_in_checkpoint_max: u64,
     /// How far the last watermark before the end of input trailed the
     /// newest timestamp the sources read, in ms; `null` without watermarks.
     pub watermark_lag_ms: Option<u64>,
@@ -220,6 +222,7 @@ impl RunReport {
             timers_registered: time.timers_registered,
             timers_fired: time.timers_fired,
             timers_in_last_checkpoint: stats.timers_last.load(Ordering::Relaxed),
+            timers_in_checkpoint_max: stats.timers_max.load(Ordering::Relaxed),
             watermark_lag_ms: metrics.time.watermark_lag(),
         }
     }
