@@ -326,6 +326,7 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
     ) -> Result<Option<Millis>, TaskError> {
         self.timers.set_now(now);
         self.fire(TimeDomain::ProcessingTime, now);
+        self.publish_counters();
         let rest = self.next.advance_processing_time(now, out)?;
         Ok(earliest(self.timers.next_processing_timer(), rest))
     }

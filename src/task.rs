@@ -214,8 +214,9 @@ pub trait Task: Send {
     /// [`watermark_tick`](Self::watermark_tick) when no records come.
     fn watermark_interval(&self) -> Option<Duration>;
 
-    /// Sources: the periodic check of the watermark and of idleness.
-    fn watermark_tick(&mut self, now: Millis);
+    /// Sources: the periodic check of the watermark and of idleness; a
+    /// `backpressured` source (its output waits for credit) is not idle.
+    fn watermark_tick(&mut self, now: Millis, backpressured: bool);
 
     /// Sources: the watermark events due since the last call (after
     /// `produce`, a tick or the end of input), for the shell to send on every
@@ -237,14 +238,15 @@ struct SourceHead<T> {
     source: Box<dyn Source<T>>,
     buffer: Vec<T>,
     exhausted: bool,
-    watermarks: Option<SourceWatermarks<T>>,
+    watermarks: SourceWatermarks<T>,
 }
 
 /// A source's watermark generator and what it has emitted but the shell
-/// has not yet sent.
+/// has not yet sent. Every source has one: a source without timestamps
+/// (`timestamp_of` is `None`) only emits the final watermark, as in Flink.
 struct SourceWatermarks<T> {
     generator: WatermarkGenerator,
-    timestamp_of: fn(&T) -> u64,
+    timestamp_of: Option<fn(&T) -> u64>,
     due: Vec<WatermarkEvent>,
     metrics: Arc<TimeMetrics>,
 }
@@ -261,14 +263,23 @@ pub struct ChainTask<T> {
 }
 
 impl<T> ChainTask<T> {
-    /// A source subtask's chain: `source` feeding `next`.
+    /// A source subtask's chain: `source` feeding `next`. Its records have
+    /// no timestamps: the end of its input emits the final watermark only.
     pub fn source(source: Box<dyn Source<T>>, next: Box<dyn Downstream<T>>) -> Self {
         ChainTask {
             source: Some(SourceHead {
                 source,
                 buffer: Vec::new(),
                 exhausted: false,
-                watermarks: None,
+                watermarks: SourceWatermarks {
+                    generator: WatermarkGenerator::new(
+                        WatermarkStrategy::none(),
+                        GeneratorState::default(),
+                    ),
+                    timestamp_of: None,
+                    due: Vec::new(),
+                    metrics: Arc::default(),
+                },
             }),
             next,
             owns: None,
@@ -288,18 +299,18 @@ impl<T> ChainTask<T> {
     {
         let mut task = Self::source(source, next);
         if let Some(head) = &mut task.source {
-            head.watermarks = Some(SourceWatermarks {
+            head.watermarks = SourceWatermarks {
                 generator: WatermarkGenerator::new(strategy, GeneratorState::default()),
-                timestamp_of: T::timestamp,
+                timestamp_of: Some(T::timestamp),
                 due: Vec::new(),
                 metrics,
-            });
+            };
         }
         task
     }
 
     fn watermarks(&mut self) -> Option<&mut SourceWatermarks<T>> {
-        self.source.as_mut()?.watermarks.as_mut()
+        Some(&mut self.source.as_mut()?.watermarks)
     }
 
     /// A chain fed by the input gate whose head is not keyed.
@@ -337,18 +348,19 @@ impl<T: Data> Task for ChainTask<T> {
             .map_err(TaskError::Source)?;
         head.exhausted = status == SourceStatus::Finished;
         let records = head.buffer.len();
-        if let Some(w) = &mut head.watermarks {
-            let max = head.buffer.iter().map(w.timestamp_of).max();
+        let w = &mut head.watermarks;
+        if let Some(timestamp_of) = w.timestamp_of {
+            let max = head.buffer.iter().map(timestamp_of).max();
             if let Some(max) = max {
                 w.metrics.observe_timestamp(max);
             }
             w.generator.on_records(max, now, &mut w.due);
-            // As in Flink, a source that has read everything releases its
-            // consumers' windows at once, before the checkpoint that ends
-            // its input.
-            if head.exhausted {
-                w.generator.on_end(&mut w.due);
-            }
+        }
+        // As in Flink, a source that has read everything releases its
+        // consumers' windows at once, before the checkpoint that ends its
+        // input.
+        if head.exhausted {
+            w.generator.on_end(&mut w.due);
         }
         for record in head.buffer.drain(..) {
             self.next.push(record);
@@ -383,7 +395,8 @@ impl<T: Data> Task for ChainTask<T> {
     ) -> Result<TaskSnapshot, TaskError> {
         let mut snapshot = TaskSnapshot::default();
         if let Some(head) = &self.source {
-            if let Some(w) = &head.watermarks {
+            {
+                let w = &head.watermarks;
                 let state = rmp_serde::to_vec(&w.generator.state()).map_err(|e| {
                     TaskError::Protocol(format!("cannot encode a watermark state: {e}"))
                 })?;
@@ -414,6 +427,9 @@ impl<T: Data> Task for ChainTask<T> {
                     TaskError::Protocol(format!("a malformed watermark state: {e}"))
                 })?;
                 w.generator = WatermarkGenerator::new(*w.generator.strategy(), restored);
+                // The consumers restored without it: a watermark in flight
+                // at the snapshot may never have reached them.
+                w.generator.resend(&mut w.due);
             }
         }
         self.next.restore(state)
@@ -432,13 +448,18 @@ impl<T: Data> Task for ChainTask<T> {
     }
 
     fn watermark_interval(&self) -> Option<Duration> {
-        let w = self.source.as_ref()?.watermarks.as_ref()?;
+        let w = &self.source.as_ref()?.watermarks;
+        w.timestamp_of?;
         Some(w.generator.strategy().interval)
     }
 
-    fn watermark_tick(&mut self, now: Millis) {
+    fn watermark_tick(&mut self, now: Millis, backpressured: bool) {
         if let Some(w) = self.watermarks() {
-            w.generator.on_tick(now, &mut w.due);
+            if backpressured {
+                w.generator.on_backpressure(now);
+            } else {
+                w.generator.on_tick(now, &mut w.due);
+            }
         }
     }
 

@@ -184,3 +184,70 @@ fn event_time_timers_fire_once_at_their_watermark_and_the_rest_at_the_end() {
         ]
     );
 }
+
+/// Emits `first` once, then nothing (but is not finished) until `until`
+/// holds, then finishes; fails the job after 10 s.
+struct HoldOpen {
+    first: Option<Vec<Ev>>,
+    until: Arc<dyn Fn() -> bool + Send + Sync>,
+    started: std::time::Instant,
+}
+
+impl Source<Ev> for HoldOpen {
+    fn read(&mut self, out: &mut Vec<Ev>, _max: usize) -> Result<SourceStatus, UserError> {
+        if let Some(first) = self.first.take() {
+            out.extend(first);
+        }
+        if self.started.elapsed() > Duration::from_secs(10) {
+            return Err("nothing happened downstream within 10 s".into());
+        }
+        Ok(if (self.until)() {
+            SourceStatus::Finished
+        } else {
+            SourceStatus::Running
+        })
+    }
+
+    fn position(&self) -> tidemark::split::SplitPosition {
+        tidemark::split::SplitPosition::start(0)
+    }
+}
+
+#[test]
+fn processing_time_windows_fire_on_the_clock_while_no_input_comes() {
+    let results = Arc::new(Mutex::new(Vec::new()));
+    let (collected, seen) = (results.clone(), results.clone());
+    let until: Arc<dyn Fn() -> bool + Send + Sync> =
+        Arc::new(move || !seen.lock().unwrap().is_empty());
+    Job::builder("clock")
+        .parallelism(1)
+        .source("events", move |_| HoldOpen {
+            first: Some(vec![
+                Ev {
+                    key: "a".into(),
+                    ts: 0,
+                },
+                Ev {
+                    key: "a".into(),
+                    ts: 0,
+                },
+            ]),
+            until: until.clone(),
+            started: std::time::Instant::now(),
+        })
+        .key_by(|e: &Ev| e.key.clone())
+        .window(WindowAssigner::tumbling(Duration::from_millis(20)).processing_time())
+        .aggregate(
+            "count",
+            Count,
+            |key: &String, _: &TimeWindow, n: u64, out| out.collect((key.clone(), n)),
+        )
+        .sink("collect", move |_| Collect::new(collected.clone()))
+        .run()
+        .unwrap()
+        .wait()
+        .unwrap();
+    // Without a wake-up at the window's end it would never fire: no record
+    // follows, and the end of input fires no processing-time timer.
+    assert_eq!(*results.lock().unwrap(), [("a".to_string(), 2)]);
+}

@@ -41,6 +41,9 @@ use tidemark::task::Task;
 use tidemark::time::WatermarkEvent;
 use tokio::sync::oneshot;
 
+/// How long a source that had nothing to read waits before asking again.
+const IDLE_SOURCE_POLL: Duration = Duration::from_millis(1);
+
 /// What a subtask needs to take part in checkpoints.
 #[derive(Clone)]
 pub struct Checkpointing {
@@ -349,6 +352,8 @@ impl SubtaskActor {
                                 return;
                             }
                             self.send_outgoing();
+                            // Timers may have set processing-time timers.
+                            self.advance_processing_time(ctx);
                         }
                         self.broadcast_event(event.into());
                     }
@@ -368,6 +373,8 @@ impl SubtaskActor {
                             self.input_addrs[channel].do_send(Consumed);
                         }
                         self.send_outgoing();
+                        // The batch may have set processing-time timers.
+                        self.advance_processing_time(ctx);
                     }
                     // One batch per turn, so that a priority barrier waiting
                     // in the mailbox is not held up behind the queued input.
@@ -649,10 +656,13 @@ impl Handler<Wire> for SubtaskActor {
         // Replayed output channel state may be waiting for credit that
         // arrived before the endpoints were wired.
         self.send_outgoing();
+        // A restored source's watermark, sent again.
+        self.forward_watermarks();
         if let Some(interval) = self.task.watermark_interval() {
             ctx.run_interval(interval, |act, _| {
                 if matches!(act.phase, Phase::Running | Phase::Exhausted) {
-                    act.task.watermark_tick(now().unix_ms);
+                    let backpressured = act.output_blocked();
+                    act.task.watermark_tick(now().unix_ms, backpressured);
                     act.forward_watermarks();
                 }
             });
@@ -734,6 +744,16 @@ impl Handler<Produce> for SubtaskActor {
         self.metrics.add_records_in(produced.records as u64);
         self.send_outgoing();
         self.forward_watermarks();
+        if produced.records == 0 && produced.status == SourceStatus::Running {
+            // Nothing to read yet: ask again a little later rather than at
+            // once, which would spin and starve the actors sharing this
+            // arbiter (their timers included).
+            self.produce_scheduled = true;
+            ctx.run_later(IDLE_SOURCE_POLL, |act, ctx| {
+                act.produce_scheduled = false;
+                act.drive(ctx);
+            });
+        }
         if produced.status == SourceStatus::Finished {
             match &self.checkpointing {
                 Some(c) => {

@@ -411,7 +411,8 @@ impl<'a, K: Key> KeyedContext<'a, K> {
             .update(|t| t.remove(domain, timestamp), |t| !t.is_empty())
             == Some(true);
         if removed {
-            self.timer_service().removed();
+            let key = self.key;
+            self.timer_service().removed(domain, timestamp, key);
         }
         removed
     }

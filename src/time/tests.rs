@@ -402,3 +402,59 @@ fn processing_time_windows_follow_the_clock() {
         assert_eq!(d.processing_time(1_099), [Out::Fired(4, 1000, 1100, 2)]);
     }
 }
+
+fn source_task(
+    items: &Arc<Vec<Ev>>,
+    strategy: Option<WatermarkStrategy>,
+) -> crate::task::ChainTask<Ev> {
+    use crate::source::{Items, SourceContext};
+    use crate::task::ChainTask;
+    let ctx = SourceContext {
+        subtask: SubtaskIndex(0),
+        parallelism: 1,
+        start: None,
+    };
+    let source = Box::new(Items::new(items.clone(), ctx));
+    let writer = Box::new(RecordWriter::<Ev>::new(Route::Forward, 1, 1 << 10));
+    match strategy {
+        Some(strategy) => {
+            ChainTask::source_with_watermarks(source, strategy, Arc::default(), writer)
+        }
+        None => ChainTask::source(source, writer),
+    }
+}
+
+#[test]
+fn a_restored_source_sends_its_watermark_again_and_every_source_ends_with_the_final_one() {
+    use crate::task::Task;
+    let items = Arc::new(vec![ev(1, 100), ev(2, 300), ev(3, 200), ev(4, 400)]);
+    let strategy = WatermarkStrategy::bounded_out_of_orderness(Duration::from_millis(50));
+    let mut task = source_task(&items, Some(strategy));
+    let mut events = Vec::new();
+    task.produce(3, 0, &mut Vec::new()).unwrap();
+    task.take_watermarks(&mut events);
+    assert_eq!(events, [WatermarkEvent::Watermark(249)]);
+    let snapshot = task.snapshot(CheckpointId(1), &mut Vec::new()).unwrap();
+
+    // The watermark may have been in flight at the snapshot: the restored
+    // source sends it first, before anything it reads.
+    let mut restored = source_task(&items, Some(strategy));
+    restored
+        .restore(&RestoreState {
+            operator: snapshot.operator,
+            ..RestoreState::default()
+        })
+        .unwrap();
+    events.clear();
+    restored.take_watermarks(&mut events);
+    assert_eq!(events, [WatermarkEvent::Watermark(249)]);
+
+    // A source without timestamps ends with the final watermark too.
+    let mut plain = source_task(&items, None);
+    assert_eq!(plain.watermark_interval(), None);
+    let produced = plain.produce(10, 0, &mut Vec::new()).unwrap();
+    assert_eq!(produced.status, crate::source::SourceStatus::Finished);
+    events.clear();
+    plain.take_watermarks(&mut events);
+    assert_eq!(events, [WatermarkEvent::Watermark(u64::MAX)]);
+}

@@ -114,7 +114,8 @@ pub struct TimeMetrics {
     late_records: AtomicU64,
     /// Largest timestamp any source read.
     max_timestamp: AtomicU64,
-    /// Largest watermark below the final one that reached a keyed operator.
+    /// One more than the largest watermark below the final one that reached
+    /// a keyed operator; 0 before any.
     watermark: AtomicU64,
 }
 
@@ -149,19 +150,19 @@ impl TimeMetrics {
     /// A keyed operator reached `watermark`.
     pub fn observe_watermark(&self, watermark: u64) {
         if watermark < u64::MAX {
-            self.watermark.fetch_max(watermark, Ordering::Relaxed);
+            self.watermark.fetch_max(watermark + 1, Ordering::Relaxed);
         }
     }
 
     /// How far the watermark trailed the newest timestamp read, in ms, at
     /// the last watermark before the end of input; `None` before any.
     pub fn watermark_lag(&self) -> Option<u64> {
-        let watermark = self.watermark.load(Ordering::Relaxed);
-        (watermark > 0).then(|| {
+        let watermark = self.watermark.load(Ordering::Relaxed).checked_sub(1)?;
+        Some(
             self.max_timestamp
                 .load(Ordering::Relaxed)
-                .saturating_sub(watermark)
-        })
+                .saturating_sub(watermark),
+        )
     }
 }
 
@@ -169,11 +170,12 @@ impl TimeMetrics {
 /// that stores them, the watermark and the clock. Sans-IO: the shell tells
 /// it the time.
 ///
-/// The index is an ordered map from timestamp to keys and is only added
-/// to: a deleted timer stays in it until its time comes, and firing skips
-/// whatever the keyed state no longer holds. A key set twice at one time
-/// (deleted and set again) is indexed twice and fires once, because firing
-/// takes the timer out of the keyed state.
+/// The index is an ordered map from timestamp to keys. A deleted timer
+/// leaves it at once where few keys share its time (sessions, timeouts);
+/// where many do, it stays until its time comes, so that a delete never
+/// scans a crowd, and firing skips whatever the keyed state no longer
+/// holds. A key set again at such a time is indexed twice and fires once,
+/// because firing takes the timer out of the keyed state.
 pub struct TimerService<K: Key> {
     state: ValueState<KeyTimers>,
     event: BTreeMap<u64, Vec<K>>,
@@ -185,6 +187,10 @@ pub struct TimerService<K: Key> {
 }
 
 impl<K: Key> TimerService<K> {
+    /// Keys at one time up to which a delete takes its timer out of the
+    /// index.
+    const SCANNED_ON_DELETE: usize = 64;
+
     /// The service over the keyed state `state` (declared as
     /// [`TIMERS_STATE`]).
     pub(crate) fn new(state: ValueState<KeyTimers>) -> Self {
@@ -219,10 +225,21 @@ impl<K: Key> TimerService<K> {
         self.len += 1;
     }
 
-    /// The keyed state just dropped a timer; the index keeps it until its
-    /// time.
-    pub(crate) fn removed(&mut self) {
+    /// The keyed state just dropped a timer of `key`.
+    pub(crate) fn removed(&mut self, domain: TimeDomain, timestamp: u64, key: &K) {
         self.len -= 1;
+        let index = self.index(domain);
+        let Some(keys) = index.get_mut(&timestamp) else {
+            return;
+        };
+        if keys.len() <= Self::SCANNED_ON_DELETE {
+            if let Some(at) = keys.iter().position(|k| k == key) {
+                keys.swap_remove(at);
+            }
+            if keys.is_empty() {
+                index.remove(&timestamp);
+            }
+        }
     }
 
     /// Rebuilds the index from one key's restored timers.

@@ -198,6 +198,17 @@ impl WatermarkGenerator {
         }
     }
 
+    /// The subtask is held back by its consumers: that is no idleness.
+    pub fn on_backpressure(&mut self, now: Millis) {
+        self.last_record_at = Some(now);
+    }
+
+    /// After a restore: the watermark of the restored state again, which
+    /// the restored consumers never got if it was in flight at the snapshot.
+    pub fn resend(&self, out: &mut Vec<WatermarkEvent>) {
+        out.extend(self.state.emitted.map(WatermarkEvent::Watermark));
+    }
+
     /// End of a bounded input: the maximal watermark, which fires every
     /// event-time timer downstream; emitted once.
     pub fn on_end(&mut self, out: &mut Vec<WatermarkEvent>) {
@@ -344,8 +355,14 @@ mod tests {
         assert_eq!(out, [Watermark(399), Watermark(500)]);
         let mut restored = WatermarkGenerator::new(*g.strategy(), g.state());
         out.clear();
+        restored.resend(&mut out);
         restored.on_records(Some(550), 10, &mut out);
-        assert_eq!(out, [], "a restored source does not emit below its state");
+        assert_eq!(
+            out,
+            [Watermark(500)],
+            "a restored source sends its watermark again, and nothing below it"
+        );
+        out.clear();
         restored.on_end(&mut out);
         restored.on_end(&mut out);
         assert_eq!(out, [Watermark(u64::MAX)]);
@@ -357,11 +374,16 @@ mod tests {
         let mut out = Vec::new();
         g.on_records(Some(10), 0, &mut out);
         g.on_tick(999, &mut out);
+        // Held back by its consumers: not idle.
+        g.on_backpressure(999);
         g.on_tick(1000, &mut out);
-        g.on_tick(1200, &mut out);
+        g.on_tick(1998, &mut out);
+        assert_eq!(out, [Watermark(9)]);
+        g.on_tick(1999, &mut out);
+        g.on_tick(2200, &mut out);
         assert_eq!(out, [Watermark(9), Status(Idle)]);
         out.clear();
-        g.on_records(Some(20), 1300, &mut out);
+        g.on_records(Some(20), 2300, &mut out);
         assert_eq!(out, [Status(Active), Watermark(19)]);
     }
 

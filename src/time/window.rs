@@ -426,15 +426,16 @@ where
         // A timer of the windows' own clock fires and cleans up the windows
         // of that time; one of the other clock is an early firing.
         let early = ctx.timer_domain() != Some(self.assigner.domain);
+        let watermark = ctx.current_watermark();
         let mut due = std::mem::take(&mut self.due);
         let open = ctx.value(&self.windows).update(
             |windows| {
                 if early {
-                    due.extend(
-                        windows
-                            .iter()
-                            .map(|(w, acc)| (*w, self.aggregate.result(acc))),
-                    );
+                    // Windows that fired for good wait only for late records.
+                    let open = windows
+                        .iter()
+                        .filter(|(w, _)| !is_late(watermark, w.max_timestamp()));
+                    due.extend(open.map(|(w, acc)| (*w, self.aggregate.result(acc))));
                 } else {
                     windows.retain(|(window, acc)| {
                         if window.max_timestamp() == timestamp {
@@ -452,7 +453,10 @@ where
         }
         self.due = due;
         if let (true, Some(true), Some(every)) = (early, open, self.settings.early_firing) {
-            ctx.register_processing_time_timer(timestamp + every);
+            // From now, not from the timer: after a restore, the firings
+            // missed while the job was down are not replayed one by one.
+            let now = ctx.current_processing_time().max(timestamp);
+            ctx.register_processing_time_timer(now - now % every + every);
         }
     }
 }
