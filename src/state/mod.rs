@@ -189,6 +189,7 @@ impl<K: Key> KeyedStateBackend<K> {
 
     /// Where a key lives. A key outside this backend's key groups was routed
     /// to the wrong subtask: that is a bug, not bad input.
+    #[inline]
     pub fn locate(&self, key: &K) -> KeySlot {
         let hash = key_hash(key);
         let group = key_group_for_hash(hash, self.max_parallelism());
@@ -325,6 +326,7 @@ impl<'a, K: Key> KeyedContext<'a, K> {
     /// The state of `key`, without timers. Tests and benchmarks drive a
     /// backend directly with it; the runtime gives functions
     /// [`with_timers`](Self::with_timers).
+    #[inline]
     pub fn new(backend: &'a mut KeyedStateBackend<K>, key: &'a K) -> Self {
         let slot = backend.locate(key);
         KeyedContext {
@@ -357,6 +359,7 @@ impl<'a, K: Key> KeyedContext<'a, K> {
     }
 
     /// The current key's value of `state`.
+    #[inline]
     pub fn value<V: Data>(&mut self, state: &ValueState<V>) -> Entry<'_, K, V> {
         self.entry(state.id)
     }
@@ -374,6 +377,7 @@ impl<'a, K: Key> KeyedContext<'a, K> {
         self.entry(state.id)
     }
 
+    #[inline]
     fn entry<S: Data>(&mut self, id: usize) -> Entry<'_, K, S> {
         entry_of(self.backend, self.key, self.slot, id)
     }
@@ -458,6 +462,7 @@ impl<'a, K: Key> KeyedContext<'a, K> {
     }
 }
 
+#[inline]
 fn entry_of<'e, K: Key, S: Data>(
     backend: &'e mut KeyedStateBackend<K>,
     key: &'e K,
@@ -572,6 +577,7 @@ impl<K: Key, S: Data> Entry<'_, K, S> {
 
     /// The slot, created with `S::default()` if empty: one lookup for a
     /// read-modify-write, which is what counters and lists want.
+    #[inline]
     pub fn get_or_default(&mut self) -> &mut S
     where
         S: Default,
