@@ -395,13 +395,10 @@ impl<T: Data> Task for ChainTask<T> {
     ) -> Result<TaskSnapshot, TaskError> {
         let mut snapshot = TaskSnapshot::default();
         if let Some(head) = &self.source {
-            {
-                let w = &head.watermarks;
-                let state = rmp_serde::to_vec(&w.generator.state()).map_err(|e| {
-                    TaskError::Protocol(format!("cannot encode a watermark state: {e}"))
-                })?;
-                snapshot.operator.insert(SOURCE_WATERMARK.into(), state);
-            }
+            let watermark = rmp_serde::to_vec(&head.watermarks.generator.state()).map_err(|e| {
+                TaskError::Protocol(format!("cannot encode a watermark state: {e}"))
+            })?;
+            snapshot.operator.insert(SOURCE_WATERMARK.into(), watermark);
             let position = rmp_serde::to_vec(&head.source.position()).map_err(|e| {
                 TaskError::Protocol(format!("cannot encode a source position: {e}"))
             })?;
