@@ -189,6 +189,7 @@ impl<K: Key> KeyedStateBackend<K> {
 
     /// Where a key lives. A key outside this backend's key groups was routed
     /// to the wrong subtask: that is a bug, not bad input.
+    #[inline]
     pub fn locate(&self, key: &K) -> KeySlot {
         let hash = key_hash(key);
         let group = key_group_for_hash(hash, self.max_parallelism());
@@ -325,6 +326,7 @@ impl<'a, K: Key> KeyedContext<'a, K> {
     /// The state of `key`, without timers. Tests and benchmarks drive a
     /// backend directly with it; the runtime gives functions
     /// [`with_timers`](Self::with_timers).
+    #[inline]
     pub fn new(backend: &'a mut KeyedStateBackend<K>, key: &'a K) -> Self {
         let slot = backend.locate(key);
         KeyedContext {
