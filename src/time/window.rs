@@ -205,9 +205,9 @@ pub struct WindowOperator<K, T, A: AggregateFunction<T>, O> {
     emit: WindowEmit<K, A::Result, O>,
     late: Option<LateData<T, O>>,
     windows: ValueState<Vec<(TimeWindow, A::Acc)>>,
-    /// The windows the record being processed went into (a buffer kept
-    /// across records).
-    touched: Vec<TimeWindow>,
+    /// The windows the record being processed went into, and whether each
+    /// is new, so needs its timers (a buffer kept across records).
+    touched: Vec<(TimeWindow, bool)>,
     /// Results to emit once the key's state is written back.
     due: Vec<(TimeWindow, A::Result)>,
 }
@@ -272,16 +272,15 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
             if is_late(now, self.cleanup_time(&window)) {
                 continue;
             }
-            let at = match windows.iter().position(|(w, _)| *w == window) {
-                Some(at) => at,
-                None => {
-                    windows.push((window, A::Acc::default()));
-                    windows.len() - 1
-                }
-            };
+            let existing = windows.iter().position(|(w, _)| *w == window);
+            let at = existing.unwrap_or_else(|| {
+                windows.push((window, A::Acc::default()));
+                windows.len() - 1
+            });
             let acc = &mut windows[at].1;
             self.aggregate.add(acc, record);
-            self.touched.push(window);
+            // An open window of a fixed size has its timers already.
+            self.touched.push((window, existing.is_none()));
             if is_late(now, window.max_timestamp()) {
                 self.due.push((window, self.aggregate.result(acc)));
             }
@@ -336,7 +335,7 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
                 }
             }
             self.aggregate.add(&mut acc, record);
-            self.touched.push(window);
+            self.touched.push((window, true));
             if is_late(now, window.max_timestamp()) {
                 self.due.push((window, self.aggregate.result(&acc)));
             }
@@ -352,10 +351,13 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
     /// Flink's `EventTimeTrigger`); and its cleanup timer.
     fn set_timers(&self, ctx: &mut KeyedContext<'_, K>, window: &TimeWindow, now: Option<u64>) {
         let domain = self.assigner.domain;
-        if now.is_none_or(|now| window.max_timestamp() > now) {
-            ctx.register_timer(domain, window.max_timestamp());
+        let (fire, cleanup) = (window.max_timestamp(), self.cleanup_time(window));
+        if now.is_none_or(|now| fire > now) {
+            ctx.register_timer(domain, fire);
         }
-        ctx.register_timer(domain, self.cleanup_time(window));
+        if cleanup != fire {
+            ctx.register_timer(domain, cleanup);
+        }
     }
 
     fn delete_timers(&self, ctx: &mut KeyedContext<'_, K>, window: &TimeWindow) {
@@ -386,7 +388,7 @@ where
             self.add_to_windows(&record, timestamp, now, ctx);
         }
         let touched = std::mem::take(&mut self.touched);
-        for window in &touched {
+        for (window, _) in touched.iter().filter(|(_, new)| *new) {
             self.set_timers(ctx, window, now);
         }
         if touched.is_empty()
