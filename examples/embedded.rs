@@ -61,6 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             count: states.value("count"),
         })
         .sink("collect", move |_| Collect::new(sink_results.clone()))
+        .build()
         .run()?
         .wait()?;
 

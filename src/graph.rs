@@ -1,7 +1,14 @@
 //! `JobGraph`: the untyped shape of a job — operators with parallelism and a
 //! stable `uid`, and the edges between them with their partitioners. The
-//! typed builder (`crate::job`) produces it; the runtime deploys it; later,
+//! typed builder (`crate::job`) produces it; the runtime deploys it;
 //! savepoints match operators across jobs by `uid`.
+//!
+//! The graph is a DAG: an operator may read several edges (a union, or the
+//! two inputs of a two-input operator) and feed several (fan-out, side
+//! outputs). A subtask's input gate holds the channels of its input edges
+//! one edge after the other, in the order of `JobGraph::edges`; its output
+//! channels are laid out the same way. Both orders are part of the
+//! checkpoint format: channel state names a channel by its position there.
 
 use crate::ids::{ChannelId, OperatorId, SubtaskId, SubtaskIndex};
 use crate::key_group::DEFAULT_MAX_PARALLELISM;
@@ -50,6 +57,11 @@ pub struct Edge {
     pub to: OperatorId,
     /// How records are routed across the edge.
     pub partitioner: Partitioner,
+    /// Which input of the consumer the edge feeds: 0, or 1 for the second
+    /// input of a two-input operator. Edges of one input carry one record
+    /// type (a union).
+    #[serde(default)]
+    pub input: u8,
 }
 
 /// Why a `JobGraph` cannot be deployed ([`JobGraph::validate`]).
@@ -81,10 +93,30 @@ pub enum GraphError {
         /// The consumer's parallelism.
         to_parallelism: u32,
     },
-    /// An operator (named) with more than one `"input"` or `"output"` edge:
-    /// only linear pipelines run so far.
-    #[error("operator {0:?} has more than one {1} edge; only linear pipelines are supported")]
-    NotLinear(String, &'static str),
+    /// An edge that does not go from an earlier operator to a later one:
+    /// the graph must be acyclic, and operators come in topological order.
+    #[error("edge {from} -> {to} goes backwards; a job graph is acyclic, its operators in topological order")]
+    Backwards {
+        /// The producer's name.
+        from: String,
+        /// The consumer's name.
+        to: String,
+    },
+    /// Two edges between the same two operators: their channels could not
+    /// be told apart.
+    #[error(
+        "operators {from} and {to} are joined by two edges; union a stream with itself only once"
+    )]
+    DuplicateEdge {
+        /// The producer's name.
+        from: String,
+        /// The consumer's name.
+        to: String,
+    },
+    /// An operator whose edges feed input 1 but not input 0, or an input
+    /// above 1.
+    #[error("operator {0:?} has edges into input {1} without the inputs before it")]
+    Inputs(String, u8),
     /// An edge names an operator the graph does not have.
     #[error("edge refers to unknown operator {0}")]
     UnknownOperator(OperatorId),
@@ -99,7 +131,7 @@ pub enum GraphError {
 pub struct JobGraph {
     /// Indexed by `OperatorId`.
     pub operators: Vec<OperatorSpec>,
-    /// The edges; at most one into and one out of each operator for now.
+    /// The edges, in the order that lays out gates and outputs.
     pub edges: Vec<Edge>,
 }
 
@@ -128,14 +160,20 @@ impl JobGraph {
         &mut self.operators[id.0 as usize]
     }
 
-    /// The edge into `id`: `None` for a source.
-    pub fn input_edge(&self, id: OperatorId) -> Option<&Edge> {
-        self.edges.iter().find(|e| e.to == id)
+    /// The edges into `id`, in gate order: none for a source.
+    pub fn input_edges(&self, id: OperatorId) -> impl Iterator<Item = &Edge> + '_ {
+        self.edges.iter().filter(move |e| e.to == id)
     }
 
-    /// The edge out of `id`: `None` for a sink.
-    pub fn output_edge(&self, id: OperatorId) -> Option<&Edge> {
-        self.edges.iter().find(|e| e.from == id)
+    /// The edges out of `id`, in output order: none for a chain that ends
+    /// in sinks only.
+    pub fn output_edges(&self, id: OperatorId) -> impl Iterator<Item = &Edge> + '_ {
+        self.edges.iter().filter(move |e| e.from == id)
+    }
+
+    /// Whether `id` reads no edge: its subtasks run sources.
+    pub fn is_source(&self, id: OperatorId) -> bool {
+        self.input_edges(id).next().is_none()
     }
 
     /// Every subtask of the job, operator by operator.
@@ -190,15 +228,52 @@ impl JobGraph {
         }
     }
 
-    /// How many input channels `subtask` reads.
-    pub fn input_count(&self, subtask: SubtaskId) -> usize {
-        self.input_edge(subtask.operator)
-            .map_or(0, |e| self.input_channels(e, subtask.index).len())
+    /// The input gate of `subtask`: every channel it reads, with the input
+    /// (`Edge::input`) it feeds, edge after edge.
+    pub fn gate(&self, subtask: SubtaskId) -> Vec<(ChannelId, u8)> {
+        self.input_edges(subtask.operator)
+            .flat_map(|e| {
+                self.input_channels(e, subtask.index)
+                    .into_iter()
+                    .map(move |c| (c, e.input))
+            })
+            .collect()
+    }
+
+    /// Every output channel of `subtask`, edge after edge.
+    pub fn outputs(&self, subtask: SubtaskId) -> Vec<ChannelId> {
+        self.output_edges(subtask.operator)
+            .flat_map(|e| self.output_channels(e, subtask.index))
+            .collect()
+    }
+
+    /// Where `edge`'s channels start in the gate of its consumer's subtasks
+    /// (`Input`) or among its producer's outputs (`Output`), had every
+    /// operator the parallelism `parallelism_of` gives: a restore lays out
+    /// the checkpointed job's gates with the parallelism it ran at.
+    pub fn channel_offset(
+        &self,
+        edge: &Edge,
+        input_side: bool,
+        parallelism_of: impl Fn(OperatorId) -> u32,
+    ) -> u32 {
+        let width = |e: &Edge| match (e.partitioner, input_side) {
+            (Partitioner::Forward, _) => 1,
+            (_, true) => parallelism_of(e.from),
+            (_, false) => parallelism_of(e.to),
+        };
+        let before = self.edges.iter().take_while(|e| !std::ptr::eq(*e, edge));
+        if input_side {
+            before.filter(|e| e.to == edge.to).map(width).sum()
+        } else {
+            before.filter(|e| e.from == edge.from).map(width).sum()
+        }
     }
 
     /// Checks what deployment relies on: parallelism within bounds, unique
-    /// uids, edges between existing operators, forward edges between equal
-    /// parallelism, a linear pipeline.
+    /// uids, edges between existing operators from earlier to later ones,
+    /// at most one edge between two operators, forward edges between equal
+    /// parallelism, inputs numbered from 0.
     pub fn validate(&self) -> Result<(), GraphError> {
         if self.operators.is_empty() {
             return Err(GraphError::Empty);
@@ -232,12 +307,27 @@ impl JobGraph {
                 });
             }
         }
-        for op in &self.operators {
-            if self.edges.iter().filter(|e| e.to == op.id).count() > 1 {
-                return Err(GraphError::NotLinear(op.name.clone(), "input"));
+        let name = |id: OperatorId| self.operator(id).name.clone();
+        for (i, edge) in self.edges.iter().enumerate() {
+            if edge.from >= edge.to {
+                return Err(GraphError::Backwards {
+                    from: name(edge.from),
+                    to: name(edge.to),
+                });
             }
-            if self.edges.iter().filter(|e| e.from == op.id).count() > 1 {
-                return Err(GraphError::NotLinear(op.name.clone(), "output"));
+            if self.edges[..i]
+                .iter()
+                .any(|e| e.from == edge.from && e.to == edge.to)
+            {
+                return Err(GraphError::DuplicateEdge {
+                    from: name(edge.from),
+                    to: name(edge.to),
+                });
+            }
+            if edge.input > 1
+                || (edge.input == 1 && !self.input_edges(edge.to).any(|e| e.input == 0))
+            {
+                return Err(GraphError::Inputs(name(edge.to), edge.input));
             }
         }
         Ok(())
@@ -256,6 +346,7 @@ mod tests {
             from: a,
             to: b,
             partitioner,
+            input: 0,
         });
         g
     }

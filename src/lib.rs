@@ -55,6 +55,7 @@ pub mod state;
 pub mod storage;
 pub mod task;
 pub mod time;
+pub mod two_input;
 
 pub use batch::{Batch, BatchLimits, Data};
 pub use checkpoint::coordinator::MasterHook;

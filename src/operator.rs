@@ -9,7 +9,7 @@ use crate::ids::{CheckpointId, KeyGroup};
 use crate::key_group::subtask_for_key_group;
 use crate::sink::Sink;
 use crate::state::{AllKeys, Key, KeyedContext, KeyedStateBackend, StateRegistrar};
-use crate::task::{RestoreState, TaskSnapshot, SINK};
+use crate::task::{RestoreState, TaskSnapshot};
 use crate::time::timers::{TimeDomain, TimerService, TIMERS_STATE};
 use crate::time::{Millis, TimeMetrics};
 use std::sync::Arc;
@@ -26,10 +26,15 @@ pub(crate) fn earliest(a: Option<Millis>, b: Option<Millis>) -> Option<Millis> {
 pub type Outgoing = Vec<(usize, Batch)>;
 
 /// The rest of a chain, seen from the operator before it.
-pub trait Downstream<T>: Send {
+pub trait Downstream<T>: Step {
     /// Takes one record.
     fn push(&mut self, record: T);
+}
 
+/// What every step of a chain does besides taking records: the life cycle
+/// the subtask drives it through. Kept apart from [`Downstream`] so that
+/// branches of different record types (side outputs) are driven alike.
+pub trait Step: Send {
     /// End of an input batch: write out what is buffered.
     fn flush(&mut self, out: &mut Outgoing) -> Result<(), TaskError>;
 
@@ -73,9 +78,11 @@ pub trait Downstream<T>: Send {
     }
 }
 
-/// Hands a function's output to the rest of the chain.
+/// Hands a function's output to the rest of the chain, and to its side
+/// outputs.
 pub struct Collector<'a, T> {
     next: &'a mut dyn Downstream<T>,
+    sides: &'a mut SideOutputs,
 }
 
 impl<T> Collector<'_, T> {
@@ -83,18 +90,226 @@ impl<T> Collector<'_, T> {
     pub fn collect(&mut self, record: T) {
         self.next.push(record);
     }
+
+    /// Emits `record` to the side output `tag`; dropped if the job reads
+    /// nothing from it (as in Flink).
+    pub fn output<X: Send + 'static>(&mut self, tag: &OutputTag<X>, record: X) {
+        self.sides.push(&tag.id, record);
+    }
+}
+
+/// Names a side output and the type of its records, as Flink's
+/// `OutputTag`: a function emits to it with [`Collector::output`], and
+/// `Stream::side_output` reads it as a stream of its own.
+pub struct OutputTag<X> {
+    id: Arc<str>,
+    records: std::marker::PhantomData<fn(X)>,
+}
+
+impl<X> OutputTag<X> {
+    /// The tag named `id`; tags of one step need distinct names.
+    pub fn new(id: &str) -> Self {
+        OutputTag {
+            id: id.into(),
+            records: std::marker::PhantomData,
+        }
+    }
+
+    /// Its name.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl<X> Clone for OutputTag<X> {
+    fn clone(&self) -> Self {
+        OutputTag {
+            id: self.id.clone(),
+            records: std::marker::PhantomData,
+        }
+    }
+}
+
+/// A side output record, on its way to the branch that reads its tag.
+pub type SideRecord = Box<dyn std::any::Any + Send>;
+
+/// The branches that read the side outputs of one step, by tag: each
+/// takes its records boxed and unboxes them to its type, a cost only side
+/// records pay.
+#[derive(Default)]
+pub struct SideOutputs {
+    tags: Vec<Arc<str>>,
+    branches: Vec<Box<dyn Downstream<SideRecord>>>,
+}
+
+impl SideOutputs {
+    /// Adds the branch reading `tag`.
+    pub fn add(&mut self, tag: Arc<str>, branch: Box<dyn Downstream<SideRecord>>) {
+        self.tags.push(tag);
+        self.branches.push(branch);
+    }
+
+    fn push<X: Send + 'static>(&mut self, tag: &str, record: X) {
+        if let Some(i) = self.tags.iter().position(|t| &**t == tag) {
+            self.branches[i].push(Box::new(record));
+        }
+    }
+}
+
+/// Where a step's function sends records: the rest of the chain, and the
+/// branches reading its side outputs.
+pub struct Output<O> {
+    main: Box<dyn Downstream<O>>,
+    sides: SideOutputs,
+}
+
+impl<O> Output<O> {
+    /// Records go to `main`, side records to `sides`.
+    pub fn new(main: Box<dyn Downstream<O>>, sides: SideOutputs) -> Self {
+        Output { main, sides }
+    }
+
+    /// The collector a function call emits through.
+    pub fn collector(&mut self) -> Collector<'_, O> {
+        Collector {
+            next: self.main.as_mut(),
+            sides: &mut self.sides,
+        }
+    }
+}
+
+impl<O> From<Box<dyn Downstream<O>>> for Output<O> {
+    fn from(main: Box<dyn Downstream<O>>) -> Self {
+        Output::new(main, SideOutputs::default())
+    }
+}
+
+impl<O: Send> Downstream<O> for Output<O> {
+    fn push(&mut self, record: O) {
+        self.main.push(record)
+    }
+}
+
+impl<O: Send> Step for Output<O> {
+    fn flush(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.sides.branches.flush(out)?;
+        self.main.flush(out)
+    }
+
+    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.sides.branches.end_of_input(out)?;
+        self.main.end_of_input(out)
+    }
+
+    fn snapshot(
+        &mut self,
+        checkpoint: CheckpointId,
+        out: &mut Outgoing,
+        snapshot: &mut TaskSnapshot,
+    ) -> Result<(), TaskError> {
+        self.sides.branches.snapshot(checkpoint, out, snapshot)?;
+        self.main.snapshot(checkpoint, out, snapshot)
+    }
+
+    fn notify_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError> {
+        self.sides.branches.notify_complete(checkpoint)?;
+        self.main.notify_complete(checkpoint)
+    }
+
+    fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
+        self.sides.branches.restore(state)?;
+        self.main.restore(state)
+    }
+
+    fn advance_watermark(&mut self, watermark: u64, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.sides.branches.advance_watermark(watermark, out)?;
+        self.main.advance_watermark(watermark, out)
+    }
+
+    fn advance_processing_time(
+        &mut self,
+        now: Millis,
+        out: &mut Outgoing,
+    ) -> Result<Option<Millis>, TaskError> {
+        let sides = self.sides.branches.advance_processing_time(now, out)?;
+        Ok(earliest(
+            sides,
+            self.main.advance_processing_time(now, out)?,
+        ))
+    }
+}
+
+/// Branches of a chain: a stream read by several consumers (fan-out), or
+/// the side outputs of a step. Every branch goes through every step of
+/// the life cycle.
+impl<S: Step + ?Sized> Step for Vec<Box<S>> {
+    fn flush(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.iter_mut().try_for_each(|b| b.flush(out))
+    }
+
+    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.iter_mut().try_for_each(|b| b.end_of_input(out))
+    }
+
+    fn snapshot(
+        &mut self,
+        checkpoint: CheckpointId,
+        out: &mut Outgoing,
+        snapshot: &mut TaskSnapshot,
+    ) -> Result<(), TaskError> {
+        self.iter_mut()
+            .try_for_each(|b| b.snapshot(checkpoint, out, snapshot))
+    }
+
+    fn notify_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError> {
+        self.iter_mut()
+            .try_for_each(|b| b.notify_complete(checkpoint))
+    }
+
+    fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
+        self.iter_mut().try_for_each(|b| b.restore(state))
+    }
+
+    fn advance_watermark(&mut self, watermark: u64, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.iter_mut()
+            .try_for_each(|b| b.advance_watermark(watermark, out))
+    }
+
+    fn advance_processing_time(
+        &mut self,
+        now: Millis,
+        out: &mut Outgoing,
+    ) -> Result<Option<Millis>, TaskError> {
+        let mut next = None;
+        for branch in self {
+            next = earliest(next, branch.advance_processing_time(now, out)?);
+        }
+        Ok(next)
+    }
+}
+
+/// A stream read by several consumers: each gets every record.
+impl<T: Clone + Send> Downstream<T> for Vec<Box<dyn Downstream<T>>> {
+    fn push(&mut self, record: T) {
+        if let Some((last, others)) = self.split_last_mut() {
+            for branch in others {
+                branch.push(record.clone());
+            }
+            last.push(record);
+        }
+    }
 }
 
 /// A stateless step: map, filter and flat_map are all a function of one
 /// record that collects zero or more outputs.
 pub struct Stateless<F, O> {
     f: F,
-    next: Box<dyn Downstream<O>>,
+    next: Output<O>,
 }
 
 impl<F, O> Stateless<F, O> {
     /// `f` feeding `next`.
-    pub fn new(f: F, next: Box<dyn Downstream<O>>) -> Self {
+    pub fn new(f: F, next: Output<O>) -> Self {
         Stateless { f, next }
     }
 }
@@ -105,14 +320,15 @@ where
     F: FnMut(I, &mut Collector<'_, O>) + Send,
 {
     fn push(&mut self, record: I) {
-        (self.f)(
-            record,
-            &mut Collector {
-                next: self.next.as_mut(),
-            },
-        )
+        (self.f)(record, &mut self.next.collector())
     }
+}
 
+impl<O, F> Step for Stateless<F, O>
+where
+    O: Send,
+    F: Send,
+{
     fn flush(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
         self.next.flush(out)
     }
@@ -194,10 +410,10 @@ pub struct KeyedProcess<K: Key, I, O> {
     states: KeyedStateBackend<K>,
     timers: TimerService<K>,
     metrics: Arc<TimeMetrics>,
-    next: Box<dyn Downstream<O>>,
+    next: Output<O>,
 }
 
-impl<K: Key, I, O> KeyedProcess<K, I, O> {
+impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
     /// Opens the function `factory` builds, declaring its states and the
     /// timers' in `states`; `key_of` extracts a record's key; what it
     /// counts about time goes to `metrics`.
@@ -206,7 +422,7 @@ impl<K: Key, I, O> KeyedProcess<K, I, O> {
         factory: &KeyedFunctionFactory<K, I, O>,
         mut states: KeyedStateBackend<K>,
         metrics: Arc<TimeMetrics>,
-        next: Box<dyn Downstream<O>>,
+        next: Output<O>,
     ) -> Self {
         let mut registrar = StateRegistrar::new(&mut states);
         let timers = TimerService::new(registrar.value(TIMERS_STATE));
@@ -238,13 +454,8 @@ impl<K: Key, I, O> KeyedProcess<K, I, O> {
                     continue;
                 }
                 ctx.time_counters().timers_fired += 1;
-                self.function.on_timer(
-                    timestamp,
-                    &mut ctx,
-                    &mut Collector {
-                        next: self.next.as_mut(),
-                    },
-                );
+                self.function
+                    .on_timer(timestamp, &mut ctx, &mut self.next.collector());
             }
         }
     }
@@ -261,15 +472,12 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
     fn push(&mut self, record: I) {
         let key = (self.key_of)(&record);
         let mut ctx = KeyedContext::with_timers(&mut self.states, &key, &mut self.timers, None);
-        self.function.process(
-            record,
-            &mut ctx,
-            &mut Collector {
-                next: self.next.as_mut(),
-            },
-        );
+        self.function
+            .process(record, &mut ctx, &mut self.next.collector());
     }
+}
 
+impl<K: Key, I: Send, O: Send> Step for KeyedProcess<K, I, O> {
     fn flush(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
         self.publish_counters();
         self.next.flush(out)
@@ -277,12 +485,8 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
 
     fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
         self.states.flush()?;
-        self.function.end_of_input(
-            AllKeys::new(&self.states),
-            &mut Collector {
-                next: self.next.as_mut(),
-            },
-        );
+        self.function
+            .end_of_input(AllKeys::new(&self.states), &mut self.next.collector());
         self.publish_counters();
         self.next.end_of_input(out)
     }
@@ -371,17 +575,20 @@ impl<T> Route<T> {
 pub struct RecordWriter<T> {
     route: Route<T>,
     buffers: Vec<Vec<T>>,
+    /// The subtask's index of the edge's first output channel.
+    offset: usize,
     per_batch: usize,
     next_channel: usize,
     full: Outgoing,
 }
 
 impl<T: Data> RecordWriter<T> {
-    /// Routes over `channels` output channels, cutting a batch every
-    /// `per_batch` records.
-    pub fn new(route: Route<T>, channels: usize, per_batch: usize) -> Self {
+    /// Routes over `channels` output channels, the subtask's from `offset`
+    /// on, cutting a batch every `per_batch` records.
+    pub fn new(route: Route<T>, offset: usize, channels: usize, per_batch: usize) -> Self {
         RecordWriter {
             route,
+            offset,
             buffers: (0..channels)
                 .map(|_| Vec::with_capacity(per_batch))
                 .collect(),
@@ -396,7 +603,7 @@ impl<T: Data> RecordWriter<T> {
         buffer.push(record);
         if buffer.len() >= self.per_batch {
             let records = std::mem::replace(buffer, Vec::with_capacity(self.per_batch));
-            self.full.push((channel, Batch::new(records)));
+            self.full.push((self.offset + channel, Batch::new(records)));
         }
     }
 }
@@ -425,13 +632,15 @@ impl<T: Data> Downstream<T> for RecordWriter<T> {
             }
         }
     }
+}
 
+impl<T: Data> Step for RecordWriter<T> {
     fn flush(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
         out.append(&mut self.full);
         for (channel, buffer) in self.buffers.iter_mut().enumerate() {
             if !buffer.is_empty() {
                 let records = std::mem::replace(buffer, Vec::with_capacity(self.per_batch));
-                out.push((channel, Batch::new(records)));
+                out.push((self.offset + channel, Batch::new(records)));
             }
         }
         Ok(())
@@ -462,14 +671,18 @@ impl<T: Data> Downstream<T> for RecordWriter<T> {
 /// Last step of a chain that ends in a sink.
 pub struct SinkWriter<T> {
     sink: Box<dyn Sink<T>>,
+    /// Its operator-state entry ([`sink_entry`](crate::task::sink_entry)).
+    entry: String,
     buffer: Vec<T>,
 }
 
 impl<T> SinkWriter<T> {
-    /// Writes into `sink`, one call per input batch.
-    pub fn new(sink: Box<dyn Sink<T>>) -> Self {
+    /// Writes into `sink`, one call per input batch; `entry` names its
+    /// pre-committed transactions in the operator state.
+    pub fn new(sink: Box<dyn Sink<T>>, entry: String) -> Self {
         SinkWriter {
             sink,
+            entry,
             buffer: Vec::new(),
         }
     }
@@ -479,7 +692,9 @@ impl<T: Send> Downstream<T> for SinkWriter<T> {
     fn push(&mut self, record: T) {
         self.buffer.push(record);
     }
+}
 
+impl<T: Send> Step for SinkWriter<T> {
     fn flush(&mut self, _out: &mut Outgoing) -> Result<(), TaskError> {
         if !self.buffer.is_empty() {
             self.sink.write(&mut self.buffer).map_err(TaskError::Sink)?;
@@ -501,7 +716,7 @@ impl<T: Send> Downstream<T> for SinkWriter<T> {
     ) -> Result<(), TaskError> {
         self.flush(out)?;
         let state = self.sink.pre_commit(checkpoint).map_err(TaskError::Sink)?;
-        snapshot.operator.insert(SINK.into(), state);
+        snapshot.operator.insert(self.entry.clone(), state);
         Ok(())
     }
 
@@ -511,9 +726,9 @@ impl<T: Send> Downstream<T> for SinkWriter<T> {
 
     fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
         self.sink
-            .restore(state.operator.get(SINK).map(Vec::as_slice))
+            .restore(state.operator.get(&self.entry).map(Vec::as_slice))
             .map_err(TaskError::Sink)?;
-        for adopted in &state.adopted {
+        for (_, adopted) in state.adopted.iter().filter(|(e, _)| *e == self.entry) {
             self.sink.adopt(adopted).map_err(TaskError::Sink)?;
         }
         Ok(())
@@ -533,7 +748,7 @@ mod tests {
 
     #[test]
     fn writer_cuts_full_batches_and_flushes_the_rest() {
-        let mut w = RecordWriter::<u64>::new(Route::Rebalance, 2, 2);
+        let mut w = RecordWriter::<u64>::new(Route::Rebalance, 0, 2, 2);
         for n in 0..5 {
             w.push(n);
         }
@@ -548,7 +763,7 @@ mod tests {
     #[test]
     fn hash_route_sends_each_key_to_the_owner_of_its_key_group() {
         let route = Route::hash(Arc::new(|k: &u64| key_group_of(k, 128)), 3, 128);
-        let mut w = RecordWriter::new(route, 3, 1000);
+        let mut w = RecordWriter::new(route, 0, 3, 1000);
         for k in 0..1000u64 {
             w.push(k);
         }
@@ -599,13 +814,13 @@ mod tests {
         let states = KeyedStateBackend::new(&config, "op-1-0", range, 128);
         let factory: KeyedFunctionFactory<u64, u64, (u64, u64)> =
             Arc::new(|states| Box::new(Count(states.value("count"))));
-        let writer = RecordWriter::<(u64, u64)>::new(Route::Forward, 1, 1 << 20);
+        let writer = RecordWriter::<(u64, u64)>::new(Route::Forward, 0, 1, 1 << 20);
         KeyedProcess::new(
             Arc::new(|k: &u64| *k),
             &factory,
             states,
             Default::default(),
-            Box::new(writer),
+            Output::from(Box::new(writer) as Box<dyn Downstream<(u64, u64)>>),
         )
     }
 
@@ -657,7 +872,7 @@ mod tests {
 
     #[test]
     fn broadcast_reaches_every_channel() {
-        let mut w = RecordWriter::<u64>::new(Route::Broadcast, 3, 10);
+        let mut w = RecordWriter::<u64>::new(Route::Broadcast, 0, 3, 10);
         w.push(7);
         let mut out = Vec::new();
         w.flush(&mut out).unwrap();

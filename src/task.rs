@@ -5,7 +5,7 @@ use crate::batch::{Batch, BatchLimits, Data};
 use crate::checkpoint::ChannelState;
 use crate::error::TaskError;
 use crate::graph::Partitioner;
-use crate::ids::{CheckpointId, KeyGroup, SubtaskIndex};
+use crate::ids::{CheckpointId, KeyGroup, OperatorId, SubtaskIndex};
 use crate::key_group::KeyGroupRange;
 use crate::operator::{Downstream, Outgoing};
 use crate::source::{Source, SourceStatus};
@@ -24,6 +24,8 @@ use std::time::Duration;
 /// Everything a subtask's chain is built from.
 #[derive(Clone, Debug)]
 pub struct TaskContext {
+    /// The subtask's operator.
+    pub operator: OperatorId,
     /// Which subtask of its operator this is.
     pub subtask: SubtaskIndex,
     /// The operator's parallelism.
@@ -34,9 +36,9 @@ pub struct TaskContext {
     pub key_groups: KeyGroupRange,
     /// How large the batches the chain emits may grow.
     pub batch_limits: BatchLimits,
-    /// The edge this subtask feeds, if any: its partitioner and the
-    /// consumer's parallelism and max parallelism.
-    pub output: Option<OutputContext>,
+    /// The edges this subtask feeds, by index in `JobGraph::edges`: how
+    /// each routes records and where its channels are among the subtask's.
+    pub outputs: Vec<(usize, OutputContext)>,
     /// Position a source resumes from: `None` on a fresh start.
     pub source_position: Option<SplitPosition>,
     /// Where a keyed operator keeps its state: the job's choice.
@@ -45,11 +47,14 @@ pub struct TaskContext {
     pub time_metrics: Arc<TimeMetrics>,
 }
 
-/// The edge a subtask feeds, as its last step needs it to route records.
+/// An edge a subtask feeds, as the step writing into it needs it to route
+/// records.
 #[derive(Clone, Copy, Debug)]
 pub struct OutputContext {
     /// How records are routed.
     pub partitioner: Partitioner,
+    /// The subtask's index of the edge's first output channel.
+    pub offset: usize,
     /// Number of this subtask's output channels on the edge.
     pub channels: usize,
     /// The consumer operator's parallelism.
@@ -68,8 +73,25 @@ pub const SOURCE_EXHAUSTED: &str = "source-exhausted";
 /// Operator-state entry of a source with a watermark strategy: its
 /// generator's `GeneratorState`, MessagePack.
 pub const SOURCE_WATERMARK: &str = "source-watermark";
-/// Operator-state entry of a sink: what its `pre_commit` returned.
+/// Operator-state entry of an operator's first sink: what its `pre_commit`
+/// returned. Further sinks of the operator have their own ([`sink_entry`]).
 pub const SINK: &str = "sink";
+
+/// Operator-state entry of the `n`th sink (from 0) of an operator's chain.
+pub fn sink_entry(n: usize) -> String {
+    match n {
+        0 => SINK.to_owned(),
+        n => format!("{SINK}-{n}"),
+    }
+}
+
+/// Whether an operator-state entry is a sink's ([`sink_entry`]).
+pub fn is_sink_entry(entry: &str) -> bool {
+    entry == SINK
+        || entry
+            .strip_prefix("sink-")
+            .is_some_and(|n| n.parse::<usize>().is_ok())
+}
 
 /// What the synchronous part of a snapshot captured.
 #[derive(Default)]
@@ -141,8 +163,9 @@ pub struct RestoreState {
     /// Local directories of further native checkpoints, after a rescale:
     /// the backend copies the key groups it owns out of them and deletes them.
     pub imports: Vec<PathBuf>,
-    /// Sink transactions of subtasks a rescale removed, to commit.
-    pub adopted: Vec<Vec<u8>>,
+    /// Sink transactions of subtasks a rescale removed, to commit, with
+    /// the entry of the sink they belong to.
+    pub adopted: Vec<(String, Vec<u8>)>,
     /// The replayed input holds records of key groups other subtasks own
     /// (`RestorePlan::filter_replay`).
     pub filter_replay: bool,
@@ -173,8 +196,9 @@ pub trait Task: Send {
         out: &mut Outgoing,
     ) -> Result<Produced, TaskError>;
 
-    /// Subtasks with input: push one batch through the chain.
-    fn process(&mut self, batch: Batch, out: &mut Outgoing) -> Result<(), TaskError>;
+    /// Subtasks with input: push one batch of input `input` (`Edge::input`)
+    /// through the chain.
+    fn process(&mut self, input: usize, batch: Batch, out: &mut Outgoing) -> Result<(), TaskError>;
 
     /// No more input will come (the source finished, or every input channel
     /// ended): emit what the chain holds back.
@@ -194,9 +218,10 @@ pub trait Task: Send {
     /// Before any input: load the restored state into the chain.
     fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError>;
 
-    /// The records of `batch` in key groups this subtask owns: replayed
-    /// input of a rescaled hash edge holds those of other subtasks too.
-    fn retain_owned(&self, batch: Batch) -> Result<Batch, TaskError>;
+    /// The records of `batch`, of input `input`, in key groups this subtask
+    /// owns: replayed input of a rescaled hash edge holds those of other
+    /// subtasks too.
+    fn retain_owned(&self, input: usize, batch: Batch) -> Result<Batch, TaskError>;
 
     /// The subtask's watermark reached `watermark`: event-time timers up to
     /// it fire; the shell forwards the watermark after `out`.
@@ -251,15 +276,44 @@ struct SourceWatermarks<T> {
     metrics: Arc<TimeMetrics>,
 }
 
-/// Whether a record's key group is one the subtask owns.
-pub type Owns<T> = Arc<dyn Fn(&T) -> bool + Send + Sync>;
+/// Takes a batch of one input apart and pushes its records, as the head's
+/// record type, into the chain.
+pub type Decoder<T> =
+    Arc<dyn Fn(Batch, &mut dyn Downstream<T>) -> Result<(), TaskError> + Send + Sync>;
+
+/// Keeps the records of a batch of one input whose key groups the subtask
+/// owns.
+pub type Retain = Arc<dyn Fn(Batch) -> Result<Batch, TaskError> + Send + Sync>;
+
+/// The decoder of an input of records `I` that the head takes as `T`: one
+/// input of a two-input operator wraps its records into the side they
+/// came from.
+pub fn decoder<I: Data, T>(wrap: impl Fn(I) -> T + Send + Sync + 'static) -> Decoder<T> {
+    Arc::new(move |batch, next| {
+        for record in batch.into_records::<I>()? {
+            next.push(wrap(record));
+        }
+        Ok(())
+    })
+}
+
+/// Keeps the records of an input of records `I` for which `owns` holds.
+pub fn retain<I: Data>(owns: impl Fn(&I) -> bool + Send + Sync + 'static) -> Retain {
+    Arc::new(move |batch| {
+        let mut records = batch.into_records::<I>()?;
+        records.retain(|record| owns(record));
+        Ok(Batch::new(records))
+    })
+}
 
 /// A chain fed by a source or by the subtask's input gate.
 pub struct ChainTask<T> {
     source: Option<SourceHead<T>>,
+    /// By input: one, or two for a two-input operator.
+    decoders: Vec<Decoder<T>>,
     next: Box<dyn Downstream<T>>,
-    /// Keyed chains only.
-    owns: Option<Owns<T>>,
+    /// By input, for keyed chains only.
+    retain: Vec<Retain>,
 }
 
 impl<T> ChainTask<T> {
@@ -281,8 +335,9 @@ impl<T> ChainTask<T> {
                     metrics: Arc::default(),
                 },
             }),
+            decoders: Vec::new(),
             next,
-            owns: None,
+            retain: Vec::new(),
         }
     }
 
@@ -313,21 +368,19 @@ impl<T> ChainTask<T> {
         Some(&mut self.source.as_mut()?.watermarks)
     }
 
-    /// A chain fed by the input gate whose head is not keyed.
-    pub fn input(next: Box<dyn Downstream<T>>) -> Self {
+    /// A chain fed by the input gate, whose inputs `decoders` take apart;
+    /// `retain` keeps the records the subtask owns, one per input for a
+    /// keyed head and none otherwise.
+    pub fn input(
+        decoders: Vec<Decoder<T>>,
+        retain: Vec<Retain>,
+        next: Box<dyn Downstream<T>>,
+    ) -> Self {
         ChainTask {
             source: None,
+            decoders,
             next,
-            owns: None,
-        }
-    }
-
-    /// A chain whose head is keyed: it owns the records for which `owns` holds.
-    pub fn keyed_input(next: Box<dyn Downstream<T>>, owns: Owns<T>) -> Self {
-        ChainTask {
-            source: None,
-            next,
-            owns: Some(owns),
+            retain,
         }
     }
 }
@@ -369,15 +422,14 @@ impl<T: Data> Task for ChainTask<T> {
         Ok(Produced { records, status })
     }
 
-    fn process(&mut self, batch: Batch, out: &mut Outgoing) -> Result<(), TaskError> {
-        if self.source.is_some() {
-            return Err(TaskError::Protocol(
-                "a source subtask received a batch".into(),
-            ));
-        }
-        for record in batch.into_records::<T>()? {
-            self.next.push(record);
-        }
+    fn process(&mut self, input: usize, batch: Batch, out: &mut Outgoing) -> Result<(), TaskError> {
+        let decoder = self.decoders.get(input).ok_or_else(|| {
+            TaskError::Protocol(format!(
+                "a batch of input {input} arrived at a chain with {} inputs",
+                self.decoders.len()
+            ))
+        })?;
+        decoder(batch, self.next.as_mut())?;
         self.next.flush(out)
     }
 
@@ -466,14 +518,12 @@ impl<T: Data> Task for ChainTask<T> {
         }
     }
 
-    fn retain_owned(&self, batch: Batch) -> Result<Batch, TaskError> {
-        let owns = self.owns.as_ref().ok_or_else(|| {
+    fn retain_owned(&self, input: usize, batch: Batch) -> Result<Batch, TaskError> {
+        let retain = self.retain.get(input).ok_or_else(|| {
             TaskError::Protocol(
                 "replayed records of a rescaled hash edge reached a chain without a key".into(),
             )
         })?;
-        let mut records = batch.into_records::<T>()?;
-        records.retain(|record| owns(record));
-        Ok(Batch::new(records))
+        retain(batch)
     }
 }

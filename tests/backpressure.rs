@@ -93,7 +93,8 @@ fn buffered_batches_never_exceed_credits_when_the_sink_is_slow() {
             read: sink_read.clone(),
             written: sink_written.clone(),
             max_in_flight: sink_max.clone(),
-        });
+        })
+        .build();
     let handle = job.run().unwrap();
     let metrics = handle.metrics().clone();
     let report = handle.wait().unwrap();

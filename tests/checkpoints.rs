@@ -70,7 +70,8 @@ fn manual_checkpoints_resolve_and_master_hooks_see_trigger_and_restore() {
         .source("generator", |ctx| Generator::new(10_000_000, 100, 0, ctx))
         .key_by(|k: &u64| *k)
         .process("count", |states| Counter::open(states, Emit::Final))
-        .sink("discard", |_| Discard);
+        .sink("discard", |_| Discard)
+        .build();
     job.config.faults = vec![Fault {
         point: FaultPoint::SyncSnapshot,
         checkpoint: CheckpointId(2),
@@ -137,6 +138,7 @@ fn failures_beyond_the_tolerable_number_fail_the_job_with_the_reason() {
         .key_by(|k: &u64| *k)
         .process("count", |states| Counter::open(states, Emit::Updates))
         .sink("slow", |_| Slow)
+        .build()
         .run()
         .unwrap()
         .wait();
@@ -164,6 +166,7 @@ fn settings_that_would_lose_savepoints_or_never_checkpoint_deploy_nothing() {
             .checkpointing(settings.clone())
             .source("generator", |ctx| Generator::new(1000, 10, 0, ctx))
             .sink("discard", |_| Discard)
+            .build()
             .run();
         assert!(
             matches!(refused, Err(JobError::InvalidCheckpointing(_))),

@@ -84,7 +84,8 @@ fn run(parallelism: u32, shape: &str) -> HashMap<String, u64> {
             count: states.value("count"),
             by_len: states.map("by-len"),
         })
-        .sink("collect", move |_| Collect::new(sink_results.clone()));
+        .sink("collect", move |_| Collect::new(sink_results.clone()))
+        .build();
     job.run().unwrap().wait().unwrap();
     let collected = results.lock().unwrap().clone();
     let mut counts = HashMap::new();
@@ -113,6 +114,7 @@ fn broadcast_delivers_every_record_to_every_subtask() {
         .broadcast()
         .parallelism(3)
         .sink("collect", move |_| Collect::new(sink_results.clone()))
+        .build()
         .run()
         .unwrap()
         .wait()

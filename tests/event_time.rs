@@ -75,6 +75,7 @@ fn allowed_lateness_refires_a_window_and_later_records_go_to_the_late_output() {
             |e: Ev, out| out.collect(Out::Late(e.key, e.ts)),
         )
         .sink("collect", move |_| Collect::new(collected.clone()))
+        .build()
         .run()
         .unwrap()
         .wait()
@@ -167,6 +168,7 @@ fn event_time_timers_fire_once_at_their_watermark_and_the_rest_at_the_end() {
             pending: states.value("pending"),
         })
         .sink("collect", move |_| Collect::new(collected.clone()))
+        .build()
         .run()
         .unwrap()
         .wait()
@@ -243,6 +245,7 @@ fn processing_time_windows_fire_on_the_clock_while_no_input_comes() {
             |key: &String, _: &TimeWindow, n: u64, out| out.collect((key.clone(), n)),
         )
         .sink("collect", move |_| Collect::new(collected.clone()))
+        .build()
         .run()
         .unwrap()
         .wait()

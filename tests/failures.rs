@@ -17,6 +17,7 @@ fn a_panic_in_user_code_fails_the_job_with_its_message() {
             k
         })
         .sink("discard", |_| Discard)
+        .build()
         .run()
         .unwrap()
         .wait();
@@ -47,6 +48,7 @@ fn a_sink_error_fails_the_job_and_names_the_subtask() {
         .parallelism(1)
         .source("generator", |ctx| Generator::new(10, 10, 0, ctx))
         .sink("failing", |_| Failing)
+        .build()
         .run()
         .unwrap()
         .wait()
@@ -64,6 +66,7 @@ fn cancel_ends_a_running_job() {
         .source_rate(1000.0)
         .source("generator", |ctx| Generator::new(u64::MAX, 10, 0, ctx))
         .sink("discard", |_| Discard)
+        .build()
         .run()
         .unwrap();
     // Cancel once the job is demonstrably running.
@@ -80,6 +83,7 @@ fn an_invalid_graph_is_refused_before_anything_runs() {
         .source("generator", |ctx| Generator::new(10, 10, 0, ctx))
         .parallelism(200)
         .sink("discard", |_| Discard)
+        .build()
         .run()
         .err()
         .expect("parallelism above max parallelism is refused");

@@ -18,6 +18,7 @@
 //!     .source("numbers", |ctx: SourceContext| tidemark_actors::wordcount::Generator::new(1000, 10, 0, ctx))
 //!     .map(|key: u64| key * 2)
 //!     .sink("print", |_| tidemark_actors::sinks::Discard)
+//!     .build()
 //!     .run()?
 //!     .wait()?;
 //! println!("{} records", report.records_in);
@@ -28,6 +29,7 @@ pub mod cli;
 pub mod config;
 mod coordinator;
 mod endpoint;
+pub mod join;
 mod messages;
 pub mod metrics;
 pub mod runtime;

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tidemark::checkpoint::shared::Space;
 use tidemark::checkpoint::{CompletedCheckpoint, StateHandle, SubtaskState};
-use tidemark::ids::ChannelId;
+use tidemark::ids::{ChannelId, OperatorId};
 use tidemark::time::TimeMetrics;
 
 /// High-water marks of one channel, against the credits that bound them.
@@ -59,6 +59,8 @@ impl ChannelGauge {
 #[derive(Debug, Default)]
 pub struct JobMetrics {
     records_in: AtomicU64,
+    /// Records read by each source operator.
+    records_by_source: DashMap<OperatorId, AtomicU64>,
     /// One gauge per channel, created at its first deployment and kept
     /// across restarts.
     pub channels: DashMap<ChannelId, Arc<ChannelGauge>>,
@@ -213,9 +215,22 @@ impl CheckpointStats {
 }
 
 impl JobMetrics {
-    /// Called by sources with the records they read, replays included.
-    pub fn add_records_in(&self, n: u64) {
+    /// Called by the subtasks of source `operator` with the records they
+    /// read, replays included.
+    pub fn add_records_in(&self, operator: OperatorId, n: u64) {
         self.records_in.fetch_add(n, Ordering::Relaxed);
+        self.records_by_source
+            .entry(operator)
+            .or_default()
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Records read by the subtasks of source `operator`, over all
+    /// attempts.
+    pub fn records_in_of(&self, operator: OperatorId) -> u64 {
+        self.records_by_source
+            .get(&operator)
+            .map_or(0, |n| n.load(Ordering::Relaxed))
     }
 
     /// Records read by all sources, over all attempts: replays after a

@@ -35,6 +35,7 @@ where
             stream.sink("files", move |ctx| FileSink::new(&dir, &run, ctx))
         }
     }
+    .build()
 }
 
 /// Names the output files of a new run after the current time, so that

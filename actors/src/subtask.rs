@@ -59,7 +59,8 @@ pub struct SubtaskSpec {
     pub id: SubtaskId,
     pub attempt: Attempt,
     pub task: Box<dyn Task>,
-    pub inputs: usize,
+    /// Per gate channel, the input (`Edge::input`) it feeds.
+    pub inputs: Vec<usize>,
     pub outputs: usize,
     pub records_per_batch: usize,
     /// Records per second for this source subtask.
@@ -97,6 +98,8 @@ pub struct SubtaskActor {
     attempt: Attempt,
     task: Box<dyn Task>,
     is_source: bool,
+    /// Per gate channel, the input it feeds.
+    inputs: Vec<usize>,
     handler: BarrierHandler,
     outputs: Vec<CreditSender>,
     output_addrs: Vec<Addr<OutputEndpoint>>,
@@ -155,7 +158,7 @@ impl SubtaskActor {
         supervisor: Addr<JobSupervisor>,
         metrics: Arc<JobMetrics>,
     ) -> Self {
-        let mut handler = BarrierHandler::new(spec.inputs);
+        let mut handler = BarrierHandler::new(spec.inputs.len());
         let mut outputs: Vec<CreditSender> =
             (0..spec.outputs).map(|_| CreditSender::default()).collect();
         for state in spec.replay {
@@ -171,7 +174,8 @@ impl SubtaskActor {
         SubtaskActor {
             id: spec.id,
             attempt: spec.attempt,
-            is_source: spec.inputs == 0,
+            is_source: spec.inputs.is_empty(),
+            inputs: spec.inputs,
             task: spec.task,
             handler,
             outputs,
@@ -368,7 +372,11 @@ impl SubtaskActor {
                         self.resume_at = Some(Instant::now() + Duration::from_nanos(pause));
                     }
                     self.advance_processing_time(ctx);
-                    if self.guarded(|task, out| task.process(batch, out)).is_some() {
+                    let input = self.inputs[channel];
+                    if self
+                        .guarded(|task, out| task.process(input, batch, out))
+                        .is_some()
+                    {
                         if credited {
                             self.input_addrs[channel].do_send(Consumed);
                         }
@@ -741,7 +749,8 @@ impl Handler<Produce> for SubtaskActor {
         let Some(produced) = self.guarded(|task, out| task.produce(max, unix_ms, out)) else {
             return;
         };
-        self.metrics.add_records_in(produced.records as u64);
+        self.metrics
+            .add_records_in(self.id.operator, produced.records as u64);
         self.send_outgoing();
         self.forward_watermarks();
         if produced.records == 0 && produced.status == SourceStatus::Running {

@@ -41,7 +41,7 @@ use tidemark::checkpoint::{
 use tidemark::error::TaskError;
 use tidemark::event::CheckpointKind;
 use tidemark::graph::JobGraph;
-use tidemark::ids::{Attempt, CheckpointId, SubtaskId, SubtaskIndex};
+use tidemark::ids::{Attempt, CheckpointId, SubtaskId};
 use tidemark::job::Job;
 use tidemark::key_group::KeyGroupRange;
 use tidemark::split::SplitPosition;
@@ -314,6 +314,7 @@ impl JobSupervisor {
         let graph = &self.job.graph;
         let op = graph.operator(subtask.operator);
         TaskContext {
+            operator: subtask.operator,
             subtask: subtask.index,
             parallelism: op.parallelism,
             max_parallelism: op.max_parallelism,
@@ -323,15 +324,30 @@ impl JobSupervisor {
                 subtask.index,
             ),
             batch_limits: self.job.config.batch_limits,
-            output: graph.output_edge(op.id).map(|edge| {
-                let consumer = graph.operator(edge.to);
-                OutputContext {
-                    partitioner: edge.partitioner,
-                    channels: graph.output_channels(edge, subtask.index).len(),
-                    consumer_parallelism: consumer.parallelism,
-                    consumer_max_parallelism: consumer.max_parallelism,
-                }
-            }),
+            outputs: {
+                let mut offset = 0;
+                graph
+                    .edges
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, e)| e.from == op.id)
+                    .map(|(i, edge)| {
+                        let consumer = graph.operator(edge.to);
+                        let channels = graph.output_channels(edge, subtask.index).len();
+                        offset += channels;
+                        (
+                            i,
+                            OutputContext {
+                                partitioner: edge.partitioner,
+                                offset: offset - channels,
+                                channels,
+                                consumer_parallelism: consumer.parallelism,
+                                consumer_max_parallelism: consumer.max_parallelism,
+                            },
+                        )
+                    })
+                    .collect()
+            },
             source_position,
             state_backend: self.job.config.state_backend.clone(),
             time_metrics: self.metrics.time.clone(),
@@ -492,7 +508,7 @@ impl JobSupervisor {
             let sources = self
                 .subtasks
                 .iter()
-                .filter(|(id, _)| graph.input_edge(id.operator).is_none())
+                .filter(|(id, _)| graph.is_source(id.operator))
                 .cloned()
                 .collect();
             coordinator.do_send(Deployed {
@@ -524,15 +540,17 @@ impl JobSupervisor {
             let failed = |error| JobError::TaskFailed { subtask: id, error };
             let position = state.source_position().map_err(failed)?;
             let ctx = self.task_context(id, position);
+            let gate = graph.gate(id);
             let factory = self.job.task_factory(id.operator).clone();
             let task = catch_unwind(AssertUnwindSafe(|| {
                 let mut task = factory(&ctx);
                 task.restore(&state)?;
                 if state.filter_replay {
                     for channel in replay.iter_mut().filter(|c| c.side == ChannelSide::Input) {
+                        let input = gate.get(channel.channel).map_or(0, |(_, input)| *input);
                         let batches = std::mem::take(&mut channel.batches);
                         for batch in batches {
-                            let owned = task.retain_owned(batch)?;
+                            let owned = task.retain_owned(usize::from(input), batch)?;
                             if !owned.is_empty() {
                                 channel.batches.push(owned);
                             }
@@ -548,13 +566,13 @@ impl JobSupervisor {
                 .checkpoints
                 .restored_inflight_batches
                 .fetch_add(replayed as u64, Ordering::Relaxed);
-            let input_edge = graph.input_edge(id.operator);
+            let is_source = graph.is_source(id.operator);
             let spec = SubtaskSpec {
                 id,
                 attempt,
                 task,
-                inputs: graph.input_count(id),
-                outputs: ctx.output.map_or(0, |o| o.channels),
+                inputs: gate.iter().map(|(_, input)| usize::from(*input)).collect(),
+                outputs: ctx.outputs.iter().map(|(_, o)| o.channels).sum(),
                 records_per_batch: config.batch_limits.max_records,
                 replay,
                 shared_base,
@@ -564,7 +582,7 @@ impl JobSupervisor {
                     .map_or(0, |s| s.ns_per_record),
                 rate: config
                     .source_rate
-                    .filter(|_| input_edge.is_none())
+                    .filter(|_| is_source)
                     .map(|rate| rate / f64::from(ctx.parallelism)),
                 checkpointing: checkpointing
                     .clone()
@@ -599,54 +617,45 @@ impl JobSupervisor {
         let mut outputs: HashMap<SubtaskId, Vec<Addr<OutputEndpoint>>> = HashMap::new();
         let mut inputs: HashMap<SubtaskId, Vec<Option<Addr<InputEndpoint>>>> = graph
             .subtasks()
-            .map(|id| (id, vec![None; graph.input_count(id)]))
+            .map(|id| (id, vec![None; graph.gate(id).len()]))
             .collect();
         let channels = config.channels;
-        for edge in &graph.edges {
-            for i in 0..graph.operator(edge.from).parallelism {
-                for (k, channel) in graph
-                    .output_channels(edge, SubtaskIndex(i))
-                    .into_iter()
-                    .enumerate()
-                {
-                    let consumer_channel = graph
-                        .input_channels(edge, channel.to.index)
-                        .iter()
-                        .position(|c| *c == channel)
-                        .expect("both sides of an edge list the same channels");
-                    let gauge = self.metrics.channel(
+        for producer in graph.subtasks() {
+            for (k, channel) in graph.outputs(producer).into_iter().enumerate() {
+                let consumer_channel = graph
+                    .gate(channel.to)
+                    .iter()
+                    .position(|(c, _)| *c == channel)
+                    .expect("both sides of an edge list the same channels");
+                let gauge =
+                    self.metrics
+                        .channel(channel, channels.output_credits, channels.input_credits);
+                let consumer = subtasks[&channel.to].clone();
+                let supervisor = me.clone();
+                let ie_gauge = gauge.clone();
+                let ie = InputEndpoint::start_in_arbiter(self.arbiter(channel.to), move |_| {
+                    InputEndpoint::new(
                         channel,
-                        channels.output_credits,
-                        channels.input_credits,
-                    );
-                    let consumer = subtasks[&channel.to].clone();
-                    let supervisor = me.clone();
-                    let ie_gauge = gauge.clone();
-                    let ie = InputEndpoint::start_in_arbiter(self.arbiter(channel.to), move |_| {
-                        InputEndpoint::new(
-                            channel,
-                            attempt,
-                            consumer,
-                            consumer_channel,
-                            channels.prefetch,
-                            ie_gauge,
-                            supervisor,
-                        )
-                    });
-                    let producer = subtasks[&channel.from].clone();
-                    let downstream = ie.clone();
-                    let oe =
-                        OutputEndpoint::start_in_arbiter(self.arbiter(channel.from), move |_| {
-                            OutputEndpoint::new(producer, k, downstream, gauge)
-                        });
-                    ie.do_send(ConnectUpstream(oe.clone()));
-                    actors.push(ie.clone().recipient());
-                    actors.push(oe.clone().recipient());
-                    outputs.entry(channel.from).or_default().push(oe);
-                    inputs
-                        .get_mut(&channel.to)
-                        .expect("every subtask has an entry")[consumer_channel] = Some(ie);
-                }
+                        attempt,
+                        consumer,
+                        consumer_channel,
+                        channels.prefetch,
+                        ie_gauge,
+                        supervisor,
+                    )
+                });
+                let producer = subtasks[&channel.from].clone();
+                let downstream = ie.clone();
+                let oe = OutputEndpoint::start_in_arbiter(self.arbiter(channel.from), move |_| {
+                    OutputEndpoint::new(producer, k, downstream, gauge)
+                });
+                ie.do_send(ConnectUpstream(oe.clone()));
+                actors.push(ie.clone().recipient());
+                actors.push(oe.clone().recipient());
+                outputs.entry(channel.from).or_default().push(oe);
+                inputs
+                    .get_mut(&channel.to)
+                    .expect("every subtask has an entry")[consumer_channel] = Some(ie);
             }
         }
         for (id, addr) in &subtasks {

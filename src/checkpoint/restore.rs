@@ -11,7 +11,7 @@ use crate::graph::{Edge, JobGraph, OperatorSpec, Partitioner};
 use crate::ids::{CheckpointId, KeyGroup, OperatorId, SubtaskId, SubtaskIndex};
 use crate::key_group::{subtask_for_key_group, KeyGroupRange};
 use crate::split::{self, SplitPosition};
-use crate::task::{SINK, SOURCE_EXHAUSTED, SOURCE_POSITION, SOURCE_WATERMARK};
+use crate::task::{is_sink_entry, SOURCE_EXHAUSTED, SOURCE_POSITION, SOURCE_WATERMARK};
 use crate::time::watermark::GeneratorState;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -82,7 +82,7 @@ pub struct RestorePlan {
     pub operator: BTreeMap<String, Vec<u8>>,
     /// Sink transactions of subtasks a rescale removed: pre-committed, to
     /// be committed by this subtask.
-    pub adopted: Vec<Vec<u8>>,
+    pub adopted: Vec<(String, Vec<u8>)>,
     /// In-flight batches to replay, each on a channel the subtask has.
     pub channels: Vec<ChannelStateHandle>,
     /// The replayed input came over a hash edge whose consumer was rescaled:
@@ -400,21 +400,28 @@ fn plan_channels(
             });
         }
     }
-    // `None`: the edge's other end is not in the checkpoint.
+    // The checkpointed gates and outputs: the job's edges, at the
+    // parallelism they ran at. `None`: an edge of the side has an end the
+    // checkpoint does not hold.
+    let old_parallelism = |op: OperatorId| was(op).unwrap_or(0);
     let channels_of = |operator: OperatorId, side: ChannelSide| {
-        let edge = match side {
-            ChannelSide::Input => graph.input_edge(operator),
-            ChannelSide::Output => graph.output_edge(operator),
-        };
-        let Some(edge) = edge else {
-            return Some(0);
-        };
-        let &(_, from, to) = edges.iter().find(|(e, ..)| *e == edge)?;
-        Some(match (edge.partitioner, side) {
-            (Partitioner::Forward, _) => 1,
-            (_, ChannelSide::Input) => from,
-            (_, ChannelSide::Output) => to,
-        })
+        let input = side == ChannelSide::Input;
+        let mut count = 0;
+        for edge in graph.edges.iter().filter(|e| {
+            if input {
+                e.to == operator
+            } else {
+                e.from == operator
+            }
+        }) {
+            let &(_, from, to) = edges.iter().find(|(e, ..)| *e == edge)?;
+            count += match (edge.partitioner, input) {
+                (Partitioner::Forward, _) => 1,
+                (_, true) => from,
+                (_, false) => to,
+            };
+        }
+        Some(count)
     };
     for (&operator, states) in old {
         for &(index, state) in states {
@@ -441,30 +448,48 @@ fn plan_channels(
             .flat_map(|(_, state)| state.channels.iter())
             .filter(move |c| c.side == side && c.channel == channel)
     };
+    let new_parallelism = |op: OperatorId| graph.operator(op).parallelism;
     for &(edge, from, to) in &edges {
         let consumer = graph.operator(edge.to);
         let (new_from, new_to) = (graph.operator(edge.from).parallelism, consumer.parallelism);
         let forward = edge.partitioner == Partitioner::Forward;
+        let old_in = graph.channel_offset(edge, true, old_parallelism);
+        let old_out = graph.channel_offset(edge, false, old_parallelism);
+        let new_in = graph.channel_offset(edge, true, new_parallelism);
+        let new_out = graph.channel_offset(edge, false, new_parallelism);
         for c in 0..to {
             for (k, p) in (0..from).filter(|&p| !forward || p == c).enumerate() {
                 let mut records: Vec<ChannelStateHandle> =
-                    handles(edge.to, c, ChannelSide::Input, k as u32)
+                    handles(edge.to, c, ChannelSide::Input, old_in + k as u32)
                         .cloned()
                         .collect();
                 let outgoing: Vec<ChannelStateHandle> = handles(
                     edge.from,
                     p,
                     ChannelSide::Output,
-                    if forward { 0 } else { c },
+                    old_out + if forward { 0 } else { c },
                 )
                 .cloned()
                 .collect();
                 if from == new_from && to == new_to {
-                    for (operator, index, kept) in [(edge.to, c, records), (edge.from, p, outgoing)]
-                    {
-                        if !kept.is_empty() {
-                            plan_of(plans, operator, index).channels.extend(kept);
+                    // Other edges of the gate may have changed their width.
+                    let kept = [
+                        (edge.to, c, new_in + k as u32, records),
+                        (
+                            edge.from,
+                            p,
+                            new_out + if forward { 0 } else { c },
+                            outgoing,
+                        ),
+                    ];
+                    for (operator, index, channel, kept) in kept {
+                        if kept.is_empty() {
+                            continue;
                         }
+                        plan_of(plans, operator, index).channels.extend(
+                            kept.into_iter()
+                                .map(|h| ChannelStateHandle { channel, ..h }),
+                        );
                     }
                     continue;
                 }
@@ -490,7 +515,7 @@ fn plan_channels(
                     }
                     Partitioner::Rebalance | Partitioner::Forward => vec![c % new_to],
                 };
-                let channel = if forward { 0 } else { p % new_from };
+                let channel = new_in + if forward { 0 } else { p % new_from };
                 for j in targets {
                     let plan = plan_of(plans, edge.to, j);
                     plan.filter_replay |= edge.partitioner == Partitioner::Hash && to != new_to;
@@ -531,14 +556,14 @@ fn operator_state(
     parallelism: u32,
     checkpointed: u32,
     states: &[(SubtaskIndex, &SubtaskState)],
-) -> Result<Vec<(BTreeMap<String, Vec<u8>>, Vec<Vec<u8>>)>, String> {
+) -> Result<Vec<(BTreeMap<String, Vec<u8>>, Vec<(String, Vec<u8>)>)>, String> {
     let of = |j: u32| {
         states
             .iter()
             .find(|(i, _)| i.0 == j)
             .map(|(_, s)| &s.operator)
     };
-    let mut out: Vec<(BTreeMap<String, Vec<u8>>, Vec<Vec<u8>>)> = (0..parallelism)
+    let mut out: Vec<(BTreeMap<String, Vec<u8>>, Vec<(String, Vec<u8>)>)> = (0..parallelism)
         .map(|j| (of(j).cloned().unwrap_or_default(), Vec::new()))
         .collect();
     if parallelism == checkpointed {
@@ -587,7 +612,10 @@ fn operator_state(
             }
         }
     }
-    let removed = (parallelism..checkpointed).filter_map(|j| of(j)?.get(SINK).cloned());
+    let removed = (parallelism..checkpointed)
+        .filter_map(of)
+        .flat_map(|state| state.iter().filter(|(e, _)| is_sink_entry(e)))
+        .map(|(e, t)| (e.clone(), t.clone()));
     out[0].1.extend(removed);
     Ok(out)
 }
@@ -598,6 +626,7 @@ mod tests {
     use crate::checkpoint::SubtaskState;
     use crate::event::CheckpointKind;
     use crate::ids::{CheckpointId, SubtaskIndex};
+    use crate::task::SINK;
 
     fn graph(p: u32) -> JobGraph {
         let mut g = JobGraph::default();
@@ -607,6 +636,7 @@ mod tests {
             from: a,
             to: b,
             partitioner: Partitioner::Hash,
+            input: 0,
         });
         g
     }
@@ -822,7 +852,7 @@ mod tests {
             );
         }
         assert_eq!(plans[&count(0)].operator[SINK], [0]);
-        assert_eq!(plans[&count(0)].adopted, [vec![2u8]]);
+        assert_eq!(plans[&count(0)].adopted, [(SINK.to_owned(), vec![2u8])]);
         assert_eq!(plans[&count(1)].operator[SINK], [1]);
         assert!(plans[&count(1)].adopted.is_empty());
 

@@ -2,8 +2,10 @@
 //! operator, keyed timers and windows. Watermarks are channel events that
 //! travel in-band like barriers; timers are keyed state, so every snapshot,
 //! incremental checkpoint, savepoint and rescale carries them with the key
-//! groups they belong to.
+//! groups they belong to. The interval join ([`join`]) buffers both inputs
+//! in keyed state that its event-time timers clean up.
 
+pub mod join;
 pub mod timers;
 pub mod watermark;
 pub mod window;

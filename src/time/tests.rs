@@ -9,7 +9,7 @@ use crate::ids::{CheckpointId, KeyGroup, SubtaskIndex};
 use crate::key_group::{key_group_of, KeyGroupRange};
 use crate::operator::{
     Collector, Downstream, KeyedFunctionFactory, KeyedProcess, KeyedProcessFunction, Outgoing,
-    RecordWriter, Route,
+    Output, RecordWriter, Route, Step,
 };
 use crate::state::{KeyedContext, KeyedStateBackend, StateBackend};
 use crate::task::{KeyedSnapshot, RestoreState, TaskSnapshot};
@@ -44,13 +44,13 @@ fn operator<O: Data>(
     factory: &KeyedFunctionFactory<u64, Ev, O>,
     metrics: Arc<TimeMetrics>,
 ) -> KeyedProcess<u64, Ev, O> {
-    let writer = RecordWriter::<O>::new(Route::Forward, 1, 1 << 20);
+    let writer = RecordWriter::<O>::new(Route::Forward, 0, 1, 1 << 20);
     KeyedProcess::new(
         Arc::new(|e: &Ev| e.key),
         factory,
         backend,
         metrics,
-        Box::new(writer),
+        Output::from(Box::new(writer) as Box<dyn Downstream<O>>),
     )
 }
 
@@ -415,7 +415,7 @@ fn source_task(
         start: None,
     };
     let source = Box::new(Items::new(items.clone(), ctx));
-    let writer = Box::new(RecordWriter::<Ev>::new(Route::Forward, 1, 1 << 10));
+    let writer = Box::new(RecordWriter::<Ev>::new(Route::Forward, 0, 1, 1 << 10));
     match strategy {
         Some(strategy) => {
             ChainTask::source_with_watermarks(source, strategy, Arc::default(), writer)

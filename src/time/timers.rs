@@ -103,6 +103,8 @@ pub struct TimeCounters {
     pub windows_fired: u64,
     /// Records dropped (or sent to the late-data output) as too late.
     pub late_records: u64,
+    /// Pairs interval joins emitted.
+    pub join_pairs: u64,
 }
 
 /// The time figures of a job, shared by its subtasks over all attempts.
@@ -112,6 +114,9 @@ pub struct TimeMetrics {
     timers_fired: AtomicU64,
     windows_fired: AtomicU64,
     late_records: AtomicU64,
+    join_pairs: AtomicU64,
+    /// Records interval joins still held when their input ended.
+    join_buffered: AtomicU64,
     /// Largest timestamp any source read.
     max_timestamp: AtomicU64,
     /// One more than the largest watermark below the final one that reached
@@ -130,6 +135,7 @@ impl TimeMetrics {
             .fetch_add(c.windows_fired, Ordering::Relaxed);
         self.late_records
             .fetch_add(c.late_records, Ordering::Relaxed);
+        self.join_pairs.fetch_add(c.join_pairs, Ordering::Relaxed);
     }
 
     /// Everything counted so far.
@@ -139,7 +145,19 @@ impl TimeMetrics {
             timers_fired: self.timers_fired.load(Ordering::Relaxed),
             windows_fired: self.windows_fired.load(Ordering::Relaxed),
             late_records: self.late_records.load(Ordering::Relaxed),
+            join_pairs: self.join_pairs.load(Ordering::Relaxed),
         }
+    }
+
+    /// An interval join ended its input with `records` still buffered.
+    pub fn add_join_buffered(&self, records: u64) {
+        self.join_buffered.fetch_add(records, Ordering::Relaxed);
+    }
+
+    /// Records interval joins still held when their input ended: 0 once
+    /// the final watermark has passed every buffered record.
+    pub fn join_buffered(&self) -> u64 {
+        self.join_buffered.load(Ordering::Relaxed)
     }
 
     /// A source read a record of timestamp `timestamp`.

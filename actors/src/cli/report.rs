@@ -6,8 +6,10 @@ use crate::config::Mode;
 use crate::metrics::{CheckpointStats, JobMetrics};
 use crate::runtime::JobReport;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tidemark::channel::ChannelConfig;
+use tidemark::ids::OperatorId;
 use tidemark::storage::{CheckpointStorage, StorageCounters};
 
 /// The `--json` report.
@@ -17,6 +19,8 @@ pub struct RunReport {
     pub topology: Topology,
     /// Records read by all sources, replays included.
     pub records_in: u64,
+    /// The same, source by source (by uid).
+    pub records_in_by_source: BTreeMap<String, u64>,
     /// From deployment to the end of the job.
     pub elapsed_s: f64,
     /// `records_in` over `elapsed_s`.
@@ -104,6 +108,11 @@ pub struct RunReport {
     /// How far the last watermark before the end of input trailed the
     /// newest timestamp the sources read, in ms; `null` without watermarks.
     pub watermark_lag_ms: Option<u64>,
+    /// Pairs interval joins emitted, replays after a restore included.
+    pub pairs_emitted: u64,
+    /// Records interval joins still buffered when their input ended: 0
+    /// after a bounded run, as the final watermark clears them.
+    pub join_buffered_at_end: u64,
 }
 
 /// A figure's last value and its most.
@@ -143,6 +152,8 @@ pub(super) struct Finished<'a> {
     pub metrics: &'a JobMetrics,
     pub storage: Option<&'a CheckpointStorage>,
     pub savepoint: Option<String>,
+    /// The job's sources: operator and uid.
+    pub sources: Vec<(OperatorId, String)>,
 }
 
 impl RunReport {
@@ -156,6 +167,7 @@ impl RunReport {
             metrics,
             storage,
             savepoint,
+            sources,
         } = run;
         let storage_counter = |counter: fn(&StorageCounters) -> &AtomicU64| {
             storage.map_or(0, |s| counter(s.counters()).load(Ordering::Relaxed))
@@ -166,6 +178,10 @@ impl RunReport {
         RunReport {
             topology,
             records_in: report.records_in,
+            records_in_by_source: sources
+                .into_iter()
+                .map(|(op, uid)| (uid, metrics.records_in_of(op)))
+                .collect(),
             elapsed_s: report.elapsed.as_secs_f64(),
             throughput_rps: report.throughput(),
             parallelism,
@@ -224,6 +240,8 @@ impl RunReport {
             timers_in_last_checkpoint: stats.timers_last.load(Ordering::Relaxed),
             timers_in_checkpoint_max: stats.timers_max.load(Ordering::Relaxed),
             watermark_lag_ms: metrics.time.watermark_lag(),
+            pairs_emitted: time.join_pairs,
+            join_buffered_at_end: metrics.time.join_buffered(),
         }
     }
 }

@@ -5,6 +5,7 @@
 use super::report::{Finished, RunReport};
 use super::{Cli, CliError, Command};
 use crate::config::{ConfigFile, Options, Origins, RestoreArg};
+use crate::join::Join;
 use crate::runtime::{job_id, JobError, Runtime};
 use crate::windows::{Events, Windows};
 use crate::wordcount::{Emit, Wordcount};
@@ -28,6 +29,8 @@ pub enum Topology {
     Wordcount,
     /// Count records per key and event-time window.
     Windows,
+    /// Join two sources on key and event time within an interval.
+    Join,
 }
 
 impl Topology {
@@ -36,6 +39,24 @@ impl Topology {
         match self {
             Topology::Wordcount => crate::wordcount::JOB_NAME,
             Topology::Windows => crate::windows::JOB_NAME,
+            Topology::Join => crate::join::JOB_NAME,
+        }
+    }
+
+    /// Its keyed operator (counting or joining), with the sink chained to
+    /// it: the one `--slow-subtask` slows. The sources come before it.
+    pub fn keyed_operator(self) -> OperatorId {
+        match self {
+            Topology::Wordcount | Topology::Windows => OperatorId(1),
+            Topology::Join => OperatorId(2),
+        }
+    }
+
+    /// Records all its sources read for `--records` records.
+    fn records_in(self, records: u64) -> u64 {
+        match self {
+            Topology::Wordcount | Topology::Windows => records,
+            Topology::Join => records.saturating_mul(2),
         }
     }
 }
@@ -47,7 +68,7 @@ pub struct RunArgs {
     /// The topology to run.
     #[arg(value_enum)]
     pub topology: Topology,
-    /// Records to generate over all sources.
+    /// Records to generate over all subtasks of each source.
     #[arg(long, default_value_t = 10_000_000)]
     pub records: u64,
     /// Distinct keys.
@@ -59,17 +80,20 @@ pub struct RunArgs {
     /// What the counting operator emits (wordcount).
     #[arg(long, value_enum, default_value_t = Emit::Final)]
     pub emit: Emit,
-    /// Records per millisecond of event time (windows).
+    /// Records per millisecond of event time (windows, join).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     pub events_per_ms: u64,
     /// The most a record's timestamp lags behind its place in the input
-    /// (windows); the sources' watermarks trail by as much.
+    /// (windows, join); the sources' watermarks trail by as much.
     #[arg(long, default_value = "100ms", value_parser = crate::config::values::flag_duration)]
     pub max_disorder: Duration,
     /// The windows (windows): tumbling:SIZE, sliding:SIZE/SLIDE or
     /// session:GAP.
     #[arg(long, default_value = "tumbling:1s", value_parser = crate::windows::parse_window)]
     pub window: WindowAssigner,
+    /// The most the timestamps of two joined records differ by (join).
+    #[arg(long, default_value = "20ms", value_parser = crate::config::values::flag_duration)]
+    pub interval: Duration,
     /// Directory for the results: committed files are those directly in it
     /// whose names do not start with `.` or `_`.
     #[arg(long)]
@@ -79,7 +103,8 @@ pub struct RunArgs {
     /// it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Make this subtask of the counting operator slow (with --slow-ns), so
+    /// Make this subtask of the counting or joining operator slow (with
+    /// --slow-ns), so
     /// that its inputs fill and its upstreams are backpressured.
     #[arg(long, requires = "slow_ns")]
     pub slow_subtask: Option<u32>,
@@ -201,23 +226,21 @@ impl RunArgs {
             .get_or_insert(RestartStrategy::DEFAULT_MAX_ATTEMPTS + self.inject_failures);
         let mut config = options.job_config();
         if self.inject_failures > 0 {
-            let subtasks = 2 * config.parallelism as usize;
+            let operators = self.topology.keyed_operator().0 as usize + 1;
             config.kills = Some(KillSchedule::new(
                 self.seed,
                 self.inject_failures as usize,
-                self.records,
-                subtasks,
+                self.topology.records_in(self.records),
+                operators * config.parallelism as usize,
             ));
         }
         config.faults = self.inject_fault.clone();
-        // Operator 1 counts (by key, or by key and window), with the sink
-        // chained to it.
         config.slow = self
             .slow_subtask
             .zip(self.slow_ns)
             .map(|(index, ns_per_record)| SlowSubtask {
                 subtask: SubtaskId {
-                    operator: OperatorId(1),
+                    operator: self.topology.keyed_operator(),
                     index: SubtaskIndex(index),
                 },
                 ns_per_record,
@@ -348,6 +371,12 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         })?;
     }
     let (parallelism, channels) = (config.parallelism, config.channels);
+    let events = || Events {
+        keys: args.keys,
+        seed: args.seed,
+        events_per_ms: args.events_per_ms,
+        max_disorder: u64::try_from(args.max_disorder.as_millis()).unwrap_or(u64::MAX),
+    };
     let job = match args.topology {
         Topology::Wordcount => Wordcount {
             records: args.records,
@@ -359,17 +388,26 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         .job(config),
         Topology::Windows => Windows {
             records: args.records,
-            events: Events {
-                keys: args.keys,
-                seed: args.seed,
-                events_per_ms: args.events_per_ms,
-                max_disorder: u64::try_from(args.max_disorder.as_millis()).unwrap_or(u64::MAX),
-            },
+            events: events(),
             window: args.window,
             output: args.output.clone(),
         }
         .job(config),
+        Topology::Join => Join {
+            records: args.records,
+            events: events(),
+            interval: args.interval,
+            output: args.output.clone(),
+        }
+        .job(config),
     };
+    let sources = job
+        .graph
+        .operators
+        .iter()
+        .filter(|op| job.graph.is_source(op.id))
+        .map(|op| (op.id, op.uid.clone()))
+        .collect();
     let handle = Runtime::default().run(job).map_err(|e| match e {
         JobError::Storage(
             e @ (StorageError::UnsupportedUrl(_) | StorageError::InvalidUrl { .. }),
@@ -410,5 +448,6 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         metrics: &metrics,
         storage: storage.as_ref(),
         savepoint,
+        sources,
     }))
 }

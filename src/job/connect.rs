@@ -1,0 +1,167 @@
+//! Two-input operators: two streams connected into one operator that reads
+//! each as one of its inputs, keyed alike on both sides or not keyed.
+
+use super::stream::{hash_route, owned, plain_route, KeyOf, Node, Sides, Stream};
+use super::KeyedStream;
+use crate::batch::Data;
+use crate::graph::Partitioner;
+use crate::operator::{Collector, Stateless};
+use crate::state::{Key, StateRegistrar};
+use crate::task::{decoder, TaskContext};
+use crate::time::join::{IntervalJoin, JoinFunction};
+use crate::time::Timestamped;
+use crate::two_input::{CoProcessFunction, Either, KeyedCoProcessFunction, Sides as Dispatch};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Two streams waiting for the function that reads both.
+pub struct ConnectedStreams<L, R> {
+    left: Stream<L>,
+    right: Stream<R>,
+}
+
+impl<L: Data> Stream<L> {
+    /// Connects this stream (the left input) with `right` into a two-input
+    /// operator.
+    pub fn connect<R: Data>(self, right: Stream<R>) -> ConnectedStreams<L, R> {
+        ConnectedStreams { left: self, right }
+    }
+}
+
+impl<L: Data, R: Data> ConnectedStreams<L, R> {
+    /// Runs `function` over both inputs in a new operator, fed over
+    /// forward edges where the parallelism allows and rebalance otherwise.
+    pub fn process<O, P>(self, name: &str, function: P) -> Stream<O>
+    where
+        O: Data,
+        P: CoProcessFunction<L, R, O> + Clone + Sync + 'static,
+    {
+        let job = self.left.job.clone();
+        let (op, input) = job.input_operator(
+            name,
+            vec![
+                decoder::<L, _>(Either::Left),
+                decoder::<R, _>(Either::Right),
+            ],
+            |_| Vec::new(),
+            |_, next| next,
+        );
+        let (node, sides) = (Node::new(), Sides::default());
+        let (next, side) = (node.clone(), sides.clone());
+        input.attach(Arc::new(move |ctx| {
+            let mut f = function.clone();
+            let dispatch = move |record, out: &mut Collector<'_, O>| match record {
+                Either::Left(l) => f.process_left(l, out),
+                Either::Right(r) => f.process_right(r, out),
+            };
+            Box::new(Stateless::new(dispatch, side.output(&next, ctx)))
+        }));
+        job.connect_edges(&self.left.parts, op, 0, None, plain_route);
+        job.connect_edges(&self.right.parts, op, 1, None, plain_route);
+        job.stream(op, node, Some(sides))
+    }
+}
+
+/// Two streams keyed alike, waiting for the keyed function that reads both.
+pub struct KeyedConnectedStreams<K, L, R> {
+    left: KeyedStream<K, L>,
+    right: KeyedStream<K, R>,
+}
+
+impl<K: Key, L: Data> KeyedStream<K, L> {
+    /// Connects this keyed stream (the left input) with `right`, keyed
+    /// alike: both inputs share each key's state and timers.
+    pub fn connect<R: Data>(self, right: KeyedStream<K, R>) -> KeyedConnectedStreams<K, L, R> {
+        KeyedConnectedStreams { left: self, right }
+    }
+
+    /// Joins this keyed stream (left) with `right` on equal keys and
+    /// timestamps within an interval, set by
+    /// [`between`](IntervalJoinBuilder::between).
+    pub fn interval_join<R: Data>(self, right: KeyedStream<K, R>) -> IntervalJoinBuilder<K, L, R> {
+        IntervalJoinBuilder {
+            streams: self.connect(right),
+            lower: 0,
+            upper: 0,
+        }
+    }
+}
+
+impl<K: Key, L: Data, R: Data> KeyedConnectedStreams<K, L, R> {
+    /// Runs a keyed two-input function in a new operator; `factory` builds
+    /// each subtask's instance and declares its states.
+    pub fn process<O, P, F>(self, name: &str, factory: F) -> Stream<O>
+    where
+        O: Data,
+        P: KeyedCoProcessFunction<K, L, R, O> + 'static,
+        F: Fn(&mut StateRegistrar<'_, K>) -> P + Send + Sync + 'static,
+    {
+        self.process_in_context(name, move |_, states| factory(states))
+    }
+
+    fn process_in_context<O, P, F>(self, name: &str, factory: F) -> Stream<O>
+    where
+        O: Data,
+        P: KeyedCoProcessFunction<K, L, R, O> + 'static,
+        F: Fn(&TaskContext, &mut StateRegistrar<'_, K>) -> P + Send + Sync + 'static,
+    {
+        let KeyedConnectedStreams { left, right } = self;
+        let (key_left, key_right) = (left.key_of.clone(), right.key_of.clone());
+        let key_of: KeyOf<Either<L, R>, K> = Arc::new(move |record| match record {
+            Either::Left(l) => key_left(l),
+            Either::Right(r) => key_right(r),
+        });
+        let (owner_left, owner_right) = (left.key_of.clone(), right.key_of.clone());
+        let job = left.stream.job.clone();
+        let (op, out) = job.keyed_operator(
+            name,
+            key_of,
+            vec![
+                decoder::<L, _>(Either::Left),
+                decoder::<R, _>(Either::Right),
+            ],
+            move |ctx| vec![owned(&owner_left, ctx), owned(&owner_right, ctx)],
+            Arc::new(move |ctx, states| Box::new(Dispatch(factory(ctx, states)))),
+        );
+        let hash = Some(Partitioner::Hash);
+        job.connect_edges(&left.stream.parts, op, 0, hash, hash_route(left.key_of));
+        job.connect_edges(&right.stream.parts, op, 1, hash, hash_route(right.key_of));
+        out
+    }
+}
+
+/// An interval join waiting for its bounds and its join function.
+pub struct IntervalJoinBuilder<K, L, R> {
+    streams: KeyedConnectedStreams<K, L, R>,
+    lower: i64,
+    upper: i64,
+}
+
+/// Milliseconds of a duration, as a signed bound.
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl<K: Key, L: Data + Timestamped, R: Data + Timestamped> IntervalJoinBuilder<K, L, R> {
+    /// Pairs a left record at `t` with the right records of its key from
+    /// `t - before` to `t + after`, bounds included (Flink's
+    /// `between(-before, +after)`).
+    pub fn between(mut self, before: Duration, after: Duration) -> Self {
+        self.lower = -millis(before);
+        self.upper = millis(after);
+        self
+    }
+
+    /// Runs the join in a new operator; `join` emits what each pair yields.
+    pub fn process<O, F>(self, name: &str, join: F) -> Stream<O>
+    where
+        O: Data,
+        F: Fn(&L, &R, &mut Collector<'_, O>) + Send + Sync + 'static,
+    {
+        let (lower, upper) = (self.lower, self.upper);
+        let join: JoinFunction<L, R, O> = Arc::new(join);
+        self.streams.process_in_context(name, move |ctx, states| {
+            IntervalJoin::open(states, lower, upper, join.clone(), ctx.time_metrics.clone())
+        })
+    }
+}
