@@ -397,4 +397,136 @@ mod tests {
         );
         assert_eq!(JobGraph::default().validate(), Err(GraphError::Empty));
     }
+
+    fn edge(from: OperatorId, to: OperatorId, partitioner: Partitioner, input: u8) -> Edge {
+        Edge {
+            from,
+            to,
+            partitioner,
+            input,
+        }
+    }
+
+    /// left (p=2) and right (p=3) into the two inputs of join (p=2) over
+    /// hash edges; left also feeds audit (p=2) forward, which unions it with
+    /// join's output.
+    fn dag() -> JobGraph {
+        let mut g = JobGraph::default();
+        let left = g.add_operator("left", 2);
+        let right = g.add_operator("right", 3);
+        let join = g.add_operator("join", 2);
+        let audit = g.add_operator("audit", 2);
+        g.edges = vec![
+            edge(left, join, Partitioner::Hash, 0),
+            edge(right, join, Partitioner::Hash, 1),
+            edge(left, audit, Partitioner::Forward, 0),
+            edge(join, audit, Partitioner::Rebalance, 0),
+        ];
+        g
+    }
+
+    /// A cycle, a stream unioned with itself and a second input without a
+    /// first are refused before deployment, naming the operators.
+    #[test]
+    fn validation_refuses_cycles_duplicate_edges_and_gaps_in_the_inputs() {
+        assert_eq!(dag().validate(), Ok(()));
+        let (left, join, audit) = (OperatorId(0), OperatorId(2), OperatorId(3));
+
+        let mut g = dag();
+        g.edges[3] = edge(audit, join, Partitioner::Rebalance, 0);
+        assert_eq!(
+            g.validate(),
+            Err(GraphError::Backwards {
+                from: "audit".into(),
+                to: "join".into()
+            })
+        );
+        g.edges[3] = edge(join, join, Partitioner::Forward, 0);
+        assert!(matches!(g.validate(), Err(GraphError::Backwards { .. })));
+
+        let mut g = dag();
+        g.edges.push(edge(left, join, Partitioner::Rebalance, 1));
+        assert_eq!(
+            g.validate(),
+            Err(GraphError::DuplicateEdge {
+                from: "left".into(),
+                to: "join".into()
+            })
+        );
+
+        for input in [1, 2] {
+            let mut g = dag();
+            g.edges[0].input = input;
+            assert_eq!(g.validate(), Err(GraphError::Inputs("join".into(), input)));
+        }
+    }
+
+    /// A subtask's gate holds the channels of its input edges edge after
+    /// edge, each with the input it feeds, and its outputs are laid out
+    /// alike: channel state names channels by these positions. A restore
+    /// finds an edge's channels with `channel_offset`, at the parallelism
+    /// the job ran at, so it must agree with the layout at any parallelism.
+    #[test]
+    fn gates_and_outputs_lay_out_channels_edge_after_edge() {
+        let g = dag();
+        let id = |operator, index| SubtaskId {
+            operator: OperatorId(operator),
+            index: SubtaskIndex(index),
+        };
+        let from = |gate: Vec<(ChannelId, u8)>| -> Vec<(SubtaskId, u8)> {
+            gate.into_iter().map(|(c, input)| (c.from, input)).collect()
+        };
+        let (l, r, j, a) = (0, 1, 2, 3);
+        assert_eq!(
+            from(g.gate(id(j, 1))),
+            [
+                (id(l, 0), 0),
+                (id(l, 1), 0),
+                (id(r, 0), 1),
+                (id(r, 1), 1),
+                (id(r, 2), 1)
+            ]
+        );
+        assert_eq!(
+            from(g.gate(id(a, 1))),
+            [(id(l, 1), 0), (id(j, 0), 0), (id(j, 1), 0)]
+        );
+        let to: Vec<SubtaskId> = g.outputs(id(l, 1)).into_iter().map(|c| c.to).collect();
+        assert_eq!(to, [id(j, 0), id(j, 1), id(a, 1)]);
+        assert!(g.gate(id(l, 0)).is_empty());
+        assert!(g.outputs(id(a, 0)).is_empty());
+
+        for parallelism in [[2, 3, 2, 2], [4, 1, 3, 4]] {
+            let p = |op: OperatorId| parallelism[op.0 as usize];
+            let mut rescaled = g.clone();
+            for op in &mut rescaled.operators {
+                op.parallelism = p(op.id);
+            }
+            rescaled.validate().unwrap();
+            for (edge, e) in g.edges.iter().zip(&rescaled.edges) {
+                let start = g.channel_offset(edge, true, p) as usize;
+                for index in (0..p(e.to)).map(SubtaskIndex) {
+                    let gate = rescaled.gate(SubtaskId {
+                        operator: e.to,
+                        index,
+                    });
+                    let expected: Vec<_> = rescaled
+                        .input_channels(e, index)
+                        .into_iter()
+                        .map(|c| (c, e.input))
+                        .collect();
+                    assert_eq!(gate[start..start + expected.len()], expected, "{e:?}");
+                }
+                let start = g.channel_offset(edge, false, p) as usize;
+                for index in (0..p(e.from)).map(SubtaskIndex) {
+                    let outputs = rescaled.outputs(SubtaskId {
+                        operator: e.from,
+                        index,
+                    });
+                    let expected = rescaled.output_channels(e, index);
+                    assert_eq!(outputs[start..start + expected.len()], expected, "{e:?}");
+                }
+            }
+        }
+    }
 }

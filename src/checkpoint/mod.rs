@@ -30,6 +30,9 @@ pub mod savepoint;
 pub mod shared;
 pub mod store;
 
+#[cfg(test)]
+mod dag_tests;
+
 use crate::batch::Batch;
 use crate::event::{Alignment, CheckpointKind};
 use crate::graph::OperatorSpec;

@@ -1166,4 +1166,152 @@ mod tests {
             Err(RestoreError::Malformed { .. })
         ));
     }
+
+    /// left (op 0) and right (op 1) into the two inputs of join (op 2) over
+    /// hash edges, at the given parallelisms.
+    fn join_graph(left: u32, right: u32, join: u32) -> JobGraph {
+        let mut g = JobGraph::default();
+        let (l, r) = (g.add_operator("left", left), g.add_operator("right", right));
+        let j = g.add_operator("join", join);
+        for (from, input) in [(l, 0), (r, 1)] {
+            g.edges.push(Edge {
+                from,
+                to: j,
+                partitioner: Partitioner::Hash,
+                input,
+            });
+        }
+        g
+    }
+
+    fn subtask(operator: u32, index: u32) -> SubtaskId {
+        SubtaskId {
+            operator: OperatorId(operator),
+            index: SubtaskIndex(index),
+        }
+    }
+
+    /// An unaligned checkpoint of `join_graph(2, 2, 2)`: input state of
+    /// every join subtask on each of its 4 channels (`in-c-ch`: left 0 and 1,
+    /// then right 0 and 1), and output state of every left and right subtask
+    /// towards each join subtask (`left-p-c`, `right-p-c`).
+    fn unaligned_join() -> CompletedCheckpoint {
+        let handle = |side, name: String, channel| ChannelStateHandle {
+            side,
+            channel,
+            batches: 1,
+            handle: StateHandle::object(name, 10),
+        };
+        let mut subtasks = BTreeMap::new();
+        for i in 0..2 {
+            let inputs = (0..4).map(|ch| handle(ChannelSide::Input, format!("in-{i}-{ch}"), ch));
+            subtasks.insert(
+                subtask(2, i),
+                SubtaskState {
+                    channels: inputs.collect(),
+                    ..SubtaskState::default()
+                },
+            );
+            for (op, name) in [(0, "left"), (1, "right")] {
+                let outputs =
+                    (0..2).map(|c| handle(ChannelSide::Output, format!("{name}-{i}-{c}"), c));
+                subtasks.insert(
+                    subtask(op, i),
+                    SubtaskState {
+                        channels: outputs.collect(),
+                        ..SubtaskState::default()
+                    },
+                );
+            }
+        }
+        CompletedCheckpoint {
+            operators: join_graph(2, 2, 2).operators,
+            subtasks,
+            ..checkpoint(0)
+        }
+    }
+
+    /// Old join c's in-flight records of `input` from producer p, replayed
+    /// on new gate channel `to`: what c had received on the channel from p
+    /// (old gate channel 2 * input + p), then what p had not sent.
+    fn records(c: u32, input: u32, p: u32, to: u32) -> [(u32, String); 2] {
+        let producer = ["left", "right"][input as usize];
+        [
+            (to, format!("in-{c}-{}", 2 * input + p)),
+            (to, format!("{producer}-{p}-{c}")),
+        ]
+    }
+
+    /// (channel, object) of each output channel state kept, in order.
+    fn kept_outputs(plan: &RestorePlan) -> Vec<(u32, String)> {
+        plan.channels
+            .iter()
+            .map(|c| {
+                assert_eq!(c.side, ChannelSide::Output);
+                (c.channel, c.handle.physical().unwrap().to_owned())
+            })
+            .collect()
+    }
+
+    /// On a rescale, the in-flight records of both inputs of a two-input
+    /// operator reach the subtasks that now own their keys, each on a
+    /// channel of the input it came from: input 0's channels first in the
+    /// new gate, input 1's after them, at the new width of input 0.
+    #[test]
+    fn in_flight_records_of_both_inputs_of_a_join_land_on_their_input_after_a_rescale() {
+        let c = unaligned_join();
+        let join = |plans: &HashMap<SubtaskId, RestorePlan>, j| replayed(&plans[&subtask(2, j)]);
+
+        // Join 2 -> 3: old join c's records go to every new owner of its key
+        // groups (old 0 owned 0..=63, old 1 64..=127; new 1 owns 43..=85), on
+        // channel p of left and 2 + p of right, and are filtered there.
+        let plans = plan(&c, &join_graph(2, 2, 3), false).unwrap();
+        let old = |c, input| -> Vec<(u32, String)> {
+            (0..2)
+                .flat_map(|p| records(c, input, p, 2 * input + p))
+                .collect()
+        };
+        assert_eq!(join(&plans, 0), [old(0, 0), old(0, 1)].concat());
+        assert_eq!(
+            join(&plans, 1),
+            [old(0, 0), old(1, 0), old(0, 1), old(1, 1)].concat()
+        );
+        assert_eq!(join(&plans, 2), [old(1, 0), old(1, 1)].concat());
+        for j in 0..3 {
+            assert!(plans[&subtask(2, j)].filter_replay, "{j}");
+        }
+        for p in 0..2 {
+            assert!(plans[&subtask(0, p)].channels.is_empty(), "{p}");
+            assert!(plans[&subtask(1, p)].channels.is_empty(), "{p}");
+        }
+
+        // Right 2 -> 3: input 0 keeps its channels and its producers' output
+        // state; input 1's records stay with their consumer, on channel
+        // 2 + p mod 3 of the wider gate, unfiltered (the keys did not move).
+        let plans = plan(&c, &join_graph(2, 3, 2), false).unwrap();
+        for j in 0..2 {
+            let kept = [(0, format!("in-{j}-0")), (1, format!("in-{j}-1"))];
+            let moved = (0..2).flat_map(|p| records(j, 1, p, 2 + p % 3));
+            assert_eq!(
+                join(&plans, j),
+                kept.into_iter().chain(moved).collect::<Vec<_>>()
+            );
+            assert!(!plans[&subtask(2, j)].filter_replay);
+            let left: Vec<_> = (0..2).map(|c| (c, format!("left-{j}-{c}"))).collect();
+            assert_eq!(kept_outputs(&plans[&subtask(0, j)]), left);
+        }
+        assert!((0..3).all(|p| plans[&subtask(1, p)].channels.is_empty()));
+
+        // Left 2 -> 3: input 1's edge changed nothing, but its channels move
+        // up to the new width of input 0.
+        let plans = plan(&c, &join_graph(3, 2, 2), false).unwrap();
+        for j in 0..2 {
+            let moved = (0..2).flat_map(|p| records(j, 0, p, p % 3));
+            let kept = [(3, format!("in-{j}-2")), (4, format!("in-{j}-3"))];
+            assert_eq!(join(&plans, j), moved.chain(kept).collect::<Vec<_>>());
+            assert!(!plans[&subtask(2, j)].filter_replay);
+            let right: Vec<_> = (0..2).map(|c| (c, format!("right-{j}-{c}"))).collect();
+            assert_eq!(kept_outputs(&plans[&subtask(1, j)]), right);
+        }
+    }
 }

@@ -24,6 +24,8 @@ pub trait Timestamped {
 }
 
 #[cfg(test)]
+mod join_tests;
+#[cfg(test)]
 mod tests;
 
 /// Processing time in milliseconds since the Unix epoch, as the shell gives
