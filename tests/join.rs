@@ -598,9 +598,6 @@ fn a_savepoint_at_p2_on_rocksdb_restores_at_p3_exactly() {
 /// stops": what the sinks pre-committed for the savepoint is visible once
 /// the run returns, without a restore.
 #[test]
-#[ignore = "bug: the stopped job often ends before its sinks commit the savepoint: \
-            a .pending-part-* file of the savepoint is left (actors/src/supervisor.rs, \
-            Handler<StopWithSavepoint>)"]
 fn a_stop_with_a_savepoint_commits_what_the_sinks_pre_committed_for_it() {
     for seed in 30..34 {
         let spec = JOIN.with_records(60_000).with_seed(seed);

@@ -446,7 +446,7 @@ impl JobSupervisor {
                     next_id,
                     crate::coordinator::now(),
                 );
-                core.record_operators(graph.operators.clone());
+                core.record_graph(&graph);
                 for hook in hooks {
                     core.add_master_hook(hook);
                 }
@@ -677,16 +677,30 @@ impl JobSupervisor {
         Ok(())
     }
 
-    fn stop_attempt(&mut self) {
-        for actor in self.actors.drain(..) {
-            actor.do_send(Stop);
-        }
+    /// Tells every actor of the attempt to stop; the future resolves once
+    /// each has handled it (or is gone), so that what their mailboxes held
+    /// before it — a sink's commit above all — has been handled too. An
+    /// actor stuck in user code is given up on after `STOP_TIMEOUT`.
+    fn stop_attempt(&mut self) -> impl std::future::Future<Output = ()> + 'static {
+        const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+        let stops: Vec<_> = self
+            .actors
+            .drain(..)
+            .map(|actor| actor.send(Stop).timeout(STOP_TIMEOUT))
+            .collect();
         self.subtasks.clear();
+        async move {
+            for stopped in futures::future::join_all(stops).await {
+                if let Err(actix::MailboxError::Timeout) = stopped {
+                    tracing::warn!("an actor of the previous attempt did not stop in time");
+                }
+            }
+        }
     }
 
     /// A failure of the current attempt: restart if the strategy allows.
     fn fail(&mut self, error: JobError, ctx: &mut Context<Self>) {
-        self.stop_attempt();
+        let stopped = self.stop_attempt();
         let Some(coordinator) = self.coordinator.clone() else {
             return self.complete(Err(error), ctx);
         };
@@ -711,9 +725,13 @@ impl JobSupervisor {
         self.failed_at.get_or_insert_with(Instant::now);
         self.attempt = Attempt(self.attempt.0 + 1);
         let attempt = self.attempt;
-        ctx.run_later(delay, move |act, ctx| {
-            act.restart(attempt, coordinator, ctx)
-        });
+        // The new attempt starts once the old one's actors have stopped:
+        // two attempts never run side by side.
+        ctx.spawn(
+            futures::future::join(stopped, actix_rt::time::sleep(delay))
+                .into_actor(self)
+                .map(move |_, act, ctx| act.restart(attempt, coordinator, ctx)),
+        );
     }
 
     fn restart(
@@ -765,25 +783,23 @@ impl JobSupervisor {
         let Some(tx) = self.outcome.take() else {
             return;
         };
-        self.stop_attempt();
-        let finish = move || {
-            let _ = tx.send(outcome);
-            System::current().stop();
-        };
-        match self.coordinator.clone() {
-            None => finish(),
-            Some(coordinator) => {
-                ctx.spawn(
-                    async move {
-                        let (reply, done) = tokio::sync::oneshot::channel();
-                        coordinator.do_send(Shutdown(reply));
-                        let _ = done.await;
-                    }
-                    .into_actor(self)
-                    .map(move |(), _, _| finish()),
-                );
+        let stopped = self.stop_attempt();
+        let coordinator = self.coordinator.clone();
+        ctx.spawn(
+            async move {
+                stopped.await;
+                if let Some(coordinator) = coordinator {
+                    let (reply, done) = tokio::sync::oneshot::channel();
+                    coordinator.do_send(Shutdown(reply));
+                    let _ = done.await;
+                }
             }
-        }
+            .into_actor(self)
+            .map(move |(), _, _| {
+                let _ = tx.send(outcome);
+                System::current().stop();
+            }),
+        );
     }
 
     fn schedule_kills(&mut self, ctx: &mut Context<Self>) {

@@ -12,7 +12,7 @@
 
 use super::{Ack, CheckpointConfig, CheckpointFailure, CompletedCheckpoint, SubtaskState};
 use crate::event::{Alignment, Barrier, CheckpointKind, CheckpointOptions};
-use crate::graph::OperatorSpec;
+use crate::graph::{Edge, JobGraph, OperatorSpec};
 use crate::ids::{CheckpointId, SubtaskId};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::mem;
@@ -254,8 +254,9 @@ pub struct CheckpointCoordinator {
     /// checkpoint starts, so that nothing after the savepoint commits.
     stop: Option<RequestId>,
     /// Recorded in every checkpoint: a restore matches state to operators
-    /// by uid.
+    /// by uid, and channel state to edges.
     operators: Vec<OperatorSpec>,
+    edges: Vec<Edge>,
 }
 
 impl CheckpointCoordinator {
@@ -286,12 +287,15 @@ impl CheckpointCoordinator {
             last_end: None,
             stop: None,
             operators: Vec::new(),
+            edges: Vec::new(),
         }
     }
 
-    /// The job's operators, recorded in the metadata of every checkpoint.
-    pub fn record_operators(&mut self, operators: Vec<OperatorSpec>) {
-        self.operators = operators;
+    /// The job's operators and edges, recorded in the metadata of every
+    /// checkpoint.
+    pub fn record_graph(&mut self, graph: &JobGraph) {
+        self.operators = graph.operators.clone();
+        self.edges = graph.edges.clone();
     }
 
     /// Admits manual request `request` before its `Event::Trigger`. While a
@@ -564,6 +568,7 @@ impl CheckpointCoordinator {
             kind: p.kind,
             format: Default::default(),
             operators: self.operators.clone(),
+            edges: self.edges.clone(),
             timestamp: p.timestamp,
             subtasks: p.acks.clone(),
             master_states: mem::take(&mut p.master_states),
@@ -892,6 +897,7 @@ mod tests {
             kind: Checkpoint,
             format: Default::default(),
             operators: Vec::new(),
+            edges: Vec::new(),
             timestamp: UNIX_BASE + at,
             subtasks: (0..subtasks).map(|i| (subtask(i), state(id, i))).collect(),
             master_states: BTreeMap::new(),
@@ -1906,7 +1912,7 @@ mod tests {
         let mut h = Harness::new(config(), 1);
         let mut graph = crate::graph::JobGraph::default();
         graph.add_operator("count", 1);
-        h.coordinator.record_operators(graph.operators.clone());
+        h.coordinator.record_graph(&graph);
         h.tick(1000);
         assert_eq!(finalized(h.ack_all(1100, 1)).operators, graph.operators);
     }

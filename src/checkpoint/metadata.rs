@@ -81,6 +81,7 @@ mod tests {
             kind: CheckpointKind::Checkpoint,
             format: Default::default(),
             operators: Vec::new(),
+            edges: Vec::new(),
             timestamp: 17,
             subtasks: BTreeMap::from([(
                 SubtaskId {

@@ -35,7 +35,7 @@ mod dag_tests;
 
 use crate::batch::Batch;
 use crate::event::{Alignment, CheckpointKind};
-use crate::graph::OperatorSpec;
+use crate::graph::{Edge, OperatorSpec};
 use crate::ids::{CheckpointId, SubtaskId};
 use crate::key_group::KeyGroupRange;
 use crate::task::SOURCE_EXHAUSTED;
@@ -761,6 +761,11 @@ pub struct CompletedCheckpoint {
     /// The operators of the job that took it, so that a restore can match
     /// its state to the job's operators by uid.
     pub operators: Vec<OperatorSpec>,
+    /// The edges of the job that took it, between `operators`: where each
+    /// channel of its unaligned channel state came from or went to.
+    /// Empty in checkpoints of versions before job graphs were DAGs.
+    #[serde(default)]
+    pub edges: Vec<Edge>,
     /// Trigger time, milliseconds since the Unix epoch.
     pub timestamp: u64,
     /// Every subtask's acknowledged state.
@@ -853,6 +858,7 @@ pub(crate) mod tests {
             kind: CheckpointKind::Checkpoint,
             format: Default::default(),
             operators: Vec::new(),
+            edges: Vec::new(),
             timestamp: id,
             subtasks: BTreeMap::new(),
             master_states: BTreeMap::new(),

@@ -52,6 +52,17 @@ pub enum RestoreError {
     /// `allow_non_restored`.
     #[error("operator uid {0:?} of the job is not in the checkpoint; --allow-non-restored-state starts it empty")]
     NotInCheckpoint(String),
+    /// Unaligned channel state of an operator whose edges differ from the
+    /// checkpointed job's: its channels cannot be matched.
+    #[error("checkpoint {checkpoint} is unaligned and holds in-flight records of operator uid {uid:?}, whose {side} edges differ from the checkpointed job's; restore it into the same topology, or from a savepoint or an aligned checkpoint")]
+    ChannelLayout {
+        /// The restored checkpoint.
+        checkpoint: CheckpointId,
+        /// The operator's uid.
+        uid: String,
+        /// `"input"` or `"output"`.
+        side: &'static str,
+    },
     /// The checkpoint contradicts itself (key groups of another subtask,
     /// offsets outside an object, channels that do not exist...).
     #[error("the state of {subtask} is malformed: {problem}")]
@@ -151,6 +162,7 @@ pub fn plan(
     graph: &JobGraph,
     allow_non_restored: bool,
 ) -> Result<HashMap<SubtaskId, RestorePlan>, RestoreError> {
+    check_channel_layout(checkpoint, graph)?;
     let checkpoint = &by_uid(checkpoint, graph, allow_non_restored)?;
     for recorded in &checkpoint.operators {
         let Some(op) = graph.operators.get(recorded.id.0 as usize) else {
@@ -211,6 +223,56 @@ pub fn plan(
     }
     plan_channels(checkpoint.id, graph, &checkpointed, &old, &mut plans)?;
     Ok(plans)
+}
+
+/// Refuses channel state whose channels the job lays out otherwise: an
+/// operator's gate and outputs are its edges in order, so in-flight records
+/// only map back where those edges (by the uids at their other end, input
+/// and partitioner) are the checkpointed job's. Parallelism may differ.
+fn check_channel_layout(
+    checkpoint: &CompletedCheckpoint,
+    graph: &JobGraph,
+) -> Result<(), RestoreError> {
+    if checkpoint.edges.is_empty() {
+        // Written before job graphs were DAGs: one linear pipeline.
+        return Ok(());
+    }
+    let uid_in = |ops: &[OperatorSpec], id: OperatorId| {
+        ops.iter().find(|o| o.id == id).map(|o| o.uid.clone())
+    };
+    let sides = |ops: &[OperatorSpec], edges: &[Edge], uid: &str, input: bool| {
+        edges
+            .iter()
+            .filter(|e| uid_in(ops, if input { e.to } else { e.from }).as_deref() == Some(uid))
+            .map(|e| {
+                let other = uid_in(ops, if input { e.from } else { e.to });
+                (other, e.input, e.partitioner)
+            })
+            .collect::<Vec<_>>()
+    };
+    for (subtask, state) in &checkpoint.subtasks {
+        // State of an operator the job lacks is dropped with it.
+        let Some(uid) = uid_in(&checkpoint.operators, subtask.operator)
+            .filter(|uid| graph.operators.iter().any(|o| o.uid == *uid))
+        else {
+            continue;
+        };
+        for (side, input) in [(ChannelSide::Input, true), (ChannelSide::Output, false)] {
+            if !state.channels.iter().any(|c| c.side == side) {
+                continue;
+            }
+            let then = sides(&checkpoint.operators, &checkpoint.edges, &uid, input);
+            let now = sides(&graph.operators, &graph.edges, &uid, input);
+            if then != now {
+                return Err(RestoreError::ChannelLayout {
+                    checkpoint: checkpoint.id,
+                    uid,
+                    side: if input { "input" } else { "output" },
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `checkpoint` with its operators renumbered as the operators of `graph`
@@ -400,9 +462,10 @@ fn plan_channels(
             });
         }
     }
-    // The checkpointed gates and outputs: the job's edges, at the
-    // parallelism they ran at. `None`: an edge of the side has an end the
-    // checkpoint does not hold.
+    // The checkpointed gates and outputs: the job's edges (the same as the
+    // checkpointed job's around any channel state, `check_channel_layout`),
+    // at the parallelism they ran at. `None`: an edge of the side has an
+    // end the checkpoint does not hold.
     let old_parallelism = |op: OperatorId| was(op).unwrap_or(0);
     let channels_of = |operator: OperatorId, side: ChannelSide| {
         let input = side == ChannelSide::Input;
@@ -672,6 +735,7 @@ mod tests {
             kind: CheckpointKind::Checkpoint,
             format: Default::default(),
             operators: Vec::new(),
+            edges: Vec::new(),
             timestamp: 0,
             subtasks,
             master_states: BTreeMap::new(),
@@ -1226,6 +1290,7 @@ mod tests {
         }
         CompletedCheckpoint {
             operators: join_graph(2, 2, 2).operators,
+            edges: join_graph(2, 2, 2).edges,
             subtasks,
             ..checkpoint(0)
         }
@@ -1313,5 +1378,33 @@ mod tests {
             let right: Vec<_> = (0..2).map(|c| (c, format!("right-{j}-{c}"))).collect();
             assert_eq!(kept_outputs(&plans[&subtask(1, j)]), right);
         }
+    }
+
+    /// In-flight records only map back to channels of the same edges: a
+    /// job whose join reads another left input (a new uid), or whose edges
+    /// into the join changed, is refused rather than fed the wrong records.
+    #[test]
+    fn channel_state_is_refused_where_the_operators_edges_changed() {
+        let c = unaligned_join();
+        let mut renamed = join_graph(2, 2, 2);
+        renamed.operators[0].uid = "other-left".into();
+        assert!(matches!(
+            plan(&c, &renamed, true),
+            Err(RestoreError::ChannelLayout { side: "input", .. })
+        ));
+        let mut swapped = join_graph(2, 2, 2);
+        swapped.edges.swap(0, 1);
+        swapped.edges[0].input = 0;
+        swapped.edges[1].input = 1;
+        assert!(matches!(
+            plan(&c, &swapped, false),
+            Err(RestoreError::ChannelLayout { .. })
+        ));
+        let mut rebalanced = join_graph(2, 2, 2);
+        rebalanced.edges[1].partitioner = Partitioner::Rebalance;
+        assert!(matches!(
+            plan(&c, &rebalanced, false),
+            Err(RestoreError::ChannelLayout { .. })
+        ));
     }
 }

@@ -537,6 +537,7 @@ mod tests {
             kind: CheckpointKind::Checkpoint,
             format: Default::default(),
             operators: Vec::new(),
+            edges: Vec::new(),
             timestamp: id,
             subtasks: BTreeMap::from([(subtask(), state)]),
             master_states: BTreeMap::new(),

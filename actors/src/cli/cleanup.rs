@@ -230,6 +230,7 @@ mod tests {
             kind: CheckpointKind::Checkpoint,
             format: Default::default(),
             operators: Vec::new(),
+            edges: Vec::new(),
             timestamp: 0,
             subtasks: subtasks.collect(),
             master_states: BTreeMap::new(),
