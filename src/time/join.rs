@@ -6,9 +6,12 @@
 //! Each side's records wait in keyed state until the watermark shows that
 //! no record of the other side can pair with them any more: a left record
 //! at `t` can pair with right records up to `t + upper`, a right record
-//! with left records up to `t - lower`. An event-time timer per key and
-//! cleanup time removes them then, so the state stays bounded by the
-//! interval and the disorder, and rides every checkpoint, savepoint and
+//! with left records up to `t - lower`. Both sides of a key are one state
+//! value, so a record costs one state access; the key has one event-time
+//! cleanup timer at a time, rounded up to a multiple of the interval's
+//! length, so that records arriving in time order register none and one
+//! firing clears several. The state thus stays bounded by the interval, the
+//! disorder and that rounding, and rides every checkpoint, savepoint and
 //! rescale as any keyed state does. A record behind the watermark is late
 //! and dropped (counted), as in Flink.
 
@@ -17,26 +20,73 @@ use crate::operator::Collector;
 use crate::state::{AllKeys, Key, KeyedContext, StateRegistrar, ValueState};
 use crate::two_input::KeyedCoProcessFunction;
 use crate::Data;
+use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 use std::sync::Arc;
 
 /// Emits what one joined pair yields.
 pub type JoinFunction<L, R, O> = Arc<dyn Fn(&L, &R, &mut Collector<'_, O>) + Send + Sync>;
 
-/// The keyed state names of the two buffers.
-pub const LEFT_BUFFER: &str = "join-left";
-/// See [`LEFT_BUFFER`].
-pub const RIGHT_BUFFER: &str = "join-right";
+/// The keyed state name of the join's buffers.
+pub const JOIN_BUFFERS: &str = "join-buffers";
 
-/// A buffered side of one key: records with their timestamps, in arrival
-/// order.
-type Buffer<T> = Vec<(u64, T)>;
+/// One side's records of a key, with their timestamps, in arrival order.
+/// Keys are usually sparse: one record is held without an allocation.
+type Side<T> = SmallVec<[(u64, T); 1]>;
+
+/// Picks the arriving record's side (to append to) and the other side (to
+/// probe) out of a key's buffers.
+type PickSides<L, R, Mine, Other> = fn(&mut Buffers<L, R>) -> (&mut Side<Mine>, &Side<Other>);
+
+/// The records of one key waiting for a partner, and the key's cleanup
+/// timer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(bound(serialize = "L: Serialize, R: Serialize"))]
+#[serde(bound(deserialize = "L: Deserialize<'de>, R: Deserialize<'de>"))]
+pub struct Buffers<L, R> {
+    left: Side<L>,
+    right: Side<R>,
+    /// The event-time timer set for this key, if any.
+    timer: Option<u64>,
+}
+
+impl<L, R> Default for Buffers<L, R> {
+    fn default() -> Self {
+        Buffers {
+            left: SmallVec::new(),
+            right: SmallVec::new(),
+            timer: None,
+        }
+    }
+}
+
+impl<L, R> Buffers<L, R> {
+    /// Records buffered.
+    pub fn len(&self) -> usize {
+        self.left.len() + self.right.len()
+    }
+
+    /// Whether nothing is buffered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn left_side(&mut self) -> (&mut Side<L>, &Side<R>) {
+        (&mut self.left, &self.right)
+    }
+
+    fn right_side(&mut self) -> (&mut Side<R>, &Side<L>) {
+        (&mut self.right, &self.left)
+    }
+}
 
 /// The interval join of one subtask.
 pub struct IntervalJoin<L, R, O> {
     lower: i64,
     upper: i64,
-    left: ValueState<Buffer<L>>,
-    right: ValueState<Buffer<R>>,
+    /// Cleanup timers are rounded up to multiples of it.
+    granularity: u64,
+    buffers: ValueState<Buffers<L, R>>,
     join: JoinFunction<L, R, O>,
     metrics: Arc<TimeMetrics>,
 }
@@ -60,8 +110,8 @@ impl<L: Data, R: Data, O> IntervalJoin<L, R, O> {
         IntervalJoin {
             lower,
             upper,
-            left: states.value(LEFT_BUFFER),
-            right: states.value(RIGHT_BUFFER),
+            granularity: upper.abs_diff(lower).max(1),
+            buffers: states.value(JOIN_BUFFERS),
             join,
             metrics,
         }
@@ -77,34 +127,56 @@ impl<L: Data, R: Data, O> IntervalJoin<L, R, O> {
         shift(t, -self.lower.min(0))
     }
 
-    /// A record of one side at `t`, not late, arrives: it pairs with the
-    /// other side's buffered records from `from` to `to`, through `emit`,
-    /// and waits in its own side's buffer until `expiry`.
+    /// The cleanup time of a record that expires at `expiry`.
+    fn cleanup(&self, expiry: u64) -> u64 {
+        expiry
+            .div_ceil(self.granularity)
+            .saturating_mul(self.granularity)
+    }
+
+    /// A record of one side at `t` arrives: unless it is late, it pairs
+    /// through `emit` with the other side's buffered records whose
+    /// timestamps lie in `range`, and waits in its own side's buffer
+    /// (`sides` picks both out of the key's buffers) until `expiry`. One
+    /// state access; the timer is only touched to make it earlier.
     #[allow(clippy::too_many_arguments)]
-    fn arrive<K: Key, Mine: Data, Other: Data>(
+    fn arrive<K: Key, Mine, Other>(
+        &self,
         ctx: &mut KeyedContext<'_, K>,
-        mine: &ValueState<Buffer<Mine>>,
-        other: &ValueState<Buffer<Other>>,
         record: Mine,
         t: u64,
-        (from, to): (u64, u64),
+        range: std::ops::RangeInclusive<u64>,
         expiry: u64,
+        sides: PickSides<L, R, Mine, Other>,
         mut emit: impl FnMut(&Mine, &Other),
     ) {
         if ctx.current_watermark().is_some_and(|w| t < w) {
             ctx.time_counters().late_records += 1;
             return;
         }
+        let at = self.cleanup(expiry);
+        let mut entry = ctx.value(&self.buffers);
+        let buffers = entry.get_or_default();
+        let earlier = buffers.timer.is_none_or(|set| at < set);
+        let replaced = if earlier {
+            buffers.timer.replace(at)
+        } else {
+            None
+        };
+        let (mine, other) = sides(buffers);
         let mut pairs = 0;
-        if let Some(buffered) = ctx.value(other).get() {
-            for (_, o) in buffered.iter().filter(|(u, _)| (from..=to).contains(u)) {
-                emit(&record, o);
-                pairs += 1;
-            }
+        for (_, o) in other.iter().filter(|(u, _)| range.contains(u)) {
+            emit(&record, o);
+            pairs += 1;
         }
+        mine.push((t, record));
         ctx.time_counters().join_pairs += pairs;
-        ctx.value(mine).get_or_default().push((t, record));
-        ctx.register_event_time_timer(expiry);
+        if earlier {
+            if let Some(set) = replaced {
+                ctx.delete_event_time_timer(set);
+            }
+            ctx.register_event_time_timer(at);
+        }
     }
 }
 
@@ -122,18 +194,10 @@ where
         out: &mut Collector<'_, O>,
     ) {
         let t = record.timestamp();
-        let range = (shift(t, self.lower), shift(t, self.upper));
-        let join = &self.join;
-        Self::arrive(
-            ctx,
-            &self.left,
-            &self.right,
-            record,
-            t,
-            range,
-            self.left_expiry(t),
-            |a, b| join(a, b, out),
-        );
+        let range = shift(t, self.lower)..=shift(t, self.upper);
+        let (join, expiry) = (&self.join, self.left_expiry(t));
+        let sides = Buffers::left_side;
+        self.arrive(ctx, record, t, range, expiry, sides, |a, b| join(a, b, out));
     }
 
     fn process_right(
@@ -143,18 +207,10 @@ where
         out: &mut Collector<'_, O>,
     ) {
         let t = record.timestamp();
-        let range = (shift(t, -self.upper), shift(t, -self.lower));
-        let join = &self.join;
-        Self::arrive(
-            ctx,
-            &self.right,
-            &self.left,
-            record,
-            t,
-            range,
-            self.right_expiry(t),
-            |b, a| join(a, b, out),
-        );
+        let range = shift(t, -self.upper)..=shift(t, -self.lower);
+        let (join, expiry) = (&self.join, self.right_expiry(t));
+        let sides = Buffers::right_side;
+        self.arrive(ctx, record, t, range, expiry, sides, |b, a| join(a, b, out));
     }
 
     fn on_timer(
@@ -163,19 +219,28 @@ where
         ctx: &mut KeyedContext<'_, K>,
         _out: &mut Collector<'_, O>,
     ) {
-        ctx.value(&self.left).update(
-            |b| b.retain(|(t, _)| self.left_expiry(*t) > timestamp),
+        let next = ctx.value(&self.buffers).update(
+            |b| {
+                b.left.retain(|(t, _)| self.left_expiry(*t) > timestamp);
+                b.right.retain(|(t, _)| self.right_expiry(*t) > timestamp);
+                if b.timer != Some(timestamp) {
+                    // An earlier timer replaced this one.
+                    return None;
+                }
+                let expiries = b.left.iter().map(|(t, _)| self.left_expiry(*t));
+                let right = b.right.iter().map(|(t, _)| self.right_expiry(*t));
+                b.timer = expiries.chain(right).min().map(|e| self.cleanup(e));
+                b.timer
+            },
             |b| !b.is_empty(),
         );
-        ctx.value(&self.right).update(
-            |b| b.retain(|(t, _)| self.right_expiry(*t) > timestamp),
-            |b| !b.is_empty(),
-        );
+        if let Some(Some(at)) = next {
+            ctx.register_event_time_timer(at);
+        }
     }
 
     fn end_of_input(&mut self, states: AllKeys<'_, K>, _out: &mut Collector<'_, O>) {
-        let left: usize = states.values(&self.left).map(|(_, b)| b.len()).sum();
-        let right: usize = states.values(&self.right).map(|(_, b)| b.len()).sum();
-        self.metrics.add_join_buffered((left + right) as u64);
+        let buffered: usize = states.values(&self.buffers).map(|(_, b)| b.len()).sum();
+        self.metrics.add_join_buffered(buffered as u64);
     }
 }

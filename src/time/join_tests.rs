@@ -169,14 +169,16 @@ fn pairs_exactly_the_records_of_a_key_within_asymmetric_bounds() {
     assert_eq!(join.metrics.counters().join_pairs, 6);
 }
 
-/// A record waits only as long as a record of the other side can still
-/// pair with it: with `between(5 ms before, 10 ms after)`, a left record at
-/// t until the watermark reaches t + 10, a right one until t + 5; once the
-/// watermark is at its end, nothing is buffered.
+/// A record waits as long as a record of the other side can still pair
+/// with it, up to the key's cleanup timer, rounded to a multiple of the
+/// interval's length: with `between(5 ms before, 10 ms after)` (15 ms), a
+/// left record at 100 can pair until 110 and is cleared at 120, a right one
+/// at 120 until 125 and is cleared at 135; once the watermark is at its
+/// end, nothing is buffered.
 #[test]
 fn the_watermark_empties_the_buffers() {
     let records = [L(1, 100), R(1, 120)];
-    for (watermark, buffered) in [(109, 2), (110, 1), (124, 1), (125, 0), (u64::MAX, 0)] {
+    for (watermark, buffered) in [(119, 2), (120, 1), (134, 1), (135, 0), (u64::MAX, 0)] {
         let mut join = fresh(-5, 10);
         assert_eq!(join.feed(&records), []);
         assert_eq!(join.feed(&[Watermark(watermark)]), []);
