@@ -44,6 +44,7 @@ pub mod graph;
 pub mod ids;
 pub mod job;
 pub mod key_group;
+pub mod key_hash;
 pub mod operator;
 pub mod rate;
 pub mod restart;

@@ -121,10 +121,11 @@ impl Sink<(u64, u64)> for Slow {
 }
 
 #[test]
-fn failures_beyond_the_tolerable_number_fail_the_job_with_the_reason() {
+fn failures_beyond_the_tolerable_number_fail_the_job_over_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let result = Job::builder("expiring")
         .parallelism(2)
+        .restart(tidemark::restart::RestartStrategy::None)
         .checkpointing(settings(
             dir.path(),
             CheckpointConfig {
@@ -143,11 +144,16 @@ fn failures_beyond_the_tolerable_number_fail_the_job_with_the_reason() {
         .unwrap()
         .wait();
     match result {
-        Err(JobError::Checkpointing(reason)) => assert!(
-            reason.starts_with("2 consecutive checkpoint failures exceed the tolerable 1")
-                && reason.contains("expired"),
-            "{reason}"
-        ),
+        Err(JobError::RestartsExhausted { restarts: 0, last }) => {
+            let JobError::Checkpointing(reason) = *last else {
+                panic!("expected a failure of checkpoints, got {last:?}");
+            };
+            assert!(
+                reason.starts_with("2 consecutive checkpoint failures exceed the tolerable 1")
+                    && reason.contains("expired"),
+                "{reason}"
+            )
+        }
         other => panic!("expected the job to fail on checkpoints, got {other:?}"),
     }
 }

@@ -301,6 +301,30 @@ fn a_fault_at_every_step_of_a_checkpoint_is_survived() {
     }
 }
 
+/// A failed upload declines its checkpoint instead of failing the subtask:
+/// within the tolerable failures the job goes on without a restart, later
+/// checkpoints complete, and the output is exactly once.
+#[test]
+fn a_failed_upload_declines_its_checkpoint_and_processing_goes_on() {
+    for fault in ["async-write:2:1:1", "async-write:2:0:0"] {
+        let (output, checkpoints) = (tempfile::tempdir().unwrap(), TestStorage::local());
+        let report = run(
+            7,
+            &[
+                format!("--inject-fault={fault}"),
+                "--tolerable-failures=1".to_string(),
+            ],
+            output.path(),
+            &checkpoints.url,
+        );
+        assert_eq!(report.restarts, 0, "{fault}");
+        assert!(report.checkpoints_failed >= 1, "{fault}");
+        assert!(report.checkpoints_completed >= 1, "{fault}");
+        assert_updates_exactly_once(output.path(), RECORDS, KEYS, 7, fault);
+        assert_storage_is_exactly_the_retained_checkpoints(&checkpoints.storage, fault);
+    }
+}
+
 #[test]
 fn ids_keep_increasing_when_the_job_is_run_again_on_its_checkpoints() {
     let (output, checkpoints) = (tempfile::tempdir().unwrap(), TestStorage::local());

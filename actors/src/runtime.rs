@@ -65,8 +65,9 @@ pub enum JobError {
     /// not self-contained, or references objects outside its directory.
     #[error(transparent)]
     Savepoint(#[from] SavepointError),
-    /// Consecutive checkpoint failures exceeded the tolerable number; the
-    /// job ends without restarting.
+    /// Consecutive checkpoint failures exceeded the tolerable number: the
+    /// job failed over, and comes back inside
+    /// [`JobError::RestartsExhausted`] once no restart is left.
     #[error("checkpointing failed: {0}")]
     Checkpointing(String),
     /// A master hook's `restore` failed, at the start or at a failover.

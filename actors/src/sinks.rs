@@ -174,9 +174,15 @@ impl FileSink {
     }
 }
 
+/// Renames `from` to `to` and syncs the directory, so that the new name
+/// survives a power loss: a commit is only acknowledged once it is durable.
 fn rename(from: &Path, to: &Path) -> Result<(), UserError> {
     std::fs::rename(from, to)
-        .map_err(|e| format!("cannot rename {} to {}: {e}", from.display(), to.display()).into())
+        .map_err(|e| format!("cannot rename {} to {}: {e}", from.display(), to.display()))?;
+    let dir = to.parent().unwrap_or(Path::new("."));
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| format!("cannot sync directory {}: {e}", dir.display()).into())
 }
 
 impl<T: Line + Send> Sink<T> for FileSink {

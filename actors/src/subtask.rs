@@ -538,7 +538,12 @@ impl SubtaskActor {
                 })
             };
             if async_fault {
-                return fail(Self::injected(FaultPoint::AsyncWrite, id));
+                return checkpointing.coordinator.do_send(DeclineCheckpoint {
+                    attempt,
+                    checkpoint: id,
+                    subtask,
+                    reason: Self::injected(FaultPoint::AsyncWrite, id).to_string(),
+                });
             }
             let mut channels = Vec::new();
             if let Some((queued, endpoints)) = outputs {
@@ -623,9 +628,18 @@ impl SubtaskActor {
                         fail(Self::injected(FaultPoint::AfterAck, id));
                     }
                 }
-                Err(reason) => fail(TaskError::Protocol(format!(
-                    "asynchronous part of {id} failed: {reason}"
-                ))),
+                Err(reason) => {
+                    // As in Flink, a failed upload (which deleted what it
+                    // wrote) declines its checkpoint, which counts against
+                    // the tolerable failures, rather than failing the
+                    // subtask: processing goes on.
+                    checkpointing.coordinator.do_send(DeclineCheckpoint {
+                        attempt,
+                        checkpoint: id,
+                        subtask,
+                        reason: format!("its asynchronous part failed: {reason}"),
+                    });
+                }
             }
         });
     }

@@ -889,8 +889,11 @@ impl Handler<SubtaskFailed> for JobSupervisor {
 impl Handler<CheckpointingFailed> for JobSupervisor {
     type Result = ();
 
+    /// As in Flink, a job whose checkpoints fail beyond the tolerable number
+    /// fails over: it restarts from its latest checkpoint if its restart
+    /// strategy allows.
     fn handle(&mut self, msg: CheckpointingFailed, ctx: &mut Context<Self>) {
-        self.complete(Err(JobError::Checkpointing(msg.0)), ctx);
+        self.fail(JobError::Checkpointing(msg.0), ctx);
     }
 }
 

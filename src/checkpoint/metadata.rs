@@ -82,6 +82,7 @@ mod tests {
             format: Default::default(),
             operators: Vec::new(),
             edges: Vec::new(),
+            key_hash: crate::key_hash::KEY_HASH_VERSION,
             timestamp: 17,
             subtasks: BTreeMap::from([(
                 SubtaskId {

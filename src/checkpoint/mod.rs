@@ -766,6 +766,11 @@ pub struct CompletedCheckpoint {
     /// Empty in checkpoints of versions before job graphs were DAGs.
     #[serde(default)]
     pub edges: Vec<Edge>,
+    /// The key hash its key groups were assigned with
+    /// ([`KEY_HASH_VERSION`](crate::key_hash::KEY_HASH_VERSION)); 0 before
+    /// key hashing was stable. A restore refuses keyed state of another.
+    #[serde(default)]
+    pub key_hash: u32,
     /// Trigger time, milliseconds since the Unix epoch.
     pub timestamp: u64,
     /// Every subtask's acknowledged state.
@@ -859,6 +864,7 @@ pub(crate) mod tests {
             format: Default::default(),
             operators: Vec::new(),
             edges: Vec::new(),
+            key_hash: crate::key_hash::KEY_HASH_VERSION,
             timestamp: id,
             subtasks: BTreeMap::new(),
             master_states: BTreeMap::new(),

@@ -10,6 +10,7 @@ use super::{
 use crate::graph::{Edge, JobGraph, OperatorSpec, Partitioner};
 use crate::ids::{CheckpointId, KeyGroup, OperatorId, SubtaskId, SubtaskIndex};
 use crate::key_group::{subtask_for_key_group, KeyGroupRange};
+use crate::key_hash::KEY_HASH_VERSION;
 use crate::split::{self, SplitPosition};
 use crate::task::{is_sink_entry, SOURCE_EXHAUSTED, SOURCE_POSITION, SOURCE_WATERMARK};
 use crate::time::watermark::GeneratorState;
@@ -52,6 +53,17 @@ pub enum RestoreError {
     /// `allow_non_restored`.
     #[error("operator uid {0:?} of the job is not in the checkpoint; --allow-non-restored-state starts it empty")]
     NotInCheckpoint(String),
+    /// Keyed state assigned to key groups with another key hash: its keys
+    /// would not be found.
+    #[error("checkpoint {checkpoint} assigned keys to key groups with key hash version {found}, this build uses version {expected}: its keyed state would not be found (version 0 is the unstable hash of releases before it); restore it with the build that wrote it, and take a savepoint there only if the keys can be re-read")]
+    KeyHash {
+        /// The restored checkpoint.
+        checkpoint: CheckpointId,
+        /// The checkpoint's version.
+        found: u32,
+        /// This build's.
+        expected: u32,
+    },
     /// Unaligned channel state of an operator whose edges differ from the
     /// checkpointed job's: its channels cannot be matched.
     #[error("checkpoint {checkpoint} is unaligned and holds in-flight records of operator uid {uid:?}, whose {side} edges differ from the checkpointed job's; restore it into the same topology, or from a savepoint or an aligned checkpoint")]
@@ -162,6 +174,14 @@ pub fn plan(
     graph: &JobGraph,
     allow_non_restored: bool,
 ) -> Result<HashMap<SubtaskId, RestorePlan>, RestoreError> {
+    let keyed = checkpoint.subtasks.values().any(|s| s.keyed.is_some());
+    if keyed && checkpoint.key_hash != KEY_HASH_VERSION {
+        return Err(RestoreError::KeyHash {
+            checkpoint: checkpoint.id,
+            found: checkpoint.key_hash,
+            expected: KEY_HASH_VERSION,
+        });
+    }
     check_channel_layout(checkpoint, graph)?;
     let checkpoint = &by_uid(checkpoint, graph, allow_non_restored)?;
     for recorded in &checkpoint.operators {
@@ -736,6 +756,7 @@ mod tests {
             format: Default::default(),
             operators: Vec::new(),
             edges: Vec::new(),
+            key_hash: crate::key_hash::KEY_HASH_VERSION,
             timestamp: 0,
             subtasks,
             master_states: BTreeMap::new(),
@@ -1291,6 +1312,7 @@ mod tests {
         CompletedCheckpoint {
             operators: join_graph(2, 2, 2).operators,
             edges: join_graph(2, 2, 2).edges,
+            key_hash: crate::key_hash::KEY_HASH_VERSION,
             subtasks,
             ..checkpoint(0)
         }
@@ -1405,6 +1427,23 @@ mod tests {
         assert!(matches!(
             plan(&c, &rebalanced, false),
             Err(RestoreError::ChannelLayout { .. })
+        ));
+    }
+
+    /// Keyed state whose keys were assigned to key groups with another key
+    /// hash is refused: restored, its keys would silently not be found.
+    #[test]
+    fn keyed_state_of_another_key_hash_is_refused() {
+        let mut c = checkpoint(2);
+        assert!(plan(&c, &graph(2), false).is_ok());
+        c.key_hash = 0;
+        assert!(matches!(
+            plan(&c, &graph(2), false),
+            Err(RestoreError::KeyHash {
+                found: 0,
+                expected: KEY_HASH_VERSION,
+                ..
+            })
         ));
     }
 }

@@ -538,6 +538,7 @@ mod tests {
             format: Default::default(),
             operators: Vec::new(),
             edges: Vec::new(),
+            key_hash: crate::key_hash::KEY_HASH_VERSION,
             timestamp: id,
             subtasks: BTreeMap::from([(subtask(), state)]),
             master_states: BTreeMap::new(),

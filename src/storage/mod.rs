@@ -206,8 +206,11 @@ fn local_store(url: &str, create: bool) -> Result<Arc<dyn ObjectStore>, StorageE
         std::fs::create_dir_all(dir).map_err(|e| open(e.into()))?;
     }
     let fs = LocalFileSystem::new_with_prefix(dir).map_err(|e| open(e.into()))?;
-    // Deleting a checkpoint's last object removes its directory too.
-    Ok(Arc::new(fs.with_automatic_cleanup(true)))
+    // A put returns once the file and its directory entry are on disk: an
+    // acknowledged state object or a completed `_metadata` survives a
+    // power loss. Deleting a checkpoint's last object removes its
+    // directory too.
+    Ok(Arc::new(fs.with_fsync(true).with_automatic_cleanup(true)))
 }
 
 /// Refuses a savepoint directory inside job `job`'s directory of checkpoint

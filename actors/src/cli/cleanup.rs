@@ -231,6 +231,7 @@ mod tests {
             format: Default::default(),
             operators: Vec::new(),
             edges: Vec::new(),
+            key_hash: tidemark::key_hash::KEY_HASH_VERSION,
             timestamp: 0,
             subtasks: subtasks.collect(),
             master_states: BTreeMap::new(),
