@@ -12,14 +12,14 @@ use storage::{
 };
 use tidemark::ids::{OperatorId, SubtaskId, SubtaskIndex};
 use tidemark::storage::CheckpointStorage;
-use tidemark_actors::cli::{self, RunArgs, RunReport};
+use tidemark_actors::cli::RunReport;
 
 const RECORDS: u64 = 300_000;
 const KEYS: u64 = 2_000;
 
 /// `checkpoints`: the checkpoint storage URL.
 fn run(seed: u64, extra: &[String], output: &Path, checkpoints: &str) -> RunReport {
-    let mut args = vec![
+    let args = vec![
         "wordcount".to_string(),
         format!("--records={RECORDS}"),
         format!("--keys={KEYS}"),
@@ -33,10 +33,7 @@ fn run(seed: u64, extra: &[String], output: &Path, checkpoints: &str) -> RunRepo
         format!("--output={}", output.display()),
     ];
     // An argument in `extra` replaces the default of the same name.
-    let name = |arg: &str| arg.split('=').next().unwrap_or_default().to_owned();
-    args.retain(|a| !extra.iter().any(|e| name(e) == name(a)));
-    args.extend_from_slice(extra);
-    cli::run(&RunArgs::parse(args).unwrap()).unwrap_or_else(|e| panic!("seed {seed}: {e}"))
+    common::run_overriding(args, extra).unwrap_or_else(|e| panic!("seed {seed}: {e}"))
 }
 
 /// Runs seeds `0..seeds` with `extra` (which injects the failures), each on

@@ -6,7 +6,6 @@ mod common;
 
 use common::assert_updates_exactly_once;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 const CHILD: &str = "TIDEMARK_SIGKILL_CHILD_ARGS";
 const RECORDS: u64 = 2_000_000;
@@ -38,31 +37,10 @@ fn child_runs_the_job() {
 fn a_killed_process_resumes_from_the_latest_checkpoint_exactly_once() {
     let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let args = job_args(output.path(), checkpoints.path());
-    let mut child = common::spawn_child_job(CHILD, &args);
-    // Kill once a checkpoint has completed and its output is committed.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while common::completed_checkpoints(checkpoints.path()) == 0
-        || common::committed(output.path()).is_empty()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "no checkpoint completed within a minute"
-        );
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the job ended before it could be killed"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let partial = common::committed(output.path()).len() as u64;
-    assert!(partial < RECORDS, "the kill came after the end");
-
-    let mut resumed = args.clone();
-    resumed.push("--restore=latest".into());
-    let status = common::spawn_child_job(CHILD, &resumed).wait().unwrap();
-    assert!(status.success());
+    common::kill_then_restore_latest(CHILD, &args, output.path(), checkpoints.path(), || {
+        let partial = common::committed(output.path()).len() as u64;
+        assert!(partial < RECORDS, "the kill came after the end");
+    });
     assert_updates_exactly_once(
         output.path(),
         RECORDS,

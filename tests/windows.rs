@@ -14,9 +14,9 @@ mod storage;
 use common::{copy_tree, splitmix64};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+
 use tidemark::storage::CheckpointStorage;
-use tidemark_actors::cli::{self, RunArgs, RunReport, Topology};
+use tidemark_actors::cli::{RunReport, Topology};
 use tidemark_actors::runtime::job_id;
 
 /// Window lengths in ms.
@@ -188,11 +188,7 @@ impl Spec {
         output: &Path,
         checkpoints: &Path,
     ) -> RunReport {
-        let mut args = self.args(parallelism, output, checkpoints);
-        let name = |arg: &str| arg.split('=').next().unwrap_or_default().to_owned();
-        args.retain(|a| !extra.iter().any(|e| name(e) == name(a)));
-        args.extend_from_slice(extra);
-        cli::run(&RunArgs::parse(&args).unwrap())
+        common::run_overriding(self.args(parallelism, output, checkpoints), extra)
             .unwrap_or_else(|e| panic!("{self:?} p={parallelism} {extra:?}: {e}"))
     }
 }
@@ -465,30 +461,9 @@ fn a_killed_process_resumes_its_windows_from_the_latest_checkpoint_exactly_once(
     let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let mut args = spec.args(2, output.path(), checkpoints.path());
     args.push("--rate=100000".into());
-    let mut child = common::spawn_child_job(CHILD, &args);
-    // Kill once a checkpoint has completed and windows are committed.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while common::completed_checkpoints(checkpoints.path()) == 0
-        || committed(output.path()).is_empty()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "no checkpoint completed within a minute"
-        );
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the job ended before it could be killed"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    assert_partial(output.path(), &expected, "after SIGKILL");
-
-    let mut resumed = args.clone();
-    resumed.push("--restore=latest".into());
-    let status = common::spawn_child_job(CHILD, &resumed).wait().unwrap();
-    assert!(status.success());
+    common::kill_then_restore_latest(CHILD, &args, output.path(), checkpoints.path(), || {
+        assert_partial(output.path(), &expected, "after SIGKILL");
+    });
     assert_exact(
         output.path(),
         &expected,

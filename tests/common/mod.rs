@@ -26,6 +26,18 @@ pub fn expected_counts(records: u64, keys: u64, seed: u64) -> HashMap<u64, u64> 
     counts
 }
 
+/// Runs `tidemark run` with `args`, each argument of `extra` replacing the
+/// one of the same name.
+pub fn run_overriding(
+    mut args: Vec<String>,
+    extra: &[String],
+) -> Result<tidemark_actors::cli::RunReport, tidemark_actors::cli::CliError> {
+    let name = |arg: &str| arg.split('=').next().unwrap_or_default().to_owned();
+    args.retain(|a| !extra.iter().any(|e| name(e) == name(a)));
+    args.extend_from_slice(extra);
+    tidemark_actors::cli::run(&tidemark_actors::cli::RunArgs::parse(&args).unwrap())
+}
+
 /// Lines of the committed files (those directly in `dir` whose names do
 /// not start with `.` or `_`), each with its file's name.
 pub fn committed_lines(dir: &Path) -> Vec<(String, String)> {
@@ -85,6 +97,41 @@ pub fn spawn_child_job(var: &str, args: &[String]) -> std::process::Child {
         .env(var, args.join("\n"))
         .spawn()
         .unwrap()
+}
+
+/// Runs the job of `args` in a child process (this test binary's
+/// `child_runs_the_job`, through `var`), SIGKILLs it once a checkpoint in
+/// `checkpoints` has completed and `output` holds committed lines, calls
+/// `after_kill`, then runs the job again with `--restore=latest` to its
+/// successful end.
+pub fn kill_then_restore_latest(
+    var: &str,
+    args: &[String],
+    output: &Path,
+    checkpoints: &Path,
+    after_kill: impl FnOnce(),
+) {
+    use std::time::{Duration, Instant};
+    let mut child = spawn_child_job(var, args);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while completed_checkpoints(checkpoints) == 0 || committed_lines(output).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint completed within a minute"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the job ended before it could be killed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    after_kill();
+    let mut resumed = args.to_vec();
+    resumed.push("--restore=latest".into());
+    let status = spawn_child_job(var, &resumed).wait().unwrap();
+    assert!(status.success(), "the restored run failed");
 }
 
 /// Checkpoints with `_metadata` anywhere below `dir`.
