@@ -571,7 +571,7 @@ fn a_savepoint_at_p2_on_rocksdb_restores_at_p3_exactly() {
 
 /// `--stop-with-savepoint-after` takes a savepoint, "commits the sinks and
 /// stops": what the sinks pre-committed for the savepoint is visible once
-/// the run returns, without a restore.
+/// the run returns, without a restore, and nothing came after it.
 #[test]
 fn a_stop_with_a_savepoint_commits_what_the_sinks_pre_committed_for_it() {
     for seed in 30..34 {
@@ -592,5 +592,8 @@ fn a_stop_with_a_savepoint_commits_what_the_sinks_pre_committed_for_it() {
         let savepoint = stopped.savepoint.expect("the savepoint completed");
         assert_partial(&output, &spec.expected(), "after the stop");
         assert_nothing_pending(&output, &format!("{spec:?}: stopped at {savepoint}"));
+        // The sources emitted nothing after the savepoint's barrier, so the
+        // sinks hold nothing beyond what the savepoint committed.
+        common::assert_no_uncommitted_files(&output, &format!("{spec:?}: after the stop"));
     }
 }

@@ -281,7 +281,11 @@ impl CoordinatorActor {
     fn carry_out(&mut self, actions: Vec<Action>, ctx: &mut Context<Self>) {
         for action in actions {
             match action {
-                Action::Trigger { barrier, next_id } => {
+                Action::Trigger {
+                    barrier,
+                    next_id,
+                    suspend,
+                } => {
                     self.triggered.insert(barrier.id, Instant::now());
                     self.registry.triggered(barrier.id);
                     let storage = self.storage.clone();
@@ -294,7 +298,7 @@ impl CoordinatorActor {
                             .map(move |result, act, ctx| match (result, first) {
                                 (Ok(()), _) => {
                                     for source in &sources {
-                                        source.do_send(TriggerCheckpoint(barrier));
+                                        source.do_send(TriggerCheckpoint { barrier, suspend });
                                     }
                                 }
                                 (Err(e), Some(subtask)) => act.feed(

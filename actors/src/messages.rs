@@ -103,7 +103,12 @@ pub struct Stop;
 /// Coordinator → source subtask: inject this barrier.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct TriggerCheckpoint(pub Barrier);
+pub struct TriggerCheckpoint {
+    pub barrier: Barrier,
+    /// A savepoint that stops the job: emit nothing after its barrier
+    /// unless it is aborted.
+    pub suspend: bool,
+}
 
 /// Subtask → coordinator.
 #[derive(Message)]

@@ -100,6 +100,8 @@ pub struct SubtaskActor {
     is_source: bool,
     /// Per gate channel, the input it feeds.
     inputs: Vec<usize>,
+    /// A source after the barrier of the savepoint that stops the job.
+    suspended: Option<CheckpointId>,
     handler: BarrierHandler,
     outputs: Vec<CreditSender>,
     output_addrs: Vec<Addr<OutputEndpoint>>,
@@ -176,6 +178,7 @@ impl SubtaskActor {
             attempt: spec.attempt,
             is_source: spec.inputs.is_empty(),
             inputs: spec.inputs,
+            suspended: None,
             task: spec.task,
             handler,
             outputs,
@@ -682,7 +685,10 @@ impl Handler<Wire> for SubtaskActor {
         self.forward_watermarks();
         if let Some(interval) = self.task.watermark_interval() {
             ctx.run_interval(interval, |act, _| {
-                if matches!(act.phase, Phase::Running | Phase::Exhausted) {
+                // Nothing after the barrier of a stopping savepoint, not
+                // even a watermark that would fire windows.
+                let suspended = act.suspended.is_some();
+                if matches!(act.phase, Phase::Running | Phase::Exhausted) && !suspended {
                     let backpressured = act.output_blocked();
                     act.task.watermark_tick(now().unix_ms, backpressured);
                     act.forward_watermarks();
@@ -743,7 +749,7 @@ impl Handler<Produce> for SubtaskActor {
 
     fn handle(&mut self, _: Produce, ctx: &mut Context<Self>) {
         self.produce_scheduled = false;
-        if self.phase != Phase::Running || self.output_blocked() {
+        if self.phase != Phase::Running || self.output_blocked() || self.suspended.is_some() {
             return;
         }
         let limited = self
@@ -799,8 +805,18 @@ impl Handler<TriggerCheckpoint> for SubtaskActor {
     /// A source that is not running says nothing: it failed (the restart
     /// aborts the checkpoint) or its output ended (the job is finishing), and
     /// neither is a checkpoint failure to count.
-    fn handle(&mut self, TriggerCheckpoint(barrier): TriggerCheckpoint, ctx: &mut Context<Self>) {
+    fn handle(
+        &mut self,
+        TriggerCheckpoint { barrier, suspend }: TriggerCheckpoint,
+        ctx: &mut Context<Self>,
+    ) {
         if matches!(self.phase, Phase::Running | Phase::Exhausted) {
+            if suspend {
+                // As Flink's synchronous savepoint: nothing after the
+                // barrier, so that the stopped job emitted exactly what
+                // the savepoint holds.
+                self.suspended = Some(barrier.id);
+            }
             // A source has no input to align: only an unaligned checkpoint
             // changes what it does.
             let metrics = CheckpointMetrics {
@@ -866,6 +882,10 @@ impl Handler<NotifyCheckpointAborted> for SubtaskActor {
     ) {
         if let Some(upload) = self.running.remove(&id) {
             upload.abort();
+        }
+        if self.suspended == Some(id) {
+            // The stopping savepoint failed: the job goes on.
+            self.suspended = None;
         }
         let actions = self.handler.abort(id);
         self.apply(actions, ctx);

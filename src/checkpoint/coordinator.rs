@@ -92,6 +92,9 @@ pub enum Action {
         barrier: Barrier,
         /// The counter value to persist first.
         next_id: CheckpointId,
+        /// A savepoint that stops the job (Flink's synchronous savepoint):
+        /// the sources emit nothing after its barrier, unless it fails.
+        suspend: bool,
     },
     /// Every subtask acknowledged: write `_metadata`, add to the store, then
     /// feed back Persisted or PersistFailed.
@@ -754,6 +757,7 @@ impl CheckpointCoordinator {
                 options: CheckpointOptions { kind, alignment },
             },
             next_id: self.next_id,
+            suspend: request.is_some() && request == self.stop,
         });
         // A job without subtasks has nobody to wait for.
         self.finalize_if_acked(id, out);
@@ -885,6 +889,7 @@ mod tests {
                 options: CheckpointOptions { kind, alignment },
             },
             next_id: CheckpointId(id + 1),
+            suspend: false,
         }
     }
 
@@ -1593,6 +1598,24 @@ mod tests {
         assert_eq!(h.tick(5100), vec![checkpoint(2, 5100)]);
     }
 
+    /// Only the savepoint that stops the job suspends the sources after its
+    /// barrier; a plain savepoint or checkpoint does not.
+    #[test]
+    fn only_a_stopping_savepoint_suspends_the_sources() {
+        let suspends = |actions: &[Action]| {
+            actions.iter().find_map(|a| match a {
+                Action::Trigger { suspend, .. } => Some(*suspend),
+                _ => None,
+            })
+        };
+        let mut h = Harness::new(config(), 1);
+        h.coordinator.admit_manual(1, false).unwrap();
+        assert_eq!(suspends(&h.handle(5000, manual(1, Savepoint))), Some(false));
+        h.handle(5100, decline(1, 0, "no"));
+        h.coordinator.admit_manual(2, true).unwrap();
+        assert_eq!(suspends(&h.handle(5200, manual(2, Savepoint))), Some(true));
+    }
+
     #[test]
     fn savepoint_failures_do_not_fail_the_job() {
         let config = CheckpointConfig {
@@ -2057,7 +2080,7 @@ mod tests {
                 persisted.extend(persisting);
                 for action in actions {
                     match action {
-                        Action::Trigger { barrier, next_id } => {
+                        Action::Trigger { barrier, next_id, .. } => {
                             prop_assert!(triggered.last().is_none_or(|last| *last < barrier.id));
                             prop_assert_eq!(next_id, CheckpointId(barrier.id.0 + 1));
                             if barrier.options.kind == Savepoint {
