@@ -1548,6 +1548,7 @@ mod tests {
     #[test]
     fn a_stop_with_savepoint_pauses_periodic_checkpoints_and_its_savepoint_commits() {
         let mut h = Harness::new(config(), 1);
+        let mut stopping = trigger(1, 5000, Savepoint, Alignment::Aligned);
         assert_eq!(h.coordinator.admit_manual(1, true), Ok(()));
         assert!(h.coordinator.stopping());
         assert_eq!(
@@ -1559,10 +1560,11 @@ mod tests {
         );
         assert_eq!(h.poll_timeout(), None);
         assert_eq!(h.tick(5000), vec![]);
-        assert_eq!(
-            h.handle(5000, manual(1, Savepoint)),
-            vec![trigger(1, 5000, Savepoint, Alignment::Aligned)]
-        );
+        let Action::Trigger { suspend, .. } = &mut stopping else {
+            unreachable!()
+        };
+        *suspend = true;
+        assert_eq!(h.handle(5000, manual(1, Savepoint)), vec![stopping]);
         assert_eq!(
             h.complete(5100, 1),
             vec![
