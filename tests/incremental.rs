@@ -22,7 +22,7 @@ fn run(extra: &[&str], checkpoints: &Path, output: &Path) -> RunReport {
         "--keys=5000",
         "--seed=11",
         "--parallelism=2",
-        "--rate=2000000",
+        "--rate=500000",
         "--state=rocksdb",
         "--incremental",
         "--retain=3",
