@@ -373,7 +373,8 @@ fn a_fresh_run_fails_over_to_its_own_checkpoints_not_an_earlier_runs() {
 /// storage, and every byte in storage was counted as uploaded.
 fn storage_counters_match_what_storage_holds(checkpoints: TestStorage, extra: &[&str]) {
     let output = tempfile::tempdir().unwrap();
-    let mut args = vec!["--retain=2".to_string()];
+    // Slow enough for several checkpoints whatever storage latency costs.
+    let mut args = vec!["--retain=2".to_string(), "--rate=300000".to_string()];
     args.extend(extra.iter().map(|s| s.to_string()));
     let report = run(3, &args, output.path(), &checkpoints.url);
     let context = &checkpoints.url;
