@@ -247,13 +247,14 @@ impl JobGraph {
             .collect()
     }
 
-    /// Where `edge`'s channels start in the gate of its consumer's subtasks
-    /// (`Input`) or among its producer's outputs (`Output`), had every
-    /// operator the parallelism `parallelism_of` gives: a restore lays out
-    /// the checkpointed job's gates with the parallelism it ran at.
+    /// Where the channels of edge `index` (in `edges`) start in the gate of
+    /// its consumer's subtasks (`input_side`) or among its producer's
+    /// outputs, had every operator the parallelism `parallelism_of` gives:
+    /// a restore lays out the checkpointed job's gates with the parallelism
+    /// it ran at.
     pub fn channel_offset(
         &self,
-        edge: &Edge,
+        index: usize,
         input_side: bool,
         parallelism_of: impl Fn(OperatorId) -> u32,
     ) -> u32 {
@@ -262,7 +263,7 @@ impl JobGraph {
             (_, true) => parallelism_of(e.from),
             (_, false) => parallelism_of(e.to),
         };
-        let before = self.edges.iter().take_while(|e| !std::ptr::eq(*e, edge));
+        let (edge, before) = (&self.edges[index], self.edges[..index].iter());
         if input_side {
             before.filter(|e| e.to == edge.to).map(width).sum()
         } else {
@@ -503,8 +504,8 @@ mod tests {
                 op.parallelism = p(op.id);
             }
             rescaled.validate().unwrap();
-            for (edge, e) in g.edges.iter().zip(&rescaled.edges) {
-                let start = g.channel_offset(edge, true, p) as usize;
+            for (i, e) in rescaled.edges.iter().enumerate() {
+                let start = g.channel_offset(i, true, p) as usize;
                 for index in (0..p(e.to)).map(SubtaskIndex) {
                     let gate = rescaled.gate(SubtaskId {
                         operator: e.to,
@@ -517,7 +518,7 @@ mod tests {
                         .collect();
                     assert_eq!(gate[start..start + expected.len()], expected, "{e:?}");
                 }
-                let start = g.channel_offset(edge, false, p) as usize;
+                let start = g.channel_offset(i, false, p) as usize;
                 for index in (0..p(e.from)).map(SubtaskIndex) {
                     let outputs = rescaled.outputs(SubtaskId {
                         operator: e.from,

@@ -580,7 +580,7 @@ fn all_delivered(delivered: &[bool], ended: &[bool]) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::event::{CheckpointKind, CheckpointOptions};
     use proptest::prelude::*;
@@ -657,7 +657,8 @@ mod tests {
         ChannelEvent::Batch(Batch::new(vec![0u64; n]))
     }
 
-    fn values(batches: Vec<Batch>) -> Vec<u64> {
+    /// The values of `u64` batches, in order.
+    pub(in crate::checkpoint) fn values(batches: Vec<Batch>) -> Vec<u64> {
         batches
             .into_iter()
             .flat_map(|b| b.into_records::<u64>().expect("u64 records"))

@@ -4,6 +4,7 @@
 //! times out and ends over both inputs as over one, and the channel state
 //! it captures names each channel by its place in that gate.
 
+use super::barrier::tests::values;
 use super::barrier::{BarrierAction, BarrierHandler, Polled};
 use crate::batch::Batch;
 use crate::event::{Alignment, Barrier, ChannelEvent, CheckpointKind, CheckpointOptions};
@@ -43,13 +44,6 @@ fn with_timeout() -> ChannelEvent {
     ChannelEvent::Barrier(barrier(Alignment::AlignedWithTimeout(
         Duration::from_millis(10),
     )))
-}
-
-fn values(batches: Vec<Batch>) -> Vec<u64> {
-    batches
-        .into_iter()
-        .flat_map(|b| b.into_records::<u64>().expect("u64 records"))
-        .collect()
 }
 
 /// An action, its batches turned into their values, to compare.

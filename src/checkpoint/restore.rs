@@ -466,12 +466,14 @@ fn plan_channels(
     plans: &mut HashMap<SubtaskId, RestorePlan>,
 ) -> Result<(), RestoreError> {
     let was = |op: OperatorId| checkpointed.get(&op).copied();
-    let edges: Vec<(&Edge, u32, u32)> = graph
+    // By index in `graph.edges`, with the parallelism each end ran at.
+    let edges: Vec<(usize, &Edge, u32, u32)> = graph
         .edges
         .iter()
-        .filter_map(|e| Some((e, was(e.from)?, was(e.to)?)))
+        .enumerate()
+        .filter_map(|(i, e)| Some((i, e, was(e.from)?, was(e.to)?)))
         .collect();
-    for &(edge, from, to) in &edges {
+    for &(_, edge, from, to) in &edges {
         if edge.partitioner == Partitioner::Forward && from != to {
             return Err(RestoreError::Malformed {
                 subtask: SubtaskId {
@@ -497,7 +499,7 @@ fn plan_channels(
                 e.from == operator
             }
         }) {
-            let &(_, from, to) = edges.iter().find(|(e, ..)| *e == edge)?;
+            let &(.., from, to) = edges.iter().find(|(_, e, ..)| *e == edge)?;
             count += match (edge.partitioner, input) {
                 (Partitioner::Forward, _) => 1,
                 (_, true) => from,
@@ -532,14 +534,14 @@ fn plan_channels(
             .filter(move |c| c.side == side && c.channel == channel)
     };
     let new_parallelism = |op: OperatorId| graph.operator(op).parallelism;
-    for &(edge, from, to) in &edges {
+    for &(index, edge, from, to) in &edges {
         let consumer = graph.operator(edge.to);
         let (new_from, new_to) = (graph.operator(edge.from).parallelism, consumer.parallelism);
         let forward = edge.partitioner == Partitioner::Forward;
-        let old_in = graph.channel_offset(edge, true, old_parallelism);
-        let old_out = graph.channel_offset(edge, false, old_parallelism);
-        let new_in = graph.channel_offset(edge, true, new_parallelism);
-        let new_out = graph.channel_offset(edge, false, new_parallelism);
+        let old_in = graph.channel_offset(index, true, old_parallelism);
+        let old_out = graph.channel_offset(index, false, old_parallelism);
+        let new_in = graph.channel_offset(index, true, new_parallelism);
+        let new_out = graph.channel_offset(index, false, new_parallelism);
         for c in 0..to {
             for (k, p) in (0..from).filter(|&p| !forward || p == c).enumerate() {
                 let mut records: Vec<ChannelStateHandle> =

@@ -5,7 +5,7 @@
 //! the middle of a stream.
 
 use super::join::{IntervalJoin, JoinFunction};
-use super::{TimeMetrics, Timestamped};
+use super::TimeMetrics;
 use crate::ids::{CheckpointId, SubtaskIndex};
 use crate::key_group::KeyGroupRange;
 use crate::operator::{
@@ -15,23 +15,9 @@ use crate::state::{KeyedStateBackend, StateBackend};
 use crate::task::{KeyedSnapshot, RestoreState, TaskSnapshot};
 use crate::two_input::{Either, Sides};
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-const MAX_P: u32 = 128;
-
-/// A record of either side: its key and its event time.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-struct Ev {
-    key: u64,
-    ts: u64,
-}
-
-impl Timestamped for Ev {
-    fn timestamp(&self) -> u64 {
-        self.ts
-    }
-}
+use super::tests::{Ev, MAX_P};
 
 /// A joined pair: the key, the left record's time, the right record's.
 type Pair = (u64, u64, u64);

@@ -17,12 +17,13 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
 
-const MAX_P: u32 = 128;
+pub(super) const MAX_P: u32 = 128;
 
+/// A keyed record with its event time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-struct Ev {
-    key: u64,
-    ts: u64,
+pub(super) struct Ev {
+    pub(super) key: u64,
+    pub(super) ts: u64,
 }
 
 impl Timestamped for Ev {
