@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use storage::{assert_storage_is_exactly_the_retained_checkpoints, block_on, open};
 use tidemark::checkpoint::metadata;
-use tidemark::checkpoint::{CompletedCheckpoint, SnapshotFormat, StateHandle};
+use tidemark::checkpoint::{CompletedCheckpoint, SnapshotFormat};
 use tidemark::event::CheckpointKind;
 use tidemark::storage::{CheckpointStorage, METADATA};
 use tidemark_actors::cli::{self, RunArgs, RunReport};
@@ -340,7 +340,7 @@ fn references_outside_the_directory_are_refused_and_never_read() {
             for state in m.subtasks.values_mut() {
                 for handle in state.handles_mut() {
                     if handle.physical() == Some(victim.as_str()) {
-                        *handle = StateHandle::object(reference.clone(), handle.size());
+                        *handle = handle.relocated(reference.clone());
                     }
                 }
             }
@@ -355,7 +355,7 @@ fn references_outside_the_directory_are_refused_and_never_read() {
             for state in m.subtasks.values_mut() {
                 for handle in state.handles_mut() {
                     if handle.physical() == Some(reference.as_str()) {
-                        *handle = StateHandle::object(victim.clone(), handle.size());
+                        *handle = handle.relocated(victim.clone());
                     }
                 }
             }

@@ -122,6 +122,8 @@ pub struct CheckpointStats {
     pub bytes_uploaded_samples: Mutex<Vec<f64>>,
     /// Bytes of state the last restore read; 0 if the job never restored.
     pub restored_bytes_last: AtomicU64,
+    /// The checkpoint the last restore read; 0 if the job never restored.
+    pub restored_checkpoint_last: AtomicU64,
     /// How long the last restore took, in microseconds: from reading
     /// (downloads of native checkpoints included) until every subtask was
     /// built on its state.
@@ -162,9 +164,16 @@ impl CheckpointStats {
         Self::record(&self.bytes_uploaded_samples, bytes as f64);
     }
 
-    /// Sets the last restore's figures: `bytes` read, `took` from reading
-    /// until every subtask was built.
-    pub fn record_restore(&self, bytes: u64, took: std::time::Duration) {
+    /// Sets the last restore's figures: `bytes` of `checkpoint` read, `took`
+    /// from reading until every subtask was built.
+    pub fn record_restore(
+        &self,
+        checkpoint: tidemark::ids::CheckpointId,
+        bytes: u64,
+        took: std::time::Duration,
+    ) {
+        self.restored_checkpoint_last
+            .store(checkpoint.0, Ordering::Relaxed);
         self.restored_bytes_last.store(bytes, Ordering::Relaxed);
         self.restore_us_last
             .store(took.as_micros() as u64, Ordering::Relaxed);

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use tidemark::batch::{Batch, EncodedBatch};
 use tidemark::checkpoint::merging::{MergePlan, Placement, StateLayout};
 use tidemark::checkpoint::{
-    ChannelSide, ChannelState, ChannelStateHandle, KeyGroupsStateHandle, KeyedStateHandle,
-    NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
+    checksum, ChannelSide, ChannelState, ChannelStateHandle, KeyGroupsStateHandle,
+    KeyedStateHandle, NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
 };
 use tidemark::ids::{CheckpointId, SubtaskId};
 use tidemark::rng::unique_token;
@@ -192,13 +192,15 @@ impl Prepared {
             _links,
             shape,
         } = self;
-        let inline = write_files(storage, &plan, sources).await?;
-        let handles = inline
+        let written = write_files(storage, &plan, sources).await?;
+        let handles = written
             .into_iter()
             .enumerate()
-            .map(|(index, bytes)| match bytes {
-                Some(bytes) => StateHandle::Inline(bytes),
-                None => plan.handle(index).expect("placed in a file"),
+            .map(|(index, written)| match written {
+                Written::Inline(bytes) => StateHandle::Inline(bytes),
+                Written::Stored(checksum) => {
+                    plan.handle(index, checksum).expect("placed in a file")
+                }
             });
         Ok((shape.state(handles), started.elapsed()))
     }
@@ -315,58 +317,77 @@ fn plan_native(
     (native, handle)
 }
 
+/// What became of one object of a snapshot.
+enum Written {
+    /// Its bytes, which travel in the acknowledgement.
+    Inline(Vec<u8>),
+    /// Stored, with this CRC-32 of its bytes.
+    Stored(u32),
+}
+
 /// Writes the physical files of `plan`, each in one put of its objects back
-/// to back, at most `PARALLEL_WRITES` at a time; returns, per object, its
-/// bytes if it travels inline. On the first failure deletes every file of
-/// the plan.
+/// to back, at most `PARALLEL_WRITES` at a time; returns, per object, what
+/// became of it. On the first failure deletes every file of the plan.
 async fn write_files(
     storage: &CheckpointStorage,
     plan: &MergePlan,
     sources: Vec<Source>,
-) -> Result<Vec<Option<Vec<u8>>>, String> {
+) -> Result<Vec<Written>, String> {
     let mut sources: Vec<Option<Source>> = sources.into_iter().map(Some).collect();
-    let mut inline = Vec::new();
+    let mut out: Vec<Option<Written>> = (0..plan.placements.len()).map(|_| None).collect();
     for (index, placement) in plan.placements.iter().enumerate() {
         if matches!(placement, Placement::Inline) {
             let source = sources[index].take().expect("each object once");
-            inline.push((index, source.read().await?));
+            out[index] = Some(Written::Inline(source.read().await?));
         }
     }
-    let files: Vec<(String, Vec<Source>)> = plan
+    let files: Vec<(String, Vec<(usize, Source)>)> = plan
         .files
         .iter()
         .map(|file| {
             let parts = file
                 .objects
                 .iter()
-                .map(|&i| sources[i].take().expect("each object once"))
+                .map(|&i| (i, sources[i].take().expect("each object once")))
                 .collect();
             (file.path.clone(), parts)
         })
         .collect();
-    let results: Vec<Result<(), String>> = stream::iter(files)
+    let results: Vec<Result<Vec<(usize, u32)>, String>> = stream::iter(files)
         .map(|(path, parts)| async move {
             let mut bytes = Vec::new();
-            for part in parts {
-                bytes.extend(part.read().await?);
+            let mut checksums = Vec::with_capacity(parts.len());
+            for (index, part) in parts {
+                let part = part.read().await?;
+                checksums.push((index, checksum(&part)));
+                bytes.extend(part);
             }
             storage
                 .put(&path, bytes.into())
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
+            Ok(checksums)
         })
         .buffered(PARALLEL_WRITES)
         .collect()
         .await;
-    if let Some(error) = results.into_iter().find_map(Result::err) {
-        delete_all(storage, plan.files.iter().map(|f| f.path.clone()).collect()).await;
-        return Err(error);
+    let mut stored = Vec::new();
+    for result in results {
+        match result {
+            Ok(checksums) => stored.extend(checksums),
+            Err(error) => {
+                delete_all(storage, plan.files.iter().map(|f| f.path.clone()).collect()).await;
+                return Err(error);
+            }
+        }
     }
-    let mut out: Vec<Option<Vec<u8>>> = (0..plan.placements.len()).map(|_| None).collect();
-    for (index, bytes) in inline {
-        out[index] = Some(bytes);
+    for (index, checksum) in stored {
+        out[index] = Some(Written::Stored(checksum));
     }
-    Ok(out)
+    Ok(out
+        .into_iter()
+        .map(|written| written.expect("every object inline or in a file"))
+        .collect())
 }
 
 /// Deletes `paths` (the physical files of an upload that failed or was

@@ -205,16 +205,27 @@ async fn load(
     let bytes = checkpoint.subtasks.values().map(SubtaskState::size).sum();
     Ok(Loaded {
         subtasks,
-        restore: Some((started, bytes)),
+        restore: Some(LoadedFrom {
+            checkpoint: checkpoint.id,
+            started,
+            bytes,
+        }),
     })
 }
 
-/// What `load` read for each subtask, and when it started reading how many
-/// bytes: a restore ends once the subtasks are built on its state.
+/// What `load` read for each subtask, and from where.
 #[derive(Default)]
 struct Loaded {
     subtasks: HashMap<SubtaskId, Restored>,
-    restore: Option<(Instant, u64)>,
+    restore: Option<LoadedFrom>,
+}
+
+/// Which checkpoint a restore read, and when it started reading how many
+/// bytes: a restore ends once the subtasks are built on its state.
+struct LoadedFrom {
+    checkpoint: CheckpointId,
+    started: Instant,
+    bytes: u64,
 }
 
 /// Downloads the files of a native checkpoint into a directory of its own
@@ -261,6 +272,17 @@ async fn download(
     Ok(download)
 }
 
+/// Whether a restore failed because the checkpoint's state is damaged or
+/// gone (an object missing, truncated or corrupted), not because it does
+/// not fit the job or storage is down: an older checkpoint may still serve.
+fn damaged_state(e: &JobError) -> bool {
+    match e {
+        JobError::Restore(RestoreError::Corrupted { .. }) => true,
+        JobError::Storage(e) => e.is_not_found(),
+        _ => false,
+    }
+}
+
 /// The bytes of the state object at `handle`: inline, or read from its
 /// physical object, which must hold as many bytes as the checkpoint
 /// recorded.
@@ -271,10 +293,9 @@ async fn read(
 ) -> Result<bytes::Bytes, JobError> {
     storage.read_handle(handle).await.map_err(|e| match e {
         ReadError::Storage(e) => JobError::Storage(e),
-        ReadError::Mismatch(e) => JobError::Restore(RestoreError::Malformed {
-            subtask,
-            problem: e.to_string(),
-        }),
+        ReadError::Mismatch(source) => {
+            JobError::Restore(RestoreError::Corrupted { subtask, source })
+        }
     })
 }
 
@@ -394,18 +415,24 @@ impl JobSupervisor {
                 // Failover restores only from checkpoints of this run or the
                 // one it was started from, never from other runs' leftovers.
                 let mut store = CompletedCheckpointStore::new(retain);
-                let from = match settings.restore {
-                    Restore::Fresh => None,
+                // Newest first: with `latest`, a checkpoint whose state is
+                // damaged gives way to the one before it.
+                let candidates: Vec<RestoreFrom> = match settings.restore {
+                    Restore::Fresh => Vec::new(),
                     Restore::Latest => {
                         store = storage
                             .recover_store(retain)
                             .await
                             .map_err(JobError::Storage)?;
-                        store.latest().cloned().map(|checkpoint| RestoreFrom {
-                            checkpoint,
-                            owned: true,
-                            dir: None,
-                        })
+                        store
+                            .retained()
+                            .rev()
+                            .map(|checkpoint| RestoreFrom {
+                                checkpoint: checkpoint.clone(),
+                                owned: true,
+                                dir: None,
+                            })
+                            .collect()
                     }
                     Restore::Checkpoint(id) => {
                         let checkpoint =
@@ -416,29 +443,47 @@ impl JobSupervisor {
                         if owned {
                             store.add(checkpoint.clone());
                         }
-                        Some(RestoreFrom {
+                        vec![RestoreFrom {
                             checkpoint,
                             owned,
                             dir: None,
-                        })
+                        }]
                     }
                     Restore::Savepoint(url) => {
                         let (dir, checkpoint) = savepoint::open(&url).await?;
-                        Some(RestoreFrom {
+                        vec![RestoreFrom {
                             checkpoint,
                             owned: false,
                             dir: Some(dir),
-                        })
+                        }]
                     }
                 };
-                let restore = load(
-                    &storage,
-                    &graph,
-                    from.as_ref(),
-                    settings.allow_non_restored_state,
-                    local_dir.as_deref(),
-                )
-                .await?;
+                let mut candidates = candidates.into_iter().peekable();
+                let (from, restore) = loop {
+                    let Some(from) = candidates.next() else {
+                        break (None, Loaded::default());
+                    };
+                    let loaded = load(
+                        &storage,
+                        &graph,
+                        Some(&from),
+                        settings.allow_non_restored_state,
+                        local_dir.as_deref(),
+                    )
+                    .await;
+                    match loaded {
+                        Ok(loaded) => break (Some(from), loaded),
+                        Err(e) if damaged_state(&e) && candidates.peek().is_some() => {
+                            let id = from.checkpoint.id;
+                            tracing::warn!(
+                                "checkpoint {id} cannot be restored ({e}); restoring the retained checkpoint {} before it instead: output a sink committed after that checkpoint will be written again",
+                                candidates.peek().map_or(0, |c| c.checkpoint.id.0)
+                            );
+                            store.remove(id);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                };
                 let mut core = CheckpointCoordinator::new(
                     settings.config.clone(),
                     subtasks,
@@ -492,10 +537,12 @@ impl JobSupervisor {
         if let Err(e) = self.deploy(ctx.address(), loaded.subtasks) {
             return self.fail(e, ctx);
         }
-        if let Some((started, bytes)) = loaded.restore {
-            self.metrics
-                .checkpoints
-                .record_restore(bytes, started.elapsed());
+        if let Some(from) = loaded.restore {
+            self.metrics.checkpoints.record_restore(
+                from.checkpoint,
+                from.bytes,
+                from.started.elapsed(),
+            );
         }
         if let Some(at) = self.failed_at.take() {
             CheckpointStats::record(

@@ -854,7 +854,7 @@ mod tests {
             keyed: Some(KeyedStateHandle::KeyGroups(KeyGroupsStateHandle {
                 start_group: 0,
                 offsets: vec![0],
-                handle: StateHandle::object(format!("chk-{id}/{i}"), 10),
+                handle: StateHandle::object(format!("chk-{id}/{i}"), 10, 0),
             })),
             ..SubtaskState::default()
         }

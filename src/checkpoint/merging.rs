@@ -211,19 +211,21 @@ pub struct MergePlan {
 }
 
 impl MergePlan {
-    /// The handle of object `index` once its file is written: an object of
-    /// its own if the file holds nothing else; `None` for an object that
-    /// travels inline (its handle is `StateHandle::Inline`).
-    pub fn handle(&self, index: usize) -> Option<StateHandle> {
+    /// The handle of object `index`, whose bytes have CRC-32 `checksum`,
+    /// once its file is written: an object of its own if the file holds
+    /// nothing else; `None` for an object that travels inline (its handle
+    /// is `StateHandle::Inline`).
+    pub fn handle(&self, index: usize, checksum: u32) -> Option<StateHandle> {
         match self.placements[index] {
             Placement::Inline => None,
             Placement::Segment { file, .. } if self.files[file].objects.len() == 1 => Some(
-                StateHandle::object(self.files[file].path.clone(), self.sizes[index]),
+                StateHandle::object(self.files[file].path.clone(), self.sizes[index], checksum),
             ),
             Placement::Segment { file, offset } => Some(StateHandle::Segment {
                 path: self.files[file].path.clone(),
                 offset,
                 size: self.sizes[index],
+                checksum,
             }),
         }
     }
@@ -232,6 +234,7 @@ impl MergePlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::HandleMismatch;
     use crate::ids::{OperatorId, SubtaskIndex};
 
     const KIB: u64 = 1024;
@@ -263,19 +266,20 @@ mod tests {
         assert_eq!(plan.files[0].size, 30 * MIB + 20 * KIB);
         assert_eq!(plan.files[1].objects, [4]);
         assert_eq!(plan.files[2].objects, [5], "too large for any file: alone");
-        assert_eq!(plan.handle(0), None, "below 20 KiB: inline");
-        assert_eq!(plan.handle(6), None);
+        assert_eq!(plan.handle(0, 0), None, "below 20 KiB: inline");
+        assert_eq!(plan.handle(6, 0), None);
         assert_eq!(
-            plan.handle(2),
+            plan.handle(2, 7),
             Some(StateHandle::Segment {
                 path: paths[0].into(),
                 offset: 10 * MIB,
-                size: 20 * KIB
+                size: 20 * KIB,
+                checksum: 7,
             }),
             "exactly at the threshold: a segment"
         );
         assert_eq!(
-            plan.handle(3).unwrap().range(),
+            plan.handle(3, 0).unwrap().range(),
             10 * MIB + 20 * KIB..30 * MIB + 20 * KIB
         );
     }
@@ -290,13 +294,13 @@ mod tests {
         ];
         let plan = layout.plan(subtask(), CheckpointId(3), 0xab, &objects);
         assert_eq!(
-            plan.handle(0),
-            Some(StateHandle::object(&objects[0].0, 64 * KIB))
+            plan.handle(0, 0),
+            Some(StateHandle::object(&objects[0].0, 64 * KIB, 0))
         );
-        assert_eq!(plan.handle(1), None);
+        assert_eq!(plan.handle(1, 0), None);
         assert_eq!(
-            plan.handle(2),
-            Some(StateHandle::object(&objects[2].0, 5 * MIB))
+            plan.handle(2, 0),
+            Some(StateHandle::object(&objects[2].0, 5 * MIB, 0))
         );
         assert_eq!(plan.files.len(), 2);
 
@@ -314,8 +318,8 @@ mod tests {
         };
         let empty = [("chk-3/op-2-1-LOG".to_owned(), 0), objects[1].clone()];
         let plan = nothing_inline.plan(subtask(), CheckpointId(3), 0xab, &empty);
-        assert_eq!(plan.handle(0), None, "an empty object is always inline");
-        assert!(plan.handle(1).is_some());
+        assert_eq!(plan.handle(0, 0), None, "an empty object is always inline");
+        assert!(plan.handle(1, 0).is_some());
     }
 
     #[test]
@@ -344,19 +348,29 @@ mod tests {
     }
 
     #[test]
-    fn a_segment_reads_back_out_of_a_range_read_or_the_whole_file() {
+    fn a_segment_reads_back_out_of_a_range_read_or_the_whole_file_only_if_intact() {
         let plan = MergingOptions {
             inline_threshold: 0,
             max_file_size: 100,
         }
         .plan(subtask(), CheckpointId(1), 0, &[3, 4]);
         let file = bytes::Bytes::from_static(b"abcdefg");
-        let second = plan.handle(1).unwrap();
+        let second = plan
+            .handle(1, crate::checkpoint::checksum(b"defg"))
+            .unwrap();
         assert_eq!(second.from_object(file.clone()).unwrap(), "defg");
         let range = second.range();
         let read = file.slice(range.start as usize..range.end as usize);
         assert_eq!(second.from_range(read).unwrap(), "defg");
         assert!(second.from_object(file.slice(..5)).is_err(), "truncated");
-        assert!(second.from_range(file.slice(3..5)).is_err(), "short read");
+        assert!(matches!(
+            second.from_range(file.slice(3..5)),
+            Err(HandleMismatch::Length { found: 2, .. })
+        ));
+        let err = second
+            .from_object(bytes::Bytes::from_static(b"abcdeFg"))
+            .unwrap_err();
+        assert!(matches!(err, HandleMismatch::Checksum { .. }), "{err}");
+        assert!(err.to_string().contains(&plan.files[0].path), "{err}");
     }
 }

@@ -8,7 +8,9 @@ use thiserror::Error;
 const MAGIC: &[u8; 8] = b"TIDEMARK";
 /// 2: state handles are inline bytes, whole objects or segments of merged
 /// files, and native files name the database instance that created them.
-pub const VERSION: u16 = 2;
+/// 3: handles of stored bytes carry their CRC-32, and channel state
+/// carries no type name.
+pub const VERSION: u16 = 3;
 const HEADER: usize = MAGIC.len() + 2 + 4;
 
 /// Why bytes are not a `_metadata` this build can read.
@@ -73,7 +75,7 @@ mod tests {
             crate::checkpoint::KeyGroupsStateHandle {
                 start_group: 0,
                 offsets: vec![0, 10],
-                handle: StateHandle::object("chk-3/op-1-0", 20),
+                handle: StateHandle::object("chk-3/op-1-0", 20, 0),
             },
         ));
         CompletedCheckpoint {

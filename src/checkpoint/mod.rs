@@ -356,12 +356,21 @@ pub fn stays_inside(relative: &str) -> bool {
             .any(|part| part.is_empty() || part == "." || part == ".."))
 }
 
+/// The checksum a [`StateHandle`] records of a state object's bytes: CRC-32
+/// (IEEE), as `_metadata`'s own.
+pub fn checksum(bytes: &[u8]) -> u32 {
+    crc32fast::hash(bytes)
+}
+
 /// Where the bytes of one state object live. Paths are relative to the
-/// job's directory in checkpoint storage.
+/// job's directory in checkpoint storage. Every handle to stored bytes
+/// carries the CRC-32 of the state object's bytes, checked on every read:
+/// a flipped byte fails the restore instead of restoring wrong values.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StateHandle {
     /// Bytes below the inline threshold: they travel in the ack and in
-    /// `_metadata`, and no object exists for them.
+    /// `_metadata` (whose own checksum covers them), and no object exists
+    /// for them.
     Inline(#[serde(with = "serde_bytes")] Vec<u8>),
     /// A physical object of its own.
     Object {
@@ -369,6 +378,8 @@ pub enum StateHandle {
         path: String,
         /// Its length, checked on every read.
         size: u64,
+        /// CRC-32 of its bytes.
+        checksum: u32,
     },
     /// `size` bytes at `offset` of a merged physical object, which holds
     /// other segments too.
@@ -379,29 +390,61 @@ pub enum StateHandle {
         offset: u64,
         /// The segment's length.
         size: u64,
+        /// CRC-32 of the segment's bytes.
+        checksum: u32,
     },
 }
 
 /// A physical object that does not hold the bytes its handle says it does.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{path} holds {found} bytes where the checkpoint recorded {expected} (bytes {range:?})")]
-pub struct HandleMismatch {
-    /// The physical object.
-    pub path: String,
-    /// The bytes of it that were read.
-    pub range: Range<u64>,
-    /// Bytes the checkpoint recorded.
-    pub expected: u64,
-    /// Bytes the object holds there.
-    pub found: u64,
+pub enum HandleMismatch {
+    /// Truncated or replaced: not as long as recorded.
+    #[error(
+        "{path} holds {found} bytes where the checkpoint recorded {expected} (bytes {range:?})"
+    )]
+    Length {
+        /// The physical object.
+        path: String,
+        /// The bytes of it that were read.
+        range: Range<u64>,
+        /// Bytes the checkpoint recorded.
+        expected: u64,
+        /// Bytes the object holds there.
+        found: u64,
+    },
+    /// As long as recorded, but other bytes: corrupted.
+    #[error(
+        "{path} is corrupted: bytes {range:?} do not match the checksum the checkpoint recorded"
+    )]
+    Checksum {
+        /// The physical object.
+        path: String,
+        /// The bytes of it that were read.
+        range: Range<u64>,
+    },
 }
 
 impl StateHandle {
-    /// A whole object of `size` bytes at `path`.
-    pub fn object(path: impl Into<String>, size: u64) -> Self {
+    /// A whole object of `size` bytes whose CRC-32 is `checksum` at `path`.
+    pub fn object(path: impl Into<String>, size: u64, checksum: u32) -> Self {
         StateHandle::Object {
             path: path.into(),
             size,
+            checksum,
+        }
+    }
+
+    /// The same state object at another place (a savepoint's copy of it),
+    /// with its size and checksum.
+    pub fn relocated(&self, path: impl Into<String>) -> Self {
+        match self {
+            StateHandle::Inline(_) => self.clone(),
+            StateHandle::Object { size, checksum, .. }
+            | StateHandle::Segment { size, checksum, .. } => StateHandle::Object {
+                path: path.into(),
+                size: *size,
+                checksum: *checksum,
+            },
         }
     }
 
@@ -426,17 +469,29 @@ impl StateHandle {
         match self {
             StateHandle::Inline(bytes) => 0..bytes.len() as u64,
             StateHandle::Object { size, .. } => 0..*size,
-            StateHandle::Segment { offset, size, .. } => *offset..offset + size,
+            StateHandle::Segment { offset, size, .. } => *offset..offset.saturating_add(*size),
         }
     }
 
     /// The state object's bytes out of what a read of `self.range()` of the
     /// physical object returned (ignored for inline bytes). A short read
-    /// means a truncated object.
+    /// means a truncated object, other bytes a corrupted one.
     pub fn from_range(&self, read: Bytes) -> Result<Bytes, HandleMismatch> {
         match self {
             StateHandle::Inline(bytes) => Ok(Bytes::copy_from_slice(bytes)),
-            _ => self.check(read.len() as u64).map(|()| read),
+            StateHandle::Object { checksum, .. } | StateHandle::Segment { checksum, .. } => {
+                let found = read.len() as u64;
+                if found != self.size() {
+                    return Err(self.length_mismatch(found));
+                }
+                if self::checksum(&read) != *checksum {
+                    return Err(HandleMismatch::Checksum {
+                        path: self.physical().unwrap_or_default().to_owned(),
+                        range: self.range(),
+                    });
+                }
+                Ok(read)
+            }
         }
     }
 
@@ -445,29 +500,20 @@ impl StateHandle {
     /// recorded, a merged one at least as long as the segment's end.
     pub fn from_object(&self, object: Bytes) -> Result<Bytes, HandleMismatch> {
         match self {
-            StateHandle::Inline(bytes) => Ok(Bytes::copy_from_slice(bytes)),
-            StateHandle::Object { .. } => self.from_range(object),
             StateHandle::Segment { offset, size, .. } => {
                 let range = self.range();
                 if (object.len() as u64) < range.end {
                     let found = (object.len() as u64).saturating_sub(*offset);
-                    return Err(self.mismatch(found.min(*size)));
+                    return Err(self.length_mismatch(found.min(*size)));
                 }
-                Ok(object.slice(range.start as usize..range.end as usize))
+                self.from_range(object.slice(range.start as usize..range.end as usize))
             }
+            _ => self.from_range(object),
         }
     }
 
-    fn check(&self, found: u64) -> Result<(), HandleMismatch> {
-        if found == self.size() {
-            Ok(())
-        } else {
-            Err(self.mismatch(found))
-        }
-    }
-
-    fn mismatch(&self, found: u64) -> HandleMismatch {
-        HandleMismatch {
+    fn length_mismatch(&self, found: u64) -> HandleMismatch {
+        HandleMismatch::Length {
             path: self.physical().unwrap_or_default().to_owned(),
             range: self.range(),
             expected: self.size(),

@@ -84,6 +84,15 @@ pub enum RestoreError {
         /// What is wrong.
         problem: String,
     },
+    /// A state object does not hold what the checkpoint recorded: truncated,
+    /// replaced or corrupted.
+    #[error("the state of {subtask} cannot be restored: {source}")]
+    Corrupted {
+        /// The subtask whose state it is.
+        subtask: SubtaskId,
+        /// The object and what is wrong with it.
+        source: super::HandleMismatch,
+    },
 }
 
 /// Key groups of one state object that a subtask reads.
@@ -745,6 +754,7 @@ mod tests {
                         handle: StateHandle::object(
                             format!("chk-1/count-{i}"),
                             range.len() as u64 * 10,
+                            0,
                         ),
                     })),
                     ..SubtaskState::default()
@@ -795,7 +805,7 @@ mod tests {
         else {
             unreachable!("the test checkpoint has key groups")
         };
-        keyed.handle = StateHandle::object("chk-1/count-0", 5);
+        keyed.handle = StateHandle::object("chk-1/count-0", 5, 0);
         assert!(matches!(
             plan(&truncated, &graph(1), false),
             Err(RestoreError::Malformed { .. })
@@ -853,7 +863,7 @@ mod tests {
             name: "000008.sst".into(),
             instance: 1,
             uploaded_by: CheckpointId(1),
-            handle: StateHandle::object("shared/op-1-0/chk-1-000008.sst", 100),
+            handle: StateHandle::object("shared/op-1-0/chk-1-000008.sst", 100, 0),
         };
         let mut c = checkpoint(2);
         for i in 0..2 {
@@ -986,7 +996,7 @@ mod tests {
             side,
             channel,
             batches: 1,
-            handle: StateHandle::object(format!("chk-1/in-{channel}"), 10),
+            handle: StateHandle::object(format!("chk-1/in-{channel}"), 10, 0),
         }
     }
 
@@ -1060,7 +1070,7 @@ mod tests {
             },
             channel,
             batches: 1,
-            handle: StateHandle::object(format!("{side}-{subtask}-{channel}"), 10),
+            handle: StateHandle::object(format!("{side}-{subtask}-{channel}"), 10, 0),
         };
         for i in 0..p {
             let inputs = (0..p).map(|ch| handle("in", i, ch)).collect();
@@ -1287,7 +1297,7 @@ mod tests {
             side,
             channel,
             batches: 1,
-            handle: StateHandle::object(name, 10),
+            handle: StateHandle::object(name, 10, 0),
         };
         let mut subtasks = BTreeMap::new();
         for i in 0..2 {

@@ -53,7 +53,7 @@ pub fn relocate(checkpoint: &CompletedCheckpoint) -> (CompletedCheckpoint, Vec<C
             .enumerate()
         {
             let to = format!("op-{}-{}-{n}", subtask.operator.0, subtask.index.0);
-            let relocated = StateHandle::object(to.clone(), handle.size());
+            let relocated = handle.relocated(to.clone());
             copies.push(Copy {
                 from: std::mem::replace(handle, relocated),
                 to,
@@ -92,11 +92,11 @@ pub(crate) mod tests {
         }
     }
 
-    /// Keyed state of two subtasks as segments of one merged file, and
-    /// channel state inline.
+    /// Keyed state of two subtasks as segments of one merged file holding
+    /// `abcdef`, and channel state inline.
     pub(crate) fn merged() -> CompletedCheckpoint {
         let mut c = checkpoint(4);
-        for (index, offset) in [(0, 0), (1, 3)] {
+        for (index, offset, bytes) in [(0, 0, b"abc"), (1, 3, b"def")] {
             let state = SubtaskState {
                 keyed: Some(KeyedStateHandle::KeyGroups(KeyGroupsStateHandle {
                     start_group: index * 64,
@@ -105,6 +105,7 @@ pub(crate) mod tests {
                         path: "merged/file-1".into(),
                         offset,
                         size: 3,
+                        checksum: crate::checkpoint::checksum(bytes),
                     },
                 })),
                 ..SubtaskState::default()
@@ -138,8 +139,8 @@ pub(crate) mod tests {
         assert_eq!(
             handles,
             [
-                StateHandle::object("op-1-0-0", 3),
-                StateHandle::object("op-1-1-0", 3),
+                StateHandle::object("op-1-0-0", 3, crate::checkpoint::checksum(b"abc")),
+                StateHandle::object("op-1-1-0", 3, crate::checkpoint::checksum(b"def")),
                 StateHandle::Inline(vec![7]),
             ]
         );

@@ -508,6 +508,7 @@ mod tests {
             path: path.to_owned(),
             offset,
             size,
+            checksum: 0,
         }
     }
 
@@ -550,7 +551,7 @@ mod tests {
     fn checkpoint(id: u64, files: &[(&str, u64)]) -> CompletedCheckpoint {
         let shared = files
             .iter()
-            .map(|(path, by)| sst(path, StateHandle::object(*path, 1), *by))
+            .map(|(path, by)| sst(path, StateHandle::object(*path, 1, 0), *by))
             .collect();
         of(id, native(shared, Vec::new()))
     }
@@ -873,7 +874,7 @@ mod tests {
             .collect();
         let plan = options.plan(subtask(), CheckpointId(id), 0, &sizes);
         let handle = |i: usize| {
-            plan.handle(i)
+            plan.handle(i, 0)
                 .unwrap_or_else(|| StateHandle::Inline(vec![0; sizes[i] as usize]))
         };
         let private = small

@@ -39,8 +39,14 @@ impl CompletedCheckpointStore {
         self.checkpoints.back()
     }
 
+    /// Forgets checkpoint `id` (one whose state turned out damaged) without
+    /// subsuming anything: its objects stay for inspection and cleanup.
+    pub fn remove(&mut self, id: crate::ids::CheckpointId) {
+        self.checkpoints.retain(|c| c.id != id);
+    }
+
     /// The retained checkpoints, oldest first.
-    pub fn retained(&self) -> impl Iterator<Item = &CompletedCheckpoint> {
+    pub fn retained(&self) -> impl DoubleEndedIterator<Item = &CompletedCheckpoint> {
         self.checkpoints.iter()
     }
 }

@@ -59,7 +59,8 @@ pub async fn write(
         Err(e) => return Err(e.into()),
     }
     let (savepoint, copies) = relocate(checkpoint);
-    stream::iter(copies)
+    let written: Vec<String> = copies.iter().map(|c| c.to.clone()).collect();
+    let copied = stream::iter(copies)
         .map(|copy| {
             let dir = &dir;
             async move {
@@ -77,7 +78,15 @@ pub async fn write(
         })
         .buffer_unordered(PARALLEL_COPIES)
         .try_collect::<()>()
-        .await?;
+        .await;
+    if let Err(e) = copied {
+        // Without its `_metadata` the directory is no savepoint: what the
+        // copy wrote would only be left for someone to find.
+        for path in written {
+            let _ = dir.delete(&path).await;
+        }
+        return Err(e);
+    }
     dir.write_metadata_at(METADATA, &savepoint).await?;
     Ok((location, savepoint))
 }

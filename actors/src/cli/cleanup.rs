@@ -217,7 +217,7 @@ mod tests {
             let keyed = KeyedStateHandle::KeyGroups(KeyGroupsStateHandle {
                 start_group: 0,
                 offsets: vec![0],
-                handle: StateHandle::object(*path, 10),
+                handle: StateHandle::object(*path, 10, 0),
             });
             let state = SubtaskState {
                 keyed: Some(keyed),

@@ -70,6 +70,9 @@ pub struct RunReport {
     pub recovery_ms: Percentiles,
     /// The state the last restore read (from `--restore` or a failover).
     pub restored_bytes: u64,
+    /// The checkpoint (or savepoint) id the last restore read; absent if
+    /// the job never restored.
+    pub restored_checkpoint: Option<u64>,
     /// How long the last restore took, from reading and downloading its
     /// state until every subtask's state was rebuilt from it.
     pub restore_ms: f64,
@@ -219,6 +222,8 @@ impl RunReport {
             restored_inflight_batches: stats.restored_inflight_batches.load(Ordering::Relaxed),
             recovery_ms: Percentiles::of(&stats.recoveries_ms),
             restored_bytes: stats.restored_bytes_last.load(Ordering::Relaxed),
+            restored_checkpoint: Some(stats.restored_checkpoint_last.load(Ordering::Relaxed))
+                .filter(|&id| id > 0),
             restore_ms: stats.restore_us_last.load(Ordering::Relaxed) as f64 / 1e3,
             physical_files_live: stats.physical_files_live.load(Ordering::Relaxed),
             space_amplification: f64::from_bits(
