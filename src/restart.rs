@@ -18,13 +18,14 @@ pub enum RestartStrategy {
         /// Restarts before the job gives up.
         max_attempts: u32,
     },
-    /// `initial`, then times `multiplier` per restart, capped at `max`.
+    /// `initial`, then times `multiplier` per restart, capped at `max`
+    /// (also where the product overflows).
     ExponentialBackoff {
         /// Wait before the first restart.
         initial: Duration,
         /// The longest wait.
         max: Duration,
-        /// Growth per restart; values below 1 count as 1.
+        /// Growth per restart; values below 1 (and NaN) count as 1.
         multiplier: f64,
         /// Restarts before the job gives up.
         max_attempts: u32,
@@ -64,8 +65,11 @@ impl RestartStrategy {
                 multiplier,
                 max_attempts,
             } => (restart <= max_attempts).then(|| {
-                let factor = multiplier.max(1.0).powi(restart.saturating_sub(1) as i32);
-                initial.mul_f64(factor).min(max)
+                let exponent = i32::try_from(restart.saturating_sub(1)).unwrap_or(i32::MAX);
+                let factor = multiplier.max(1.0).powi(exponent);
+                // Infinite or past `Duration::MAX`: `max`.
+                Duration::try_from_secs_f64(initial.as_secs_f64() * factor)
+                    .map_or(max, |delay| delay.min(max))
             }),
         }
     }
@@ -74,6 +78,7 @@ impl RestartStrategy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn fixed_delay_gives_up_after_max_attempts() {
@@ -100,5 +105,53 @@ mod tests {
             delays,
             [Some(10), Some(20), Some(40), Some(50), Some(50), None]
         );
+    }
+
+    fn backoff(initial: Duration, max: Duration, multiplier: f64) -> RestartStrategy {
+        RestartStrategy::ExponentialBackoff {
+            initial,
+            max,
+            multiplier,
+            max_attempts: u32::MAX,
+        }
+    }
+
+    #[test]
+    fn extreme_backoffs_stay_between_zero_and_max() {
+        let (ms, max) = (Duration::from_millis, Duration::from_secs(60));
+        for (initial, multiplier) in [
+            (Duration::MAX, 2.0),
+            (ms(10), f64::MAX),
+            (ms(10), f64::INFINITY),
+            (Duration::ZERO, f64::INFINITY),
+            (ms(10), f64::NAN),
+            (ms(10), -3.0),
+        ] {
+            for restart in [1, 2, 64, 1 << 31, u32::MAX] {
+                let delay = backoff(initial, max, multiplier).delay(restart);
+                assert!(
+                    delay.is_some_and(|d| d <= max),
+                    "{initial:?} x {multiplier} at {restart}: {delay:?}"
+                );
+            }
+        }
+        // Past 2^31 restarts a doubling delay does not wrap back to small.
+        assert_eq!(backoff(ms(10), max, 2.0).delay(u32::MAX), Some(max));
+        // A NaN multiplier counts as 1.
+        assert_eq!(backoff(ms(10), max, f64::NAN).delay(5), Some(ms(10)));
+    }
+
+    proptest! {
+        #[test]
+        fn any_backoff_is_at_most_max(
+            initial in (any::<u64>(), 0..1_000_000_000u32),
+            max in (any::<u64>(), 0..1_000_000_000u32),
+            multiplier in any::<f64>(),
+            restart in any::<u32>(),
+        ) {
+            let (initial, max) = (Duration::new(initial.0, initial.1), Duration::new(max.0, max.1));
+            let delay = backoff(initial, max, multiplier).delay(restart);
+            prop_assert!(delay.is_some_and(|d| d <= max));
+        }
     }
 }

@@ -18,7 +18,7 @@ use tidemark::error::TaskError;
 use tidemark::event::CheckpointKind;
 use tidemark::graph::GraphError;
 use tidemark::ids::{CheckpointId, JobId, SubtaskId};
-use tidemark::job::Job;
+use tidemark::job::{Job, JobConfigError};
 use tidemark::state::StateError;
 use tidemark::storage::savepoint::SavepointError;
 use tidemark::storage::{CheckpointStorage, StorageError};
@@ -30,6 +30,9 @@ pub enum JobError {
     /// The job graph does not validate; nothing was deployed.
     #[error("invalid job: {0}")]
     InvalidJob(#[from] GraphError),
+    /// A job setting is out of range; nothing was deployed.
+    #[error("invalid job settings: {0}")]
+    InvalidConfig(#[from] JobConfigError),
     /// This build cannot run the state backend; nothing was deployed.
     #[error("invalid state backend: {0}")]
     InvalidStateBackend(#[from] StateError),
@@ -266,6 +269,7 @@ impl Runtime {
     /// mean nothing was deployed.
     pub fn run(&self, job: Job) -> Result<JobHandle, JobError> {
         job.validate()?;
+        job.config.validate()?;
         job.config.state_backend.validate()?;
         if let Some(settings) = &job.config.checkpointing {
             settings.validate()?;

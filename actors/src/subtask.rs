@@ -372,7 +372,8 @@ impl SubtaskActor {
                 }) => {
                     if self.ns_per_record > 0 {
                         let pause = self.ns_per_record.saturating_mul(batch.len() as u64);
-                        self.resume_at = Some(Instant::now() + Duration::from_nanos(pause));
+                        // A pause past what `Instant` can count is none.
+                        self.resume_at = Instant::now().checked_add(Duration::from_nanos(pause));
                     }
                     self.advance_processing_time(ctx);
                     let input = self.inputs[channel];

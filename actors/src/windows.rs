@@ -76,8 +76,13 @@ impl Line for WindowCount {
     }
 }
 
+/// The most sliding windows a record may belong to: each costs state and a
+/// firing.
+pub const MAX_WINDOWS_PER_RECORD: u128 = 1000;
+
 /// Parses `tumbling:SIZE`, `sliding:SIZE/SLIDE` or `session:GAP`, each a
-/// duration with its unit (`tumbling:1s`).
+/// duration with its unit (`tumbling:1s`) from 1 ms to a year. A record
+/// belongs to SIZE/SLIDE sliding windows, at most [`MAX_WINDOWS_PER_RECORD`].
 pub fn parse_window(s: &str) -> Result<WindowAssigner, String> {
     let usage = || format!("expected tumbling:SIZE, sliding:SIZE/SLIDE or session:GAP, got {s:?}");
     let (kind, spec) = s.split_once(':').ok_or_else(usage)?;
@@ -92,7 +97,13 @@ pub fn parse_window(s: &str) -> Result<WindowAssigner, String> {
         "tumbling" => Ok(WindowAssigner::tumbling(duration(spec)?)),
         "sliding" => {
             let (size, slide) = spec.split_once('/').ok_or_else(usage)?;
-            Ok(WindowAssigner::sliding(duration(size)?, duration(slide)?))
+            let (size, slide) = (duration(size)?, duration(slide)?);
+            if size.as_millis() / slide.as_millis() > MAX_WINDOWS_PER_RECORD {
+                return Err(format!(
+                    "a record would belong to more than {MAX_WINDOWS_PER_RECORD} windows (SIZE/SLIDE), got {s:?}"
+                ));
+            }
+            Ok(WindowAssigner::sliding(size, slide))
         }
         "session" => Ok(WindowAssigner::session(duration(spec)?)),
         _ => Err(usage()),

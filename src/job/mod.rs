@@ -20,6 +20,7 @@ use crate::restart::RestartStrategy;
 use crate::state::StateBackend;
 use crate::task::{Task, TaskContext};
 use std::sync::{Arc, Mutex};
+use thiserror::Error;
 
 mod connect;
 mod stream;
@@ -116,7 +117,8 @@ impl JobConfig {
         self
     }
 
-    /// Caps the total rate of all source subtasks, in records per second.
+    /// Caps the total rate of all source subtasks, in records per second:
+    /// a positive, finite number.
     pub fn source_rate(mut self, records_per_second: f64) -> Self {
         self.source_rate = Some(records_per_second);
         self
@@ -139,6 +141,25 @@ impl JobConfig {
         self.state_backend = backend;
         self
     }
+
+    /// Refuses settings no job runs with; the parallelism is the graph's
+    /// to check ([`Job::validate`]).
+    pub fn validate(&self) -> Result<(), JobConfigError> {
+        match self.source_rate {
+            Some(rate) if !(rate.is_finite() && rate > 0.0) => {
+                Err(JobConfigError::SourceRate(rate))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A [`JobConfig`] no job runs with.
+#[derive(Clone, Copy, Debug, PartialEq, Error)]
+pub enum JobConfigError {
+    /// The source rate is not a positive, finite number.
+    #[error("the source rate must be a positive number of records per second, not {0}")]
+    SourceRate(f64),
 }
 
 /// A complete, deployable job.
@@ -304,5 +325,25 @@ impl JobBuilder {
             b.sinks.push(0);
             b.graph.add_operator(name, b.config.parallelism)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_rate_must_be_positive_and_finite() {
+        for rate in [0.0, -0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let refused = JobConfig::default().source_rate(rate).validate();
+            assert!(
+                matches!(refused, Err(JobConfigError::SourceRate(r)) if r.to_bits() == rate.to_bits()),
+                "{rate}: {refused:?}"
+            );
+        }
+        for rate in [f64::MIN_POSITIVE, 1e-300, 1.0, f64::MAX] {
+            assert_eq!(JobConfig::default().source_rate(rate).validate(), Ok(()));
+        }
+        assert_eq!(JobConfig::default().validate(), Ok(()));
     }
 }

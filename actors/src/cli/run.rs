@@ -108,8 +108,8 @@ pub struct RunArgs {
     /// that its inputs fill and its upstreams are backpressured.
     #[arg(long, requires = "slow_ns")]
     pub slow_subtask: Option<u32>,
-    /// Nanoseconds the slow subtask spends per record.
-    #[arg(long, requires = "slow_subtask", value_parser = clap::value_parser!(u64).range(1..))]
+    /// Nanoseconds the slow subtask spends per record, up to a second.
+    #[arg(long, requires = "slow_subtask", value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     pub slow_ns: Option<u64>,
     /// Take one savepoint this long after the start and go on.
     #[arg(long, conflicts_with = "stop_with_savepoint_after", value_parser = crate::config::values::flag_duration)]
@@ -119,8 +119,8 @@ pub struct RunArgs {
     #[arg(long, value_parser = crate::config::values::flag_duration)]
     pub stop_with_savepoint_after: Option<Duration>,
     /// Kill a random subtask this many times at random moments (seeded by
-    /// `--seed`); the job restores and goes on.
-    #[arg(long, default_value_t = 0)]
+    /// `--seed`); the job restores and goes on. At most 1000.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(..=1000))]
     pub inject_failures: u32,
     /// A targeted fault, `POINT:CHECKPOINT:OPERATOR:SUBTASK` with POINT one of
     /// sync-snapshot, async-write, after-ack, sink-commit, or
@@ -221,9 +221,9 @@ impl RunArgs {
     fn job_config(&self, settings: &Settings) -> JobConfig {
         let mut options = settings.options.clone();
         // Each injected failure costs a restart the default must allow.
-        options
-            .max_restarts
-            .get_or_insert(RestartStrategy::DEFAULT_MAX_ATTEMPTS + self.inject_failures);
+        options.max_restarts.get_or_insert(
+            RestartStrategy::DEFAULT_MAX_ATTEMPTS.saturating_add(self.inject_failures),
+        );
         let mut config = options.job_config();
         if self.inject_failures > 0 {
             let operators = self.topology.keyed_operator().0 as usize + 1;

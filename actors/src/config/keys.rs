@@ -139,7 +139,7 @@ pub(super) const KEYS: &[Key] = &[
             "state.storage.fs.memory-threshold",
             "state.backend.fs.memory-threshold"
         ],
-        inline_threshold = values::size
+        inline_threshold = values::inline_threshold
     ),
     sets!(
         "execution.checkpointing.file-merging.enabled",

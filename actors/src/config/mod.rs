@@ -3,8 +3,9 @@
 //! Flink `config.yaml` reads as it reads in Flink or is refused with the
 //! reason. Keys may be flat (`execution.checkpointing.interval: 1 s`) or
 //! nested maps, whose names join with `.`. Values take Flink's formats:
-//! durations such as `1 s` or `500ms` (a bare number is milliseconds), sizes
-//! such as `32 mb` in binary units (a bare number is bytes), `true`/`false`.
+//! durations such as `1 s` or `500ms` up to a year (a bare number is
+//! milliseconds), sizes such as `32 mb` in binary units (a bare number is
+//! bytes), `true`/`false`.
 //!
 //! An embedding application reads a file into the embedding API's settings:
 //!

@@ -115,8 +115,9 @@ pub struct Options {
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = values::boolean)]
     pub incremental: bool,
     /// State objects smaller than this travel inside the acknowledgement
-    /// and `_metadata` instead of becoming objects (`0`: none do).
-    #[arg(long, default_value = "20KiB", value_parser = values::size)]
+    /// and `_metadata` instead of becoming objects (`0`: none do; at most
+    /// 1MiB).
+    #[arg(long, default_value = "20KiB", value_parser = values::inline_threshold)]
     pub inline_threshold: u64,
     /// A subtask writes the state objects of one checkpoint as segments of
     /// few physical files under `merged/`.

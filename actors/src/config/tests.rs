@@ -493,3 +493,326 @@ fn load_refuses_settings_that_do_not_work_together_naming_the_key() {
         tidemark::checkpoint::Restore::Checkpoint(tidemark::ids::CheckpointId(7))
     );
 }
+
+/// The problem `tidemark run` gives for `flags`, which must be refused.
+fn refused(topology: &str, flags: &[&str]) -> String {
+    RunArgs::parse([topology].iter().chain(flags).copied())
+        .map(|_| ())
+        .expect_err(&format!("{flags:?} is refused"))
+        .to_string()
+}
+
+const TOO_LONG: &[&str] = &[
+    "366 d",
+    "8761 h",
+    "99999999 d",
+    "18446744073709551615 ns",
+    "18446744073709551615 ms",
+    "18446744073709551615 d",
+    "99999999999999999999999999 s",
+];
+
+#[test]
+fn durations_past_a_year_are_refused_naming_the_flag_and_the_range() {
+    for flag in [
+        "--checkpoint-interval",
+        "--timeout",
+        "--min-pause",
+        "--aligned-timeout",
+        "--restart-delay",
+        "--max-disorder",
+        "--interval",
+        "--savepoint-after",
+        "--stop-with-savepoint-after",
+    ] {
+        let year = format!("{flag}=365d");
+        RunArgs::parse(["wordcount", &year]).unwrap_or_else(|e| panic!("{year}: {e}"));
+        for value in TOO_LONG {
+            let text = refused("wordcount", &[&format!("{flag}={value}")]);
+            assert!(
+                text.contains(flag) && text.contains("at most 365 d"),
+                "{flag}={value}: {text}"
+            );
+        }
+    }
+    for window in [
+        "tumbling:366d",
+        "session:18446744073709551615ms",
+        "sliding:1d/99999999999999999999d",
+    ] {
+        let text = refused("windows", &[&format!("--window={window}")]);
+        assert!(text.contains("at most 365 d"), "{window}: {text}");
+    }
+    let text = refused("windows", &["--window=sliding:365d/1ms"]);
+    assert!(text.contains("more than 1000 windows"), "{text}");
+    RunArgs::parse(["windows", "--window=sliding:1000s/1s"]).unwrap();
+}
+
+#[test]
+fn numbers_out_of_range_are_refused_naming_the_flag_and_the_range() {
+    for (flag, values, range) in [
+        (
+            "--parallelism",
+            &["0", "129", "-1", "18446744073709551616"][..],
+            "from 1 to 128",
+        ),
+        (
+            "--max-restarts",
+            &["2147483648", "4294967295", "-1"],
+            "from 0 to 2147483647",
+        ),
+        (
+            "--tolerable-failures",
+            &["2147483648", "99999999999999999999"],
+            "from 0 to 2147483647",
+        ),
+        ("--retain", &["0", "2147483648"], "from 1 to 2147483647"),
+        (
+            "--max-concurrent",
+            &["0", "4294967296"],
+            "from 1 to 2147483647",
+        ),
+        ("--state-cache-entries", &["0"], "at least 1"),
+        (
+            "--rate",
+            &["0", "-5", "NaN", "inf", "-inf", "1e309"],
+            "positive",
+        ),
+        ("--max-space-amplification", &["1", "NaN", "inf"], "above 1"),
+        (
+            "--inline-threshold",
+            &["1025 kb", "2MiB", "4096 tb"],
+            "at most 1 MiB",
+        ),
+        (
+            "--max-merged-file-size",
+            &["16777216 tb", "99999999999999999999"],
+            "below 16 EiB",
+        ),
+        (
+            "--slow-ns",
+            &["0", "1000000001", "18446744073709551615"],
+            "1..=1000000000",
+        ),
+        ("--inject-failures", &["1001", "4294967295"], "0..=1000"),
+    ] {
+        for value in values {
+            let mut flags = vec![format!("{flag}={value}")];
+            if flag == "--slow-ns" {
+                flags.push("--slow-subtask=0".into());
+            }
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            let text = refused("wordcount", &flags);
+            assert!(
+                text.contains(flag) && text.contains(range),
+                "{flag}={value}: {text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn keys_out_of_range_are_refused_naming_the_key_and_the_range() {
+    for (yaml, range) in [
+        ("execution.checkpointing.interval: 366 d", "at most 365 d"),
+        (
+            "execution.checkpointing.timeout: 99999999 d",
+            "at most 365 d",
+        ),
+        (
+            "execution.checkpointing.min-pause: 18446744073709551615",
+            "at most 365 d",
+        ),
+        (
+            "execution.checkpointing.aligned-checkpoint-timeout: 18446744073709551615 d",
+            "at most 365 d",
+        ),
+        (
+            "restart-strategy.fixed-delay.delay: 9999 d",
+            "at most 365 d",
+        ),
+        (
+            "restart-strategy.exponential-delay.initial-backoff: 9999 d",
+            "at most 365 d",
+        ),
+        (
+            "restart-strategy.exponential-delay.max-backoff: 9999 d",
+            "at most 365 d",
+        ),
+        ("parallelism.default: 0", "from 1 to 128"),
+        ("parallelism.default: 18446744073709551616", "from 1 to 128"),
+        (
+            "restart-strategy.fixed-delay.attempts: 2147483648",
+            "2147483647",
+        ),
+        (
+            "execution.checkpointing.tolerable-failed-checkpoints: 4294967295",
+            "2147483647",
+        ),
+        ("tidemark.source.rate: .nan", "positive"),
+        ("tidemark.source.rate: .inf", "positive"),
+        ("tidemark.source.rate: 0", "positive"),
+        (
+            "restart-strategy.exponential-delay.backoff-multiplier: .inf",
+            "at least 1",
+        ),
+        (
+            "restart-strategy.exponential-delay.backoff-multiplier: .nan",
+            "at least 1",
+        ),
+        (
+            "execution.checkpointing.file-merging.max-space-amplification: .nan",
+            "above 1",
+        ),
+        (
+            "execution.checkpointing.data-inline-threshold: 2 mb",
+            "at most 1 MiB",
+        ),
+        (
+            "state.storage.fs.memory-threshold: 99999999999 tb",
+            "below 16 EiB",
+        ),
+        (
+            "restart-strategy.exponential-delay.jitter-factor: .nan",
+            "jitter",
+        ),
+    ] {
+        let text = error(&format!("# settings\n{yaml}\n")).to_string();
+        let key = yaml.split(':').next().unwrap();
+        assert!(
+            text.starts_with(&format!("tidemark.yaml:2: {key}: ")) && text.contains(range),
+            "{yaml}: {text}"
+        );
+    }
+}
+
+#[test]
+fn the_most_every_option_accepts_runs_into_no_overflow() {
+    let year = "365d";
+    let flags = [
+        "--checkpoint-interval",
+        "--timeout",
+        "--min-pause",
+        "--aligned-timeout",
+        "--restart-delay",
+    ]
+    .map(|flag| format!("{flag}={year}"));
+    let mut options = RunArgs::parse(
+        [
+            "wordcount",
+            "--restart-backoff",
+            "--max-restarts=2147483647",
+            "--rate=1e-300",
+        ]
+        .into_iter()
+        .chain(flags.iter().map(String::as_str)),
+    )
+    .unwrap()
+    .options;
+    let yaml =
+        "restart-strategy.exponential-delay:\n  max-backoff: 365 d\n  backoff-multiplier: 1e308\n";
+    file(yaml).apply(&mut options, |_| false).unwrap();
+    let config = options.job_config();
+    config.validate().unwrap();
+    let settings = config.checkpointing.as_ref().unwrap();
+    // The coordinator adds these to instants: a year always fits.
+    let now = std::time::Instant::now();
+    for d in [
+        settings.config.interval.unwrap(),
+        settings.config.timeout,
+        settings.config.min_pause,
+    ] {
+        assert!(now.checked_add(d).is_some(), "{d:?}");
+    }
+    for restart in [1, 2, 1000, i32::MAX as u32, u32::MAX] {
+        let delay = config.restart.delay(restart);
+        assert!(
+            delay.is_none_or(|d| d <= values::MAX_DURATION),
+            "{restart}: {delay:?}"
+        );
+    }
+    let mut limiter = tidemark::rate::RateLimiter::new(config.source_rate.unwrap(), 1, now);
+    assert_eq!(limiter.acquire(1, now), Err(tidemark::rate::MAX_WAIT));
+}
+
+mod properties {
+    use super::super::values::{self, MAX_DURATION};
+    use proptest::prelude::*;
+    use std::time::Instant;
+
+    /// Units of durations, with their nanoseconds.
+    const UNITS: &[(&str, u128)] = &[
+        ("", 1_000_000),
+        ("d", 86_400_000_000_000),
+        ("days", 86_400_000_000_000),
+        ("h", 3_600_000_000_000),
+        ("min", 60_000_000_000),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("µs", 1_000),
+        ("ns", 1),
+    ];
+
+    proptest! {
+        /// A duration is read exactly, up to a year, which fits an instant;
+        /// above, it is refused.
+        #[test]
+        fn any_duration_is_exact_or_refused(
+            digits in "[0-9]{1,45}",
+            space in prop::bool::ANY,
+            (unit, nanos) in prop::sample::select(UNITS),
+        ) {
+            let text = format!("{digits}{}{unit}", if space { " " } else { "" });
+            let expected = digits.parse::<u128>().ok().and_then(|n| n.checked_mul(nanos));
+            match values::duration(&text) {
+                Ok(d) => {
+                    prop_assert_eq!(Some(d.as_nanos()), expected);
+                    prop_assert!(Instant::now().checked_add(d).is_some());
+                }
+                Err(e) => {
+                    prop_assert!(expected.is_none_or(|n| n > MAX_DURATION.as_nanos()), "{}", e);
+                    prop_assert!(e.contains("at most 365 d"), "{}", e);
+                }
+            }
+        }
+
+        /// A size is read exactly, or refused if it is 2^64 bytes or more.
+        #[test]
+        fn any_size_is_exact_or_refused(
+            digits in "[0-9]{1,45}",
+            (unit, shift) in prop::sample::select(&[
+                ("", 0), ("b", 0), ("kb", 10), ("KiB", 10), ("m", 20), ("mb", 20),
+                ("g", 30), ("GiB", 30), ("t", 40), ("tb", 40),
+            ][..]),
+        ) {
+            let text = format!("{digits} {unit}");
+            let expected = digits
+                .parse::<u128>()
+                .ok()
+                .and_then(|n| n.checked_mul(1 << shift))
+                .and_then(|n| u64::try_from(n).ok());
+            match values::size(&text) {
+                Ok(n) => prop_assert_eq!(Some(n), expected),
+                Err(e) => prop_assert!(expected.is_none() && e.contains("below 16 EiB"), "{}", e),
+            }
+        }
+
+        /// No text makes a value parser panic.
+        #[test]
+        fn no_text_panics_a_parser(text in "\\PC{0,40}") {
+            let _ = values::duration(&text);
+            let _ = values::flag_duration(&text);
+            let _ = values::interval(&text);
+            let _ = values::size(&text);
+            let _ = values::inline_threshold(&text);
+            let _ = values::parallelism(&text);
+            let _ = values::count(&text);
+            let _ = values::rate(&text);
+            let _ = values::multiplier(&text);
+            let _ = values::amplification(&text);
+            let _ = values::restore(&text);
+            let _ = crate::windows::parse_window(&text);
+        }
+    }
+}

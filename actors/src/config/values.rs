@@ -13,37 +13,49 @@ use tidemark::ids::CheckpointId;
 use tidemark::key_group::DEFAULT_MAX_PARALLELISM;
 use tidemark::storage::METADATA;
 
+/// The longest duration any setting takes: a year. Settings such as the
+/// checkpoint timeout are added to instants, which cannot count far.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 86_400);
+
 /// Splits `1 s`, `20kb` or `500` into its digits and its lower-case unit,
-/// as Flink's `TimeUtils` and `MemorySize` do.
-fn number_and_unit(s: &str) -> Option<(u64, String)> {
+/// as Flink's `TimeUtils` and `MemorySize` do. Digits past `u128::MAX` read
+/// as `u128::MAX`, which every caller refuses as out of range.
+fn number_and_unit(s: &str) -> Option<(u128, String)> {
     let s = s.trim();
     let digits = s.len() - s.trim_start_matches(|c: char| c.is_ascii_digit()).len();
-    let number = s[..digits].parse().ok()?;
+    let number = match digits {
+        0 => return None,
+        _ => s[..digits].parse().unwrap_or(u128::MAX),
+    };
     Some((number, s[digits..].trim().to_lowercase()))
 }
 
 /// Flink's `TimeUtils.parseDuration`: a whole number and a unit (`d`, `h`,
 /// `min` or `m`, `s`, `ms`, `µs`, `ns`, or their long names such as
-/// `minutes`), with or without a space; a bare number is milliseconds.
+/// `minutes`), with or without a space; a bare number is milliseconds. At
+/// most [`MAX_DURATION`].
 pub fn duration(s: &str) -> Result<Duration, String> {
     let bad = || format!("expected a duration such as 100 ms, 2s or 10 min, got {s:?}");
     let (n, unit) = number_and_unit(s).ok_or_else(bad)?;
-    let seconds = |per: u64| n.checked_mul(per).map(Duration::from_secs);
-    match unit.as_str() {
-        "d" | "day" | "days" => seconds(86_400),
-        "h" | "hour" | "hours" => seconds(3_600),
-        "min" | "m" | "minute" | "minutes" => seconds(60),
-        "s" | "sec" | "secs" | "second" | "seconds" => seconds(1),
-        "" | "ms" | "milli" | "millis" | "millisecond" | "milliseconds" => {
-            Some(Duration::from_millis(n))
-        }
-        "µs" | "micro" | "micros" | "microsecond" | "microseconds" => {
-            Some(Duration::from_micros(n))
-        }
-        "ns" | "nano" | "nanos" | "nanosecond" | "nanoseconds" => Some(Duration::from_nanos(n)),
-        _ => None,
-    }
-    .ok_or_else(bad)
+    let nanos_per: u128 = match unit.as_str() {
+        "d" | "day" | "days" => 86_400_000_000_000,
+        "h" | "hour" | "hours" => 3_600_000_000_000,
+        "min" | "m" | "minute" | "minutes" => 60_000_000_000,
+        "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000_000,
+        "" | "ms" | "milli" | "millis" | "millisecond" | "milliseconds" => 1_000_000,
+        "µs" | "micro" | "micros" | "microsecond" | "microseconds" => 1_000,
+        "ns" | "nano" | "nanos" | "nanosecond" | "nanoseconds" => 1,
+        _ => return Err(bad()),
+    };
+    // In nanoseconds every duration up to MAX_DURATION fits a u64.
+    n.checked_mul(nanos_per)
+        .and_then(|nanos| u64::try_from(nanos).ok())
+        .map(Duration::from_nanos)
+        .filter(|d| *d <= MAX_DURATION)
+        .ok_or_else(|| {
+            let days = MAX_DURATION.as_secs() / 86_400;
+            format!("expected a duration of at most {days} d, got {s:?}")
+        })
 }
 
 /// A duration on the command line: as in a file, but with its unit. A bare
@@ -78,7 +90,23 @@ pub fn size(s: &str) -> Result<u64, String> {
         "t" | "tb" | "tib" | "tebibytes" => 40,
         _ => return Err(bad()),
     };
-    n.checked_mul(1 << shift).ok_or_else(bad)
+    n.checked_mul(1 << shift)
+        .and_then(|bytes| u64::try_from(bytes).ok())
+        .ok_or_else(|| format!("expected a size below 16 EiB, got {s:?}"))
+}
+
+/// The most `execution.checkpointing.data-inline-threshold` takes: 1 MiB,
+/// Flink's maximum, since inline state travels in acknowledgements and
+/// `_metadata`.
+pub const MAX_INLINE_THRESHOLD: u64 = 1 << 20;
+
+/// The size below which a state object travels inline: at most
+/// [`MAX_INLINE_THRESHOLD`].
+pub fn inline_threshold(s: &str) -> Result<u64, String> {
+    match size(s)? {
+        n if n <= MAX_INLINE_THRESHOLD => Ok(n),
+        _ => Err(format!("expected a size of at most 1 MiB, got {s:?}")),
+    }
 }
 
 /// `true` or `false`, any case, as Flink reads booleans.
@@ -125,14 +153,17 @@ pub fn parallelism(s: &str) -> Result<u32, String> {
     whole(s, 1..=u64::from(DEFAULT_MAX_PARALLELISM)).map(|n| n as u32)
 }
 
+/// The largest count: Flink's counts are Java `int`s.
+const MAX_COUNT: u64 = i32::MAX as u64;
+
 /// A count that must be at least one.
 pub fn positive(s: &str) -> Result<u32, String> {
-    whole(s, 1..=u32::MAX.into()).map(|n| n as u32)
+    whole(s, 1..=MAX_COUNT).map(|n| n as u32)
 }
 
 /// A count that may be zero.
 pub fn count(s: &str) -> Result<u32, String> {
-    whole(s, 0..=u32::MAX.into()).map(|n| n as u32)
+    whole(s, 0..=MAX_COUNT).map(|n| n as u32)
 }
 
 /// Values the RocksDB backend keeps decoded: at least one.
