@@ -10,7 +10,7 @@ use common::expected_counts;
 use std::collections::HashMap;
 use std::path::Path;
 use storage::{job_dir, open, retained};
-use tidemark_actors::cli::{self, CliError, RunArgs, RunReport};
+use tidemark_actors::cli::{CliError, RunReport};
 
 const RECORDS: u64 = 200_000;
 const KEYS: u64 = 5_000;
@@ -34,8 +34,7 @@ fn run(extra: &[String], checkpoints: &Path, output: &Path) -> Result<RunReport,
     .collect();
     args.push(format!("--checkpoint-dir={}", checkpoints.display()));
     args.push(format!("--output={}", output.display()));
-    args.extend_from_slice(extra);
-    cli::run(&RunArgs::parse(args).unwrap())
+    common::run_overriding(args, extra)
 }
 
 #[test]
@@ -88,4 +87,95 @@ fn a_corrupted_state_object_is_named_and_latest_falls_back_to_the_checkpoint_bef
         let counts: HashMap<u64, u64> = common::committed(resumed.path()).into_iter().collect();
         assert_eq!(counts, expected_counts(RECORDS, KEYS, SEED), "{state:?}");
     }
+}
+
+/// Runs `args` on a thread of its own.
+fn spawn(
+    args: Vec<String>,
+    checkpoints: &Path,
+    output: &Path,
+) -> std::thread::JoinHandle<Result<RunReport, CliError>> {
+    let (checkpoints, output) = (checkpoints.to_owned(), output.to_owned());
+    std::thread::spawn(move || run(&args, &checkpoints, &output))
+}
+
+/// Waits until the job under `checkpoints` has completed a checkpoint.
+fn await_checkpoint(
+    checkpoints: &Path,
+    job: &std::thread::JoinHandle<Result<RunReport, CliError>>,
+) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while common::completed_checkpoints(checkpoints) == 0 {
+        assert!(
+            !job.is_finished(),
+            "the job ended before its first checkpoint"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint in a minute"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_second_run_on_a_held_directory_is_refused_and_one_that_takes_it_over_fences_the_first() {
+    let checkpoints = tempfile::tempdir().unwrap();
+    let slow = || vec!["--rate=100000".to_string()];
+
+    // Refused: the first run goes on undisturbed.
+    let first_output = tempfile::tempdir().unwrap();
+    let first = spawn(slow(), checkpoints.path(), first_output.path());
+    await_checkpoint(checkpoints.path(), &first);
+    let second_output = tempfile::tempdir().unwrap();
+    let err = run(&[], checkpoints.path(), second_output.path())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is in use by run"), "{err}");
+    assert!(
+        err.contains(&format!("pid {}", std::process::id())),
+        "{err}"
+    );
+    assert!(common::committed_lines(second_output.path()).is_empty());
+    first.join().unwrap().unwrap();
+    let counts: HashMap<u64, u64> = common::committed(first_output.path()).into_iter().collect();
+    assert_eq!(counts, expected_counts(RECORDS, KEYS, SEED));
+    let storage = open(checkpoints.path().to_str().unwrap());
+    storage::assert_storage_is_exactly_the_retained_checkpoints(&storage, "after a refusal");
+
+    // Taken over: the old run can no longer complete a checkpoint or
+    // delete, and the new one's checkpoints are its own.
+    let old_output = tempfile::tempdir().unwrap();
+    let mut old_args = slow();
+    old_args.push("--max-restarts=1".into());
+    let old = spawn(old_args, checkpoints.path(), old_output.path());
+    let leases = job_dir(checkpoints.path()).join(tidemark::storage::lease::LEASES);
+    let held = || {
+        std::fs::read_dir(&leases).unwrap().any(|lease| {
+            let text = std::fs::read_to_string(lease.unwrap().path()).unwrap_or_default();
+            text.contains("\"released\": false")
+        })
+    };
+    while !held() {
+        assert!(!old.is_finished(), "the old run ended before it leased");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let new_output = tempfile::tempdir().unwrap();
+    let taken = ["--take-over-lease".to_string()];
+    run(&taken, checkpoints.path(), new_output.path()).unwrap();
+    let counts: HashMap<u64, u64> = common::committed(new_output.path()).into_iter().collect();
+    assert_eq!(counts, expected_counts(RECORDS, KEYS, SEED));
+    let err = old.join().unwrap().unwrap_err().to_string();
+    assert!(err.contains("no longer holds"), "{err}");
+    let kept = retained(&storage);
+    let restored = tempfile::tempdir().unwrap();
+    let explicit = format!(
+        "--restore={}",
+        job_dir(checkpoints.path())
+            .join(kept[1].id.to_string())
+            .display()
+    );
+    run(&[explicit], checkpoints.path(), restored.path()).unwrap();
+    let counts: HashMap<u64, u64> = common::committed(restored.path()).into_iter().collect();
+    assert_eq!(counts, expected_counts(RECORDS, KEYS, SEED));
 }

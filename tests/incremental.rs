@@ -136,7 +136,7 @@ fn a_failed_restore_leaves_no_downloads_behind() {
         (|path, _| std::fs::remove_file(path).unwrap(), sst.as_str()),
         (
             |path, size| std::fs::write(path, vec![0x5a; size]).unwrap(),
-            "Corruption",
+            "is corrupted",
         ),
     ];
     for (damage, named) in damages {

@@ -643,7 +643,7 @@ impl Handler<AcknowledgeCheckpoint> for CoordinatorActor {
             &self.metrics.checkpoints.alignments_ms,
             m.alignment.as_secs_f64() * 1e3,
         );
-        self.feed(Event::Ack(msg.ack), ctx);
+        self.feed(Event::Ack(Box::new(msg.ack)), ctx);
     }
 }
 

@@ -20,6 +20,7 @@ use tidemark::graph::GraphError;
 use tidemark::ids::{CheckpointId, JobId, SubtaskId};
 use tidemark::job::{Job, JobConfigError};
 use tidemark::state::StateError;
+use tidemark::storage::lease::{Lease, LeaseError};
 use tidemark::storage::savepoint::SavepointError;
 use tidemark::storage::{CheckpointStorage, StorageError};
 
@@ -56,6 +57,10 @@ pub enum JobError {
     /// nothing was deployed.
     #[error("a fault is aimed at {0}, which the job does not have")]
     UnknownFaultTarget(SubtaskId),
+    /// Another run holds the job directory, or it could not be leased;
+    /// nothing was deployed.
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
     /// Checkpoint or savepoint storage could not be opened or read, when
     /// the job started or when it restored; the job does not restart.
     #[error(transparent)]
@@ -300,18 +305,39 @@ impl Runtime {
         let job_id = job_id(&job.name);
         let metrics = Arc::new(JobMetrics::default());
         let (outcome_tx, outcome) = mpsc::channel();
-        let (addr_tx, addr_rx) = mpsc::channel();
+        let (addr_tx, addr_rx) = mpsc::channel::<Result<Addr<JobSupervisor>, JobError>>();
         let threads = self.threads.max(1);
         let job_metrics = metrics.clone();
         let job_storage = storage.clone();
         let job_savepoint_dir = savepoint_dir.clone();
+        let lease_options = job.config.checkpointing.as_ref().map(|c| c.lease.clone());
         let thread = std::thread::Builder::new()
             .name(format!("tidemark-{}", job.name))
             .spawn(move || {
                 let system = System::new();
+                let lease = match (&job_storage, &lease_options) {
+                    (Some(storage), Some(options)) => {
+                        match system.block_on(Lease::acquire(storage, options)) {
+                            Ok(lease) => Some(Arc::new(lease)),
+                            Err(e) => {
+                                let _ = addr_tx.send(Err(e.into()));
+                                return;
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                let job_storage = job_storage.map(|storage| match &lease {
+                    Some(lease) => storage.fenced(lease.clone()),
+                    None => storage,
+                });
                 let arbiters: Vec<Arbiter> = (0..threads).map(|_| Arbiter::new()).collect();
                 let handles = arbiters.iter().map(Arbiter::handle).collect();
+                let renewed = lease.clone();
                 system.block_on(async move {
+                    if let Some(lease) = renewed {
+                        actix_rt::spawn(renew(lease));
+                    }
                     let supervisor = JobSupervisor::new(
                         job,
                         handles,
@@ -321,18 +347,26 @@ impl Runtime {
                         job_savepoint_dir,
                     )
                     .start();
-                    let _ = addr_tx.send(supervisor);
+                    let _ = addr_tx.send(Ok(supervisor));
                 });
                 let _ = system.run();
                 for arbiter in arbiters {
                     arbiter.stop();
                     let _ = arbiter.join();
                 }
+                if let Some(lease) = lease {
+                    let released = actix_rt::Runtime::new()
+                        .map_err(|e| e.to_string())
+                        .and_then(|rt| rt.block_on(lease.release()).map_err(|e| e.to_string()));
+                    if let Err(e) = released {
+                        tracing::warn!("the job directory's lease was not released ({e}); the next run takes it once it expires");
+                    }
+                }
             })
             .map_err(|e| JobError::Runtime(format!("cannot start the runtime thread: {e}")))?;
         let supervisor = addr_rx
             .recv()
-            .map_err(|_| JobError::Runtime("the runtime did not start".into()))?;
+            .map_err(|_| JobError::Runtime("the runtime did not start".into()))??;
         Ok(JobHandle {
             outcome,
             control: JobControl {
@@ -344,6 +378,19 @@ impl Runtime {
             storage,
             thread,
         })
+    }
+}
+
+/// Renews `lease` for as long as the job's system runs. A lease that cannot
+/// be renewed is lost: the job's `_metadata` writes and deletions then fail,
+/// naming why, and its checkpoints fail.
+async fn renew(lease: Arc<Lease>) {
+    loop {
+        actix_rt::time::sleep(lease.renew_every()).await;
+        if let Err(e) = lease.renew().await {
+            tracing::error!("{e}");
+            return;
+        }
     }
 }
 

@@ -82,6 +82,7 @@ pub async fn prepare(
     channels: Vec<ChannelState>,
     base: Option<&SharedBase>,
     layout: &StateLayout,
+    run: &str,
 ) -> Result<Prepared, String> {
     let started = Instant::now();
     let TaskSnapshot {
@@ -90,7 +91,7 @@ pub async fn prepare(
         timers,
     } = snapshot;
     let prefix = format!(
-        "{}/op-{}-{}",
+        "{}/op-{}-{}-{run}",
         CheckpointStorage::checkpoint_dir(checkpoint),
         subtask.operator.0,
         subtask.index.0
@@ -129,8 +130,17 @@ pub async fn prepare(
         objects.push((format!("{prefix}-keyed"), size, Source::Memory(bytes)));
         (offsets, start_group)
     });
-    let native =
-        native.map(|native| plan_native(native, subtask, checkpoint, &prefix, base, &mut objects));
+    let native = native.map(|native| {
+        plan_native(
+            native,
+            subtask,
+            checkpoint,
+            &prefix,
+            base,
+            run,
+            &mut objects,
+        )
+    });
     let channels = channels
         .into_iter()
         .map(|(side, channel, batches, bytes)| {
@@ -270,7 +280,8 @@ impl Shape {
 /// The handle of a native checkpoint, and the objects to upload for it:
 /// private files into the checkpoint's directory, shared files the base
 /// does not hold into `shared/`. Paths of shared files name the checkpoint
-/// that uploaded them, so two checkpoints never write the same object.
+/// and the run that uploaded them, so two checkpoints never write the same
+/// object.
 /// Handles of uploads are filled in once written, in the order pushed.
 fn plan_native(
     native: NativeCheckpoint,
@@ -278,6 +289,7 @@ fn plan_native(
     checkpoint: CheckpointId,
     prefix: &str,
     base: Option<&SharedBase>,
+    run: &str,
     objects: &mut Vec<(String, u64, Source)>,
 ) -> (NativeCheckpoint, NativeStateHandle) {
     let pending = |name: &str| NativeFileHandle {
@@ -302,7 +314,7 @@ fn plan_native(
             None => {
                 shared.push(pending(&file.name));
                 let path = format!(
-                    "shared/op-{}-{}/{checkpoint}-{}",
+                    "shared/op-{}-{}/{checkpoint}-{run}-{}",
                     subtask.operator.0, subtask.index.0, file.name
                 );
                 objects.push((path, file.size, Source::File(native.dir.join(&file.name))));

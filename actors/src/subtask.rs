@@ -590,6 +590,7 @@ impl SubtaskActor {
                     channels,
                     base.as_deref(),
                     &checkpointing.layout,
+                    &storage.run_tag(),
                 )
                 .await?;
                 *planned.lock().expect("not poisoned") = prepared.physical_files();

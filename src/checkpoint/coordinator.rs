@@ -52,8 +52,9 @@ pub enum Event {
         kind: CheckpointKind,
     },
     /// A subtask acknowledged a checkpoint with its state (Flink's
-    /// `AcknowledgeCheckpoint`).
-    Ack(Ack),
+    /// `AcknowledgeCheckpoint`), boxed: its state is large beside the
+    /// other events.
+    Ack(Box<Ack>),
     /// A subtask abandoned a checkpoint (Flink's `DeclineCheckpoint`): the
     /// checkpoint fails.
     Decline {
@@ -382,7 +383,7 @@ impl CheckpointCoordinator {
         match event {
             Event::Tick => {}
             Event::Trigger { request, kind } => self.queued.push_back((request, kind)),
-            Event::Ack(ack) => self.ack(ack, &mut out),
+            Event::Ack(ack) => self.ack(*ack, &mut out),
             Event::Decline {
                 checkpoint,
                 subtask,
@@ -428,7 +429,7 @@ impl CheckpointCoordinator {
             .pending
             .values()
             .filter(|p| !p.finalizing)
-            .map(|p| p.triggered + self.config.timeout)
+            .filter_map(|p| p.triggered.checked_add(self.config.timeout))
             .min();
         periodic.into_iter().chain(expiry).min()
     }
@@ -445,12 +446,8 @@ impl CheckpointCoordinator {
 
     fn check(&self, now: Instant, event: &Event) -> Result<(), CoordinatorError> {
         match event {
-            Event::Ack(Ack {
-                checkpoint,
-                subtask,
-                ..
-            }) => {
-                let (checkpoint, subtask) = (*checkpoint, *subtask);
+            Event::Ack(ack) => {
+                let (checkpoint, subtask) = (ack.checkpoint, ack.subtask);
                 match self.status(checkpoint, now) {
                     Status::Unknown => Err(CoordinatorError::UnknownCheckpoint {
                         checkpoint,
@@ -521,7 +518,11 @@ impl CheckpointCoordinator {
     }
 
     fn expired(&self, p: &PendingCheckpoint, now: Instant) -> bool {
-        !p.finalizing && p.triggered + self.config.timeout <= now
+        // A timeout too long to reach never expires.
+        !p.finalizing
+            && p.triggered
+                .checked_add(self.config.timeout)
+                .is_some_and(|at| at <= now)
     }
 
     fn expire(&mut self, now: Now, out: &mut Vec<Action>) {
@@ -710,11 +711,12 @@ impl CheckpointCoordinator {
         if self.stopping() {
             return None;
         }
-        let due = self.periodic_from + self.config.interval?;
-        Some(match self.last_end {
-            Some(end) => due.max(end + self.config.min_pause),
-            None => due,
-        })
+        // An interval or pause too long to reach never triggers.
+        let due = self.periodic_from.checked_add(self.config.interval?)?;
+        match self.last_end {
+            Some(end) => Some(due.max(end.checked_add(self.config.min_pause)?)),
+            None => Some(due),
+        }
     }
 
     fn trigger(
@@ -861,12 +863,12 @@ mod tests {
     }
 
     fn ack(id: u64, i: u32) -> Event {
-        Event::Ack(Ack {
+        Event::Ack(Box::new(Ack {
             subtask: subtask(i),
             checkpoint: CheckpointId(id),
             state: state(id, i),
             metrics: CheckpointMetrics::default(),
-        })
+        }))
     }
 
     fn decline(id: u64, i: u32, reason: &str) -> Event {

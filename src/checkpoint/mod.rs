@@ -147,6 +147,8 @@ pub struct CheckpointSettings {
     pub incremental: bool,
     /// Inline small objects, merge the others or not.
     pub layout: merging::StateLayout,
+    /// How the run leases its job directory.
+    pub lease: crate::storage::lease::LeaseOptions,
 }
 
 impl Default for CheckpointSettings {
@@ -173,6 +175,7 @@ impl CheckpointSettings {
             savepoint_dir: None,
             incremental: false,
             layout: merging::StateLayout::default(),
+            lease: Default::default(),
         }
     }
 
@@ -249,6 +252,13 @@ impl CheckpointSettings {
         self
     }
 
+    /// How long the run's lease on its job directory lasts without renewal,
+    /// and whether it takes the directory from a run that looks alive.
+    pub fn lease(mut self, lease: crate::storage::lease::LeaseOptions) -> Self {
+        self.lease = lease;
+        self
+    }
+
     /// Whether RocksDB state uploads only what its base does not hold.
     pub fn incremental(mut self, incremental: bool) -> Self {
         self.incremental = incremental;
@@ -292,6 +302,9 @@ pub enum SettingsError {
     /// Unaligned barriers and concurrent checkpoints.
     #[error("unaligned checkpoints (also aligned ones with a timeout) need max concurrent checkpoints 1, not {0}: an unaligned barrier overtakes the in-flight data and with it the barrier of an older checkpoint, which then aborts")]
     UnalignedConcurrent(usize),
+    /// A lease time to live outside what renewal can keep up with.
+    #[error("the lease time to live must be between {min:?} and {max:?}, not {0:?}", min = crate::storage::lease::MIN_TTL, max = crate::storage::lease::MAX_TTL)]
+    LeaseTtl(Duration),
     /// No completed checkpoint kept: nothing to restore from.
     #[error("at least one completed checkpoint must be retained, not 0")]
     NothingRetained,
@@ -316,6 +329,10 @@ impl CheckpointSettings {
         }
         if self.config.max_concurrent == 0 {
             return Err(SettingsError::NoConcurrentCheckpoint);
+        }
+        let ttl = self.lease.ttl;
+        if !(crate::storage::lease::MIN_TTL..=crate::storage::lease::MAX_TTL).contains(&ttl) {
+            return Err(SettingsError::LeaseTtl(ttl));
         }
         match self.alignment {
             Alignment::Aligned => Ok(()),

@@ -11,12 +11,14 @@
 //! <root>/<job-id>/shared/<object>           incremental files shared across checkpoints
 //! <root>/<job-id>/merged/<object>           physical files holding merged segments
 //! <root>/<job-id>/checkpoint-id-counter     next checkpoint id
+//! <root>/<job-id>/_leases/<epoch>           the run that holds the directory
 //! ```
 //!
 //! Paths inside the job directory are relative strings (as `StateHandle`s
 //! hold them) and are validated before use, so that nothing read from a
 //! checkpoint can reach outside the job's directory.
 
+pub mod lease;
 pub mod savepoint;
 
 use crate::checkpoint::metadata::{self, MetadataError};
@@ -87,6 +89,17 @@ pub enum StorageError {
         path: String,
         /// What is wrong with it.
         source: MetadataError,
+    },
+    /// This run no longer holds its job directory (see [`lease`]): it
+    /// writes no `_metadata` and deletes nothing.
+    #[error("{holder} no longer holds {dir}: {reason}; refusing to write metadata or delete")]
+    Fenced {
+        /// The job directory.
+        dir: String,
+        /// This run's lease.
+        holder: String,
+        /// Why it is lost.
+        reason: String,
     },
     /// The id counter object does not hold a number.
     #[error("{path} holds {found:?}, not a checkpoint id counter")]
@@ -269,6 +282,9 @@ pub struct CheckpointStorage {
     counters: Arc<StorageCounters>,
     /// The id counter is known to exist, so writing it creates nothing.
     counter_exists: Arc<AtomicBool>,
+    /// The lease this run holds on the directory, checked before every
+    /// `_metadata` write, id counter write and deletion.
+    fence: Option<Arc<lease::Lease>>,
 }
 
 impl CheckpointStorage {
@@ -317,7 +333,44 @@ impl CheckpointStorage {
             job_dir: root,
             counters: Arc::default(),
             counter_exists: Arc::default(),
+            fence: None,
         })
+    }
+
+    /// The same directory, fenced by `lease`: once the lease is lost, every
+    /// `_metadata` write, id counter write and deletion fails with
+    /// [`StorageError::Fenced`].
+    pub fn fenced(&self, lease: Arc<lease::Lease>) -> Self {
+        CheckpointStorage {
+            fence: Some(lease),
+            ..self.clone()
+        }
+    }
+
+    /// The same directory without a fence (the lease's own objects).
+    fn unfenced(&self) -> Self {
+        CheckpointStorage {
+            fence: None,
+            ..self.clone()
+        }
+    }
+
+    /// The lease fencing this storage, if any.
+    pub fn lease(&self) -> Option<&lease::Lease> {
+        self.fence.as_deref()
+    }
+
+    /// The run's part of the names of objects it writes (`e` and its lease's
+    /// epoch), so that no two runs on the directory write one name.
+    pub fn run_tag(&self) -> String {
+        format!("e{}", self.fence.as_ref().map_or(0, |l| l.holder().epoch))
+    }
+
+    async fn check_fence(&self) -> Result<(), StorageError> {
+        match &self.fence {
+            Some(lease) => lease.check().await,
+            None => Ok(()),
+        }
     }
 
     /// The directory `relative` of this one, on the same store, with
@@ -329,6 +382,7 @@ impl CheckpointStorage {
             job_dir: self.resolve(relative)?,
             counters: Arc::default(),
             counter_exists: Arc::default(),
+            fence: None,
         })
     }
 
@@ -438,6 +492,7 @@ impl CheckpointStorage {
     /// Deleting what is already gone succeeds: cleanup may be retried.
     pub async fn delete(&self, relative: &str) -> Result<(), StorageError> {
         let path = self.resolve(relative)?;
+        self.check_fence().await?;
         match self.store.delete(&path).await {
             Ok(()) => {
                 self.counters
@@ -523,6 +578,7 @@ impl CheckpointStorage {
         relative: &str,
         checkpoint: &CompletedCheckpoint,
     ) -> Result<(), StorageError> {
+        self.check_fence().await?;
         self.put(relative, metadata::encode(checkpoint).into())
             .await
     }
@@ -605,6 +661,7 @@ impl CheckpointStorage {
     /// Persists the id counter: `next` is the lowest id a later run may use.
     /// Done before the barrier of `next - 1` goes out.
     pub async fn store_next_checkpoint_id(&self, next: CheckpointId) -> Result<(), StorageError> {
+        self.check_fence().await?;
         self.write(COUNTER, Bytes::from(next.0.to_string())).await?;
         if !self.counter_exists.swap(true, Ordering::Relaxed) {
             self.counters

@@ -163,7 +163,8 @@ pub fn assert_storage_is_exactly_the_retained_checkpoints(
 }
 
 /// The retained checkpoints, and all that storage should hold for them:
-/// the objects they reference, their metadata and the id counter.
+/// the objects they reference, their metadata, the id counter and the
+/// newest run's lease.
 pub fn retained_objects(
     storage: &CheckpointStorage,
 ) -> (Vec<CompletedCheckpoint>, BTreeSet<String>) {
@@ -180,5 +181,8 @@ pub fn retained_objects(
             .map(|c| CheckpointStorage::metadata_path(c.id)),
     );
     referenced.insert(tidemark::storage::COUNTER.into());
+    let leases = block_on(storage.list(tidemark::storage::lease::LEASES)).unwrap();
+    assert_eq!(leases.len(), 1, "one lease, the newest run's: {leases:?}");
+    referenced.extend(leases);
     (checkpoints, referenced)
 }

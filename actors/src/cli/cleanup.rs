@@ -7,7 +7,9 @@
 //! every object younger than the grace period, which covers the uploads of
 //! checkpoints still in progress in a running job as long as the grace
 //! period exceeds the checkpoint timeout. Only the job's directory is ever
-//! listed or deleted from.
+//! listed or deleted from. A sweep that deletes holds the directory's lease
+//! while it does: it is refused while a run of the job is alive, and no run
+//! starts during it.
 
 use crate::cli::{block_on, CliError};
 use crate::config::values;
@@ -15,8 +17,10 @@ use crate::runtime::job_id;
 use clap::Args;
 use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tidemark::checkpoint::CompletedCheckpoint;
+use tidemark::storage::lease::{Lease, LeaseOptions, LEASES};
 use tidemark::storage::{CheckpointStorage, StorageError, StoredObject, COUNTER};
 
 /// `tidemark cleanup`'s arguments.
@@ -93,7 +97,7 @@ fn plan(
     keep.insert(COUNTER);
     let (mut old, young): (Vec<Orphan>, Vec<Orphan>) = objects
         .into_iter()
-        .filter(|o| !keep.contains(o.path.as_str()))
+        .filter(|o| !keep.contains(o.path.as_str()) && !o.path.starts_with(&format!("{LEASES}/")))
         .map(|o| Orphan {
             age: now.duration_since(o.last_modified).unwrap_or_default(),
             path: o.path,
@@ -136,6 +140,16 @@ async fn scan(
 }
 
 async fn sweep(storage: &CheckpointStorage, args: &CleanupArgs) -> Result<Sweep, CliError> {
+    if args.dry_run {
+        return sweep_leased(storage, args).await;
+    }
+    let lease = Arc::new(Lease::acquire(storage, &LeaseOptions::default()).await?);
+    let swept = sweep_leased(&storage.fenced(lease.clone()), args).await;
+    lease.release().await?;
+    swept
+}
+
+async fn sweep_leased(storage: &CheckpointStorage, args: &CleanupArgs) -> Result<Sweep, CliError> {
     let (objects, retained, corrupted) = scan(storage, args.ignore_corrupted_metadata).await?;
     let (orphans, young) = plan(objects, &retained, args.grace, SystemTime::now());
     if !args.dry_run {

@@ -87,6 +87,9 @@ pub enum CliError {
     /// Checkpoint storage failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// `cleanup` could not lease the job directory: a run holds it.
+    #[error(transparent)]
+    Lease(#[from] tidemark::storage::lease::LeaseError),
     /// `cleanup` found metadata that does not decode.
     #[error("corrupted checkpoint metadata; nothing was deleted, since its checkpoint may reference any object (--ignore-corrupted-metadata sweeps it too):\n  {}", .0.join("\n  "))]
     CorruptedMetadata(Vec<String>),

@@ -178,6 +178,12 @@ pub(super) const KEYS: &[Key] = &[
         state_cache_entries = Some(values::cache_entries)
     ),
     sets!("tidemark.source.rate", [], rate = Some(values::rate)),
+    sets!("tidemark.lease.ttl", [], lease_ttl = values::lease_ttl),
+    sets!(
+        "tidemark.lease.take-over",
+        [],
+        take_over_lease = values::boolean
+    ),
     sets!(
         "execution.state-recovery.path",
         ["execution.savepoint.path"],

@@ -14,6 +14,7 @@ use tidemark::event::Alignment;
 use tidemark::ids::CheckpointId;
 use tidemark::job::JobConfig;
 use tidemark::restart::RestartStrategy;
+use tidemark::storage::lease::LeaseOptions;
 use tidemark::StateBackend;
 
 /// `--mode`: whether barriers wait for each other.
@@ -158,6 +159,15 @@ pub struct Options {
     /// start empty.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = values::boolean)]
     pub allow_non_restored_state: bool,
+    /// How long the run's lease on its job directory lasts without renewal
+    /// (1 s to 1 d): a second run is refused while it holds; a run that died
+    /// on another host blocks the directory this long.
+    #[arg(long, default_value = "30s", value_parser = values::flag_lease_ttl)]
+    pub lease_ttl: Duration,
+    /// Take the job directory's lease even from a run that looks alive (on
+    /// another host and not yet expired): only when that run is known dead.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = values::boolean)]
+    pub take_over_lease: bool,
     /// Where savepoints go, each into `savepoint-<job>-<id>/`: a path,
     /// `file://` path, `memory://NAME` or `s3://bucket/prefix`.
     #[arg(long)]
@@ -237,7 +247,11 @@ impl Options {
                 Some(RestoreArg::Savepoint(dir)) => Restore::Savepoint(dir.clone()),
             })
             .restore_mode(self.restore_mode)
-            .allow_non_restored_state(self.allow_non_restored_state);
+            .allow_non_restored_state(self.allow_non_restored_state)
+            .lease(LeaseOptions {
+                ttl: self.lease_ttl,
+                take_over: self.take_over_lease,
+            });
         if let Some(size) = self.max_merged_file_size.filter(|_| self.file_merging) {
             settings = settings.max_merged_file_size(size);
         }

@@ -36,6 +36,8 @@ fn error(yaml: &str) -> ConfigError {
 /// appears in one of them or in `REFUSED`.
 const SAME_AS_FLAGS: &[(&str, &[&str])] = &[
     ("parallelism.default: 3", &["--parallelism=3"]),
+    ("tidemark.lease.ttl: 2 min", &["--lease-ttl=2min"]),
+    ("tidemark.lease.take-over: true", &["--take-over-lease"]),
     ("execution.checkpointing.interval: 250 ms", &["--checkpoint-interval=250ms"]),
     ("execution.checkpointing.interval: off", &["--checkpoint-interval=off"]),
     ("execution.checkpointing.timeout: 2 min", &["--timeout=2min"]),
@@ -595,6 +597,7 @@ fn numbers_out_of_range_are_refused_naming_the_flag_and_the_range() {
             "1..=1000000000",
         ),
         ("--inject-failures", &["1001", "4294967295"], "0..=1000"),
+        ("--lease-ttl", &["999ms", "2d", "0s"], "from 1 s to 1 d"),
     ] {
         for value in values {
             let mut flags = vec![format!("{flag}={value}")];

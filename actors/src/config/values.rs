@@ -95,6 +95,26 @@ pub fn size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("expected a size below 16 EiB, got {s:?}"))
 }
 
+/// How long a job directory's lease lasts without renewal: between
+/// [`MIN_TTL`](tidemark::storage::lease::MIN_TTL) and
+/// [`MAX_TTL`](tidemark::storage::lease::MAX_TTL), in a file without a unit
+/// too.
+pub fn lease_ttl(s: &str) -> Result<Duration, String> {
+    use tidemark::storage::lease::{MAX_TTL, MIN_TTL};
+    match duration(s)? {
+        ttl if (MIN_TTL..=MAX_TTL).contains(&ttl) => Ok(ttl),
+        _ => Err(format!(
+            "expected a lease time to live from 1 s to 1 d, got {s:?}"
+        )),
+    }
+}
+
+/// The lease time to live on the command line, with its unit.
+pub fn flag_lease_ttl(s: &str) -> Result<Duration, String> {
+    require_unit(s)?;
+    lease_ttl(s)
+}
+
 /// The most `execution.checkpointing.data-inline-threshold` takes: 1 MiB,
 /// Flink's maximum, since inline state travels in acknowledgements and
 /// `_metadata`.

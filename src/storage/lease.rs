@@ -1,0 +1,499 @@
+//! One writer per job directory: a run holds a fenced, epoch-numbered lease
+//! on its job directory, so that a second run of the same job (started by
+//! mistake, or an old run still alive) can neither complete a checkpoint nor
+//! delete anything there.
+//!
+//! A lease is the object `_leases/<epoch>` with the holder's identity and
+//! when it last renewed. Taking a directory creates the next epoch's object
+//! with an atomic create-if-absent (`PutMode::Create`), so of two runs
+//! racing for one epoch exactly one wins. The holder renews every third of
+//! the lease's time to live and is fenced, refusing to write `_metadata`,
+//! the id counter or to delete, once a newer epoch exists or once it has not
+//! renewed for half the time to live: a run that takes an expired lease
+//! over waits the whole time to live, so the old holder has stopped writing
+//! by then, as long as the two clocks run at about the same speed.
+//!
+//! [`judge`] decides whether a directory can be taken; it is pure, so every
+//! case is a plain test.
+
+use super::{CheckpointStorage, StorageError};
+use bytes::Bytes;
+use object_store::{PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use thiserror::Error;
+
+/// The directory of leases, relative to the job directory.
+pub const LEASES: &str = "_leases";
+
+/// How long a lease lasts without renewal, unless configured.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// The shortest time to live: renewal, every third of it, must fit a slow
+/// store's round trip.
+pub const MIN_TTL: Duration = Duration::from_secs(1);
+/// The longest: a crashed run's directory is free again within a day.
+pub const MAX_TTL: Duration = Duration::from_secs(86_400);
+
+/// Who holds a job directory, as stored in its lease object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// Strictly increases with every run that takes the directory.
+    pub epoch: u64,
+    /// The run's identity: host, process and a token of its own.
+    pub run: String,
+    /// The host the run is on.
+    pub host: String,
+    /// The run's process on that host.
+    pub pid: u32,
+    /// Wall-clock milliseconds since the Unix epoch of the last renewal.
+    pub renewed_ms: u64,
+    /// Milliseconds after a renewal at which the lease expires.
+    pub ttl_ms: u64,
+    /// The run ended and gave the directory up.
+    pub released: bool,
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "run {} (epoch {})", self.run, self.epoch)
+    }
+}
+
+/// What [`judge`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The directory can be taken at this epoch; `from` is the lease it
+    /// replaces, with why it may be (released, expired, dead, taken over).
+    Take {
+        /// The epoch to create.
+        epoch: u64,
+        /// Why the previous holder no longer counts, if there was one.
+        from: Option<(Holder, &'static str)>,
+    },
+    /// Another run holds it.
+    Held(Holder),
+}
+
+/// Whether a run on `host` at wall-clock `now_ms` may take a directory
+/// whose newest lease is `newest`: yes if there is none, or it was released,
+/// has expired, belongs to a process of this host that is gone (`alive`
+/// says whether a pid of this host runs), or `take_over` says the user
+/// knows its run is dead.
+pub fn judge(
+    newest: Option<&Holder>,
+    now_ms: u64,
+    host: &str,
+    alive: impl Fn(u32) -> bool,
+    take_over: bool,
+) -> Verdict {
+    let Some(holder) = newest else {
+        return Verdict::Take {
+            epoch: 1,
+            from: None,
+        };
+    };
+    let why = if holder.released {
+        Some("released")
+    } else if now_ms >= holder.renewed_ms.saturating_add(holder.ttl_ms) {
+        Some("expired")
+    } else if holder.host == host && !alive(holder.pid) {
+        Some("its process is gone")
+    } else if take_over {
+        Some("taken over")
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Verdict::Take {
+            epoch: holder.epoch + 1,
+            from: Some((holder.clone(), why)),
+        },
+        None => Verdict::Held(holder.clone()),
+    }
+}
+
+/// Why a directory could not be leased.
+#[derive(Debug, Error)]
+pub enum LeaseError {
+    /// Another live run holds the directory.
+    #[error("{dir} is in use by {holder} on host {host}, pid {pid}, renewed {ago:?} ago, expiring in {left:?}; a second run on one job directory is refused. If that run is dead, wait for the lease to expire or take it over (`--take-over-lease`)", host = .holder.host, pid = .holder.pid)]
+    Held {
+        /// The job directory.
+        dir: String,
+        /// Who holds it.
+        holder: Box<Holder>,
+        /// Since its last renewal.
+        ago: Duration,
+        /// Until it expires.
+        left: Duration,
+    },
+    /// Another run took the same epoch first.
+    #[error(
+        "{dir} was leased by another run at the same moment (epoch {epoch}); nothing was written"
+    )]
+    Raced {
+        /// The job directory.
+        dir: String,
+        /// The epoch both wanted.
+        epoch: u64,
+    },
+    /// A lease object does not decode.
+    #[error("{path} is not a lease: {problem}")]
+    Malformed {
+        /// The object.
+        path: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// Storage failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// How a run leases its directory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeaseOptions {
+    /// Without renewal, the lease expires this long after the last one.
+    pub ttl: Duration,
+    /// Take the directory even from a live-looking holder: the user knows
+    /// its run is dead.
+    pub take_over: bool,
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        LeaseOptions {
+            ttl: DEFAULT_TTL,
+            take_over: false,
+        }
+    }
+}
+
+/// A run's lease on its job directory, while it holds it.
+#[derive(Debug)]
+pub struct Lease {
+    /// The job directory, unfenced: the lease's own objects.
+    storage: CheckpointStorage,
+    holder: Mutex<Holder>,
+    /// When the last renewal (or the lease) was written.
+    renewed: Mutex<Instant>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// This machine's name, as a lease records it.
+fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// Whether process `pid` of this host runs. Where that cannot be told (no
+/// `/proc`), every process counts as running: the lease must expire.
+fn alive(pid: u32) -> bool {
+    pid == std::process::id()
+        || !std::path::Path::new("/proc/self").exists()
+        || std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn lease_path(epoch: u64) -> String {
+    format!("{LEASES}/{epoch:020}")
+}
+
+impl Lease {
+    /// Leases `storage`'s directory, or says who holds it. Older lease
+    /// objects are deleted once the new one is written.
+    pub async fn acquire(
+        storage: &CheckpointStorage,
+        options: &LeaseOptions,
+    ) -> Result<Lease, LeaseError> {
+        let storage = storage.unfenced();
+        let mut epochs: Vec<u64> = storage
+            .list(LEASES)
+            .await?
+            .iter()
+            .filter_map(|p| p.strip_prefix(LEASES)?.strip_prefix('/')?.parse().ok())
+            .collect();
+        epochs.sort_unstable();
+        let newest = match epochs.last() {
+            Some(&epoch) => Some(Self::read(&storage, epoch).await?),
+            None => None,
+        };
+        let now = now_ms();
+        let host = host();
+        let epoch = match judge(newest.as_ref(), now, &host, alive, options.take_over) {
+            Verdict::Held(holder) => {
+                let expires = holder.renewed_ms.saturating_add(holder.ttl_ms);
+                return Err(LeaseError::Held {
+                    dir: storage.directory(),
+                    ago: Duration::from_millis(now.saturating_sub(holder.renewed_ms)),
+                    left: Duration::from_millis(expires.saturating_sub(now)),
+                    holder: Box::new(holder),
+                });
+            }
+            Verdict::Take { epoch, from } => {
+                if let Some((holder, why)) = from.filter(|(_, why)| *why != "released") {
+                    tracing::warn!(
+                        "taking {} over from {holder} on host {}: {why}",
+                        storage.directory(),
+                        holder.host
+                    );
+                }
+                epoch
+            }
+        };
+        let pid = std::process::id();
+        let holder = Holder {
+            epoch,
+            run: format!("{host}:{pid}:{:016x}", crate::rng::unique_token()),
+            host,
+            pid,
+            renewed_ms: now,
+            ttl_ms: options.ttl.as_millis().min(u128::from(u64::MAX)) as u64,
+            released: false,
+        };
+        let path = storage.resolve(&lease_path(epoch))?;
+        let create = PutOptions::from(PutMode::Create);
+        match storage
+            .store
+            .put_opts(&path, PutPayload::from(encode(&holder)), create)
+            .await
+        {
+            Ok(_) => {}
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                return Err(LeaseError::Raced {
+                    dir: storage.directory(),
+                    epoch,
+                })
+            }
+            Err(source) => {
+                return Err(StorageError::Io {
+                    path: path.to_string(),
+                    source,
+                }
+                .into())
+            }
+        }
+        for old in epochs {
+            storage.delete(&lease_path(old)).await?;
+        }
+        Ok(Lease {
+            storage,
+            holder: Mutex::new(holder),
+            renewed: Mutex::new(Instant::now()),
+        })
+    }
+
+    async fn read(storage: &CheckpointStorage, epoch: u64) -> Result<Holder, LeaseError> {
+        let path = lease_path(epoch);
+        let bytes = storage.get(&path).await?;
+        serde_json::from_slice(&bytes).map_err(|e| LeaseError::Malformed {
+            path: storage.location(&path),
+            problem: e.to_string(),
+        })
+    }
+
+    /// The holder this lease is.
+    pub fn holder(&self) -> Holder {
+        self.holder.lock().expect("lease").clone()
+    }
+
+    /// How often [`Lease::renew`] must run.
+    pub fn renew_every(&self) -> Duration {
+        Duration::from_millis(self.holder().ttl_ms / 3)
+    }
+
+    /// Whether this run still holds the directory: it renewed within half
+    /// the time to live, and no newer epoch exists. The error names why not.
+    pub async fn check(&self) -> Result<(), StorageError> {
+        let holder = self.holder();
+        let fenced = |reason: String| StorageError::Fenced {
+            dir: self.storage.directory(),
+            holder: holder.to_string(),
+            reason,
+        };
+        let since = self.renewed.lock().expect("lease").elapsed();
+        if since > Duration::from_millis(holder.ttl_ms / 2) {
+            return Err(fenced(format!(
+                "its lease was last renewed {since:?} ago, past half its time to live"
+            )));
+        }
+        match self.storage.get(&lease_path(holder.epoch + 1)).await {
+            Ok(_) => Err(fenced(format!(
+                "another run took the directory over at epoch {}",
+                holder.epoch + 1
+            ))),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Renews the lease, unless it was lost.
+    pub async fn renew(&self) -> Result<(), StorageError> {
+        self.check().await?;
+        self.write(false).await
+    }
+
+    /// Gives the directory up: the next run takes it at once.
+    pub async fn release(&self) -> Result<(), StorageError> {
+        self.check().await?;
+        self.write(true).await
+    }
+
+    async fn write(&self, released: bool) -> Result<(), StorageError> {
+        let written = Instant::now();
+        let holder = {
+            let mut holder = self.holder.lock().expect("lease");
+            holder.renewed_ms = now_ms();
+            holder.released = released;
+            holder.clone()
+        };
+        self.storage
+            .put(&lease_path(holder.epoch), encode(&holder))
+            .await?;
+        *self.renewed.lock().expect("lease") = written;
+        Ok(())
+    }
+}
+
+fn encode(holder: &Holder) -> Bytes {
+    serde_json::to_vec_pretty(holder)
+        .expect("a lease is plain data")
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::JobId;
+
+    fn holder(renewed_ms: u64) -> Holder {
+        Holder {
+            epoch: 4,
+            run: "a:7:1".into(),
+            host: "a".into(),
+            pid: 7,
+            renewed_ms,
+            ttl_ms: 1_000,
+            released: false,
+        }
+    }
+
+    #[test]
+    fn a_live_lease_is_held_and_anything_else_is_taken_at_the_next_epoch() {
+        let live = |_| true;
+        let take = |why| Verdict::Take {
+            epoch: 5,
+            from: Some((holder(100), why)),
+        };
+        assert_eq!(
+            judge(None, 0, "a", live, false),
+            Verdict::Take {
+                epoch: 1,
+                from: None
+            }
+        );
+        assert_eq!(
+            judge(Some(&holder(100)), 1_099, "a", live, false),
+            Verdict::Held(holder(100))
+        );
+        assert_eq!(
+            judge(Some(&holder(100)), 1_100, "b", live, false),
+            take("expired")
+        );
+        assert_eq!(
+            judge(Some(&holder(100)), 500, "a", |_| false, false),
+            take("its process is gone")
+        );
+        // Another host's processes cannot be seen: only expiry or the user
+        // frees its lease.
+        assert_eq!(
+            judge(Some(&holder(100)), 500, "b", |_| false, false),
+            Verdict::Held(holder(100))
+        );
+        assert_eq!(
+            judge(Some(&holder(100)), 500, "b", live, true),
+            take("taken over")
+        );
+        let released = Holder {
+            released: true,
+            ..holder(100)
+        };
+        assert!(matches!(
+            judge(Some(&released), 0, "b", live, false),
+            Verdict::Take { epoch: 5, .. }
+        ));
+        let forever = Holder {
+            ttl_ms: u64::MAX,
+            ..holder(100)
+        };
+        assert!(matches!(
+            judge(Some(&forever), u64::MAX - 1, "b", live, false),
+            Verdict::Held(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_second_lease_is_refused_naming_the_holder_and_a_taken_over_one_is_fenced() {
+        let storage = CheckpointStorage::open("memory://", JobId(3)).unwrap();
+        let first = Lease::acquire(&storage, &LeaseOptions::default())
+            .await
+            .unwrap();
+        first.renew().await.unwrap();
+        let err = Lease::acquire(&storage, &LeaseOptions::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LeaseError::Held { ref holder, .. } if **holder == first.holder()));
+        assert!(err.to_string().contains(&first.holder().run), "{err}");
+
+        let take_over = LeaseOptions {
+            take_over: true,
+            ..LeaseOptions::default()
+        };
+        let second = Lease::acquire(&storage, &take_over).await.unwrap();
+        assert_eq!(second.holder().epoch, first.holder().epoch + 1);
+        let fenced = first.check().await.unwrap_err();
+        assert!(
+            fenced.to_string().contains("took the directory over"),
+            "{fenced}"
+        );
+        assert!(first.renew().await.is_err());
+        assert!(first.release().await.is_err());
+        second.check().await.unwrap();
+        assert_eq!(
+            storage.list(LEASES).await.unwrap(),
+            [lease_path(second.holder().epoch)],
+            "older leases are deleted"
+        );
+
+        second.release().await.unwrap();
+        let third = Lease::acquire(&storage, &LeaseOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(third.holder().epoch, second.holder().epoch + 1);
+    }
+
+    #[tokio::test]
+    async fn a_lease_not_renewed_for_half_its_time_to_live_is_fenced() {
+        let storage = CheckpointStorage::open("memory://", JobId(3)).unwrap();
+        let options = LeaseOptions {
+            ttl: Duration::ZERO,
+            take_over: false,
+        };
+        let lease = Lease::acquire(&storage, &options).await.unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let err = lease.check().await.unwrap_err();
+        assert!(
+            err.to_string().contains("past half its time to live"),
+            "{err}"
+        );
+    }
+}
