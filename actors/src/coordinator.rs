@@ -117,8 +117,11 @@ pub struct CoordinatorActor {
     /// Manual triggers that arrived while no attempt was running.
     waiting: Vec<(RequestId, CheckpointKind)>,
     next_request: RequestId,
+    /// When each checkpoint still pending (or finalizing) was triggered:
+    /// entries go when their checkpoint completes, aborts or is abandoned.
     triggered: HashMap<CheckpointId, Instant>,
-    /// Pending checkpoints that some subtask switched to unaligned.
+    /// Pending checkpoints that some subtask switched to unaligned: a
+    /// subset of `triggered`'s.
     switched: HashSet<CheckpointId>,
 }
 
@@ -267,6 +270,11 @@ impl CoordinatorActor {
     fn abort_all(&mut self, reason: String, ctx: &mut Context<Self>) {
         self.registry.abort_all();
         self.feed(Event::AbortAll { reason }, ctx);
+        // Abandoned without NotifyAbort: only those being finalized may
+        // still complete. Else a job whose checkpoints never complete again
+        // would keep an entry per attempt.
+        self.triggered.retain(|id, _| self.finalizing.contains(id));
+        self.switched.retain(|id| self.finalizing.contains(id));
         self.delete_released(ctx);
     }
 
@@ -383,6 +391,8 @@ impl CoordinatorActor {
                     }
                 }
                 Action::NotifyAbort { checkpoint, reason } => {
+                    self.triggered.remove(&checkpoint);
+                    self.switched.remove(&checkpoint);
                     self.registry.aborted(checkpoint);
                     self.delete_released(ctx);
                     if !matches!(reason, CheckpointFailure::Aborted { .. }) {
@@ -636,7 +646,8 @@ impl Handler<AcknowledgeCheckpoint> for CoordinatorActor {
             switched_to_unaligned = m.switched_to_unaligned,
             "acknowledged"
         );
-        if m.switched_to_unaligned {
+        // A late ack of an ended checkpoint is not kept.
+        if m.switched_to_unaligned && self.triggered.contains_key(&checkpoint) {
             self.switched.insert(checkpoint);
         }
         CheckpointStats::record(

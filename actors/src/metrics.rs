@@ -2,10 +2,11 @@
 
 use dashmap::DashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use tidemark::checkpoint::shared::Space;
 use tidemark::checkpoint::{CompletedCheckpoint, StateHandle, SubtaskState};
 use tidemark::ids::{ChannelId, OperatorId};
+use tidemark::rng::SplitMix64;
 use tidemark::time::TimeMetrics;
 
 /// High-water marks of one channel, against the credits that bound them.
@@ -86,17 +87,17 @@ pub struct CheckpointStats {
     /// Restarts after failures (not counting the one that gave up).
     pub restarts: AtomicU64,
     /// Trigger to completion, per completed checkpoint, in milliseconds.
-    pub durations_ms: Mutex<Vec<f64>>,
+    pub durations_ms: Samples,
     /// How long a subtask waited for the barrier on all its inputs, per
     /// acknowledgement of the current attempt, in milliseconds.
-    pub alignments_ms: Mutex<Vec<f64>>,
+    pub alignments_ms: Samples,
     /// Bytes of the whole state the last completed checkpoint references,
     /// shared files of earlier checkpoints and inline state included.
     pub bytes_full: AtomicU64,
     /// From a failure to the deployment of the next attempt that deploys
     /// (restored, if there is a checkpoint), in milliseconds; one sample per
     /// recovery.
-    pub recoveries_ms: Mutex<Vec<f64>>,
+    pub recoveries_ms: Samples,
     /// In-flight bytes persisted as channel state by the last completed
     /// checkpoint.
     pub inflight_last: AtomicU64,
@@ -119,7 +120,7 @@ pub struct CheckpointStats {
     /// handles and segments of merged files count one each.
     pub files_uploaded_total: AtomicU64,
     /// Bytes each completed checkpoint wrote itself.
-    pub bytes_uploaded_samples: Mutex<Vec<f64>>,
+    pub bytes_uploaded_samples: Samples,
     /// Bytes of state the last restore read; 0 if the job never restored.
     pub restored_bytes_last: AtomicU64,
     /// The checkpoint the last restore read; 0 if the job never restored.
@@ -206,20 +207,168 @@ impl CheckpointStats {
             .fetch_max(batches, Ordering::Relaxed);
     }
 
-    /// Adds one sample to `samples`, for [`CheckpointStats::percentiles`].
-    pub fn record(samples: &Mutex<Vec<f64>>, value: f64) {
-        samples.lock().expect("metrics lock").push(value);
+    /// Adds one sample to `samples`: the same as [`Samples::record`].
+    pub fn record(samples: &Samples, value: f64) {
+        samples.record(value);
+    }
+}
+
+/// The samples of one figure over a run (a duration per checkpoint, bytes
+/// per checkpoint…), in bounded memory however long the job runs.
+///
+/// The count, sum, minimum and maximum are exact. Percentiles come from a
+/// uniform random sample of at most [`Samples::BOUND`] values (Vitter's
+/// algorithm R, drawn from a seeded SplitMix64, so that the same values give
+/// the same sample): exact while no more values than that were recorded,
+/// estimates of the whole run's after.
+pub struct Samples {
+    inner: Mutex<Reservoir>,
+}
+
+#[derive(Clone, Debug)]
+struct Reservoir {
+    bound: usize,
+    count: u64,
+    sum: f64,
+    min: f64,
+    max: f64,
+    kept: Vec<f64>,
+    rng: SplitMix64,
+}
+
+impl Samples {
+    /// Most values kept for percentiles: 32 KiB of `f64`s per figure.
+    pub const BOUND: usize = 4096;
+    const SEED: u64 = 0x7469_6465_6d61_726b;
+
+    /// No samples, keeping at most `bound` of them for percentiles, chosen
+    /// with a SplitMix64 stream seeded with `seed`.
+    pub fn with_bound(bound: usize, seed: u64) -> Self {
+        assert!(bound > 0, "a reservoir keeps at least one sample");
+        Samples {
+            inner: Mutex::new(Reservoir {
+                bound,
+                count: 0,
+                sum: 0.0,
+                min: f64::INFINITY,
+                max: f64::NEG_INFINITY,
+                kept: Vec::new(),
+                rng: SplitMix64::new(seed),
+            }),
+        }
     }
 
-    /// (p50, p99, max) of the samples; zeros when there are none.
-    pub fn percentiles(samples: &Mutex<Vec<f64>>) -> (f64, f64, f64) {
-        let mut v = samples.lock().expect("metrics lock").clone();
-        if v.is_empty() {
-            return (0.0, 0.0, 0.0);
+    fn lock(&self) -> std::sync::MutexGuard<'_, Reservoir> {
+        // Every update leaves the figures consistent: a panic elsewhere
+        // while the lock was held spoils nothing.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds one value.
+    pub fn record(&self, value: f64) {
+        let mut r = self.lock();
+        r.count += 1;
+        r.sum += value;
+        r.min = r.min.min(value);
+        r.max = r.max.max(value);
+        if r.kept.len() < r.bound {
+            r.kept.push(value);
+        } else {
+            // The n-th value replaces a kept one with probability bound/n.
+            let n = r.count;
+            let slot = r.rng.next_below(n);
+            if let Some(kept) = r.kept.get_mut(slot as usize) {
+                *kept = value;
+            }
         }
-        v.sort_by(f64::total_cmp);
-        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-        (at(0.5), at(0.99), v[v.len() - 1])
+    }
+
+    /// Values recorded.
+    pub fn count(&self) -> u64 {
+        self.lock().count
+    }
+
+    /// Values kept for percentiles: never more than the bound.
+    pub fn kept(&self) -> usize {
+        self.lock().kept.len()
+    }
+
+    /// The figures of the values recorded so far.
+    pub fn summary(&self) -> Summary {
+        let r = self.lock();
+        let mut sorted = r.kept.clone();
+        let (count, sum, min, max) = (r.count, r.sum, r.min, r.max);
+        drop(r);
+        sorted.sort_by(f64::total_cmp);
+        Summary {
+            count,
+            sum,
+            min: if count == 0 { 0.0 } else { min },
+            max: if count == 0 { 0.0 } else { max },
+            sorted,
+        }
+    }
+}
+
+impl Default for Samples {
+    fn default() -> Self {
+        Samples::with_bound(Samples::BOUND, Samples::SEED)
+    }
+}
+
+impl std::fmt::Debug for Samples {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = self.lock();
+        f.debug_struct("Samples")
+            .field("count", &r.count)
+            .field("sum", &r.sum)
+            .field("min", &r.min)
+            .field("max", &r.max)
+            .field("kept", &r.kept.len())
+            .finish()
+    }
+}
+
+/// What [`Samples::summary`] read.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    /// Values recorded.
+    pub count: u64,
+    /// Their sum.
+    pub sum: f64,
+    /// The smallest; 0 with none.
+    pub min: f64,
+    /// The largest; 0 with none.
+    pub max: f64,
+    /// The values kept, in order.
+    sorted: Vec<f64>,
+}
+
+impl Summary {
+    /// The `q` quantile (0 ≤ `q` ≤ 1) of the kept values, the nearest rank
+    /// (`round((n - 1) q)`); 0 with none. The extremes are the exact minimum
+    /// and maximum of all values recorded.
+    pub fn quantile(&self, q: f64) -> f64 {
+        if self.sorted.is_empty() {
+            return 0.0;
+        }
+        if q >= 1.0 {
+            return self.max;
+        }
+        if q <= 0.0 {
+            return self.min;
+        }
+        let last = self.sorted.len() - 1;
+        self.sorted[((last as f64 * q).round() as usize).min(last)]
+    }
+
+    /// The mean of all values recorded; 0 with none.
+    pub fn mean(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.sum / self.count as f64
+        }
     }
 }
 
@@ -260,5 +409,125 @@ impl JobMetrics {
             .entry(id)
             .or_insert_with(|| Arc::new(ChannelGauge::new(output_credits, input_credits)))
             .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The percentiles the report used to compute over every value.
+    fn exact(values: &[f64], q: f64) -> f64 {
+        let mut v = values.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * q).round() as usize]
+    }
+
+    #[test]
+    fn no_samples_read_as_zeros() {
+        let s = Samples::default().summary();
+        assert_eq!((s.count, s.min, s.max, s.mean()), (0, 0.0, 0.0, 0.0));
+        assert_eq!((s.quantile(0.5), s.quantile(0.99)), (0.0, 0.0));
+    }
+
+    #[test]
+    fn percentiles_are_exact_up_to_the_bound() {
+        let mut rng = SplitMix64::new(7);
+        let values: Vec<f64> = (0..Samples::BOUND)
+            .map(|_| rng.next_below(1_000_000) as f64 / 7.0)
+            .collect();
+        let samples = Samples::default();
+        for (i, &v) in values.iter().enumerate() {
+            samples.record(v);
+            if [0, 1, 2, 10, 99, Samples::BOUND - 1].contains(&i) {
+                let seen = &values[..=i];
+                let s = samples.summary();
+                for q in [0.0, 0.5, 0.9, 0.99, 1.0] {
+                    assert_eq!(
+                        s.quantile(q),
+                        exact(seen, q),
+                        "q {q} after {} values",
+                        i + 1
+                    );
+                }
+                assert_eq!(s.count, i as u64 + 1);
+            }
+        }
+        let s = samples.summary();
+        assert_eq!(s.min, exact(&values, 0.0));
+        assert_eq!(s.max, exact(&values, 1.0));
+        assert_eq!(s.sum, values.iter().sum::<f64>());
+    }
+
+    #[test]
+    fn a_few_samples() {
+        let samples = Samples::default();
+        for v in [30.0, 10.0, 20.0] {
+            samples.record(v);
+        }
+        let s = samples.summary();
+        assert_eq!(
+            (s.quantile(0.5), s.quantile(0.99), s.max),
+            (20.0, 30.0, 30.0)
+        );
+        assert_eq!((s.min, s.mean()), (10.0, 20.0));
+    }
+
+    #[test]
+    fn a_million_samples_stay_bounded_with_exact_extremes() {
+        let samples = Samples::default();
+        let n = 1_000_000u64;
+        // A shuffled 0..n: the extremes arrive in the middle of the run.
+        let mut sum = 0.0;
+        for i in 0..n {
+            let v = ((i * 7919) % n) as f64;
+            sum += v;
+            samples.record(v);
+            assert!(samples.kept() <= Samples::BOUND);
+        }
+        assert_eq!(samples.kept(), Samples::BOUND);
+        let s = samples.summary();
+        assert_eq!((s.count, s.min, s.max), (n, 0.0, (n - 1) as f64));
+        assert_eq!(s.sum, sum);
+        assert_eq!(s.quantile(1.0), (n - 1) as f64);
+        // A uniform sample of 4096: the median within a few percent.
+        let median = s.quantile(0.5) / n as f64;
+        assert!((0.45..0.55).contains(&median), "median at {median}");
+        let p99 = s.quantile(0.99) / n as f64;
+        assert!((0.98..1.0).contains(&p99), "p99 at {p99}");
+    }
+
+    #[test]
+    fn late_values_are_sampled_too() {
+        // A run whose later half is ten times slower: a reservoir that kept
+        // only the first values would say nothing of it.
+        let samples = Samples::with_bound(256, 1);
+        for i in 0..100_000 {
+            samples.record(if i < 50_000 { 1.0 } else { 10.0 });
+        }
+        let s = samples.summary();
+        assert_eq!(s.quantile(0.1), 1.0);
+        assert_eq!(s.quantile(0.9), 10.0);
+        assert_eq!(s.mean(), 5.5);
+    }
+
+    #[test]
+    fn the_same_values_give_the_same_sample() {
+        let run = || {
+            let samples = Samples::with_bound(64, 42);
+            for i in 0..10_000 {
+                samples.record(f64::from(i));
+            }
+            samples.summary()
+        };
+        let (a, b) = (run(), run());
+        assert_eq!(a.sorted, b.sorted);
+        assert_eq!(a.quantile(0.5), b.quantile(0.5));
+        // And another seed another sample.
+        let other = Samples::with_bound(64, 43);
+        for i in 0..10_000 {
+            other.record(f64::from(i));
+        }
+        assert_ne!(other.summary().sorted, a.sorted);
     }
 }

@@ -126,7 +126,8 @@ pub struct SubtaskActor {
     /// Shared files of the newest checkpoint known to be complete: only a
     /// completed checkpoint is a safe base, an acknowledged one may abort.
     shared_base: Arc<SharedBase>,
-    /// Shared files of acknowledged checkpoints, until they complete.
+    /// Shared files of acknowledged checkpoints, until they complete or
+    /// abort.
     uploaded: BTreeMap<CheckpointId, Arc<SharedBase>>,
     /// Asynchronous parts still running, to cancel if their checkpoint
     /// aborts.
@@ -835,8 +836,10 @@ impl Handler<Uploaded> for SubtaskActor {
     type Result = ();
 
     fn handle(&mut self, msg: Uploaded, _ctx: &mut Context<Self>) {
-        self.running.remove(&msg.checkpoint);
-        if let Some(shared) = msg.shared {
+        // Not running any more: its checkpoint aborted meanwhile, and will
+        // never be a base.
+        let aborted = self.running.remove(&msg.checkpoint).is_none();
+        if let Some(shared) = msg.shared.filter(|_| !aborted) {
             self.uploaded.insert(msg.checkpoint, Arc::new(shared));
         }
     }
@@ -885,6 +888,9 @@ impl Handler<NotifyCheckpointAborted> for SubtaskActor {
         if let Some(upload) = self.running.remove(&id) {
             upload.abort();
         }
+        // Else a job whose checkpoints keep aborting would keep the shared
+        // files of each until one completes.
+        self.uploaded.remove(&id);
         if self.suspended == Some(id) {
             // The stopping savepoint failed: the job goes on.
             self.suspended = None;

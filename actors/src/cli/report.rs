@@ -3,7 +3,7 @@
 
 use super::Topology;
 use crate::config::Mode;
-use crate::metrics::{CheckpointStats, JobMetrics};
+use crate::metrics::{JobMetrics, Samples};
 use crate::runtime::JobReport;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -127,7 +127,10 @@ pub struct LastMax {
     pub max: u64,
 }
 
-/// The median, 99th percentile and maximum of a run's samples.
+/// The median, 99th percentile and maximum of a run's samples; zeros with
+/// none. The maximum is exact; the percentiles are exact up to
+/// [`Samples::BOUND`] samples and estimated from a uniform sample of that many
+/// beyond.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Percentiles {
     /// The median.
@@ -139,9 +142,13 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    fn of(samples: &std::sync::Mutex<Vec<f64>>) -> Self {
-        let (p50, p99, max) = CheckpointStats::percentiles(samples);
-        Percentiles { p50, p99, max }
+    fn of(samples: &Samples) -> Self {
+        let summary = samples.summary();
+        Percentiles {
+            p50: summary.quantile(0.5),
+            p99: summary.quantile(0.99),
+            max: summary.max,
+        }
     }
 }
 
