@@ -179,3 +179,107 @@ fn a_second_run_on_a_held_directory_is_refused_and_one_that_takes_it_over_fences
     let counts: HashMap<u64, u64> = common::committed(restored.path()).into_iter().collect();
     assert_eq!(counts, expected_counts(RECORDS, KEYS, SEED));
 }
+
+/// Storage that fails puts (some after they landed), reads and listings
+/// and is slow, by seed: every schedule ends exactly once, and storage
+/// holds exactly what the retained checkpoints reference.
+#[test]
+fn every_seeded_storage_fault_schedule_ends_exactly_once_with_nothing_unreferenced_left() {
+    use std::sync::Arc;
+    use tidemark::storage::faults::{FaultPlan, FaultyStore};
+    const SEEDS: u64 = 4;
+    let configs: [&[&str]; 3] = [
+        &["--state=heap"],
+        &["--state=rocksdb", "--incremental"],
+        &["--state=rocksdb", "--incremental", "--file-merging"],
+    ];
+    let (mut schedules, mut faults) = (0, 0);
+    for seed in 0..SEEDS {
+        for (i, config) in configs.iter().enumerate() {
+            let (root, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let local = object_store::local::LocalFileSystem::new_with_prefix(root.path()).unwrap();
+            let store = Arc::new(FaultyStore::new(
+                Arc::new(local),
+                FaultPlan {
+                    seed,
+                    fail_put: 0.03,
+                    fail_put_after: 0.03,
+                    fail_get: 0.03,
+                    slow: 0.05,
+                    slow_by: std::time::Duration::from_millis(5),
+                    stale_list: 0.3,
+                    list_lag: std::time::Duration::from_millis(100),
+                    spared: vec![tidemark::storage::lease::LEASES.into()],
+                },
+            ));
+            let name = format!("durability-faults-{seed}-{i}");
+            tidemark::storage::register_store(&name, store.clone());
+            let mut args: Vec<String> = config.iter().map(|s| s.to_string()).collect();
+            args.extend([
+                format!("--checkpoint-dir=store://{name}"),
+                "--emit=updates".into(),
+                "--tolerable-failures=1000".into(),
+                "--max-restarts=100".into(),
+                "--inline-threshold=0".into(),
+            ]);
+            let context = format!("seed {seed}, {config:?}");
+            let report =
+                run(&args, root.path(), output.path()).unwrap_or_else(|e| panic!("{context}: {e}"));
+            tidemark::storage::unregister_store(&name);
+            assert!(report.checkpoints_completed > 0, "{context}");
+            common::assert_updates_exactly_once(output.path(), RECORDS, KEYS, SEED, &context);
+            let storage = open(root.path().to_str().unwrap());
+            storage::assert_storage_is_exactly_the_retained_checkpoints(&storage, &context);
+            schedules += 1;
+            faults += store.counts().total();
+        }
+    }
+    assert_eq!(schedules, SEEDS * configs.len() as u64);
+    assert!(
+        faults > schedules,
+        "{faults} faults in {schedules} schedules"
+    );
+}
+
+/// A power loss after a checkpoint completed drops whatever was being
+/// written; the run after it (taking the dead run's lease over) restores
+/// the latest checkpoint, and the output is exactly once.
+#[test]
+fn after_a_power_loss_the_latest_checkpoint_restores_exactly_once() {
+    use std::sync::Arc;
+    use tidemark::storage::faults::{FaultPlan, FaultyStore};
+    for config in [&["--state=heap"][..], &["--state=rocksdb", "--incremental"]] {
+        let (root, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let local = object_store::local::LocalFileSystem::new_with_prefix(root.path()).unwrap();
+        let store = Arc::new(FaultyStore::new(Arc::new(local), FaultPlan::default()));
+        let name = format!("durability-power-{}", config.len());
+        tidemark::storage::register_store(&name, store.clone());
+        let mut args: Vec<String> = config.iter().map(|s| s.to_string()).collect();
+        args.extend([
+            format!("--checkpoint-dir=store://{name}"),
+            "--emit=updates".into(),
+            "--rate=100000".into(),
+            "--max-restarts=2".into(),
+        ]);
+        let job = spawn(args.clone(), root.path(), output.path());
+        // Once the sink committed a checkpoint's output, that checkpoint
+        // must survive the power loss.
+        await_checkpoint(root.path(), &job);
+        while common::committed_lines(output.path()).is_empty() {
+            assert!(!job.is_finished(), "{config:?}: the job ended early");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        store.power_loss();
+        let err = job.join().unwrap().unwrap_err().to_string();
+        assert!(err.contains("the power"), "{config:?}: {err}");
+        store.power_on();
+        args.extend(["--restore=latest".into(), "--take-over-lease".into()]);
+        let report = run(&args, root.path(), output.path()).unwrap();
+        tidemark::storage::unregister_store(&name);
+        assert!(report.restored_checkpoint.is_some(), "{config:?}");
+        let context = format!("power loss, {config:?}");
+        common::assert_updates_exactly_once(output.path(), RECORDS, KEYS, SEED, &context);
+        let storage = open(root.path().to_str().unwrap());
+        storage::assert_storage_is_exactly_the_retained_checkpoints(&storage, &context);
+    }
+}

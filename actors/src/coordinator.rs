@@ -26,7 +26,7 @@ use tidemark::checkpoint::{CheckpointFailure, CompletedCheckpoint};
 use tidemark::event::CheckpointKind;
 use tidemark::ids::{Attempt, CheckpointId, JobId, SubtaskId};
 use tidemark::storage::savepoint;
-use tidemark::storage::CheckpointStorage;
+use tidemark::storage::{CheckpointStorage, StorageError};
 use tokio::sync::oneshot;
 
 /// The subtasks of the current attempt.
@@ -231,18 +231,17 @@ impl CoordinatorActor {
         self.deleting += 1;
         ctx.spawn(
             async move {
-                let mut deleted = Vec::new();
+                let mut deleted = std::collections::HashSet::new();
                 for id in checkpoints {
                     match storage.delete_checkpoint(id).await {
-                        Ok(()) => deleted.push(format!("{}/", CheckpointStorage::checkpoint_dir(id))),
+                        Ok(objects) => deleted.extend(objects),
                         Err(e) => tracing::warn!(error = %e, checkpoint = %id, "discarding a subsumed checkpoint failed"),
                     }
                 }
-                // Objects inside a deleted checkpoint's directory went with
+                // Objects a deleted checkpoint's listing found went with
                 // it: a second delete would succeed on object stores and
-                // count twice.
-                let gone = |path: &String| deleted.iter().any(|dir| path.starts_with(dir));
-                for path in paths.iter().filter(|path| !gone(path)) {
+                // count twice. What the listing missed goes here.
+                for path in paths.iter().filter(|path| !deleted.contains(*path)) {
                     if let Err(e) = storage.delete(path).await {
                         tracing::warn!(error = %e, "discarding checkpoint state failed");
                     }
@@ -347,9 +346,7 @@ impl CoordinatorActor {
                             match written {
                                 Ok(()) => act.persisted(checkpoint, ctx),
                                 Err(e) => {
-                                    // The acks' own objects are left to the
-                                    // registry: another checkpoint may have
-                                    // been given them since.
+                                    let unknown = matches!(e, StorageError::UnknownOutcome { .. });
                                     act.feed(
                                         Event::PersistFailed {
                                             checkpoint: id,
@@ -357,8 +354,15 @@ impl CoordinatorActor {
                                         },
                                         ctx,
                                     );
-                                    act.registry.removed(&checkpoint);
-                                    act.delete_released(ctx);
+                                    // The acks' own objects are left to the
+                                    // registry: another checkpoint may have
+                                    // been given them since. A checkpoint
+                                    // that may exist keeps its references,
+                                    // and with them all its state.
+                                    if !unknown {
+                                        act.registry.removed(&checkpoint);
+                                        act.delete_released(ctx);
+                                    }
                                 }
                             }
                             act.answer_restore();

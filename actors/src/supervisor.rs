@@ -46,7 +46,7 @@ use tidemark::job::Job;
 use tidemark::key_group::KeyGroupRange;
 use tidemark::split::SplitPosition;
 use tidemark::storage::savepoint::{self, SavepointError};
-use tidemark::storage::{CheckpointStorage, ReadError};
+use tidemark::storage::{CheckpointStorage, ReadError, StorageError};
 use tidemark::task::{OutputContext, RestoreState, TaskContext};
 use tidemark::StateBackend;
 use tokio::sync::oneshot;
@@ -281,6 +281,12 @@ fn damaged_state(e: &JobError) -> bool {
         JobError::Storage(e) => e.is_not_found(),
         _ => false,
     }
+}
+
+/// Whether a failover's restore failed on storage that may recover (an IO
+/// error other than a missing object), so that another attempt may succeed.
+fn transient(e: &JobError) -> bool {
+    matches!(e, JobError::Storage(e @ StorageError::Io { .. }) if !e.is_not_found())
 }
 
 /// The bytes of the state object at `handle`: inline, or read from its
@@ -818,6 +824,8 @@ impl JobSupervisor {
             .into_actor(self)
             .map(move |result, act, ctx| match result {
                 Ok(restore) => act.start(attempt, restore, ctx),
+                // Storage that failed a read may serve the next attempt.
+                Err(e) if transient(&e) && attempt == act.attempt => act.fail(e, ctx),
                 Err(e) => act.complete(Err(e), ctx),
             }),
         );

@@ -389,9 +389,9 @@ fn cleanup_deletes_old_orphans_only_and_nothing_outside_the_job() {
 
     let out = cleanup(root, &["--grace=1h"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let mut expected = referenced;
+    let mut expected = without_lease(referenced);
     expected.insert("chk-1000/op-1-0-keyed".into());
-    assert_eq!(files(&job), expected);
+    assert_eq!(without_lease(files(&job)), expected);
     for outside in ["other-job/chk-1/x", "stray"] {
         assert!(root.join(outside).exists(), "{outside}");
     }
@@ -419,9 +419,18 @@ fn cleanup_refuses_corrupted_metadata_unless_told_to_ignore_it() {
     let out = cleanup(root, &["--ignore-corrupted-metadata"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
-        files(&job),
+        without_lease(files(&job)),
         BTreeSet::from(["checkpoint-id-counter".into()])
     );
+}
+
+/// A sweep that deletes leases the job directory for its duration, which
+/// leaves a released lease of a new epoch behind.
+fn without_lease(files: BTreeSet<String>) -> BTreeSet<String> {
+    files
+        .into_iter()
+        .filter(|f| !f.starts_with("_leases/"))
+        .collect()
 }
 
 #[test]

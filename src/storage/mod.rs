@@ -18,6 +18,7 @@
 //! hold them) and are validated before use, so that nothing read from a
 //! checkpoint can reach outside the job's directory.
 
+pub mod faults;
 pub mod lease;
 pub mod savepoint;
 
@@ -49,7 +50,7 @@ pub const COUNTER: &str = "checkpoint-id-counter";
 #[derive(Debug, Error)]
 pub enum StorageError {
     /// A URL scheme other than a path, `file://`, `memory://` or `s3://`.
-    #[error("unsupported checkpoint storage URL {0:?}: use a path, file://, memory:// or s3://bucket/prefix")]
+    #[error("unsupported checkpoint storage URL {0:?}: use a path, file://, memory://, s3://bucket/prefix or store://NAME of a registered store")]
     UnsupportedUrl(String),
     /// A supported scheme with a bad rest (no bucket, a bad prefix), or
     /// `s3://` in a build without the `s3` feature.
@@ -100,6 +101,18 @@ pub enum StorageError {
         holder: String,
         /// Why it is lost.
         reason: String,
+    },
+    /// A `_metadata` write failed and whether it landed could not be told
+    /// (reading it back and deleting it failed too): the checkpoint may
+    /// exist, so none of its state may be deleted.
+    #[error("writing {path} failed ({write}) and whether it landed is unknown ({settle}); its checkpoint's state is kept")]
+    UnknownOutcome {
+        /// The metadata file.
+        path: String,
+        /// Why the write failed.
+        write: Box<StorageError>,
+        /// Why neither reading it back nor deleting it settled the outcome.
+        settle: Box<StorageError>,
     },
     /// The id counter object does not hold a number.
     #[error("{path} holds {found:?}, not a checkpoint id counter")]
@@ -179,6 +192,29 @@ fn memory_store(name: &str) -> Arc<InMemory> {
     let store = Arc::new(InMemory::new());
     stores.insert(name.to_owned(), Arc::downgrade(&store));
     store
+}
+
+/// Stores an embedding application (or a test) registered by name, for
+/// `store://NAME/prefix` URLs.
+static REGISTERED_STORES: LazyLock<Mutex<HashMap<String, Arc<dyn ObjectStore>>>> =
+    LazyLock::new(Mutex::default);
+
+/// Makes `store` the storage of every `store://NAME/prefix` URL opened in
+/// this process from now on: any `object_store` implementation (a
+/// [`faults::FaultyStore`], a store configured in code) serves checkpoints.
+pub fn register_store(name: &str, store: Arc<dyn ObjectStore>) {
+    REGISTERED_STORES
+        .lock()
+        .expect("store registry")
+        .insert(name.to_owned(), store);
+}
+
+/// Forgets the store registered as `name`.
+pub fn unregister_store(name: &str) {
+    REGISTERED_STORES
+        .lock()
+        .expect("store registry")
+        .remove(name);
 }
 
 /// The store `bucket` on S3, with the client's settings from the usual
@@ -318,6 +354,14 @@ impl CheckpointStorage {
         let (store, root, store_url): (Arc<dyn ObjectStore>, Path, String) =
             if let Some((name, prefix)) = named("memory://")? {
                 (memory_store(&name), prefix, format!("memory://{name}"))
+            } else if let Some((name, prefix)) = named("store://")? {
+                let store = REGISTERED_STORES
+                    .lock()
+                    .expect("store registry")
+                    .get(&name)
+                    .cloned()
+                    .ok_or_else(|| invalid(format!("no store is registered as {name:?}")))?;
+                (store, prefix, format!("store://{name}"))
             } else if let Some((bucket, prefix)) = named("s3://")? {
                 if bucket.is_empty() {
                     return Err(invalid("no bucket name".into()));
@@ -546,14 +590,17 @@ impl CheckpointStorage {
     }
 
     /// Deletes a checkpoint directory: its metadata first, so that a reader
-    /// never finds metadata whose state is half gone.
-    pub async fn delete_checkpoint(&self, id: CheckpointId) -> Result<(), StorageError> {
+    /// never finds metadata whose state is half gone. Returns what the
+    /// listing found and was deleted; a listing that misses objects leaves
+    /// them to the caller, who knows what the checkpoint referenced.
+    pub async fn delete_checkpoint(&self, id: CheckpointId) -> Result<Vec<String>, StorageError> {
         let dir = Self::checkpoint_dir(id);
         self.delete(&Self::metadata_path(id)).await?;
-        for object in self.list(&dir).await? {
-            self.delete(&object).await?;
+        let objects = self.list(&dir).await?;
+        for object in &objects {
+            self.delete(object).await?;
         }
-        Ok(())
+        Ok(objects)
     }
 
     /// `_metadata` of checkpoint `id`, relative to the job directory.
@@ -573,14 +620,38 @@ impl CheckpointStorage {
     }
 
     /// Writes the metadata file `relative` (a checkpoint's or a savepoint's).
+    /// A failed put may still have landed (a timeout after the store
+    /// applied it): the outcome is settled by reading the file back, and if
+    /// that fails too by deleting it, so that the checkpoint is either
+    /// complete (`Ok`) or absent (the put's error). Only if neither settles
+    /// it is the error [`StorageError::UnknownOutcome`].
     pub async fn write_metadata_at(
         &self,
         relative: &str,
         checkpoint: &CompletedCheckpoint,
     ) -> Result<(), StorageError> {
         self.check_fence().await?;
-        self.put(relative, metadata::encode(checkpoint).into())
-            .await
+        let bytes = Bytes::from(metadata::encode(checkpoint));
+        let write = match self.put(relative, bytes.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(e @ (StorageError::Fenced { .. } | StorageError::EscapingPath(_))) => {
+                return Err(e)
+            }
+            Err(e) => e,
+        };
+        match self.get(relative).await {
+            Ok(found) if found == bytes => return Ok(()),
+            Err(e) if e.is_not_found() => return Err(write),
+            _ => {}
+        }
+        match self.delete(relative).await {
+            Ok(()) => Err(write),
+            Err(settle) => Err(StorageError::UnknownOutcome {
+                path: self.location(relative),
+                write: Box::new(write),
+                settle: Box::new(settle),
+            }),
+        }
     }
 
     /// The `_metadata` of checkpoint `id` of this job directory.

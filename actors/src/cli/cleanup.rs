@@ -139,20 +139,28 @@ async fn scan(
     Err(CliError::StorageChanging { attempts: ATTEMPTS })
 }
 
+/// Plans without writing anything; only a sweep with orphans to delete
+/// leases the directory, and plans again under the lease, since a run may
+/// have changed it in between.
 async fn sweep(storage: &CheckpointStorage, args: &CleanupArgs) -> Result<Sweep, CliError> {
-    if args.dry_run {
-        return sweep_leased(storage, args).await;
+    let planned = sweep_with(storage, args, false).await?;
+    if args.dry_run || planned.orphans.is_empty() {
+        return Ok(planned);
     }
     let lease = Arc::new(Lease::acquire(storage, &LeaseOptions::default()).await?);
-    let swept = sweep_leased(&storage.fenced(lease.clone()), args).await;
+    let swept = sweep_with(&storage.fenced(lease.clone()), args, true).await;
     lease.release().await?;
     swept
 }
 
-async fn sweep_leased(storage: &CheckpointStorage, args: &CleanupArgs) -> Result<Sweep, CliError> {
+async fn sweep_with(
+    storage: &CheckpointStorage,
+    args: &CleanupArgs,
+    delete: bool,
+) -> Result<Sweep, CliError> {
     let (objects, retained, corrupted) = scan(storage, args.ignore_corrupted_metadata).await?;
     let (orphans, young) = plan(objects, &retained, args.grace, SystemTime::now());
-    if !args.dry_run {
+    if delete {
         for orphan in &orphans {
             storage.delete(&orphan.path).await?;
         }
