@@ -104,8 +104,9 @@ pub async fn prepare(
     let (heap, channels) = tokio::task::spawn_blocking(move || {
         let heap = heap.map(|heap| {
             let mut bytes = Vec::new();
+            let start = heap.key_groups().start;
             let offsets = heap.write(&mut bytes);
-            (bytes, offsets, heap.key_groups().start)
+            (bytes, offsets, start)
         });
         let channels: Vec<_> = channels
             .into_iter()
