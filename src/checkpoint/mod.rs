@@ -32,6 +32,8 @@ pub mod store;
 
 #[cfg(test)]
 mod dag_tests;
+#[cfg(test)]
+mod metadata_fuzz;
 
 use crate::batch::Batch;
 use crate::event::{Alignment, CheckpointKind};

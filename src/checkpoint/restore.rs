@@ -144,6 +144,9 @@ impl RestorePlan {
     }
 }
 
+/// The byte range of each key group of `handle` in its object. Everything
+/// in it comes from `_metadata`: offsets outside the object, or key groups
+/// counted past `u32::MAX` from `start_group`, are malformed, not a panic.
 fn ranges(
     subtask: SubtaskId,
     handle: &KeyGroupsStateHandle,
@@ -158,7 +161,17 @@ fn ranges(
                 "key group offsets {start}..{end} outside an object of {size} bytes"
             )));
         }
-        out.push((KeyGroup(handle.start_group + i as u32), start..end));
+        let group = u32::try_from(i)
+            .ok()
+            .and_then(|i| handle.start_group.checked_add(i))
+            .ok_or_else(|| {
+                malformed(format!(
+                    "{} key groups from {}, past the last key group",
+                    handle.offsets.len(),
+                    KeyGroup(handle.start_group)
+                ))
+            })?;
+        out.push((KeyGroup(group), start..end));
     }
     Ok(out)
 }
