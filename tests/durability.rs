@@ -150,10 +150,13 @@ fn a_second_run_on_a_held_directory_is_refused_and_one_that_takes_it_over_fences
     old_args.push("--max-restarts=1".into());
     let old = spawn(old_args, checkpoints.path(), old_output.path());
     let leases = job_dir(checkpoints.path()).join(tidemark::storage::lease::LEASES);
+    // Leases in place, not the staging files a local put renames.
     let held = || {
         std::fs::read_dir(&leases).unwrap().any(|lease| {
-            let text = std::fs::read_to_string(lease.unwrap().path()).unwrap_or_default();
-            text.contains("\"released\": false")
+            let lease = lease.unwrap();
+            let placed = lease.file_name().to_str().unwrap().parse::<u64>().is_ok();
+            let text = std::fs::read_to_string(lease.path()).unwrap_or_default();
+            placed && text.contains("\"released\": false")
         })
     };
     while !held() {

@@ -19,7 +19,7 @@ use crate::metrics::JobMetrics;
 use crate::snapshot::{self, SharedBase};
 use crate::supervisor::JobSupervisor;
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
-use futures::future::{AbortHandle, Abortable};
+use futures::future::{AbortHandle, Abortable, Either};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -595,15 +595,27 @@ impl SubtaskActor {
                 )
                 .await?;
                 *planned.lock().expect("not poisoned") = prepared.physical_files();
-                let uploaded = prepared.upload(storage).await;
-                if stall {
-                    futures::future::pending::<()>().await;
-                }
-                uploaded
+                prepared.upload(storage).await
             };
-            let Ok(uploaded) = Abortable::new(upload, registration).await else {
-                // The checkpoint aborted: nothing will acknowledge what the
-                // cancelled upload wrote.
+            // The checkpoint aborted: nothing will acknowledge what the
+            // upload wrote. A put in flight is not dropped but awaited (a
+            // dropped local put still lands), and then everything planned
+            // is deleted.
+            let aborted = Abortable::new(futures::future::pending::<()>(), registration);
+            futures::pin_mut!(upload);
+            let uploaded = match futures::future::select(upload, aborted).await {
+                Either::Left((uploaded, aborted)) if stall => {
+                    let _ = aborted.await;
+                    drop(uploaded);
+                    None
+                }
+                Either::Left((uploaded, _)) => Some(uploaded),
+                Either::Right((_, upload)) => {
+                    let _ = upload.await;
+                    None
+                }
+            };
+            let Some(uploaded) = uploaded else {
                 let paths = std::mem::take(&mut *planned.lock().expect("not poisoned"));
                 return snapshot::delete_all(storage, paths).await;
             };
