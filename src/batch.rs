@@ -12,11 +12,9 @@ use std::any::Any;
 use std::fmt;
 
 /// What a record must be to cross a channel: owned, sendable, cloneable for
-/// broadcast, serializable so that in-flight batches can become channel
-/// state, and shareable so that a heap snapshot can read state while the
-/// subtask goes on.
-pub trait Data: Clone + Send + Sync + Serialize + DeserializeOwned + 'static {}
-impl<T: Clone + Send + Sync + Serialize + DeserializeOwned + 'static> Data for T {}
+/// broadcast, serializable so that in-flight batches can become channel state.
+pub trait Data: Clone + Send + Serialize + DeserializeOwned + 'static {}
+impl<T: Clone + Send + Serialize + DeserializeOwned + 'static> Data for T {}
 
 /// Upper bounds on one batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -104,9 +104,8 @@ pub async fn prepare(
     let (heap, channels) = tokio::task::spawn_blocking(move || {
         let heap = heap.map(|heap| {
             let mut bytes = Vec::new();
-            let start = heap.key_groups().start;
             let offsets = heap.write(&mut bytes);
-            (bytes, offsets, start)
+            (bytes, offsets, heap.key_groups().start)
         });
         let channels: Vec<_> = channels
             .into_iter()

@@ -1,12 +1,6 @@
 //! Heap backend: typed hash tables, one per key group and state, so that a
 //! snapshot or a rescale works key group by key group without touching the
 //! others. Tables are addressed by the key's hash, computed once per record.
-//!
-//! Snapshots are copy-on-write per key group, as Flink's
-//! `CopyOnWriteStateMap`: the synchronous part only shares every group's
-//! table with the snapshot, and the first write to a group the snapshot
-//! still holds copies that group alone. The snapshot lets go of each group
-//! once it is serialized, so a group written after that is not copied.
 
 use super::{Key, StateError};
 use crate::batch::Data;
@@ -15,71 +9,26 @@ use crate::key_group::{key_hash, KeyGroupRange};
 use crate::task::RestoreState;
 use hashbrown::HashTable;
 use std::any::Any;
-use std::sync::Arc;
 
 /// Slots of one state in one key group.
 pub(super) type GroupTable<K, S> = HashTable<(K, S)>;
 
-/// One key group's table: owned, or shared with snapshots that have not
-/// serialized it yet.
-struct Group<K, S> {
-    owned: GroupTable<K, S>,
-    /// Holds the table while a snapshot may read it; `owned` is then empty.
-    shared: Option<Arc<GroupTable<K, S>>>,
-}
-
-impl<K: Key, S: Data> Group<K, S> {
-    fn new() -> Self {
-        Group {
-            owned: HashTable::new(),
-            shared: None,
-        }
-    }
-
-    /// The table to write: a shared one is taken back, copied only if a
-    /// snapshot still holds it.
-    #[inline]
-    fn table_mut(&mut self) -> &mut GroupTable<K, S> {
-        if let Some(shared) = self.shared.take() {
-            self.owned = Arc::try_unwrap(shared).unwrap_or_else(|held| (*held).clone());
-        }
-        &mut self.owned
-    }
-
-    fn table(&self) -> &GroupTable<K, S> {
-        self.shared.as_deref().unwrap_or(&self.owned)
-    }
-
-    /// Shares the table with a snapshot.
-    fn share(&mut self) -> Arc<GroupTable<K, S>> {
-        self.shared
-            .get_or_insert_with(|| Arc::new(std::mem::take(&mut self.owned)))
-            .clone()
-    }
-}
-
 trait StateTable: Send {
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
-    /// The synchronous part of a snapshot: every group shared, so that
-    /// processing goes on while the snapshot is serialized elsewhere.
-    fn share(&mut self) -> Box<dyn TableCopy>;
+    /// The synchronous part of a snapshot: an owned copy, so that processing
+    /// goes on while the copy is serialized elsewhere.
+    fn copy(&self) -> Box<dyn TableCopy>;
     fn restore_group(&mut self, group: usize, input: &mut &[u8]) -> Result<(), StateError>;
 }
 
-/// A shared table, serialized key group by key group off the subtask;
-/// each group is let go once written.
+/// A copied table, serialized key group by key group off the subtask.
 trait TableCopy: Send {
-    fn write_group(&mut self, group: usize, out: &mut Vec<u8>);
+    fn write_group(&self, group: usize, out: &mut Vec<u8>);
 }
 
 struct Table<K, S> {
-    groups: Vec<Group<K, S>>,
-}
-
-/// A snapshot's view of one table.
-struct Shared<K, S> {
-    groups: Vec<Option<Arc<GroupTable<K, S>>>>,
+    groups: Vec<GroupTable<K, S>>,
 }
 
 impl<K: Key, S: Data> StateTable for Table<K, S> {
@@ -89,15 +38,15 @@ impl<K: Key, S: Data> StateTable for Table<K, S> {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
-    fn share(&mut self) -> Box<dyn TableCopy> {
-        Box::new(Shared {
-            groups: self.groups.iter_mut().map(|g| Some(g.share())).collect(),
+    fn copy(&self) -> Box<dyn TableCopy> {
+        Box::new(Table {
+            groups: self.groups.clone(),
         })
     }
     fn restore_group(&mut self, group: usize, input: &mut &[u8]) -> Result<(), StateError> {
         let entries: Vec<(K, S)> =
             rmp_serde::from_read(input).map_err(|e| StateError::Decode(e.to_string()))?;
-        let table = self.groups[group].table_mut();
+        let table = &mut self.groups[group];
         for (key, value) in entries {
             let hash = table_hash(&key);
             table.insert_unique(hash, (key, value), |(k, _)| table_hash(k));
@@ -106,15 +55,14 @@ impl<K: Key, S: Data> StateTable for Table<K, S> {
     }
 }
 
-impl<K: Key, S: Data> TableCopy for Shared<K, S> {
-    fn write_group(&mut self, group: usize, out: &mut Vec<u8>) {
-        let table = self.groups[group].take().expect("each group written once");
-        let entries: Vec<&(K, S)> = table.iter().collect();
+impl<K: Key, S: Data> TableCopy for Table<K, S> {
+    fn write_group(&self, group: usize, out: &mut Vec<u8>) {
+        let entries: Vec<&(K, S)> = self.groups[group].iter().collect();
         rmp_serde::encode::write(out, &entries).expect("writing to a vector cannot fail");
     }
 }
 
-/// A backend's state as of a snapshot, to serialize off the subtask.
+/// An owned copy of a backend's state, to serialize off the subtask.
 pub struct HeapSnapshot {
     range: KeyGroupRange,
     names: Vec<String>,
@@ -129,12 +77,12 @@ impl HeapSnapshot {
 
     /// Key groups back to back; returns the offset of each in `out`. A key
     /// group holds, for every state, its name and its entries.
-    pub fn write(mut self, out: &mut Vec<u8>) -> Vec<u64> {
+    pub fn write(&self, out: &mut Vec<u8>) -> Vec<u64> {
         let mut offsets = Vec::with_capacity(self.range.len());
         for group in 0..self.range.len() {
             offsets.push(out.len() as u64);
             rmp_serde::encode::write(out, &(self.names.len() as u32)).expect("in memory");
-            for (name, table) in self.names.iter().zip(&mut self.tables) {
+            for (name, table) in self.names.iter().zip(&self.tables) {
                 rmp_serde::encode::write(out, name).expect("in memory");
                 table.write_group(group, out);
             }
@@ -199,18 +147,17 @@ impl<K: Key> HeapKeyedStateBackend<K> {
         );
         self.names.push(name.to_owned());
         self.tables.push(Box::new(Table::<K, S> {
-            groups: (0..self.range.len()).map(|_| Group::new()).collect(),
+            groups: (0..self.range.len()).map(|_| HashTable::new()).collect(),
         }));
         self.tables.len() - 1
     }
 
-    /// The synchronous part of a snapshot: every table shared, copied
-    /// later only where written to before it is serialized.
-    pub fn snapshot(&mut self) -> HeapSnapshot {
+    /// The synchronous part of a snapshot: an owned copy of every table.
+    pub fn snapshot(&self) -> HeapSnapshot {
         HeapSnapshot {
             range: self.range,
             names: self.names.clone(),
-            tables: self.tables.iter_mut().map(|t| t.share()).collect(),
+            tables: self.tables.iter().map(|t| t.copy()).collect(),
         }
     }
 
@@ -261,7 +208,7 @@ impl<K: Key> HeapKeyedStateBackend<K> {
             .as_any_mut()
             .downcast_mut()
             .expect("a state handle is only used with the backend that issued it");
-        table.groups[group].table_mut()
+        &mut table.groups[group]
     }
 
     /// Every (key, value) of a state, key group by key group.
@@ -269,6 +216,6 @@ impl<K: Key> HeapKeyedStateBackend<K> {
         self.table::<S>(id)
             .groups
             .iter()
-            .flat_map(|g| g.table().iter().map(|(k, s)| (k, s)))
+            .flat_map(|g| g.iter().map(|(k, s)| (k, s)))
     }
 }
