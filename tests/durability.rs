@@ -9,7 +9,9 @@ mod storage;
 use common::expected_counts;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 use storage::{job_dir, open, retained};
+use tidemark::storage::faults::{FaultPlan, FaultyStore};
 use tidemark_actors::cli::{CliError, RunReport};
 
 const RECORDS: u64 = 200_000;
@@ -183,13 +185,20 @@ fn a_second_run_on_a_held_directory_is_refused_and_one_that_takes_it_over_fences
     assert_eq!(counts, expected_counts(RECORDS, KEYS, SEED));
 }
 
+/// A `FaultyStore` over the local directory `root`, registered as
+/// `store://name`.
+fn faulty_store(root: &Path, name: &str, plan: FaultPlan) -> Arc<FaultyStore> {
+    let local = object_store::local::LocalFileSystem::new_with_prefix(root).unwrap();
+    let store = Arc::new(FaultyStore::new(Arc::new(local), plan));
+    tidemark::storage::register_store(name, store.clone());
+    store
+}
+
 /// Storage that fails puts (some after they landed), reads and listings
 /// and is slow, by seed: every schedule ends exactly once, and storage
 /// holds exactly what the retained checkpoints reference.
 #[test]
 fn every_seeded_storage_fault_schedule_ends_exactly_once_with_nothing_unreferenced_left() {
-    use std::sync::Arc;
-    use tidemark::storage::faults::{FaultPlan, FaultyStore};
     const SEEDS: u64 = 4;
     let configs: [&[&str]; 3] = [
         &["--state=heap"],
@@ -200,9 +209,10 @@ fn every_seeded_storage_fault_schedule_ends_exactly_once_with_nothing_unreferenc
     for seed in 0..SEEDS {
         for (i, config) in configs.iter().enumerate() {
             let (root, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-            let local = object_store::local::LocalFileSystem::new_with_prefix(root.path()).unwrap();
-            let store = Arc::new(FaultyStore::new(
-                Arc::new(local),
+            let name = format!("durability-faults-{seed}-{i}");
+            let store = faulty_store(
+                root.path(),
+                &name,
                 FaultPlan {
                     seed,
                     fail_put: 0.03,
@@ -214,9 +224,7 @@ fn every_seeded_storage_fault_schedule_ends_exactly_once_with_nothing_unreferenc
                     list_lag: std::time::Duration::from_millis(100),
                     spared: vec![tidemark::storage::lease::LEASES.into()],
                 },
-            ));
-            let name = format!("durability-faults-{seed}-{i}");
-            tidemark::storage::register_store(&name, store.clone());
+            );
             let mut args: Vec<String> = config.iter().map(|s| s.to_string()).collect();
             args.extend([
                 format!("--checkpoint-dir=store://{name}"),
@@ -249,14 +257,10 @@ fn every_seeded_storage_fault_schedule_ends_exactly_once_with_nothing_unreferenc
 /// the latest checkpoint, and the output is exactly once.
 #[test]
 fn after_a_power_loss_the_latest_checkpoint_restores_exactly_once() {
-    use std::sync::Arc;
-    use tidemark::storage::faults::{FaultPlan, FaultyStore};
     for config in [&["--state=heap"][..], &["--state=rocksdb", "--incremental"]] {
         let (root, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let local = object_store::local::LocalFileSystem::new_with_prefix(root.path()).unwrap();
-        let store = Arc::new(FaultyStore::new(Arc::new(local), FaultPlan::default()));
         let name = format!("durability-power-{}", config.len());
-        tidemark::storage::register_store(&name, store.clone());
+        let store = faulty_store(root.path(), &name, FaultPlan::default());
         let mut args: Vec<String> = config.iter().map(|s| s.to_string()).collect();
         args.extend([
             format!("--checkpoint-dir=store://{name}"),

@@ -157,6 +157,17 @@ impl FaultyStore {
         tokio::time::sleep(self.plan.slow_by).await;
     }
 
+    /// What every read goes through first: the power, slowness, failure.
+    async fn before_read(&self, location: &Path) -> Result<()> {
+        self.powered()?;
+        self.maybe_slow(location).await;
+        if !self.spared(location) && self.chance(self.plan.fail_get) {
+            self.counts.gets_failed.fetch_add(1, Ordering::Relaxed);
+            return Err(injected("read failed"));
+        }
+        Ok(())
+    }
+
     fn put_fault(&self, location: &Path) -> Fault {
         if self.spared(location) {
             Fault::None
@@ -233,22 +244,12 @@ impl ObjectStore for FaultyStore {
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
-        self.powered()?;
-        self.maybe_slow(location).await;
-        if !self.spared(location) && self.chance(self.plan.fail_get) {
-            self.counts.gets_failed.fetch_add(1, Ordering::Relaxed);
-            return Err(injected("read failed"));
-        }
+        self.before_read(location).await?;
         self.inner.get_opts(location, options).await
     }
 
     async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
-        self.powered()?;
-        self.maybe_slow(location).await;
-        if !self.spared(location) && self.chance(self.plan.fail_get) {
-            self.counts.gets_failed.fetch_add(1, Ordering::Relaxed);
-            return Err(injected("read failed"));
-        }
+        self.before_read(location).await?;
         self.inner.get_ranges(location, ranges).await
     }
 
