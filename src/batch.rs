@@ -13,8 +13,10 @@ use std::fmt;
 
 /// What a record must be to cross a channel: owned, sendable, cloneable for
 /// broadcast, serializable so that in-flight batches can become channel state.
-pub trait Data: Clone + Send + Serialize + DeserializeOwned + 'static {}
-impl<T: Clone + Send + Serialize + DeserializeOwned + 'static> Data for T {}
+/// Shareable too: a heap snapshot reads keyed state from another thread while
+/// the subtask goes on reading it.
+pub trait Data: Clone + Send + Sync + Serialize + DeserializeOwned + 'static {}
+impl<T: Clone + Send + Sync + Serialize + DeserializeOwned + 'static> Data for T {}
 
 /// Upper bounds on one batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,18 +4,21 @@
 //! `tidemark::checkpoint::merging`) and write the physical files to
 //! checkpoint storage, a bounded number at a time.
 
+use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tidemark::batch::{Batch, EncodedBatch};
 use tidemark::checkpoint::merging::{MergePlan, Placement, StateLayout};
 use tidemark::checkpoint::{
-    checksum, ChannelSide, ChannelState, ChannelStateHandle, KeyGroupsStateHandle,
+    ChannelSide, ChannelState, ChannelStateHandle, Checksum, KeyGroupsStateHandle,
     KeyedStateHandle, NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
 };
 use tidemark::ids::{CheckpointId, SubtaskId};
 use tidemark::rng::unique_token;
+use tidemark::storage::upload::{ObjectWriter, UploadLimits};
 use tidemark::storage::CheckpointStorage;
 use tidemark::task::{KeyedSnapshot, NativeCheckpoint, TaskSnapshot};
 
@@ -27,23 +30,81 @@ const PARALLEL_WRITES: usize = 4;
 /// them again.
 pub type SharedBase = BTreeMap<String, NativeFileHandle>;
 
+/// Bytes read from a native checkpoint's file at a time.
+const READ_CHUNK: usize = 4 << 20;
+
 /// Where a state object's bytes come from.
 enum Source {
-    Memory(Vec<u8>),
-    /// A file of a native checkpoint, read when its turn to upload comes.
+    /// Pieces in memory, back to back: the key groups of a heap snapshot,
+    /// each as it was encoded, or a channel's batches.
+    Memory(Vec<Bytes>),
+    /// A file of a native checkpoint, read in chunks when its turn to
+    /// upload comes, never whole.
     File(PathBuf),
 }
 
 impl Source {
+    /// All of it at once: for objects small enough to travel inline.
     async fn read(self) -> Result<Vec<u8>, String> {
         match self {
-            Source::Memory(bytes) => Ok(bytes),
+            Source::Memory(pieces) => Ok(pieces.concat()),
             Source::File(file) => tokio::task::spawn_blocking(move || {
                 std::fs::read(&file).map_err(|e| format!("reading {}: {e}", file.display()))
             })
             .await
             .map_err(|e| e.to_string())?,
         }
+    }
+
+    /// Streams the bytes into `writer`; returns their checksum. They must
+    /// be `size` bytes, as planned: a file that changed size is refused
+    /// rather than recorded with wrong offsets.
+    async fn write_to(self, writer: &mut ObjectWriter<'_>, size: u64) -> Result<u32, String> {
+        let mut sum = Checksum::default();
+        let described = match self {
+            Source::Memory(pieces) => {
+                for piece in pieces {
+                    sum.update(&piece);
+                    writer.write(piece).await.map_err(|e| e.to_string())?;
+                }
+                "state in memory".to_owned()
+            }
+            Source::File(path) => {
+                let described = path.display().to_string();
+                let reading = |e: std::io::Error| format!("reading {described}: {e}");
+                let mut file = Some(std::fs::File::open(&path).map_err(reading)?);
+                loop {
+                    let (back, chunk) = tokio::task::spawn_blocking(move || {
+                        let mut file = file.take().expect("one read at a time");
+                        let mut chunk = Vec::with_capacity(READ_CHUNK);
+                        let read = std::io::Read::by_ref(&mut file)
+                            .take(READ_CHUNK as u64)
+                            .read_to_end(&mut chunk);
+                        read.map(|_| (file, chunk))
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(reading)?;
+                    if chunk.is_empty() {
+                        break;
+                    }
+                    file = Some(back);
+                    sum.update(&chunk);
+                    writer
+                        .write(Bytes::from(chunk))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                described
+            }
+        };
+        if sum.len() != size {
+            return Err(format!(
+                "{described} was {size} bytes when planned and {} when written",
+                sum.len()
+            ));
+        }
+        Ok(sum.finish())
     }
 }
 
@@ -64,6 +125,7 @@ struct Shape {
 pub struct Prepared {
     started: Instant,
     plan: MergePlan,
+    limits: UploadLimits,
     sources: Vec<Source>,
     /// The hard links of a native checkpoint, removed whatever happens.
     _links: Option<Links>,
@@ -103,9 +165,11 @@ pub async fn prepare(
     };
     let (heap, channels) = tokio::task::spawn_blocking(move || {
         let heap = heap.map(|heap| {
-            let mut bytes = Vec::new();
-            let offsets = heap.write(&mut bytes);
-            (bytes, offsets, heap.key_groups().start)
+            let range = heap.key_groups();
+            let groups: Vec<Bytes> = (0..range.len())
+                .map(|group| Bytes::from(heap.take_group(group)))
+                .collect();
+            (groups, range.start)
         });
         let channels: Vec<_> = channels
             .into_iter()
@@ -113,7 +177,7 @@ pub async fn prepare(
             .map(|c| {
                 let encoded: Vec<EncodedBatch> = c.batches.iter().map(Batch::encode).collect();
                 let bytes = rmp_serde::to_vec(&encoded).expect("batches serialize to memory");
-                (c.side, c.channel, encoded.len(), bytes)
+                (c.side, c.channel, encoded.len(), Bytes::from(bytes))
             })
             .collect();
         (heap, channels)
@@ -125,9 +189,17 @@ pub async fn prepare(
     // handles are taken back out in `Prepared::upload`: the keyed state's
     // first, then the channels'.
     let mut objects: Vec<(String, u64, Source)> = Vec::new();
-    let heap = heap.map(|(bytes, offsets, start_group)| {
-        let size = bytes.len() as u64;
-        objects.push((format!("{prefix}-keyed"), size, Source::Memory(bytes)));
+    let heap = heap.map(|(groups, start_group)| {
+        let mut size = 0;
+        let offsets = groups
+            .iter()
+            .map(|group| {
+                let offset = size;
+                size += group.len() as u64;
+                offset
+            })
+            .collect();
+        objects.push((format!("{prefix}-keyed"), size, Source::Memory(groups)));
         (offsets, start_group)
     });
     let native = native.map(|native| {
@@ -152,7 +224,7 @@ pub async fn prepare(
             objects.push((
                 format!("{prefix}-{name}-{channel}"),
                 size,
-                Source::Memory(bytes),
+                Source::Memory(vec![bytes]),
             ));
             (side, channel, batches)
         })
@@ -169,6 +241,7 @@ pub async fn prepare(
     Ok(Prepared {
         started,
         plan,
+        limits: layout.upload,
         sources,
         _links: links,
         shape: Shape {
@@ -198,11 +271,12 @@ impl Prepared {
         let Prepared {
             started,
             plan,
+            limits,
             sources,
             _links,
             shape,
         } = self;
-        let written = write_files(storage, &plan, sources).await?;
+        let written = write_files(storage, &plan, limits, sources).await?;
         let handles = written
             .into_iter()
             .enumerate()
@@ -337,12 +411,14 @@ enum Written {
     Stored(u32),
 }
 
-/// Writes the physical files of `plan`, each in one put of its objects back
-/// to back, at most `PARALLEL_WRITES` at a time; returns, per object, what
+/// Writes the physical files of `plan`, each its objects back to back,
+/// streamed (see `tidemark::storage::upload`), at most `PARALLEL_WRITES` at a
+/// time; returns, per object, what
 /// became of it. On the first failure deletes every file of the plan.
 async fn write_files(
     storage: &CheckpointStorage,
     plan: &MergePlan,
+    limits: UploadLimits,
     sources: Vec<Source>,
 ) -> Result<Vec<Written>, String> {
     let mut sources: Vec<Option<Source>> = sources.into_iter().map(Some).collect();
@@ -353,7 +429,7 @@ async fn write_files(
             out[index] = Some(Written::Inline(source.read().await?));
         }
     }
-    let files: Vec<(String, Vec<(usize, Source)>)> = plan
+    let files: Vec<(String, u64, Vec<(usize, Source)>)> = plan
         .files
         .iter()
         .map(|file| {
@@ -362,22 +438,26 @@ async fn write_files(
                 .iter()
                 .map(|&i| (i, sources[i].take().expect("each object once")))
                 .collect();
-            (file.path.clone(), parts)
+            (file.path.clone(), file.size, parts)
         })
         .collect();
     let results: Vec<Result<Vec<(usize, u32)>, String>> = stream::iter(files)
-        .map(|(path, parts)| async move {
-            let mut bytes = Vec::new();
-            let mut checksums = Vec::with_capacity(parts.len());
-            for (index, part) in parts {
-                let part = part.read().await?;
-                checksums.push((index, checksum(&part)));
-                bytes.extend(part);
-            }
-            storage
-                .put(&path, bytes.into())
+        .map(|(path, size, parts)| async move {
+            let mut writer = storage
+                .writer(&path, size, limits)
                 .await
                 .map_err(|e| e.to_string())?;
+            let mut checksums = Vec::with_capacity(parts.len());
+            for (index, part) in parts {
+                match part.write_to(&mut writer, plan.size(index)).await {
+                    Ok(checksum) => checksums.push((index, checksum)),
+                    Err(error) => {
+                        writer.abort().await;
+                        return Err(error);
+                    }
+                }
+            }
+            writer.finish().await.map_err(|e| e.to_string())?;
             Ok(checksums)
         })
         .buffered(PARALLEL_WRITES)

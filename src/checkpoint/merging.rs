@@ -115,6 +115,8 @@ pub struct StateLayout {
     /// A merged file wasting more than this (total / live bytes) is
     /// compacted.
     pub max_space_amplification: f64,
+    /// Which physical files are multipart uploads, in which parts.
+    pub upload: crate::storage::upload::UploadLimits,
 }
 
 impl Default for StateLayout {
@@ -123,6 +125,7 @@ impl Default for StateLayout {
             inline_threshold: MergingOptions::default().inline_threshold,
             max_merged_file_size: None,
             max_space_amplification: super::shared::DEFAULT_MAX_SPACE_AMPLIFICATION,
+            upload: Default::default(),
         }
     }
 }
@@ -211,6 +214,11 @@ pub struct MergePlan {
 }
 
 impl MergePlan {
+    /// The planned size of object `index`.
+    pub fn size(&self, index: usize) -> u64 {
+        self.sizes[index]
+    }
+
     /// The handle of object `index`, whose bytes have CRC-32 `checksum`,
     /// once its file is written: an object of its own if the file holds
     /// nothing else; `None` for an object that travels inline (its handle

@@ -291,6 +291,12 @@ impl CheckpointSettings {
         self
     }
 
+    /// How large physical files are uploaded.
+    pub fn upload(mut self, limits: crate::storage::upload::UploadLimits) -> Self {
+        self.layout.upload = limits;
+        self
+    }
+
     /// A merged file whose total over live bytes passes this is compacted.
     pub fn max_space_amplification(mut self, amplification: f64) -> Self {
         self.layout.max_space_amplification = amplification;
@@ -379,6 +385,37 @@ pub fn stays_inside(relative: &str) -> bool {
 /// (IEEE), as `_metadata`'s own.
 pub fn checksum(bytes: &[u8]) -> u32 {
     crc32fast::hash(bytes)
+}
+
+/// [`checksum`] of bytes that come in pieces, and how many there were: a
+/// state object streamed into storage is checked as it goes out.
+#[derive(Default)]
+pub struct Checksum {
+    crc: crc32fast::Hasher,
+    len: u64,
+}
+
+impl Checksum {
+    /// Adds the next piece.
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.crc.update(bytes);
+        self.len += bytes.len() as u64;
+    }
+
+    /// Bytes so far.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether no byte came.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The checksum of every piece, back to back.
+    pub fn finish(self) -> u32 {
+        self.crc.finalize()
+    }
 }
 
 /// Where the bytes of one state object live. Paths are relative to the
@@ -899,6 +936,20 @@ pub enum CheckpointFailure {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn a_checksum_taken_in_pieces_is_the_checksum_of_the_whole() {
+        let whole: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        for cut in [0, 1, 4096, 9_999, 10_000] {
+            let mut sum = Checksum::default();
+            sum.update(&whole[..cut]);
+            sum.update(&[]);
+            sum.update(&whole[cut..]);
+            assert_eq!(sum.len(), 10_000);
+            assert_eq!(sum.finish(), checksum(&whole), "cut at {cut}");
+        }
+        assert!(Checksum::default().is_empty());
+    }
 
     #[test]
     fn settings_that_could_never_checkpoint_or_restore_are_refused() {

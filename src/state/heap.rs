@@ -1,6 +1,14 @@
 //! Heap backend: typed hash tables, one per key group and state, so that a
 //! snapshot or a rescale works key group by key group without touching the
 //! others. Tables are addressed by the key's hash, computed once per record.
+//!
+//! A snapshot copies nothing in its synchronous part: it shares every table
+//! (an `Arc` each) and the subtask goes on. The first write into a key group
+//! the snapshot still shares encodes that key group for the snapshot first,
+//! on the subtask's thread; the snapshot's encoder, on another thread, takes
+//! the others in turn and drops each table as soon as it is encoded. A key
+//! group is held twice only in its encoded form (a fraction of its size on
+//! the heap), or, while the encoder is on it, as one copied key group.
 
 use super::{Key, StateError};
 use crate::batch::Data;
@@ -9,6 +17,7 @@ use crate::key_group::{key_hash, KeyGroupRange};
 use crate::task::RestoreState;
 use hashbrown::HashTable;
 use std::any::Any;
+use std::sync::{Arc, Mutex, Weak};
 
 /// Slots of one state in one key group.
 pub(super) type GroupTable<K, S> = HashTable<(K, S)>;
@@ -16,19 +25,18 @@ pub(super) type GroupTable<K, S> = HashTable<(K, S)>;
 trait StateTable: Send {
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
-    /// The synchronous part of a snapshot: an owned copy, so that processing
-    /// goes on while the copy is serialized elsewhere.
-    fn copy(&self) -> Box<dyn TableCopy>;
+    /// Shares the table of key group `group` with a snapshot.
+    fn share(&self, group: usize) -> Box<dyn SharedTable>;
     fn restore_group(&mut self, group: usize, input: &mut &[u8]) -> Result<(), StateError>;
 }
 
-/// A copied table, serialized key group by key group off the subtask.
-trait TableCopy: Send {
-    fn write_group(&self, group: usize, out: &mut Vec<u8>);
+/// One state's table of one key group, shared with a snapshot.
+trait SharedTable: Send {
+    fn write(&self, out: &mut Vec<u8>);
 }
 
 struct Table<K, S> {
-    groups: Vec<GroupTable<K, S>>,
+    groups: Vec<Arc<GroupTable<K, S>>>,
 }
 
 impl<K: Key, S: Data> StateTable for Table<K, S> {
@@ -38,15 +46,13 @@ impl<K: Key, S: Data> StateTable for Table<K, S> {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
-    fn copy(&self) -> Box<dyn TableCopy> {
-        Box::new(Table {
-            groups: self.groups.clone(),
-        })
+    fn share(&self, group: usize) -> Box<dyn SharedTable> {
+        Box::new(Arc::clone(&self.groups[group]))
     }
     fn restore_group(&mut self, group: usize, input: &mut &[u8]) -> Result<(), StateError> {
         let entries: Vec<(K, S)> =
             rmp_serde::from_read(input).map_err(|e| StateError::Decode(e.to_string()))?;
-        let table = &mut self.groups[group];
+        let table = Arc::make_mut(&mut self.groups[group]);
         for (key, value) in entries {
             let hash = table_hash(&key);
             table.insert_unique(hash, (key, value), |(k, _)| table_hash(k));
@@ -55,18 +61,70 @@ impl<K: Key, S: Data> StateTable for Table<K, S> {
     }
 }
 
-impl<K: Key, S: Data> TableCopy for Table<K, S> {
-    fn write_group(&self, group: usize, out: &mut Vec<u8>) {
-        let entries: Vec<&(K, S)> = self.groups[group].iter().collect();
+impl<K: Key, S: Data> SharedTable for Arc<GroupTable<K, S>> {
+    fn write(&self, out: &mut Vec<u8>) {
+        let entries: Vec<&(K, S)> = self.iter().collect();
         rmp_serde::encode::write(out, &entries).expect("writing to a vector cannot fail");
     }
 }
 
-/// An owned copy of a backend's state, to serialize off the subtask.
+/// One key group of a snapshot.
+enum Group {
+    /// Every state's table, shared with the backend.
+    Shared(Vec<Box<dyn SharedTable>>),
+    /// Encoded before the backend wrote into it.
+    Encoded(Vec<u8>),
+    /// Handed to the snapshot's encoder.
+    Taken,
+}
+
+/// The key groups of one snapshot, between the backend, which encodes a key
+/// group before writing into it, and the snapshot's encoder.
+struct Groups {
+    names: Vec<String>,
+    groups: Vec<Mutex<Group>>,
+}
+
+impl Groups {
+    /// A key group holds, for every state, its name and its entries.
+    fn encode(&self, tables: &[Box<dyn SharedTable>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        rmp_serde::encode::write(&mut out, &(self.names.len() as u32)).expect("in memory");
+        for (name, table) in self.names.iter().zip(tables) {
+            rmp_serde::encode::write(&mut out, name).expect("in memory");
+            table.write(&mut out);
+        }
+        out
+    }
+
+    /// Encodes key group `group` unless the encoder has it or had it: the
+    /// backend is about to write into it.
+    fn preserve(&self, group: usize) {
+        let mut slot = self.groups[group].lock().expect("snapshot group");
+        if let Group::Shared(tables) = &*slot {
+            *slot = Group::Encoded(self.encode(tables));
+        }
+    }
+
+    /// Key group `group` encoded, releasing its tables.
+    fn take(&self, group: usize) -> Vec<u8> {
+        let taken = std::mem::replace(
+            &mut *self.groups[group].lock().expect("snapshot group"),
+            Group::Taken,
+        );
+        match taken {
+            Group::Shared(tables) => self.encode(&tables),
+            Group::Encoded(bytes) => bytes,
+            Group::Taken => panic!("key group {group} of a heap snapshot encoded twice"),
+        }
+    }
+}
+
+/// A snapshot of a heap backend's state, encoded off the subtask, key group
+/// by key group, each once. Dropping it releases what it still shares.
 pub struct HeapSnapshot {
     range: KeyGroupRange,
-    names: Vec<String>,
-    tables: Vec<Box<dyn TableCopy>>,
+    groups: Arc<Groups>,
 }
 
 impl HeapSnapshot {
@@ -75,19 +133,20 @@ impl HeapSnapshot {
         self.range
     }
 
-    /// Key groups back to back; returns the offset of each in `out`. A key
-    /// group holds, for every state, its name and its entries.
+    /// The key group at `offset` in the range, encoded. Each is taken once.
+    pub fn take_group(&self, offset: usize) -> Vec<u8> {
+        self.groups.take(offset)
+    }
+
+    /// Key groups back to back; returns the offset of each in `out`.
     pub fn write(&self, out: &mut Vec<u8>) -> Vec<u64> {
-        let mut offsets = Vec::with_capacity(self.range.len());
-        for group in 0..self.range.len() {
-            offsets.push(out.len() as u64);
-            rmp_serde::encode::write(out, &(self.names.len() as u32)).expect("in memory");
-            for (name, table) in self.names.iter().zip(&self.tables) {
-                rmp_serde::encode::write(out, name).expect("in memory");
-                table.write_group(group, out);
-            }
-        }
-        offsets
+        (0..self.range.len())
+            .map(|group| {
+                let offset = out.len() as u64;
+                out.extend(self.take_group(group));
+                offset
+            })
+            .collect()
     }
 }
 
@@ -115,6 +174,8 @@ pub struct HeapKeyedStateBackend<K: Key> {
     max_parallelism: u32,
     names: Vec<String>,
     tables: Vec<Box<dyn StateTable>>,
+    /// Snapshots that may still share tables.
+    snapshots: Vec<Weak<Groups>>,
     _key: std::marker::PhantomData<fn() -> K>,
 }
 
@@ -126,6 +187,7 @@ impl<K: Key> HeapKeyedStateBackend<K> {
             max_parallelism,
             names: Vec::new(),
             tables: Vec::new(),
+            snapshots: Vec::new(),
             _key: std::marker::PhantomData,
         }
     }
@@ -147,17 +209,29 @@ impl<K: Key> HeapKeyedStateBackend<K> {
         );
         self.names.push(name.to_owned());
         self.tables.push(Box::new(Table::<K, S> {
-            groups: (0..self.range.len()).map(|_| HashTable::new()).collect(),
+            groups: (0..self.range.len())
+                .map(|_| Arc::new(HashTable::new()))
+                .collect(),
         }));
         self.tables.len() - 1
     }
 
-    /// The synchronous part of a snapshot: an owned copy of every table.
-    pub fn snapshot(&self) -> HeapSnapshot {
+    /// The synchronous part of a snapshot: every table shared, none copied.
+    pub fn snapshot(&mut self) -> HeapSnapshot {
+        let groups = Arc::new(Groups {
+            names: self.names.clone(),
+            groups: (0..self.range.len())
+                .map(|group| {
+                    let tables = self.tables.iter().map(|t| t.share(group)).collect();
+                    Mutex::new(Group::Shared(tables))
+                })
+                .collect(),
+        });
+        self.snapshots.retain(|s| s.strong_count() > 0);
+        self.snapshots.push(Arc::downgrade(&groups));
         HeapSnapshot {
             range: self.range,
-            names: self.names.clone(),
-            tables: self.tables.iter().map(|t| t.copy()).collect(),
+            groups,
         }
     }
 
@@ -203,12 +277,22 @@ impl<K: Key> HeapKeyedStateBackend<K> {
             .expect("a state handle is only used with the backend that issued it")
     }
 
+    /// The table to write into. One a snapshot shares is encoded for every
+    /// such snapshot first; if a snapshot's encoder holds it right now, it is
+    /// copied (`Arc::make_mut`) and the encoder keeps the original.
+    #[inline]
     pub(super) fn group_mut<S: Data>(&mut self, id: usize, group: usize) -> &mut GroupTable<K, S> {
         let table: &mut Table<K, S> = self.tables[id]
             .as_any_mut()
             .downcast_mut()
             .expect("a state handle is only used with the backend that issued it");
-        &mut table.groups[group]
+        let slot = &mut table.groups[group];
+        if Arc::strong_count(slot) > 1 {
+            for snapshot in self.snapshots.iter().filter_map(Weak::upgrade) {
+                snapshot.preserve(group);
+            }
+        }
+        Arc::make_mut(slot)
     }
 
     /// Every (key, value) of a state, key group by key group.

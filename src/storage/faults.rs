@@ -15,6 +15,7 @@ use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, Result,
+    UploadPart,
 };
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -89,7 +90,7 @@ pub struct FaultyStore {
     counts: Arc<FaultCounts>,
     /// The power is off: every operation fails, and every put still in
     /// flight is undone when it returns.
-    off: AtomicBool,
+    off: Arc<AtomicBool>,
 }
 
 impl std::fmt::Display for FaultyStore {
@@ -99,6 +100,7 @@ impl std::fmt::Display for FaultyStore {
 }
 
 /// What one operation does wrong.
+#[derive(Clone, Copy, Debug)]
 enum Fault {
     None,
     Before,
@@ -113,7 +115,7 @@ impl FaultyStore {
             rng: Mutex::new(SplitMix64::new(plan.seed)),
             plan,
             counts: Arc::default(),
-            off: AtomicBool::new(false),
+            off: Arc::default(),
         }
     }
 
@@ -187,16 +189,74 @@ impl FaultyStore {
     /// A put's result once it returned: undone if the power went off
     /// meanwhile.
     async fn landed(&self, location: &Path, result: Result<PutResult>) -> Result<PutResult> {
-        if self.off.load(Ordering::SeqCst) {
-            if result.is_ok() {
-                let _ = self.inner.delete(location).await;
-                self.counts
-                    .dropped_by_power_loss
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            return Err(injected("the power went off during the write"));
+        landed(&*self.inner, &self.off, &self.counts, location, result).await
+    }
+}
+
+/// What [`FaultyStore::landed`] does, for uploads too.
+async fn landed(
+    inner: &dyn ObjectStore,
+    off: &AtomicBool,
+    counts: &FaultCounts,
+    location: &Path,
+    result: Result<PutResult>,
+) -> Result<PutResult> {
+    if off.load(Ordering::SeqCst) {
+        if result.is_ok() {
+            let _ = inner.delete(location).await;
+            counts.dropped_by_power_loss.fetch_add(1, Ordering::Relaxed);
         }
-        result
+        return Err(injected("the power went off during the write"));
+    }
+    result
+}
+
+/// A multipart upload through a [`FaultyStore`]: the fault drawn when it
+/// began strikes when it completes, as a put's does, and the power reaches
+/// its parts.
+#[derive(Debug)]
+struct FaultyUpload {
+    inner: Box<dyn MultipartUpload>,
+    fault: Fault,
+    store: Arc<dyn ObjectStore>,
+    location: Path,
+    off: Arc<AtomicBool>,
+    counts: Arc<FaultCounts>,
+}
+
+#[async_trait]
+impl MultipartUpload for FaultyUpload {
+    fn put_part(&mut self, data: PutPayload) -> UploadPart {
+        if self.off.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(injected("the power is off")) });
+        }
+        self.inner.put_part(data)
+    }
+
+    async fn complete(&mut self) -> Result<PutResult> {
+        if self.off.load(Ordering::SeqCst) {
+            return Err(injected("the power is off"));
+        }
+        let (store, off, counts) = (&*self.store, &self.off, &self.counts);
+        match self.fault {
+            Fault::Before => {
+                let _ = self.inner.abort().await;
+                Err(injected("multipart upload failed"))
+            }
+            Fault::After => {
+                let result = self.inner.complete().await;
+                landed(store, off, counts, &self.location, result).await?;
+                Err(injected("multipart upload landed, then failed"))
+            }
+            Fault::None => {
+                let result = self.inner.complete().await;
+                landed(store, off, counts, &self.location, result).await
+            }
+        }
+    }
+
+    async fn abort(&mut self) -> Result<()> {
+        self.inner.abort().await
     }
 }
 
@@ -237,10 +297,16 @@ impl ObjectStore for FaultyStore {
         opts: PutMultipartOptions,
     ) -> Result<Box<dyn MultipartUpload>> {
         self.powered()?;
-        if let Fault::Before | Fault::After = self.put_fault(location) {
-            return Err(injected("multipart upload failed"));
-        }
-        self.inner.put_multipart_opts(location, opts).await
+        self.maybe_slow(location).await;
+        let fault = self.put_fault(location);
+        Ok(Box::new(FaultyUpload {
+            inner: self.inner.put_multipart_opts(location, opts).await?,
+            fault,
+            store: self.inner.clone(),
+            location: location.clone(),
+            off: self.off.clone(),
+            counts: self.counts.clone(),
+        }))
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
@@ -378,5 +444,48 @@ mod tests {
         store.power_on();
         assert_eq!(store.get(&path).await.unwrap().bytes().await.unwrap(), "a");
         assert!(store.get(&Path::from("b")).await.is_err());
+    }
+
+    /// Starts a multipart upload of two parts at `path` and completes it.
+    async fn upload(store: &FaultyStore, path: &Path) -> Result<PutResult> {
+        let mut upload = store.put_multipart(path).await?;
+        upload.put_part(PutPayload::from_static(b"ab")).await?;
+        upload.put_part(PutPayload::from_static(b"cd")).await?;
+        upload.complete().await
+    }
+
+    #[tokio::test]
+    async fn a_multipart_upload_fails_as_a_put_does_when_it_completes() {
+        let failing = |fail_put, fail_put_after| {
+            store(FaultPlan {
+                fail_put,
+                fail_put_after,
+                ..FaultPlan::default()
+            })
+        };
+        let path = Path::from("chk-1/state");
+
+        let before = failing(1.0, 0.0);
+        assert!(upload(&before, &path).await.is_err());
+        assert!(before.get(&path).await.is_err());
+
+        let after = failing(0.0, 1.0);
+        assert!(upload(&after, &path).await.is_err());
+        let landed = after.get(&path).await.unwrap().bytes().await.unwrap();
+        assert_eq!(landed, "abcd");
+
+        let power = failing(0.0, 0.0);
+        let mut cut = power.put_multipart(&path).await.unwrap();
+        cut.put_part(PutPayload::from_static(b"ab")).await.unwrap();
+        power.power_loss();
+        assert!(cut.put_part(PutPayload::from_static(b"cd")).await.is_err());
+        assert!(cut.complete().await.is_err());
+        power.power_on();
+        assert!(power.get(&path).await.is_err());
+        upload(&power, &path).await.unwrap();
+        assert_eq!(
+            power.get(&path).await.unwrap().bytes().await.unwrap(),
+            "abcd"
+        );
     }
 }

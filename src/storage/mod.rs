@@ -21,6 +21,7 @@
 pub mod faults;
 pub mod lease;
 pub mod savepoint;
+pub mod upload;
 
 use crate::checkpoint::metadata::{self, MetadataError};
 use crate::checkpoint::store::CompletedCheckpointStore;

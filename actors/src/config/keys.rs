@@ -180,6 +180,16 @@ pub(super) const KEYS: &[Key] = &[
     sets!("tidemark.source.rate", [], rate = Some(values::rate)),
     sets!("tidemark.lease.ttl", [], lease_ttl = values::lease_ttl),
     sets!(
+        "tidemark.storage.multipart-threshold",
+        [],
+        multipart_threshold = values::size
+    ),
+    sets!(
+        "tidemark.storage.upload-part-size",
+        [],
+        upload_part_size = values::part_size
+    ),
+    sets!(
         "tidemark.lease.take-over",
         [],
         take_over_lease = values::boolean

@@ -15,6 +15,7 @@ use tidemark::ids::CheckpointId;
 use tidemark::job::JobConfig;
 use tidemark::restart::RestartStrategy;
 use tidemark::storage::lease::LeaseOptions;
+use tidemark::storage::upload::UploadLimits;
 use tidemark::StateBackend;
 
 /// `--mode`: whether barriers wait for each other.
@@ -131,6 +132,13 @@ pub struct Options {
     /// rewritten by the next checkpoint [default: 1.5].
     #[arg(long, value_parser = values::amplification)]
     pub max_space_amplification: Option<f64>,
+    /// Physical files larger than this are written as multipart uploads,
+    /// streamed part by part instead of in one put.
+    #[arg(long, default_value = "16MiB", value_parser = values::size)]
+    pub multipart_threshold: u64,
+    /// Size of a multipart upload's parts (S3 needs at least 5MiB).
+    #[arg(long, default_value = "8MiB", value_parser = values::part_size)]
+    pub upload_part_size: usize,
     /// Where keyed state lives.
     #[arg(long, value_enum, default_value_t = StateKind::Heap)]
     pub state: StateKind,
@@ -240,6 +248,11 @@ impl Options {
             .incremental(self.incremental)
             .inline_threshold(self.inline_threshold)
             .file_merging(self.file_merging)
+            .upload(UploadLimits {
+                multipart_threshold: self.multipart_threshold,
+                part_size: self.upload_part_size,
+                ..UploadLimits::default()
+            })
             .restore(match &self.restore {
                 None => Restore::Fresh,
                 Some(RestoreArg::Latest) => Restore::Latest,

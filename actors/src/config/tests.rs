@@ -38,6 +38,8 @@ const SAME_AS_FLAGS: &[(&str, &[&str])] = &[
     ("parallelism.default: 3", &["--parallelism=3"]),
     ("tidemark.lease.ttl: 2 min", &["--lease-ttl=2min"]),
     ("tidemark.lease.take-over: true", &["--take-over-lease"]),
+    ("tidemark.storage.multipart-threshold: 64 mb", &["--multipart-threshold=64MiB"]),
+    ("tidemark.storage.upload-part-size: 5 mb", &["--upload-part-size=5MiB"]),
     ("execution.checkpointing.interval: 250 ms", &["--checkpoint-interval=250ms"]),
     ("execution.checkpointing.interval: off", &["--checkpoint-interval=off"]),
     ("execution.checkpointing.timeout: 2 min", &["--timeout=2min"]),
@@ -592,6 +594,11 @@ fn numbers_out_of_range_are_refused_naming_the_flag_and_the_range() {
             "below 16 EiB",
         ),
         (
+            "--upload-part-size",
+            &["0", "5369709120", "6 GiB"],
+            "from 1 byte to 5 GiB",
+        ),
+        (
             "--slow-ns",
             &["0", "1000000001", "18446744073709551615"],
             "1..=1000000000",
@@ -670,6 +677,10 @@ fn keys_out_of_range_are_refused_naming_the_key_and_the_range() {
         (
             "execution.checkpointing.data-inline-threshold: 2 mb",
             "at most 1 MiB",
+        ),
+        (
+            "tidemark.storage.upload-part-size: 0",
+            "from 1 byte to 5 GiB",
         ),
         (
             "state.storage.fs.memory-threshold: 99999999999 tb",
@@ -809,6 +820,7 @@ mod properties {
             let _ = values::interval(&text);
             let _ = values::size(&text);
             let _ = values::inline_threshold(&text);
+            let _ = values::part_size(&text);
             let _ = values::parallelism(&text);
             let _ = values::count(&text);
             let _ = values::rate(&text);

@@ -129,6 +129,20 @@ pub fn inline_threshold(s: &str) -> Result<u64, String> {
     }
 }
 
+/// The largest part of a multipart upload: 5 GiB, S3's limit.
+pub const MAX_PART_SIZE: u64 = 5 << 30;
+
+/// The size of a multipart upload's parts: 1 byte to [`MAX_PART_SIZE`].
+/// S3 refuses parts below 5 MiB but the last; other stores take any.
+pub fn part_size(s: &str) -> Result<usize, String> {
+    match size(s)? {
+        n if (1..=MAX_PART_SIZE).contains(&n) => Ok(n as usize),
+        _ => Err(format!(
+            "expected a part size from 1 byte to 5 GiB, got {s:?}"
+        )),
+    }
+}
+
 /// `true` or `false`, any case, as Flink reads booleans.
 pub fn boolean(s: &str) -> Result<bool, String> {
     match s.trim().to_lowercase().as_str() {

@@ -1,0 +1,267 @@
+//! Writing one object from pieces, so that a large state object never has
+//! to be whole in memory: up to a threshold the pieces go out in one put (a
+//! `PutPayload` holds them without joining them), above it as a multipart
+//! upload of fixed-size parts, a bounded number in flight. Either way the
+//! object appears only once it is complete: a multipart upload that fails
+//! or is abandoned is aborted, never completed.
+
+use super::{CheckpointStorage, StorageError};
+use bytes::Bytes;
+use futures::stream::{FuturesUnordered, StreamExt};
+use object_store::path::Path;
+use object_store::{MultipartUpload, ObjectStoreExt, PutPayload, UploadPart};
+use std::sync::atomic::Ordering;
+
+/// When an object is written as a multipart upload, and in which parts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UploadLimits {
+    /// Objects larger than this are multipart uploads.
+    pub multipart_threshold: u64,
+    /// Size of every part but the last. S3 wants at least 5 MiB.
+    pub part_size: usize,
+    /// Parts of one upload in flight at once.
+    pub parts_in_flight: usize,
+}
+
+impl Default for UploadLimits {
+    fn default() -> Self {
+        UploadLimits {
+            multipart_threshold: 16 << 20,
+            part_size: 8 << 20,
+            parts_in_flight: 2,
+        }
+    }
+}
+
+/// An object being written, piece by piece. Nothing is visible under its
+/// name before [`ObjectWriter::finish`] succeeds.
+pub struct ObjectWriter<'a> {
+    storage: &'a CheckpointStorage,
+    path: Path,
+    written: u64,
+    target: Target,
+}
+
+enum Target {
+    /// Pieces of one put.
+    Put(Vec<Bytes>),
+    Multipart(Multipart),
+}
+
+struct Multipart {
+    upload: Box<dyn MultipartUpload>,
+    limits: UploadLimits,
+    /// Bytes of the next part, not yet full.
+    pending: Vec<Bytes>,
+    pending_len: usize,
+    in_flight: FuturesUnordered<UploadPart>,
+    parts: usize,
+}
+
+impl Multipart {
+    async fn write(&mut self, mut bytes: Bytes) -> object_store::Result<()> {
+        while !bytes.is_empty() {
+            let room = self.limits.part_size - self.pending_len;
+            let piece = bytes.split_to(room.min(bytes.len()));
+            self.pending_len += piece.len();
+            self.pending.push(piece);
+            if self.pending_len == self.limits.part_size {
+                self.send_part().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends what is pending as the next part, once fewer than the limit
+    /// are in flight.
+    async fn send_part(&mut self) -> object_store::Result<()> {
+        while self.in_flight.len() >= self.limits.parts_in_flight.max(1) {
+            self.in_flight.next().await.expect("parts in flight")?;
+        }
+        let part = PutPayload::from_iter(std::mem::take(&mut self.pending));
+        self.pending_len = 0;
+        self.parts += 1;
+        self.in_flight.push(self.upload.put_part(part));
+        Ok(())
+    }
+
+    async fn complete(&mut self) -> object_store::Result<()> {
+        if self.pending_len > 0 || self.parts == 0 {
+            self.send_part().await?;
+        }
+        while let Some(result) = self.in_flight.next().await {
+            result?;
+        }
+        self.upload.complete().await.map(drop)
+    }
+}
+
+impl CheckpointStorage {
+    /// A writer of the object `relative`, `size` bytes in all: one put, or a
+    /// multipart upload if `size` is above `limits.multipart_threshold`.
+    pub async fn writer(
+        &self,
+        relative: &str,
+        size: u64,
+        limits: UploadLimits,
+    ) -> Result<ObjectWriter<'_>, StorageError> {
+        let path = self.resolve(relative)?;
+        let target = if size > limits.multipart_threshold {
+            let upload = self
+                .store
+                .put_multipart(&path)
+                .await
+                .map_err(Self::io(&path))?;
+            Target::Multipart(Multipart {
+                upload,
+                limits,
+                pending: Vec::new(),
+                pending_len: 0,
+                in_flight: FuturesUnordered::new(),
+                parts: 0,
+            })
+        } else {
+            Target::Put(Vec::new())
+        };
+        Ok(ObjectWriter {
+            storage: self,
+            path,
+            written: 0,
+            target,
+        })
+    }
+}
+
+impl ObjectWriter<'_> {
+    /// Appends `bytes`. A full part goes out at once; if it fails, the
+    /// upload is aborted and the error returned.
+    pub async fn write(&mut self, bytes: Bytes) -> Result<(), StorageError> {
+        self.written += bytes.len() as u64;
+        let result = match &mut self.target {
+            Target::Put(pieces) => {
+                pieces.push(bytes);
+                Ok(())
+            }
+            Target::Multipart(upload) => upload.write(bytes).await,
+        };
+        match result {
+            Ok(()) => Ok(()),
+            Err(error) => Err(self.fail(error).await),
+        }
+    }
+
+    /// Makes the object visible under its name with every byte written.
+    pub async fn finish(mut self) -> Result<(), StorageError> {
+        let result = match &mut self.target {
+            Target::Put(pieces) => self
+                .storage
+                .store
+                .put(&self.path, PutPayload::from_iter(std::mem::take(pieces)))
+                .await
+                .map(drop),
+            Target::Multipart(upload) => upload.complete().await,
+        };
+        if let Err(error) = result {
+            return Err(self.fail(error).await);
+        }
+        let counters = self.storage.counters();
+        counters.objects_created.fetch_add(1, Ordering::Relaxed);
+        counters
+            .bytes_uploaded
+            .fetch_add(self.written, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Gives the object up: a multipart upload is aborted (best effort; an
+    /// object store may keep an unfinished upload's parts until its own
+    /// lifecycle rules remove them).
+    pub async fn abort(mut self) {
+        self.abort_upload().await;
+    }
+
+    /// Parts in flight are awaited first, so that none lands after the
+    /// abort.
+    async fn abort_upload(&mut self) {
+        if let Target::Multipart(upload) = &mut self.target {
+            while upload.in_flight.next().await.is_some() {}
+            let _ = upload.upload.abort().await;
+        }
+    }
+
+    async fn fail(&mut self, error: object_store::Error) -> StorageError {
+        self.abort_upload().await;
+        CheckpointStorage::io(&self.path)(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::JobId;
+
+    fn limits() -> UploadLimits {
+        UploadLimits {
+            multipart_threshold: 10,
+            part_size: 4,
+            parts_in_flight: 2,
+        }
+    }
+
+    async fn write_pieces(storage: &CheckpointStorage, path: &str, pieces: &[&[u8]]) {
+        let size = pieces.iter().map(|p| p.len() as u64).sum();
+        let mut writer = storage.writer(path, size, limits()).await.unwrap();
+        for piece in pieces {
+            writer.write(Bytes::copy_from_slice(piece)).await.unwrap();
+        }
+        writer.finish().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn pieces_become_one_object_by_put_or_by_parts_on_every_store() {
+        let dir = tempfile::tempdir().unwrap();
+        for url in [dir.path().to_str().unwrap(), "memory://"] {
+            let storage = CheckpointStorage::open(url, JobId(1)).unwrap();
+            let small: &[&[u8]] = &[b"ab", b"", b"cdef"];
+            let large: &[&[u8]] = &[b"0123456", b"789", b"abcdefghijklm", b"n"];
+            write_pieces(&storage, "small", small).await;
+            write_pieces(&storage, "large", large).await;
+            assert_eq!(&storage.get("small").await.unwrap()[..], b"abcdef");
+            assert_eq!(
+                &storage.get("large").await.unwrap()[..],
+                b"0123456789abcdefghijklmn"
+            );
+            let counters = storage.counters();
+            assert_eq!(counters.objects_created.load(Ordering::Relaxed), 2);
+            assert_eq!(counters.bytes_uploaded.load(Ordering::Relaxed), 30);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_aborted_upload_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), JobId(1)).unwrap();
+        let mut writer = storage.writer("aborted", 20, limits()).await.unwrap();
+        writer
+            .write(Bytes::from_static(b"0123456789"))
+            .await
+            .unwrap();
+        writer.abort().await;
+        assert!(storage.get("aborted").await.unwrap_err().is_not_found());
+        let leftovers: Vec<_> = walk(dir.path());
+        assert!(leftovers.is_empty(), "left behind: {leftovers:?}");
+    }
+
+    fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flat_map(|entry| {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    walk(&path)
+                } else {
+                    vec![path]
+                }
+            })
+            .collect()
+    }
+}
