@@ -241,10 +241,14 @@ impl CoordinatorActor {
                 // Objects a deleted checkpoint's listing found went with
                 // it: a second delete would succeed on object stores and
                 // count twice. What the listing missed goes here.
-                for path in paths.iter().filter(|path| !deleted.contains(*path)) {
-                    if let Err(e) = storage.delete(path).await {
-                        tracing::warn!(error = %e, "discarding checkpoint state failed");
+                let missed = paths.into_iter().filter(|path| !deleted.contains(path)).collect();
+                match storage.delete_many(missed).await {
+                    Ok(failed) => {
+                        for (path, e) in failed {
+                            tracing::warn!(error = %e, path, "discarding checkpoint state failed");
+                        }
                     }
+                    Err(e) => tracing::warn!(error = %e, "discarding checkpoint state failed"),
                 }
             }
             .into_actor(self)

@@ -403,6 +403,9 @@ fn plan_native(
     (native, handle)
 }
 
+/// The objects of one physical file, by index, with their bytes.
+type Parts = Vec<(usize, Source)>;
+
 /// What became of one object of a snapshot.
 enum Written {
     /// Its bytes, which travel in the acknowledgement.
@@ -429,7 +432,7 @@ async fn write_files(
             out[index] = Some(Written::Inline(source.read().await?));
         }
     }
-    let files: Vec<(String, u64, Vec<(usize, Source)>)> = plan
+    let files: Vec<(String, u64, Parts)> = plan
         .files
         .iter()
         .map(|file| {
@@ -486,9 +489,5 @@ async fn write_files(
 /// cancelled, whichever of them it wrote), every one even if some fail: an
 /// object left behind is an orphan that `tidemark cleanup` sweeps.
 pub async fn delete_all(storage: &CheckpointStorage, paths: Vec<String>) {
-    stream::iter(paths)
-        .map(|path| async move { storage.delete(&path).await })
-        .buffer_unordered(PARALLEL_WRITES)
-        .for_each(|_| async {})
-        .await;
+    let _ = storage.delete_many(paths).await;
 }

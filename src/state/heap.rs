@@ -2,13 +2,15 @@
 //! snapshot or a rescale works key group by key group without touching the
 //! others. Tables are addressed by the key's hash, computed once per record.
 //!
-//! A snapshot copies nothing in its synchronous part: it shares every table
-//! (an `Arc` each) and the subtask goes on. The first write into a key group
-//! the snapshot still shares encodes that key group for the snapshot first,
-//! on the subtask's thread; the snapshot's encoder, on another thread, takes
-//! the others in turn and drops each table as soon as it is encoded. A key
-//! group is held twice only in its encoded form (a fraction of its size on
-//! the heap), or, while the encoder is on it, as one copied key group.
+//! A snapshot copies nothing in its synchronous part: it borrows every table
+//! (moved into an `Arc` each) and the subtask goes on. The first write into a
+//! key group the snapshot still shares encodes that key group for the
+//! snapshot first, on the subtask's thread, and takes its tables back; the
+//! snapshot's encoder, on another thread, takes the others in turn and
+//! releases each as soon as it is encoded. A key group is held twice only in
+//! its encoded form (a fraction of its size on the heap), or, while the
+//! encoder is on it, as one copied key group. A table the subtask owns is
+//! reached without an atomic operation: the hot path pays one branch.
 
 use super::{Key, StateError};
 use crate::batch::Data;
@@ -25,8 +27,8 @@ pub(super) type GroupTable<K, S> = HashTable<(K, S)>;
 trait StateTable: Send {
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
-    /// Shares the table of key group `group` with a snapshot.
-    fn share(&self, group: usize) -> Box<dyn SharedTable>;
+    /// Lends the table of key group `group` to a snapshot.
+    fn lend(&mut self, group: usize) -> Box<dyn SharedTable>;
     fn restore_group(&mut self, group: usize, input: &mut &[u8]) -> Result<(), StateError>;
 }
 
@@ -36,7 +38,44 @@ trait SharedTable: Send {
 }
 
 struct Table<K, S> {
-    groups: Vec<Arc<GroupTable<K, S>>>,
+    groups: Vec<GroupSlot<K, S>>,
+}
+
+/// One key group's table of one state: owned, or lent to snapshots, which
+/// share it read-only until the subtask writes into it again.
+struct GroupSlot<K, S> {
+    owned: GroupTable<K, S>,
+    /// The table while lent; `owned` is empty meanwhile.
+    lent: Option<Arc<GroupTable<K, S>>>,
+}
+
+impl<K: Key, S: Data> GroupSlot<K, S> {
+    fn new() -> Self {
+        GroupSlot {
+            owned: HashTable::new(),
+            lent: None,
+        }
+    }
+
+    fn get(&self) -> &GroupTable<K, S> {
+        self.lent.as_deref().unwrap_or(&self.owned)
+    }
+
+    fn lend(&mut self) -> Arc<GroupTable<K, S>> {
+        let owned = &mut self.owned;
+        self.lent
+            .get_or_insert_with(|| Arc::new(std::mem::take(owned)))
+            .clone()
+    }
+
+    /// The table to write into: taken back from the snapshots, which must
+    /// have encoded it; copied if one still reads it (its encoder).
+    fn reclaim(&mut self) -> &mut GroupTable<K, S> {
+        if let Some(lent) = self.lent.take() {
+            self.owned = Arc::try_unwrap(lent).unwrap_or_else(|shared| (*shared).clone());
+        }
+        &mut self.owned
+    }
 }
 
 impl<K: Key, S: Data> StateTable for Table<K, S> {
@@ -46,13 +85,13 @@ impl<K: Key, S: Data> StateTable for Table<K, S> {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
-    fn share(&self, group: usize) -> Box<dyn SharedTable> {
-        Box::new(Arc::clone(&self.groups[group]))
+    fn lend(&mut self, group: usize) -> Box<dyn SharedTable> {
+        Box::new(self.groups[group].lend())
     }
     fn restore_group(&mut self, group: usize, input: &mut &[u8]) -> Result<(), StateError> {
         let entries: Vec<(K, S)> =
             rmp_serde::from_read(input).map_err(|e| StateError::Decode(e.to_string()))?;
-        let table = Arc::make_mut(&mut self.groups[group]);
+        let table = self.groups[group].reclaim();
         for (key, value) in entries {
             let hash = table_hash(&key);
             table.insert_unique(hash, (key, value), |(k, _)| table_hash(k));
@@ -70,7 +109,7 @@ impl<K: Key, S: Data> SharedTable for Arc<GroupTable<K, S>> {
 
 /// One key group of a snapshot.
 enum Group {
-    /// Every state's table, shared with the backend.
+    /// Every state's table, lent by the backend.
     Shared(Vec<Box<dyn SharedTable>>),
     /// Encoded before the backend wrote into it.
     Encoded(Vec<u8>),
@@ -209,20 +248,18 @@ impl<K: Key> HeapKeyedStateBackend<K> {
         );
         self.names.push(name.to_owned());
         self.tables.push(Box::new(Table::<K, S> {
-            groups: (0..self.range.len())
-                .map(|_| Arc::new(HashTable::new()))
-                .collect(),
+            groups: (0..self.range.len()).map(|_| GroupSlot::new()).collect(),
         }));
         self.tables.len() - 1
     }
 
-    /// The synchronous part of a snapshot: every table shared, none copied.
+    /// The synchronous part of a snapshot: every table lent, none copied.
     pub fn snapshot(&mut self) -> HeapSnapshot {
         let groups = Arc::new(Groups {
             names: self.names.clone(),
             groups: (0..self.range.len())
                 .map(|group| {
-                    let tables = self.tables.iter().map(|t| t.share(group)).collect();
+                    let tables = self.tables.iter_mut().map(|t| t.lend(group)).collect();
                     Mutex::new(Group::Shared(tables))
                 })
                 .collect(),
@@ -277,9 +314,8 @@ impl<K: Key> HeapKeyedStateBackend<K> {
             .expect("a state handle is only used with the backend that issued it")
     }
 
-    /// The table to write into. One a snapshot shares is encoded for every
-    /// such snapshot first; if a snapshot's encoder holds it right now, it is
-    /// copied (`Arc::make_mut`) and the encoder keeps the original.
+    /// The table to write into. One lent to snapshots is encoded for every
+    /// snapshot still holding it first, then taken back.
     #[inline]
     pub(super) fn group_mut<S: Data>(&mut self, id: usize, group: usize) -> &mut GroupTable<K, S> {
         let table: &mut Table<K, S> = self.tables[id]
@@ -287,12 +323,13 @@ impl<K: Key> HeapKeyedStateBackend<K> {
             .downcast_mut()
             .expect("a state handle is only used with the backend that issued it");
         let slot = &mut table.groups[group];
-        if Arc::strong_count(slot) > 1 {
-            for snapshot in self.snapshots.iter().filter_map(Weak::upgrade) {
-                snapshot.preserve(group);
-            }
+        if slot.lent.is_none() {
+            return &mut slot.owned;
         }
-        Arc::make_mut(slot)
+        for snapshot in self.snapshots.iter().filter_map(Weak::upgrade) {
+            snapshot.preserve(group);
+        }
+        slot.reclaim()
     }
 
     /// Every (key, value) of a state, key group by key group.
@@ -300,6 +337,6 @@ impl<K: Key> HeapKeyedStateBackend<K> {
         self.table::<S>(id)
             .groups
             .iter()
-            .flat_map(|g| g.iter().map(|(k, s)| (k, s)))
+            .flat_map(|g| g.get().iter().map(|(k, s)| (k, s)))
     }
 }

@@ -31,7 +31,7 @@ use crate::checkpoint::{
 };
 use crate::ids::{CheckpointId, JobId};
 use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
@@ -46,6 +46,8 @@ use thiserror::Error;
 pub const METADATA: &str = "_metadata";
 /// The checkpoint id counter, relative to the job directory.
 pub const COUNTER: &str = "checkpoint-id-counter";
+/// Deletes in flight at once in [`CheckpointStorage::delete_many`].
+const DELETES_IN_FLIGHT: usize = 8;
 
 /// Why checkpoint storage could not be opened, read or written.
 #[derive(Debug, Error)]
@@ -536,8 +538,32 @@ impl CheckpointStorage {
 
     /// Deleting what is already gone succeeds: cleanup may be retried.
     pub async fn delete(&self, relative: &str) -> Result<(), StorageError> {
-        let path = self.resolve(relative)?;
         self.check_fence().await?;
+        self.delete_unfenced(relative).await
+    }
+
+    /// Deletes every one of `paths`, a few at a time, even if some fail,
+    /// with the fence checked once for all of them (not once per object);
+    /// what is gone already counts as deleted. Returns the paths that could
+    /// not be deleted, with why; fenced, it deletes nothing.
+    pub async fn delete_many(
+        &self,
+        paths: Vec<String>,
+    ) -> Result<Vec<(String, StorageError)>, StorageError> {
+        self.check_fence().await?;
+        Ok(futures::stream::iter(paths)
+            .map(|path| async move {
+                let result = self.delete_unfenced(&path).await;
+                result.err().map(|error| (path, error))
+            })
+            .buffer_unordered(DELETES_IN_FLIGHT)
+            .filter_map(std::future::ready)
+            .collect()
+            .await)
+    }
+
+    async fn delete_unfenced(&self, relative: &str) -> Result<(), StorageError> {
+        let path = self.resolve(relative)?;
         match self.store.delete(&path).await {
             Ok(()) => {
                 self.counters
@@ -598,10 +624,10 @@ impl CheckpointStorage {
         let dir = Self::checkpoint_dir(id);
         self.delete(&Self::metadata_path(id)).await?;
         let objects = self.list(&dir).await?;
-        for object in &objects {
-            self.delete(object).await?;
+        match self.delete_many(objects.clone()).await?.into_iter().next() {
+            Some((_, error)) => Err(error),
+            None => Ok(objects),
         }
-        Ok(objects)
     }
 
     /// `_metadata` of checkpoint `id`, relative to the job directory.

@@ -161,8 +161,9 @@ async fn sweep_with(
     let (objects, retained, corrupted) = scan(storage, args.ignore_corrupted_metadata).await?;
     let (orphans, young) = plan(objects, &retained, args.grace, SystemTime::now());
     if delete {
-        for orphan in &orphans {
-            storage.delete(&orphan.path).await?;
+        let paths = orphans.iter().map(|o| o.path.clone()).collect();
+        if let Some((_, error)) = storage.delete_many(paths).await?.into_iter().next() {
+            return Err(error.into());
         }
     }
     Ok(Sweep {
