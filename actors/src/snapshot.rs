@@ -72,10 +72,14 @@ impl Source {
             Source::File(path) => {
                 let described = path.display().to_string();
                 let reading = |e: std::io::Error| format!("reading {described}: {e}");
-                let mut file = Some(std::fs::File::open(&path).map_err(reading)?);
+                let mut file: Option<std::fs::File> = None;
                 loop {
+                    let opening = path.clone();
                     let (back, chunk) = tokio::task::spawn_blocking(move || {
-                        let mut file = file.take().expect("one read at a time");
+                        let mut file = match file.take() {
+                            Some(file) => file,
+                            None => std::fs::File::open(opening)?,
+                        };
                         let mut chunk = Vec::with_capacity(READ_CHUNK);
                         let read = std::io::Read::by_ref(&mut file)
                             .take(READ_CHUNK as u64)
@@ -489,5 +493,12 @@ async fn write_files(
 /// cancelled, whichever of them it wrote), every one even if some fail: an
 /// object left behind is an orphan that `tidemark cleanup` sweeps.
 pub async fn delete_all(storage: &CheckpointStorage, paths: Vec<String>) {
-    let _ = storage.delete_many(paths).await;
+    match storage.delete_many(paths).await {
+        Ok(failed) => {
+            for (path, e) in failed {
+                tracing::warn!(error = %e, path, "deleting an abandoned state object failed");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "deleting abandoned state objects failed"),
+    }
 }

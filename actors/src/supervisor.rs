@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidemark::batch::{Batch, EncodedBatch};
 use tidemark::checkpoint::coordinator::CheckpointCoordinator;
-use tidemark::checkpoint::restore::{self, RestoreError};
+use tidemark::checkpoint::restore::{self, RestoreCandidates, RestoreError, RestoreFailure};
 use tidemark::checkpoint::savepoint::check_references;
 use tidemark::checkpoint::store::CompletedCheckpointStore;
 use tidemark::checkpoint::{
@@ -272,14 +272,12 @@ async fn download(
     Ok(download)
 }
 
-/// Whether a restore failed because the checkpoint's state is damaged or
-/// gone (an object missing, truncated or corrupted), not because it does
-/// not fit the job or storage is down: an older checkpoint may still serve.
-fn damaged_state(e: &JobError) -> bool {
+/// What a failed restore means for trying an older checkpoint.
+fn restore_failure(e: &JobError) -> RestoreFailure {
     match e {
-        JobError::Restore(RestoreError::Corrupted { .. }) => true,
-        JobError::Storage(e) => e.is_not_found(),
-        _ => false,
+        JobError::Restore(e) => RestoreFailure::of_restore(e),
+        JobError::Storage(e) => RestoreFailure::of_storage(e),
+        _ => RestoreFailure::Other,
     }
 }
 
@@ -464,9 +462,9 @@ impl JobSupervisor {
                         }]
                     }
                 };
-                let mut candidates = candidates.into_iter().peekable();
+                let mut candidates = RestoreCandidates::new(candidates);
                 let (from, restore) = loop {
-                    let Some(from) = candidates.next() else {
+                    let Some(from) = candidates.next_to_try() else {
                         break (None, Loaded::default());
                     };
                     let loaded = load(
@@ -477,18 +475,19 @@ impl JobSupervisor {
                         local_dir.as_deref(),
                     )
                     .await;
-                    match loaded {
+                    let e = match loaded {
                         Ok(loaded) => break (Some(from), loaded),
-                        Err(e) if damaged_state(&e) && candidates.peek().is_some() => {
-                            let id = from.checkpoint.id;
-                            tracing::warn!(
-                                "checkpoint {id} cannot be restored ({e}); restoring the retained checkpoint {} before it instead: output a sink committed after that checkpoint will be written again",
-                                candidates.peek().map_or(0, |c| c.checkpoint.id.0)
-                            );
-                            store.remove(id);
-                        }
-                        Err(e) => return Err(e),
-                    }
+                        Err(e) => e,
+                    };
+                    let Some(older) = candidates.fall_back(restore_failure(&e)) else {
+                        return Err(e);
+                    };
+                    let id = from.checkpoint.id;
+                    tracing::warn!(
+                        "checkpoint {id} cannot be restored ({e}); restoring the retained checkpoint {} before it instead: output a sink committed after that checkpoint will be written again",
+                        older.checkpoint.id.0
+                    );
+                    store.remove(id);
                 };
                 let mut core = CheckpointCoordinator::new(
                     settings.config.clone(),

@@ -95,6 +95,69 @@ pub enum RestoreError {
     },
 }
 
+/// Why restoring one checkpoint failed, as far as trying another goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestoreFailure {
+    /// Its state is damaged or gone: an object missing, truncated or
+    /// corrupted. An older checkpoint may still serve.
+    DamagedState,
+    /// Anything else: the checkpoint does not fit the job, or storage is
+    /// down. An older one would fail alike, or restore less without a word.
+    Other,
+}
+
+impl RestoreFailure {
+    /// What a restore error means.
+    pub fn of_restore(error: &RestoreError) -> Self {
+        match error {
+            RestoreError::Corrupted { .. } => RestoreFailure::DamagedState,
+            _ => RestoreFailure::Other,
+        }
+    }
+
+    /// What a storage error while reading the checkpoint's state means.
+    pub fn of_storage(error: &crate::storage::StorageError) -> Self {
+        if error.is_not_found() {
+            RestoreFailure::DamagedState
+        } else {
+            RestoreFailure::Other
+        }
+    }
+}
+
+/// The checkpoints a start may restore from, newest first: with `--restore
+/// latest` the retained ones, otherwise the one asked for. A checkpoint
+/// whose state turns out damaged gives way to the one before it; any other
+/// failure fails the start.
+#[derive(Debug)]
+pub struct RestoreCandidates<T> {
+    newest_first: std::collections::VecDeque<T>,
+}
+
+impl<T> RestoreCandidates<T> {
+    /// `newest_first`, tried in that order.
+    pub fn new(newest_first: impl IntoIterator<Item = T>) -> Self {
+        RestoreCandidates {
+            newest_first: newest_first.into_iter().collect(),
+        }
+    }
+
+    /// The next checkpoint to try; `None`: start without state.
+    pub fn next_to_try(&mut self) -> Option<T> {
+        self.newest_first.pop_front()
+    }
+
+    /// After the one tried last failed with `failure`: the one that
+    /// `next_to_try` gives instead, if the failure allows falling back and
+    /// one is left; `None`: the start fails.
+    pub fn fall_back(&self, failure: RestoreFailure) -> Option<&T> {
+        match failure {
+            RestoreFailure::DamagedState => self.newest_first.front(),
+            RestoreFailure::Other => None,
+        }
+    }
+}
+
 /// Key groups of one state object that a subtask reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyedSlices {
@@ -725,6 +788,66 @@ fn operator_state(
         .map(|(e, t)| (e.clone(), t.clone()));
     out[0].1.extend(removed);
     Ok(out)
+}
+
+#[cfg(test)]
+mod candidate_tests {
+    use super::*;
+
+    #[test]
+    fn only_damaged_state_falls_back_and_only_to_an_older_checkpoint() {
+        let mut candidates = RestoreCandidates::new([5, 4, 3]);
+        assert_eq!(candidates.next_to_try(), Some(5));
+        assert_eq!(candidates.fall_back(RestoreFailure::Other), None);
+        assert_eq!(candidates.fall_back(RestoreFailure::DamagedState), Some(&4));
+        assert_eq!(candidates.next_to_try(), Some(4));
+        assert_eq!(candidates.next_to_try(), Some(3));
+        assert_eq!(candidates.fall_back(RestoreFailure::DamagedState), None);
+        assert_eq!(candidates.next_to_try(), None);
+        assert_eq!(RestoreCandidates::<u64>::new([]).next_to_try(), None);
+    }
+
+    #[test]
+    fn a_missing_or_corrupted_object_is_damaged_state_and_nothing_else_is() {
+        use crate::checkpoint::HandleMismatch;
+        use crate::storage::StorageError;
+        let subtask = SubtaskId {
+            operator: OperatorId(1),
+            index: SubtaskIndex(0),
+        };
+        let corrupted = RestoreError::Corrupted {
+            subtask,
+            source: HandleMismatch::Checksum {
+                path: "chk-1/op-1-0-e1-keyed".into(),
+                range: 0..10,
+            },
+        };
+        assert_eq!(
+            RestoreFailure::of_restore(&corrupted),
+            RestoreFailure::DamagedState
+        );
+        let unknown = RestoreError::NotRestored("counter".into());
+        assert_eq!(RestoreFailure::of_restore(&unknown), RestoreFailure::Other);
+        let missing = StorageError::Io {
+            path: "chk-1/x".into(),
+            source: object_store::Error::NotFound {
+                path: "chk-1/x".into(),
+                source: "gone".into(),
+            },
+        };
+        assert_eq!(
+            RestoreFailure::of_storage(&missing),
+            RestoreFailure::DamagedState
+        );
+        let down = StorageError::Io {
+            path: "chk-1/x".into(),
+            source: object_store::Error::Generic {
+                store: "S3",
+                source: "connection refused".into(),
+            },
+        };
+        assert_eq!(RestoreFailure::of_storage(&down), RestoreFailure::Other);
+    }
 }
 
 #[cfg(test)]

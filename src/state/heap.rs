@@ -3,14 +3,15 @@
 //! others. Tables are addressed by the key's hash, computed once per record.
 //!
 //! A snapshot copies nothing in its synchronous part: it borrows every table
-//! (moved into an `Arc` each) and the subtask goes on. The first write into a
-//! key group the snapshot still shares encodes that key group for the
-//! snapshot first, on the subtask's thread, and takes its tables back; the
-//! snapshot's encoder, on another thread, takes the others in turn and
-//! releases each as soon as it is encoded. A key group is held twice only in
-//! its encoded form (a fraction of its size on the heap), or, while the
-//! encoder is on it, as one copied key group. A table the subtask owns is
-//! reached without an atomic operation: the hot path pays one branch.
+//! (moved into an `Arc` each) and the subtask goes on. The first access to a
+//! key group the snapshot still holds (through an entry: reads too) encodes
+//! that key group for the snapshot first, on the subtask's thread, and takes
+//! its tables back; the snapshot's encoder, on another thread, takes the
+//! others in turn and releases each as soon as it is encoded. So each
+//! snapshot in flight holds the state once more only in encoded form (a
+//! fraction of its size on the heap), plus, while its encoder is on a key
+//! group the subtask needs, one copy of that key group. A table the subtask
+//! owns is reached without an atomic operation: the hot path pays a branch.
 
 use super::{Key, StateError};
 use crate::batch::Data;
@@ -68,8 +69,9 @@ impl<K: Key, S: Data> GroupSlot<K, S> {
             .clone()
     }
 
-    /// The table to write into: taken back from the snapshots, which must
-    /// have encoded it; copied if one still reads it (its encoder).
+    /// The table to write into: taken back from the snapshots that held it
+    /// (they have encoded it by now); copied if one still reads it (its
+    /// encoder).
     fn reclaim(&mut self) -> &mut GroupTable<K, S> {
         if let Some(lent) = self.lent.take() {
             self.owned = Arc::try_unwrap(lent).unwrap_or_else(|shared| (*shared).clone());
@@ -177,8 +179,8 @@ impl HeapSnapshot {
         self.groups.take(offset)
     }
 
-    /// Key groups back to back; returns the offset of each in `out`.
-    pub fn write(&self, out: &mut Vec<u8>) -> Vec<u64> {
+    /// Every key group back to back; returns the offset of each in `out`.
+    pub fn write(self, out: &mut Vec<u8>) -> Vec<u64> {
         (0..self.range.len())
             .map(|group| {
                 let offset = out.len() as u64;
@@ -314,8 +316,8 @@ impl<K: Key> HeapKeyedStateBackend<K> {
             .expect("a state handle is only used with the backend that issued it")
     }
 
-    /// The table to write into. One lent to snapshots is encoded for every
-    /// snapshot still holding it first, then taken back.
+    /// The table of an entry, to read or write. One lent to snapshots is
+    /// encoded for every snapshot still holding it first, then taken back.
     #[inline]
     pub(super) fn group_mut<S: Data>(&mut self, id: usize, group: usize) -> &mut GroupTable<K, S> {
         let table: &mut Table<K, S> = self.tables[id]

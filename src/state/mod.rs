@@ -212,8 +212,9 @@ impl<K: Key> KeyedStateBackend<K> {
         }
     }
 
-    /// The synchronous part of checkpoint `checkpoint`: an owned copy of the
-    /// heap, or a RocksDB native checkpoint in a fresh directory.
+    /// The synchronous part of checkpoint `checkpoint`: the heap's tables
+    /// lent to the snapshot (see `heap`), or a RocksDB native checkpoint in a
+    /// fresh directory.
     #[cfg_attr(not(feature = "rocksdb"), allow(unused_variables))]
     pub fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<KeyedSnapshot, StateError> {
         match self {

@@ -170,30 +170,33 @@ impl FaultyStore {
         Ok(())
     }
 
+    /// What a put (or an upload) will do wrong; counted when it strikes.
     fn put_fault(&self, location: &Path) -> Fault {
         if self.spared(location) {
             Fault::None
         } else if self.chance(self.plan.fail_put) {
-            self.counts.puts_failed.fetch_add(1, Ordering::Relaxed);
             Fault::Before
         } else if self.chance(self.plan.fail_put_after) {
-            self.counts
-                .puts_failed_after
-                .fetch_add(1, Ordering::Relaxed);
             Fault::After
         } else {
             Fault::None
         }
     }
+}
 
-    /// A put's result once it returned: undone if the power went off
-    /// meanwhile.
-    async fn landed(&self, location: &Path, result: Result<PutResult>) -> Result<PutResult> {
-        landed(&*self.inner, &self.off, &self.counts, location, result).await
+impl Fault {
+    fn strikes(self, counts: &FaultCounts) -> Self {
+        match self {
+            Fault::Before => counts.puts_failed.fetch_add(1, Ordering::Relaxed),
+            Fault::After => counts.puts_failed_after.fetch_add(1, Ordering::Relaxed),
+            Fault::None => 0,
+        };
+        self
     }
 }
 
-/// What [`FaultyStore::landed`] does, for uploads too.
+/// A put's (or an upload's) result once it returned: undone if the power
+/// went off meanwhile.
 async fn landed(
     inner: &dyn ObjectStore,
     off: &AtomicBool,
@@ -238,7 +241,7 @@ impl MultipartUpload for FaultyUpload {
             return Err(injected("the power is off"));
         }
         let (store, off, counts) = (&*self.store, &self.off, &self.counts);
-        match self.fault {
+        match self.fault.strikes(counts) {
             Fault::Before => {
                 let _ = self.inner.abort().await;
                 Err(injected("multipart upload failed"))
@@ -277,16 +280,16 @@ impl ObjectStore for FaultyStore {
     ) -> Result<PutResult> {
         self.powered()?;
         self.maybe_slow(location).await;
-        match self.put_fault(location) {
+        match self.put_fault(location).strikes(&self.counts) {
             Fault::Before => Err(injected("put failed")),
             Fault::After => {
                 let result = self.inner.put_opts(location, payload, opts).await;
-                self.landed(location, result).await?;
+                landed(&*self.inner, &self.off, &self.counts, location, result).await?;
                 Err(injected("put landed, then failed"))
             }
             Fault::None => {
                 let result = self.inner.put_opts(location, payload, opts).await;
-                self.landed(location, result).await
+                landed(&*self.inner, &self.off, &self.counts, location, result).await
             }
         }
     }

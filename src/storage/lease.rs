@@ -374,6 +374,7 @@ fn encode(holder: &Holder) -> Bytes {
 mod tests {
     use super::*;
     use crate::ids::JobId;
+    use std::sync::Arc;
 
     fn holder(renewed_ms: u64) -> Holder {
         Holder {
@@ -495,5 +496,31 @@ mod tests {
             err.to_string().contains("past half its time to live"),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_run_that_lost_its_lease_deletes_nothing_of_a_batch() {
+        let storage = CheckpointStorage::open("memory://", JobId(4)).unwrap();
+        let paths: Vec<String> = (0..20).map(|i| format!("chk-1/object-{i}")).collect();
+        for path in &paths {
+            storage.put(path, Bytes::from_static(b"x")).await.unwrap();
+        }
+        let first = Arc::new(
+            Lease::acquire(&storage, &LeaseOptions::default())
+                .await
+                .unwrap(),
+        );
+        let fenced = storage.fenced(first.clone());
+        let (kept, gone) = paths.split_at(10);
+        let failed = fenced.delete_many(gone.to_vec()).await.unwrap();
+        assert!(failed.is_empty(), "{failed:?}");
+        let take_over = LeaseOptions {
+            take_over: true,
+            ..LeaseOptions::default()
+        };
+        let _second = Lease::acquire(&storage, &take_over).await.unwrap();
+        let err = fenced.delete_many(kept.to_vec()).await.unwrap_err();
+        assert!(matches!(err, StorageError::Fenced { .. }), "{err}");
+        assert_eq!(storage.list("chk-1").await.unwrap(), kept);
     }
 }

@@ -7,10 +7,10 @@
 
 use super::{CheckpointStorage, StorageError};
 use bytes::Bytes;
-use futures::stream::{FuturesUnordered, StreamExt};
 use object_store::path::Path;
-use object_store::{MultipartUpload, ObjectStoreExt, PutPayload, UploadPart};
+use object_store::{MultipartUpload, ObjectStoreExt, PutPayload};
 use std::sync::atomic::Ordering;
+use tokio::task::JoinSet;
 
 /// When an object is written as a multipart upload, and in which parts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +34,8 @@ impl Default for UploadLimits {
 }
 
 /// An object being written, piece by piece. Nothing is visible under its
-/// name before [`ObjectWriter::finish`] succeeds.
+/// name before [`ObjectWriter::finish`] succeeds; one dropped unfinished
+/// aborts its multipart upload.
 pub struct ObjectWriter<'a> {
     storage: &'a CheckpointStorage,
     path: Path,
@@ -46,6 +47,8 @@ enum Target {
     /// Pieces of one put.
     Put(Vec<Bytes>),
     Multipart(Multipart),
+    /// Finished, aborted or failed: nothing left to do.
+    Done,
 }
 
 struct Multipart {
@@ -54,7 +57,8 @@ struct Multipart {
     /// Bytes of the next part, not yet full.
     pending: Vec<Bytes>,
     pending_len: usize,
-    in_flight: FuturesUnordered<UploadPart>,
+    /// Parts sent, running on their own while the next one fills.
+    in_flight: JoinSet<object_store::Result<()>>,
     parts: usize,
 }
 
@@ -75,24 +79,39 @@ impl Multipart {
     /// Sends what is pending as the next part, once fewer than the limit
     /// are in flight.
     async fn send_part(&mut self) -> object_store::Result<()> {
-        while self.in_flight.len() >= self.limits.parts_in_flight.max(1) {
-            self.in_flight.next().await.expect("parts in flight")?;
+        while self.in_flight.len() >= self.limits.parts_in_flight {
+            self.join_next().await?;
         }
         let part = PutPayload::from_iter(std::mem::take(&mut self.pending));
         self.pending_len = 0;
         self.parts += 1;
-        self.in_flight.push(self.upload.put_part(part));
+        self.in_flight.spawn(self.upload.put_part(part));
         Ok(())
+    }
+
+    async fn join_next(&mut self) -> object_store::Result<()> {
+        match self.in_flight.join_next().await {
+            Some(Ok(result)) => result,
+            Some(Err(panicked)) => Err(panicked.into()),
+            None => Ok(()),
+        }
     }
 
     async fn complete(&mut self) -> object_store::Result<()> {
         if self.pending_len > 0 || self.parts == 0 {
             self.send_part().await?;
         }
-        while let Some(result) = self.in_flight.next().await {
-            result?;
+        while !self.in_flight.is_empty() {
+            self.join_next().await?;
         }
         self.upload.complete().await.map(drop)
+    }
+
+    /// Parts in flight are awaited first, so that none lands after the
+    /// abort.
+    async fn abort(mut self) {
+        while self.in_flight.join_next().await.is_some() {}
+        let _ = self.upload.abort().await;
     }
 }
 
@@ -114,10 +133,14 @@ impl CheckpointStorage {
                 .map_err(Self::io(&path))?;
             Target::Multipart(Multipart {
                 upload,
-                limits,
+                limits: UploadLimits {
+                    part_size: limits.part_size.max(1),
+                    parts_in_flight: limits.parts_in_flight.max(1),
+                    ..limits
+                },
                 pending: Vec::new(),
                 pending_len: 0,
-                in_flight: FuturesUnordered::new(),
+                in_flight: JoinSet::new(),
                 parts: 0,
             })
         } else {
@@ -133,19 +156,23 @@ impl CheckpointStorage {
 }
 
 impl ObjectWriter<'_> {
-    /// Appends `bytes`. A full part goes out at once; if it fails, the
-    /// upload is aborted and the error returned.
+    /// Appends `bytes`. A full part goes out at once; if a part fails, the
+    /// upload is aborted, the error returned, and the writer is done.
     pub async fn write(&mut self, bytes: Bytes) -> Result<(), StorageError> {
-        self.written += bytes.len() as u64;
+        let len = bytes.len() as u64;
         let result = match &mut self.target {
             Target::Put(pieces) => {
                 pieces.push(bytes);
                 Ok(())
             }
             Target::Multipart(upload) => upload.write(bytes).await,
+            Target::Done => return Err(self.done()),
         };
         match result {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.written += len;
+                Ok(())
+            }
             Err(error) => Err(self.fail(error).await),
         }
     }
@@ -160,10 +187,12 @@ impl ObjectWriter<'_> {
                 .await
                 .map(drop),
             Target::Multipart(upload) => upload.complete().await,
+            Target::Done => return Err(self.done()),
         };
         if let Err(error) = result {
             return Err(self.fail(error).await);
         }
+        self.target = Target::Done;
         let counters = self.storage.counters();
         counters.objects_created.fetch_add(1, Ordering::Relaxed);
         counters
@@ -176,21 +205,38 @@ impl ObjectWriter<'_> {
     /// object store may keep an unfinished upload's parts until its own
     /// lifecycle rules remove them).
     pub async fn abort(mut self) {
-        self.abort_upload().await;
-    }
-
-    /// Parts in flight are awaited first, so that none lands after the
-    /// abort.
-    async fn abort_upload(&mut self) {
-        if let Target::Multipart(upload) = &mut self.target {
-            while upload.in_flight.next().await.is_some() {}
-            let _ = upload.upload.abort().await;
+        if let Target::Multipart(upload) = std::mem::replace(&mut self.target, Target::Done) {
+            upload.abort().await;
         }
     }
 
     async fn fail(&mut self, error: object_store::Error) -> StorageError {
-        self.abort_upload().await;
+        if let Target::Multipart(upload) = std::mem::replace(&mut self.target, Target::Done) {
+            upload.abort().await;
+        }
         CheckpointStorage::io(&self.path)(error)
+    }
+
+    fn done(&self) -> StorageError {
+        StorageError::Io {
+            path: self.path.to_string(),
+            source: object_store::Error::Generic {
+                store: "upload",
+                source: "written to after it finished or failed".into(),
+            },
+        }
+    }
+}
+
+impl Drop for ObjectWriter<'_> {
+    /// A writer dropped unfinished (its task cancelled) aborts its
+    /// multipart upload in the background, so that no store keeps its parts.
+    fn drop(&mut self) {
+        if let Target::Multipart(upload) = std::mem::replace(&mut self.target, Target::Done) {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(upload.abort());
+            }
+        }
     }
 }
 

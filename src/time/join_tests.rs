@@ -97,10 +97,10 @@ impl Driver {
             unreachable!("a heap backend snapshots on the heap")
         };
         let mut bytes = Vec::new();
+        let range = heap.key_groups();
         let offsets = heap.write(&mut bytes);
         let ends = offsets.iter().skip(1).copied().chain([bytes.len() as u64]);
-        let key_groups = heap
-            .key_groups()
+        let key_groups = range
             .iter()
             .zip(offsets.iter().zip(ends))
             .map(|(g, (&start, end))| {

@@ -162,7 +162,11 @@ async fn sweep_with(
     let (orphans, young) = plan(objects, &retained, args.grace, SystemTime::now());
     if delete {
         let paths = orphans.iter().map(|o| o.path.clone()).collect();
-        if let Some((_, error)) = storage.delete_many(paths).await?.into_iter().next() {
+        let failed = storage.delete_many(paths).await?;
+        for (path, e) in &failed {
+            tracing::warn!(error = %e, path, "deleting an orphan failed");
+        }
+        if let Some((_, error)) = failed.into_iter().next() {
             return Err(error.into());
         }
     }
