@@ -35,6 +35,42 @@ impl Staircase {
     fn top(&self) -> u64 {
         self.next.iter().copied().max().unwrap_or(0)
     }
+
+    /// The first index it does not contain among `from`, `from + step`,
+    /// `from + 2 step`, ... (`u64::MAX` if none below). Along that sequence
+    /// the residues modulo its width repeat every `lcm(step, width)`, so
+    /// each of the first `width / gcd` indices starts a chain of one
+    /// residue, read up to that residue's next: one jump per chain instead
+    /// of one step per index, whatever the gap.
+    fn first_unread(&self, from: u64, step: u64) -> u64 {
+        let width = self.next.len() as u64;
+        let chains = width / gcd(step, width);
+        let cycle = step.saturating_mul(chains);
+        (0..chains)
+            .map(|k| {
+                let Some(index) = k.checked_mul(step).and_then(|d| from.checked_add(d)) else {
+                    return u64::MAX;
+                };
+                let read_until = self.next[(index % width) as usize];
+                if index >= read_until {
+                    return index;
+                }
+                (read_until - index)
+                    .div_ceil(cycle)
+                    .checked_mul(cycle)
+                    .and_then(|d| index.checked_add(d))
+                    .unwrap_or(u64::MAX)
+            })
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 /// A source subtask's progress: what goes into its operator state.
@@ -102,7 +138,11 @@ impl Split {
             .max()
             .unwrap_or(0);
         if position.next < floor {
-            position.next += (floor - position.next).div_ceil(step) * step;
+            let steps = (floor - position.next).div_ceil(step);
+            position.next = steps
+                .checked_mul(step)
+                .and_then(|skip| position.next.checked_add(skip))
+                .unwrap_or(u64::MAX);
         }
         let mut split = Split { step, position };
         split.skip_read();
@@ -116,7 +156,7 @@ impl Split {
 
     /// Marks the index [`peek`](Self::peek) returned as read.
     pub fn advance(&mut self) {
-        self.position.next += self.step;
+        self.position.next = self.position.next.saturating_add(self.step);
         self.skip_read();
     }
 
@@ -125,16 +165,19 @@ impl Split {
         &self.position
     }
 
-    /// Moves `next` past the indices an earlier parallelism read, index by
-    /// index, dropping the staircases it has passed.
+    /// Moves `next` past the indices an earlier parallelism read, dropping
+    /// the staircases it has passed. Indices saturate at `u64::MAX`, which
+    /// no staircase covers: a position restored from a checkpoint can
+    /// neither overflow them nor make the skip take as long as its gap.
     fn skip_read(&mut self) {
+        let step = self.step;
         let SplitPosition { next, read_before } = &mut self.position;
         loop {
             read_before.retain(|s| *next < s.top());
-            if !read_before.iter().any(|s| s.contains(*next)) {
-                return;
+            match read_before.iter().find(|s| s.contains(*next)) {
+                Some(staircase) => *next = staircase.first_unread(*next, step),
+                None => return,
             }
-            *next += self.step;
         }
     }
 }
@@ -198,6 +241,58 @@ mod tests {
             .position()
             .read_before
             .is_empty());
+    }
+
+    #[test]
+    fn positions_near_the_end_of_the_index_space_saturate_instead_of_overflowing() {
+        let near = u64::MAX - 2;
+        let old = [near, u64::MAX].map(|next| SplitPosition {
+            next,
+            read_before: Vec::new(),
+        });
+        for p in 1..5 {
+            for position in redistribute(&old, p) {
+                assert!(position.next >= near, "p={p}: {position:?}");
+            }
+        }
+        let mut split = Split::new(
+            0,
+            3,
+            Some(SplitPosition {
+                next: u64::MAX - 1,
+                read_before: Vec::new(),
+            }),
+        );
+        split.advance();
+        assert_eq!(split.peek(), u64::MAX);
+        split.advance();
+        assert_eq!(split.peek(), u64::MAX);
+    }
+
+    #[test]
+    fn a_gap_as_wide_as_the_index_space_is_skipped_at_once() {
+        let far = 1 << 62;
+        let old = [0, far, 5, far + 3].map(|next| SplitPosition {
+            next,
+            read_before: Vec::new(),
+        });
+        let new = redistribute(&old, 2);
+        // Even indices: class 0 read nothing, class 2 up to 5 (0, 4 of 2).
+        assert_eq!(new[0].next, 0);
+        let mut even = Split::new(0, 2, Some(new[0].clone()));
+        let firsts: Vec<u64> = (0..3)
+            .map(|_| {
+                let i = even.peek();
+                even.advance();
+                i
+            })
+            .collect();
+        assert_eq!(firsts, [0, 4, 6]);
+        // Odd indices: classes 1 and 3 read up to far and far + 3.
+        assert_eq!(new[1].next, far + 1);
+        let mut odd = Split::new(1, 2, Some(new[1].clone()));
+        odd.advance();
+        assert_eq!(odd.peek(), far + 3);
     }
 
     proptest! {

@@ -828,11 +828,9 @@ fn keyed(
 }
 
 /// Operator state: entries a restore interprets (source positions and
-/// watermarks, sink transactions) and others. Source positions stay small:
-/// redistributing them on a rescale skips, index by index, the gap between
-/// the old subtasks' positions (`split::Split::skip_read`), so a position
-/// far ahead of the others takes as long as the gap, and one near
-/// `u64::MAX` overflows in `split::Split::new`.
+/// watermarks, sink transactions) and others. Source positions anywhere,
+/// near `u64::MAX` too: a rescale redistributes them, jumping the gaps
+/// between the old subtasks' positions.
 fn operator_state() -> impl Strategy<Value = BTreeMap<String, Vec<u8>>> {
     let entry = prop_oneof![
         (
@@ -841,7 +839,7 @@ fn operator_state() -> impl Strategy<Value = BTreeMap<String, Vec<u8>>> {
         ),
         (
             Just(SOURCE_POSITION),
-            (0..1000u64).prop_map(|next| {
+            prop_oneof![0..1000u64, (u64::MAX - 400)..=u64::MAX, any::<u64>()].prop_map(|next| {
                 rmp_serde::to_vec(&crate::split::SplitPosition {
                     next,
                     read_before: Vec::new(),
