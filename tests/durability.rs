@@ -19,7 +19,7 @@ const KEYS: u64 = 5_000;
 const SEED: u64 = 21;
 
 fn run(extra: &[String], checkpoints: &Path, output: &Path) -> Result<RunReport, CliError> {
-    let mut args: Vec<String> = [
+    let base = [
         "wordcount",
         "--records=200000",
         "--keys=5000",
@@ -30,13 +30,8 @@ fn run(extra: &[String], checkpoints: &Path, output: &Path) -> Result<RunReport,
         "--inline-threshold=0",
         "--emit=final",
         "--checkpoint-interval=20ms",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.push(format!("--checkpoint-dir={}", checkpoints.display()));
-    args.push(format!("--output={}", output.display()));
-    common::run_overriding(args, extra)
+    ];
+    common::run_in(&base, checkpoints, output, extra)
 }
 
 #[test]

@@ -16,7 +16,7 @@ const RECORDS: u64 = 400_000;
 const KEYS: u64 = 5_000;
 
 fn run(extra: &[&str], checkpoints: &Path, output: &Path) -> RunReport {
-    let mut args: Vec<String> = [
+    let base = [
         "wordcount",
         "--records=400000",
         "--keys=5000",
@@ -27,14 +27,9 @@ fn run(extra: &[&str], checkpoints: &Path, output: &Path) -> RunReport {
         "--incremental",
         "--retain=3",
         "--checkpoint-interval=20ms",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.push(format!("--checkpoint-dir={}", checkpoints.display()));
-    args.push(format!("--output={}", output.display()));
-    args.extend(extra.iter().map(|s| s.to_string()));
-    cli::run(&RunArgs::parse(args).unwrap()).unwrap_or_else(|e| panic!("{extra:?}: {e}"))
+    ];
+    let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    common::run_in(&base, checkpoints, output, &extra).unwrap_or_else(|e| panic!("{extra:?}: {e}"))
 }
 
 #[test]

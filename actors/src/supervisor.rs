@@ -21,7 +21,7 @@ use actix::{
     WrapFuture,
 };
 use actix_rt::ArbiterHandle;
-use futures::stream::{self, StreamExt, TryStreamExt};
+use futures::stream::{self, StreamExt};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -198,10 +198,12 @@ async fn load(
             ))
         }
     });
-    let subtasks = futures::future::try_join_all(reads)
-        .await?
+    // Every subtask's reads run to their end even once one failed, so that
+    // no download is dropped with writes still in flight.
+    let subtasks = futures::future::join_all(reads)
+        .await
         .into_iter()
-        .collect();
+        .collect::<Result<_, _>>()?;
     let bytes = checkpoint.subtasks.values().map(SubtaskState::size).sum();
     Ok(Loaded {
         subtasks,
@@ -249,27 +251,38 @@ async fn download(
     }
     let local = |e: std::io::Error| JobError::Runtime(format!("restoring {subtask}: {e}"));
     std::fs::create_dir_all(local_dir).map_err(local)?;
-    let download = tempfile::Builder::new()
-        .prefix(&format!("restore-{subtask}-"))
-        .tempdir_in(local_dir)
-        .map_err(local)?;
-    let dir = download.path();
+    // Every write holds the directory, and every file is tried even once
+    // one failed: a write still running when the download is dropped ends
+    // before the directory is deleted, instead of racing the deletion and
+    // leaving it behind.
+    let download = Arc::new(
+        tempfile::Builder::new()
+            .prefix(&format!("restore-{subtask}-"))
+            .tempdir_in(local_dir)
+            .map_err(local)?,
+    );
     stream::iter(files)
         .map(|file| {
-            let dir = &dir;
+            let dir = download.clone();
             async move {
                 let bytes = read(storage, subtask, &file.handle).await?;
-                let path = dir.join(&file.name);
-                tokio::task::spawn_blocking(move || std::fs::write(path, bytes))
+                let name = file.name.clone();
+                tokio::task::spawn_blocking(move || std::fs::write(dir.path().join(name), bytes))
                     .await
                     .map_err(|e| JobError::Runtime(e.to_string()))?
                     .map_err(local)
             }
         })
         .buffer_unordered(PARALLEL_READS)
-        .try_collect::<Vec<()>>()
-        .await?;
-    Ok(download)
+        .collect::<Vec<Result<(), JobError>>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<()>, _>>()?;
+    Arc::try_unwrap(download).map_err(|_| {
+        JobError::Runtime(format!(
+            "restoring {subtask}: a write outlived the download"
+        ))
+    })
 }
 
 /// What a failed restore means for trying an older checkpoint.

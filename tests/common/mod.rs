@@ -38,6 +38,21 @@ pub fn run_overriding(
     tidemark_actors::cli::run(&tidemark_actors::cli::RunArgs::parse(&args).unwrap())
 }
 
+/// Runs `base` (a topology and its flags) with its checkpoints under
+/// `checkpoints` and its output in `output`; a flag of `extra` replaces the
+/// one of the same name.
+pub fn run_in(
+    base: &[&str],
+    checkpoints: &Path,
+    output: &Path,
+    extra: &[String],
+) -> Result<tidemark_actors::cli::RunReport, tidemark_actors::cli::CliError> {
+    let mut args: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+    args.push(format!("--checkpoint-dir={}", checkpoints.display()));
+    args.push(format!("--output={}", output.display()));
+    run_overriding(args, extra)
+}
+
 /// Lines of the committed files (those directly in `dir` whose names do
 /// not start with `.` or `_`), each with its file's name.
 pub fn committed_lines(dir: &Path) -> Vec<(String, String)> {
