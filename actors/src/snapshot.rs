@@ -48,11 +48,11 @@ impl Source {
     async fn read(self) -> Result<Vec<u8>, String> {
         match self {
             Source::Memory(pieces) => Ok(pieces.concat()),
-            Source::File(file) => tokio::task::spawn_blocking(move || {
-                std::fs::read(&file).map_err(|e| format!("reading {}: {e}", file.display()))
-            })
-            .await
-            .map_err(|e| e.to_string())?,
+            Source::File(file) => {
+                let described = file.display().to_string();
+                let read = blocking(move || std::fs::read(file)).await?;
+                read.map_err(|e| format!("reading {described}: {e}"))
+            }
         }
     }
 
@@ -72,32 +72,19 @@ impl Source {
             Source::File(path) => {
                 let described = path.display().to_string();
                 let reading = |e: std::io::Error| format!("reading {described}: {e}");
-                let mut file: Option<std::fs::File> = None;
-                loop {
-                    let opening = path.clone();
-                    let (back, chunk) = tokio::task::spawn_blocking(move || {
-                        let mut file = match file.take() {
-                            Some(file) => file,
-                            None => std::fs::File::open(opening)?,
-                        };
-                        let mut chunk = Vec::with_capacity(READ_CHUNK);
-                        let read = std::io::Read::by_ref(&mut file)
-                            .take(READ_CHUNK as u64)
-                            .read_to_end(&mut chunk);
-                        read.map(|_| (file, chunk))
-                    })
-                    .await
-                    .map_err(|e| e.to_string())?
+                let mut file = blocking(move || std::fs::File::open(path))
+                    .await?
                     .map_err(reading)?;
+                loop {
+                    let (back, chunk) =
+                        blocking(move || read_chunk(file)).await?.map_err(reading)?;
                     if chunk.is_empty() {
                         break;
                     }
-                    file = Some(back);
+                    file = back;
                     sum.update(&chunk);
-                    writer
-                        .write(Bytes::from(chunk))
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    let chunk = Bytes::from(chunk);
+                    writer.write(chunk).await.map_err(|e| e.to_string())?;
                 }
                 described
             }
@@ -110,6 +97,25 @@ impl Source {
         }
         Ok(sum.finish())
     }
+}
+
+/// `work` on the blocking pool: file IO stays off the runtime's thread.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The next `READ_CHUNK` bytes of `file` (none at its end), and the file
+/// to read on from.
+fn read_chunk(mut file: std::fs::File) -> std::io::Result<(std::fs::File, Vec<u8>)> {
+    let mut chunk = Vec::with_capacity(READ_CHUNK);
+    file.by_ref()
+        .take(READ_CHUNK as u64)
+        .read_to_end(&mut chunk)?;
+    Ok((file, chunk))
 }
 
 /// How the handles of the written objects go back into a `SubtaskState`, in
