@@ -21,6 +21,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tidemark::checkpoint::coordinator::{Action, CheckpointCoordinator, Event, Now, RequestId};
 use tidemark::checkpoint::input_end::InputEnd;
 use tidemark::checkpoint::shared::SharedStateRegistry;
+use tidemark::checkpoint::stats;
 use tidemark::checkpoint::store::CompletedCheckpointStore;
 use tidemark::checkpoint::{CheckpointFailure, CompletedCheckpoint};
 use tidemark::event::CheckpointKind;
@@ -72,6 +73,18 @@ pub struct LatestCheckpoint(pub oneshot::Sender<Result<Option<RestoreFrom>, Stri
 #[rtype(result = "()")]
 pub struct Shutdown(pub oneshot::Sender<()>);
 
+/// A checkpoint or savepoint a manual trigger asked for, once durable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Completed {
+    /// Its id.
+    pub id: CheckpointId,
+    /// Its directory, a path or URL: what `--restore` takes.
+    pub location: String,
+}
+
+/// What a manual trigger is answered with.
+pub type TriggerReply = oneshot::Sender<Result<Completed, CheckpointFailure>>;
+
 /// Trigger a checkpoint or savepoint now; answered when it completed or failed.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -80,7 +93,9 @@ pub struct TriggerManual {
     /// A savepoint that stops the job: no periodic checkpoint starts after
     /// it, and its completion commits the sinks.
     pub stop: bool,
-    pub reply: oneshot::Sender<Result<CheckpointId, CheckpointFailure>>,
+    /// Where this savepoint goes instead of the job's savepoint directory.
+    pub target: Option<CheckpointStorage>,
+    pub reply: TriggerReply,
 }
 
 /// Where savepoints go, and what the job started from.
@@ -91,6 +106,14 @@ pub struct Savepoints {
     /// The savepoint or unclaimed checkpoint the job started from: what a
     /// failover restores until the job has a checkpoint of its own.
     pub started_from: Option<RestoreFrom>,
+}
+
+/// A checkpoint in flight, as the shell tracks it.
+struct Triggered {
+    at: Instant,
+    /// Open as long as the checkpoint: `RUST_LOG` shows its
+    /// acknowledgements inside it, and its duration when it closes.
+    span: tracing::Span,
 }
 
 pub struct CoordinatorActor {
@@ -113,13 +136,17 @@ pub struct CoordinatorActor {
     restore_replies: Vec<oneshot::Sender<Result<Option<RestoreFrom>, String>>>,
     savepoints: Savepoints,
     timer: Option<SpawnHandle>,
-    requests: HashMap<RequestId, oneshot::Sender<Result<CheckpointId, CheckpointFailure>>>,
+    requests: HashMap<RequestId, TriggerReply>,
+    /// Savepoint directories manual requests asked for.
+    targets: HashMap<RequestId, CheckpointStorage>,
+    /// Where savepoints written for manual requests went, until answered.
+    locations: HashMap<CheckpointId, String>,
     /// Manual triggers that arrived while no attempt was running.
     waiting: Vec<(RequestId, CheckpointKind)>,
     next_request: RequestId,
-    /// When each checkpoint still pending (or finalizing) was triggered:
-    /// entries go when their checkpoint completes, aborts or is abandoned.
-    triggered: HashMap<CheckpointId, Instant>,
+    /// Each checkpoint still pending (or finalizing): entries go when
+    /// their checkpoint completes, aborts or is abandoned.
+    triggered: HashMap<CheckpointId, Triggered>,
     /// Pending checkpoints that some subtask switched to unaligned: a
     /// subset of `triggered`'s.
     switched: HashSet<CheckpointId>,
@@ -166,6 +193,8 @@ impl CoordinatorActor {
             switched: HashSet::new(),
             timer: None,
             requests: HashMap::new(),
+            targets: HashMap::new(),
+            locations: HashMap::new(),
             waiting: Vec::new(),
             next_request: 0,
             triggered: HashMap::new(),
@@ -297,7 +326,19 @@ impl CoordinatorActor {
                     next_id,
                     suspend,
                 } => {
-                    self.triggered.insert(barrier.id, Instant::now());
+                    let span = tracing::info_span!(
+                        "checkpoint",
+                        id = barrier.id.0,
+                        kind = ?barrier.options.kind,
+                        alignment = ?barrier.options.alignment,
+                    );
+                    self.triggered.insert(
+                        barrier.id,
+                        Triggered {
+                            at: Instant::now(),
+                            span,
+                        },
+                    );
                     self.registry.triggered(barrier.id);
                     let storage = self.storage.clone();
                     let sources: Vec<_> = self.sources.iter().map(|(_, a)| a.clone()).collect();
@@ -420,6 +461,14 @@ impl CoordinatorActor {
                 }
                 Action::FailJob(reason) => self.supervisor.do_send(CheckpointingFailed(reason)),
                 Action::Resolve { request, result } => {
+                    self.targets.remove(&request);
+                    let result = result.map(|id| Completed {
+                        id,
+                        location: self.locations.remove(&id).unwrap_or_else(|| {
+                            self.storage
+                                .location(&CheckpointStorage::checkpoint_dir(id))
+                        }),
+                    });
                     if let Some(reply) = self.requests.remove(&request) {
                         let _ = reply.send(result);
                     }
@@ -456,7 +505,12 @@ impl CoordinatorActor {
         let id = checkpoint.id;
         self.finalizing.insert(id);
         let source = self.storage.clone();
-        let target = self.savepoints.dir.clone();
+        let target = self
+            .core
+            .request_of(id)
+            .and_then(|request| self.targets.get(&request))
+            .or(self.savepoints.dir.as_ref())
+            .cloned();
         let job = self.savepoints.job;
         ctx.spawn(
             async move {
@@ -474,6 +528,11 @@ impl CoordinatorActor {
                 match written {
                     Ok((location, _)) => {
                         tracing::info!(%location, "savepoint written");
+                        stats::lock(act.core.stats()).located(id, location.clone());
+                        // Answered with the request, unless abandoned.
+                        if act.core.request_of(id).is_some() {
+                            act.locations.insert(id, location);
+                        }
                         let states: Vec<_> = checkpoint.subtasks.into_values().collect();
                         let copied = act.registry.discardable(id, &states);
                         // Never retained: for the registry it ended like
@@ -482,10 +541,11 @@ impl CoordinatorActor {
                         act.spawn_delete(copied, Vec::new(), ctx);
                         let stats = &act.metrics.checkpoints;
                         stats.savepoints.fetch_add(1, Ordering::Relaxed);
-                        if let Some(at) = act.triggered.remove(&id) {
-                            stats
-                                .savepoint_us_last
-                                .store(at.elapsed().as_micros() as u64, Ordering::Relaxed);
+                        if let Some(triggered) = act.triggered.remove(&id) {
+                            stats.savepoint_us_last.store(
+                                triggered.at.elapsed().as_micros() as u64,
+                                Ordering::Relaxed,
+                            );
                         }
                         act.feed(Event::Persisted(id), ctx);
                     }
@@ -507,6 +567,10 @@ impl CoordinatorActor {
     /// subsume older ones, whose directories go.
     fn persisted(&mut self, checkpoint: CompletedCheckpoint, ctx: &mut Context<Self>) {
         let id = checkpoint.id;
+        let location = self
+            .storage
+            .location(&CheckpointStorage::checkpoint_dir(id));
+        stats::lock(self.core.stats()).located(id, location);
         let stats = &self.metrics.checkpoints;
         stats.completed.fetch_add(1, Ordering::Relaxed);
         stats.bytes_full.store(
@@ -518,8 +582,11 @@ impl CoordinatorActor {
         if self.switched.remove(&id) {
             stats.switched_to_unaligned.fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(at) = self.triggered.remove(&id) {
-            CheckpointStats::record(&stats.durations_ms, at.elapsed().as_secs_f64() * 1e3);
+        if let Some(triggered) = self.triggered.remove(&id) {
+            CheckpointStats::record(
+                &stats.durations_ms,
+                triggered.at.elapsed().as_secs_f64() * 1e3,
+            );
         }
         // Older checkpoints have ended one way or another.
         self.triggered.retain(|pending, _| *pending > id);
@@ -598,7 +665,10 @@ impl Handler<TriggerManual> for CoordinatorActor {
     fn handle(&mut self, msg: TriggerManual, ctx: &mut Context<Self>) {
         let refusal = if self.input_end.ended() {
             Some("the input has ended")
-        } else if msg.kind == CheckpointKind::Savepoint && self.savepoints.dir.is_none() {
+        } else if msg.kind == CheckpointKind::Savepoint
+            && self.savepoints.dir.is_none()
+            && msg.target.is_none()
+        {
             Some("no savepoint directory is configured")
         } else {
             None
@@ -614,6 +684,9 @@ impl Handler<TriggerManual> for CoordinatorActor {
         }
         self.next_request += 1;
         self.requests.insert(request, msg.reply);
+        if let Some(target) = msg.target {
+            self.targets.insert(request, target);
+        }
         if self.sources.is_empty() {
             self.waiting.push((request, msg.kind));
         } else {
@@ -640,6 +713,11 @@ impl Handler<AcknowledgeCheckpoint> for CoordinatorActor {
             return self.spawn_delete(paths, Vec::new(), ctx);
         }
         let (checkpoint, subtask, m) = (msg.ack.checkpoint, msg.ack.subtask, &msg.ack.metrics);
+        let _span = self
+            .triggered
+            .get(&checkpoint)
+            .map_or_else(tracing::Span::none, |t| t.span.clone())
+            .entered();
         tracing::debug!(
             %checkpoint,
             %subtask,

@@ -29,6 +29,7 @@ pub mod cli;
 pub mod config;
 mod coordinator;
 mod endpoint;
+pub mod http;
 pub mod join;
 mod messages;
 pub mod metrics;

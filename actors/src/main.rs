@@ -1,7 +1,8 @@
 //! The `tidemark` command line: `run` an example topology, `inspect` a
-//! checkpoint or savepoint, `cleanup` a job's checkpoint directory.
+//! checkpoint or savepoint, `cleanup` a job's checkpoint directory, and
+//! `savepoint`, `stop` and `checkpoints` against a running job.
 
-use tidemark_actors::cli::{self, cleanup, inspect, Cli, Command};
+use tidemark_actors::cli::{self, cleanup, client, inspect, Cli, Command};
 
 fn main() {
     tracing_subscriber::fmt()
@@ -9,6 +10,9 @@ fn main() {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
+        // A span's close shows how long a checkpoint or snapshot phase
+        // took (`RUST_LOG=tidemark_actors=debug`).
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
         .with_writer(std::io::stderr)
         .init();
     let Cli { command } = Cli::try_parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit());
@@ -27,6 +31,11 @@ fn main() {
                 );
             }
         }),
+        Command::Savepoint(args) => client::savepoint(&args, false)
+            .map(|location| println!("Savepoint completed. Path: {location}")),
+        Command::Stop(args) => client::savepoint(&args, true)
+            .map(|location| println!("Savepoint completed. Path: {location}")),
+        Command::Checkpoints(args) => client::checkpoints(&args).map(|table| print!("{table}")),
         Command::Cleanup(args) => cleanup::cleanup(&args).map(|sweep| println!("{sweep}")),
         Command::Inspect(args) => inspect::inspect(&args).map(|inspection| {
             if args.json {

@@ -3,9 +3,11 @@
 use dashmap::DashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 use tidemark::checkpoint::shared::Space;
+use tidemark::checkpoint::stats::{CheckpointStatsTracker, SharedCheckpointStats};
 use tidemark::checkpoint::{CompletedCheckpoint, StateHandle, SubtaskState};
-use tidemark::ids::{ChannelId, OperatorId};
+use tidemark::ids::{ChannelId, OperatorId, SubtaskId};
 use tidemark::rng::SplitMix64;
 use tidemark::time::TimeMetrics;
 
@@ -54,10 +56,53 @@ impl ChannelGauge {
     }
 }
 
+/// Live figures of one subtask, over all attempts: each attempt's actor
+/// adds to the same counters, once per batch.
+#[derive(Debug, Default)]
+pub struct SubtaskCounters {
+    records_in: AtomicU64,
+    records_out: AtomicU64,
+    backpressured_ns: AtomicU64,
+}
+
+impl SubtaskCounters {
+    /// Records taken in: read by a source, received by any other subtask.
+    pub fn add_records_in(&self, n: u64) {
+        self.records_in.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Records sent on to downstream subtasks.
+    pub fn add_records_out(&self, n: u64) {
+        self.records_out.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Time the subtask held output back for lack of credit, taking no
+    /// input meanwhile (Flink's backpressured time).
+    pub fn add_backpressured(&self, time: Duration) {
+        self.backpressured_ns
+            .fetch_add(time.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Records taken in so far.
+    pub fn records_in(&self) -> u64 {
+        self.records_in.load(Ordering::Relaxed)
+    }
+
+    /// Records sent on so far.
+    pub fn records_out(&self) -> u64 {
+        self.records_out.load(Ordering::Relaxed)
+    }
+
+    /// Time blocked on credit so far.
+    pub fn backpressured(&self) -> Duration {
+        Duration::from_nanos(self.backpressured_ns.load(Ordering::Relaxed))
+    }
+}
+
 /// The live figures of one job, over all its attempts: restarts add to
 /// them, they never reset. [`crate::JobHandle::metrics`] reads them while the
 /// job runs; the `--json` report is built from them.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct JobMetrics {
     records_in: AtomicU64,
     /// Records read by each source operator.
@@ -69,6 +114,17 @@ pub struct JobMetrics {
     pub checkpoints: CheckpointStats,
     /// Timers, windows and watermarks, counted by the subtasks.
     pub time: Arc<TimeMetrics>,
+    /// Per subtask, created at its first deployment and kept across
+    /// restarts.
+    subtasks: DashMap<SubtaskId, Arc<SubtaskCounters>>,
+    /// Per checkpoint, operator and subtask, in a bounded history.
+    pub checkpoint_stats: SharedCheckpointStats,
+}
+
+impl Default for JobMetrics {
+    fn default() -> Self {
+        JobMetrics::new(tidemark::checkpoint::stats::DEFAULT_HISTORY)
+    }
 }
 
 /// Figures of the checkpoints of a run.
@@ -373,6 +429,35 @@ impl Summary {
 }
 
 impl JobMetrics {
+    /// No figures yet; the checkpoint history keeps `history` checkpoints.
+    pub fn new(history: usize) -> Self {
+        JobMetrics {
+            records_in: AtomicU64::default(),
+            records_by_source: DashMap::new(),
+            channels: DashMap::new(),
+            checkpoints: CheckpointStats::default(),
+            time: Arc::default(),
+            subtasks: DashMap::new(),
+            checkpoint_stats: CheckpointStatsTracker::shared(history),
+        }
+    }
+
+    /// The counters of `subtask`, created on the first call.
+    pub fn subtask(&self, subtask: SubtaskId) -> Arc<SubtaskCounters> {
+        self.subtasks.entry(subtask).or_default().clone()
+    }
+
+    /// Every subtask's counters, in id order.
+    pub fn subtasks(&self) -> Vec<(SubtaskId, Arc<SubtaskCounters>)> {
+        let mut all: Vec<_> = self
+            .subtasks
+            .iter()
+            .map(|e| (*e.key(), e.value().clone()))
+            .collect();
+        all.sort_by_key(|(id, _)| *id);
+        all
+    }
+
     /// Called by the subtasks of source `operator` with the records they
     /// read, replays included.
     pub fn add_records_in(&self, operator: OperatorId, n: u64) {

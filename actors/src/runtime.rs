@@ -2,17 +2,19 @@
 //! sized to the cores, so that a job can be embedded in any application,
 //! async or not, and a handle to wait for it or cancel it.
 
-use crate::coordinator::TriggerManual;
+use crate::coordinator::{Completed, TriggerManual};
+use crate::http::{self, JobStatus, JobView};
 use crate::messages::Cancel;
 use crate::metrics::JobMetrics;
 use crate::supervisor::{JobSupervisor, StopWithSavepoint, TriggerCheckpointRequest};
 use actix::{Actor, Addr, Arbiter, System};
+use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use thiserror::Error;
 use tidemark::checkpoint::restore::RestoreError;
-use tidemark::checkpoint::savepoint;
+use tidemark::checkpoint::stats::{self, CheckpointStatsTracker};
 use tidemark::checkpoint::{CheckpointFailure, SettingsError};
 use tidemark::error::TaskError;
 use tidemark::event::CheckpointKind;
@@ -121,9 +123,12 @@ pub struct JobHandle {
     metrics: Arc<JobMetrics>,
     storage: Option<CheckpointStorage>,
     thread: JoinHandle<()>,
+    http: Option<SocketAddr>,
+    /// What the REST API serves, if it runs.
+    view: Option<Arc<JobView>>,
 }
 
-/// A completed savepoint.
+/// A completed savepoint (or checkpoint, triggered by hand).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Savepoint {
     /// Its checkpoint id, from the same counter as the job's checkpoints.
@@ -138,8 +143,6 @@ pub struct Savepoint {
 #[derive(Clone)]
 pub struct JobControl {
     supervisor: Addr<JobSupervisor>,
-    job: JobId,
-    savepoint_dir: Option<CheckpointStorage>,
 }
 
 impl JobControl {
@@ -151,49 +154,68 @@ impl JobControl {
         &self,
         kind: CheckpointKind,
     ) -> Result<CheckpointId, CheckpointFailure> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        self.supervisor
-            .do_send(TriggerCheckpointRequest(TriggerManual {
-                kind,
-                stop: false,
-                reply,
-            }));
-        Self::answer(answer)
+        Ok(Self::answer(self.request(kind, false, None))?.id)
     }
 
     /// A savepoint into the job's savepoint directory; the job goes on.
     pub fn trigger_savepoint(&self) -> Result<Savepoint, CheckpointFailure> {
-        let id = self.trigger_checkpoint(CheckpointKind::Savepoint)?;
-        Ok(self.savepoint(id))
+        Self::answer(self.request(CheckpointKind::Savepoint, false, None))
     }
 
     /// A savepoint, then the sinks commit it and the job ends: `wait`
     /// returns once it has. If the savepoint fails, the job goes on.
     pub fn stop_with_savepoint(&self) -> Result<Savepoint, CheckpointFailure> {
+        Self::answer(self.request(CheckpointKind::Savepoint, true, None))
+    }
+
+    /// Asks for a checkpoint or savepoint (`stop`: one that ends the job,
+    /// into `target` if given) without waiting: the answer comes on the
+    /// receiver.
+    pub(crate) fn request(
+        &self,
+        kind: CheckpointKind,
+        stop: bool,
+        target: Option<CheckpointStorage>,
+    ) -> Answer {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        self.supervisor.do_send(StopWithSavepoint(reply));
-        let id = Self::answer(answer)?;
-        Ok(self.savepoint(id))
-    }
-
-    fn answer(
-        answer: tokio::sync::oneshot::Receiver<Result<CheckpointId, CheckpointFailure>>,
-    ) -> Result<CheckpointId, CheckpointFailure> {
-        answer
-            .blocking_recv()
-            .unwrap_or_else(|_| Err(CheckpointFailure::NotTriggered("the job has ended".into())))
-    }
-
-    fn savepoint(&self, id: CheckpointId) -> Savepoint {
-        let dir = self
-            .savepoint_dir
-            .as_ref()
-            .expect("a savepoint completed, so the job has a savepoint directory");
-        Savepoint {
-            id,
-            location: dir.location(&savepoint::directory_name(self.job, id)),
+        if stop {
+            self.supervisor.do_send(StopWithSavepoint { target, reply });
+        } else {
+            self.supervisor
+                .do_send(TriggerCheckpointRequest(TriggerManual {
+                    kind,
+                    stop,
+                    target,
+                    reply,
+                }));
         }
+        answer
     }
+
+    /// Ends the job, as [`JobHandle::cancel`].
+    pub fn cancel(&self) {
+        self.supervisor.do_send(Cancel);
+    }
+
+    fn answer(answer: Answer) -> Result<Savepoint, CheckpointFailure> {
+        finished(answer.blocking_recv())
+    }
+}
+
+/// The answer to a manual trigger, on its way.
+pub(crate) type Answer = tokio::sync::oneshot::Receiver<Result<Completed, CheckpointFailure>>;
+
+/// What an [`Answer`] that arrived means: a reply dropped unanswered is a
+/// job that ended.
+pub(crate) fn finished(
+    answer: Result<Result<Completed, CheckpointFailure>, tokio::sync::oneshot::error::RecvError>,
+) -> Result<Savepoint, CheckpointFailure> {
+    let completed = answer
+        .unwrap_or_else(|_| Err(CheckpointFailure::NotTriggered("the job has ended".into())))?;
+    Ok(Savepoint {
+        id: completed.id,
+        location: completed.location,
+    })
 }
 
 impl JobHandle {
@@ -208,6 +230,11 @@ impl JobHandle {
         self.thread
             .join()
             .map_err(|_| JobError::Runtime("the runtime thread panicked".into()))?;
+        // Normally stopped by the runtime thread already, unless the job
+        // ended before the server had started.
+        if let Some(view) = &self.view {
+            view.stop_server();
+        }
         outcome
     }
 
@@ -216,7 +243,7 @@ impl JobHandle {
     /// checkpoints are abandoned and their state deleted before the job
     /// ends.
     pub fn cancel(&self) {
-        self.control.supervisor.do_send(Cancel);
+        self.control.cancel();
     }
 
     /// Triggers a checkpoint (or savepoint) now and blocks until it completed
@@ -238,6 +265,17 @@ impl JobHandle {
         &self.metrics
     }
 
+    /// Where the job's REST API is served, if [`Runtime::http`] asked for it.
+    pub fn http_address(&self) -> Option<SocketAddr> {
+        self.http
+    }
+
+    /// The job's checkpoint statistics as of now: per checkpoint, operator
+    /// and subtask, in a bounded history, with counts and summaries.
+    pub fn checkpoint_stats(&self) -> CheckpointStatsTracker {
+        stats::lock(&self.metrics.checkpoint_stats).clone()
+    }
+
     /// The job's checkpoint storage, if it checkpoints: its counters, and
     /// for `memory://` the store itself.
     pub fn storage(&self) -> Option<&CheckpointStorage> {
@@ -257,12 +295,17 @@ pub struct Runtime {
     /// Arbiters (threads) the job's actors are spread over; 0 counts as 1.
     /// Defaults to the available parallelism.
     pub threads: usize,
+    /// Serve the job's REST API, metrics and page here (Flink's REST
+    /// API); off by default. Port 0 takes a free port:
+    /// [`JobHandle::http_address`] tells which.
+    pub http: Option<SocketAddr>,
 }
 
 impl Default for Runtime {
     fn default() -> Self {
         Runtime {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            http: None,
         }
     }
 }
@@ -303,8 +346,29 @@ impl Runtime {
             .map(|dir| CheckpointStorage::open_directory(dir, true))
             .transpose()?;
         let job_id = job_id(&job.name);
-        let metrics = Arc::new(JobMetrics::default());
+        let listener = self
+            .http
+            .map(|addr| {
+                http::bind(addr).map_err(|e| {
+                    JobError::Runtime(format!("cannot serve the REST API on {addr}: {e}"))
+                })
+            })
+            .transpose()?;
+        let history = job
+            .config
+            .checkpointing
+            .as_ref()
+            .map_or(tidemark::checkpoint::stats::DEFAULT_HISTORY, |c| c.history);
+        let metrics = Arc::new(JobMetrics::new(history));
+        let view = listener
+            .is_some()
+            .then(|| Arc::new(JobView::new(&job, job_id, metrics.clone())));
+        let job_view = view.clone();
+        let job_view_handle = view.clone();
         let (outcome_tx, outcome) = mpsc::channel();
+        // The supervisor's outcome passes through the runtime thread, which
+        // ends the REST API's view of the job before handing it on.
+        let (supervisor_tx, outcome_rx) = mpsc::channel();
         let (addr_tx, addr_rx) = mpsc::channel::<Result<Addr<JobSupervisor>, JobError>>();
         let threads = self.threads.max(1);
         let job_metrics = metrics.clone();
@@ -342,7 +406,7 @@ impl Runtime {
                         job,
                         handles,
                         job_metrics,
-                        outcome_tx,
+                        supervisor_tx,
                         job_storage,
                         job_savepoint_dir,
                     )
@@ -354,6 +418,18 @@ impl Runtime {
                     arbiter.stop();
                     let _ = arbiter.join();
                 }
+                let outcome = outcome_rx.try_recv().unwrap_or_else(|_| {
+                    Err(JobError::Runtime("the runtime stopped without an outcome".into()))
+                });
+                if let Some(view) = job_view {
+                    view.ended(match &outcome {
+                        Ok(_) => JobStatus::Finished,
+                        Err(JobError::Cancelled) => JobStatus::Canceled,
+                        Err(_) => JobStatus::Failed,
+                    });
+                    view.shutdown();
+                }
+                let _ = outcome_tx.send(outcome);
                 if let Some(lease) = lease {
                     let released = actix_rt::Runtime::new()
                         .map_err(|e| e.to_string())
@@ -367,16 +443,30 @@ impl Runtime {
         let supervisor = addr_rx
             .recv()
             .map_err(|_| JobError::Runtime("the runtime did not start".into()))??;
+        let control = JobControl { supervisor };
+        let http = match (view, listener) {
+            (Some(view), Some(listener)) => {
+                view.deployed(control.clone());
+                match http::serve(listener, view.clone()) {
+                    Ok(addr) => Some(addr),
+                    Err(e) => {
+                        // The job is deployed: it goes on, unobserved.
+                        tracing::error!("the REST API could not start: {e}");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let view = http.and(job_view_handle);
         Ok(JobHandle {
+            view,
             outcome,
-            control: JobControl {
-                supervisor,
-                job: job_id,
-                savepoint_dir,
-            },
+            control,
             metrics,
             storage,
             thread,
+            http,
         })
     }
 }

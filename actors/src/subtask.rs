@@ -15,7 +15,7 @@ use crate::messages::{
     NotifyCheckpointAborted, NotifyCheckpointComplete, OutputCredit, Produce, Push, PushPriority,
     SourceExhausted, Stop, SubtaskFailed, SubtaskFinished, TriggerCheckpoint, Wire,
 };
-use crate::metrics::JobMetrics;
+use crate::metrics::{JobMetrics, SubtaskCounters};
 use crate::snapshot::{self, SharedBase};
 use crate::supervisor::JobSupervisor;
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
@@ -40,6 +40,7 @@ use tidemark::storage::CheckpointStorage;
 use tidemark::task::Task;
 use tidemark::time::WatermarkEvent;
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 /// How long a source that had nothing to read waits before asking again.
 const IDLE_SOURCE_POLL: Duration = Duration::from_millis(1);
@@ -134,6 +135,9 @@ pub struct SubtaskActor {
     running: BTreeMap<CheckpointId, AbortHandle>,
     /// The processing-time timer a wake-up is armed for.
     wake_at: Option<u64>,
+    counters: Arc<SubtaskCounters>,
+    /// Since when output waits for credit.
+    blocked_since: Option<Instant>,
 }
 
 /// The asynchronous part of a snapshot → its subtask: the shared files the
@@ -175,6 +179,8 @@ impl SubtaskActor {
             }
         }
         SubtaskActor {
+            counters: metrics.subtask(spec.id),
+            blocked_since: None,
             id: spec.id,
             attempt: spec.attempt,
             is_source: spec.inputs.is_empty(),
@@ -245,11 +251,19 @@ impl SubtaskActor {
     }
 
     fn send_outgoing(&mut self) {
+        let mut records = 0;
         for (channel, batch) in self.outgoing.drain(..) {
+            records += batch.len() as u64;
             self.outputs[channel].push(ChannelEvent::Batch(batch));
+        }
+        if records > 0 {
+            self.counters.add_records_out(records);
         }
         for channel in 0..self.outputs.len() {
             self.pump(channel);
+        }
+        if self.blocked_since.is_none() && self.output_blocked() {
+            self.blocked_since = Some(Instant::now());
         }
     }
 
@@ -377,6 +391,7 @@ impl SubtaskActor {
                         self.resume_at = Instant::now().checked_add(Duration::from_nanos(pause));
                     }
                     self.advance_processing_time(ctx);
+                    self.counters.add_records_in(batch.len() as u64);
                     let input = self.inputs[channel];
                     if self
                         .guarded(|task, out| task.process(input, batch, out))
@@ -490,6 +505,8 @@ impl SubtaskActor {
         };
         let id = barrier.id;
         let started = Instant::now();
+        let sync_span =
+            tracing::debug_span!("snapshot_sync", checkpoint = id.0, subtask = %self.id).entered();
         let sync_fault = self.fault(FaultPoint::SyncSnapshot, id);
         let Some(state) = self.guarded(|task, out| {
             if sync_fault {
@@ -521,6 +538,9 @@ impl SubtaskActor {
             receiver
         });
         metrics.sync = started.elapsed();
+        drop(sync_span);
+        let async_span =
+            tracing::debug_span!("snapshot_async", checkpoint = id.0, subtask = %self.id);
 
         let (subtask, attempt) = (self.id, self.attempt);
         let supervisor = self.supervisor.clone();
@@ -534,132 +554,135 @@ impl SubtaskActor {
         let after_ack_fault = self.fault(FaultPoint::AfterAck, id);
         let (abort, registration) = AbortHandle::new_pair();
         self.running.insert(id, abort);
-        actix_rt::spawn(async move {
-            let fail = |error| {
-                supervisor.do_send(SubtaskFailed {
-                    attempt,
-                    subtask,
-                    error,
-                })
-            };
-            if async_fault {
-                return checkpointing.coordinator.do_send(DeclineCheckpoint {
-                    attempt,
-                    checkpoint: id,
-                    subtask,
-                    reason: Self::injected(FaultPoint::AsyncWrite, id).to_string(),
-                });
-            }
-            let mut channels = Vec::new();
-            if let Some((queued, endpoints)) = outputs {
-                let from_endpoints = futures::future::join_all(endpoints).await;
-                for (channel, (queued, endpoint)) in
-                    queued.into_iter().zip(from_endpoints).enumerate()
-                {
-                    // An endpoint that is gone ended with its attempt.
-                    let Ok(mut batches) = endpoint else { return };
-                    batches.extend(queued);
-                    channels.push(ChannelState {
-                        side: ChannelSide::Output,
-                        channel,
-                        batches,
-                    });
-                }
-            }
-            if let Some(inputs) = inputs {
-                // A dropped sender: the handler aborted the checkpoint and
-                // the subtask declined it.
-                let Ok((inputs, alignment)) = inputs.await else {
-                    return;
-                };
-                metrics.alignment = alignment;
-                channels.extend(inputs.into_iter().enumerate().map(|(channel, batches)| {
-                    ChannelState {
-                        side: ChannelSide::Input,
-                        channel,
-                        batches,
-                    }
-                }));
-            }
-            let storage = &checkpointing.storage;
-            let planned = std::sync::Mutex::new(Vec::new());
-            let upload = async {
-                let prepared = snapshot::prepare(
-                    subtask,
-                    id,
-                    state,
-                    channels,
-                    base.as_deref(),
-                    &checkpointing.layout,
-                    &storage.run_tag(),
-                )
-                .await?;
-                *planned.lock().expect("not poisoned") = prepared.physical_files();
-                prepared.upload(storage).await
-            };
-            // The checkpoint aborted: nothing will acknowledge what the
-            // upload wrote. A put in flight is not dropped but awaited (a
-            // dropped local put still lands), and then everything planned
-            // is deleted.
-            let aborted = Abortable::new(futures::future::pending::<()>(), registration);
-            futures::pin_mut!(upload);
-            let uploaded = match futures::future::select(upload, aborted).await {
-                Either::Left((uploaded, aborted)) if stall => {
-                    let _ = aborted.await;
-                    drop(uploaded);
-                    None
-                }
-                Either::Left((uploaded, _)) => Some(uploaded),
-                Either::Right((_, upload)) => {
-                    let _ = upload.await;
-                    None
-                }
-            };
-            let Some(uploaded) = uploaded else {
-                let paths = std::mem::take(&mut *planned.lock().expect("not poisoned"));
-                return snapshot::delete_all(storage, paths).await;
-            };
-            match uploaded {
-                Ok((state, took)) => {
-                    me.do_send(Uploaded {
-                        checkpoint: id,
-                        shared: (!savepoint).then(|| {
-                            state
-                                .shared_files()
-                                .map(|f| (f.name.clone(), f.clone()))
-                                .collect()
-                        }),
-                    });
-                    metrics.async_ = took;
-                    metrics.state_size = state.size();
-                    metrics.persisted_inflight_bytes = state.inflight_bytes();
-                    checkpointing.coordinator.do_send(AcknowledgeCheckpoint {
+        actix_rt::spawn(
+            async move {
+                let fail = |error| {
+                    supervisor.do_send(SubtaskFailed {
                         attempt,
-                        ack: Ack {
-                            subtask,
-                            checkpoint: id,
-                            state,
-                            metrics,
-                        },
-                    });
-                    if after_ack_fault {
-                        fail(Self::injected(FaultPoint::AfterAck, id));
-                    }
-                }
-                Err(reason) => {
-                    // As in Flink, a failed upload (which deleted what it
-                    // wrote) declines its checkpoint, which counts against
-                    // the tolerable failures, rather than failing the
-                    // subtask: processing goes on.
-                    checkpointing.coordinator.do_send(DeclineCheckpoint {
+                        subtask,
+                        error,
+                    })
+                };
+                if async_fault {
+                    return checkpointing.coordinator.do_send(DeclineCheckpoint {
                         attempt,
                         checkpoint: id,
                         subtask,
-                        reason: format!("its asynchronous part failed: {reason}"),
+                        reason: Self::injected(FaultPoint::AsyncWrite, id).to_string(),
                     });
                 }
+                let mut channels = Vec::new();
+                if let Some((queued, endpoints)) = outputs {
+                    let from_endpoints = futures::future::join_all(endpoints).await;
+                    for (channel, (queued, endpoint)) in
+                        queued.into_iter().zip(from_endpoints).enumerate()
+                    {
+                        // An endpoint that is gone ended with its attempt.
+                        let Ok(mut batches) = endpoint else { return };
+                        batches.extend(queued);
+                        channels.push(ChannelState {
+                            side: ChannelSide::Output,
+                            channel,
+                            batches,
+                        });
+                    }
+                }
+                if let Some(inputs) = inputs {
+                    // A dropped sender: the handler aborted the checkpoint and
+                    // the subtask declined it.
+                    let Ok((inputs, alignment)) = inputs.await else {
+                        return;
+                    };
+                    metrics.alignment = alignment;
+                    channels.extend(inputs.into_iter().enumerate().map(|(channel, batches)| {
+                        ChannelState {
+                            side: ChannelSide::Input,
+                            channel,
+                            batches,
+                        }
+                    }));
+                }
+                let storage = &checkpointing.storage;
+                let planned = std::sync::Mutex::new(Vec::new());
+                let upload = async {
+                    let prepared = snapshot::prepare(
+                        subtask,
+                        id,
+                        state,
+                        channels,
+                        base.as_deref(),
+                        &checkpointing.layout,
+                        &storage.run_tag(),
+                    )
+                    .await?;
+                    *planned.lock().expect("not poisoned") = prepared.physical_files();
+                    prepared.upload(storage).await
+                };
+                // The checkpoint aborted: nothing will acknowledge what the
+                // upload wrote. A put in flight is not dropped but awaited (a
+                // dropped local put still lands), and then everything planned
+                // is deleted.
+                let aborted = Abortable::new(futures::future::pending::<()>(), registration);
+                futures::pin_mut!(upload);
+                let uploaded = match futures::future::select(upload, aborted).await {
+                    Either::Left((uploaded, aborted)) if stall => {
+                        let _ = aborted.await;
+                        drop(uploaded);
+                        None
+                    }
+                    Either::Left((uploaded, _)) => Some(uploaded),
+                    Either::Right((_, upload)) => {
+                        let _ = upload.await;
+                        None
+                    }
+                };
+                let Some(uploaded) = uploaded else {
+                    let paths = std::mem::take(&mut *planned.lock().expect("not poisoned"));
+                    return snapshot::delete_all(storage, paths).await;
+                };
+                match uploaded {
+                    Ok((state, took)) => {
+                        me.do_send(Uploaded {
+                            checkpoint: id,
+                            shared: (!savepoint).then(|| {
+                                state
+                                    .shared_files()
+                                    .map(|f| (f.name.clone(), f.clone()))
+                                    .collect()
+                            }),
+                        });
+                        metrics.async_ = took;
+                        metrics.state_size = state.size();
+                        metrics.persisted_inflight_bytes = state.inflight_bytes();
+                        checkpointing.coordinator.do_send(AcknowledgeCheckpoint {
+                            attempt,
+                            ack: Ack {
+                                subtask,
+                                checkpoint: id,
+                                state,
+                                metrics,
+                            },
+                        });
+                        if after_ack_fault {
+                            fail(Self::injected(FaultPoint::AfterAck, id));
+                        }
+                    }
+                    Err(reason) => {
+                        // As in Flink, a failed upload (which deleted what it
+                        // wrote) declines its checkpoint, which counts against
+                        // the tolerable failures, rather than failing the
+                        // subtask: processing goes on.
+                        checkpointing.coordinator.do_send(DeclineCheckpoint {
+                            attempt,
+                            checkpoint: id,
+                            subtask,
+                            reason: format!("its asynchronous part failed: {reason}"),
+                        });
+                    }
+                }
             }
-        });
+            .instrument(async_span),
+        );
     }
 
     fn end_of_input(&mut self) {
@@ -755,6 +778,11 @@ impl Handler<OutputCredit> for SubtaskActor {
         if !self.output_addrs.is_empty() {
             self.pump(msg.channel);
         }
+        if !self.output_blocked() {
+            if let Some(since) = self.blocked_since.take() {
+                self.counters.add_backpressured(since.elapsed());
+            }
+        }
         self.drive(ctx);
     }
 }
@@ -786,6 +814,7 @@ impl Handler<Produce> for SubtaskActor {
         };
         self.metrics
             .add_records_in(self.id.operator, produced.records as u64);
+        self.counters.add_records_in(produced.records as u64);
         self.send_outgoing();
         self.forward_watermarks();
         if produced.records == 0 && produced.status == SourceStatus::Running {

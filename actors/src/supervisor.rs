@@ -8,7 +8,7 @@
 
 use crate::coordinator::{
     AbortPending, CoordinatorActor, Deployed, LatestCheckpoint, RestoreFrom, Savepoints, Shutdown,
-    TriggerManual,
+    TriggerManual, TriggerReply,
 };
 use crate::endpoint::{InputEndpoint, OutputEndpoint};
 use crate::messages::{Cancel, ConnectUpstream, Stop, SubtaskFailed, SubtaskFinished, Wire};
@@ -33,6 +33,7 @@ use tidemark::batch::{Batch, EncodedBatch};
 use tidemark::checkpoint::coordinator::CheckpointCoordinator;
 use tidemark::checkpoint::restore::{self, RestoreCandidates, RestoreError, RestoreFailure};
 use tidemark::checkpoint::savepoint::check_references;
+use tidemark::checkpoint::stats::{self, RestoredStats};
 use tidemark::checkpoint::store::CompletedCheckpointStore;
 use tidemark::checkpoint::{
     ChannelSide, ChannelState, CheckpointFailure, NativeFileHandle, NativeStateHandle, Restore,
@@ -66,7 +67,11 @@ pub struct TriggerCheckpointRequest(pub TriggerManual);
 /// on).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct StopWithSavepoint(pub oneshot::Sender<Result<CheckpointId, CheckpointFailure>>);
+pub struct StopWithSavepoint {
+    /// Where the savepoint goes instead of the job's savepoint directory.
+    pub target: Option<CheckpointStorage>,
+    pub reply: TriggerReply,
+}
 
 pub struct JobSupervisor {
     job: Job,
@@ -211,6 +216,11 @@ async fn load(
             checkpoint: checkpoint.id,
             started,
             bytes,
+            is_savepoint: !owned,
+            location: match dir {
+                Some(dir) => dir.directory(),
+                None => storage.location(&CheckpointStorage::checkpoint_dir(checkpoint.id)),
+            },
         }),
     })
 }
@@ -228,6 +238,9 @@ struct LoadedFrom {
     checkpoint: CheckpointId,
     started: Instant,
     bytes: u64,
+    /// Not one of the job's own checkpoints.
+    is_savepoint: bool,
+    location: String,
 }
 
 /// Downloads the files of a native checkpoint into a directory of its own
@@ -508,7 +521,8 @@ impl JobSupervisor {
                     settings.alignment,
                     next_id,
                     crate::coordinator::now(),
-                );
+                )
+                .with_stats(metrics.checkpoint_stats.clone());
                 core.record_graph(&graph);
                 for hook in hooks {
                     core.add_master_hook(hook);
@@ -561,6 +575,12 @@ impl JobSupervisor {
                 from.bytes,
                 from.started.elapsed(),
             );
+            stats::lock(&self.metrics.checkpoint_stats).restored(RestoredStats {
+                id: from.checkpoint,
+                timestamp: crate::coordinator::now().unix_ms,
+                is_savepoint: from.is_savepoint,
+                external_path: Some(from.location),
+            });
         }
         if let Some(at) = self.failed_at.take() {
             CheckpointStats::record(
@@ -987,11 +1007,16 @@ impl Handler<TriggerCheckpointRequest> for JobSupervisor {
 impl Handler<StopWithSavepoint> for JobSupervisor {
     type Result = ();
 
-    fn handle(&mut self, StopWithSavepoint(reply): StopWithSavepoint, ctx: &mut Context<Self>) {
+    fn handle(
+        &mut self,
+        StopWithSavepoint { target, reply }: StopWithSavepoint,
+        ctx: &mut Context<Self>,
+    ) {
         let (savepoint, done) = oneshot::channel();
         let trigger = TriggerManual {
             kind: CheckpointKind::Savepoint,
             stop: true,
+            target,
             reply: savepoint,
         };
         <Self as Handler<TriggerCheckpointRequest>>::handle(

@@ -10,6 +10,7 @@
 //! A rejected event changes nothing: `handle` validates the event before it
 //! looks at the clock, so an error never swallows actions that are due.
 
+use super::stats::{self, CheckpointStatsTracker, CheckpointType, SharedCheckpointStats};
 use super::{Ack, CheckpointConfig, CheckpointFailure, CompletedCheckpoint, SubtaskState};
 use crate::event::{Alignment, Barrier, CheckpointKind, CheckpointOptions};
 use crate::graph::{Edge, JobGraph, OperatorSpec};
@@ -261,6 +262,8 @@ pub struct CheckpointCoordinator {
     /// by uid, and channel state to edges.
     operators: Vec<OperatorSpec>,
     edges: Vec<Edge>,
+    /// What each checkpoint did, recorded as the protocol decides.
+    stats: SharedCheckpointStats,
 }
 
 impl CheckpointCoordinator {
@@ -292,7 +295,20 @@ impl CheckpointCoordinator {
             stop: None,
             operators: Vec::new(),
             edges: Vec::new(),
+            stats: CheckpointStatsTracker::shared(stats::DEFAULT_HISTORY),
         }
+    }
+
+    /// Records into `stats` instead of a tracker of its own: one that
+    /// outlives this coordinator, or that a reader already holds.
+    pub fn with_stats(mut self, stats: SharedCheckpointStats) -> Self {
+        self.stats = stats;
+        self
+    }
+
+    /// The statistics of this coordinator's checkpoints.
+    pub fn stats(&self) -> &SharedCheckpointStats {
+        &self.stats
     }
 
     /// The job's operators and edges, recorded in the metadata of every
@@ -383,7 +399,7 @@ impl CheckpointCoordinator {
         match event {
             Event::Tick => {}
             Event::Trigger { request, kind } => self.queued.push_back((request, kind)),
-            Event::Ack(ack) => self.ack(*ack, &mut out),
+            Event::Ack(ack) => self.ack(now, *ack, &mut out),
             Event::Decline {
                 checkpoint,
                 subtask,
@@ -406,6 +422,7 @@ impl CheckpointCoordinator {
                 } else if let Some(entry) = self.ended_mut(checkpoint) {
                     if let Ended::Abandoned(states) = mem::replace(entry, Ended::Failed) {
                         discard(checkpoint, states, &mut out);
+                        stats::lock(&self.stats).failed(checkpoint, now.unix_ms, reason);
                     }
                 }
             }
@@ -437,6 +454,13 @@ impl CheckpointCoordinator {
     /// The id the next checkpoint will get.
     pub fn next_id(&self) -> CheckpointId {
         self.next_id
+    }
+
+    /// The manual request that triggered checkpoint `id`, while it is
+    /// pending or finalizing: the shell finds by it where the request wants
+    /// a savepoint written.
+    pub fn request_of(&self, id: CheckpointId) -> Option<RequestId> {
+        self.pending.get(&id).and_then(|p| p.request)
     }
 
     /// Pending plus finalizing checkpoints: the slots `max_concurrent` limits.
@@ -545,9 +569,10 @@ impl CheckpointCoordinator {
 
     /// Only called for an ack `check` accepted: either a new ack of an open
     /// checkpoint or a late one.
-    fn ack(&mut self, ack: Ack, out: &mut Vec<Action>) {
+    fn ack(&mut self, now: Now, ack: Ack, out: &mut Vec<Action>) {
         match self.pending.get_mut(&ack.checkpoint) {
             Some(p) => {
+                stats::lock(&self.stats).acknowledged(&ack, now.unix_ms);
                 p.acks.insert(ack.subtask, ack.state);
                 self.finalize_if_acked(ack.checkpoint, out);
             }
@@ -586,9 +611,11 @@ impl CheckpointCoordinator {
             // moved on, so there is nobody to notify.
             if let Some(entry) = self.ended_mut(id) {
                 *entry = Ended::Completed;
+                stats::lock(&self.stats).completed(id, now.unix_ms);
             }
             return;
         };
+        stats::lock(&self.stats).completed(id, now.unix_ms);
         // Savepoints are the user's business, not a sign of the job's health.
         if p.kind == CheckpointKind::Checkpoint {
             self.consecutive_failures = 0;
@@ -643,6 +670,7 @@ impl CheckpointCoordinator {
             Ended::Abandoned(states)
         } else {
             discard(id, states, out);
+            stats::lock(&self.stats).failed(id, now.unix_ms, failure.to_string());
             Ended::Failed
         };
         if matches!(ending, Ending::Failure | Ending::Subsumed) {
@@ -728,6 +756,16 @@ impl CheckpointCoordinator {
     ) {
         let id = self.next_id;
         self.next_id = CheckpointId(id.0 + 1);
+        let stops = request.is_some() && request == self.stop;
+        let kind_stats = match kind {
+            CheckpointKind::Savepoint if stops => CheckpointType::SyncSavepoint,
+            CheckpointKind::Savepoint => CheckpointType::Savepoint,
+            CheckpointKind::Checkpoint if self.alignment == Alignment::Unaligned => {
+                CheckpointType::UnalignedCheckpoint
+            }
+            CheckpointKind::Checkpoint => CheckpointType::Checkpoint,
+        };
+        stats::lock(&self.stats).pending(id, kind_stats, now.unix_ms, &self.subtasks);
         let (master_states, hook_failure) = match self.trigger_hooks(id) {
             Ok(states) => (states, None),
             Err(failure) => (BTreeMap::new(), Some(failure)),
@@ -759,7 +797,7 @@ impl CheckpointCoordinator {
                 options: CheckpointOptions { kind, alignment },
             },
             next_id: self.next_id,
-            suspend: request.is_some() && request == self.stop,
+            suspend: stops,
         });
         // A job without subtasks has nobody to wait for.
         self.finalize_if_acked(id, out);
@@ -1002,6 +1040,143 @@ mod tests {
         fn poll_timeout(&self) -> Option<u64> {
             let at = self.coordinator.poll_timeout()?;
             Some(at.saturating_duration_since(self.base).as_millis() as u64)
+        }
+    }
+
+    /// The statistics follow the protocol's decisions: what the coordinator
+    /// completed, failed or abandoned, with each ack's time.
+    mod stats {
+        use super::*;
+        use crate::checkpoint::stats::{self, CheckpointStatus, CheckpointType};
+
+        fn entry(h: &Harness, id: u64) -> crate::checkpoint::stats::CheckpointStats {
+            stats::lock(h.coordinator.stats())
+                .get(CheckpointId(id))
+                .cloned()
+                .expect("in the history")
+        }
+
+        #[test]
+        fn a_completed_checkpoint_records_every_ack_and_its_end() {
+            let mut h = Harness::new(config(), 2);
+            h.tick(1000);
+            h.handle(1030, ack(1, 1));
+            let c = entry(&h, 1);
+            assert_eq!(
+                (c.status, c.num_acknowledged(), c.num_subtasks()),
+                (CheckpointStatus::InProgress, 1, 2)
+            );
+            assert_eq!(c.trigger_timestamp, UNIX_BASE + 1000);
+            assert_eq!(c.end_to_end_duration(), 30);
+            let finalize = h.handle(1070, ack(1, 0));
+            assert!(matches!(finalize[..], [Action::Finalize(_)]));
+            assert_eq!(
+                entry(&h, 1).status,
+                CheckpointStatus::InProgress,
+                "in progress until durable"
+            );
+            h.handle(1090, Event::Persisted(CheckpointId(1)));
+            let c = entry(&h, 1);
+            assert_eq!(
+                (c.status, c.end_to_end_duration()),
+                (CheckpointStatus::Completed, 90)
+            );
+            let (last, s) = c.last_acknowledged().unwrap();
+            assert_eq!((last, s.ack_timestamp), (subtask(0), UNIX_BASE + 1070));
+            assert_eq!(stats::lock(h.coordinator.stats()).counts().completed, 1);
+        }
+
+        #[test]
+        fn declined_expired_and_subsumed_checkpoints_fail_with_their_reason() {
+            let config = CheckpointConfig {
+                max_concurrent: 2,
+                min_pause: Duration::ZERO,
+                timeout: Duration::from_millis(5000),
+                ..config()
+            };
+            let mut h = Harness::new(config, 2);
+            h.tick(1000);
+            h.handle(1010, decline(1, 0, "disk full"));
+            let c = entry(&h, 1);
+            assert_eq!(
+                (c.status, c.end_timestamp),
+                (CheckpointStatus::Failed, Some(UNIX_BASE + 1010))
+            );
+            assert!(c.failure.unwrap().contains("disk full"));
+            h.tick(2000);
+            h.tick(3000);
+            h.complete(3100, 3);
+            assert!(entry(&h, 2).failure.unwrap().contains("subsumed by chk-3"));
+            h.tick(4000);
+            h.tick(9000);
+            assert_eq!(entry(&h, 4).status, CheckpointStatus::Failed, "expired");
+            let counts = stats::lock(h.coordinator.stats()).counts();
+            assert_eq!(
+                (
+                    counts.total,
+                    counts.completed,
+                    counts.failed,
+                    counts.in_progress
+                ),
+                (5, 1, 3, 1)
+            );
+        }
+
+        #[test]
+        fn savepoints_and_unaligned_checkpoints_are_typed() {
+            let mut h = Harness::with(config(), 1, Alignment::Unaligned, CheckpointId(1));
+            h.tick(1000);
+            assert_eq!(entry(&h, 1).kind, CheckpointType::UnalignedCheckpoint);
+            h.complete(1100, 1);
+            h.handle(1200, manual(7, Savepoint));
+            assert_eq!(entry(&h, 2).kind, CheckpointType::Savepoint);
+            h.complete(1300, 2);
+            h.coordinator.admit_manual(8, true).unwrap();
+            h.handle(1400, manual(8, Savepoint));
+            assert_eq!(entry(&h, 3).kind, CheckpointType::SyncSavepoint);
+            let tracker = stats::lock(h.coordinator.stats());
+            assert_eq!(tracker.latest_savepoint().unwrap().id, CheckpointId(2));
+            assert_eq!(tracker.latest_completed().unwrap().id, CheckpointId(1));
+        }
+
+        #[test]
+        fn a_checkpoint_abandoned_while_persisting_ends_as_its_write_did() {
+            let mut h = Harness::new(config(), 1);
+            h.tick(1000);
+            h.ack_all(1010, 1);
+            h.handle(
+                1020,
+                Event::AbortAll {
+                    reason: "restart".into(),
+                },
+            );
+            assert_eq!(
+                entry(&h, 1).status,
+                CheckpointStatus::InProgress,
+                "it may yet be durable"
+            );
+            h.handle(1030, Event::Persisted(CheckpointId(1)));
+            assert_eq!(entry(&h, 1).status, CheckpointStatus::Completed);
+            h.tick(3000);
+            h.ack_all(3010, 2);
+            h.handle(
+                3020,
+                Event::AbortAll {
+                    reason: "restart".into(),
+                },
+            );
+            h.handle(
+                3030,
+                Event::PersistFailed {
+                    checkpoint: CheckpointId(2),
+                    reason: "storage down".into(),
+                },
+            );
+            let c = entry(&h, 2);
+            assert_eq!(
+                (c.status, c.failure.as_deref()),
+                (CheckpointStatus::Failed, Some("storage down"))
+            );
         }
     }
 

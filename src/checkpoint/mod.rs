@@ -28,6 +28,7 @@ pub mod metadata;
 pub mod restore;
 pub mod savepoint;
 pub mod shared;
+pub mod stats;
 pub mod store;
 
 #[cfg(test)]
@@ -151,6 +152,9 @@ pub struct CheckpointSettings {
     pub layout: merging::StateLayout,
     /// How the run leases its job directory.
     pub lease: crate::storage::lease::LeaseOptions,
+    /// Checkpoints the statistics' history keeps (Flink's
+    /// `web.checkpoints.history`).
+    pub history: usize,
 }
 
 impl Default for CheckpointSettings {
@@ -178,7 +182,14 @@ impl CheckpointSettings {
             incremental: false,
             layout: merging::StateLayout::default(),
             lease: Default::default(),
+            history: stats::DEFAULT_HISTORY,
         }
+    }
+
+    /// Checkpoints the statistics' history keeps, at least one.
+    pub fn history(mut self, history: usize) -> Self {
+        self.history = history;
+        self
     }
 
     /// Periodic trigger; `None` leaves only manual checkpoints and
@@ -319,6 +330,9 @@ pub enum SettingsError {
     /// No checkpoint may ever be in flight.
     #[error("max concurrent checkpoints must be at least 1, not 0: no checkpoint or savepoint could ever be triggered")]
     NoConcurrentCheckpoint,
+    /// A statistics history that keeps nothing.
+    #[error("the checkpoint history must keep at least 1 checkpoint, not 0")]
+    NoHistory,
     /// Savepoints where retention and cleanup would delete them.
     #[error("the savepoint directory {savepoint_dir} lies inside the job's checkpoint directory {job_dir}, where retention and cleanup delete what no checkpoint references; choose a directory outside it")]
     SavepointsInsideCheckpoints {
@@ -337,6 +351,9 @@ impl CheckpointSettings {
         }
         if self.config.max_concurrent == 0 {
             return Err(SettingsError::NoConcurrentCheckpoint);
+        }
+        if self.history == 0 {
+            return Err(SettingsError::NoHistory);
         }
         let ttl = self.lease.ttl;
         if !(crate::storage::lease::MIN_TTL..=crate::storage::lease::MAX_TTL).contains(&ttl) {
@@ -774,10 +791,22 @@ impl SubtaskState {
         self.channels.iter().map(|c| c.handle.size()).sum()
     }
 
+    /// Bytes the snapshot for `checkpoint` wrote itself, inline state
+    /// included (Flink's checkpointed size).
+    pub fn bytes_written_by(&self, checkpoint: CheckpointId) -> u64 {
+        self.written_by(checkpoint)
+            .map(StateHandle::size)
+            .sum::<u64>()
+            + self.inline_size()
+    }
+
+    fn inline_size(&self) -> u64 {
+        self.operator.values().map(|v| v.len() as u64).sum()
+    }
+
     /// Bytes of the state objects, inline ones included.
     pub fn size(&self) -> u64 {
-        self.handles().map(StateHandle::size).sum::<u64>()
-            + self.operator.values().map(|v| v.len() as u64).sum::<u64>()
+        self.handles().map(StateHandle::size).sum::<u64>() + self.inline_size()
     }
 
     fn native(&self) -> Option<&NativeStateHandle> {

@@ -21,7 +21,7 @@ use std::process::{Command, ExitCode};
 const USAGE: &str = "usage: cargo xtask setup | run [ARGS...] | test [ARGS...]
 
   setup   install what the build and the tests need (a C++ compiler,
-          libclang for RocksDB's bindings, moto's S3 server)
+          libclang for RocksDB's bindings, moto's S3 server, Chromium)
   run     tidemark run ARGS (cargo run --release -p tidemark-actors -- run ARGS)
   test    cargo test --workspace ARGS, with the S3 cases against a local
           moto server";
@@ -64,6 +64,8 @@ fn test(args: &[String]) -> Result<ExitCode, String> {
     let mut cargo = cargo();
     cargo.args(["test", "--workspace"]).args(args);
     server.configure(&mut cargo);
+    // Installed above: the page's test must not skip.
+    cargo.env("TIDEMARK_REQUIRE_CHROMIUM", "1");
     let code = status(cargo);
     drop(server);
     code

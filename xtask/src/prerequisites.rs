@@ -2,7 +2,9 @@
 //! before cargo starts. The build: a C++ compiler and libclang (the
 //! `rocksdb` crate compiles RocksDB's bundled C++ and generates its bindings
 //! with bindgen, which loads libclang). The tests: Python 3 with moto's S3
-//! server, so that the S3 test cases run against a real S3 API.
+//! server, so that the S3 test cases run against a real S3 API, and
+//! Chromium, which renders the web page headless so that its test checks
+//! the DOM the page's script builds, not just the HTML served.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,6 +27,7 @@ enum Missing {
     Python,
     Pip,
     Moto,
+    Chromium,
 }
 
 impl Missing {
@@ -35,6 +38,7 @@ impl Missing {
             Missing::Python => "Python 3 (moto, the local S3 server of the tests)",
             Missing::Pip => "pip for Python 3 (installs moto)",
             Missing::Moto => "moto's S3 server, from PyPI",
+            Missing::Chromium => "Chromium (the web page's test renders it headless)",
         }
     }
 
@@ -46,6 +50,7 @@ impl Missing {
             Missing::Python => &["python3", "python3-pip"],
             Missing::Pip => &["python3-pip"],
             Missing::Moto => &[],
+            Missing::Chromium => &["chromium"],
         }
     }
 }
@@ -94,6 +99,9 @@ fn find_missing(purpose: Purpose) -> Vec<Missing> {
                 missing.extend([Missing::Pip, Missing::Moto]);
             }
         }
+        if !has_chromium() {
+            missing.push(Missing::Chromium);
+        }
     }
     missing
 }
@@ -118,6 +126,14 @@ fn succeeds(command: &mut Command) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+/// Whether Chromium runs: Debian's `/usr/bin/chromium`, else `chromium`
+/// on `PATH`.
+fn has_chromium() -> bool {
+    ["/usr/bin/chromium", "chromium"]
+        .iter()
+        .any(|chromium| succeeds(Command::new(chromium).arg("--version")))
 }
 
 /// The compiler the `cc` crate will use: `CXX`, else `c++`.
@@ -199,7 +215,7 @@ fn install_debian(packages: &[&str], missing: &[Missing]) -> Result<(), String> 
     );
     let refuse = |why: &str| {
         format!(
-            "this machine lacks {}. {why} Install it, then run the command again:\n\n    sudo sh -c '{install}'\n\n(or, elsewhere than Debian or Ubuntu, your system's packages for a C++ compiler, libclang and Python 3 with pip; LIBCLANG_PATH names libclang's directory if it is not a system one)",
+            "this machine lacks {}. {why} Install it, then run the command again:\n\n    sudo sh -c '{install}'\n\n(or, elsewhere than Debian or Ubuntu, your system's packages for a C++ compiler, libclang, Python 3 with pip and Chromium; LIBCLANG_PATH names libclang's directory if it is not a system one)",
             list(missing)
         )
     };

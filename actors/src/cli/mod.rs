@@ -2,7 +2,9 @@
 //! share: parsing, errors and their exit codes, a runtime for storage IO.
 
 pub mod cleanup;
+pub mod client;
 pub mod inspect;
+mod progress;
 mod report;
 mod run;
 
@@ -42,6 +44,14 @@ pub enum Command {
     Cleanup(cleanup::CleanupArgs),
     /// Show a checkpoint's or savepoint's metadata.
     Inspect(inspect::InspectArgs),
+    /// Take a savepoint of a running job over its REST API (`run --http`)
+    /// and print where it is.
+    Savepoint(client::SavepointArgs),
+    /// Stop a running job with a savepoint over its REST API: the sinks
+    /// commit it and the job ends; prints where it is.
+    Stop(client::SavepointArgs),
+    /// Show a running job's checkpoint history, over its REST API.
+    Checkpoints(client::CheckpointsArgs),
 }
 
 impl Cli {
@@ -98,6 +108,14 @@ pub enum CliError {
     StorageChanging {
         /// Scans tried.
         attempts: usize,
+    },
+    /// A job's REST API failed a request or could not be reached.
+    #[error("{url}: {problem}")]
+    Rest {
+        /// The API's URL.
+        url: String,
+        /// What went wrong.
+        problem: String,
     },
     /// No async runtime for storage IO.
     #[error("cannot start an async runtime: {0}")]

@@ -130,12 +130,26 @@ pub struct RunArgs {
     /// Print a JSON report as the last line of stdout.
     #[arg(long)]
     pub json: bool,
+    /// Serve the job's REST API (Flink's), Prometheus metrics at /metrics
+    /// and a page at / on `[ADDR:]PORT`; a port alone binds to loopback.
+    #[arg(long, value_name = "[ADDR:]PORT", value_parser = parse_http)]
+    pub http: Option<std::net::SocketAddr>,
     /// The job's settings, last in the help under a heading of their own.
     #[command(flatten, next_help_heading = "Job settings (also keys of --config)")]
     pub options: Options,
     /// The flags the command line gave, by id: they win over `--config`.
     #[arg(skip)]
     pub(crate) given: BTreeSet<String>,
+}
+
+/// `8081` is `127.0.0.1:8081`: nothing is exposed beyond this machine
+/// unless an address says so.
+fn parse_http(s: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(port) = s.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    s.parse()
+        .map_err(|_| format!("expected PORT or ADDR:PORT (127.0.0.1:8081, [::1]:8081), got {s:?}"))
 }
 
 fn parse_fault(s: &str) -> Result<Fault, String> {
@@ -189,9 +203,7 @@ impl RunArgs {
             .chain(args.into_iter().map(Into::into));
         match Cli::try_parse_from(argv)?.command {
             Command::Run(args) => Ok(args),
-            Command::Cleanup(_) | Command::Inspect(_) => {
-                unreachable!("the subcommand is `run`")
-            }
+            _ => unreachable!("the subcommand is `run`"),
         }
     }
 
@@ -408,7 +420,11 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         .filter(|op| job.graph.is_source(op.id))
         .map(|op| (op.id, op.uid.clone()))
         .collect();
-    let handle = Runtime::default().run(job).map_err(|e| match e {
+    let runtime = Runtime {
+        http: args.http,
+        ..Runtime::default()
+    };
+    let handle = runtime.run(job).map_err(|e| match e {
         JobError::Storage(
             e @ (StorageError::UnsupportedUrl(_) | StorageError::InvalidUrl { .. }),
         ) => settings.usage("checkpoint_dir", e.to_string()),
@@ -434,7 +450,12 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
                 .ok()
         })
     });
+    if let Some(addr) = handle.http_address() {
+        eprintln!("tidemark: the job's REST API and page are at http://{addr}/");
+    }
+    let progress = super::progress::Progress::start(metrics.clone());
     let outcome = handle.wait();
+    drop(progress);
     drop(job_ended);
     let savepoint = savepoint
         .and_then(|thread| thread.join().ok().flatten())

@@ -180,6 +180,11 @@ pub(super) const KEYS: &[Key] = &[
     sets!("tidemark.source.rate", [], rate = Some(values::rate)),
     sets!("tidemark.lease.ttl", [], lease_ttl = values::lease_ttl),
     sets!(
+        "web.checkpoints.history",
+        [],
+        checkpoint_history = values::positive
+    ),
+    sets!(
         "tidemark.storage.multipart-threshold",
         [],
         multipart_threshold = values::size

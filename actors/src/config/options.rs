@@ -104,6 +104,9 @@ pub struct Options {
     /// Completed checkpoints kept.
     #[arg(long, default_value = "1", value_parser = values::positive)]
     pub retain: u32,
+    /// Checkpoints the statistics keep (the REST API's history).
+    #[arg(long, default_value = "100", value_parser = values::positive)]
+    pub checkpoint_history: u32,
     /// Aligned checkpoints wait for the barrier on every input; unaligned
     /// ones overtake the in-flight batches and persist them.
     #[arg(long, value_enum, default_value_t = Mode::Aligned)]
@@ -244,6 +247,7 @@ impl Options {
             .max_concurrent(self.max_concurrent as usize)
             .tolerable_failures(self.tolerable_failures)
             .retain(self.retain as usize)
+            .history(self.checkpoint_history as usize)
             .alignment(self.alignment())
             .incremental(self.incremental)
             .inline_threshold(self.inline_threshold)

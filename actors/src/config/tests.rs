@@ -37,6 +37,7 @@ fn error(yaml: &str) -> ConfigError {
 const SAME_AS_FLAGS: &[(&str, &[&str])] = &[
     ("parallelism.default: 3", &["--parallelism=3"]),
     ("tidemark.lease.ttl: 2 min", &["--lease-ttl=2min"]),
+    ("web.checkpoints.history: 20", &["--checkpoint-history=20"]),
     ("tidemark.lease.take-over: true", &["--take-over-lease"]),
     ("tidemark.storage.multipart-threshold: 64 mb", &["--multipart-threshold=64MiB"]),
     ("tidemark.storage.upload-part-size: 5 mb", &["--upload-part-size=5MiB"]),

@@ -1,0 +1,164 @@
+//! `/jobs`, `/jobs/overview`, `/jobs/{jobid}` and cancelling with
+//! `PATCH /jobs/{jobid}`: what `flink list` and `flink cancel` use.
+
+use super::{ApiError, JobStatus, JobView, Vertex};
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpResponse};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+pub(super) fn routes(config: &mut web::ServiceConfig) {
+    config
+        .route("/jobs", web::get().to(jobs))
+        .route("/jobs/overview", web::get().to(overview))
+        .route("/jobs/{jobid}", web::get().to(job))
+        .route("/jobs/{jobid}", web::patch().to(cancel));
+}
+
+/// Flink's task counts by execution state; every state must be present
+/// for Flink's client to read them.
+fn task_counts(status: JobStatus, tasks: u32) -> Value {
+    let count = |s: JobStatus| if status == s { tasks } else { 0 };
+    json!({
+        "total": tasks,
+        "created": 0,
+        "scheduled": 0,
+        "deploying": 0,
+        "running": count(JobStatus::Running),
+        "finished": count(JobStatus::Finished),
+        "canceling": 0,
+        "canceled": count(JobStatus::Canceled),
+        "failed": count(JobStatus::Failed),
+        "reconciling": 0,
+        "initializing": 0,
+    })
+}
+
+impl JobView {
+    fn tasks(&self) -> u32 {
+        self.vertices.iter().map(|v| v.parallelism).sum()
+    }
+
+    /// Start, end (-1 while running) and duration, Unix milliseconds.
+    fn times(&self) -> (u64, i64, u64) {
+        let (_, end) = self.status();
+        let now = crate::coordinator::now().unix_ms;
+        let until = end.unwrap_or(now);
+        (
+            self.start_ms,
+            end.map_or(-1, |e| e as i64),
+            until.saturating_sub(self.start_ms),
+        )
+    }
+
+    fn overview(&self) -> Value {
+        let (status, _) = self.status();
+        let (start, end, duration) = self.times();
+        json!({
+            "jid": self.jid,
+            "name": self.name,
+            "state": status.flink_name(),
+            "start-time": start,
+            "end-time": end,
+            "duration": duration,
+            "last-modification": if end >= 0 { end as u64 } else { start },
+            "tasks": task_counts(status, self.tasks()),
+            "pending-operators": 0,
+        })
+    }
+
+    /// Records in and out, and time blocked on credit, of `vertex`.
+    fn vertex_metrics(&self, vertex: &Vertex) -> Value {
+        let (mut records_in, mut records_out, mut backpressured) = (0, 0, Duration::ZERO);
+        for (id, counters) in self.metrics.subtasks() {
+            if id.operator == vertex.operator {
+                records_in += counters.records_in();
+                records_out += counters.records_out();
+                backpressured += counters.backpressured();
+            }
+        }
+        json!({
+            "read-bytes": 0,
+            "read-bytes-complete": true,
+            "write-bytes": 0,
+            "write-bytes-complete": true,
+            "read-records": records_in,
+            "read-records-complete": true,
+            "write-records": records_out,
+            "write-records-complete": true,
+            "accumulated-backpressured-time": backpressured.as_millis() as u64,
+        })
+    }
+}
+
+async fn jobs(view: web::Data<JobView>) -> HttpResponse {
+    let (status, _) = view.status();
+    HttpResponse::Ok().json(json!({
+        "jobs": [{ "id": view.jid, "status": status.flink_name() }]
+    }))
+}
+
+async fn overview(view: web::Data<JobView>) -> HttpResponse {
+    HttpResponse::Ok().json(json!({ "jobs": [view.overview()] }))
+}
+
+async fn job(view: web::Data<JobView>, path: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    view.check_job(&path)?;
+    let (status, _) = view.status();
+    let (start, end, duration) = view.times();
+    let vertices: Vec<Value> = view
+        .vertices
+        .iter()
+        .map(|v| {
+            json!({
+                "id": v.id,
+                "name": v.name,
+                "maxParallelism": v.max_parallelism,
+                "parallelism": v.parallelism,
+                "status": status.flink_name(),
+                "start-time": start,
+                "end-time": end,
+                "duration": duration,
+                "tasks": task_counts(status, v.parallelism),
+                "metrics": view.vertex_metrics(v),
+                "source": v.is_source,
+            })
+        })
+        .collect();
+    let mut body = view.overview();
+    body["isStoppable"] = json!(false);
+    body["now"] = json!(crate::coordinator::now().unix_ms);
+    body["vertices"] = json!(vertices);
+    body["restarts"] = json!(view
+        .metrics
+        .checkpoints
+        .restarts
+        .load(std::sync::atomic::Ordering::Relaxed));
+    Ok(HttpResponse::Ok().json(body))
+}
+
+#[derive(Deserialize)]
+struct CancelQuery {
+    mode: Option<String>,
+}
+
+/// `flink cancel` sends `PATCH /jobs/{jobid}?mode=cancel`.
+async fn cancel(
+    view: web::Data<JobView>,
+    path: web::Path<String>,
+    query: web::Query<CancelQuery>,
+) -> Result<HttpResponse, ApiError> {
+    view.check_job(&path)?;
+    match query.mode.as_deref() {
+        None | Some("cancel") => {}
+        Some(other) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("unknown termination mode {other:?}: only mode=cancel is supported"),
+            ))
+        }
+    }
+    view.control()?.cancel();
+    Ok(HttpResponse::Accepted().json(json!({})))
+}

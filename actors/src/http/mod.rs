@@ -1,0 +1,311 @@
+//! The REST API of a running job, on actix-web, in the shape of Flink's
+//! (paths, field names, `/v1/` prefix, 32-hex job ids), so that the
+//! `flink` command and scripts written against Flink work unchanged;
+//! Prometheus metrics at `/metrics` and a page at `/`.
+//!
+//! The server runs on a thread and actix system of its own, so that a slow
+//! client never holds up the job's arbiters; handlers read the job's shared
+//! figures and send the supervisor the same messages the job handle does.
+
+mod checkpoints;
+mod jobs;
+mod operations;
+mod page;
+mod prometheus;
+
+use crate::metrics::JobMetrics;
+use crate::runtime::JobControl;
+use actix_web::dev::ServerHandle;
+use actix_web::http::StatusCode;
+use actix_web::{web, App, HttpResponse, ResponseError};
+use serde_json::json;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tidemark::checkpoint::CheckpointSettings;
+use tidemark::ids::{JobId, OperatorId};
+use tidemark::job::Job;
+use tidemark::key_group::key_hash;
+
+pub(crate) use operations::Operations;
+
+/// How long a finished job's server stays up for clients that triggered
+/// an operation (a stop with a savepoint) and have not read its outcome.
+const LINGER: Duration = Duration::from_secs(10);
+
+/// A job as Flink names it: 32 lowercase hex characters (Flink's `JobID`),
+/// from the job's id, so that every run of a job has the same one.
+pub fn flink_job_id(job: JobId) -> String {
+    format!("{:016x}{:016x}", job.0, key_hash(&job.0))
+}
+
+/// Where a job ended up, in Flink's words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum JobStatus {
+    Running,
+    Finished,
+    Failed,
+    Canceled,
+}
+
+impl JobStatus {
+    fn flink_name(self) -> &'static str {
+        match self {
+            JobStatus::Running => "RUNNING",
+            JobStatus::Finished => "FINISHED",
+            JobStatus::Failed => "FAILED",
+            JobStatus::Canceled => "CANCELED",
+        }
+    }
+}
+
+/// One vertex of the job graph (an operator chain).
+struct Vertex {
+    /// 32 hex characters, from the operator's uid.
+    id: String,
+    operator: OperatorId,
+    name: String,
+    parallelism: u32,
+    max_parallelism: u32,
+    is_source: bool,
+}
+
+/// What the handlers read and act on: the job's identity and graph, its
+/// live figures, its control once deployed, and how it ended.
+pub(crate) struct JobView {
+    jid: String,
+    job: JobId,
+    name: String,
+    start_ms: u64,
+    vertices: Vec<Vertex>,
+    metrics: Arc<JobMetrics>,
+    control: OnceLock<JobControl>,
+    checkpointing: Option<CheckpointSettings>,
+    state_backend: &'static str,
+    ended: Mutex<Option<(JobStatus, u64)>>,
+    operations: Operations,
+    server: Mutex<Option<Server>>,
+}
+
+impl JobView {
+    pub(crate) fn new(job: &Job, id: JobId, metrics: Arc<JobMetrics>) -> Self {
+        let graph = &job.graph;
+        JobView {
+            jid: flink_job_id(id),
+            job: id,
+            name: job.name.clone(),
+            start_ms: crate::coordinator::now().unix_ms,
+            vertices: graph
+                .operators
+                .iter()
+                .map(|o| Vertex {
+                    id: format!("{:016x}{:016x}", key_hash(&o.uid), u64::from(o.id.0)),
+                    operator: o.id,
+                    name: o.name.clone(),
+                    parallelism: o.parallelism,
+                    max_parallelism: o.max_parallelism,
+                    is_source: graph.is_source(o.id),
+                })
+                .collect(),
+            metrics,
+            control: OnceLock::new(),
+            checkpointing: job.config.checkpointing.clone(),
+            state_backend: match job.config.state_backend {
+                tidemark::StateBackend::Heap => "HashMapStateBackend",
+                _ => "EmbeddedRocksDBStateBackend",
+            },
+            ended: Mutex::new(None),
+            operations: Operations::default(),
+            server: Mutex::new(None),
+        }
+    }
+
+    /// The job is deployed: requests that act on it can be served.
+    pub(crate) fn deployed(&self, control: JobControl) {
+        let _ = self.control.set(control);
+    }
+
+    /// The job ended with `status`; the server goes on answering with it
+    /// until [`JobView::shutdown`].
+    pub(crate) fn ended(&self, status: JobStatus) {
+        let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        ended.get_or_insert((status, crate::coordinator::now().unix_ms));
+    }
+
+    /// Waits (at most [`LINGER`]) until every operation a client triggered
+    /// has been answered and its outcome read, then stops the server.
+    pub(crate) fn shutdown(&self) {
+        self.operations.wait_until_read(LINGER);
+        self.stop_server();
+    }
+
+    /// Stops the server, if it still runs.
+    pub(crate) fn stop_server(&self) {
+        let server = self
+            .server
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(server) = server {
+            server.stop();
+        }
+    }
+
+    fn status(&self) -> (JobStatus, Option<u64>) {
+        match *self.ended.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some((status, at)) => (status, Some(at)),
+            None => (JobStatus::Running, None),
+        }
+    }
+
+    /// The job's control, or why the request cannot act on the job.
+    fn control(&self) -> Result<&JobControl, ApiError> {
+        match (self.status().0, self.control.get()) {
+            (JobStatus::Running, Some(control)) => Ok(control),
+            (JobStatus::Running, None) => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the job is still being deployed",
+            )),
+            (status, _) => Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!("the job has ended ({})", status.flink_name()),
+            )),
+        }
+    }
+
+    fn vertex(&self, id: &str) -> Result<&Vertex, ApiError> {
+        self.vertices.iter().find(|v| v.id == id).ok_or_else(|| {
+            ApiError::new(StatusCode::NOT_FOUND, format!("the job has no vertex {id}"))
+        })
+    }
+
+    /// The job named in a request's path: 32 hex characters, this job's.
+    fn check_job(&self, jid: &str) -> Result<(), ApiError> {
+        if jid.len() != 32 || !jid.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("{jid:?} is not a job id: a job id is 32 hexadecimal characters"),
+            ));
+        }
+        if !jid.eq_ignore_ascii_case(&self.jid) {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("Job {jid} not found"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A failed request, answered as Flink does: `{"errors": [...]}`.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.status
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status).json(json!({ "errors": [self.message] }))
+    }
+}
+
+/// A running server: its address, and how to stop it.
+pub(crate) struct Server {
+    handle: ServerHandle,
+    thread: JoinHandle<()>,
+}
+
+impl Server {
+    fn stop(self) {
+        let Server { handle, thread } = self;
+        // The server's own system stops once the server has.
+        futures::executor::block_on(handle.stop(true));
+        let _ = thread.join();
+    }
+}
+
+/// Every route, also under Flink's versioned prefix `/v1`.
+fn routes(config: &mut web::ServiceConfig) {
+    jobs::routes(config);
+    checkpoints::routes(config);
+    operations::routes(config);
+    config.route("/metrics", web::get().to(prometheus::metrics));
+}
+
+/// Serves `view` on `listener` from a thread of its own, until the view
+/// shuts it down; returns the address it serves on.
+pub(crate) fn serve(listener: TcpListener, view: Arc<JobView>) -> std::io::Result<SocketAddr> {
+    let addr = listener.local_addr()?;
+    let data = web::Data::from(view.clone());
+    let (started, handle) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name(format!("tidemark-http-{}", view.name))
+        .spawn(move || {
+            let system = actix_rt::System::new();
+            let server = actix_web::HttpServer::new(move || {
+                App::new()
+                    .app_data(data.clone())
+                    .app_data(web::QueryConfig::default().error_handler(|e, _| {
+                        ApiError::new(StatusCode::BAD_REQUEST, e.to_string()).into()
+                    }))
+                    .app_data(web::PathConfig::default().error_handler(|e, _| {
+                        ApiError::new(StatusCode::BAD_REQUEST, e.to_string()).into()
+                    }))
+                    .service(web::scope("/v1").configure(routes))
+                    .configure(routes)
+                    .configure(page::routes)
+                    .default_service(web::to(not_found))
+            })
+            .workers(1)
+            .disable_signals()
+            .listen(listener);
+            match server {
+                Ok(server) => {
+                    let server = server.run();
+                    let _ = started.send(Ok(server.handle()));
+                    let _ = system.block_on(server);
+                }
+                Err(e) => {
+                    let _ = started.send(Err(e));
+                }
+            }
+        })?;
+    let handle = handle
+        .recv()
+        .map_err(|_| std::io::Error::other("the HTTP server's thread died"))??;
+    *view.server.lock().unwrap_or_else(PoisonError::into_inner) = Some(Server { handle, thread });
+    Ok(addr)
+}
+
+async fn not_found(request: actix_web::HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("Not found: {}", request.path()),
+    ))
+}
+
+/// Binds `addr` for [`serve`]: an error here means nothing was deployed.
+pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr)
+}
