@@ -664,3 +664,62 @@ fn chromium() -> Option<PathBuf> {
     }
     found
 }
+
+/// `tidemark savepoint`, `checkpoints` and `stop` against a running job,
+/// and what they say once it is gone.
+#[test]
+fn the_command_line_clients_take_a_savepoint_list_checkpoints_and_stop() {
+    use tidemark_actors::cli::client::{self, CheckpointsArgs, Connect, SavepointArgs};
+    let dirs = dirs();
+    let running = start(wordcount(
+        &dirs,
+        &[
+            "--checkpoint-interval=100ms",
+            &format!("--savepoint-dir={}", dirs.savepoints.display()),
+        ],
+    ));
+    let connect = Connect {
+        url: running.api.base.clone(),
+        job: None,
+    };
+    let savepoint = |target: Option<&Path>, stop: bool| {
+        let args = SavepointArgs {
+            connect: connect.clone(),
+            target: target.map(|t| t.display().to_string()),
+            timeout: Duration::from_secs(120),
+        };
+        client::savepoint(&args, stop)
+    };
+    let elsewhere = dirs.savepoints.with_file_name("by-hand");
+    let taken = local(&savepoint(Some(&elsewhere), false).unwrap());
+    assert!(taken.starts_with(&elsewhere) && taken.join("_metadata").is_file());
+    let listing = CheckpointsArgs {
+        connect: connect.clone(),
+    };
+    let table = client::checkpoints(&listing).unwrap();
+    assert!(
+        table.lines().next().unwrap().contains("completed"),
+        "{table}"
+    );
+    assert!(
+        table.contains("SAVEPOINT") && table.contains(&taken.display().to_string()),
+        "{table}"
+    );
+    let stopped = local(&savepoint(None, true).unwrap());
+    assert!(stopped.starts_with(&dirs.savepoints) && stopped.join("_metadata").is_file());
+    running.job.join().unwrap().unwrap();
+
+    let gone = client::checkpoints(&listing).unwrap_err();
+    assert_eq!(gone.exit_code(), 1);
+    assert!(
+        gone.to_string().contains(&running.api.base)
+            && gone.to_string().contains("cannot reach it"),
+        "{gone}"
+    );
+    let unknown = Connect {
+        url: connect.url,
+        job: Some("0".repeat(32)),
+    };
+    let gone = client::checkpoints(&CheckpointsArgs { connect: unknown }).unwrap_err();
+    assert!(gone.to_string().contains("cannot reach it"), "{gone}");
+}

@@ -247,11 +247,26 @@ impl JobView {
     }
 }
 
+/// Flink's answer on an asynchronous operation: `IN_PROGRESS`, or
+/// `COMPLETED` with what `done` makes of the result, or the failure's cause.
 fn status(
-    outcome: Option<Result<Savepoint, String>>,
+    view: &JobView,
+    (jid, trigger): (String, String),
+    kind: Kind,
     done: impl FnOnce(Savepoint) -> Value,
-) -> Value {
-    match outcome {
+) -> Result<HttpResponse, ApiError> {
+    view.check_job(&jid)?;
+    let outcome = view.operations.read(&trigger, kind).ok_or_else(|| {
+        let what = match kind {
+            Kind::Checkpoint => "checkpoint",
+            Kind::Savepoint => "savepoint",
+        };
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("there is no {what} operation with triggerId {trigger}"),
+        )
+    })?;
+    let body = match outcome {
         None => json!({ "status": { "id": "IN_PROGRESS" }, "operation": null }),
         Some(Ok(savepoint)) => {
             json!({ "status": { "id": "COMPLETED" }, "operation": done(savepoint) })
@@ -264,14 +279,8 @@ fn status(
                 "serialized-throwable": null,
             } },
         }),
-    }
-}
-
-fn unknown_operation(what: &str, id: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!("there is no {what} operation with triggerId {id}"),
-    )
+    };
+    Ok(HttpResponse::Ok().json(body))
 }
 
 #[derive(Default, Deserialize)]
@@ -315,13 +324,12 @@ async fn checkpoint_status(
     view: web::Data<JobView>,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
-    let (jid, trigger) = path.into_inner();
-    view.check_job(&jid)?;
-    let outcome = view
-        .operations
-        .read(&trigger, Kind::Checkpoint)
-        .ok_or_else(|| unknown_operation("checkpoint", &trigger))?;
-    Ok(HttpResponse::Ok().json(status(outcome, |c| json!({ "checkpointId": c.id.0 }))))
+    status(
+        &view,
+        path.into_inner(),
+        Kind::Checkpoint,
+        |c| json!({ "checkpointId": c.id.0 }),
+    )
 }
 
 #[derive(Default, Deserialize)]
@@ -359,16 +367,12 @@ async fn savepoint_status(
     view: web::Data<JobView>,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
-    let (jid, trigger) = path.into_inner();
-    view.check_job(&jid)?;
-    let outcome = view
-        .operations
-        .read(&trigger, Kind::Savepoint)
-        .ok_or_else(|| unknown_operation("savepoint", &trigger))?;
-    Ok(HttpResponse::Ok().json(status(
-        outcome,
+    status(
+        &view,
+        path.into_inner(),
+        Kind::Savepoint,
         |s| json!({ "location": flink_location(&s.location) }),
-    )))
+    )
 }
 
 #[derive(Default, Deserialize)]
