@@ -138,7 +138,7 @@ fn wordcount(dirs: &Dirs, extra: &[&str]) -> Vec<String> {
         "wordcount",
         "--parallelism=2",
         "--emit=updates",
-        "--rate=20000",
+        "--rate=5000",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -289,6 +289,11 @@ fn checkpoints_savepoints_and_stop_over_http_restore_exactly_once() {
     for vertex in &vertices {
         let vid = vertex["id"].as_str().unwrap();
         assert_eq!(tasks[vid]["num_acknowledged_subtasks"], 2);
+        assert_eq!(
+            tasks[vid]["id"].as_u64(),
+            Some(ids[1]),
+            "Flink's task entry carries the checkpoint id"
+        );
         let per = api.ok(&format!(
             "/jobs/{jid}/checkpoints/details/{}/subtasks/{vid}",
             ids[1]
@@ -404,6 +409,22 @@ fn checkpoints_savepoints_and_stop_over_http_restore_exactly_once() {
             .unwrap_or_else(|| panic!("{method} {path}: {errors}"));
         assert!(!message.is_empty());
     }
+    // A form or text from another site's page cannot act on the job.
+    let response = api
+        .agent
+        .post(format!("{}/jobs/{jid}/stop", api.base))
+        .header("content-type", "text/plain")
+        .send("{}");
+    assert_eq!(Api::answer(response).unwrap().0, 415);
+    let foreign = api.post(
+        &format!("/jobs/{jid}/savepoints"),
+        r#"{"target-directory": "memory://elsewhere/sp"}"#,
+    );
+    assert_eq!(
+        foreign.0, 400,
+        "a store the job does not use: {}",
+        foreign.1
+    );
     let forbidden = api
         .post(
             &format!("/jobs/{jid}/savepoints"),
@@ -556,7 +577,27 @@ fn flinks_recorded_cli_requests_list_savepoint_and_cancel() {
         request.len() == 32 && request.bytes().all(|b| b.is_ascii_hexdigit()),
         "{request}"
     );
+    // A retry with a trigger id of the client's own triggers once.
+    let retry = format!(
+        r#"{{"target-directory": "{target}", "cancel-job": false, "formatType": "CANONICAL", "triggerId": "{}"}}"#,
+        "b".repeat(32)
+    );
+    for _ in 0..2 {
+        let (status, again) = api.post(&format!("/v1/jobs/{jid}/savepoints"), &retry);
+        assert_eq!(
+            (status, again["request-id"].as_str()),
+            (202, Some(&*"b".repeat(32)))
+        );
+    }
+    api.completed(&format!("/v1/jobs/{jid}/savepoints/{}", "b".repeat(32)));
     let done = api.completed(&format!("/v1/jobs/{jid}/savepoints/{request}"));
+    let savepoints = api.ok(&format!("/jobs/{jid}/checkpoints"))["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["is_savepoint"] == true)
+        .count();
+    assert_eq!(savepoints, 2, "the retry took no savepoint of its own");
     let location = done["location"].as_str().unwrap();
     assert!(
         location.starts_with(&target) && local(location).join("_metadata").is_file(),
@@ -705,6 +746,15 @@ fn the_command_line_clients_take_a_savepoint_list_checkpoints_and_stop() {
         table.contains("SAVEPOINT") && table.contains(&taken.display().to_string()),
         "{table}"
     );
+    let unknown = Connect {
+        url: connect.url.clone(),
+        job: Some("0".repeat(32)),
+    };
+    let wrong = client::checkpoints(&CheckpointsArgs { connect: unknown }).unwrap_err();
+    assert!(
+        wrong.to_string().contains("404") && wrong.to_string().contains("not found"),
+        "{wrong}"
+    );
     let stopped = local(&savepoint(None, true).unwrap());
     assert!(stopped.starts_with(&dirs.savepoints) && stopped.join("_metadata").is_file());
     running.job.join().unwrap().unwrap();
@@ -716,10 +766,4 @@ fn the_command_line_clients_take_a_savepoint_list_checkpoints_and_stop() {
             && gone.to_string().contains("cannot reach it"),
         "{gone}"
     );
-    let unknown = Connect {
-        url: connect.url,
-        job: Some("0".repeat(32)),
-    };
-    let gone = client::checkpoints(&CheckpointsArgs { connect: unknown }).unwrap_err();
-    assert!(gone.to_string().contains("cannot reach it"), "{gone}");
 }

@@ -421,15 +421,13 @@ impl Runtime {
                 let outcome = outcome_rx.try_recv().unwrap_or_else(|_| {
                     Err(JobError::Runtime("the runtime stopped without an outcome".into()))
                 });
-                if let Some(view) = job_view {
+                if let Some(view) = &job_view {
                     view.ended(match &outcome {
                         Ok(_) => JobStatus::Finished,
                         Err(JobError::Cancelled) => JobStatus::Canceled,
                         Err(_) => JobStatus::Failed,
                     });
-                    view.shutdown();
                 }
-                let _ = outcome_tx.send(outcome);
                 if let Some(lease) = lease {
                     let released = actix_rt::Runtime::new()
                         .map_err(|e| e.to_string())
@@ -438,6 +436,12 @@ impl Runtime {
                         tracing::warn!("the job directory's lease was not released ({e}); the next run takes it once it expires");
                     }
                 }
+                // The lease is free for the next run while a client that
+                // stopped the job reads how its savepoint went.
+                if let Some(view) = job_view {
+                    view.shutdown();
+                }
+                let _ = outcome_tx.send(outcome);
             })
             .map_err(|e| JobError::Runtime(format!("cannot start the runtime thread: {e}")))?;
         let supervisor = addr_rx

@@ -313,6 +313,9 @@ pub struct CheckpointStatsTracker {
     capacity: usize,
     /// Oldest first.
     history: VecDeque<CheckpointStats>,
+    /// Checkpoints still in progress, also those the history let go of:
+    /// their end is counted all the same.
+    in_progress: BTreeSet<CheckpointId>,
     counts: Counts,
     latest_completed: Option<CheckpointStats>,
     latest_savepoint: Option<CheckpointStats>,
@@ -341,6 +344,7 @@ impl CheckpointStatsTracker {
         CheckpointStatsTracker {
             capacity: capacity.max(1),
             history: VecDeque::new(),
+            in_progress: BTreeSet::new(),
             counts: Counts::default(),
             latest_completed: None,
             latest_savepoint: None,
@@ -369,7 +373,13 @@ impl CheckpointStatsTracker {
             *n = (*n).max(s.index.0 as usize + 1);
         }
         if self.history.len() == self.capacity {
-            self.history.pop_front();
+            // The oldest that ended goes first: a long checkpoint stays
+            // visible while newer ones come and go.
+            let ended = self
+                .history
+                .iter()
+                .position(|c| c.status != CheckpointStatus::InProgress);
+            self.history.remove(ended.unwrap_or(0));
         }
         self.history.push_back(CheckpointStats {
             id,
@@ -389,6 +399,7 @@ impl CheckpointStatsTracker {
         });
         self.counts.total += 1;
         self.counts.in_progress += 1;
+        self.in_progress.insert(id);
     }
 
     /// A subtask acknowledged at `timestamp`.
@@ -418,21 +429,26 @@ impl CheckpointStatsTracker {
 
     /// Checkpoint `id` completed at `timestamp`.
     pub fn completed(&mut self, id: CheckpointId, timestamp: u64) {
-        let Some(entry) = self.end(id, timestamp, CheckpointStatus::Completed, None) else {
+        if !self.in_progress.remove(&id) {
             return;
-        };
+        }
+        self.counts.in_progress -= 1;
         self.counts.completed += 1;
-        if entry.kind.is_savepoint() {
-            self.latest_savepoint = Some(entry);
-        } else {
-            self.latest_completed = Some(entry);
+        match self.end(id, timestamp, CheckpointStatus::Completed, None) {
+            Some(entry) if entry.kind.is_savepoint() => self.latest_savepoint = Some(entry),
+            Some(entry) => self.latest_completed = Some(entry),
+            None => {}
         }
     }
 
     /// Checkpoint `id` failed at `timestamp`.
     pub fn failed(&mut self, id: CheckpointId, timestamp: u64, reason: String) {
+        if !self.in_progress.remove(&id) {
+            return;
+        }
+        self.counts.in_progress -= 1;
+        self.counts.failed += 1;
         if let Some(entry) = self.end(id, timestamp, CheckpointStatus::Failed, Some(reason)) {
-            self.counts.failed += 1;
             self.latest_failed = Some(entry);
         }
     }
@@ -451,15 +467,10 @@ impl CheckpointStatsTracker {
         failure: Option<String>,
     ) -> Option<CheckpointStats> {
         let entry = self.entry_mut(id)?;
-        if entry.status != CheckpointStatus::InProgress {
-            return None;
-        }
         entry.status = status;
         entry.failure = failure;
         entry.end_timestamp = Some(timestamp);
-        let entry = entry.clone();
-        self.counts.in_progress -= 1;
-        Some(entry)
+        Some(entry.clone())
     }
 
     fn entry_mut(&mut self, id: CheckpointId) -> Option<&mut CheckpointStats> {
@@ -670,6 +681,28 @@ mod tests {
         // An ack of an unknown or evicted checkpoint is dropped.
         t.acknowledged(&ack(9, subtask(0, 0), 1, 1), 40);
         assert!(t.get(CheckpointId(9)).is_none());
+    }
+
+    #[test]
+    fn a_checkpoint_that_outlasts_the_history_is_still_counted_when_it_ends() {
+        let mut t = CheckpointStatsTracker::new(2);
+        t.pending(CheckpointId(1), CheckpointType::Checkpoint, 0, &job());
+        for id in 2..=4 {
+            t.pending(CheckpointId(id), CheckpointType::Checkpoint, id, &job());
+            t.completed(CheckpointId(id), id + 1);
+        }
+        let ids: Vec<u64> = t.history().map(|c| c.id.0).collect();
+        assert_eq!(ids, [4, 1], "the one in progress is kept over ended ones");
+        t.pending(CheckpointId(5), CheckpointType::Checkpoint, 5, &job());
+        t.pending(CheckpointId(6), CheckpointType::Checkpoint, 6, &job());
+        assert!(
+            t.get(CheckpointId(1)).is_none(),
+            "all in progress: the oldest goes"
+        );
+        t.completed(CheckpointId(1), 10);
+        let c = t.counts();
+        assert_eq!((c.total, c.completed, c.in_progress), (6, 4, 2));
+        assert_eq!(c.total, c.completed + c.failed + c.in_progress);
     }
 
     #[test]

@@ -67,7 +67,7 @@ fn entry(c: &CheckpointStats, view: &JobView) -> Value {
         .iter()
         .filter_map(|o| {
             let vertex = view.vertices.iter().find(|v| v.operator == o.operator)?;
-            Some((vertex.id.clone(), task(o, c, &vertex.id)))
+            Some((vertex.id.clone(), task(o, c)))
         })
         .collect();
     let mut body = merge(
@@ -96,17 +96,13 @@ fn entry(c: &CheckpointStats, view: &JobView) -> Value {
     body
 }
 
-/// One operator of one checkpoint (Flink's `TaskCheckpointStatistics`).
-fn task(o: &OperatorStats, c: &CheckpointStats, vertex: &str) -> Value {
-    let status = if o.acknowledged() == o.subtasks.len() {
-        "COMPLETED"
-    } else {
-        status_name(c.status).0
-    };
+/// One operator of one checkpoint (Flink's `TaskCheckpointStatistics`:
+/// its `id` and `status` are the checkpoint's).
+fn task(o: &OperatorStats, c: &CheckpointStats) -> Value {
     merge(
         json!({
-            "id": vertex,
-            "status": status,
+            "id": c.id.0,
+            "status": status_name(c.status).0,
             "latest_ack_timestamp": o.latest_ack().map_or(-1, |t| t as i64),
             "end_to_end_duration": o.latest_ack().map_or(0, |t| t.saturating_sub(c.trigger_timestamp)),
             "num_subtasks": o.subtasks.len(),
@@ -155,14 +151,18 @@ fn checkpoint_id(raw: &str) -> Result<CheckpointId, ApiError> {
     })
 }
 
-fn not_kept(id: CheckpointId) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!(
-            "checkpoint {} is not in the history (it never existed or is too old)",
-            id.0
-        ),
-    )
+/// A copy of checkpoint `id`'s statistics.
+fn kept(view: &JobView, id: CheckpointId) -> Result<CheckpointStats, ApiError> {
+    let found = stats::lock(&view.metrics.checkpoint_stats).get(id).cloned();
+    found.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "checkpoint {} is not in the history (it never existed or is too old)",
+                id.0
+            ),
+        )
+    })
 }
 
 async fn overview(
@@ -170,7 +170,9 @@ async fn overview(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     view.check_job(&path)?;
-    let stats = stats::lock(&view.metrics.checkpoint_stats);
+    // Rendered from a copy: the coordinator records into the tracker on
+    // every acknowledgement and must not wait for a client.
+    let stats = stats::lock(&view.metrics.checkpoint_stats).clone();
     let counts = stats.counts();
     let s = stats.summary();
     let restored = stats.latest_restored().map(|r| {
@@ -254,9 +256,7 @@ async fn details(
     let (jid, checkpoint) = path.into_inner();
     view.check_job(&jid)?;
     let id = checkpoint_id(&checkpoint)?;
-    let stats = stats::lock(&view.metrics.checkpoint_stats);
-    let c = stats.get(id).ok_or_else(|| not_kept(id))?;
-    Ok(HttpResponse::Ok().json(entry(c, &view)))
+    Ok(HttpResponse::Ok().json(entry(&kept(&view, id)?, &view)))
 }
 
 async fn subtasks(
@@ -267,8 +267,7 @@ async fn subtasks(
     view.check_job(&jid)?;
     let id = checkpoint_id(&checkpoint)?;
     let vertex = view.vertex(&vertex)?;
-    let stats = stats::lock(&view.metrics.checkpoint_stats);
-    let c = stats.get(id).ok_or_else(|| not_kept(id))?;
+    let c = &kept(&view, id)?;
     let o = c.operator(vertex.operator).ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
@@ -279,7 +278,7 @@ async fn subtasks(
     let of = |f: fn(&SubtaskStats) -> u64| {
         summary(&StatsSummary::of(acked.iter().map(|s| f(s)).collect()))
     };
-    let mut body = task(o, c, &vertex.id);
+    let mut body = task(o, c);
     body["summary"] = json!({
         "state_size": of(|s| s.state_size),
         "checkpointed_size": of(|s| s.checkpointed_size),

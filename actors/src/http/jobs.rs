@@ -35,6 +35,20 @@ fn task_counts(status: JobStatus, tasks: u32) -> Value {
     })
 }
 
+/// The same counts keyed as Flink's `Map<ExecutionState, Integer>` (a
+/// vertex's `tasks`, a job's `status-counts`): upper case, no total.
+fn by_execution_state(counts: Value) -> Value {
+    let Value::Object(counts) = counts else {
+        return counts;
+    };
+    counts
+        .into_iter()
+        .filter(|(state, _)| state != "total")
+        .map(|(state, n)| (state.to_uppercase(), n))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
 impl JobView {
     fn tasks(&self) -> u32 {
         self.vertices.iter().map(|v| v.parallelism).sum()
@@ -120,7 +134,7 @@ async fn job(view: web::Data<JobView>, path: web::Path<String>) -> Result<HttpRe
                 "start-time": start,
                 "end-time": end,
                 "duration": duration,
-                "tasks": task_counts(status, v.parallelism),
+                "tasks": by_execution_state(task_counts(status, v.parallelism)),
                 "metrics": view.vertex_metrics(v),
                 "source": v.is_source,
             })
@@ -128,6 +142,33 @@ async fn job(view: web::Data<JobView>, path: web::Path<String>) -> Result<HttpRe
         .collect();
     let mut body = view.overview();
     body["isStoppable"] = json!(false);
+    body["status-counts"] = by_execution_state(task_counts(status, view.tasks()));
+    let reached = |s: JobStatus| match (s, end) {
+        (JobStatus::Running, _) => start as i64,
+        (s, end) if s == status => end,
+        _ => 0,
+    };
+    body["timestamps"] = json!({
+        "INITIALIZING": start, "CREATED": start,
+        "RUNNING": reached(JobStatus::Running),
+        "FINISHED": reached(JobStatus::Finished),
+        "FAILED": reached(JobStatus::Failed),
+        "CANCELED": reached(JobStatus::Canceled),
+        "FAILING": 0, "CANCELLING": 0, "RESTARTING": 0, "SUSPENDED": 0, "RECONCILING": 0,
+    });
+    body["plan"] = json!({
+        "jid": view.jid,
+        "name": view.name,
+        "type": "STREAMING",
+        "nodes": view.vertices.iter().map(|v| json!({
+            "id": v.id,
+            "parallelism": v.parallelism,
+            "operator": "",
+            "operator_strategy": "",
+            "description": v.name,
+            "optimizer_properties": {},
+        })).collect::<Vec<_>>(),
+    });
     body["now"] = json!(crate::coordinator::now().unix_ms);
     body["vertices"] = json!(vertices);
     body["restarts"] = json!(view

@@ -278,6 +278,9 @@ pub(crate) fn serve(listener: TcpListener, view: Arc<JobView>) -> std::io::Resul
                     .default_service(web::to(not_found))
             })
             .workers(1)
+            // A page's idle keep-alive connection must not hold up the
+            // end of the job.
+            .shutdown_timeout(1)
             .disable_signals()
             .listen(listener);
             match server {
@@ -295,6 +298,10 @@ pub(crate) fn serve(listener: TcpListener, view: Arc<JobView>) -> std::io::Resul
         .recv()
         .map_err(|_| std::io::Error::other("the HTTP server's thread died"))??;
     *view.server.lock().unwrap_or_else(PoisonError::into_inner) = Some(Server { handle, thread });
+    // A job that ended while the server started has no one left to stop it.
+    if view.status().0 != JobStatus::Running {
+        view.stop_server();
+    }
     Ok(addr)
 }
 

@@ -6,8 +6,9 @@
 
 use super::{ApiError, JobView};
 use crate::runtime::{finished, Savepoint};
+use actix_web::http::header;
 use actix_web::http::StatusCode;
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -20,6 +21,11 @@ use tidemark::storage::{check_savepoint_dir, CheckpointStorage};
 /// Operations remembered: a client polls within seconds, so only the
 /// newest are kept.
 const KEPT: usize = 100;
+
+/// Operations in progress at once: more are refused, so that a client in
+/// a loop cannot queue checkpoint after checkpoint ahead of the periodic
+/// ones.
+const IN_FLIGHT: usize = 4;
 
 pub(super) fn routes(config: &mut web::ServiceConfig) {
     config
@@ -54,8 +60,19 @@ struct Operation {
     id: String,
     kind: Kind,
     outcome: Option<Result<Savepoint, String>>,
+    /// A client asked how it stands: one that waits for the outcome.
+    polled: bool,
     /// A client has read the outcome.
     read: bool,
+}
+
+/// What [`Operations::start`] found.
+enum Started {
+    /// A new operation under this id: trigger it.
+    New(String),
+    /// The client's trigger id names one already (a retry): trigger
+    /// nothing, answer with the same id, as Flink does.
+    Existing(String),
 }
 
 /// The operations triggered over REST, newest last.
@@ -82,15 +99,23 @@ impl Operations {
     }
 
     /// Registers an operation under the client's trigger id, or a new one
-    /// (32 hex characters); `None` if the client's id is taken.
-    fn start(&self, kind: Kind, requested: Option<String>) -> Option<String> {
+    /// (32 hex characters).
+    fn start(&self, kind: Kind, requested: Option<String>) -> Result<Started, ApiError> {
         let mut inner = self.lock();
         let (ops, rng) = &mut *inner;
         let id = match requested {
-            Some(id) if ops.iter().any(|o| o.id == id) => return None,
+            Some(id) if ops.iter().any(|o| o.id == id && o.kind == kind) => {
+                return Ok(Started::Existing(id))
+            }
             Some(id) => id,
             None => format!("{:016x}{:016x}", rng.next_u64(), rng.next_u64()),
         };
+        if ops.iter().filter(|o| o.outcome.is_none()).count() >= IN_FLIGHT {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("{IN_FLIGHT} checkpoints or savepoints asked for are still in progress; ask again once one has completed"),
+            ));
+        }
         if ops.len() == KEPT {
             ops.pop_front();
         }
@@ -98,9 +123,15 @@ impl Operations {
             id: id.clone(),
             kind,
             outcome: None,
+            polled: false,
             read: false,
         });
-        Some(id)
+        Ok(Started::New(id))
+    }
+
+    /// Drops operation `id`, which the job refused before it started.
+    fn forget(&self, id: &str) {
+        self.lock().0.retain(|o| o.id != id);
     }
 
     fn finish(&self, id: &str, outcome: Result<Savepoint, String>) {
@@ -115,6 +146,7 @@ impl Operations {
     fn read(&self, id: &str, kind: Kind) -> Option<Option<Result<Savepoint, String>>> {
         let mut inner = self.lock();
         let op = inner.0.iter_mut().find(|o| o.id == id && o.kind == kind)?;
+        op.polled = true;
         op.read |= op.outcome.is_some();
         let outcome = op.outcome.clone();
         drop(inner);
@@ -122,12 +154,13 @@ impl Operations {
         Some(outcome)
     }
 
-    /// Blocks until every operation ended and a client read its outcome,
-    /// or `limit` passed.
+    /// Blocks until every operation a client is polling ended and the
+    /// client read its outcome, or `limit` passed. Operations nobody asked
+    /// about hold nothing up.
     pub(crate) fn wait_until_read(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
         let mut inner = self.lock();
-        while inner.0.iter().any(|o| !o.read) {
+        while inner.0.iter().any(|o| o.polled && !o.read) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return;
@@ -141,6 +174,17 @@ impl Operations {
     }
 }
 
+/// `scheme://name` of a storage URL (the store: a bucket, a memory
+/// store); `None` for a local path, `file://` ones included.
+fn store_of(url: &str) -> Option<&str> {
+    if url.starts_with("file://") {
+        return None;
+    }
+    let (scheme, rest) = url.split_once("://")?;
+    let name = rest.find('/').unwrap_or(rest.len());
+    Some(&url[..scheme.len() + 3 + name])
+}
+
 /// A location as Flink writes it: local paths as `file://` URLs, which
 /// `--restore` takes as well.
 pub(super) fn flink_location(location: &str) -> String {
@@ -151,8 +195,28 @@ pub(super) fn flink_location(location: &str) -> String {
     }
 }
 
-/// Reads a JSON body; an empty one is the defaults.
-fn body<T: for<'de> Deserialize<'de> + Default>(bytes: &[u8]) -> Result<T, ApiError> {
+/// Reads a JSON body; an empty one is the defaults. The request must say
+/// it is JSON: a form or plain text from another site's page, which a
+/// browser sends without asking, cannot trigger anything.
+fn body<T: for<'de> Deserialize<'de> + Default>(
+    request: &HttpRequest,
+    bytes: &[u8],
+) -> Result<T, ApiError> {
+    let json = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+        });
+    if !json {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "a request that acts on the job must have Content-Type: application/json",
+        ));
+    }
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
@@ -205,6 +269,29 @@ impl JobView {
                 format!("cannot write a savepoint to {dir:?}: {problem}"),
             )
         };
+        if let Some(store) = store_of(dir) {
+            let known = [
+                settings.savepoint_dir.as_deref(),
+                Some(&*settings.storage_url),
+            ];
+            if !known
+                .into_iter()
+                .flatten()
+                .any(|url| store_of(url) == Some(store))
+            {
+                return Err(forbidden(format!(
+                    "over HTTP, savepoints go to local paths or to the stores of the job's checkpoint and savepoint directories, and {store} is neither"
+                )));
+            }
+            let path = dir[store.len()..].trim_end_matches('/');
+            if path
+                .split('/')
+                .skip(1)
+                .any(|p| p.is_empty() || p == "." || p == "..")
+            {
+                return Err(forbidden("empty, `.` and `..` segments are refused".into()));
+            }
+        }
         let mut asked = settings.clone();
         asked.savepoint_dir = Some(dir.to_owned());
         check_savepoint_dir(&asked, self.job).map_err(|e| forbidden(e.to_string()))?;
@@ -230,20 +317,19 @@ impl JobView {
                 ));
             }
         }
-        let answer = answer()?;
-        let id = self.operations.start(kind, trigger_id).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::CONFLICT,
-                "an operation with this triggerId exists already",
-            )
-        })?;
+        let accepted = |id: &str| HttpResponse::Accepted().json(json!({ "request-id": id }));
+        let id = match self.operations.start(kind, trigger_id)? {
+            Started::Existing(id) => return Ok(accepted(&id)),
+            Started::New(id) => id,
+        };
+        let answer = answer().inspect_err(|_| self.operations.forget(&id))?;
         let view = self.clone();
         let op = id.clone();
         actix_rt::spawn(async move {
             let outcome = finished(answer.await).map_err(|e| e.to_string());
             view.operations.finish(&op, outcome);
         });
-        Ok(HttpResponse::Accepted().json(json!({ "request-id": id })))
+        Ok(accepted(&id))
     }
 }
 
@@ -271,14 +357,22 @@ fn status(
         Some(Ok(savepoint)) => {
             json!({ "status": { "id": "COMPLETED" }, "operation": done(savepoint) })
         }
-        Some(Err(cause)) => json!({
-            "status": { "id": "COMPLETED" },
-            "operation": { "failure-cause": {
-                "class": "org.apache.flink.runtime.checkpoint.CheckpointException",
-                "stack-trace": cause,
-                "serialized-throwable": null,
-            } },
-        }),
+        Some(Err(cause)) => {
+            // Flink's `CheckpointInfo` and `SavepointInfo` name it apart.
+            let field = match kind {
+                Kind::Checkpoint => "failureCause",
+                Kind::Savepoint => "failure-cause",
+            };
+            json!({
+                "status": { "id": "COMPLETED" },
+                "operation": { field: {
+                    "class": "org.apache.flink.runtime.checkpoint.CheckpointException",
+                    "message": cause,
+                    "stack-trace": cause,
+                    "serialized-throwable": null,
+                } },
+            })
+        }
     };
     Ok(HttpResponse::Ok().json(body))
 }
@@ -293,10 +387,11 @@ struct CheckpointRequest {
 async fn trigger_checkpoint(
     view: web::Data<JobView>,
     path: web::Path<String>,
+    request: HttpRequest,
     bytes: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
     view.check_job(&path)?;
-    let request: CheckpointRequest = body(&bytes)?;
+    let request: CheckpointRequest = body(&request, &bytes)?;
     match request.checkpoint_type.as_deref() {
         None | Some("CONFIGURED") | Some("FULL") | Some("INCREMENTAL") => {}
         Some(other) => {
@@ -347,10 +442,11 @@ struct SavepointRequest {
 async fn trigger_savepoint(
     view: web::Data<JobView>,
     path: web::Path<String>,
+    request: HttpRequest,
     bytes: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
     view.check_job(&path)?;
-    let request: SavepointRequest = body(&bytes)?;
+    let request: SavepointRequest = body(&request, &bytes)?;
     check_format(request.format_type.as_deref())?;
     let target = view.savepoint_target(request.target_directory.as_deref())?;
     let view = view.into_inner();
@@ -388,10 +484,11 @@ struct StopRequest {
 async fn stop(
     view: web::Data<JobView>,
     path: web::Path<String>,
+    request: HttpRequest,
     bytes: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
     view.check_job(&path)?;
-    let request: StopRequest = body(&bytes)?;
+    let request: StopRequest = body(&request, &bytes)?;
     check_format(request.format_type.as_deref())?;
     if request.drain {
         return Err(ApiError::new(

@@ -52,11 +52,12 @@ fn exposition(view: &JobView) -> String {
         job: view.name.clone(),
     };
     let subtasks = view.metrics.subtasks();
-    let name_of = |operator| {
+    // Names need not be unique; the vertex id is.
+    let vertex_of = |operator| {
         view.vertices
             .iter()
             .find(|v| v.operator == operator)
-            .map_or("", |v| v.name.as_str())
+            .map_or(("", ""), |v| (v.name.as_str(), v.id.as_str()))
     };
     for (family, help, read) in [
         (
@@ -78,15 +79,19 @@ fn exposition(view: &JobView) -> String {
         e.family(family, "counter", help);
         for (id, counters) in &subtasks {
             let subtask = id.index.0.to_string();
+            let (name, vertex) = vertex_of(id.operator);
             let labels = [
-                ("operator", name_of(id.operator)),
+                ("operator", name),
+                ("vertex", vertex),
                 ("subtask", subtask.as_str()),
             ];
             e.sample(family, &labels, read(counters));
         }
     }
-    let tracker = stats::lock(&view.metrics.checkpoint_stats);
-    let counts = tracker.counts();
+    let (counts, last) = {
+        let tracker = stats::lock(&view.metrics.checkpoint_stats);
+        (tracker.counts(), tracker.latest_completed().cloned())
+    };
     e.family(
         "checkpoints",
         "gauge",
@@ -105,7 +110,7 @@ fn exposition(view: &JobView) -> String {
         "Restores from a checkpoint or savepoint.",
         counts.restored as f64,
     );
-    let last = tracker.latest_completed();
+    let last = last.as_ref();
     let totals = last.map(|c| c.totals()).unwrap_or_default();
     let alignment = last
         .into_iter()
@@ -148,7 +153,6 @@ fn exposition(view: &JobView) -> String {
         "Longest alignment of any subtask in the latest completed checkpoint.",
         alignment,
     );
-    drop(tracker);
     let restarts = view.metrics.checkpoints.restarts.load(Ordering::Relaxed);
     e.single(
         "restarts_total",
