@@ -409,6 +409,17 @@ fn checkpoints_savepoints_and_stop_over_http_restore_exactly_once() {
             .unwrap_or_else(|| panic!("{method} {path}: {errors}"));
         assert!(!message.is_empty());
     }
+    // A page whose domain was rebound to 127.0.0.1 is refused.
+    let rebound = {
+        use std::io::{Read, Write};
+        let mut stream =
+            std::net::TcpStream::connect(api.base.trim_start_matches("http://")).unwrap();
+        write!(stream, "GET /jobs/overview HTTP/1.1\r\nHost: attacker.example:8081\r\nConnection: close\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    assert!(rebound.starts_with("HTTP/1.1 403"), "{rebound}");
     // A form or text from another site's page cannot act on the job.
     let response = api
         .agent

@@ -257,6 +257,7 @@ fn routes(config: &mut web::ServiceConfig) {
 /// shuts it down; returns the address it serves on.
 pub(crate) fn serve(listener: TcpListener, view: Arc<JobView>) -> std::io::Result<SocketAddr> {
     let addr = listener.local_addr()?;
+    let loopback = addr.ip().is_loopback();
     let data = web::Data::from(view.clone());
     let (started, handle) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
@@ -265,6 +266,19 @@ pub(crate) fn serve(listener: TcpListener, view: Arc<JobView>) -> std::io::Resul
             let system = actix_rt::System::new();
             let server = actix_web::HttpServer::new(move || {
                 App::new()
+                    .wrap_fn(move |request, service| {
+                        use actix_web::dev::Service;
+                        use futures::future::{ready, Either, FutureExt};
+                        if loopback && !local_host(&request) {
+                            let refused = ApiError::new(
+                                StatusCode::FORBIDDEN,
+                                "this server answers only requests to localhost, 127.0.0.1 or [::1]",
+                            );
+                            let response = request.error_response(refused).map_into_right_body();
+                            return Either::Left(ready(Ok(response)));
+                        }
+                        Either::Right(service.call(request).map(|r| r.map(|r| r.map_into_left_body())))
+                    })
                     .app_data(data.clone())
                     .app_data(web::QueryConfig::default().error_handler(|e, _| {
                         ApiError::new(StatusCode::BAD_REQUEST, e.to_string()).into()
@@ -303,6 +317,24 @@ pub(crate) fn serve(listener: TcpListener, view: Arc<JobView>) -> std::io::Resul
         view.stop_server();
     }
     Ok(addr)
+}
+
+/// Whether a request names this machine in its `Host`: a server on
+/// loopback refuses other names, so that a page whose domain was rebound
+/// to 127.0.0.1 cannot reach the job.
+fn local_host(request: &actix_web::dev::ServiceRequest) -> bool {
+    let Some(host) = request
+        .headers()
+        .get(actix_web::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+    else {
+        return true;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.split(':').next().unwrap_or(""),
+    };
+    ["localhost", "127.0.0.1", "::1"].contains(&name.to_ascii_lowercase().as_str())
 }
 
 async fn not_found(request: actix_web::HttpRequest) -> Result<HttpResponse, ApiError> {
