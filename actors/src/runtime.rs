@@ -360,11 +360,8 @@ impl Runtime {
             .as_ref()
             .map_or(tidemark::checkpoint::stats::DEFAULT_HISTORY, |c| c.history);
         let metrics = Arc::new(JobMetrics::new(history));
-        let view = listener
-            .is_some()
-            .then(|| Arc::new(JobView::new(&job, job_id, metrics.clone())));
-        let job_view = view.clone();
-        let job_view_handle = view.clone();
+        let served = listener.map(|l| (l, Arc::new(JobView::new(&job, job_id, metrics.clone()))));
+        let job_view = served.as_ref().map(|(_, view)| view.clone());
         let (outcome_tx, outcome) = mpsc::channel();
         // The supervisor's outcome passes through the runtime thread, which
         // ends the REST API's view of the job before handing it on.
@@ -448,21 +445,20 @@ impl Runtime {
             .recv()
             .map_err(|_| JobError::Runtime("the runtime did not start".into()))??;
         let control = JobControl { supervisor };
-        let http = match (view, listener) {
-            (Some(view), Some(listener)) => {
+        let (http, view) = match served {
+            Some((listener, view)) => {
                 view.deployed(control.clone());
                 match http::serve(listener, view.clone()) {
-                    Ok(addr) => Some(addr),
+                    Ok(addr) => (Some(addr), Some(view)),
                     Err(e) => {
                         // The job is deployed: it goes on, unobserved.
                         tracing::error!("the REST API could not start: {e}");
-                        None
+                        (None, None)
                     }
                 }
             }
-            _ => None,
+            None => (None, None),
         };
-        let view = http.and(job_view_handle);
         Ok(JobHandle {
             view,
             outcome,

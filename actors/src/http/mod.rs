@@ -182,12 +182,7 @@ impl JobView {
 
     /// The job named in a request's path: 32 hex characters, this job's.
     fn check_job(&self, jid: &str) -> Result<(), ApiError> {
-        if jid.len() != 32 || !jid.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                format!("{jid:?} is not a job id: a job id is 32 hexadecimal characters"),
-            ));
-        }
+        check_flink_id(jid, "job id")?;
         if !jid.eq_ignore_ascii_case(&self.jid) {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -196,6 +191,18 @@ impl JobView {
         }
         Ok(())
     }
+}
+
+/// Refuses `id` unless it reads as one of Flink's 16-byte ids (`JobID`,
+/// `TriggerId`): 32 hex characters.
+fn check_flink_id(id: &str, what: &str) -> Result<(), ApiError> {
+    if id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::BAD_REQUEST,
+        format!("{id:?} is not a {what}: a {what} is 32 hexadecimal characters"),
+    ))
 }
 
 /// A failed request, answered as Flink does: `{"errors": [...]}`.

@@ -240,15 +240,20 @@ fn check_format(format: Option<&str>) -> Result<(), ApiError> {
 }
 
 impl JobView {
+    /// The job's checkpointing, which every trigger needs.
+    fn checkpointing(&self) -> Result<&tidemark::checkpoint::CheckpointSettings, ApiError> {
+        self.checkpointing.as_ref().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "the job runs without checkpointing: it takes neither checkpoints nor savepoints",
+            )
+        })
+    }
+
     /// Where a savepoint asked for with `dir` goes: `dir`, or the job's
     /// savepoint directory; never inside the job's checkpoint directory.
     fn savepoint_target(&self, dir: Option<&str>) -> Result<Option<CheckpointStorage>, ApiError> {
-        let settings = self.checkpointing.as_ref().ok_or_else(|| {
-            ApiError::new(
-                StatusCode::CONFLICT,
-                "the job runs without checkpointing: it cannot take savepoints",
-            )
-        })?;
+        let settings = self.checkpointing()?;
         let Some(dir) = dir else {
             return match settings.savepoint_dir {
                 Some(_) => Ok(None),
@@ -308,14 +313,7 @@ impl JobView {
         answer: impl FnOnce() -> Result<crate::runtime::Answer, ApiError>,
     ) -> Result<HttpResponse, ApiError> {
         if let Some(id) = &trigger_id {
-            if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "{id:?} is not a trigger id: a trigger id is 32 hexadecimal characters"
-                    ),
-                ));
-            }
+            super::check_flink_id(id, "trigger id")?;
         }
         let accepted = |id: &str| HttpResponse::Accepted().json(json!({ "request-id": id }));
         let id = match self.operations.start(kind, trigger_id)? {
@@ -401,12 +399,7 @@ async fn trigger_checkpoint(
             ))
         }
     }
-    if view.checkpointing.is_none() {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "the job runs without checkpointing",
-        ));
-    }
+    view.checkpointing()?;
     let view = view.into_inner();
     view.launch(Kind::Checkpoint, request.trigger_id, || {
         Ok(view
