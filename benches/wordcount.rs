@@ -13,11 +13,7 @@
 
 mod common;
 
-use common::{env_or, median, peak_rss_mib};
-use std::process::Command;
-use tidemark_actors::cli::{self, RunArgs};
-
-const CHILD: &str = "TIDEMARK_BENCH_CHILD";
+use common::{child_runs, env_or, median, run_in_child};
 
 /// Name, and arguments beyond the records and the disabled checkpoints.
 const CONFIGS: [(&str, &[&str]); 5] = [
@@ -48,43 +44,23 @@ const CONFIGS: [(&str, &[&str]); 5] = [
     ),
 ];
 
-fn child(config: usize, records: u64) {
-    let state_dir = tempfile::tempdir().expect("a temporary directory");
-    let mut args = vec![
-        "wordcount".to_string(),
-        format!("--records={records}"),
-        "--checkpoint-interval=off".to_string(),
-        format!("--state-dir={}", state_dir.path().display()),
-    ];
-    args.extend(CONFIGS[config].1.iter().map(|a| a.to_string()));
-    if !args.iter().any(|a| a == "--state=rocksdb") {
-        args.retain(|a| !a.starts_with("--state-dir"));
-    }
-    let args = RunArgs::parse(args).expect("valid arguments");
-    let report = cli::run(&args).expect("wordcount runs");
-    println!("{} {}", report.throughput_rps, peak_rss_mib());
-}
-
 fn main() {
-    let records = env_or("TIDEMARK_BENCH_RECORDS", 20_000_000);
-    if let Ok(config) = std::env::var(CHILD) {
-        return child(config.parse().expect("a configuration"), records);
+    if child_runs() {
+        return;
     }
+    let records = env_or("TIDEMARK_BENCH_RECORDS", 20_000_000);
     let reps = env_or("TIDEMARK_BENCH_REPS", 3);
-    let exe = std::env::current_exe().expect("own path");
     let mut results: Vec<(usize, f64, f64)> = Vec::new();
     for _ in 0..reps {
-        for config in 0..CONFIGS.len() {
-            let out = Command::new(&exe)
-                .env(CHILD, config.to_string())
-                .output()
-                .expect("child runs");
-            let line = String::from_utf8_lossy(&out.stdout);
-            let mut fields = line
-                .split_whitespace()
-                .map(|f| f.parse::<f64>().expect("number"));
-            let (rps, rss) = (fields.next().expect("rps"), fields.next().expect("rss"));
-            results.push((config, rps, rss));
+        for (config, (_, extra)) in CONFIGS.iter().enumerate() {
+            let mut args = vec![
+                "wordcount".to_string(),
+                format!("--records={records}"),
+                "--checkpoint-interval=off".to_string(),
+            ];
+            args.extend(extra.iter().map(|a| a.to_string()));
+            let run = run_in_child(&args);
+            results.push((config, run.number("/throughput_rps"), run.peak_rss_mib));
         }
     }
     println!("wordcount, {records} records, checkpoints off, {reps} runs each");

@@ -8,7 +8,9 @@ use crate::error::TaskError;
 use crate::ids::{CheckpointId, KeyGroup};
 use crate::key_group::subtask_for_key_group;
 use crate::sink::Sink;
-use crate::state::{AllKeys, Key, KeyedContext, KeyedStateBackend, StateRegistrar};
+use crate::state::{
+    AllKeys, Key, KeySlot, KeyedContext, KeyedStateBackend, StateRegistrar, PREFETCH_DISTANCE,
+};
 use crate::task::{RestoreState, TaskSnapshot};
 use crate::time::timers::{TimeDomain, TimerService, TIMERS_STATE};
 use crate::time::{Millis, TimeMetrics};
@@ -29,6 +31,15 @@ pub type Outgoing = Vec<(usize, Batch)>;
 pub trait Downstream<T>: Step {
     /// Takes one record.
     fn push(&mut self, record: T);
+
+    /// Takes every record of `records`, in order, leaving it empty. A keyed
+    /// step looks all their keys up before its function sees the first, so
+    /// that the cache misses of a large state overlap instead of queueing.
+    fn push_all(&mut self, records: &mut Vec<T>) {
+        for record in records.drain(..) {
+            self.push(record);
+        }
+    }
 }
 
 /// What every step of a chain does besides taking records: the life cycle
@@ -187,6 +198,10 @@ impl<O> From<Box<dyn Downstream<O>>> for Output<O> {
 impl<O: Send> Downstream<O> for Output<O> {
     fn push(&mut self, record: O) {
         self.main.push(record)
+    }
+
+    fn push_all(&mut self, records: &mut Vec<O>) {
+        self.main.push_all(records)
     }
 }
 
@@ -411,6 +426,9 @@ pub struct KeyedProcess<K: Key, I, O> {
     timers: TimerService<K>,
     metrics: Arc<TimeMetrics>,
     next: Output<O>,
+    /// The keys of the batch being pushed, and where they live.
+    keys: Vec<K>,
+    slots: Vec<KeySlot>,
 }
 
 impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
@@ -434,6 +452,8 @@ impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
             timers,
             metrics,
             next,
+            keys: Vec::new(),
+            slots: Vec::new(),
         }
     }
 
@@ -474,6 +494,31 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
         let mut ctx = KeyedContext::with_timers(&mut self.states, &key, &mut self.timers, None);
         self.function
             .process(record, &mut ctx, &mut self.next.collector());
+    }
+
+    fn push_all(&mut self, records: &mut Vec<I>) {
+        let key_of = &self.key_of;
+        // Cleared first: a batch whose function panicked left its keys.
+        self.keys.clear();
+        self.keys
+            .extend(records.iter().map(|record| key_of(record)));
+        self.states.prepare(&self.keys, &mut self.slots);
+        for slot in self.slots.iter().take(PREFETCH_DISTANCE) {
+            self.states.prefetch(*slot);
+        }
+        for (i, record) in records.drain(..).enumerate() {
+            if let Some(ahead) = self.slots.get(i + PREFETCH_DISTANCE) {
+                self.states.prefetch(*ahead);
+            }
+            let mut ctx = KeyedContext::located(
+                &mut self.states,
+                &self.keys[i],
+                self.slots[i],
+                &mut self.timers,
+            );
+            self.function
+                .process(record, &mut ctx, &mut self.next.collector());
+        }
     }
 }
 

@@ -290,9 +290,8 @@ pub type Retain = Arc<dyn Fn(Batch) -> Result<Batch, TaskError> + Send + Sync>;
 /// came from.
 pub fn decoder<I: Data, T>(wrap: impl Fn(I) -> T + Send + Sync + 'static) -> Decoder<T> {
     Arc::new(move |batch, next| {
-        for record in batch.into_records::<I>()? {
-            next.push(wrap(record));
-        }
+        let mut records = batch.into_records::<I>()?.into_iter().map(&wrap).collect();
+        next.push_all(&mut records);
         Ok(())
     })
 }
@@ -415,9 +414,7 @@ impl<T: Data> Task for ChainTask<T> {
         if head.exhausted {
             w.generator.on_end(&mut w.due);
         }
-        for record in head.buffer.drain(..) {
-            self.next.push(record);
-        }
+        self.next.push_all(&mut head.buffer);
         self.next.flush(out)?;
         Ok(Produced { records, status })
     }

@@ -26,3 +26,75 @@ pub fn peak_rss_mib() -> f64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
+
+/// Set in a child process that runs one configuration: its arguments to
+/// `tidemark run`, separated by newlines.
+#[allow(dead_code)]
+const CHILD_ARGS: &str = "TIDEMARK_BENCH_CHILD_ARGS";
+
+/// What one run in a child process measured.
+#[allow(dead_code)]
+pub struct ChildRun {
+    /// The run's report (`tidemark run --json`).
+    pub report: serde_json::Value,
+    /// The child's peak resident memory, MiB.
+    pub peak_rss_mib: f64,
+}
+
+#[allow(dead_code)]
+impl ChildRun {
+    /// A number of the report, by its JSON pointer (`/checkpoint_duration_ms/p50`).
+    pub fn number(&self, pointer: &str) -> f64 {
+        self.report
+            .pointer(pointer)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or_else(|| panic!("no number at {pointer} in the report"))
+    }
+}
+
+/// Runs `tidemark run ARGS` in a child process of this bench, so that peak
+/// memory (VmHWM) belongs to one configuration. Checkpoints go to a fresh
+/// temporary directory, and so does RocksDB's working directory.
+#[allow(dead_code)]
+pub fn run_in_child(args: &[String]) -> ChildRun {
+    let exe = std::env::current_exe().expect("own path");
+    let out = std::process::Command::new(exe)
+        .env(CHILD_ARGS, args.join("\n"))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("the child runs");
+    assert!(out.status.success(), "tidemark run {args:?} failed");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (report, rss) = stdout
+        .trim()
+        .rsplit_once('\n')
+        .expect("a report and a peak");
+    ChildRun {
+        report: serde_json::from_str(report).expect("a JSON report"),
+        peak_rss_mib: rss.parse().expect("a peak in MiB"),
+    }
+}
+
+/// In a child that [`run_in_child`] started: runs its configuration,
+/// prints the report and the peak memory, and returns true.
+#[allow(dead_code)]
+pub fn child_runs() -> bool {
+    let Ok(args) = std::env::var(CHILD_ARGS) else {
+        return false;
+    };
+    let checkpoints = tempfile::tempdir().expect("a temporary directory");
+    let state = tempfile::tempdir().expect("a temporary directory");
+    let mut args: Vec<String> = args.lines().map(str::to_owned).collect();
+    args.push(format!("--checkpoint-dir={}", checkpoints.path().display()));
+    if args.iter().any(|a| a == "--state=rocksdb") {
+        args.push(format!("--state-dir={}", state.path().display()));
+    }
+    let args = tidemark_actors::cli::RunArgs::parse(args).expect("valid arguments");
+    let report = tidemark_actors::cli::run(&args).expect("the job runs");
+    println!(
+        "{}",
+        serde_json::to_string(&report).expect("a report serializes")
+    );
+    println!("{}", peak_rss_mib());
+    true
+}

@@ -37,6 +37,8 @@
 //! - A write-back cache of typed values in front of the database (see
 //!   `RocksDbKeyedStateBackend`), which turns a read-modify-write per record
 //!   into one read per key and one sorted, batched write per write-back.
+//!   What the cache misses of a batch's keys is read ahead, before its
+//!   records run, in one sorted multi-get per state that records use.
 
 use super::heap::table_hash;
 use super::{Key, KeySlot, StateBackend, StateError};
@@ -54,6 +56,7 @@ use ::rocksdb::{
 use hashbrown::{hash_table, HashTable};
 use serde::Serialize;
 use std::any::Any;
+use std::fmt::Debug;
 use std::fs;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
@@ -97,6 +100,12 @@ trait RocksState<K>: Send {
     fn evict_unreferenced(&mut self) -> usize;
     /// Drops up to `n` clean values; returns how many it dropped.
     fn evict(&mut self, n: usize) -> usize;
+    /// Whether a record has used this state since the database opened.
+    fn used(&self) -> bool;
+    /// Reads the values of `keys` (at `slots`) that the cache misses, at
+    /// most `room` of them, in one multi-get, and caches them; returns how
+    /// many it cached.
+    fn read_ahead(&mut self, read: ReadAhead<'_, K>, room: usize) -> Result<usize, StateError>;
     /// Decodes the entries of one key group in the heap snapshot format and
     /// adds them to `batch`.
     fn restore_group(
@@ -112,6 +121,26 @@ trait RocksState<K>: Send {
 struct State<K, S> {
     name: String,
     cache: HashTable<Cached<K, S>>,
+    /// Some record has used it: batches read it ahead.
+    used: bool,
+}
+
+/// What a read-ahead of one state needs besides the state.
+struct ReadAhead<'a, K> {
+    db: &'a DB,
+    cf: &'a ColumnFamily,
+    options: &'a ReadOptions,
+    keys: &'a [K],
+    slots: &'a [KeySlot],
+    /// Key group of slot group 0.
+    first_group: u32,
+}
+
+/// A value read from the database, decoded; a value that does not decode
+/// is a fatal error of the subtask.
+fn decode<S: Data>(name: &str, key: &impl Debug, bytes: &[u8]) -> S {
+    rmp_serde::from_slice(bytes)
+        .unwrap_or_else(|e| panic!("keyed state {name:?} of {key:?} does not decode: {e}"))
 }
 
 /// Reused encoding buffers: no allocation per key once they have grown.
@@ -240,6 +269,60 @@ impl<K: Key, S: Data> RocksState<K> for State<K, S> {
             false
         });
         before - self.cache.len()
+    }
+
+    fn used(&self) -> bool {
+        self.used
+    }
+
+    fn read_ahead(&mut self, read: ReadAhead<'_, K>, room: usize) -> Result<usize, StateError> {
+        // Each missed key gets its cache slot at once, empty, so that a key
+        // twice in the batch is read once; the slots are filled below.
+        let mut missed = Vec::new();
+        let mut encoded = Vec::new();
+        for (key, slot) in read.keys.iter().zip(read.slots) {
+            if missed.len() == room {
+                break;
+            }
+            let hash = slot.hash;
+            if let hash_table::Entry::Vacant(vacant) =
+                self.cache
+                    .entry(hash, |c| c.key == *key, |c| table_hash(&c.key))
+            {
+                let group = (read.first_group as usize + slot.group) as u16;
+                vacant.insert(Cached {
+                    key: key.clone(),
+                    group,
+                    referenced: false,
+                    cell: CachedValue {
+                        value: None,
+                        dirty: false,
+                    },
+                });
+                let start = encoded.len();
+                write_key(&mut encoded, group, key);
+                missed.push((start..encoded.len(), key, hash));
+            }
+        }
+        // RocksDB reads sorted keys block by block.
+        missed.sort_unstable_by(|a, b| encoded[a.0.clone()].cmp(&encoded[b.0.clone()]));
+        let values = read.db.batched_multi_get_cf_opt(
+            read.cf,
+            missed.iter().map(|(range, _, _)| &encoded[range.clone()]),
+            true,
+            read.options,
+        );
+        for ((_, key, hash), value) in missed.iter().zip(values) {
+            let value = value.map_err(rocks)?;
+            if let Some(bytes) = value {
+                let cached = self
+                    .cache
+                    .find_mut(*hash, |c| c.key == **key)
+                    .expect("cached above");
+                cached.cell.value = Some(decode(&self.name, key, &bytes));
+            }
+        }
+        Ok(missed.len())
     }
 
     fn restore_group(
@@ -371,6 +454,7 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
         self.states.push(Box::new(State::<K, S> {
             name: name.to_owned(),
             cache: HashTable::new(),
+            used: false,
         }));
         self.states.len() - 1
     }
@@ -509,7 +593,8 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
         self.dirty = true;
         let group = (self.range.start as usize + slot.group) as u16;
         let db = &self.open.as_ref().expect("opened above").db;
-        let State { name, cache } = state_mut::<K, S>(&mut self.states[id]);
+        let State { name, cache, used } = state_mut::<K, S>(&mut self.states[id]);
+        *used = true;
         match cache.entry(slot.hash, |c| c.key == *key, |c| table_hash(&c.key)) {
             hash_table::Entry::Occupied(cached) => {
                 let cached = cached.into_mut();
@@ -522,10 +607,7 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
                     .expect("a declared state has a column family");
                 let bytes = self.buffers.key(group, key);
                 let value = match db.get_pinned_cf_opt(cf, bytes, &self.read) {
-                    Ok(None) => None,
-                    Ok(Some(bytes)) => Some(rmp_serde::from_slice(&bytes).unwrap_or_else(|e| {
-                        panic!("keyed state {name:?} of {key:?} does not decode: {e}")
-                    })),
+                    Ok(value) => value.map(|bytes| decode(name, key, &bytes)),
                     Err(e) => panic!("reading keyed state {name:?} of {key:?}: {e}"),
                 };
                 self.cached += 1;
@@ -541,6 +623,36 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
                 &mut vacant.insert(cached).into_mut().cell
             }
         }
+    }
+
+    /// Reads into the cache what it misses of the state of a batch's `keys`
+    /// (at `slots`), one multi-get per state that records use: RocksDB looks
+    /// the keys up together, block by block, instead of once per record.
+    /// A full cache makes room first; a batch larger than the room reads
+    /// the rest one by one, as it is processed.
+    pub(super) fn read_ahead(&mut self, keys: &[K], slots: &[KeySlot]) -> Result<(), StateError> {
+        self.ensure_open()?;
+        let used = self.states.iter().filter(|s| s.used()).count();
+        if used == 0 {
+            return Ok(());
+        }
+        if self.cached + keys.len() * used > self.cache_capacity {
+            self.make_room()?;
+        }
+        let db = &self.open.as_ref().expect("opened above").db;
+        for state in self.states.iter_mut().filter(|s| s.used()) {
+            let read = ReadAhead {
+                db,
+                cf: db.cf_handle(state.name()).expect("declared"),
+                options: &self.read,
+                keys,
+                slots,
+                first_group: self.range.start,
+            };
+            let room = self.cache_capacity.saturating_sub(self.cached);
+            self.cached += state.read_ahead(read, room)?;
+        }
+        Ok(())
     }
 
     /// Writes every dirty cached value to the database, in one write batch

@@ -533,3 +533,49 @@ fn a_heap_snapshot_encoded_on_another_thread_while_the_subtask_writes_keeps_its_
     let now: Vec<(u64, u64)> = (0..20_000).map(|k| (k, k + 15)).collect();
     assert_eq!(all(&mut backend, &count), now);
 }
+
+/// Counts a seeded stream of keys in batches, each read ahead by
+/// `prepare` before its records run, as a keyed step does.
+fn count_in_batches(backend: &mut KeyedStateBackend<u64>, batches: usize) -> Vec<(u64, u64)> {
+    let count: ValueState<u64> = StateRegistrar::new(backend).value("count");
+    let mut slots = Vec::new();
+    let mut seed = 7;
+    for batch in 0..batches {
+        // Batches of different sizes, with repeated keys in each.
+        let keys: Vec<u64> = (0..(batch * 37) % 300 + 1)
+            .map(|_| {
+                seed = crate::rng::splitmix64(seed);
+                seed % 500
+            })
+            .collect();
+        backend.prepare(&keys, &mut slots);
+        assert_eq!(slots.len(), keys.len());
+        for key in &keys {
+            *KeyedContext::new(backend, key)
+                .value(&count)
+                .get_or_default() += 1;
+        }
+    }
+    all(backend, &count)
+}
+
+#[cfg(feature = "rocksdb")]
+#[test]
+fn batches_read_ahead_from_rocksdb_count_as_the_heap_does_whatever_the_cache_holds() {
+    let expected = count_in_batches(&mut heap(whole()), 40);
+    assert_eq!(expected.iter().map(|(_, c)| c).sum::<u64>(), {
+        (0..40).map(|b| ((b * 37) % 300 + 1) as u64).sum::<u64>()
+    });
+    for capacity in [1, 3, 64, 256, StateBackend::DEFAULT_CACHE_ENTRIES] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut backend = rocks(&dir, whole());
+        if let KeyedStateBackend::RocksDb(b) = &mut backend {
+            b.set_cache_capacity(capacity);
+        }
+        assert_eq!(
+            count_in_batches(&mut backend, 40),
+            expected,
+            "cache of {capacity}"
+        );
+    }
+}
