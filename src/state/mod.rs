@@ -377,10 +377,10 @@ impl<'a, K: Key> KeyedContext<'a, K> {
         timers: &'a mut TimerService<K>,
         fired: Option<TimeDomain>,
     ) -> Self {
+        let slot = backend.locate(key);
         KeyedContext {
-            timers: Some(timers),
             fired,
-            ..Self::new(backend, key)
+            ..Self::located(backend, key, slot, timers)
         }
     }
 
