@@ -24,8 +24,9 @@
 //!   with LZ4 and 4 KiB blocks. (LZ4 stays linked: checkpoints written
 //!   before still open.) A 10 bits/key bloom filter, except in the last
 //!   level (`optimize_filters_for_hits`), where a lookup that gets that
-//!   far is for a key that exists; no hash index in data blocks, which
-//!   cost 1.3 bytes a key for no throughput we could measure.
+//!   far is for a key that exists; no hash index in data blocks. Those
+//!   filters and the index were 1.2 of the 12.5 bytes a key took in a run,
+//!   for no throughput we could measure.
 //! - Universal compaction, tuned for the two ends of churn. Under small
 //!   change over a large state, an incremental checkpoint should upload
 //!   about the change: recent small runs merge among themselves, at least
@@ -35,11 +36,11 @@
 //!   every flush is a new run holding every key, and every older run is
 //!   stale: compaction starts at 2 runs, so that the new run and the old
 //!   one merge at once rather than piling up to 8. Measured at 1,000,000
-//!   keys, against RocksDB's defaults for universal compaction with LZ4
-//!   (trigger 8, 200 % size amplification): the state a full-churn
-//!   checkpoint references went from 35-66 MB to 11-14 MB (Flink: 15 MB),
-//!   and uploads at 1 % change per checkpoint from 2.90 % to UPLOADS of the
-//!   state (`benches/incremental.rs`).
+//!   keys against the settings before (LZ4, 4 KiB blocks, compaction from
+//!   8 runs at 200 % size amplification, merges at least 4 wide): the state
+//!   a full-churn checkpoint references went from 35-93 MB to about 12 MB
+//!   (Flink: 15 MB), and uploads at 1 % change per checkpoint from 2.90 %
+//!   of a 9.0 MiB state to 2.92 % of 5.3 MiB (`benches/incremental.rs`).
 //! - A write-back cache of typed values in front of the database (see
 //!   `RocksDbKeyedStateBackend`), which turns a read-modify-write per record
 //!   into one read per key and one sorted, batched write per write-back.
