@@ -57,6 +57,7 @@ pub mod storage;
 pub mod task;
 pub mod time;
 pub mod two_input;
+pub mod wire;
 
 pub use batch::{Batch, BatchLimits, Data};
 pub use checkpoint::coordinator::MasterHook;

@@ -121,6 +121,44 @@ fn unaligned_checkpoints_under_backpressure_and_kills_are_exactly_once() {
     assert_eq!(switched, 0, "nothing to switch: unaligned from the start");
 }
 
+/// Subtask 0 and subtask 1 on workers of their own: the channels between
+/// them cross loopback TCP, and barriers overtake what credit let onto it.
+#[test]
+fn kills_across_workers_are_exactly_once_aligned_and_unaligned() {
+    for mode in ["--mode=aligned", "--mode=unaligned"] {
+        let reports = kills(
+            4,
+            &[
+                "--inject-failures=3",
+                "--slow-subtask=0",
+                "--slow-ns=4000",
+                "--local-workers=2",
+                mode,
+            ],
+            TestStorage::local,
+        );
+        if mode == "--mode=unaligned" {
+            let replayed: u64 = reports.iter().map(|r| r.restored_inflight_batches).sum();
+            assert!(replayed > 0, "no restore replayed in-flight batches");
+        }
+    }
+}
+
+#[test]
+fn rocksdb_incremental_unaligned_kills_across_workers_are_exactly_once() {
+    kills(
+        3,
+        &[
+            "--state=rocksdb",
+            "--incremental",
+            "--inject-failures=3",
+            "--mode=unaligned",
+            "--local-workers=2",
+        ],
+        TestStorage::local,
+    );
+}
+
 #[test]
 fn aligned_timeout_zero_under_backpressure_and_kills_is_exactly_once() {
     let (_, switched) = kills_under_backpressure("--aligned-timeout=0s");

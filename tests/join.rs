@@ -304,13 +304,17 @@ fn assert_report_of_a_complete_run(spec: &Spec, report: &RunReport, context: &st
     assert_eq!(report.late_records, 0, "{context}: no record is late");
 }
 
-fn exact_at_p1_and_p3(spec: Spec) {
+/// In one worker at p=1 and p=3, and with every subtask index on a worker
+/// of its own (`--local-workers`, channels between them over loopback TCP)
+/// at p=2 and p=3: the same output.
+fn exact_at_p1_and_p3_and_across_workers(spec: Spec) {
     let expected = spec.expected();
     assert_expectations_are_interesting(&spec, &expected);
-    for parallelism in [1, 3] {
+    for (parallelism, workers) in [(1, 0), (3, 0), (2, 2), (3, 3)] {
         let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let report = spec.run(parallelism, &[], output.path(), checkpoints.path());
-        let context = format!("{spec:?} p={parallelism}");
+        let workers = [format!("--local-workers={workers}")];
+        let report = spec.run(parallelism, &workers, output.path(), checkpoints.path());
+        let context = format!("{spec:?} p={parallelism} {workers:?}");
         assert_eq!(report.restarts, 0, "{context}");
         assert_report_of_a_complete_run(&spec, &report, &context);
         assert_eq!(
@@ -333,13 +337,13 @@ fn exact_at_p1_and_p3(spec: Spec) {
 }
 
 #[test]
-fn pairs_within_20ms_are_exact_at_p1_and_p3() {
-    exact_at_p1_and_p3(JOIN);
+fn pairs_within_20ms_are_exact_at_p1_and_p3_and_across_workers() {
+    exact_at_p1_and_p3_and_across_workers(JOIN);
 }
 
 #[test]
-fn pairs_at_an_interval_of_0_are_exact_at_p1_and_p3() {
-    exact_at_p1_and_p3(TIGHT);
+fn pairs_at_an_interval_of_0_are_exact_at_p1_and_p3_and_across_workers() {
+    exact_at_p1_and_p3_and_across_workers(TIGHT);
 }
 
 /// The inputs the kill tests cycle through, by seed: smaller, and with the
@@ -451,6 +455,20 @@ fn rocksdb_incremental_unaligned_kills_with_a_slow_join_are_exactly_once() {
         &[&ROCKSDB[..], &[UNALIGNED]].concat(),
         always,
     ));
+}
+
+/// Subtask 0 and subtask 1 of every operator on workers of their own: half
+/// the channels of both inputs cross loopback TCP.
+const ACROSS_WORKERS: &str = "--local-workers=2";
+
+#[test]
+fn heap_unaligned_kills_across_workers_with_a_slow_join_are_exactly_once() {
+    assert_inflight_replayed(&kills(20..23, &[UNALIGNED, ACROSS_WORKERS], always));
+}
+
+#[test]
+fn rocksdb_incremental_aligned_kills_across_workers_are_exactly_once() {
+    kills(23..25, &[&ROCKSDB[..], &[ACROSS_WORKERS]].concat(), odd);
 }
 
 const CHILD: &str = "TIDEMARK_JOIN_SIGKILL_CHILD_ARGS";

@@ -336,34 +336,38 @@ fn assert_expectations_are_interesting(spec: &Spec, expected: &[Line]) {
     }
 }
 
-fn exact_at_p1_and_p3(spec: Spec) {
+/// In one worker at p=1 and p=3, and with every subtask index on a worker
+/// of its own (`--local-workers`, channels between them over loopback TCP)
+/// at p=2 and p=3: the same output.
+fn exact_at_p1_and_p3_and_across_workers(spec: Spec) {
     let expected = spec.expected();
     assert_expectations_are_interesting(&spec, &expected);
-    for parallelism in [1, 3] {
+    for (parallelism, workers) in [(1, 0), (3, 0), (2, 2), (3, 3)] {
         let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let report = spec.run(parallelism, &[], output.path(), checkpoints.path());
+        let workers = [format!("--local-workers={workers}")];
+        let report = spec.run(parallelism, &workers, output.path(), checkpoints.path());
         assert_eq!(report.records_in, spec.records);
         assert_exact(
             output.path(),
             &expected,
-            &format!("{spec:?} p={parallelism}"),
+            &format!("{spec:?} p={parallelism} {workers:?}"),
         );
     }
 }
 
 #[test]
-fn tumbling_windows_are_exact_at_p1_and_p3() {
-    exact_at_p1_and_p3(TUMBLING);
+fn tumbling_windows_are_exact_at_p1_and_p3_and_across_workers() {
+    exact_at_p1_and_p3_and_across_workers(TUMBLING);
 }
 
 #[test]
-fn sliding_windows_are_exact_at_p1_and_p3() {
-    exact_at_p1_and_p3(SLIDING);
+fn sliding_windows_are_exact_at_p1_and_p3_and_across_workers() {
+    exact_at_p1_and_p3_and_across_workers(SLIDING);
 }
 
 #[test]
-fn session_windows_are_exact_at_p1_and_p3() {
-    exact_at_p1_and_p3(SESSION);
+fn session_windows_are_exact_at_p1_and_p3_and_across_workers() {
+    exact_at_p1_and_p3_and_across_workers(SESSION);
 }
 
 /// The window kinds the kill tests cycle through, by seed; smaller inputs,
@@ -443,6 +447,23 @@ fn rocksdb_incremental_aligned_kills_are_exactly_once() {
 #[test]
 fn rocksdb_incremental_unaligned_kills_are_exactly_once() {
     assert_inflight_replayed(&kills(15..20, &[&ROCKSDB[..], &UNALIGNED[..]].concat()));
+}
+
+/// Subtask 0 and subtask 1 of every operator on workers of their own: half
+/// the channels cross loopback TCP.
+const ACROSS_WORKERS: &str = "--local-workers=2";
+
+#[test]
+fn heap_unaligned_kills_across_workers_are_exactly_once() {
+    assert_inflight_replayed(&kills(
+        20..23,
+        &[&UNALIGNED[..], &[ACROSS_WORKERS]].concat(),
+    ));
+}
+
+#[test]
+fn rocksdb_incremental_aligned_kills_across_workers_are_exactly_once() {
+    kills(23..25, &[&ROCKSDB[..], &[ACROSS_WORKERS]].concat());
 }
 
 const CHILD: &str = "TIDEMARK_WINDOWS_SIGKILL_CHILD_ARGS";

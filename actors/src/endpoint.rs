@@ -3,12 +3,18 @@
 //! arrived until its subtask consumes it. Both keep their queues in a core
 //! `CreditSender` / `CreditReceiver`, in the open, so an unaligned checkpoint
 //! can take the batches they hold.
+//!
+//! The two endpoints of a channel talk by actor messages when they share a
+//! worker, and over the workers' TCP link (`crate::net`) when they do not;
+//! either way only batches the receiver granted credit for leave the
+//! output endpoint.
 
 use crate::messages::{
     ConnectUpstream, Consumed, Credit, Deliver, DeliverPriority, OutputCredit, Push, PushPriority,
     Stop, SubtaskFailed, Transfer,
 };
 use crate::metrics::ChannelGauge;
+use crate::net::LinkSender;
 use crate::subtask::SubtaskActor;
 use crate::supervisor::JobSupervisor;
 use actix::{Actor, ActorContext, Addr, Context, Handler};
@@ -19,11 +25,43 @@ use tidemark::error::TaskError;
 use tidemark::event::{Alignment, ChannelEvent};
 use tidemark::ids::{Attempt, ChannelId};
 
+/// Where an output endpoint sends what credit releases.
+pub enum Downstream {
+    /// The input endpoint, on this worker.
+    Local(Addr<InputEndpoint>),
+    /// The link to the input endpoint's worker; `seq` numbers the frames.
+    Remote {
+        channel: ChannelId,
+        link: LinkSender,
+        seq: u64,
+    },
+}
+
+/// Where an input endpoint returns credits.
+pub enum Upstream {
+    /// The output endpoint, on this worker.
+    Local(Addr<OutputEndpoint>),
+    /// The link to the output endpoint's worker.
+    Remote {
+        channel: ChannelId,
+        link: LinkSender,
+    },
+}
+
+impl Upstream {
+    fn grant(&self, credits: u32) {
+        match self {
+            Upstream::Local(output) => output.do_send(Credit(credits)),
+            Upstream::Remote { channel, link } => link.credit(*channel, credits),
+        }
+    }
+}
+
 pub struct OutputEndpoint {
     producer: Addr<SubtaskActor>,
     /// Index of this channel among the producer's outputs.
     producer_channel: usize,
-    downstream: Addr<InputEndpoint>,
+    downstream: Downstream,
     link: CreditSender,
     capacity: u32,
     gauge: Arc<ChannelGauge>,
@@ -33,7 +71,7 @@ impl OutputEndpoint {
     pub fn new(
         producer: Addr<SubtaskActor>,
         producer_channel: usize,
-        downstream: Addr<InputEndpoint>,
+        downstream: Downstream,
         gauge: Arc<ChannelGauge>,
     ) -> Self {
         OutputEndpoint {
@@ -54,7 +92,13 @@ impl OutputEndpoint {
                     credits: 1,
                 });
             }
-            self.downstream.do_send(Transfer(event));
+            match &mut self.downstream {
+                Downstream::Local(input) => input.do_send(Transfer(event)),
+                Downstream::Remote { channel, link, seq } => {
+                    link.data(*channel, *seq, &event);
+                    *seq += 1;
+                }
+            }
         }
     }
 }
@@ -109,7 +153,7 @@ pub struct InputEndpoint {
     consumer: Addr<SubtaskActor>,
     /// Index of this channel in the consumer's input gate.
     consumer_channel: usize,
-    upstream: Option<Addr<OutputEndpoint>>,
+    upstream: Option<Upstream>,
     receiver: CreditReceiver,
     gauge: Arc<ChannelGauge>,
     supervisor: Addr<JobSupervisor>,
@@ -163,7 +207,7 @@ impl Handler<ConnectUpstream> for InputEndpoint {
     type Result = ();
 
     fn handle(&mut self, ConnectUpstream(upstream): ConnectUpstream, _ctx: &mut Context<Self>) {
-        upstream.do_send(Credit(self.receiver.initial_credits()));
+        upstream.grant(self.receiver.initial_credits());
         self.upstream = Some(upstream);
     }
 }
@@ -195,7 +239,7 @@ impl Handler<Consumed> for InputEndpoint {
 
     fn handle(&mut self, _: Consumed, _ctx: &mut Context<Self>) {
         match (self.receiver.consumed(), &self.upstream) {
-            (Ok(credits), Some(upstream)) => upstream.do_send(Credit(credits)),
+            (Ok(credits), Some(upstream)) => upstream.grant(credits),
             (Ok(_), None) => return self.fail("consumed before the upstream was connected"),
             (Err(e), _) => return self.fail(e),
         }

@@ -25,6 +25,7 @@
 //! # Ok(()) }
 //! ```
 
+mod channels;
 pub mod cli;
 pub mod config;
 mod coordinator;
@@ -33,6 +34,7 @@ pub mod http;
 pub mod join;
 mod messages;
 pub mod metrics;
+mod net;
 pub mod runtime;
 pub mod sinks;
 mod snapshot;

@@ -1,6 +1,6 @@
 //! Messages between the actors of a running job.
 
-use crate::endpoint::{InputEndpoint, OutputEndpoint};
+use crate::endpoint::{InputEndpoint, OutputEndpoint, Upstream};
 use actix::{Addr, Message};
 use tidemark::batch::Batch;
 use tidemark::checkpoint::Ack;
@@ -63,7 +63,7 @@ pub struct Consumed;
 /// Closes the cycle between an input endpoint and its sender.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct ConnectUpstream(pub Addr<OutputEndpoint>);
+pub struct ConnectUpstream(pub Upstream);
 
 /// Supervisor → subtask: its endpoints exist; start.
 #[derive(Message)]

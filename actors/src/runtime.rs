@@ -6,6 +6,7 @@ use crate::coordinator::{Completed, TriggerManual};
 use crate::http::{self, JobStatus, JobView};
 use crate::messages::Cancel;
 use crate::metrics::JobMetrics;
+use crate::net::Placement;
 use crate::supervisor::{JobSupervisor, StopWithSavepoint, TriggerCheckpointRequest};
 use actix::{Actor, Addr, Arbiter, System};
 use std::net::SocketAddr;
@@ -299,6 +300,11 @@ pub struct Runtime {
     /// API); off by default. Port 0 takes a free port:
     /// [`JobHandle::http_address`] tells which.
     pub http: Option<SocketAddr>,
+    /// Spreads the subtasks over this many workers within this process
+    /// (subtask index modulo workers), every channel between two of them
+    /// over loopback TCP: the data plane of worker processes, in one
+    /// process. 0 and 1 keep every channel an actor message.
+    pub local_workers: u32,
 }
 
 impl Default for Runtime {
@@ -306,6 +312,7 @@ impl Default for Runtime {
         Runtime {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             http: None,
+            local_workers: 0,
         }
     }
 }
@@ -368,6 +375,7 @@ impl Runtime {
         let (supervisor_tx, outcome_rx) = mpsc::channel();
         let (addr_tx, addr_rx) = mpsc::channel::<Result<Addr<JobSupervisor>, JobError>>();
         let threads = self.threads.max(1);
+        let placement = Placement::new(self.local_workers);
         let job_metrics = metrics.clone();
         let job_storage = storage.clone();
         let job_savepoint_dir = savepoint_dir.clone();
@@ -402,6 +410,7 @@ impl Runtime {
                     let supervisor = JobSupervisor::new(
                         job,
                         handles,
+                        placement,
                         job_metrics,
                         supervisor_tx,
                         job_storage,

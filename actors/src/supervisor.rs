@@ -6,14 +6,15 @@
 //! restored from the latest completed checkpoint. Messages of an older
 //! attempt are recognised by their attempt number and dropped.
 
+use crate::channels::{Channels, Wiring};
 use crate::coordinator::{
     AbortPending, CoordinatorActor, Deployed, LatestCheckpoint, RestoreFrom, Savepoints, Shutdown,
     TriggerManual, TriggerReply,
 };
-use crate::endpoint::{InputEndpoint, OutputEndpoint};
-use crate::messages::{Cancel, ConnectUpstream, Stop, SubtaskFailed, SubtaskFinished, Wire};
+use crate::messages::{Cancel, Stop, SubtaskFailed, SubtaskFinished, Wire};
 use crate::metrics::{CheckpointStats, JobMetrics};
-use crate::runtime::{JobError, JobReport};
+use crate::net::Placement;
+use crate::runtime::{job_id, JobError, JobReport};
 use crate::snapshot::SharedBase;
 use crate::subtask::{panic_message, Checkpointing, SubtaskActor, SubtaskSpec};
 use actix::{
@@ -76,6 +77,8 @@ pub struct StopWithSavepoint {
 pub struct JobSupervisor {
     job: Job,
     arbiters: Vec<ArbiterHandle>,
+    /// Which worker hosts each subtask.
+    placement: Placement,
     metrics: Arc<JobMetrics>,
     started: Instant,
     outcome: Option<mpsc::Sender<Result<JobReport, JobError>>>,
@@ -333,6 +336,7 @@ impl JobSupervisor {
     pub fn new(
         job: Job,
         arbiters: Vec<ArbiterHandle>,
+        placement: Placement,
         metrics: Arc<JobMetrics>,
         outcome: mpsc::Sender<Result<JobReport, JobError>>,
         storage: Option<CheckpointStorage>,
@@ -342,6 +346,7 @@ impl JobSupervisor {
             savepoint_dir,
             job,
             arbiters,
+            placement,
             metrics,
             started: Instant::now(),
             outcome: Some(outcome),
@@ -699,59 +704,29 @@ impl JobSupervisor {
             actors.push(addr.clone().recipient());
             subtasks.insert(id, addr);
         }
-        let mut outputs: HashMap<SubtaskId, Vec<Addr<OutputEndpoint>>> = HashMap::new();
-        let mut inputs: HashMap<SubtaskId, Vec<Option<Addr<InputEndpoint>>>> = graph
-            .subtasks()
-            .map(|id| (id, vec![None; graph.gate(id).len()]))
-            .collect();
-        let channels = config.channels;
-        for producer in graph.subtasks() {
-            for (k, channel) in graph.outputs(producer).into_iter().enumerate() {
-                let consumer_channel = graph
-                    .gate(channel.to)
-                    .iter()
-                    .position(|(c, _)| *c == channel)
-                    .expect("both sides of an edge list the same channels");
-                let gauge =
-                    self.metrics
-                        .channel(channel, channels.output_credits, channels.input_credits);
-                let consumer = subtasks[&channel.to].clone();
-                let supervisor = me.clone();
-                let ie_gauge = gauge.clone();
-                let ie = InputEndpoint::start_in_arbiter(self.arbiter(channel.to), move |_| {
-                    InputEndpoint::new(
-                        channel,
-                        attempt,
-                        consumer,
-                        consumer_channel,
-                        channels.prefetch,
-                        ie_gauge,
-                        supervisor,
-                    )
-                });
-                let producer = subtasks[&channel.from].clone();
-                let downstream = ie.clone();
-                let oe = OutputEndpoint::start_in_arbiter(self.arbiter(channel.from), move |_| {
-                    OutputEndpoint::new(producer, k, downstream, gauge)
-                });
-                ie.do_send(ConnectUpstream(oe.clone()));
-                actors.push(ie.clone().recipient());
-                actors.push(oe.clone().recipient());
-                outputs.entry(channel.from).or_default().push(oe);
-                inputs
-                    .get_mut(&channel.to)
-                    .expect("every subtask has an entry")[consumer_channel] = Some(ie);
-            }
-        }
+        let arbiter = |id| self.arbiter(id);
+        let wiring = Wiring {
+            job: job_id(&self.job.name),
+            attempt,
+            graph,
+            config: config.channels,
+            placement: self.placement,
+            metrics: &self.metrics,
+            supervisor: me.clone(),
+            arbiter: &arbiter,
+        };
+        let Channels {
+            mut outputs,
+            mut inputs,
+            actors: endpoints,
+        } = wiring
+            .connect(&subtasks)
+            .map_err(|e| JobError::Runtime(format!("cannot open a link between workers: {e}")))?;
+        actors.extend(endpoints);
         for (id, addr) in &subtasks {
             addr.do_send(Wire {
                 outputs: outputs.remove(id).unwrap_or_default(),
-                inputs: inputs
-                    .remove(id)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|ie| ie.expect("every input channel has an endpoint"))
-                    .collect(),
+                inputs: inputs.remove(id).unwrap_or_default(),
             });
         }
         self.unfinished = subtasks.len();

@@ -134,6 +134,11 @@ pub struct RunArgs {
     /// and a page at / on `[ADDR:]PORT`; a port alone binds to loopback.
     #[arg(long, value_name = "[ADDR:]PORT", value_parser = parse_http)]
     pub http: Option<std::net::SocketAddr>,
+    /// Spreads the subtasks over N workers in this process, every channel
+    /// between two of them over loopback TCP (a harness of the data plane
+    /// between worker processes).
+    #[arg(long, hide = true, value_name = "N", default_value_t = 0)]
+    pub local_workers: u32,
     /// The job's settings, last in the help under a heading of their own.
     #[command(flatten, next_help_heading = "Job settings (also keys of --config)")]
     pub options: Options,
@@ -422,6 +427,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         .collect();
     let runtime = Runtime {
         http: args.http,
+        local_workers: args.local_workers,
         ..Runtime::default()
     };
     let handle = runtime.run(job).map_err(|e| match e {

@@ -1,0 +1,392 @@
+//! Channel events between processes, sans-IO: the frames one TCP link
+//! between two workers carries, and their incremental decoder.
+//!
+//! A link multiplexes every channel between its two workers. What crosses
+//! it is exactly what the output endpoint's `CreditSender` released (a
+//! batch only against a credit, control events free but in order) and the
+//! credits the input endpoint grants back, so nothing on the wire holds
+//! more batches than the consumer granted, and an unaligned barrier still
+//! finds the batches it overtakes in an endpoint's queue, not in a socket.
+//!
+//! A frame is a big-endian `u32` length (of what follows), a kind byte and
+//! a body. Data frames carry a per-channel sequence number, checked on
+//! arrival: a lost, repeated or reordered frame fails the channel's
+//! consumer instead of corrupting a checkpoint. A batch crosses encoded
+//! once (its records as rmp-serde, as in channel state) and is decoded by
+//! the consumer's operator, which alone knows the record type.
+
+use crate::batch::{Batch, EncodedBatch};
+use crate::event::{Barrier, ChannelEvent};
+use crate::ids::{Attempt, ChannelId, CheckpointId, JobId, OperatorId, SubtaskId, SubtaskIndex};
+use crate::time::WatermarkStatus;
+use std::collections::HashMap;
+use thiserror::Error;
+
+/// Bytes a frame may declare; a longer one is refused before it is
+/// buffered (a batch is bounded by `BatchLimits::max_bytes`, far below).
+pub const MAX_FRAME_BYTES: u32 = 256 << 20;
+
+/// Wire format version, in every hello.
+pub const VERSION: u16 = 1;
+
+const MAGIC: [u8; 4] = *b"TDMK";
+
+const KIND_HELLO: u8 = 0;
+const KIND_DATA: u8 = 1;
+const KIND_CREDIT: u8 = 2;
+
+const EVENT_BATCH: u8 = 0;
+const EVENT_BARRIER: u8 = 1;
+const EVENT_CANCEL: u8 = 2;
+const EVENT_WATERMARK: u8 = 3;
+const EVENT_IDLE: u8 = 4;
+const EVENT_ACTIVE: u8 = 5;
+const EVENT_END: u8 = 6;
+
+/// The first frame on a link, from the side that dialed: the two ends must
+/// belong to the same attempt of the same job, so that no frame of an
+/// older attempt ever reaches a newer one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// The job.
+    pub job: JobId,
+    /// Its attempt.
+    pub attempt: Attempt,
+    /// The worker that dialed.
+    pub from: u32,
+    /// The worker it dialed.
+    pub to: u32,
+}
+
+/// One decoded frame.
+#[derive(Debug)]
+pub enum Frame {
+    /// Opens a link.
+    Hello(Hello),
+    /// An event of `channel`, producer to consumer.
+    Data {
+        /// The channel.
+        channel: ChannelId,
+        /// Position on the channel, from 0.
+        seq: u64,
+        /// The event.
+        event: ChannelEvent,
+    },
+    /// Credits of `channel`, consumer to producer.
+    Credit {
+        /// The channel.
+        channel: ChannelId,
+        /// Batches the consumer can take beyond those granted before.
+        credits: u32,
+    },
+}
+
+/// A link that does not speak this protocol, or broke it: fatal to the
+/// link, never retried.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum WireError {
+    /// A frame longer than [`MAX_FRAME_BYTES`].
+    #[error("a frame of {0} bytes exceeds the limit of {MAX_FRAME_BYTES}")]
+    Oversized(u32),
+    /// A frame shorter than its kind requires.
+    #[error("a truncated {0} frame")]
+    Truncated(&'static str),
+    /// An unknown frame kind.
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    /// An unknown event tag in a data frame.
+    #[error("unknown channel event tag {0}")]
+    UnknownEvent(u8),
+    /// A hello without Tidemark's magic or of another version.
+    #[error("not a Tidemark link of wire version {VERSION}")]
+    Foreign,
+    /// A barrier that does not decode.
+    #[error("a barrier does not decode: {0}")]
+    Barrier(String),
+    /// A data frame out of order on its channel.
+    #[error("channel {channel}: frame {found} arrived where {expected} was due")]
+    Sequence {
+        /// The channel.
+        channel: ChannelId,
+        /// The next sequence number due.
+        expected: u64,
+        /// The one that arrived.
+        found: u64,
+    },
+}
+
+/// Appends the frame that opens a link.
+pub fn encode_hello(hello: &Hello, out: &mut Vec<u8>) {
+    let at = begin(out, KIND_HELLO);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&VERSION.to_be_bytes());
+    out.extend_from_slice(&hello.job.0.to_be_bytes());
+    out.extend_from_slice(&hello.attempt.0.to_be_bytes());
+    out.extend_from_slice(&hello.from.to_be_bytes());
+    out.extend_from_slice(&hello.to.to_be_bytes());
+    finish(out, at);
+}
+
+/// Appends the data frame of `event`, the `seq`th of `channel`. A batch
+/// is encoded here, once.
+pub fn encode_data(channel: ChannelId, seq: u64, event: &ChannelEvent, out: &mut Vec<u8>) {
+    let at = begin(out, KIND_DATA);
+    put_channel(channel, out);
+    out.extend_from_slice(&seq.to_be_bytes());
+    match event {
+        ChannelEvent::Batch(batch) => {
+            let encoded = batch.encode();
+            out.push(EVENT_BATCH);
+            out.extend_from_slice(&encoded.len.to_be_bytes());
+            out.extend_from_slice(&encoded.bytes.to_be_bytes());
+            out.extend_from_slice(&encoded.data);
+        }
+        ChannelEvent::Barrier(barrier) => {
+            out.push(EVENT_BARRIER);
+            rmp_serde::encode::write(out, barrier).expect("a barrier serializes to memory");
+        }
+        ChannelEvent::CancelMarker(id) => {
+            out.push(EVENT_CANCEL);
+            out.extend_from_slice(&id.0.to_be_bytes());
+        }
+        ChannelEvent::Watermark(w) => {
+            out.push(EVENT_WATERMARK);
+            out.extend_from_slice(&w.to_be_bytes());
+        }
+        ChannelEvent::WatermarkStatus(WatermarkStatus::Idle) => out.push(EVENT_IDLE),
+        ChannelEvent::WatermarkStatus(WatermarkStatus::Active) => out.push(EVENT_ACTIVE),
+        ChannelEvent::EndOfPartition => out.push(EVENT_END),
+    }
+    finish(out, at);
+}
+
+/// Appends a credit frame of `channel`.
+pub fn encode_credit(channel: ChannelId, credits: u32, out: &mut Vec<u8>) {
+    let at = begin(out, KIND_CREDIT);
+    put_channel(channel, out);
+    out.extend_from_slice(&credits.to_be_bytes());
+    finish(out, at);
+}
+
+/// Starts a frame of `kind`: a length to fill in by [`finish`].
+fn begin(out: &mut Vec<u8>, kind: u8) -> usize {
+    let at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    out.push(kind);
+    at
+}
+
+fn finish(out: &mut [u8], at: usize) {
+    let len = u32::try_from(out.len() - at - 4).expect("a frame under 4 GiB");
+    out[at..at + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+fn put_channel(channel: ChannelId, out: &mut Vec<u8>) {
+    for part in [
+        channel.from.operator.0,
+        channel.from.index.0,
+        channel.to.operator.0,
+        channel.to.index.0,
+    ] {
+        out.extend_from_slice(&part.to_be_bytes());
+    }
+}
+
+/// Reads a frame's body front to back.
+struct Body<'a> {
+    bytes: &'a [u8],
+    what: &'static str,
+}
+
+impl<'a> Body<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.bytes.len() < n {
+            return Err(WireError::Truncated(self.what));
+        }
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Ok(head)
+    }
+
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_be_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
+    }
+
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_be_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_be_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    fn channel(&mut self) -> Result<ChannelId, WireError> {
+        let subtask = |operator, index| SubtaskId {
+            operator: OperatorId(operator),
+            index: SubtaskIndex(index),
+        };
+        Ok(ChannelId {
+            from: subtask(self.u32()?, self.u32()?),
+            to: subtask(self.u32()?, self.u32()?),
+        })
+    }
+
+    /// Whatever is left: a frame's last field.
+    fn rest(&mut self) -> &'a [u8] {
+        std::mem::take(&mut self.bytes)
+    }
+
+    /// Refuses bytes after the last field.
+    fn end(self) -> Result<(), WireError> {
+        if self.bytes.is_empty() {
+            Ok(())
+        } else {
+            Err(WireError::Truncated(self.what))
+        }
+    }
+}
+
+fn decode(kind: u8, bytes: &[u8]) -> Result<Frame, WireError> {
+    match kind {
+        KIND_HELLO => {
+            let mut body = Body {
+                bytes,
+                what: "hello",
+            };
+            if body.take(4)? != MAGIC || body.u16()? != VERSION {
+                return Err(WireError::Foreign);
+            }
+            let hello = Hello {
+                job: JobId(body.u64()?),
+                attempt: Attempt(body.u32()?),
+                from: body.u32()?,
+                to: body.u32()?,
+            };
+            body.end()?;
+            Ok(Frame::Hello(hello))
+        }
+        KIND_DATA => {
+            let mut body = Body {
+                bytes,
+                what: "data",
+            };
+            let channel = body.channel()?;
+            let seq = body.u64()?;
+            let event = match body.u8()? {
+                EVENT_BATCH => {
+                    let len = body.u64()?;
+                    let bytes = body.u64()?;
+                    let data = body.rest().to_vec();
+                    ChannelEvent::Batch(Batch::from(EncodedBatch { len, bytes, data }))
+                }
+                EVENT_BARRIER => {
+                    let barrier: Barrier = rmp_serde::from_slice(body.rest())
+                        .map_err(|e| WireError::Barrier(e.to_string()))?;
+                    ChannelEvent::Barrier(barrier)
+                }
+                EVENT_CANCEL => ChannelEvent::CancelMarker(CheckpointId(body.u64()?)),
+                EVENT_WATERMARK => ChannelEvent::Watermark(body.u64()?),
+                EVENT_IDLE => ChannelEvent::WatermarkStatus(WatermarkStatus::Idle),
+                EVENT_ACTIVE => ChannelEvent::WatermarkStatus(WatermarkStatus::Active),
+                EVENT_END => ChannelEvent::EndOfPartition,
+                tag => return Err(WireError::UnknownEvent(tag)),
+            };
+            body.end()?;
+            Ok(Frame::Data {
+                channel,
+                seq,
+                event,
+            })
+        }
+        KIND_CREDIT => {
+            let mut body = Body {
+                bytes,
+                what: "credit",
+            };
+            let channel = body.channel()?;
+            let credits = body.u32()?;
+            body.end()?;
+            Ok(Frame::Credit { channel, credits })
+        }
+        kind => Err(WireError::UnknownKind(kind)),
+    }
+}
+
+/// Turns a byte stream, cut anywhere, back into frames.
+#[derive(Debug, Default)]
+pub struct FrameDecoder {
+    buffer: Vec<u8>,
+    /// Start of the first frame not yet decoded.
+    start: usize,
+}
+
+impl FrameDecoder {
+    /// Appends bytes read from the link.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        if self.start > 0 && self.start * 2 >= self.buffer.len() {
+            self.buffer.drain(..self.start);
+            self.start = 0;
+        }
+        self.buffer.extend_from_slice(bytes);
+    }
+
+    /// The next whole frame, if one has arrived. After an error the link
+    /// is unusable.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, WireError> {
+        let pending = &self.buffer[self.start..];
+        let Some(header) = pending.get(..5) else {
+            return Ok(None);
+        };
+        let len = u32::from_be_bytes(header[..4].try_into().expect("4 bytes"));
+        if len > MAX_FRAME_BYTES {
+            return Err(WireError::Oversized(len));
+        }
+        if len == 0 {
+            return Err(WireError::Truncated("empty"));
+        }
+        let Some(frame) = pending.get(4..4 + len as usize) else {
+            return Ok(None);
+        };
+        let decoded = decode(frame[0], &frame[1..]);
+        self.start += 4 + len as usize;
+        decoded.map(Some)
+    }
+
+    /// Bytes received and not yet decoded.
+    pub fn buffered(&self) -> usize {
+        self.buffer.len() - self.start
+    }
+}
+
+/// The next sequence number due on each channel of one link direction.
+#[derive(Debug, Default)]
+pub struct Sequences(HashMap<ChannelId, u64>);
+
+impl Sequences {
+    /// Accepts `seq` on `channel` if it is the one due.
+    pub fn check(&mut self, channel: ChannelId, seq: u64) -> Result<(), WireError> {
+        let due = self.0.entry(channel).or_default();
+        if *due != seq {
+            return Err(WireError::Sequence {
+                channel,
+                expected: *due,
+                found: seq,
+            });
+        }
+        *due += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
