@@ -51,7 +51,7 @@ trait Records: Send {
     fn bytes(&self) -> usize;
     fn boxed_clone(&self) -> Box<dyn Records>;
     fn into_any(self: Box<Self>) -> Box<dyn Any>;
-    fn encode(&self) -> Vec<u8>;
+    fn encode_into(&self, out: &mut Vec<u8>);
 }
 
 impl<T: Data> Records for Vec<T> {
@@ -67,8 +67,8 @@ impl<T: Data> Records for Vec<T> {
     fn into_any(self: Box<Self>) -> Box<dyn Any> {
         self
     }
-    fn encode(&self) -> Vec<u8> {
-        rmp_serde::to_vec(self).expect("records serialize to memory")
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        rmp_serde::encode::write(out, self).expect("records serialize to memory");
     }
 }
 
@@ -161,13 +161,21 @@ impl Batch {
 
     /// The batch as bytes, for channel state.
     pub fn encode(&self) -> EncodedBatch {
+        let mut data = Vec::new();
+        self.encode_into(&mut data);
+        EncodedBatch {
+            len: self.len() as u64,
+            bytes: self.bytes() as u64,
+            data,
+        }
+    }
+
+    /// Appends the records as [`EncodedBatch::data`] holds them, without
+    /// a buffer of their own: a frame on the wire is written in one piece.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
         match &self.0 {
-            Payload::Typed { records, .. } => EncodedBatch {
-                len: records.len() as u64,
-                bytes: records.bytes() as u64,
-                data: records.encode(),
-            },
-            Payload::Encoded(e) => e.clone(),
+            Payload::Typed { records, .. } => records.encode_into(out),
+            Payload::Encoded(e) => out.extend_from_slice(&e.data),
         }
     }
 

@@ -10,8 +10,8 @@
 //!
 //! A frame is a big-endian `u32` length (of what follows), a kind byte and
 //! a body. Data frames carry a per-channel sequence number, checked on
-//! arrival: a lost, repeated or reordered frame fails the channel's
-//! consumer instead of corrupting a checkpoint. A batch crosses encoded
+//! arrival: a lost, repeated or reordered frame fails the attempt instead
+//! of corrupting a checkpoint. A batch crosses encoded
 //! once (its records as rmp-serde, as in channel state) and is decoded by
 //! the consumer's operator, which alone knows the record type.
 
@@ -23,7 +23,9 @@ use std::collections::HashMap;
 use thiserror::Error;
 
 /// Bytes a frame may declare; a longer one is refused before it is
-/// buffered (a batch is bounded by `BatchLimits::max_bytes`, far below).
+/// buffered. `BatchLimits::max_bytes` counts records' in-memory size, not
+/// what they own on the heap, so a batch of long strings can exceed it:
+/// the sender refuses such a frame rather than the receiver.
 pub const MAX_FRAME_BYTES: u32 = 256 << 20;
 
 /// Wire format version, in every hello.
@@ -43,7 +45,7 @@ const EVENT_IDLE: u8 = 4;
 const EVENT_ACTIVE: u8 = 5;
 const EVENT_END: u8 = 6;
 
-/// The first frame on a link, from the side that dialed: the two ends must
+/// The first frame each end of a link sends: the two ends must
 /// belong to the same attempt of the same job, so that no frame of an
 /// older attempt ever reaches a newer one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,9 +54,9 @@ pub struct Hello {
     pub job: JobId,
     /// Its attempt.
     pub attempt: Attempt,
-    /// The worker that dialed.
+    /// The worker of the end that sends it.
     pub from: u32,
-    /// The worker it dialed.
+    /// The worker of the other end.
     pub to: u32,
 }
 
@@ -81,8 +83,8 @@ pub enum Frame {
     },
 }
 
-/// A link that does not speak this protocol, or broke it: fatal to the
-/// link, never retried.
+/// A link that does not speak this protocol, or broke it, or a frame too
+/// large to send: fatal to the link, never retried.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum WireError {
     /// A frame longer than [`MAX_FRAME_BYTES`].
@@ -91,6 +93,12 @@ pub enum WireError {
     /// A frame shorter than its kind requires.
     #[error("a truncated {0} frame")]
     Truncated(&'static str),
+    /// A frame longer than its kind's fields.
+    #[error("a {0} frame with bytes after its last field")]
+    Trailing(&'static str),
+    /// A frame of length 0, without even a kind.
+    #[error("an empty frame")]
+    Empty,
     /// An unknown frame kind.
     #[error("unknown frame kind {0}")]
     UnknownKind(u8),
@@ -128,18 +136,23 @@ pub fn encode_hello(hello: &Hello, out: &mut Vec<u8>) {
 }
 
 /// Appends the data frame of `event`, the `seq`th of `channel`. A batch
-/// is encoded here, once.
-pub fn encode_data(channel: ChannelId, seq: u64, event: &ChannelEvent, out: &mut Vec<u8>) {
+/// is encoded here, once, straight into the frame. A frame over
+/// [`MAX_FRAME_BYTES`] is refused and nothing appended.
+pub fn encode_data(
+    channel: ChannelId,
+    seq: u64,
+    event: &ChannelEvent,
+    out: &mut Vec<u8>,
+) -> Result<(), WireError> {
     let at = begin(out, KIND_DATA);
     put_channel(channel, out);
     out.extend_from_slice(&seq.to_be_bytes());
     match event {
         ChannelEvent::Batch(batch) => {
-            let encoded = batch.encode();
             out.push(EVENT_BATCH);
-            out.extend_from_slice(&encoded.len.to_be_bytes());
-            out.extend_from_slice(&encoded.bytes.to_be_bytes());
-            out.extend_from_slice(&encoded.data);
+            out.extend_from_slice(&(batch.len() as u64).to_be_bytes());
+            out.extend_from_slice(&(batch.bytes() as u64).to_be_bytes());
+            batch.encode_into(out);
         }
         ChannelEvent::Barrier(barrier) => {
             out.push(EVENT_BARRIER);
@@ -157,7 +170,13 @@ pub fn encode_data(channel: ChannelId, seq: u64, event: &ChannelEvent, out: &mut
         ChannelEvent::WatermarkStatus(WatermarkStatus::Active) => out.push(EVENT_ACTIVE),
         ChannelEvent::EndOfPartition => out.push(EVENT_END),
     }
+    let len = out.len() - at - 4;
+    if len > MAX_FRAME_BYTES as usize {
+        out.truncate(at);
+        return Err(WireError::Oversized(len.min(u32::MAX as usize) as u32));
+    }
     finish(out, at);
+    Ok(())
 }
 
 /// Appends a credit frame of `channel`.
@@ -177,7 +196,7 @@ fn begin(out: &mut Vec<u8>, kind: u8) -> usize {
 }
 
 fn finish(out: &mut [u8], at: usize) {
-    let len = u32::try_from(out.len() - at - 4).expect("a frame under 4 GiB");
+    let len = u32::try_from(out.len() - at - 4).expect("a frame within MAX_FRAME_BYTES");
     out[at..at + 4].copy_from_slice(&len.to_be_bytes());
 }
 
@@ -251,7 +270,7 @@ impl<'a> Body<'a> {
         if self.bytes.is_empty() {
             Ok(())
         } else {
-            Err(WireError::Truncated(self.what))
+            Err(WireError::Trailing(self.what))
         }
     }
 }
@@ -352,7 +371,7 @@ impl FrameDecoder {
             return Err(WireError::Oversized(len));
         }
         if len == 0 {
-            return Err(WireError::Truncated("empty"));
+            return Err(WireError::Empty);
         }
         let Some(frame) = pending.get(4..4 + len as usize) else {
             return Ok(None);
@@ -362,7 +381,8 @@ impl FrameDecoder {
         decoded.map(Some)
     }
 
-    /// Bytes received and not yet decoded.
+    /// Bytes received and not yet decoded: at the end of the stream, a
+    /// frame cut off.
     pub fn buffered(&self) -> usize {
         self.buffer.len() - self.start
     }

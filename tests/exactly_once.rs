@@ -137,6 +137,7 @@ fn kills_across_workers_are_exactly_once_aligned_and_unaligned() {
             ],
             TestStorage::local,
         );
+        assert!(reports.iter().all(|r| r.link_bytes_sent > 0), "{mode}");
         if mode == "--mode=unaligned" {
             let replayed: u64 = reports.iter().map(|r| r.restored_inflight_batches).sum();
             assert!(replayed > 0, "no restore replayed in-flight batches");

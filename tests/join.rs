@@ -312,9 +312,15 @@ fn exact_at_p1_and_p3_and_across_workers(spec: Spec) {
     assert_expectations_are_interesting(&spec, &expected);
     for (parallelism, workers) in [(1, 0), (3, 0), (2, 2), (3, 3)] {
         let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let workers = [format!("--local-workers={workers}")];
-        let report = spec.run(parallelism, &workers, output.path(), checkpoints.path());
-        let context = format!("{spec:?} p={parallelism} {workers:?}");
+        let flag = [format!("--local-workers={workers}")];
+        let report = spec.run(parallelism, &flag, output.path(), checkpoints.path());
+        assert_eq!(
+            report.link_bytes_sent > 0,
+            workers > 1,
+            "{flag:?}: {} bytes crossed links",
+            report.link_bytes_sent
+        );
+        let context = format!("{spec:?} p={parallelism} {flag:?}");
         assert_eq!(report.restarts, 0, "{context}");
         assert_report_of_a_complete_run(&spec, &report, &context);
         assert_eq!(

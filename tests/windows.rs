@@ -344,13 +344,19 @@ fn exact_at_p1_and_p3_and_across_workers(spec: Spec) {
     assert_expectations_are_interesting(&spec, &expected);
     for (parallelism, workers) in [(1, 0), (3, 0), (2, 2), (3, 3)] {
         let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let workers = [format!("--local-workers={workers}")];
-        let report = spec.run(parallelism, &workers, output.path(), checkpoints.path());
+        let flag = [format!("--local-workers={workers}")];
+        let report = spec.run(parallelism, &flag, output.path(), checkpoints.path());
+        assert_eq!(
+            report.link_bytes_sent > 0,
+            workers > 1,
+            "{flag:?}: {} bytes crossed links",
+            report.link_bytes_sent
+        );
         assert_eq!(report.records_in, spec.records);
         assert_exact(
             output.path(),
             &expected,
-            &format!("{spec:?} p={parallelism} {workers:?}"),
+            &format!("{spec:?} p={parallelism} {flag:?}"),
         );
     }
 }

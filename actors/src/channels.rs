@@ -5,7 +5,7 @@
 use crate::endpoint::{Downstream, InputEndpoint, OutputEndpoint, Upstream};
 use crate::messages::{ConnectUpstream, Stop};
 use crate::metrics::JobMetrics;
-use crate::net::{self, LinkActor, LinkEnd, Placement, Routes};
+use crate::net::{self, LinkActor, LinkEnd, Routes, Workers};
 use crate::subtask::SubtaskActor;
 use crate::supervisor::JobSupervisor;
 use actix::{Actor, Addr, Recipient};
@@ -30,9 +30,10 @@ pub struct Wiring<'a> {
     pub attempt: Attempt,
     pub graph: &'a JobGraph,
     pub config: ChannelConfig,
-    pub placement: Placement,
-    pub metrics: &'a JobMetrics,
+    pub workers: &'a Workers,
+    pub metrics: &'a Arc<JobMetrics>,
     pub supervisor: Addr<JobSupervisor>,
+    /// The arbiter of a subtask, and of its endpoints.
     pub arbiter: &'a dyn Fn(SubtaskId) -> &'a ArbiterHandle,
 }
 
@@ -46,9 +47,14 @@ impl Wiring<'_> {
         let mut links: BTreeMap<(u32, u32), (LinkEnd, LinkEnd)> = BTreeMap::new();
         for producer in graph.subtasks() {
             for channel in graph.outputs(producer) {
-                if let Some(pair) = self.placement.crossing(channel) {
+                if let Some(pair) = self.workers.placement.crossing(channel) {
                     if let std::collections::btree_map::Entry::Vacant(link) = links.entry(pair) {
-                        link.insert(net::connect_loopback(self.job, self.attempt, pair)?);
+                        link.insert(net::connect_loopback(
+                            self.job,
+                            self.attempt,
+                            &self.supervisor,
+                            pair,
+                        )?);
                     }
                 }
             }
@@ -56,7 +62,7 @@ impl Wiring<'_> {
         // The end of `link` on the worker of `subtask`.
         let end = |pair, subtask: SubtaskId| {
             let (low, high) = &links[&pair];
-            if self.placement.worker(subtask) == pair.0 {
+            if self.workers.placement.worker(subtask) == pair.0 {
                 low.sender()
             } else {
                 high.sender()
@@ -70,7 +76,7 @@ impl Wiring<'_> {
             .collect();
         let mut actors: Vec<Recipient<Stop>> = Vec::new();
         let mut blame: BTreeMap<(u32, u32), SubtaskId> = BTreeMap::new();
-        let channels = self.config;
+        let config = self.config;
         for producer in graph.subtasks() {
             for (k, channel) in graph.outputs(producer).into_iter().enumerate() {
                 let consumer_channel = graph
@@ -80,7 +86,7 @@ impl Wiring<'_> {
                     .expect("both sides of an edge list the same channels");
                 let gauge =
                     self.metrics
-                        .channel(channel, channels.output_credits, channels.input_credits);
+                        .channel(channel, config.output_credits, config.input_credits);
                 let consumer = subtasks[&channel.to].clone();
                 let supervisor = self.supervisor.clone();
                 let ie_gauge = gauge.clone();
@@ -91,12 +97,12 @@ impl Wiring<'_> {
                         attempt,
                         consumer,
                         consumer_channel,
-                        channels.prefetch,
+                        config.prefetch,
                         ie_gauge,
                         supervisor,
                     )
                 });
-                let (downstream, upstream) = match self.placement.crossing(channel) {
+                let (downstream, upstream) = match self.workers.placement.crossing(channel) {
                     None => (Downstream::Local(ie.clone()), None),
                     Some(pair) => {
                         blame.entry(pair).or_insert(channel.to);
@@ -137,17 +143,16 @@ impl Wiring<'_> {
         // Links start once every endpoint they deliver to is known: the
         // frames queued meanwhile (initial credits) wait in their queues.
         let routes = Arc::new(routes);
-        let placement = self.placement;
         for (pair, (low, high)) in links {
-            for (worker, end) in [(pair.0, low), (pair.1, high)] {
-                let host = graph
-                    .subtasks()
-                    .find(|s| placement.worker(*s) == worker)
-                    .expect("a worker a channel crosses hosts a subtask");
-                let (routes, supervisor, blame) =
-                    (routes.clone(), self.supervisor.clone(), blame[&pair]);
-                let link = LinkActor::start_in_arbiter((self.arbiter)(host), move |_| {
-                    LinkActor::new(end, routes, supervisor, blame)
+            let arbiter = self
+                .workers
+                .links
+                .as_ref()
+                .expect("a placement that spreads comes with a link arbiter");
+            for end in [low, high] {
+                let (routes, metrics, blame) = (routes.clone(), self.metrics.clone(), blame[&pair]);
+                let link = LinkActor::start_in_arbiter(arbiter, move |_| {
+                    LinkActor::new(end, routes, metrics, blame)
                 });
                 actors.push(link.recipient());
             }

@@ -119,6 +119,8 @@ pub struct JobMetrics {
     subtasks: DashMap<SubtaskId, Arc<SubtaskCounters>>,
     /// Per checkpoint, operator and subtask, in a bounded history.
     pub checkpoint_stats: SharedCheckpointStats,
+    /// Bytes written to the links between workers.
+    pub link_bytes_sent: AtomicU64,
 }
 
 impl Default for JobMetrics {
@@ -439,6 +441,7 @@ impl JobMetrics {
             time: Arc::default(),
             subtasks: DashMap::new(),
             checkpoint_stats: CheckpointStatsTracker::shared(history),
+            link_bytes_sent: AtomicU64::default(),
         }
     }
 

@@ -10,19 +10,24 @@
 //!
 //! Today the workers are virtual: `Runtime::local_workers` spreads the
 //! subtasks of one process over them and every channel between two of
-//! them crosses a real loopback connection.
+//! them crosses a real loopback connection. Links run on an arbiter of
+//! their own, so that a slow subtask never holds up the credits, batches
+//! and unaligned barriers of the other channels between its workers.
 
 use crate::endpoint::{InputEndpoint, OutputEndpoint};
 use crate::messages::{Credit, Stop, SubtaskFailed, Transfer};
+use crate::metrics::JobMetrics;
 use crate::supervisor::JobSupervisor;
-use actix::Addr;
-use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, WrapFuture};
+use actix::{
+    Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, WrapFuture,
+};
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tidemark::error::TaskError;
 use tidemark::event::ChannelEvent;
 use tidemark::ids::{Attempt, ChannelId, JobId, SubtaskId};
-use tidemark::wire::{self, Frame, FrameDecoder, Hello, Sequences};
+use tidemark::wire::{self, Frame, FrameDecoder, Hello, Sequences, WireError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -44,6 +49,7 @@ impl Placement {
         }
     }
 
+    /// The worker hosting `subtask`.
     pub fn worker(&self, subtask: SubtaskId) -> u32 {
         subtask.index.0 % self.workers
     }
@@ -53,34 +59,81 @@ impl Placement {
         let (a, b) = (self.worker(channel.from), self.worker(channel.to));
         (a != b).then(|| (a.min(b), a.max(b)))
     }
+
+    /// Whether any channel can cross between workers.
+    pub fn spreads(&self) -> bool {
+        self.workers > 1
+    }
+}
+
+/// The workers of a job in this process: where each subtask goes, and
+/// the arbiter the links between them run on, if any channel crosses.
+pub struct Workers {
+    pub placement: Placement,
+    pub links: Option<actix_rt::ArbiterHandle>,
+}
+
+/// Why a link failed its attempt.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("reading: {0}")]
+    Read(std::io::Error),
+    #[error("writing: {0}")]
+    Write(std::io::Error),
+    #[error("the socket does not register with the runtime: {0}")]
+    Register(std::io::Error),
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    #[error("the peer introduced itself as {got:?}, not {expected:?}")]
+    Stranger { got: Hello, expected: Hello },
+    #[error("a frame before the peer's hello")]
+    NoHello,
+    #[error("a frame for channel {0}, which does not cross here")]
+    NotRouted(ChannelId),
+    #[error("the peer closed the link ({0} bytes of a frame pending)")]
+    Closed(usize),
 }
 
 /// Frames an endpoint puts on its link. Sending never blocks: what it
 /// carries is bounded by credits, not by this queue.
 #[derive(Clone, Debug)]
-pub struct LinkSender(mpsc::UnboundedSender<Vec<u8>>);
+pub struct LinkSender {
+    frames: mpsc::UnboundedSender<Vec<u8>>,
+    supervisor: Addr<JobSupervisor>,
+    attempt: Attempt,
+}
 
 impl LinkSender {
     /// The `seq`th event of `channel`, encoded here, on the producer's
-    /// thread. A link that is gone ended with its attempt or failed it.
+    /// thread. A batch too large for a frame fails the attempt in the name
+    /// of its producer. A link that is gone ended with its attempt or
+    /// failed it.
     pub fn data(&self, channel: ChannelId, seq: u64, event: &ChannelEvent) {
         let mut frame = Vec::new();
-        wire::encode_data(channel, seq, event, &mut frame);
-        let _ = self.0.send(frame);
+        if let Err(e) = wire::encode_data(channel, seq, event, &mut frame) {
+            return self.supervisor.do_send(SubtaskFailed {
+                attempt: self.attempt,
+                subtask: channel.from,
+                error: TaskError::Protocol(format!("channel {channel}: {e}")),
+            });
+        }
+        let _ = self.frames.send(frame);
     }
 
     /// Credits of `channel` for its producer.
     pub fn credit(&self, channel: ChannelId, credits: u32) {
         let mut frame = Vec::new();
         wire::encode_credit(channel, credits, &mut frame);
-        let _ = self.0.send(frame);
+        let _ = self.frames.send(frame);
     }
 }
 
 /// The endpoints a link's reader delivers to, by channel.
 #[derive(Default)]
 pub struct Routes {
+    /// Input endpoints of the channels whose consumer is on this side.
     pub inputs: HashMap<ChannelId, Addr<InputEndpoint>>,
+    /// Output endpoints of the channels whose producer is on this side.
     pub outputs: HashMap<ChannelId, Addr<OutputEndpoint>>,
 }
 
@@ -94,6 +147,7 @@ pub struct LinkEnd {
 }
 
 impl LinkEnd {
+    /// What the endpoints on this end's worker send through.
     pub fn sender(&self) -> LinkSender {
         self.sender.clone()
     }
@@ -104,6 +158,7 @@ impl LinkEnd {
 pub fn connect_loopback(
     job: JobId,
     attempt: Attempt,
+    supervisor: &Addr<JobSupervisor>,
     (a, b): (u32, u32),
 ) -> std::io::Result<(LinkEnd, LinkEnd)> {
     let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
@@ -112,10 +167,14 @@ pub fn connect_loopback(
     let end = |stream: std::net::TcpStream, from, to| -> std::io::Result<LinkEnd> {
         stream.set_nodelay(true)?;
         stream.set_nonblocking(true)?;
-        let (tx, queue) = mpsc::unbounded_channel();
+        let (frames, queue) = mpsc::unbounded_channel();
         Ok(LinkEnd {
             stream,
-            sender: LinkSender(tx),
+            sender: LinkSender {
+                frames,
+                supervisor: supervisor.clone(),
+                attempt,
+            },
             queue,
             hello: Hello {
                 job,
@@ -129,11 +188,13 @@ pub fn connect_loopback(
 }
 
 /// A running end of a link. It stops with its attempt; an error on the
-/// link fails the attempt, in the name of a subtask the link feeds.
+/// link, or the peer closing it, fails the attempt in the name of a
+/// subtask the link feeds (the supervisor ignores it once the attempt is
+/// over, which is when a peer closes a link on purpose).
 pub struct LinkActor {
     end: Option<LinkEnd>,
     routes: Arc<Routes>,
-    supervisor: Addr<JobSupervisor>,
+    metrics: Arc<JobMetrics>,
     blame: SubtaskId,
 }
 
@@ -141,15 +202,27 @@ impl LinkActor {
     pub fn new(
         end: LinkEnd,
         routes: Arc<Routes>,
-        supervisor: Addr<JobSupervisor>,
+        metrics: Arc<JobMetrics>,
         blame: SubtaskId,
     ) -> Self {
         LinkActor {
             end: Some(end),
             routes,
-            supervisor,
+            metrics,
             blame,
         }
+    }
+
+    fn fail(&self, sender: &LinkSender, hello: Hello, error: LinkError, ctx: &mut Context<Self>) {
+        sender.supervisor.do_send(SubtaskFailed {
+            attempt: hello.attempt,
+            subtask: self.blame,
+            error: TaskError::Protocol(format!(
+                "link of worker {} to worker {}: {error}",
+                hello.from, hello.to
+            )),
+        });
+        ctx.stop();
     }
 }
 
@@ -159,16 +232,17 @@ impl Actor for LinkActor {
     fn started(&mut self, ctx: &mut Context<Self>) {
         let LinkEnd {
             stream,
-            sender: _,
+            sender,
             mut queue,
             hello,
         } = self.end.take().expect("a link starts once");
         let stream = match tokio::net::TcpStream::from_std(stream) {
             Ok(stream) => stream,
-            Err(e) => return self.fail(hello, &format!("cannot register the socket: {e}"), ctx),
+            Err(e) => return self.fail(&sender, hello, LinkError::Register(e), ctx),
         };
         let (mut read, write) = stream.into_split();
         let mut write = tokio::io::BufWriter::new(write);
+        let metrics = self.metrics.clone();
         let writer = async move {
             let mut first = Vec::new();
             wire::encode_hello(&hello, &mut first);
@@ -178,16 +252,20 @@ impl Actor for LinkActor {
             while queue.recv_many(&mut frames, 256).await > 0 {
                 for frame in frames.drain(..) {
                     write.write_all(&frame).await?;
+                    metrics
+                        .link_bytes_sent
+                        .fetch_add(frame.len() as u64, Ordering::Relaxed);
                 }
                 if queue.is_empty() {
                     write.flush().await?;
                 }
             }
-            Ok::<_, std::io::Error>(())
+            Ok(())
         };
+        let failed = sender.clone();
         ctx.spawn(writer.into_actor(self).map(move |result, link, ctx| {
             if let Err(e) = result {
-                link.fail(hello, &format!("writing: {e}"), ctx);
+                link.fail(&failed, hello, LinkError::Write(e), ctx);
             }
         }));
         let routes = self.routes.clone();
@@ -202,39 +280,33 @@ impl Actor for LinkActor {
             let mut greeted = false;
             let mut buffer = vec![0; READ_BYTES];
             loop {
-                let n = read
-                    .read(&mut buffer)
-                    .await
-                    .map_err(|e| format!("reading: {e}"))?;
+                let n = read.read(&mut buffer).await.map_err(LinkError::Read)?;
                 if n == 0 {
-                    // The peer's end stopped with the attempt.
-                    return Ok(());
+                    return Err(LinkError::Closed(decoder.buffered()));
                 }
                 decoder.feed(&buffer[..n]);
-                while let Some(frame) = decoder.next_frame().map_err(|e| e.to_string())? {
+                while let Some(frame) = decoder.next_frame()? {
                     match frame {
                         Frame::Hello(got) if !greeted && got == expected => greeted = true,
-                        Frame::Hello(got) => {
-                            return Err(format!("unexpected hello {got:?}, wanted {expected:?}"))
-                        }
-                        _ if !greeted => return Err("a frame before the hello".into()),
+                        Frame::Hello(got) => return Err(LinkError::Stranger { got, expected }),
+                        _ if !greeted => return Err(LinkError::NoHello),
                         Frame::Data {
                             channel,
                             seq,
                             event,
                         } => {
-                            due.check(channel, seq).map_err(|e| e.to_string())?;
+                            due.check(channel, seq)?;
                             let input = routes
                                 .inputs
                                 .get(&channel)
-                                .ok_or_else(|| format!("data for channel {channel}, not ours"))?;
+                                .ok_or(LinkError::NotRouted(channel))?;
                             input.do_send(Transfer(event));
                         }
                         Frame::Credit { channel, credits } => {
                             let output = routes
                                 .outputs
                                 .get(&channel)
-                                .ok_or_else(|| format!("credit for channel {channel}, not ours"))?;
+                                .ok_or(LinkError::NotRouted(channel))?;
                             output.do_send(Credit(credits));
                         }
                     }
@@ -244,25 +316,12 @@ impl Actor for LinkActor {
         ctx.spawn(
             reader
                 .into_actor(self)
-                .map(move |result, link, ctx| match result {
-                    Ok(()) => ctx.stop(),
-                    Err(e) => link.fail(hello, &e, ctx),
+                .map(move |result: Result<(), LinkError>, link, ctx| {
+                    if let Err(e) = result {
+                        link.fail(&sender, hello, e, ctx);
+                    }
                 }),
         );
-    }
-}
-
-impl LinkActor {
-    fn fail(&self, hello: Hello, error: &str, ctx: &mut Context<Self>) {
-        self.supervisor.do_send(SubtaskFailed {
-            attempt: hello.attempt,
-            subtask: self.blame,
-            error: TaskError::Protocol(format!(
-                "link of worker {} to worker {}: {error}",
-                hello.from, hello.to
-            )),
-        });
-        ctx.stop();
     }
 }
 

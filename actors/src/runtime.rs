@@ -6,7 +6,7 @@ use crate::coordinator::{Completed, TriggerManual};
 use crate::http::{self, JobStatus, JobView};
 use crate::messages::Cancel;
 use crate::metrics::JobMetrics;
-use crate::net::Placement;
+use crate::net::{Placement, Workers};
 use crate::supervisor::{JobSupervisor, StopWithSavepoint, TriggerCheckpointRequest};
 use actix::{Actor, Addr, Arbiter, System};
 use std::net::SocketAddr;
@@ -400,8 +400,12 @@ impl Runtime {
                     Some(lease) => storage.fenced(lease.clone()),
                     None => storage,
                 });
-                let arbiters: Vec<Arbiter> = (0..threads).map(|_| Arbiter::new()).collect();
+                let mut arbiters: Vec<Arbiter> = (0..threads).map(|_| Arbiter::new()).collect();
                 let handles = arbiters.iter().map(Arbiter::handle).collect();
+                let links = placement.spreads().then(|| {
+                    arbiters.push(Arbiter::new());
+                    arbiters.last().expect("just pushed").handle()
+                });
                 let renewed = lease.clone();
                 system.block_on(async move {
                     if let Some(lease) = renewed {
@@ -410,7 +414,7 @@ impl Runtime {
                     let supervisor = JobSupervisor::new(
                         job,
                         handles,
-                        placement,
+                        Workers { placement, links },
                         job_metrics,
                         supervisor_tx,
                         job_storage,

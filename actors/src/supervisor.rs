@@ -13,7 +13,7 @@ use crate::coordinator::{
 };
 use crate::messages::{Cancel, Stop, SubtaskFailed, SubtaskFinished, Wire};
 use crate::metrics::{CheckpointStats, JobMetrics};
-use crate::net::Placement;
+use crate::net::Workers;
 use crate::runtime::{job_id, JobError, JobReport};
 use crate::snapshot::SharedBase;
 use crate::subtask::{panic_message, Checkpointing, SubtaskActor, SubtaskSpec};
@@ -77,8 +77,8 @@ pub struct StopWithSavepoint {
 pub struct JobSupervisor {
     job: Job,
     arbiters: Vec<ArbiterHandle>,
-    /// Which worker hosts each subtask.
-    placement: Placement,
+    /// Which worker hosts each subtask, and where their links run.
+    workers: Workers,
     metrics: Arc<JobMetrics>,
     started: Instant,
     outcome: Option<mpsc::Sender<Result<JobReport, JobError>>>,
@@ -336,7 +336,7 @@ impl JobSupervisor {
     pub fn new(
         job: Job,
         arbiters: Vec<ArbiterHandle>,
-        placement: Placement,
+        workers: Workers,
         metrics: Arc<JobMetrics>,
         outcome: mpsc::Sender<Result<JobReport, JobError>>,
         storage: Option<CheckpointStorage>,
@@ -346,7 +346,7 @@ impl JobSupervisor {
             savepoint_dir,
             job,
             arbiters,
-            placement,
+            workers,
             metrics,
             started: Instant::now(),
             outcome: Some(outcome),
@@ -710,7 +710,7 @@ impl JobSupervisor {
             attempt,
             graph,
             config: config.channels,
-            placement: self.placement,
+            workers: &self.workers,
             metrics: &self.metrics,
             supervisor: me.clone(),
             arbiter: &arbiter,

@@ -68,7 +68,7 @@ fn every_frame_and_event_round_trips() {
     let mut bytes = Vec::new();
     encode_hello(&hello, &mut bytes);
     for (seq, event) in events.iter().enumerate() {
-        encode_data(channel(), seq as u64, event, &mut bytes);
+        encode_data(channel(), seq as u64, event, &mut bytes).unwrap();
     }
     encode_credit(channel(), 5, &mut bytes);
     let mut frames = decode_all(&bytes).into_iter();
@@ -104,9 +104,10 @@ fn frames_survive_every_cut_of_the_stream() {
         0,
         &ChannelEvent::Batch(Batch::new(vec![("x".to_owned(), 7u64)])),
         &mut bytes,
-    );
+    )
+    .unwrap();
     encode_credit(channel(), 1, &mut bytes);
-    encode_data(channel(), 1, &ChannelEvent::EndOfPartition, &mut bytes);
+    encode_data(channel(), 1, &ChannelEvent::EndOfPartition, &mut bytes).unwrap();
     for cut in 0..=bytes.len() {
         let mut decoder = FrameDecoder::default();
         let mut kinds = Vec::new();
@@ -157,7 +158,7 @@ fn foreign_and_damaged_frames_are_refused() {
         WireError::Oversized(0x4745_5420)
     );
     assert_eq!(first_error(&[0, 0, 0, 1, 9]), WireError::UnknownKind(9));
-    assert_eq!(first_error(&[0, 0, 0, 0, 0]), WireError::Truncated("empty"));
+    assert_eq!(first_error(&[0, 0, 0, 0, 0]), WireError::Empty);
 
     let mut hello = Vec::new();
     let h = Hello {
@@ -175,14 +176,14 @@ fn foreign_and_damaged_frames_are_refused() {
     assert_eq!(first_error(&other_magic), WireError::Foreign);
 
     let mut data = Vec::new();
-    encode_data(channel(), 0, &ChannelEvent::Watermark(5), &mut data);
+    encode_data(channel(), 0, &ChannelEvent::Watermark(5), &mut data).unwrap();
     let mut short = data[..data.len() - 1].to_vec();
     short[..4].copy_from_slice(&(data.len() as u32 - 5).to_be_bytes());
     assert_eq!(first_error(&short), WireError::Truncated("data"));
     let mut long = data.clone();
     long.push(0);
     long[..4].copy_from_slice(&(data.len() as u32 - 3).to_be_bytes());
-    assert_eq!(first_error(&long), WireError::Truncated("data"));
+    assert_eq!(first_error(&long), WireError::Trailing("data"));
     let mut unknown = data.clone();
     unknown[5 + 16 + 8] = 42;
     assert_eq!(first_error(&unknown), WireError::UnknownEvent(42));
@@ -192,11 +193,27 @@ fn foreign_and_damaged_frames_are_refused() {
         0,
         &ChannelEvent::Barrier(barrier(Alignment::Aligned)),
         &mut bad_barrier,
-    );
+    )
+    .unwrap();
     bad_barrier.truncate(bad_barrier.len() - 2);
     let len = bad_barrier.len() as u32 - 4;
     bad_barrier[..4].copy_from_slice(&len.to_be_bytes());
     assert!(matches!(first_error(&bad_barrier), WireError::Barrier(_)));
+}
+
+/// A batch whose records own more than their in-memory size counts (long
+/// strings) can outgrow a frame: the sender refuses it, whole, instead of
+/// a receiver refusing it after every restart.
+#[test]
+fn a_batch_too_large_for_a_frame_is_refused_by_its_sender() {
+    let long = "x".repeat(MAX_FRAME_BYTES as usize / 2 + 1);
+    let batch = ChannelEvent::Batch(Batch::new(vec![long.clone(), long]));
+    let mut out = vec![1, 2, 3];
+    assert!(matches!(
+        encode_data(channel(), 0, &batch, &mut out),
+        Err(WireError::Oversized(len)) if len > MAX_FRAME_BYTES
+    ));
+    assert_eq!(out, [1, 2, 3], "nothing of it appended");
 }
 
 #[test]
@@ -319,7 +336,7 @@ impl Link {
     fn pump(&mut self) {
         while let Some(event) = self.sender.poll_send() {
             let before = self.wire.len();
-            encode_data(channel(), self.seq, &event, &mut self.wire);
+            encode_data(channel(), self.seq, &event, &mut self.wire).unwrap();
             self.seq += 1;
             if event.is_batch() {
                 self.batches_in_flight += 1;
@@ -434,10 +451,13 @@ impl Link {
             self.batches_in_flight,
             self.receiver.buffered()
         );
+        // In bytes: the credits not taken up by what the receiver holds,
+        // at most a frame of the largest batch each, and control frames.
         let on_wire = self.wire.len() + self.decoder.buffered();
+        let credited = (CAPACITY - self.receiver.buffered()) as usize;
         assert!(
             on_wire
-                <= self.batches_in_flight as usize * self.largest_batch_frame
+                <= credited * self.largest_batch_frame
                     + self.controls_in_flight as usize * CONTROL_FRAME,
             "{on_wire} bytes in flight"
         );

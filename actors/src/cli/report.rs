@@ -66,6 +66,8 @@ pub struct RunReport {
     pub checkpoints_switched_to_unaligned: u64,
     /// In-flight batches that restores replayed from channel state.
     pub restored_inflight_batches: u64,
+    /// Bytes written to the TCP links between workers (0 in one worker).
+    pub link_bytes_sent: u64,
     /// From a failure to the restored attempt's deployment.
     pub recovery_ms: Percentiles,
     /// The state the last restore read (from `--restore` or a failover).
@@ -227,6 +229,7 @@ impl RunReport {
                 .load(Ordering::Relaxed),
             checkpoints_switched_to_unaligned: stats.switched_to_unaligned.load(Ordering::Relaxed),
             restored_inflight_batches: stats.restored_inflight_batches.load(Ordering::Relaxed),
+            link_bytes_sent: metrics.link_bytes_sent.load(Ordering::Relaxed),
             recovery_ms: Percentiles::of(&stats.recoveries_ms),
             restored_bytes: stats.restored_bytes_last.load(Ordering::Relaxed),
             restored_checkpoint: Some(stats.restored_checkpoint_last.load(Ordering::Relaxed))
