@@ -17,10 +17,12 @@ use tidemark::graph::JobGraph;
 use tidemark::ids::{Attempt, JobId, SubtaskId};
 
 /// The endpoints of an attempt, by subtask, in the order of its outputs and
-/// of its input gate, and every actor of theirs to stop with the attempt.
+/// of its input gate; the ends of its links, by the worker they belong
+/// to; and every actor of theirs to stop with the attempt.
 pub struct Channels {
     pub outputs: HashMap<SubtaskId, Vec<Addr<OutputEndpoint>>>,
     pub inputs: HashMap<SubtaskId, Vec<Addr<InputEndpoint>>>,
+    pub links: Vec<(u32, Addr<LinkActor>)>,
     pub actors: Vec<Recipient<Stop>>,
 }
 
@@ -143,18 +145,20 @@ impl Wiring<'_> {
         // Links start once every endpoint they deliver to is known: the
         // frames queued meanwhile (initial credits) wait in their queues.
         let routes = Arc::new(routes);
+        let mut ends = Vec::new();
         for (pair, (low, high)) in links {
             let arbiter = self
                 .workers
                 .links
                 .as_ref()
                 .expect("a placement that spreads comes with a link arbiter");
-            for end in [low, high] {
+            for (worker, end) in [(pair.0, low), (pair.1, high)] {
                 let (routes, metrics, blame) = (routes.clone(), self.metrics.clone(), blame[&pair]);
                 let link = LinkActor::start_in_arbiter(arbiter, move |_| {
                     LinkActor::new(end, routes, metrics, blame)
                 });
-                actors.push(link.recipient());
+                actors.push(link.clone().recipient());
+                ends.push((worker, link));
             }
         }
         Ok(Channels {
@@ -169,6 +173,7 @@ impl Wiring<'_> {
                     (id, gate)
                 })
                 .collect(),
+            links: ends,
             actors,
         })
     }

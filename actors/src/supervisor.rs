@@ -13,7 +13,7 @@ use crate::coordinator::{
 };
 use crate::messages::{Cancel, Stop, SubtaskFailed, SubtaskFinished, Wire};
 use crate::metrics::{CheckpointStats, JobMetrics};
-use crate::net::Workers;
+use crate::net::{LinkActor, Workers};
 use crate::runtime::{job_id, JobError, JobReport};
 use crate::snapshot::SharedBase;
 use crate::subtask::{panic_message, Checkpointing, SubtaskActor, SubtaskSpec};
@@ -90,6 +90,8 @@ pub struct JobSupervisor {
     subtasks: Vec<(SubtaskId, Addr<SubtaskActor>)>,
     /// Every actor of the current attempt.
     actors: Vec<Recipient<Stop>>,
+    /// The current attempt's link ends, by the worker they belong to.
+    links: Vec<(u32, Addr<LinkActor>)>,
     /// When the current attempt's predecessor failed.
     failed_at: Option<Instant>,
     /// Manual triggers that arrived before the coordinator was up.
@@ -357,6 +359,7 @@ impl JobSupervisor {
             unfinished: 0,
             subtasks: Vec::new(),
             actors: Vec::new(),
+            links: Vec::new(),
             failed_at: None,
             early_triggers: Vec::new(),
         }
@@ -718,6 +721,7 @@ impl JobSupervisor {
         let Channels {
             mut outputs,
             mut inputs,
+            links,
             actors: endpoints,
         } = wiring
             .connect(&subtasks)
@@ -734,6 +738,7 @@ impl JobSupervisor {
         subtasks.sort_by_key(|(id, _)| *id);
         self.subtasks = subtasks;
         self.actors = actors;
+        self.links = links;
         Ok(())
     }
 
@@ -749,6 +754,7 @@ impl JobSupervisor {
             .map(|actor| actor.send(Stop).timeout(STOP_TIMEOUT))
             .collect();
         self.subtasks.clear();
+        self.links.clear();
         async move {
             for stopped in futures::future::join_all(stops).await {
                 if let Err(actix::MailboxError::Timeout) = stopped {
@@ -864,6 +870,23 @@ impl JobSupervisor {
         );
     }
 
+    /// Kills the worker hosting `victim`, as a crash would: every subtask
+    /// on it dies and its ends of the links close, which the peers see.
+    /// In one worker, that is the subtask alone.
+    fn kill_worker_of(&self, victim: SubtaskId) {
+        let placement = self.workers.placement;
+        let worker = placement.worker(victim);
+        tracing::info!(subtask = %victim, worker, "injecting a failure");
+        for (id, subtask) in &self.subtasks {
+            if *id == victim || placement.spreads() && placement.worker(*id) == worker {
+                subtask.do_send(crate::messages::Kill);
+            }
+        }
+        for (_, link) in self.links.iter().filter(|(w, _)| *w == worker) {
+            link.do_send(Stop);
+        }
+    }
+
     fn schedule_kills(&mut self, ctx: &mut Context<Self>) {
         if self.job.config.kills.is_none() {
             return;
@@ -883,9 +906,8 @@ impl JobSupervisor {
             else {
                 return;
             };
-            let (id, subtask) = &act.subtasks[victim % act.subtasks.len()];
-            tracing::info!(subtask = %id, "injecting a failure");
-            subtask.do_send(crate::messages::Kill);
+            let (id, _) = act.subtasks[victim % act.subtasks.len()];
+            act.kill_worker_of(id);
             killed = Some(act.attempt);
         });
     }

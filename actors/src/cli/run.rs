@@ -119,7 +119,8 @@ pub struct RunArgs {
     #[arg(long, value_parser = crate::config::values::flag_duration)]
     pub stop_with_savepoint_after: Option<Duration>,
     /// Kill a random subtask this many times at random moments (seeded by
-    /// `--seed`); the job restores and goes on. At most 1000.
+    /// `--seed`); the job restores and goes on. At most 1000. Across
+    /// workers, the whole worker hosting the subtask dies.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(..=1000))]
     pub inject_failures: u32,
     /// A targeted fault, `POINT:CHECKPOINT:OPERATOR:SUBTASK` with POINT one of
