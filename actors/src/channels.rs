@@ -54,7 +54,7 @@ impl Wiring<'_> {
                         link.insert(net::connect_loopback(
                             self.job,
                             self.attempt,
-                            &self.supervisor,
+                            &self.supervisor.clone().recipient(),
                             pair,
                         )?);
                     }

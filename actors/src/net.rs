@@ -17,9 +17,9 @@
 use crate::endpoint::{InputEndpoint, OutputEndpoint};
 use crate::messages::{Credit, Stop, SubtaskFailed, Transfer};
 use crate::metrics::JobMetrics;
-use crate::supervisor::JobSupervisor;
 use actix::{
-    Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, WrapFuture,
+    Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, Recipient,
+    WrapFuture,
 };
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -99,7 +99,8 @@ pub enum LinkError {
 #[derive(Clone, Debug)]
 pub struct LinkSender {
     frames: mpsc::UnboundedSender<Vec<u8>>,
-    supervisor: Addr<JobSupervisor>,
+    /// Where failures go: the job's supervisor.
+    failures: Recipient<SubtaskFailed>,
     attempt: Attempt,
 }
 
@@ -111,7 +112,7 @@ impl LinkSender {
     pub fn data(&self, channel: ChannelId, seq: u64, event: &ChannelEvent) {
         let mut frame = Vec::new();
         if let Err(e) = wire::encode_data(channel, seq, event, &mut frame) {
-            return self.supervisor.do_send(SubtaskFailed {
+            return self.failures.do_send(SubtaskFailed {
                 attempt: self.attempt,
                 subtask: channel.from,
                 error: TaskError::Protocol(format!("channel {channel}: {e}")),
@@ -158,7 +159,7 @@ impl LinkEnd {
 pub fn connect_loopback(
     job: JobId,
     attempt: Attempt,
-    supervisor: &Addr<JobSupervisor>,
+    failures: &Recipient<SubtaskFailed>,
     (a, b): (u32, u32),
 ) -> std::io::Result<(LinkEnd, LinkEnd)> {
     let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
@@ -172,7 +173,7 @@ pub fn connect_loopback(
             stream,
             sender: LinkSender {
                 frames,
-                supervisor: supervisor.clone(),
+                failures: failures.clone(),
                 attempt,
             },
             queue,
@@ -214,7 +215,7 @@ impl LinkActor {
     }
 
     fn fail(&self, sender: &LinkSender, hello: Hello, error: LinkError, ctx: &mut Context<Self>) {
-        sender.supervisor.do_send(SubtaskFailed {
+        sender.failures.do_send(SubtaskFailed {
             attempt: hello.attempt,
             subtask: self.blame,
             error: TaskError::Protocol(format!(
@@ -332,3 +333,6 @@ impl Handler<Stop> for LinkActor {
         ctx.stop();
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,137 @@
+//! A link's end against a peer that misbehaves, over a real loopback
+//! socket: each way a link can break fails its attempt, named.
+
+use super::*;
+use actix::System;
+use std::io::Write;
+use tidemark::ids::{OperatorId, SubtaskIndex};
+
+const JOB: JobId = JobId(7);
+const ATTEMPT: Attempt = Attempt(3);
+
+/// Stands in for the supervisor: hands on what it is told.
+struct Failures(mpsc::UnboundedSender<SubtaskFailed>);
+
+impl Actor for Failures {
+    type Context = Context<Self>;
+}
+
+impl Handler<SubtaskFailed> for Failures {
+    type Result = ();
+
+    fn handle(&mut self, failed: SubtaskFailed, _ctx: &mut Context<Self>) {
+        let _ = self.0.send(failed);
+    }
+}
+
+fn subtask(operator: u32, index: u32) -> SubtaskId {
+    SubtaskId {
+        operator: OperatorId(operator),
+        index: SubtaskIndex(index),
+    }
+}
+
+fn channel() -> ChannelId {
+    ChannelId {
+        from: subtask(0, 1),
+        to: subtask(1, 0),
+    }
+}
+
+/// Starts worker 0's end of a link to worker 1, and hands worker 1's raw
+/// socket to `peer`, blocking; returns the first failure reported.
+fn first_failure(peer: impl FnOnce(std::net::TcpStream) + Send + 'static) -> SubtaskFailed {
+    System::new().block_on(async move {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let failures = Failures(tx).start().recipient();
+        let (ours, theirs) = connect_loopback(JOB, ATTEMPT, &failures, (0, 1)).unwrap();
+        let _link = LinkActor::new(ours, Arc::default(), Arc::default(), subtask(1, 0)).start();
+        let stream = theirs.stream;
+        stream.set_nonblocking(false).unwrap();
+        let peer = std::thread::spawn(move || peer(stream));
+        let failed = rx.recv().await.expect("a failure");
+        peer.join().unwrap();
+        failed
+    })
+}
+
+/// The hello of worker `from`'s end.
+fn hello(attempt: Attempt, from: u32, to: u32) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    wire::encode_hello(
+        &Hello {
+            job: JOB,
+            attempt,
+            from,
+            to,
+        },
+        &mut bytes,
+    );
+    bytes
+}
+
+fn assert_failure(failed: &SubtaskFailed, wanted: &str) {
+    assert_eq!(failed.attempt, ATTEMPT);
+    assert_eq!(failed.subtask, subtask(1, 0), "the subtask the link feeds");
+    let error = failed.error.to_string();
+    assert!(
+        error.contains("link of worker 0 to worker 1") && error.contains(wanted),
+        "{error}"
+    );
+}
+
+/// A worker that dies closes its sockets: its peers fail the attempt
+/// instead of waiting for an end of partition that never comes. (With our
+/// hello unread, the peer's close would reset the connection instead: a
+/// failure too, reported as a read error.)
+#[test]
+fn a_peer_that_closes_the_link_fails_the_attempt() {
+    let failed = first_failure(|mut stream| {
+        let mut ours = [0; 31];
+        std::io::Read::read_exact(&mut stream, &mut ours).unwrap();
+        assert_eq!(ours.to_vec(), hello(ATTEMPT, 0, 1));
+        let mut half = hello(ATTEMPT, 1, 0);
+        half.extend_from_slice(&[0, 0, 0, 9, 1]);
+        stream.write_all(&half).unwrap();
+    });
+    assert_failure(
+        &failed,
+        "the peer closed the link (5 bytes of a frame pending)",
+    );
+}
+
+#[test]
+fn a_peer_of_another_attempt_is_refused() {
+    let failed = first_failure(|mut stream| {
+        stream.write_all(&hello(Attempt(2), 1, 0)).unwrap();
+        let _ = std::io::Read::read(&mut stream, &mut [0; 64]);
+    });
+    assert_failure(&failed, "introduced itself");
+}
+
+#[test]
+fn a_frame_before_the_hello_is_refused() {
+    let failed = first_failure(|mut stream| {
+        let mut credit = Vec::new();
+        wire::encode_credit(channel(), 1, &mut credit);
+        stream.write_all(&credit).unwrap();
+        let _ = std::io::Read::read(&mut stream, &mut [0; 64]);
+    });
+    assert_failure(&failed, "a frame before the peer's hello");
+}
+
+#[test]
+fn a_frame_out_of_sequence_or_for_a_channel_not_here_is_refused() {
+    for (seq, wanted) in [
+        (1, "frame 1 arrived where 0 was due"),
+        (0, "does not cross here"),
+    ] {
+        let failed = first_failure(move |mut stream| {
+            let mut bytes = hello(ATTEMPT, 1, 0);
+            wire::encode_data(channel(), seq, &ChannelEvent::Watermark(1), &mut bytes).unwrap();
+            stream.write_all(&bytes).unwrap();
+            let _ = std::io::Read::read(&mut stream, &mut [0; 64]);
+        });
+        assert_failure(&failed, wanted);
+    }
+}
