@@ -314,12 +314,7 @@ fn exact_at_p1_and_p3_and_across_workers(spec: Spec) {
         let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let flag = [format!("--local-workers={workers}")];
         let report = spec.run(parallelism, &flag, output.path(), checkpoints.path());
-        assert_eq!(
-            report.link_bytes_sent > 0,
-            workers > 1,
-            "{flag:?}: {} bytes crossed links",
-            report.link_bytes_sent
-        );
+        common::assert_links_used(&report, workers, &format!("{flag:?}"));
         let context = format!("{spec:?} p={parallelism} {flag:?}");
         assert_eq!(report.restarts, 0, "{context}");
         assert_report_of_a_complete_run(&spec, &report, &context);

@@ -346,12 +346,7 @@ fn exact_at_p1_and_p3_and_across_workers(spec: Spec) {
         let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let flag = [format!("--local-workers={workers}")];
         let report = spec.run(parallelism, &flag, output.path(), checkpoints.path());
-        assert_eq!(
-            report.link_bytes_sent > 0,
-            workers > 1,
-            "{flag:?}: {} bytes crossed links",
-            report.link_bytes_sent
-        );
+        common::assert_links_used(&report, workers, &format!("{flag:?}"));
         assert_eq!(report.records_in, spec.records);
         assert_exact(
             output.path(),

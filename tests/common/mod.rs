@@ -201,3 +201,14 @@ pub fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
+
+/// Bytes crossed TCP links between workers if, and only if, the run was
+/// spread over more than one (`--local-workers`).
+pub fn assert_links_used(report: &tidemark_actors::cli::RunReport, workers: u32, context: &str) {
+    assert_eq!(
+        report.link_bytes_sent > 0,
+        workers > 1,
+        "{context}: {} bytes crossed links",
+        report.link_bytes_sent
+    );
+}
