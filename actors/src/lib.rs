@@ -35,6 +35,7 @@ pub mod join;
 mod messages;
 pub mod metrics;
 mod net;
+mod restore;
 pub mod runtime;
 pub mod sinks;
 mod snapshot;

@@ -14,42 +14,36 @@ use crate::coordinator::{
 use crate::messages::{Cancel, Stop, SubtaskFailed, SubtaskFinished, Wire};
 use crate::metrics::{CheckpointStats, JobMetrics};
 use crate::net::{LinkActor, Workers};
+use crate::restore::{load, restore_failure, transient, Loaded, Restored};
 use crate::runtime::{job_id, JobError, JobReport};
-use crate::snapshot::SharedBase;
 use crate::subtask::{panic_message, Checkpointing, SubtaskActor, SubtaskSpec};
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, Recipient, System,
     WrapFuture,
 };
 use actix_rt::ArbiterHandle;
-use futures::stream::{self, StreamExt};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tidemark::batch::{Batch, EncodedBatch};
 use tidemark::checkpoint::coordinator::CheckpointCoordinator;
-use tidemark::checkpoint::restore::{self, RestoreCandidates, RestoreError, RestoreFailure};
+use tidemark::checkpoint::restore::RestoreCandidates;
 use tidemark::checkpoint::savepoint::check_references;
 use tidemark::checkpoint::stats::{self, RestoredStats};
 use tidemark::checkpoint::store::CompletedCheckpointStore;
-use tidemark::checkpoint::{
-    ChannelSide, ChannelState, CheckpointFailure, NativeFileHandle, NativeStateHandle, Restore,
-    RestoreMode, StateHandle, SubtaskState,
-};
+use tidemark::checkpoint::{ChannelSide, CheckpointFailure, Restore, RestoreMode};
 use tidemark::error::TaskError;
 use tidemark::event::CheckpointKind;
-use tidemark::graph::JobGraph;
-use tidemark::ids::{Attempt, CheckpointId, SubtaskId};
+use tidemark::ids::{Attempt, SubtaskId};
 use tidemark::job::Job;
 use tidemark::key_group::KeyGroupRange;
 use tidemark::split::SplitPosition;
 use tidemark::storage::savepoint::{self, SavepointError};
-use tidemark::storage::{CheckpointStorage, ReadError, StorageError};
-use tidemark::task::{OutputContext, RestoreState, TaskContext};
+use tidemark::storage::CheckpointStorage;
+use tidemark::task::{OutputContext, TaskContext};
 use tidemark::StateBackend;
 use tokio::sync::oneshot;
 
@@ -98,240 +92,6 @@ pub struct JobSupervisor {
     early_triggers: Vec<TriggerManual>,
     /// Where savepoints go.
     savepoint_dir: Option<CheckpointStorage>,
-}
-
-/// What a subtask resumes from.
-#[derive(Default)]
-struct Restored {
-    state: RestoreState,
-    /// The shared files of a restored native checkpoint, by name.
-    shared_base: SharedBase,
-    /// The directories native checkpoints were downloaded to. The backend
-    /// moves or deletes what it restores from; what a failed restore leaves
-    /// goes with these.
-    downloads: Vec<tempfile::TempDir>,
-}
-
-/// Objects a restore reads or downloads at once.
-const PARALLEL_READS: usize = 4;
-
-/// The state every subtask starts from: nothing without a checkpoint;
-/// otherwise the restore plan's objects, read and cut into key groups, and
-/// native checkpoints downloaded under `local_dir`.
-async fn load(
-    storage: &CheckpointStorage,
-    graph: &JobGraph,
-    from: Option<&RestoreFrom>,
-    allow_non_restored: bool,
-    local_dir: Option<&Path>,
-) -> Result<Loaded, JobError> {
-    let Some(RestoreFrom {
-        checkpoint,
-        owned,
-        dir,
-    }) = from
-    else {
-        return Ok(Loaded::default());
-    };
-    let owned = *owned;
-    let storage = dir.as_ref().unwrap_or(storage);
-    let started = Instant::now();
-    let plans = restore::plan(checkpoint, graph, allow_non_restored).map_err(JobError::Restore)?;
-    let reads = plans.into_iter().map(|(subtask, plan)| {
-        let storage = storage.clone();
-        async move {
-            let shared_base: SharedBase = plan
-                .incremental_base(owned)
-                .iter()
-                .map(|f| (f.name.clone(), f.clone()))
-                .collect();
-            let mut state = RestoreState {
-                operator: plan.operator,
-                adopted: plan.adopted,
-                filter_replay: plan.filter_replay,
-                ..RestoreState::default()
-            };
-            let mut downloads = Vec::new();
-            if plan.native.is_some() || !plan.imports.is_empty() {
-                let Some(local_dir) = local_dir else {
-                    return Err(JobError::Restore(RestoreError::Malformed {
-                        subtask,
-                        problem: "the checkpoint holds RocksDB state and the job runs on the heap backend".into(),
-                    }));
-                };
-                for import in &plan.imports {
-                    let dir = download(&storage, subtask, import, local_dir).await?;
-                    state.imports.push(dir.path().to_path_buf());
-                    downloads.push(dir);
-                }
-                if let Some(native) = plan.native {
-                    let dir = download(&storage, subtask, &native, local_dir).await?;
-                    state.native = Some(dir.path().to_path_buf());
-                    downloads.push(dir);
-                }
-            }
-            let malformed =
-                |problem: String| JobError::Restore(RestoreError::Malformed { subtask, problem });
-            for slices in plan.keyed {
-                let bytes = read(&storage, subtask, &slices.handle).await?;
-                for (group, range) in slices.groups {
-                    state
-                        .key_groups
-                        .push((group, bytes.slice(range.start as usize..range.end as usize)));
-                }
-            }
-            for channel in plan.channels {
-                let bytes = read(&storage, subtask, &channel.handle).await?;
-                let name = format!("channel state {:?} {}", channel.side, channel.channel);
-                let batches: Vec<EncodedBatch> = rmp_serde::from_slice(&bytes)
-                    .map_err(|e| malformed(format!("{name}: {e}")))?;
-                if batches.len() != channel.batches as usize {
-                    return Err(malformed(format!(
-                        "{name} holds {} batches, the checkpoint recorded {}",
-                        batches.len(),
-                        channel.batches
-                    )));
-                }
-                state.channels.push(ChannelState {
-                    side: channel.side,
-                    channel: channel.channel as usize,
-                    batches: batches.into_iter().map(Batch::from).collect(),
-                });
-            }
-            Ok::<_, JobError>((
-                subtask,
-                Restored {
-                    state,
-                    shared_base,
-                    downloads,
-                },
-            ))
-        }
-    });
-    // Every subtask's reads run to their end even once one failed, so that
-    // no download is dropped with writes still in flight.
-    let subtasks = futures::future::join_all(reads)
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()?;
-    let bytes = checkpoint.subtasks.values().map(SubtaskState::size).sum();
-    Ok(Loaded {
-        subtasks,
-        restore: Some(LoadedFrom {
-            checkpoint: checkpoint.id,
-            started,
-            bytes,
-            is_savepoint: !owned,
-            location: match dir {
-                Some(dir) => dir.directory(),
-                None => storage.location(&CheckpointStorage::checkpoint_dir(checkpoint.id)),
-            },
-        }),
-    })
-}
-
-/// What `load` read for each subtask, and from where.
-#[derive(Default)]
-struct Loaded {
-    subtasks: HashMap<SubtaskId, Restored>,
-    restore: Option<LoadedFrom>,
-}
-
-/// Which checkpoint a restore read, and when it started reading how many
-/// bytes: a restore ends once the subtasks are built on its state.
-struct LoadedFrom {
-    checkpoint: CheckpointId,
-    started: Instant,
-    bytes: u64,
-    /// Not one of the job's own checkpoints.
-    is_savepoint: bool,
-    location: String,
-}
-
-/// Downloads the files of a native checkpoint into a directory of its own
-/// under `local_dir`, which the state backend then takes over; dropped
-/// before that, the directory is deleted.
-async fn download(
-    storage: &CheckpointStorage,
-    subtask: SubtaskId,
-    native: &NativeStateHandle,
-    local_dir: &Path,
-) -> Result<tempfile::TempDir, JobError> {
-    let files: Vec<&NativeFileHandle> = native.shared.iter().chain(&native.private).collect();
-    for file in &files {
-        // A name from the metadata becomes a local path: it must stay a name.
-        if file.name.is_empty() || file.name.contains(['/', '\\']) || file.name.starts_with('.') {
-            return Err(JobError::Restore(RestoreError::Malformed {
-                subtask,
-                problem: format!("{:?} is not a database file name", file.name),
-            }));
-        }
-    }
-    let local = |e: std::io::Error| JobError::Runtime(format!("restoring {subtask}: {e}"));
-    std::fs::create_dir_all(local_dir).map_err(local)?;
-    // Every write holds the directory, and every file is tried even once
-    // one failed: a write still running when the download is dropped ends
-    // before the directory is deleted, instead of racing the deletion and
-    // leaving it behind.
-    let download = Arc::new(
-        tempfile::Builder::new()
-            .prefix(&format!("restore-{subtask}-"))
-            .tempdir_in(local_dir)
-            .map_err(local)?,
-    );
-    stream::iter(files)
-        .map(|file| {
-            let dir = download.clone();
-            async move {
-                let bytes = read(storage, subtask, &file.handle).await?;
-                let name = file.name.clone();
-                tokio::task::spawn_blocking(move || std::fs::write(dir.path().join(name), bytes))
-                    .await
-                    .map_err(|e| JobError::Runtime(e.to_string()))?
-                    .map_err(local)
-            }
-        })
-        .buffer_unordered(PARALLEL_READS)
-        .collect::<Vec<Result<(), JobError>>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<()>, _>>()?;
-    Arc::try_unwrap(download).map_err(|_| {
-        JobError::Runtime(format!(
-            "restoring {subtask}: a write outlived the download"
-        ))
-    })
-}
-
-/// What a failed restore means for trying an older checkpoint.
-fn restore_failure(e: &JobError) -> RestoreFailure {
-    match e {
-        JobError::Restore(e) => RestoreFailure::of_restore(e),
-        JobError::Storage(e) => RestoreFailure::of_storage(e),
-        _ => RestoreFailure::Other,
-    }
-}
-
-/// Whether a failover's restore failed on storage that may recover (an IO
-/// error other than a missing object), so that another attempt may succeed.
-fn transient(e: &JobError) -> bool {
-    matches!(e, JobError::Storage(e @ StorageError::Io { .. }) if !e.is_not_found())
-}
-
-/// The bytes of the state object at `handle`: inline, or read from its
-/// physical object, which must hold as many bytes as the checkpoint
-/// recorded.
-async fn read(
-    storage: &CheckpointStorage,
-    subtask: SubtaskId,
-    handle: &StateHandle,
-) -> Result<bytes::Bytes, JobError> {
-    storage.read_handle(handle).await.map_err(|e| match e {
-        ReadError::Storage(e) => JobError::Storage(e),
-        ReadError::Mismatch(source) => {
-            JobError::Restore(RestoreError::Corrupted { subtask, source })
-        }
-    })
 }
 
 impl JobSupervisor {
