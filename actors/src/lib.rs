@@ -29,6 +29,7 @@ mod channels;
 pub mod cli;
 pub mod config;
 mod coordinator;
+mod deploy;
 mod endpoint;
 pub mod http;
 pub mod join;

@@ -11,19 +11,19 @@ use crate::coordinator::{
     AbortPending, CoordinatorActor, Deployed, LatestCheckpoint, RestoreFrom, Savepoints, Shutdown,
     TriggerManual, TriggerReply,
 };
+use crate::deploy::subtask_spec;
 use crate::messages::{Cancel, Stop, SubtaskFailed, SubtaskFinished, Wire};
 use crate::metrics::{CheckpointStats, JobMetrics};
 use crate::net::{LinkActor, Workers};
 use crate::restore::{load, restore_failure, transient, Loaded, Restored};
 use crate::runtime::{job_id, JobError, JobReport};
-use crate::subtask::{panic_message, Checkpointing, SubtaskActor, SubtaskSpec};
+use crate::subtask::SubtaskActor;
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, Recipient, System,
     WrapFuture,
 };
 use actix_rt::ArbiterHandle;
 use std::collections::HashMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -34,16 +34,12 @@ use tidemark::checkpoint::restore::RestoreCandidates;
 use tidemark::checkpoint::savepoint::check_references;
 use tidemark::checkpoint::stats::{self, RestoredStats};
 use tidemark::checkpoint::store::CompletedCheckpointStore;
-use tidemark::checkpoint::{ChannelSide, CheckpointFailure, Restore, RestoreMode};
-use tidemark::error::TaskError;
+use tidemark::checkpoint::{CheckpointFailure, Restore, RestoreMode};
 use tidemark::event::CheckpointKind;
 use tidemark::ids::{Attempt, SubtaskId};
 use tidemark::job::Job;
-use tidemark::key_group::KeyGroupRange;
-use tidemark::split::SplitPosition;
 use tidemark::storage::savepoint::{self, SavepointError};
 use tidemark::storage::CheckpointStorage;
-use tidemark::task::{OutputContext, TaskContext};
 use tidemark::StateBackend;
 use tokio::sync::oneshot;
 
@@ -122,54 +118,6 @@ impl JobSupervisor {
             links: Vec::new(),
             failed_at: None,
             early_triggers: Vec::new(),
-        }
-    }
-
-    fn task_context(
-        &self,
-        subtask: SubtaskId,
-        source_position: Option<SplitPosition>,
-    ) -> TaskContext {
-        let graph = &self.job.graph;
-        let op = graph.operator(subtask.operator);
-        TaskContext {
-            operator: subtask.operator,
-            subtask: subtask.index,
-            parallelism: op.parallelism,
-            max_parallelism: op.max_parallelism,
-            key_groups: KeyGroupRange::for_subtask(
-                op.max_parallelism,
-                op.parallelism,
-                subtask.index,
-            ),
-            batch_limits: self.job.config.batch_limits,
-            outputs: {
-                let mut offset = 0;
-                graph
-                    .edges
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, e)| e.from == op.id)
-                    .map(|(i, edge)| {
-                        let consumer = graph.operator(edge.to);
-                        let channels = graph.output_channels(edge, subtask.index).len();
-                        offset += channels;
-                        (
-                            i,
-                            OutputContext {
-                                partitioner: edge.partitioner,
-                                offset: offset - channels,
-                                channels,
-                                consumer_parallelism: consumer.parallelism,
-                                consumer_max_parallelism: consumer.max_parallelism,
-                            },
-                        )
-                    })
-                    .collect()
-            },
-            source_position,
-            state_backend: self.job.config.state_backend.clone(),
-            time_metrics: self.metrics.time.clone(),
         }
     }
 
@@ -384,82 +332,14 @@ impl JobSupervisor {
         let mut subtasks: HashMap<SubtaskId, Addr<SubtaskActor>> = HashMap::new();
         let mut actors: Vec<Recipient<Stop>> = Vec::new();
         for id in graph.subtasks().collect::<Vec<_>>() {
-            let Restored {
-                mut state,
-                shared_base,
-                downloads: _downloads,
-            } = restore.remove(&id).unwrap_or_default();
-            let mut replay = std::mem::take(&mut state.channels);
-            let failed = |error| JobError::TaskFailed { subtask: id, error };
-            let position = state.source_position().map_err(failed)?;
-            let ctx = self.task_context(id, position);
-            let gate = graph.gate(id);
-            let factory = self.job.task_factory(id.operator).clone();
-            let task = catch_unwind(AssertUnwindSafe(|| {
-                let mut task = factory(&ctx);
-                task.restore(&state)?;
-                if state.filter_replay {
-                    for channel in replay.iter_mut().filter(|c| c.side == ChannelSide::Input) {
-                        let input = gate.get(channel.channel).map_or(0, |(_, input)| *input);
-                        let batches = std::mem::take(&mut channel.batches);
-                        for batch in batches {
-                            let owned = task.retain_owned(usize::from(input), batch)?;
-                            if !owned.is_empty() {
-                                channel.batches.push(owned);
-                            }
-                        }
-                    }
-                }
-                Ok(task)
-            }))
-            .unwrap_or_else(|panic| Err(TaskError::Panic(panic_message(panic.as_ref()))))
-            .map_err(failed)?;
-            let replayed: usize = replay.iter().map(|c| c.batches.len()).sum();
-            self.metrics
-                .checkpoints
-                .restored_inflight_batches
-                .fetch_add(replayed as u64, Ordering::Relaxed);
-            let is_source = graph.is_source(id.operator);
-            let spec = SubtaskSpec {
+            let spec = subtask_spec(
+                &self.job,
+                &self.metrics,
                 id,
                 attempt,
-                task,
-                inputs: gate.iter().map(|(_, input)| usize::from(*input)).collect(),
-                outputs: ctx.outputs.iter().map(|(_, o)| o.channels).sum(),
-                records_per_batch: config.batch_limits.max_records,
-                replay,
-                shared_base,
-                ns_per_record: config
-                    .slow
-                    .filter(|s| s.subtask == id)
-                    .map_or(0, |s| s.ns_per_record),
-                rate: config
-                    .source_rate
-                    .filter(|_| is_source)
-                    .map(|rate| rate / f64::from(ctx.parallelism)),
-                checkpointing: checkpointing
-                    .clone()
-                    .map(|(coordinator, storage)| Checkpointing {
-                        coordinator,
-                        storage,
-                        incremental: config.checkpointing.as_ref().is_some_and(|c| c.incremental),
-                        layout: config
-                            .checkpointing
-                            .as_ref()
-                            .map(|c| c.layout)
-                            .unwrap_or_default(),
-                        faults: if attempt == Attempt(0) {
-                            config
-                                .faults
-                                .iter()
-                                .filter(|f| f.subtask == id)
-                                .copied()
-                                .collect()
-                        } else {
-                            Vec::new()
-                        },
-                    }),
-            };
+                restore.remove(&id).unwrap_or_default(),
+                checkpointing.clone(),
+            )?;
             let (supervisor, metrics) = (me.clone(), self.metrics.clone());
             let addr = SubtaskActor::start_in_arbiter(self.arbiter(id), move |_| {
                 SubtaskActor::new(spec, supervisor, metrics)

@@ -1,0 +1,156 @@
+//! Building the subtasks of an attempt: each one's task from its
+//! operator's factory, restored from what the attempt starts from, with
+//! the in-flight batches it replays; the same for every subtask a process
+//! hosts, whoever placed it there.
+
+use crate::coordinator::CoordinatorActor;
+use crate::metrics::JobMetrics;
+use crate::restore::Restored;
+use crate::runtime::JobError;
+use crate::subtask::{panic_message, Checkpointing, SubtaskSpec};
+use actix::Addr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use tidemark::checkpoint::ChannelSide;
+use tidemark::error::TaskError;
+use tidemark::ids::{Attempt, SubtaskId};
+use tidemark::job::Job;
+use tidemark::key_group::KeyGroupRange;
+use tidemark::split::SplitPosition;
+use tidemark::storage::CheckpointStorage;
+use tidemark::task::{OutputContext, TaskContext};
+
+/// The spec of subtask `id` of `attempt`: its task built and restored from
+/// `restored`, replayed batches it does not own filtered out (after a
+/// rescale). A task that fails or panics while built fails the attempt.
+pub(crate) fn subtask_spec(
+    job: &Job,
+    metrics: &JobMetrics,
+    id: SubtaskId,
+    attempt: Attempt,
+    restored: Restored,
+    checkpointing: Option<(Addr<CoordinatorActor>, CheckpointStorage)>,
+) -> Result<SubtaskSpec, JobError> {
+    let graph = &job.graph;
+    let config = &job.config;
+    let Restored {
+        mut state,
+        shared_base,
+        downloads: _downloads,
+    } = restored;
+    let mut replay = std::mem::take(&mut state.channels);
+    let failed = |error| JobError::TaskFailed { subtask: id, error };
+    let position = state.source_position().map_err(failed)?;
+    let ctx = task_context(job, metrics, id, position);
+    let gate = graph.gate(id);
+    let factory = job.task_factory(id.operator).clone();
+    let task = catch_unwind(AssertUnwindSafe(|| {
+        let mut task = factory(&ctx);
+        task.restore(&state)?;
+        if state.filter_replay {
+            for channel in replay.iter_mut().filter(|c| c.side == ChannelSide::Input) {
+                let input = gate.get(channel.channel).map_or(0, |(_, input)| *input);
+                let batches = std::mem::take(&mut channel.batches);
+                for batch in batches {
+                    let owned = task.retain_owned(usize::from(input), batch)?;
+                    if !owned.is_empty() {
+                        channel.batches.push(owned);
+                    }
+                }
+            }
+        }
+        Ok(task)
+    }))
+    .unwrap_or_else(|panic| Err(TaskError::Panic(panic_message(panic.as_ref()))))
+    .map_err(failed)?;
+    let replayed: usize = replay.iter().map(|c| c.batches.len()).sum();
+    metrics
+        .checkpoints
+        .restored_inflight_batches
+        .fetch_add(replayed as u64, Ordering::Relaxed);
+    let is_source = graph.is_source(id.operator);
+    Ok(SubtaskSpec {
+        id,
+        attempt,
+        task,
+        inputs: gate.iter().map(|(_, input)| usize::from(*input)).collect(),
+        outputs: ctx.outputs.iter().map(|(_, o)| o.channels).sum(),
+        records_per_batch: config.batch_limits.max_records,
+        replay,
+        shared_base,
+        ns_per_record: config
+            .slow
+            .filter(|s| s.subtask == id)
+            .map_or(0, |s| s.ns_per_record),
+        rate: config
+            .source_rate
+            .filter(|_| is_source)
+            .map(|rate| rate / f64::from(ctx.parallelism)),
+        checkpointing: checkpointing.map(|(coordinator, storage)| Checkpointing {
+            coordinator,
+            storage,
+            incremental: config.checkpointing.as_ref().is_some_and(|c| c.incremental),
+            layout: config
+                .checkpointing
+                .as_ref()
+                .map(|c| c.layout)
+                .unwrap_or_default(),
+            faults: if attempt == Attempt(0) {
+                config
+                    .faults
+                    .iter()
+                    .filter(|f| f.subtask == id)
+                    .copied()
+                    .collect()
+            } else {
+                Vec::new()
+            },
+        }),
+    })
+}
+
+/// What a subtask's task is told about its place in the job.
+fn task_context(
+    job: &Job,
+    metrics: &JobMetrics,
+    subtask: SubtaskId,
+    source_position: Option<SplitPosition>,
+) -> TaskContext {
+    let graph = &job.graph;
+    let op = graph.operator(subtask.operator);
+    TaskContext {
+        operator: subtask.operator,
+        subtask: subtask.index,
+        parallelism: op.parallelism,
+        max_parallelism: op.max_parallelism,
+        key_groups: KeyGroupRange::for_subtask(op.max_parallelism, op.parallelism, subtask.index),
+        batch_limits: job.config.batch_limits,
+        outputs: {
+            let mut offset = 0;
+            graph
+                .edges
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.from == op.id)
+                .map(|(i, edge)| {
+                    let consumer = graph.operator(edge.to);
+                    let channels = graph.output_channels(edge, subtask.index).len();
+                    offset += channels;
+                    (
+                        i,
+                        OutputContext {
+                            partitioner: edge.partitioner,
+                            offset: offset - channels,
+                            channels,
+                            consumer_parallelism: consumer.parallelism,
+                            consumer_max_parallelism: consumer.max_parallelism,
+                        },
+                    )
+                })
+                .collect()
+        },
+        source_position,
+        state_backend: job.config.state_backend.clone(),
+        time_metrics: metrics.time.clone(),
+    }
+}
