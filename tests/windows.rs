@@ -555,3 +555,10 @@ fn a_savepoint_at_p2_with_open_sliding_windows_on_rocksdb_restores_at_p1_and_p3_
 fn a_savepoint_at_p2_with_open_tumbling_windows_restores_at_p1_and_p3_exactly() {
     savepoint_at_p2_restores_at_p1_and_p3(TUMBLING.with_records(80_000), &[]);
 }
+
+/// Taken with subtask 0 and 1 on workers of their own, restored at p=1 and
+/// at p=3 over the same two workers: placement is not part of a savepoint.
+#[test]
+fn a_savepoint_across_workers_restores_at_p1_and_p3_exactly() {
+    savepoint_at_p2_restores_at_p1_and_p3(SESSION.with_records(60_000), &[ACROSS_WORKERS]);
+}
