@@ -9,6 +9,7 @@ use tidemark::channel::ChannelConfig;
 use tidemark::job::JobConfig;
 use tidemark::BatchLimits;
 use tidemark_actors::prelude::*;
+use tidemark_actors::runtime::Runtime;
 use tidemark_actors::wordcount::{Counter, Emit, Generator};
 
 /// Counts what the source has read.
@@ -58,6 +59,21 @@ impl Sink<(u64, u64)> for Slow {
 
 #[test]
 fn buffered_batches_never_exceed_credits_when_the_sink_is_slow() {
+    slow_sink_is_held_within_credits(Runtime::default());
+}
+
+/// Subtask 0 and subtask 1 on workers of their own: half the channels cross
+/// loopback TCP, and what the sockets hold counts in the records in flight,
+/// so the same bound shows that a link buffers nothing beyond the credits.
+#[test]
+fn buffered_batches_never_exceed_credits_across_workers_when_the_sink_is_slow() {
+    slow_sink_is_held_within_credits(Runtime {
+        local_workers: 2,
+        ..Runtime::default()
+    });
+}
+
+fn slow_sink_is_held_within_credits(runtime: Runtime) {
     let parallelism = 2u32;
     let batch = 64usize;
     let channels = ChannelConfig {
@@ -95,7 +111,7 @@ fn buffered_batches_never_exceed_credits_when_the_sink_is_slow() {
             max_in_flight: sink_max.clone(),
         })
         .build();
-    let handle = job.run().unwrap();
+    let handle = runtime.run(job).unwrap();
     let metrics = handle.metrics().clone();
     let report = handle.wait().unwrap();
     assert_eq!(report.records_in, records);
