@@ -49,7 +49,12 @@ fn first_failure(peer: impl FnOnce(std::net::TcpStream) + Send + 'static) -> Sub
         let stream = theirs.stream;
         stream.set_nonblocking(false).unwrap();
         let peer = std::thread::spawn(move || peer(stream));
-        let failed = rx.recv().await.expect("a failure");
+        // A guard against a link that never reports, not a timing: the
+        // failure comes as soon as the peer's bytes or close arrive.
+        let failed = tokio::time::timeout(std::time::Duration::from_secs(60), rx.recv())
+            .await
+            .expect("a failure within a minute")
+            .expect("the failure recipient lives");
         peer.join().unwrap();
         failed
     })
