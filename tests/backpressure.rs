@@ -75,6 +75,7 @@ fn buffered_batches_never_exceed_credits_across_workers_when_the_sink_is_slow() 
 
 fn slow_sink_is_held_within_credits(runtime: Runtime) {
     let parallelism = 2u32;
+    let spread = runtime.local_workers > 1;
     let batch = 64usize;
     let channels = ChannelConfig {
         output_credits: 2,
@@ -116,6 +117,11 @@ fn slow_sink_is_held_within_credits(runtime: Runtime) {
     let report = handle.wait().unwrap();
     assert_eq!(report.records_in, records);
     assert_eq!(written.load(Ordering::SeqCst), records);
+    assert_eq!(
+        metrics.link_bytes_sent.load(Ordering::Relaxed) > 0,
+        spread,
+        "bytes crossed links exactly when spread over workers"
+    );
 
     let mut saturated = 0;
     for gauge in metrics.channels.iter() {

@@ -497,13 +497,13 @@ fn a_killed_process_resumes_its_windows_from_the_latest_checkpoint_exactly_once(
 /// restores it at p=1 and p=3, each from its own copy of the savepoint and
 /// of the output, into a new checkpoint directory: the output of both runs
 /// is exact.
-fn savepoint_at_p2_restores_at_p1_and_p3(spec: Spec, state: &[&str]) {
+fn savepoint_at_p2_restores_at_p1_and_p3(spec: Spec, flags: &[&str]) {
     let expected = spec.expected();
     let root = tempfile::tempdir().unwrap();
     let root = root.path();
     let (output, savepoints) = (root.join("output"), root.join("savepoints"));
-    let state: Vec<String> = state.iter().map(|s| s.to_string()).collect();
-    let mut first = state.clone();
+    let flags: Vec<String> = flags.iter().map(|s| s.to_string()).collect();
+    let mut first = flags.clone();
     first.extend([
         // Slow enough that the savepoint falls inside the run.
         format!("--rate={}", spec.records),
@@ -515,8 +515,14 @@ fn savepoint_at_p2_restores_at_p1_and_p3(spec: Spec, state: &[&str]) {
         stopped.records_in < spec.records,
         "the job ended before the savepoint"
     );
+    let workers = if flags.iter().any(|f| f == ACROSS_WORKERS) {
+        2
+    } else {
+        0
+    };
+    common::assert_links_used(&stopped, workers, "the run to the savepoint");
     let savepoint = PathBuf::from(stopped.savepoint.expect("the savepoint completed"));
-    let context = format!("{spec:?} {state:?}");
+    let context = format!("{spec:?} {flags:?}");
     let partial = assert_partial(&output, &expected, &format!("{context} at the savepoint"));
     for p in [1, 3] {
         let (copy, out) = (
@@ -525,7 +531,7 @@ fn savepoint_at_p2_restores_at_p1_and_p3(spec: Spec, state: &[&str]) {
         );
         copy_tree(&savepoint, &copy);
         copy_tree(&output, &out);
-        let mut again = state.clone();
+        let mut again = flags.clone();
         again.push(format!("--restore={}", copy.display()));
         let restored = spec.run(p, &again, &out, &root.join(format!("checkpoints-{p}")));
         assert!(restored.restored_bytes > 0, "p={p}: nothing restored");
@@ -556,8 +562,9 @@ fn a_savepoint_at_p2_with_open_tumbling_windows_restores_at_p1_and_p3_exactly() 
     savepoint_at_p2_restores_at_p1_and_p3(TUMBLING.with_records(80_000), &[]);
 }
 
-/// Taken with subtask 0 and 1 on workers of their own, restored at p=1 and
-/// at p=3 over the same two workers: placement is not part of a savepoint.
+/// Taken with subtask 0 and 1 on workers of their own, restored at p=1 (one
+/// worker hosts all) and at p=3 over the same two workers: placement is not
+/// part of a savepoint.
 #[test]
 fn a_savepoint_across_workers_restores_at_p1_and_p3_exactly() {
     savepoint_at_p2_restores_at_p1_and_p3(SESSION.with_records(60_000), &[ACROSS_WORKERS]);

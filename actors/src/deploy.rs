@@ -33,6 +33,9 @@ pub(crate) fn subtask_spec(
 ) -> Result<SubtaskSpec, JobError> {
     let graph = &job.graph;
     let config = &job.config;
+    // The downloaded directories live until this returns: the backend takes
+    // their files over in `task.restore` below, and what a failed restore
+    // leaves is deleted with them.
     let Restored {
         mut state,
         shared_base,

@@ -12,7 +12,7 @@ use crate::coordinator::{
     TriggerManual, TriggerReply,
 };
 use crate::deploy::subtask_spec;
-use crate::messages::{Cancel, Stop, SubtaskFailed, SubtaskFinished, Wire};
+use crate::messages::{Cancel, Kill, Stop, SubtaskFailed, SubtaskFinished, Wire};
 use crate::metrics::{CheckpointStats, JobMetrics};
 use crate::net::{LinkActor, Workers};
 use crate::restore::{load, restore_failure, transient, Loaded, Restored};
@@ -518,8 +518,13 @@ impl JobSupervisor {
         let worker = placement.worker(victim);
         tracing::info!(subtask = %victim, worker, "injecting a failure");
         for (id, subtask) in &self.subtasks {
-            if *id == victim || placement.spreads() && placement.worker(*id) == worker {
-                subtask.do_send(crate::messages::Kill);
+            let dies = if placement.spreads() {
+                placement.worker(*id) == worker
+            } else {
+                *id == victim
+            };
+            if dies {
+                subtask.do_send(Kill);
             }
         }
         for (_, link) in self.links.iter().filter(|(w, _)| *w == worker) {

@@ -92,9 +92,10 @@ fn assert_failure(failed: &SubtaskFailed, wanted: &str) {
 #[test]
 fn a_peer_that_closes_the_link_fails_the_attempt() {
     let failed = first_failure(|mut stream| {
-        let mut ours = [0; 31];
+        let expected = hello(ATTEMPT, 0, 1);
+        let mut ours = vec![0; expected.len()];
         std::io::Read::read_exact(&mut stream, &mut ours).unwrap();
-        assert_eq!(ours.to_vec(), hello(ATTEMPT, 0, 1));
+        assert_eq!(ours, expected);
         let mut half = hello(ATTEMPT, 1, 0);
         half.extend_from_slice(&[0, 0, 0, 9, 1]);
         stream.write_all(&half).unwrap();
