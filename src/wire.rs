@@ -8,6 +8,10 @@
 //! more batches than the consumer granted, and an unaligned barrier still
 //! finds the batches it overtakes in an endpoint's queue, not in a socket.
 //!
+//! A channel is named by its producer and consumer subtasks, which also
+//! name its edge: a job graph never joins two operators by two edges
+//! (`GraphError::DuplicateEdge`).
+//!
 //! A frame is a big-endian `u32` length (of what follows), a kind byte and
 //! a body. Data frames carry a per-channel sequence number, checked on
 //! arrival: a lost, repeated or reordered frame fails the attempt instead
