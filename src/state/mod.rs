@@ -355,8 +355,8 @@ pub struct KeyedContext<'a, K: Key> {
 
 impl<'a, K: Key> KeyedContext<'a, K> {
     /// The state of `key`, without timers. Tests and benchmarks drive a
-    /// backend directly with it; the runtime gives functions
-    /// [`with_timers`](Self::with_timers).
+    /// backend directly with it; the runtime gives functions a context
+    /// with their timers.
     #[inline]
     pub fn new(backend: &'a mut KeyedStateBackend<K>, key: &'a K) -> Self {
         let slot = backend.locate(key);
