@@ -77,7 +77,10 @@ impl Wiring<'_> {
             .map(|id| (id, vec![None; graph.gate(id).len()]))
             .collect();
         let mut actors: Vec<Recipient<Stop>> = Vec::new();
-        let mut blame: BTreeMap<(u32, u32), SubtaskId> = BTreeMap::new();
+        // A link end fails in the name of a subtask on its worker that it
+        // feeds, or else one that feeds it.
+        let mut fed: BTreeMap<((u32, u32), u32), SubtaskId> = BTreeMap::new();
+        let mut feeding: BTreeMap<((u32, u32), u32), SubtaskId> = BTreeMap::new();
         let config = self.config;
         for producer in graph.subtasks() {
             for (k, channel) in graph.outputs(producer).into_iter().enumerate() {
@@ -107,7 +110,12 @@ impl Wiring<'_> {
                 let (downstream, upstream) = match self.workers.placement.crossing(channel) {
                     None => (Downstream::Local(ie.clone()), None),
                     Some(pair) => {
-                        blame.entry(pair).or_insert(channel.to);
+                        let placement = &self.workers.placement;
+                        fed.entry((pair, placement.worker(channel.to)))
+                            .or_insert(channel.to);
+                        feeding
+                            .entry((pair, placement.worker(channel.from)))
+                            .or_insert(channel.from);
                         routes.inputs.insert(channel, ie.clone());
                         let downstream = Downstream::Remote {
                             channel,
@@ -153,7 +161,11 @@ impl Wiring<'_> {
                 .as_ref()
                 .expect("a placement that spreads comes with a link arbiter");
             for (worker, end) in [(pair.0, low), (pair.1, high)] {
-                let (routes, metrics, blame) = (routes.clone(), self.metrics.clone(), blame[&pair]);
+                let blame = *fed
+                    .get(&(pair, worker))
+                    .or_else(|| feeding.get(&(pair, worker)))
+                    .expect("a link end's worker hosts one of its channels' ends");
+                let (routes, metrics) = (routes.clone(), self.metrics.clone());
                 let link = LinkActor::start_in_arbiter(arbiter, move |_| {
                     LinkActor::new(end, routes, metrics, blame)
                 });
