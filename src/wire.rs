@@ -115,6 +115,17 @@ pub enum WireError {
     /// A barrier that does not decode.
     #[error("a barrier does not decode: {0}")]
     Barrier(String),
+    /// A hello from another job, attempt or worker than expected.
+    #[error("the peer introduced itself as {got:?}, not {expected:?}")]
+    Stranger {
+        /// The hello that came.
+        got: Hello,
+        /// The one expected.
+        expected: Hello,
+    },
+    /// A frame before the peer's hello.
+    #[error("a frame before the peer's hello")]
+    NoHello,
     /// A data frame out of order on its channel.
     #[error("channel {channel}: frame {found} arrived where {expected} was due")]
     Sequence {
@@ -280,29 +291,26 @@ impl<'a> Body<'a> {
 }
 
 fn decode(kind: u8, bytes: &[u8]) -> Result<Frame, WireError> {
-    match kind {
+    let what = match kind {
+        KIND_HELLO => "hello",
+        KIND_DATA => "data",
+        KIND_CREDIT => "credit",
+        kind => return Err(WireError::UnknownKind(kind)),
+    };
+    let mut body = Body { bytes, what };
+    let frame = match kind {
         KIND_HELLO => {
-            let mut body = Body {
-                bytes,
-                what: "hello",
-            };
             if body.take(4)? != MAGIC || body.u16()? != VERSION {
                 return Err(WireError::Foreign);
             }
-            let hello = Hello {
+            Frame::Hello(Hello {
                 job: JobId(body.u64()?),
                 attempt: Attempt(body.u32()?),
                 from: body.u32()?,
                 to: body.u32()?,
-            };
-            body.end()?;
-            Ok(Frame::Hello(hello))
+            })
         }
         KIND_DATA => {
-            let mut body = Body {
-                bytes,
-                what: "data",
-            };
             let channel = body.channel()?;
             let seq = body.u64()?;
             let event = match body.u8()? {
@@ -324,25 +332,19 @@ fn decode(kind: u8, bytes: &[u8]) -> Result<Frame, WireError> {
                 EVENT_END => ChannelEvent::EndOfPartition,
                 tag => return Err(WireError::UnknownEvent(tag)),
             };
-            body.end()?;
-            Ok(Frame::Data {
+            Frame::Data {
                 channel,
                 seq,
                 event,
-            })
+            }
         }
-        KIND_CREDIT => {
-            let mut body = Body {
-                bytes,
-                what: "credit",
-            };
-            let channel = body.channel()?;
-            let credits = body.u32()?;
-            body.end()?;
-            Ok(Frame::Credit { channel, credits })
-        }
-        kind => Err(WireError::UnknownKind(kind)),
-    }
+        _ => Frame::Credit {
+            channel: body.channel()?,
+            credits: body.u32()?,
+        },
+    };
+    body.end()?;
+    Ok(frame)
 }
 
 /// Turns a byte stream, cut anywhere, back into frames.
@@ -392,23 +394,53 @@ impl FrameDecoder {
     }
 }
 
-/// The next sequence number due on each channel of one link direction.
-#[derive(Debug, Default)]
-pub struct Sequences(HashMap<ChannelId, u64>);
+/// What one end of a link accepts, in order: the peer's hello first, then
+/// data frames in sequence on each channel, and credits.
+#[derive(Debug)]
+pub struct Inbound {
+    expected: Hello,
+    greeted: bool,
+    /// The next sequence number due on each channel.
+    due: HashMap<ChannelId, u64>,
+}
 
-impl Sequences {
-    /// Accepts `seq` on `channel` if it is the one due.
-    pub fn check(&mut self, channel: ChannelId, seq: u64) -> Result<(), WireError> {
-        let due = self.0.entry(channel).or_default();
-        if *due != seq {
-            return Err(WireError::Sequence {
-                channel,
-                expected: *due,
-                found: seq,
-            });
+impl Inbound {
+    /// An end that waits for `expected` from its peer.
+    pub fn new(expected: Hello) -> Self {
+        Inbound {
+            expected,
+            greeted: false,
+            due: HashMap::new(),
         }
-        *due += 1;
-        Ok(())
+    }
+
+    /// Checks `frame` against what is due; returns it for delivery unless
+    /// it was the hello.
+    pub fn accept(&mut self, frame: Frame) -> Result<Option<Frame>, WireError> {
+        match frame {
+            Frame::Hello(got) if !self.greeted && got == self.expected => {
+                self.greeted = true;
+                Ok(None)
+            }
+            Frame::Hello(got) => Err(WireError::Stranger {
+                got,
+                expected: self.expected,
+            }),
+            _ if !self.greeted => Err(WireError::NoHello),
+            Frame::Data { channel, seq, .. } => {
+                let due = self.due.entry(channel).or_default();
+                if *due != seq {
+                    return Err(WireError::Sequence {
+                        channel,
+                        expected: *due,
+                        found: seq,
+                    });
+                }
+                *due += 1;
+                Ok(Some(frame))
+            }
+            Frame::Credit { .. } => Ok(Some(frame)),
+        }
     }
 }
 

@@ -61,7 +61,7 @@ impl Wiring<'_> {
                 }
             }
         }
-        // The end of `link` on the worker of `subtask`.
+        // The end of the link of `pair` on the worker of `subtask`.
         let end = |pair, subtask: SubtaskId| {
             let (low, high) = &links[&pair];
             if self.workers.placement.worker(subtask) == pair.0 {

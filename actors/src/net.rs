@@ -27,7 +27,7 @@ use std::sync::Arc;
 use tidemark::error::TaskError;
 use tidemark::event::ChannelEvent;
 use tidemark::ids::{Attempt, ChannelId, JobId, SubtaskId};
-use tidemark::wire::{self, Frame, FrameDecoder, Hello, Sequences, WireError};
+use tidemark::wire::{self, Frame, FrameDecoder, Hello, Inbound, WireError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -84,10 +84,6 @@ pub enum LinkError {
     Register(std::io::Error),
     #[error(transparent)]
     Wire(#[from] WireError),
-    #[error("the peer introduced itself as {got:?}, not {expected:?}")]
-    Stranger { got: Hello, expected: Hello },
-    #[error("a frame before the peer's hello")]
-    NoHello,
     #[error("a frame for channel {0}, which does not cross here")]
     NotRouted(ChannelId),
     #[error("the peer closed the link ({0} bytes of a frame pending)")]
@@ -277,8 +273,7 @@ impl Actor for LinkActor {
         };
         let reader = async move {
             let mut decoder = FrameDecoder::default();
-            let mut due = Sequences::default();
-            let mut greeted = false;
+            let mut inbound = Inbound::new(expected);
             let mut buffer = vec![0; READ_BYTES];
             loop {
                 let n = read.read(&mut buffer).await.map_err(LinkError::Read)?;
@@ -287,23 +282,16 @@ impl Actor for LinkActor {
                 }
                 decoder.feed(&buffer[..n]);
                 while let Some(frame) = decoder.next_frame()? {
-                    match frame {
-                        Frame::Hello(got) if !greeted && got == expected => greeted = true,
-                        Frame::Hello(got) => return Err(LinkError::Stranger { got, expected }),
-                        _ if !greeted => return Err(LinkError::NoHello),
-                        Frame::Data {
-                            channel,
-                            seq,
-                            event,
-                        } => {
-                            due.check(channel, seq)?;
+                    match inbound.accept(frame)? {
+                        None | Some(Frame::Hello(_)) => {}
+                        Some(Frame::Data { channel, event, .. }) => {
                             let input = routes
                                 .inputs
                                 .get(&channel)
                                 .ok_or(LinkError::NotRouted(channel))?;
                             input.do_send(Transfer(event));
                         }
-                        Frame::Credit { channel, credits } => {
+                        Some(Frame::Credit { channel, credits }) => {
                             let output = routes
                                 .outputs
                                 .get(&channel)

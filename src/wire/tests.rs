@@ -216,30 +216,84 @@ fn a_batch_too_large_for_a_frame_is_refused_by_its_sender() {
     assert_eq!(out, [1, 2, 3], "nothing of it appended");
 }
 
+fn peer() -> Hello {
+    Hello {
+        job: JobId(5),
+        attempt: Attempt(2),
+        from: 1,
+        to: 0,
+    }
+}
+
+fn data(channel: ChannelId, seq: u64) -> Frame {
+    Frame::Data {
+        channel,
+        seq,
+        event: ChannelEvent::EndOfPartition,
+    }
+}
+
+/// A link end takes its peer's hello and nothing before it, refuses a
+/// stranger's, and then data in sequence on each channel.
 #[test]
-fn a_frame_out_of_sequence_is_refused() {
-    let mut due = Sequences::default();
-    due.check(channel(), 0).unwrap();
-    due.check(channel(), 1).unwrap();
+fn an_end_takes_the_hello_first_then_each_channel_in_sequence() {
+    let mut inbound = Inbound::new(peer());
     assert_eq!(
-        due.check(channel(), 1),
-        Err(WireError::Sequence {
+        inbound.accept(data(channel(), 0)).unwrap_err(),
+        WireError::NoHello
+    );
+    let stranger = Hello {
+        attempt: Attempt(1),
+        ..peer()
+    };
+    assert_eq!(
+        Inbound::new(peer())
+            .accept(Frame::Hello(stranger))
+            .unwrap_err(),
+        WireError::Stranger {
+            got: stranger,
+            expected: peer()
+        }
+    );
+    assert!(inbound.accept(Frame::Hello(peer())).unwrap().is_none());
+    assert!(
+        matches!(
+            inbound.accept(Frame::Hello(peer())),
+            Err(WireError::Stranger { .. })
+        ),
+        "a second hello"
+    );
+    assert!(matches!(
+        inbound.accept(data(channel(), 0)),
+        Ok(Some(Frame::Data { seq: 0, .. }))
+    ));
+    assert!(matches!(
+        inbound.accept(Frame::Credit {
+            channel: channel(),
+            credits: 2
+        }),
+        Ok(Some(Frame::Credit { credits: 2, .. }))
+    ));
+    assert!(inbound.accept(data(channel(), 1)).is_ok());
+    assert_eq!(
+        inbound.accept(data(channel(), 1)).unwrap_err(),
+        WireError::Sequence {
             channel: channel(),
             expected: 2,
             found: 1
-        })
+        }
     );
     let other = ChannelId {
         from: channel().to,
         to: channel().from,
     };
     assert_eq!(
-        due.check(other, 1),
-        Err(WireError::Sequence {
+        inbound.accept(data(other, 1)).unwrap_err(),
+        WireError::Sequence {
             channel: other,
             expected: 0,
             found: 1
-        })
+        }
     );
 }
 
@@ -278,7 +332,7 @@ struct Link {
     seq: u64,
     wire: Vec<u8>,
     decoder: FrameDecoder,
-    due: Sequences,
+    inbound: Inbound,
     receiver: CreditReceiver,
     credit_wire: Vec<u8>,
     credit_decoder: FrameDecoder,
@@ -317,7 +371,11 @@ impl Link {
             seq: 0,
             wire: Vec::new(),
             decoder: FrameDecoder::default(),
-            due: Sequences::default(),
+            inbound: {
+                let mut inbound = Inbound::new(peer());
+                inbound.accept(Frame::Hello(peer())).unwrap();
+                inbound
+            },
             receiver,
             credit_wire,
             credit_decoder: FrameDecoder::default(),
@@ -384,15 +442,10 @@ impl Link {
                 self.decoder.feed(&self.wire[..n]);
                 self.wire.drain(..n);
                 while let Some(frame) = self.decoder.next_frame().unwrap() {
-                    let Frame::Data {
-                        channel,
-                        seq,
-                        event,
-                    } = frame
+                    let Some(Frame::Data { event, .. }) = self.inbound.accept(frame).unwrap()
                     else {
                         panic!("only data flows forward")
                     };
-                    self.due.check(channel, seq).unwrap();
                     if event.is_batch() {
                         self.batches_in_flight -= 1;
                     } else {
