@@ -1,10 +1,13 @@
 //! The cost of the wire: wordcount at p=4 over 100,000 keys with every
-//! subtask in one worker, against the same job over 2 workers in this
+//! subtask in one process, against the same job over 2 workers in this
 //! process (`--local-workers=2`: half the channels cross loopback TCP,
-//! encoded once per batch, credit-based), with checkpoints off and every
-//! second; and the time from a killed worker (all its subtasks, its link
-//! ends closed) to the restored attempt running, against a killed subtask
-//! in one worker.
+//! encoded once per batch, credit-based) and over 2 worker processes
+//! (`--workers=2`: the same links, and the driver's commands and the
+//! workers' reports over gRPC), with checkpoints off and every second; and
+//! the time from a failure to the restored attempt running: a killed
+//! subtask in one process, a killed worker in this process (all its
+//! subtasks, its link ends closed), and a SIGKILLed worker process, which
+//! is launched again and reads its state before records flow again.
 //!
 //! cargo bench --bench workers
 //!
@@ -24,7 +27,7 @@ struct Config {
     baseline: usize,
 }
 
-const CONFIGS: [Config; 6] = [
+const CONFIGS: [Config; 9] = [
     Config {
         name: "1 worker, checkpoints off",
         args: &["--local-workers=0", "--checkpoint-interval=off"],
@@ -36,14 +39,24 @@ const CONFIGS: [Config; 6] = [
         baseline: 0,
     },
     Config {
+        name: "2 worker processes, checkpoints off",
+        args: &["--workers=2", "--checkpoint-interval=off"],
+        baseline: 0,
+    },
+    Config {
         name: "1 worker, 1 s checkpoints",
         args: &["--local-workers=0", "--checkpoint-interval=1s"],
-        baseline: 2,
+        baseline: 3,
     },
     Config {
         name: "2 workers, 1 s checkpoints",
         args: &["--local-workers=2", "--checkpoint-interval=1s"],
-        baseline: 2,
+        baseline: 3,
+    },
+    Config {
+        name: "2 worker processes, 1 s checkpoints",
+        args: &["--workers=2", "--checkpoint-interval=1s"],
+        baseline: 3,
     },
     Config {
         name: "1 worker, 1 s checkpoints, a subtask killed",
@@ -52,7 +65,7 @@ const CONFIGS: [Config; 6] = [
             "--checkpoint-interval=1s",
             "--inject-failures=1",
         ],
-        baseline: 4,
+        baseline: 6,
     },
     Config {
         name: "2 workers, 1 s checkpoints, a worker killed",
@@ -61,7 +74,16 @@ const CONFIGS: [Config; 6] = [
             "--checkpoint-interval=1s",
             "--inject-failures=1",
         ],
-        baseline: 4,
+        baseline: 6,
+    },
+    Config {
+        name: "2 worker processes, 1 s checkpoints, one SIGKILLed",
+        args: &[
+            "--workers=2",
+            "--checkpoint-interval=1s",
+            "--inject-failures=1",
+        ],
+        baseline: 6,
     },
 ];
 
@@ -72,7 +94,8 @@ struct Run {
     checkpoint_p50_ms: f64,
     link_bytes_per_record: f64,
     /// From the supervisor hearing of the failure to the restored attempt
-    /// deployed; 0 without a failure.
+    /// running (with worker processes: every worker reported its subtasks
+    /// started); 0 without a failure.
     recovery_p50_ms: f64,
 }
 
@@ -112,7 +135,7 @@ fn main() {
     };
     println!("wordcount p=4, 100,000 keys, {records} records, median of {reps} runs");
     println!(
-        "| configuration | M records/s | vs the same in 1 worker | checkpoint p50 ms | link bytes per record | recovery p50 ms |"
+        "| configuration | M records/s | vs the same in 1 process | checkpoint p50 ms | link bytes per record | recovery p50 ms |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
     for (config, c) in CONFIGS.iter().enumerate() {

@@ -32,4 +32,8 @@ pub enum TaskError {
     /// a bug or a corrupt checkpoint, not the user's code.
     #[error("{0}")]
     Protocol(String),
+    /// A subtask on a worker process failed: its error as the worker
+    /// reported it.
+    #[error("{0}")]
+    Remote(String),
 }

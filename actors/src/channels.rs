@@ -3,18 +3,17 @@
 //! TCP link between every pair of workers that a channel crosses.
 
 use crate::endpoint::{Downstream, InputEndpoint, OutputEndpoint, Upstream};
-use crate::messages::{ConnectUpstream, Stop};
+use crate::messages::{ConnectUpstream, Stop, SubtaskFailed};
 use crate::metrics::JobMetrics;
-use crate::net::{self, LinkActor, LinkEnd, Routes, Workers};
+use crate::net::{LinkActor, LinkEnds, Routes, Workers};
 use crate::subtask::SubtaskActor;
-use crate::supervisor::JobSupervisor;
 use actix::{Actor, Addr, Recipient};
 use actix_rt::ArbiterHandle;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use tidemark::channel::ChannelConfig;
 use tidemark::graph::JobGraph;
-use tidemark::ids::{Attempt, JobId, SubtaskId};
+use tidemark::ids::{Attempt, SubtaskId};
 
 /// The endpoints of an attempt, by subtask, in the order of its outputs and
 /// of its input gate; the ends of its links, by the worker they belong
@@ -28,53 +27,35 @@ pub struct Channels {
 
 /// What the channels of one attempt are built from.
 pub struct Wiring<'a> {
-    pub job: JobId,
     pub attempt: Attempt,
     pub graph: &'a JobGraph,
     pub config: ChannelConfig,
     pub workers: &'a Workers,
     pub metrics: &'a Arc<JobMetrics>,
-    pub supervisor: Addr<JobSupervisor>,
+    /// Where failures of endpoints and links go.
+    pub failures: Recipient<SubtaskFailed>,
     /// The arbiter of a subtask, and of its endpoints.
     pub arbiter: &'a dyn Fn(SubtaskId) -> &'a ArbiterHandle,
 }
 
 impl Wiring<'_> {
-    /// Connects `subtasks`. Fails only if a loopback link cannot be opened.
+    /// Connects the channels of `subtasks`, the ones this process hosts,
+    /// through `ends`, this process's ends of the links between workers,
+    /// by the pair of workers and the worker they belong to.
     pub fn connect(
         &self,
         subtasks: &HashMap<SubtaskId, Addr<SubtaskActor>>,
-    ) -> std::io::Result<Channels> {
+        mut ends: LinkEnds,
+    ) -> Channels {
         let graph = self.graph;
-        let mut links: BTreeMap<(u32, u32), (LinkEnd, LinkEnd)> = BTreeMap::new();
-        for producer in graph.subtasks() {
-            for channel in graph.outputs(producer) {
-                if let Some(pair) = self.workers.placement.crossing(channel) {
-                    if let std::collections::btree_map::Entry::Vacant(link) = links.entry(pair) {
-                        link.insert(net::connect_loopback(
-                            self.job,
-                            self.attempt,
-                            &self.supervisor.clone().recipient(),
-                            pair,
-                        )?);
-                    }
-                }
-            }
-        }
+        let placement = &self.workers.placement;
         // The end of the link of `pair` on the worker of `subtask`.
-        let end = |pair, subtask: SubtaskId| {
-            let (low, high) = &links[&pair];
-            if self.workers.placement.worker(subtask) == pair.0 {
-                low.sender()
-            } else {
-                high.sender()
-            }
-        };
-        let mut routes = Routes::default();
+        let end = |pair, subtask: SubtaskId| ends[&(pair, placement.worker(subtask))].sender();
+        let mut routes: BTreeMap<(u32, u32), Routes> = BTreeMap::new();
         let mut outputs: HashMap<SubtaskId, Vec<Addr<OutputEndpoint>>> = HashMap::new();
-        let mut inputs: HashMap<SubtaskId, Vec<Option<Addr<InputEndpoint>>>> = graph
-            .subtasks()
-            .map(|id| (id, vec![None; graph.gate(id).len()]))
+        let mut inputs: HashMap<SubtaskId, Vec<Option<Addr<InputEndpoint>>>> = subtasks
+            .keys()
+            .map(|id| (*id, vec![None; graph.gate(*id).len()]))
             .collect();
         let mut actors: Vec<Recipient<Stop>> = Vec::new();
         // A link end fails in the name of a subtask on its worker that it
@@ -84,96 +65,121 @@ impl Wiring<'_> {
         let config = self.config;
         for producer in graph.subtasks() {
             for (k, channel) in graph.outputs(producer).into_iter().enumerate() {
-                let consumer_channel = graph
-                    .gate(channel.to)
-                    .iter()
-                    .position(|(c, _)| *c == channel)
-                    .expect("both sides of an edge list the same channels");
+                let (producer, consumer) = (subtasks.get(&channel.from), subtasks.get(&channel.to));
+                if producer.is_none() && consumer.is_none() {
+                    continue;
+                }
+                let crossing = placement.crossing(channel);
                 let gauge =
                     self.metrics
                         .channel(channel, config.output_credits, config.input_credits);
-                let consumer = subtasks[&channel.to].clone();
-                let supervisor = self.supervisor.clone();
-                let ie_gauge = gauge.clone();
-                let attempt = self.attempt;
-                let ie = InputEndpoint::start_in_arbiter((self.arbiter)(channel.to), move |_| {
-                    InputEndpoint::new(
-                        channel,
-                        attempt,
-                        consumer,
-                        consumer_channel,
-                        config.prefetch,
-                        ie_gauge,
-                        supervisor,
-                    )
-                });
-                let (downstream, upstream) = match self.workers.placement.crossing(channel) {
-                    None => (Downstream::Local(ie.clone()), None),
-                    Some(pair) => {
-                        let placement = &self.workers.placement;
+                let ie = consumer.map(|consumer| {
+                    let consumer_channel = graph
+                        .gate(channel.to)
+                        .iter()
+                        .position(|(c, _)| *c == channel)
+                        .expect("both sides of an edge list the same channels");
+                    let (consumer, failures, gauge) =
+                        (consumer.clone(), self.failures.clone(), gauge.clone());
+                    let attempt = self.attempt;
+                    let ie =
+                        InputEndpoint::start_in_arbiter((self.arbiter)(channel.to), move |_| {
+                            InputEndpoint::new(
+                                channel,
+                                attempt,
+                                consumer,
+                                consumer_channel,
+                                config.prefetch,
+                                gauge,
+                                failures,
+                            )
+                        });
+                    actors.push(ie.clone().recipient());
+                    inputs
+                        .get_mut(&channel.to)
+                        .expect("every hosted subtask has an entry")[consumer_channel] =
+                        Some(ie.clone());
+                    if let Some(pair) = crossing {
                         fed.entry((pair, placement.worker(channel.to)))
                             .or_insert(channel.to);
-                        feeding
-                            .entry((pair, placement.worker(channel.from)))
-                            .or_insert(channel.from);
-                        routes.inputs.insert(channel, ie.clone());
-                        let downstream = Downstream::Remote {
+                        routes
+                            .entry(pair)
+                            .or_default()
+                            .inputs
+                            .insert(channel, ie.clone());
+                    }
+                    ie
+                });
+                let oe = producer.map(|producer| {
+                    let downstream = match (crossing, &ie) {
+                        (None, Some(ie)) => Downstream::Local(ie.clone()),
+                        (Some(pair), _) => Downstream::Remote {
                             channel,
                             link: end(pair, channel.from),
                             seq: 0,
-                        };
-                        let upstream = Upstream::Remote {
+                        },
+                        (None, None) => {
+                            unreachable!("a channel within a worker has both ends here")
+                        }
+                    };
+                    let producer = producer.clone();
+                    let oe =
+                        OutputEndpoint::start_in_arbiter((self.arbiter)(channel.from), move |_| {
+                            OutputEndpoint::new(producer, k, downstream, gauge)
+                        });
+                    actors.push(oe.clone().recipient());
+                    outputs.entry(channel.from).or_default().push(oe.clone());
+                    if let Some(pair) = crossing {
+                        feeding
+                            .entry((pair, placement.worker(channel.from)))
+                            .or_insert(channel.from);
+                        routes
+                            .entry(pair)
+                            .or_default()
+                            .outputs
+                            .insert(channel, oe.clone());
+                    }
+                    oe
+                });
+                if let Some(ie) = ie {
+                    ie.do_send(ConnectUpstream(match (crossing, oe) {
+                        (None, Some(oe)) => Upstream::Local(oe),
+                        (Some(pair), _) => Upstream::Remote {
                             channel,
                             link: end(pair, channel.to),
-                        };
-                        (downstream, Some(upstream))
-                    }
-                };
-                let producer = subtasks[&channel.from].clone();
-                let oe =
-                    OutputEndpoint::start_in_arbiter((self.arbiter)(channel.from), move |_| {
-                        OutputEndpoint::new(producer, k, downstream, gauge)
-                    });
-                let upstream = match upstream {
-                    Some(remote) => {
-                        routes.outputs.insert(channel, oe.clone());
-                        remote
-                    }
-                    None => Upstream::Local(oe.clone()),
-                };
-                ie.do_send(ConnectUpstream(upstream));
-                actors.push(ie.clone().recipient());
-                actors.push(oe.clone().recipient());
-                outputs.entry(channel.from).or_default().push(oe);
-                inputs
-                    .get_mut(&channel.to)
-                    .expect("every subtask has an entry")[consumer_channel] = Some(ie);
+                        },
+                        (None, None) => {
+                            unreachable!("a channel within a worker has both ends here")
+                        }
+                    }));
+                }
             }
         }
         // Links start once every endpoint they deliver to is known: the
         // frames queued meanwhile (initial credits) wait in their queues.
-        let routes = Arc::new(routes);
-        let mut ends = Vec::new();
-        for (pair, (low, high)) in links {
+        let mut links = Vec::new();
+        let routes: BTreeMap<(u32, u32), Arc<Routes>> = routes
+            .into_iter()
+            .map(|(pair, r)| (pair, Arc::new(r)))
+            .collect();
+        for ((pair, worker), end) in std::mem::take(&mut ends) {
             let arbiter = self
                 .workers
                 .links
                 .as_ref()
-                .expect("a placement that spreads comes with a link arbiter");
-            for (worker, end) in [(pair.0, low), (pair.1, high)] {
-                let blame = *fed
-                    .get(&(pair, worker))
-                    .or_else(|| feeding.get(&(pair, worker)))
-                    .expect("a link end's worker hosts one of its channels' ends");
-                let (routes, metrics) = (routes.clone(), self.metrics.clone());
-                let link = LinkActor::start_in_arbiter(arbiter, move |_| {
-                    LinkActor::new(end, routes, metrics, blame)
-                });
-                actors.push(link.clone().recipient());
-                ends.push((worker, link));
-            }
+                .expect("links come with a link arbiter");
+            let blame = *fed
+                .get(&(pair, worker))
+                .or_else(|| feeding.get(&(pair, worker)))
+                .expect("a link end's worker hosts one of its channels' ends");
+            let (routes, metrics) = (routes[&pair].clone(), self.metrics.clone());
+            let link = LinkActor::start_in_arbiter(arbiter, move |_| {
+                LinkActor::new(end, routes, metrics, blame)
+            });
+            actors.push(link.clone().recipient());
+            links.push((worker, link));
         }
-        Ok(Channels {
+        Channels {
             outputs,
             inputs: inputs
                 .into_iter()
@@ -185,8 +191,8 @@ impl Wiring<'_> {
                     (id, gate)
                 })
                 .collect(),
-            links: ends,
+            links,
             actors,
-        })
+        }
     }
 }

@@ -4,12 +4,12 @@
 //! actions the core returns. It outlives the attempts of a job: the
 //! supervisor tells it which subtasks are current.
 
+use crate::messages::SubtaskHandle;
 use crate::messages::{
     AcknowledgeCheckpoint, DeclineCheckpoint, EndInput, NotifyCheckpointAborted,
     NotifyCheckpointComplete, SourceExhausted, TriggerCheckpoint,
 };
 use crate::metrics::{CheckpointStats, JobMetrics};
-use crate::subtask::SubtaskActor;
 use crate::supervisor::{CheckpointingFailed, JobSupervisor};
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture,
@@ -35,8 +35,8 @@ use tokio::sync::oneshot;
 #[rtype(result = "()")]
 pub struct Deployed {
     pub attempt: Attempt,
-    pub sources: Vec<(SubtaskId, Addr<SubtaskActor>)>,
-    pub subtasks: Vec<(SubtaskId, Addr<SubtaskActor>)>,
+    pub sources: Vec<(SubtaskId, SubtaskHandle)>,
+    pub subtasks: Vec<(SubtaskId, SubtaskHandle)>,
 }
 
 /// The attempt failed: abandon pending checkpoints.
@@ -123,8 +123,8 @@ pub struct CoordinatorActor {
     supervisor: Addr<JobSupervisor>,
     metrics: Arc<JobMetrics>,
     attempt: Attempt,
-    sources: Vec<(SubtaskId, Addr<SubtaskActor>)>,
-    subtasks: Vec<(SubtaskId, Addr<SubtaskActor>)>,
+    sources: Vec<(SubtaskId, SubtaskHandle)>,
+    subtasks: Vec<(SubtaskId, SubtaskHandle)>,
     input_end: InputEnd,
     /// Checkpoints whose `_metadata` write is in flight.
     finalizing: BTreeSet<CheckpointId>,
@@ -350,7 +350,7 @@ impl CoordinatorActor {
                             .map(move |result, act, ctx| match (result, first) {
                                 (Ok(()), _) => {
                                     for source in &sources {
-                                        source.do_send(TriggerCheckpoint { barrier, suspend });
+                                        source.send(TriggerCheckpoint { barrier, suspend });
                                     }
                                 }
                                 (Err(e), Some(subtask)) => act.feed(
@@ -424,7 +424,7 @@ impl CoordinatorActor {
                             .flatten()
                             .map(|key| key.name)
                             .collect();
-                        subtask.do_send(NotifyCheckpointComplete {
+                        subtask.send(NotifyCheckpointComplete {
                             checkpoint: id,
                             rewrite,
                         });
@@ -435,7 +435,7 @@ impl CoordinatorActor {
                     };
                     if ends {
                         for (_, source) in &self.sources {
-                            source.do_send(EndInput);
+                            source.send(EndInput);
                         }
                     }
                 }
@@ -452,7 +452,7 @@ impl CoordinatorActor {
                     }
                     tracing::info!(%reason, "checkpoint aborted");
                     for (_, subtask) in &self.subtasks {
-                        subtask.do_send(NotifyCheckpointAborted(checkpoint));
+                        subtask.send(NotifyCheckpointAborted(checkpoint));
                     }
                 }
                 Action::Discard { checkpoint, states } => {

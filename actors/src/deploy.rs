@@ -3,14 +3,20 @@
 //! the in-flight batches it replays; the same for every subtask a process
 //! hosts, whoever placed it there.
 
-use crate::coordinator::CoordinatorActor;
+use crate::channels::{Channels, Wiring};
+use crate::messages::{CheckpointReports, Reports, Stop, Wire};
 use crate::metrics::JobMetrics;
+use crate::net::{LinkActor, LinkEnds, Workers};
 use crate::restore::Restored;
 use crate::runtime::JobError;
-use crate::subtask::{panic_message, Checkpointing, SubtaskSpec};
-use actix::Addr;
+use crate::subtask::{panic_message, Checkpointing, SubtaskActor, SubtaskSpec};
+use actix::{Actor, Addr, Recipient};
+use actix_rt::ArbiterHandle;
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
 use tidemark::checkpoint::ChannelSide;
 use tidemark::error::TaskError;
 use tidemark::ids::{Attempt, SubtaskId};
@@ -19,6 +25,111 @@ use tidemark::key_group::KeyGroupRange;
 use tidemark::split::SplitPosition;
 use tidemark::storage::CheckpointStorage;
 use tidemark::task::{OutputContext, TaskContext};
+
+/// What starting the subtasks of an attempt that one process hosts needs.
+pub(crate) struct Hosting<'a> {
+    pub job: &'a Job,
+    pub metrics: &'a Arc<JobMetrics>,
+    pub attempt: Attempt,
+    pub reports: Reports,
+    /// Where checkpoint reports go, and the storage, if the job checkpoints.
+    pub checkpointing: Option<(CheckpointReports, CheckpointStorage)>,
+    /// A subtask runs on the arbiter of its index.
+    pub arbiters: &'a [ArbiterHandle],
+    pub workers: &'a Workers,
+}
+
+/// The actors of an attempt in one process: its subtasks in order, every
+/// actor to stop with it, and its link ends by the worker they belong to.
+pub(crate) struct Hosted {
+    pub subtasks: Vec<(SubtaskId, Addr<SubtaskActor>)>,
+    pub actors: Vec<Recipient<Stop>>,
+    pub links: Vec<(u32, Addr<LinkActor>)>,
+}
+
+impl Hosting<'_> {
+    fn arbiter(&self, subtask: SubtaskId) -> &ArbiterHandle {
+        &self.arbiters[subtask.index.0 as usize % self.arbiters.len()]
+    }
+
+    /// Starts the subtasks `hosted`, each restored from its part of
+    /// `restore`, and their channels, through `ends` where they cross to
+    /// another worker.
+    pub fn deploy(
+        &self,
+        hosted: &[SubtaskId],
+        mut restore: HashMap<SubtaskId, Restored>,
+        ends: LinkEnds,
+    ) -> Result<Hosted, JobError> {
+        let mut subtasks: HashMap<SubtaskId, Addr<SubtaskActor>> = HashMap::new();
+        let mut actors: Vec<Recipient<Stop>> = Vec::new();
+        for &id in hosted {
+            let spec = subtask_spec(
+                self.job,
+                self.metrics,
+                id,
+                self.attempt,
+                restore.remove(&id).unwrap_or_default(),
+                self.checkpointing.clone(),
+            )?;
+            let (reports, metrics) = (self.reports.clone(), self.metrics.clone());
+            let addr = SubtaskActor::start_in_arbiter(self.arbiter(id), move |_| {
+                SubtaskActor::new(spec, reports, metrics)
+            });
+            actors.push(addr.clone().recipient());
+            subtasks.insert(id, addr);
+        }
+        let arbiter = |id| self.arbiter(id);
+        let wiring = Wiring {
+            attempt: self.attempt,
+            graph: &self.job.graph,
+            config: self.job.config.channels,
+            workers: self.workers,
+            metrics: self.metrics,
+            failures: self.reports.failed.clone(),
+            arbiter: &arbiter,
+        };
+        let Channels {
+            mut outputs,
+            mut inputs,
+            links,
+            actors: endpoints,
+        } = wiring.connect(&subtasks, ends);
+        actors.extend(endpoints);
+        for (id, addr) in &subtasks {
+            addr.do_send(Wire {
+                outputs: outputs.remove(id).unwrap_or_default(),
+                inputs: inputs.remove(id).unwrap_or_default(),
+            });
+        }
+        let mut subtasks: Vec<_> = subtasks.into_iter().collect();
+        subtasks.sort_by_key(|(id, _)| *id);
+        Ok(Hosted {
+            subtasks,
+            actors,
+            links,
+        })
+    }
+}
+
+/// Tells every actor of an attempt to stop; resolves once each has handled
+/// it (or is gone), so that what their mailboxes held before it — a sink's
+/// commit above all — has been handled too. An actor stuck in user code is
+/// given up on after `STOP_TIMEOUT`.
+pub(crate) fn stop_all(actors: Vec<Recipient<Stop>>) -> impl std::future::Future<Output = ()> {
+    const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+    let stops: Vec<_> = actors
+        .into_iter()
+        .map(|actor| actor.send(Stop).timeout(STOP_TIMEOUT))
+        .collect();
+    async move {
+        for stopped in futures::future::join_all(stops).await {
+            if let Err(actix::MailboxError::Timeout) = stopped {
+                tracing::warn!("an actor of the previous attempt did not stop in time");
+            }
+        }
+    }
+}
 
 /// The spec of subtask `id` of `attempt`: its task built and restored from
 /// `restored`, replayed batches it does not own filtered out (after a
@@ -29,7 +140,7 @@ pub(crate) fn subtask_spec(
     id: SubtaskId,
     attempt: Attempt,
     restored: Restored,
-    checkpointing: Option<(Addr<CoordinatorActor>, CheckpointStorage)>,
+    checkpointing: Option<(CheckpointReports, CheckpointStorage)>,
 ) -> Result<SubtaskSpec, JobError> {
     let graph = &job.graph;
     let config = &job.config;
@@ -89,8 +200,8 @@ pub(crate) fn subtask_spec(
             .source_rate
             .filter(|_| is_source)
             .map(|rate| rate / f64::from(ctx.parallelism)),
-        checkpointing: checkpointing.map(|(coordinator, storage)| Checkpointing {
-            coordinator,
+        checkpointing: checkpointing.map(|(reports, storage)| Checkpointing {
+            reports,
             storage,
             incremental: config.checkpointing.as_ref().is_some_and(|c| c.incremental),
             layout: config

@@ -16,8 +16,7 @@ use crate::messages::{
 use crate::metrics::ChannelGauge;
 use crate::net::LinkSender;
 use crate::subtask::SubtaskActor;
-use crate::supervisor::JobSupervisor;
-use actix::{Actor, ActorContext, Addr, Context, Handler};
+use actix::{Actor, ActorContext, Addr, Context, Handler, Recipient};
 use std::sync::Arc;
 use tidemark::batch::Batch;
 use tidemark::channel::{CreditReceiver, CreditSender};
@@ -156,7 +155,7 @@ pub struct InputEndpoint {
     upstream: Option<Upstream>,
     receiver: CreditReceiver,
     gauge: Arc<ChannelGauge>,
-    supervisor: Addr<JobSupervisor>,
+    failures: Recipient<SubtaskFailed>,
 }
 
 impl InputEndpoint {
@@ -167,7 +166,7 @@ impl InputEndpoint {
         consumer_channel: usize,
         prefetch: u32,
         gauge: Arc<ChannelGauge>,
-        supervisor: Addr<JobSupervisor>,
+        failures: Recipient<SubtaskFailed>,
     ) -> Self {
         InputEndpoint {
             channel,
@@ -177,7 +176,7 @@ impl InputEndpoint {
             upstream: None,
             receiver: CreditReceiver::new(gauge.input_credits, prefetch),
             gauge,
-            supervisor,
+            failures,
         }
     }
 
@@ -191,7 +190,7 @@ impl InputEndpoint {
     }
 
     fn fail(&self, error: impl ToString) {
-        self.supervisor.do_send(SubtaskFailed {
+        self.failures.do_send(SubtaskFailed {
             attempt: self.attempt,
             subtask: self.channel.to,
             error: TaskError::Protocol(format!("channel {}: {}", self.channel, error.to_string())),

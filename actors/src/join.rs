@@ -3,11 +3,10 @@
 //! apart (an interval join), and a sink of `key,left,right` lines naming
 //! each pair by its records' indices.
 
-use crate::sinks::{files_or_discard, Line};
+use crate::sinks::{files_or_discard, Line, Output};
 use crate::windows::Events;
 use crate::wordcount::{Generator, Records};
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
 use std::time::Duration;
 use tidemark::job::JobConfig;
 use tidemark::rng::splitmix64;
@@ -82,7 +81,7 @@ pub struct Join {
     pub interval: Duration,
     /// Directory of committed `key,left,right` files; `None` discards
     /// results.
-    pub output: Option<PathBuf>,
+    pub output: Option<Output>,
 }
 
 impl Join {
@@ -126,6 +125,6 @@ impl Join {
                 })
             })
             .uid("join");
-        files_or_discard(pairs, self.output.as_deref())
+        files_or_discard(pairs, self.output.as_ref())
     }
 }

@@ -28,6 +28,7 @@
 mod channels;
 pub mod cli;
 pub mod config;
+mod control;
 mod coordinator;
 mod deploy;
 mod endpoint;
@@ -36,6 +37,7 @@ pub mod join;
 mod messages;
 pub mod metrics;
 mod net;
+mod remote;
 mod restore;
 pub mod runtime;
 pub mod sinks;
@@ -44,7 +46,9 @@ mod subtask;
 mod supervisor;
 pub mod windows;
 pub mod wordcount;
+pub mod worker;
 
+pub use remote::{Distributed, WorkerSet};
 pub use runtime::{JobControl, JobError, JobHandle, JobReport, RunJob, Runtime, Savepoint};
 
 /// What an embedding application needs in scope.

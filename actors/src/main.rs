@@ -36,6 +36,7 @@ fn main() {
         Command::Stop(args) => client::savepoint(&args, true)
             .map(|location| println!("Savepoint completed. Path: {location}")),
         Command::Checkpoints(args) => client::checkpoints(&args).map(|table| print!("{table}")),
+        Command::Worker(args) => cli::worker::worker(&args),
         Command::Cleanup(args) => cleanup::cleanup(&args).map(|sweep| println!("{sweep}")),
         Command::Inspect(args) => inspect::inspect(&args).map(|inspection| {
             if args.json {

@@ -1,7 +1,10 @@
 //! Messages between the actors of a running job.
 
+use crate::control::ToWorker;
 use crate::endpoint::{InputEndpoint, OutputEndpoint, Upstream};
-use actix::{Addr, Message};
+use crate::remote::Commands;
+use crate::subtask::SubtaskActor;
+use actix::{Actor, Addr, Context, Handler, Message, Recipient};
 use tidemark::batch::Batch;
 use tidemark::checkpoint::Ack;
 use tidemark::error::TaskError;
@@ -167,3 +170,112 @@ pub struct Cancel;
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Kill;
+
+/// Where a subtask reports how it ended: the job's supervisor in the same
+/// process, or the worker process that sends it on.
+#[derive(Clone)]
+pub struct Reports {
+    pub failed: Recipient<SubtaskFailed>,
+    pub finished: Recipient<SubtaskFinished>,
+}
+
+impl Reports {
+    pub fn to<A>(addr: &Addr<A>) -> Self
+    where
+        A: Actor<Context = Context<A>> + Handler<SubtaskFailed> + Handler<SubtaskFinished>,
+    {
+        Reports {
+            failed: addr.clone().recipient(),
+            finished: addr.clone().recipient(),
+        }
+    }
+}
+
+/// Where a subtask reports on checkpoints: the checkpoint coordinator in
+/// the same process, or the worker process that sends it on.
+#[derive(Clone)]
+pub struct CheckpointReports {
+    pub acknowledged: Recipient<AcknowledgeCheckpoint>,
+    pub declined: Recipient<DeclineCheckpoint>,
+    pub exhausted: Recipient<SourceExhausted>,
+}
+
+impl CheckpointReports {
+    pub fn to<A>(addr: &Addr<A>) -> Self
+    where
+        A: Actor<Context = Context<A>>
+            + Handler<AcknowledgeCheckpoint>
+            + Handler<DeclineCheckpoint>
+            + Handler<SourceExhausted>,
+    {
+        CheckpointReports {
+            acknowledged: addr.clone().recipient(),
+            declined: addr.clone().recipient(),
+            exhausted: addr.clone().recipient(),
+        }
+    }
+}
+
+/// A subtask of the current attempt as the coordinator and the supervisor
+/// reach it: an actor of this process, or one on a worker process, through
+/// that worker's ordered commands.
+#[derive(Clone)]
+pub enum SubtaskHandle {
+    Local(Addr<SubtaskActor>),
+    Remote {
+        subtask: SubtaskId,
+        commands: Commands,
+    },
+}
+
+/// A message for a subtask, and the command it is for one on a worker.
+pub trait ToSubtask: Message<Result = ()> + Send + 'static {
+    fn remote(self, subtask: SubtaskId) -> ToWorker;
+}
+
+impl SubtaskHandle {
+    pub fn send<M: ToSubtask>(&self, message: M)
+    where
+        SubtaskActor: Handler<M>,
+    {
+        match self {
+            SubtaskHandle::Local(addr) => addr.do_send(message),
+            SubtaskHandle::Remote { subtask, commands } => commands.send(message.remote(*subtask)),
+        }
+    }
+}
+
+impl ToSubtask for TriggerCheckpoint {
+    fn remote(self, subtask: SubtaskId) -> ToWorker {
+        ToWorker::Trigger {
+            subtask,
+            barrier: self.barrier,
+            suspend: self.suspend,
+        }
+    }
+}
+
+impl ToSubtask for NotifyCheckpointComplete {
+    fn remote(self, subtask: SubtaskId) -> ToWorker {
+        ToWorker::Complete {
+            subtask,
+            checkpoint: self.checkpoint,
+            rewrite: self.rewrite,
+        }
+    }
+}
+
+impl ToSubtask for NotifyCheckpointAborted {
+    fn remote(self, subtask: SubtaskId) -> ToWorker {
+        ToWorker::Abort {
+            subtask,
+            checkpoint: self.0,
+        }
+    }
+}
+
+impl ToSubtask for EndInput {
+    fn remote(self, subtask: SubtaskId) -> ToWorker {
+        ToWorker::EndInput { subtask }
+    }
+}

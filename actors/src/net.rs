@@ -21,11 +21,12 @@ use actix::{
     Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, Recipient,
     WrapFuture,
 };
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tidemark::error::TaskError;
 use tidemark::event::ChannelEvent;
+use tidemark::graph::JobGraph;
 use tidemark::ids::{Attempt, ChannelId, JobId, SubtaskId};
 use tidemark::wire::{self, Frame, FrameDecoder, Hello, Inbound, WireError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -134,54 +135,91 @@ pub struct Routes {
     pub outputs: HashMap<ChannelId, Addr<OutputEndpoint>>,
 }
 
-/// One end of a link, before its actor starts: the socket, and the queue
+/// One end of a link, before its actor starts: the socket, what was read
+/// from it already (the peer's hello, when it was accepted), and the queue
 /// its endpoints already write to.
 pub struct LinkEnd {
     stream: std::net::TcpStream,
+    read: Vec<u8>,
     sender: LinkSender,
     queue: mpsc::UnboundedReceiver<Vec<u8>>,
     hello: Hello,
 }
 
 impl LinkEnd {
+    /// The end of `stream` on worker `hello.from`, whose peer's first
+    /// bytes were `read` already.
+    pub fn new(
+        stream: std::net::TcpStream,
+        read: Vec<u8>,
+        hello: Hello,
+        failures: &Recipient<SubtaskFailed>,
+    ) -> std::io::Result<Self> {
+        stream.set_nodelay(true)?;
+        stream.set_nonblocking(true)?;
+        let (frames, queue) = mpsc::unbounded_channel();
+        Ok(LinkEnd {
+            stream,
+            read,
+            sender: LinkSender {
+                frames,
+                failures: failures.clone(),
+                attempt: hello.attempt,
+            },
+            queue,
+            hello,
+        })
+    }
+
     /// What the endpoints on this end's worker send through.
     pub fn sender(&self) -> LinkSender {
         self.sender.clone()
     }
 }
 
-/// Connects workers `a` and `b` over loopback for `attempt`: the end of
-/// `a`, which dialed, and the end of `b`.
-pub fn connect_loopback(
+/// The link ends a process hosts, by the pair of workers they link (lower
+/// first) and the worker they belong to.
+pub type LinkEnds = BTreeMap<((u32, u32), u32), LinkEnd>;
+
+/// The pairs of workers that a channel of `graph` crosses.
+pub fn crossings(graph: &JobGraph, placement: Placement) -> BTreeSet<(u32, u32)> {
+    graph
+        .subtasks()
+        .flat_map(|producer| graph.outputs(producer))
+        .filter_map(|channel| placement.crossing(channel))
+        .collect()
+}
+
+/// Both ends of every link `graph` needs between the workers of
+/// `placement`, all in this process, over loopback.
+pub fn loopback(
+    graph: &JobGraph,
+    placement: Placement,
     job: JobId,
     attempt: Attempt,
     failures: &Recipient<SubtaskFailed>,
-    (a, b): (u32, u32),
-) -> std::io::Result<(LinkEnd, LinkEnd)> {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-    let dialed = std::net::TcpStream::connect(listener.local_addr()?)?;
-    let (accepted, _) = listener.accept()?;
-    let end = |stream: std::net::TcpStream, from, to| -> std::io::Result<LinkEnd> {
-        stream.set_nodelay(true)?;
-        stream.set_nonblocking(true)?;
-        let (frames, queue) = mpsc::unbounded_channel();
-        Ok(LinkEnd {
-            stream,
-            sender: LinkSender {
-                frames,
-                failures: failures.clone(),
-                attempt,
-            },
-            queue,
-            hello: Hello {
-                job,
-                attempt,
-                from,
-                to,
-            },
-        })
-    };
-    Ok((end(dialed, a, b)?, end(accepted, b, a)?))
+) -> std::io::Result<LinkEnds> {
+    let mut ends = LinkEnds::new();
+    for (a, b) in crossings(graph, placement) {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        let dialed = std::net::TcpStream::connect(listener.local_addr()?)?;
+        let (accepted, _) = listener.accept()?;
+        let hello = |from, to| Hello {
+            job,
+            attempt,
+            from,
+            to,
+        };
+        ends.insert(
+            ((a, b), a),
+            LinkEnd::new(dialed, Vec::new(), hello(a, b), failures)?,
+        );
+        ends.insert(
+            ((a, b), b),
+            LinkEnd::new(accepted, Vec::new(), hello(b, a), failures)?,
+        );
+    }
+    Ok(ends)
 }
 
 /// A running end of a link. It stops with its attempt; an error on the
@@ -229,6 +267,7 @@ impl Actor for LinkActor {
     fn started(&mut self, ctx: &mut Context<Self>) {
         let LinkEnd {
             stream,
+            read: already,
             sender,
             mut queue,
             hello,
@@ -275,6 +314,7 @@ impl Actor for LinkActor {
             let mut decoder = FrameDecoder::default();
             let mut inbound = Inbound::new(expected);
             let mut buffer = vec![0; READ_BYTES];
+            decoder.feed(&already);
             loop {
                 let n = read.read(&mut buffer).await.map_err(LinkError::Read)?;
                 if n == 0 {

@@ -35,21 +35,26 @@ pub(crate) struct Restored {
 /// Objects a restore reads or downloads at once.
 const PARALLEL_READS: usize = 4;
 
-/// The state every subtask starts from: nothing without a checkpoint;
-/// otherwise the restore plan's objects, read and cut into key groups, and
-/// native checkpoints downloaded under `local_dir`.
+/// The state every subtask this process `hosts` starts from: nothing
+/// without a checkpoint; otherwise the restore plan's objects, read and cut
+/// into key groups, and native checkpoints downloaded under `local_dir`.
+/// The plan is made and checked against the whole job even where this
+/// process hosts none of it (a driver whose workers read the state).
 pub(crate) async fn load(
     storage: &CheckpointStorage,
     graph: &JobGraph,
     from: Option<&RestoreFrom>,
     allow_non_restored: bool,
     local_dir: Option<&Path>,
+    hosts: impl Fn(SubtaskId) -> bool,
 ) -> Result<Loaded, JobError> {
-    let Some(RestoreFrom {
-        checkpoint,
-        owned,
-        dir,
-    }) = from
+    let Some(
+        restore_from @ RestoreFrom {
+            checkpoint,
+            owned,
+            dir,
+        },
+    ) = from
     else {
         return Ok(Loaded::default());
     };
@@ -57,7 +62,7 @@ pub(crate) async fn load(
     let storage = dir.as_ref().unwrap_or(storage);
     let started = Instant::now();
     let plans = restore::plan(checkpoint, graph, allow_non_restored).map_err(JobError::Restore)?;
-    let reads = plans.into_iter().map(|(subtask, plan)| {
+    let reads = plans.into_iter().filter(|(subtask, _)| hosts(*subtask)).map(|(subtask, plan)| {
         let storage = storage.clone();
         async move {
             let shared_base: SharedBase = plan
@@ -137,6 +142,7 @@ pub(crate) async fn load(
     let bytes = checkpoint.subtasks.values().map(SubtaskState::size).sum();
     Ok(Loaded {
         subtasks,
+        from: Some(restore_from.clone()),
         restore: Some(LoadedFrom {
             checkpoint: checkpoint.id,
             started,
@@ -154,6 +160,8 @@ pub(crate) async fn load(
 #[derive(Default)]
 pub(crate) struct Loaded {
     pub(crate) subtasks: HashMap<SubtaskId, Restored>,
+    /// The checkpoint read, for worker processes to read their share of.
+    pub(crate) from: Option<RestoreFrom>,
     pub(crate) restore: Option<LoadedFrom>,
 }
 

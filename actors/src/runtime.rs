@@ -7,6 +7,7 @@ use crate::http::{self, JobStatus, JobView};
 use crate::messages::Cancel;
 use crate::metrics::JobMetrics;
 use crate::net::{Placement, Workers};
+use crate::remote::{Distributed, Pool};
 use crate::supervisor::{JobSupervisor, StopWithSavepoint, TriggerCheckpointRequest};
 use actix::{Actor, Addr, Arbiter, System};
 use std::net::SocketAddr;
@@ -305,6 +306,11 @@ pub struct Runtime {
     /// over loopback TCP: the data plane of worker processes, in one
     /// process. 0 and 1 keep every channel an actor message.
     pub local_workers: u32,
+    /// Runs the subtasks in worker processes instead (`local_workers` is
+    /// then ignored): this process keeps the supervisor and the checkpoint
+    /// coordinator. Needs checkpoint storage every worker reaches (not
+    /// `memory://`).
+    pub distributed: Option<Distributed>,
 }
 
 impl Default for Runtime {
@@ -313,6 +319,7 @@ impl Default for Runtime {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             http: None,
             local_workers: 0,
+            distributed: None,
         }
     }
 }
@@ -329,6 +336,14 @@ impl Runtime {
         if let Some(settings) = &job.config.checkpointing {
             settings.validate()?;
             tidemark::storage::check_savepoint_dir(settings, job_id(&job.name))?;
+        }
+        if let (Some(_), Some(settings)) = (&self.distributed, &job.config.checkpointing) {
+            let url = &settings.storage_url;
+            if url.starts_with("memory://") || url.starts_with("store://") {
+                return Err(JobError::Runtime(format!(
+                    "checkpoint storage {url} lives in this process: worker processes need storage they all reach (a directory or s3://)"
+                )));
+            }
         }
         let subtasks: Vec<SubtaskId> = job.graph.subtasks().collect();
         if let Some(fault) = job
@@ -375,7 +390,11 @@ impl Runtime {
         let (supervisor_tx, outcome_rx) = mpsc::channel();
         let (addr_tx, addr_rx) = mpsc::channel::<Result<Addr<JobSupervisor>, JobError>>();
         let threads = self.threads.max(1);
-        let placement = Placement::new(self.local_workers);
+        let pool = self.distributed.clone().map(Pool::new);
+        let placement = match pool {
+            Some(_) => Placement::new(1),
+            None => Placement::new(self.local_workers),
+        };
         let job_metrics = metrics.clone();
         let job_storage = storage.clone();
         let job_savepoint_dir = savepoint_dir.clone();
@@ -415,6 +434,7 @@ impl Runtime {
                         job,
                         handles,
                         Workers { placement, links },
+                        pool,
                         job_metrics,
                         supervisor_tx,
                         job_storage,

@@ -20,18 +20,38 @@ impl<T> Sink<T> for Discard {
     }
 }
 
-/// Ends `stream` in exactly-once files in `output` (named after a new run,
-/// [`run_name`]) or, without a directory, in [`Discard`]: the example
-/// topologies' sinks.
-pub fn files_or_discard<T>(stream: Stream<T>, output: Option<&Path>) -> Job
+/// Where a topology's exactly-once files go: a directory, and the run
+/// that names them (the same in every process of one run, so that a
+/// relaunched worker recognises what its predecessor left).
+#[derive(Clone, Debug)]
+pub struct Output {
+    /// The directory.
+    pub dir: PathBuf,
+    /// The run's part of the file names.
+    pub run: String,
+}
+
+impl Output {
+    /// Files in `dir`, named after a new run ([`run_name`]).
+    pub fn new(dir: PathBuf) -> Self {
+        Output {
+            dir,
+            run: run_name(),
+        }
+    }
+}
+
+/// Ends `stream` in exactly-once files in `output` or, without a
+/// directory, in [`Discard`]: the example topologies' sinks.
+pub fn files_or_discard<T>(stream: Stream<T>, output: Option<&Output>) -> Job
 where
     T: Data + Line,
 {
     match output {
         None => stream.sink("discard", |_| Discard),
-        Some(dir) => {
-            let dir = Arc::new(dir.to_owned());
-            let run = run_name();
+        Some(output) => {
+            let dir = Arc::new(output.dir.clone());
+            let run = output.run.clone();
             stream.sink("files", move |ctx| FileSink::new(&dir, &run, ctx))
         }
     }

@@ -8,16 +8,16 @@
 //! `catch_unwind`: a panic becomes a failure message to the supervisor
 //! instead of a dead mailbox.
 
-use crate::coordinator::{now, CoordinatorActor};
+use crate::coordinator::now;
 use crate::endpoint::{InputEndpoint, OutputEndpoint};
 use crate::messages::{
-    AcknowledgeCheckpoint, Consumed, DeclineCheckpoint, Deliver, DeliverPriority, EndInput, Kill,
-    NotifyCheckpointAborted, NotifyCheckpointComplete, OutputCredit, Produce, Push, PushPriority,
-    SourceExhausted, Stop, SubtaskFailed, SubtaskFinished, TriggerCheckpoint, Wire,
+    AcknowledgeCheckpoint, CheckpointReports, Consumed, DeclineCheckpoint, Deliver,
+    DeliverPriority, EndInput, Kill, NotifyCheckpointAborted, NotifyCheckpointComplete,
+    OutputCredit, Produce, Push, PushPriority, Reports, SourceExhausted, Stop, SubtaskFailed,
+    SubtaskFinished, TriggerCheckpoint, Wire,
 };
 use crate::metrics::{JobMetrics, SubtaskCounters};
 use crate::snapshot::{self, SharedBase};
-use crate::supervisor::JobSupervisor;
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
 use futures::future::{AbortHandle, Abortable, Either};
 use std::collections::BTreeMap;
@@ -48,7 +48,7 @@ const IDLE_SOURCE_POLL: Duration = Duration::from_millis(1);
 /// What a subtask needs to take part in checkpoints.
 #[derive(Clone)]
 pub struct Checkpointing {
-    pub coordinator: Addr<CoordinatorActor>,
+    pub reports: CheckpointReports,
     pub storage: CheckpointStorage,
     pub incremental: bool,
     pub layout: StateLayout,
@@ -108,7 +108,7 @@ pub struct SubtaskActor {
     output_addrs: Vec<Addr<OutputEndpoint>>,
     input_addrs: Vec<Addr<InputEndpoint>>,
     outgoing: Outgoing,
-    supervisor: Addr<JobSupervisor>,
+    reports: Reports,
     metrics: Arc<JobMetrics>,
     checkpointing: Option<Checkpointing>,
     records_per_batch: usize,
@@ -160,11 +160,7 @@ fn delay_since(barrier: &Barrier) -> Duration {
 }
 
 impl SubtaskActor {
-    pub fn new(
-        spec: SubtaskSpec,
-        supervisor: Addr<JobSupervisor>,
-        metrics: Arc<JobMetrics>,
-    ) -> Self {
+    pub fn new(spec: SubtaskSpec, reports: Reports, metrics: Arc<JobMetrics>) -> Self {
         let mut handler = BarrierHandler::new(spec.inputs.len());
         let mut outputs: Vec<CreditSender> =
             (0..spec.outputs).map(|_| CreditSender::default()).collect();
@@ -192,7 +188,7 @@ impl SubtaskActor {
             output_addrs: Vec::new(),
             input_addrs: Vec::new(),
             outgoing: Vec::new(),
-            supervisor,
+            reports,
             metrics,
             checkpointing: spec.checkpointing,
             records_per_batch: spec.records_per_batch,
@@ -215,7 +211,7 @@ impl SubtaskActor {
 
     fn fail(&mut self, error: TaskError) {
         self.phase = Phase::Failed;
-        self.supervisor.do_send(SubtaskFailed {
+        self.reports.failed.do_send(SubtaskFailed {
             attempt: self.attempt,
             subtask: self.id,
             error,
@@ -332,7 +328,7 @@ impl SubtaskActor {
                 Phase::Running => {}
                 Phase::Draining => {
                     self.phase = Phase::Finished;
-                    self.supervisor.do_send(SubtaskFinished {
+                    self.reports.finished.do_send(SubtaskFinished {
                         attempt: self.attempt,
                         subtask: self.id,
                     });
@@ -451,7 +447,7 @@ impl SubtaskActor {
                     // Dropping the sender ends the waiting asynchronous part.
                     self.collecting.take_if(|(id, _)| *id == checkpoint);
                     if let Some(c) = &self.checkpointing {
-                        c.coordinator.do_send(DeclineCheckpoint {
+                        c.reports.declined.do_send(DeclineCheckpoint {
                             attempt: self.attempt,
                             checkpoint,
                             subtask: self.id,
@@ -543,7 +539,7 @@ impl SubtaskActor {
             tracing::debug_span!("snapshot_async", checkpoint = id.0, subtask = %self.id);
 
         let (subtask, attempt) = (self.id, self.attempt);
-        let supervisor = self.supervisor.clone();
+        let reports = self.reports.clone();
         // A savepoint is copied out of the checkpoint directory and its
         // files there deleted: it references nothing and is nobody's base.
         let savepoint = barrier.options.kind == CheckpointKind::Savepoint;
@@ -557,14 +553,14 @@ impl SubtaskActor {
         actix_rt::spawn(
             async move {
                 let fail = |error| {
-                    supervisor.do_send(SubtaskFailed {
+                    reports.failed.do_send(SubtaskFailed {
                         attempt,
                         subtask,
                         error,
                     })
                 };
                 if async_fault {
-                    return checkpointing.coordinator.do_send(DeclineCheckpoint {
+                    return checkpointing.reports.declined.do_send(DeclineCheckpoint {
                         attempt,
                         checkpoint: id,
                         subtask,
@@ -654,15 +650,18 @@ impl SubtaskActor {
                         metrics.async_ = took;
                         metrics.state_size = state.size();
                         metrics.persisted_inflight_bytes = state.inflight_bytes();
-                        checkpointing.coordinator.do_send(AcknowledgeCheckpoint {
-                            attempt,
-                            ack: Ack {
-                                subtask,
-                                checkpoint: id,
-                                state,
-                                metrics,
-                            },
-                        });
+                        checkpointing
+                            .reports
+                            .acknowledged
+                            .do_send(AcknowledgeCheckpoint {
+                                attempt,
+                                ack: Ack {
+                                    subtask,
+                                    checkpoint: id,
+                                    state,
+                                    metrics,
+                                },
+                            });
                         if after_ack_fault {
                             fail(Self::injected(FaultPoint::AfterAck, id));
                         }
@@ -672,7 +671,7 @@ impl SubtaskActor {
                         // wrote) declines its checkpoint, which counts against
                         // the tolerable failures, rather than failing the
                         // subtask: processing goes on.
-                        checkpointing.coordinator.do_send(DeclineCheckpoint {
+                        checkpointing.reports.declined.do_send(DeclineCheckpoint {
                             attempt,
                             checkpoint: id,
                             subtask,
@@ -831,7 +830,7 @@ impl Handler<Produce> for SubtaskActor {
             match &self.checkpointing {
                 Some(c) => {
                     self.phase = Phase::Exhausted;
-                    c.coordinator.do_send(SourceExhausted {
+                    c.reports.exhausted.do_send(SourceExhausted {
                         attempt: self.attempt,
                         subtask: self.id,
                     });

@@ -6,18 +6,20 @@
 //! restored from the latest completed checkpoint. Messages of an older
 //! attempt are recognised by their attempt number and dropped.
 
-use crate::channels::{Channels, Wiring};
+use crate::control::{Deploy, RestoreSpec};
 use crate::coordinator::{
     AbortPending, CoordinatorActor, Deployed, LatestCheckpoint, RestoreFrom, Savepoints, Shutdown,
     TriggerManual, TriggerReply,
 };
-use crate::deploy::subtask_spec;
-use crate::messages::{Cancel, Kill, Stop, SubtaskFailed, SubtaskFinished, Wire};
+use crate::deploy::{stop_all, Hosted, Hosting};
+use crate::messages::{
+    Cancel, CheckpointReports, Kill, Reports, Stop, SubtaskFailed, SubtaskFinished, SubtaskHandle,
+};
 use crate::metrics::{CheckpointStats, JobMetrics};
-use crate::net::{LinkActor, Workers};
-use crate::restore::{load, restore_failure, transient, Loaded, Restored};
+use crate::net::{self, LinkActor, Placement, Workers};
+use crate::remote::{Pool, Reporting};
+use crate::restore::{load, restore_failure, transient, Loaded, LoadedFrom, Restored};
 use crate::runtime::{job_id, JobError, JobReport};
-use crate::subtask::SubtaskActor;
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, Recipient, System,
     WrapFuture,
@@ -69,6 +71,11 @@ pub struct JobSupervisor {
     arbiters: Vec<ArbiterHandle>,
     /// Which worker hosts each subtask, and where their links run.
     workers: Workers,
+    /// The worker processes hosting the subtasks, if not this one; taken
+    /// while they are made ready for an attempt.
+    pool: Option<Pool>,
+    /// Whether worker processes host the subtasks (and read their state).
+    distributed: bool,
     metrics: Arc<JobMetrics>,
     started: Instant,
     outcome: Option<mpsc::Sender<Result<JobReport, JobError>>>,
@@ -77,7 +84,7 @@ pub struct JobSupervisor {
     attempt: Attempt,
     restarts: u32,
     unfinished: usize,
-    subtasks: Vec<(SubtaskId, Addr<SubtaskActor>)>,
+    subtasks: Vec<(SubtaskId, SubtaskHandle)>,
     /// Every actor of the current attempt.
     actors: Vec<Recipient<Stop>>,
     /// The current attempt's link ends, by the worker they belong to.
@@ -95,12 +102,15 @@ impl JobSupervisor {
         job: Job,
         arbiters: Vec<ArbiterHandle>,
         workers: Workers,
+        pool: Option<Pool>,
         metrics: Arc<JobMetrics>,
         outcome: mpsc::Sender<Result<JobReport, JobError>>,
         storage: Option<CheckpointStorage>,
         savepoint_dir: Option<CheckpointStorage>,
     ) -> Self {
         JobSupervisor {
+            distributed: pool.is_some(),
+            pool,
             savepoint_dir,
             job,
             arbiters,
@@ -130,10 +140,6 @@ impl JobSupervisor {
         }
     }
 
-    fn arbiter(&self, subtask: SubtaskId) -> &ArbiterHandle {
-        &self.arbiters[subtask.index.0 as usize % self.arbiters.len()]
-    }
-
     /// Opens the coordinator (recovering the completed checkpoints and the id
     /// counter from storage) and loads the state to start from.
     fn boot(&mut self, ctx: &mut Context<Self>) {
@@ -151,6 +157,7 @@ impl JobSupervisor {
         let metrics = self.metrics.clone();
         let savepoint_dir = self.savepoint_dir.clone();
         let job = crate::runtime::job_id(&self.job.name);
+        let local = !self.distributed;
         ctx.spawn(
             async move {
                 let retain = settings.config.retain;
@@ -215,6 +222,7 @@ impl JobSupervisor {
                         Some(&from),
                         settings.allow_non_restored_state,
                         local_dir.as_deref(),
+                        |_| local,
                     )
                     .await;
                     let e = match loaded {
@@ -282,10 +290,34 @@ impl JobSupervisor {
         if attempt != self.attempt || self.outcome.is_none() {
             return;
         }
-        if let Err(e) = self.deploy(ctx.address(), loaded.subtasks) {
-            return self.fail(e, ctx);
-        }
-        if let Some(from) = loaded.restore {
+        let Some(mut pool) = self.pool.take() else {
+            if let Err(e) = self.deploy(ctx.address(), loaded.subtasks) {
+                return self.fail(e, ctx);
+            }
+            return self.running(attempt, loaded.restore);
+        };
+        ctx.spawn(
+            async move {
+                let ready = pool.ready().await;
+                (pool, ready)
+            }
+            .into_actor(self)
+            .map(move |(pool, ready), act, ctx| {
+                act.pool = Some(pool);
+                if attempt != act.attempt || act.outcome.is_none() {
+                    return;
+                }
+                match ready.map(|()| act.deploy_remote(ctx.address(), loaded.from)) {
+                    Ok(()) => act.running(attempt, loaded.restore),
+                    Err(e) => act.fail(e, ctx),
+                }
+            }),
+        );
+    }
+
+    /// Bookkeeping once `attempt` is deployed, restored from `restore`.
+    fn running(&mut self, attempt: Attempt, restore: Option<LoadedFrom>) {
+        if let Some(from) = restore {
             self.metrics.checkpoints.record_restore(
                 from.checkpoint,
                 from.bytes,
@@ -320,88 +352,109 @@ impl JobSupervisor {
         }
     }
 
+    /// Deploys the attempt on the worker processes: each rebuilds the job,
+    /// reads its subtasks' state and opens its links. A worker that hosts
+    /// no subtask (more workers than subtasks) is left out.
+    fn deploy_remote(&mut self, me: Addr<Self>, from: Option<crate::coordinator::RestoreFrom>) {
+        let pool = self.pool.as_ref().expect("the pool is back");
+        let placement = Placement::new(pool.count());
+        let job = job_id(&self.job.name);
+        let epoch = self.storage.as_ref().map_or(0, CheckpointStorage::epoch);
+        let restore = from.map(|from| RestoreSpec {
+            checkpoint: from.checkpoint,
+            owned: from.owned,
+            dir: from.dir.map(|dir| dir.directory()),
+        });
+        let peers = pool.data_addresses();
+        let mut subtasks = Vec::new();
+        let mut actors: Vec<Recipient<Stop>> = Vec::new();
+        for worker in 0..pool.count() {
+            let hosted: Vec<SubtaskId> = self
+                .job
+                .graph
+                .subtasks()
+                .filter(|id| placement.worker(*id) == worker)
+                .collect();
+            let Some(&blame) = hosted.first() else {
+                continue;
+            };
+            let deploy = Deploy {
+                recipe: pool.distributed.recipe.clone(),
+                graph: self.job.graph.clone(),
+                worker,
+                workers: pool.count(),
+                peers: peers.clone(),
+                epoch,
+                restore: restore.clone(),
+            };
+            let reporting = Reporting {
+                supervisor: me.clone(),
+                coordinator: self.coordinator.clone(),
+                metrics: self.metrics.clone(),
+                blame,
+            };
+            let (commands, remote) = pool.attach(worker, deploy, self.attempt, job, reporting);
+            subtasks.extend(hosted.into_iter().map(|subtask| {
+                let commands = commands.clone();
+                (subtask, SubtaskHandle::Remote { subtask, commands })
+            }));
+            actors.push(remote.recipient());
+        }
+        self.unfinished = subtasks.len();
+        subtasks.sort_by_key(|(id, _)| *id);
+        self.subtasks = subtasks;
+        self.actors = actors;
+    }
+
     fn deploy(
         &mut self,
         me: Addr<Self>,
-        mut restore: HashMap<SubtaskId, Restored>,
+        restore: HashMap<SubtaskId, Restored>,
     ) -> Result<(), JobError> {
-        let graph = &self.job.graph;
-        let config = &self.job.config;
-        let attempt = self.attempt;
-        let checkpointing = self.coordinator.clone().zip(self.storage.clone());
-        let mut subtasks: HashMap<SubtaskId, Addr<SubtaskActor>> = HashMap::new();
-        let mut actors: Vec<Recipient<Stop>> = Vec::new();
-        for id in graph.subtasks().collect::<Vec<_>>() {
-            let spec = subtask_spec(
-                &self.job,
-                &self.metrics,
-                id,
-                attempt,
-                restore.remove(&id).unwrap_or_default(),
-                checkpointing.clone(),
-            )?;
-            let (supervisor, metrics) = (me.clone(), self.metrics.clone());
-            let addr = SubtaskActor::start_in_arbiter(self.arbiter(id), move |_| {
-                SubtaskActor::new(spec, supervisor, metrics)
-            });
-            actors.push(addr.clone().recipient());
-            subtasks.insert(id, addr);
-        }
-        let arbiter = |id| self.arbiter(id);
-        let wiring = Wiring {
-            job: job_id(&self.job.name),
-            attempt,
-            graph,
-            config: config.channels,
-            workers: &self.workers,
+        let job = job_id(&self.job.name);
+        let failures = me.clone().recipient();
+        let ends = net::loopback(
+            &self.job.graph,
+            self.workers.placement,
+            job,
+            self.attempt,
+            &failures,
+        )
+        .map_err(|e| JobError::Runtime(format!("cannot open a link between workers: {e}")))?;
+        let hosting = Hosting {
+            job: &self.job,
             metrics: &self.metrics,
-            supervisor: me.clone(),
-            arbiter: &arbiter,
+            attempt: self.attempt,
+            reports: Reports::to(&me),
+            checkpointing: self
+                .coordinator
+                .as_ref()
+                .map(CheckpointReports::to)
+                .zip(self.storage.clone()),
+            arbiters: &self.arbiters,
+            workers: &self.workers,
         };
-        let Channels {
-            mut outputs,
-            mut inputs,
+        let hosted: Vec<SubtaskId> = self.job.graph.subtasks().collect();
+        let Hosted {
+            subtasks,
+            actors,
             links,
-            actors: endpoints,
-        } = wiring
-            .connect(&subtasks)
-            .map_err(|e| JobError::Runtime(format!("cannot open a link between workers: {e}")))?;
-        actors.extend(endpoints);
-        for (id, addr) in &subtasks {
-            addr.do_send(Wire {
-                outputs: outputs.remove(id).unwrap_or_default(),
-                inputs: inputs.remove(id).unwrap_or_default(),
-            });
-        }
+        } = hosting.deploy(&hosted, restore, ends)?;
         self.unfinished = subtasks.len();
-        let mut subtasks: Vec<_> = subtasks.into_iter().collect();
-        subtasks.sort_by_key(|(id, _)| *id);
-        self.subtasks = subtasks;
+        self.subtasks = subtasks
+            .into_iter()
+            .map(|(id, addr)| (id, SubtaskHandle::Local(addr)))
+            .collect();
         self.actors = actors;
         self.links = links;
         Ok(())
     }
 
-    /// Tells every actor of the attempt to stop; the future resolves once
-    /// each has handled it (or is gone), so that what their mailboxes held
-    /// before it — a sink's commit above all — has been handled too. An
-    /// actor stuck in user code is given up on after `STOP_TIMEOUT`.
+    /// Stops every actor of the attempt: see `stop_all`.
     fn stop_attempt(&mut self) -> impl std::future::Future<Output = ()> + 'static {
-        const STOP_TIMEOUT: Duration = Duration::from_secs(10);
-        let stops: Vec<_> = self
-            .actors
-            .drain(..)
-            .map(|actor| actor.send(Stop).timeout(STOP_TIMEOUT))
-            .collect();
         self.subtasks.clear();
         self.links.clear();
-        async move {
-            for stopped in futures::future::join_all(stops).await {
-                if let Err(actix::MailboxError::Timeout) = stopped {
-                    tracing::warn!("an actor of the previous attempt did not stop in time");
-                }
-            }
-        }
+        stop_all(std::mem::take(&mut self.actors))
     }
 
     /// A failure of the current attempt: restart if the strategy allows.
@@ -457,6 +510,7 @@ impl JobSupervisor {
             .is_some_and(|s| s.allow_non_restored_state);
         let graph = self.job.graph.clone();
         let local_dir = self.local_dir();
+        let local = !self.distributed;
         ctx.spawn(
             async move {
                 let (reply, answer) = tokio::sync::oneshot::channel();
@@ -471,6 +525,7 @@ impl JobSupervisor {
                     latest.as_ref(),
                     allow_non_restored,
                     local_dir.as_deref(),
+                    |_| local,
                 )
                 .await
             }
@@ -513,17 +568,23 @@ impl JobSupervisor {
     /// Kills the worker hosting `victim`, as a crash would: every subtask
     /// on it dies and its ends of the links close, which the peers see.
     /// In one worker, that is the subtask alone.
-    fn kill_worker_of(&self, victim: SubtaskId) {
-        let placement = self.workers.placement;
+    fn kill_worker_of(&mut self, victim: SubtaskId) {
+        let placement = match &self.pool {
+            Some(pool) => Placement::new(pool.count()),
+            None => self.workers.placement,
+        };
         let worker = placement.worker(victim);
         tracing::info!(subtask = %victim, worker, "injecting a failure");
+        if let Some(pool) = &mut self.pool {
+            return pool.kill(worker);
+        }
         for (id, subtask) in &self.subtasks {
             let dies = if placement.spreads() {
                 placement.worker(*id) == worker
             } else {
                 *id == victim
             };
-            if dies {
+            if let (true, SubtaskHandle::Local(subtask)) = (dies, subtask) {
                 subtask.do_send(Kill);
             }
         }

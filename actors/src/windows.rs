@@ -2,10 +2,9 @@
 //! bounded disorder, a per-key window count in event time, and a sink of
 //! `key,window_start,window_end,count` lines.
 
-use crate::sinks::{files_or_discard, Line};
+use crate::sinks::{files_or_discard, Line, Output};
 use crate::wordcount::{Generator, Records};
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
 use std::time::Duration;
 use tidemark::job::JobConfig;
 use tidemark::rng::splitmix64;
@@ -124,7 +123,7 @@ pub struct Windows {
     pub window: WindowAssigner,
     /// Directory of committed `key,window_start,window_end,count` files;
     /// `None` discards results.
-    pub output: Option<PathBuf>,
+    pub output: Option<Output>,
 }
 
 impl Windows {
@@ -154,7 +153,7 @@ impl Windows {
                 })
             })
             .uid("window");
-        files_or_discard(counted, self.output.as_deref())
+        files_or_discard(counted, self.output.as_ref())
     }
 }
 

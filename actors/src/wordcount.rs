@@ -1,8 +1,7 @@
 //! The wordcount topology: a deterministic generator of keyed records, a
 //! keyed count, and a sink of `(key, count)`.
 
-use crate::sinks::files_or_discard;
-use std::path::PathBuf;
+use crate::sinks::{files_or_discard, Output};
 use tidemark::job::JobConfig;
 use tidemark::rng::splitmix64;
 use tidemark::split::{Split, SplitPosition};
@@ -152,7 +151,7 @@ pub struct Wordcount {
     /// What the count emits.
     pub emit: Emit,
     /// Directory of committed `key,count` files; `None` discards results.
-    pub output: Option<PathBuf>,
+    pub output: Option<Output>,
 }
 
 impl Wordcount {
@@ -178,6 +177,6 @@ impl Wordcount {
             .key_by(|key: &u64| *key)
             .process("count", move |states| Counter::open(states, emit))
             .uid("count");
-        files_or_discard(counted, self.output.as_deref())
+        files_or_discard(counted, self.output.as_ref())
     }
 }

@@ -79,9 +79,21 @@ pub fn run_in_child(args: &[String]) -> ChildRun {
 }
 
 /// In a child that [`run_in_child`] started: runs its configuration,
-/// prints the report and the peak memory, and returns true.
+/// prints the report and the peak memory, and returns true. A child's
+/// `--workers` launch this bench again as `worker`: that serves as one.
 #[allow(dead_code)]
 pub fn child_runs() -> bool {
+    if std::env::args().nth(1).as_deref() == Some("worker") {
+        use tidemark_actors::cli::{worker, Cli, Command};
+        let Command::Worker(args) = Cli::try_parse_from(std::env::args())
+            .expect("worker arguments")
+            .command
+        else {
+            unreachable!("the subcommand is `worker`")
+        };
+        worker::worker(&args).expect("the worker serves");
+        return true;
+    }
     let Ok(args) = std::env::var(CHILD_ARGS) else {
         return false;
     };

@@ -856,7 +856,7 @@ pub struct CheckpointMetrics {
 }
 
 /// A subtask's acknowledgement: its state and what it measured.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ack {
     /// Who acknowledges.
     pub subtask: SubtaskId,

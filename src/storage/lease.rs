@@ -204,6 +204,20 @@ fn alive(pid: u32) -> bool {
         || std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// Fails with [`StorageError::Fenced`] once a run newer than the one of
+/// `epoch` took `storage`'s directory over.
+pub async fn superseded(storage: &CheckpointStorage, epoch: u64) -> Result<(), StorageError> {
+    match storage.get(&lease_path(epoch + 1)).await {
+        Ok(_) => Err(StorageError::Fenced {
+            dir: storage.directory(),
+            holder: format!("the run of epoch {epoch}"),
+            reason: format!("another run took the directory over at epoch {}", epoch + 1),
+        }),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 fn lease_path(epoch: u64) -> String {
     format!("{LEASES}/{epoch:020}")
 }
@@ -326,14 +340,12 @@ impl Lease {
                 "its lease was last renewed {since:?} ago, past half its time to live"
             )));
         }
-        match self.storage.get(&lease_path(holder.epoch + 1)).await {
-            Ok(_) => Err(fenced(format!(
-                "another run took the directory over at epoch {}",
-                holder.epoch + 1
-            ))),
-            Err(e) if e.is_not_found() => Ok(()),
-            Err(e) => Err(e),
-        }
+        superseded(&self.storage, holder.epoch)
+            .await
+            .map_err(|e| match e {
+                StorageError::Fenced { reason, .. } => fenced(reason),
+                e => e,
+            })
     }
 
     /// Renews the lease, unless it was lost.

@@ -321,9 +321,20 @@ pub struct CheckpointStorage {
     counters: Arc<StorageCounters>,
     /// The id counter is known to exist, so writing it creates nothing.
     counter_exists: Arc<AtomicBool>,
-    /// The lease this run holds on the directory, checked before every
+    /// The lease this run holds on the directory (or, in a worker process,
+    /// the epoch of the run it works for), checked before every
     /// `_metadata` write, id counter write and deletion.
-    fence: Option<Arc<lease::Lease>>,
+    fence: Option<Fence>,
+}
+
+/// What fences a run's writes to its job directory.
+#[derive(Clone, Debug)]
+enum Fence {
+    /// The lease the run holds.
+    Lease(Arc<lease::Lease>),
+    /// The epoch of the lease another process of the run holds: a worker
+    /// writes for its driver, until another run takes the directory over.
+    Epoch(u64),
 }
 
 impl CheckpointStorage {
@@ -389,7 +400,18 @@ impl CheckpointStorage {
     /// [`StorageError::Fenced`].
     pub fn fenced(&self, lease: Arc<lease::Lease>) -> Self {
         CheckpointStorage {
-            fence: Some(lease),
+            fence: Some(Fence::Lease(lease)),
+            ..self.clone()
+        }
+    }
+
+    /// The same directory, written for the run that holds the lease of
+    /// `epoch` from another process (a worker for its driver): objects
+    /// carry that run's tag, and deletions fail once a newer run took the
+    /// directory over.
+    pub fn working_for(&self, epoch: u64) -> Self {
+        CheckpointStorage {
+            fence: Some(Fence::Epoch(epoch)),
             ..self.clone()
         }
     }
@@ -402,20 +424,26 @@ impl CheckpointStorage {
         }
     }
 
-    /// The lease fencing this storage, if any.
-    pub fn lease(&self) -> Option<&lease::Lease> {
-        self.fence.as_deref()
+    /// The epoch of the lease this storage writes under: what a worker
+    /// process is told to write under.
+    pub fn epoch(&self) -> u64 {
+        match &self.fence {
+            Some(Fence::Lease(lease)) => lease.holder().epoch,
+            Some(Fence::Epoch(epoch)) => *epoch,
+            None => 0,
+        }
     }
 
     /// The run's part of the names of objects it writes (`e` and its lease's
     /// epoch), so that no two runs on the directory write one name.
     pub fn run_tag(&self) -> String {
-        format!("e{}", self.fence.as_ref().map_or(0, |l| l.holder().epoch))
+        format!("e{}", self.epoch())
     }
 
     async fn check_fence(&self) -> Result<(), StorageError> {
         match &self.fence {
-            Some(lease) => lease.check().await,
+            Some(Fence::Lease(lease)) => lease.check().await,
+            Some(Fence::Epoch(epoch)) => lease::superseded(&self.unfenced(), *epoch).await,
             None => Ok(()),
         }
     }

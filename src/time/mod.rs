@@ -10,7 +10,7 @@ pub mod timers;
 pub mod watermark;
 pub mod window;
 
-pub use timers::{TimeCounters, TimeDomain, TimeMetrics, TimerService};
+pub use timers::{TimeCounters, TimeDomain, TimeMarks, TimeMetrics, TimerService};
 pub use watermark::{
     WatermarkEvent, WatermarkGenerator, WatermarkStatus, WatermarkStrategy, WatermarkValve,
 };

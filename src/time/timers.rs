@@ -93,7 +93,7 @@ impl KeyTimers {
 
 /// What a keyed operator counts about time, added to [`TimeMetrics`] once
 /// per batch rather than once per record.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimeCounters {
     /// Timers registered that were not already set.
     pub timers_registered: u64,
@@ -105,6 +105,38 @@ pub struct TimeCounters {
     pub late_records: u64,
     /// Pairs interval joins emitted.
     pub join_pairs: u64,
+}
+
+/// [`TimeMetrics`] as one process sends them to another: counts, and the
+/// largest timestamp and watermark (as kept) seen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimeMarks {
+    /// Timers, windows, late records and join pairs.
+    pub counters: TimeCounters,
+    /// Records interval joins held when their input ended.
+    pub join_buffered: u64,
+    /// The largest timestamp a source read.
+    pub max_timestamp: u64,
+    /// One more than the largest watermark below the final one; 0 before any.
+    pub watermark: u64,
+}
+
+impl TimeMarks {
+    /// What was counted since `before`; the marks stay as they are.
+    pub fn since(&self, before: &TimeMarks) -> TimeMarks {
+        let (c, b) = (&self.counters, &before.counters);
+        TimeMarks {
+            counters: TimeCounters {
+                timers_registered: c.timers_registered - b.timers_registered,
+                timers_fired: c.timers_fired - b.timers_fired,
+                windows_fired: c.windows_fired - b.windows_fired,
+                late_records: c.late_records - b.late_records,
+                join_pairs: c.join_pairs - b.join_pairs,
+            },
+            join_buffered: self.join_buffered - before.join_buffered,
+            ..*self
+        }
+    }
 }
 
 /// The time figures of a job, shared by its subtasks over all attempts.
@@ -147,6 +179,26 @@ impl TimeMetrics {
             late_records: self.late_records.load(Ordering::Relaxed),
             join_pairs: self.join_pairs.load(Ordering::Relaxed),
         }
+    }
+
+    /// What these figures hold, for another process to merge.
+    pub fn marks(&self) -> TimeMarks {
+        TimeMarks {
+            counters: self.counters(),
+            join_buffered: self.join_buffered(),
+            max_timestamp: self.max_timestamp.load(Ordering::Relaxed),
+            watermark: self.watermark.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Merges what another process counted (the growth of its
+    /// [`TimeMetrics::marks`], from [`TimeMarks::since`]).
+    pub fn merge(&self, marks: &TimeMarks) {
+        self.add(&marks.counters);
+        self.add_join_buffered(marks.join_buffered);
+        self.max_timestamp
+            .fetch_max(marks.max_timestamp, Ordering::Relaxed);
+        self.watermark.fetch_max(marks.watermark, Ordering::Relaxed);
     }
 
     /// An interval join ended its input with `records` still buffered.

@@ -7,9 +7,10 @@ pub mod inspect;
 mod progress;
 mod report;
 mod run;
+pub mod worker;
 
 pub use report::{LastMax, Percentiles, RunReport};
-pub use run::{run, RunArgs, Topology};
+pub use run::{rebuild, run, RunArgs, Topology};
 
 use crate::config::ConfigError;
 use crate::runtime::JobError;
@@ -52,6 +53,9 @@ pub enum Command {
     Stop(client::SavepointArgs),
     /// Show a running job's checkpoint history, over its REST API.
     Checkpoints(client::CheckpointsArgs),
+    /// Host a share of the subtasks of jobs that `run --worker-addrs`
+    /// drives from elsewhere.
+    Worker(worker::WorkerArgs),
 }
 
 impl Cli {
@@ -63,9 +67,18 @@ impl Cli {
         I: IntoIterator<Item = T>,
         T: Into<OsString> + Clone,
     {
+        let argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
+        // What follows `run`, for worker processes to parse again.
+        let argv_after_run = argv
+            .iter()
+            .skip_while(|a| *a != "run")
+            .skip(1)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
         let matches = Cli::command().try_get_matches_from(argv)?;
         let mut cli = Cli::from_arg_matches(&matches)?;
         if let (Command::Run(args), Some(("run", run))) = (&mut cli.command, matches.subcommand()) {
+            args.argv = argv_after_run;
             args.given = run
                 .ids()
                 .map(|id| id.as_str())

@@ -6,7 +6,9 @@ use super::report::{Finished, RunReport};
 use super::{Cli, CliError, Command};
 use crate::config::{ConfigFile, Options, Origins, RestoreArg};
 use crate::join::Join;
+use crate::remote::{Distributed, WorkerSet};
 use crate::runtime::{job_id, JobError, Runtime};
+use crate::sinks::{run_name, Output};
 use crate::windows::{Events, Windows};
 use crate::wordcount::{Emit, Wordcount};
 use clap::{Args, ValueEnum};
@@ -138,14 +140,64 @@ pub struct RunArgs {
     /// Spreads the subtasks over N workers in this process, every channel
     /// between two of them over loopback TCP (a harness of the data plane
     /// between worker processes).
-    #[arg(long, hide = true, value_name = "N", default_value_t = 0)]
+    #[arg(long, hide = true, value_name = "N", default_value_t = 0, conflicts_with_all = ["workers", "worker_addrs"])]
     pub local_workers: u32,
+    /// Run the subtasks in N worker processes of this binary, launched
+    /// here (subtask index modulo N); this process keeps the supervisor
+    /// and the checkpoint coordinator. A worker that dies is relaunched
+    /// and the job restores from its latest checkpoint.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        conflicts_with = "worker_addrs"
+    )]
+    pub workers: u32,
+    /// Run the subtasks in workers started elsewhere with `tidemark
+    /// worker`, at these control addresses (`HOST:PORT,...`); one that dies
+    /// is asked again at each restart until it answers.
+    #[arg(long, value_name = "HOST:PORT,...", value_delimiter = ',')]
+    pub worker_addrs: Vec<String>,
+    /// The program `--workers` launches as `PROGRAM worker`: this one
+    /// unless given (tests that run jobs in their own binary name the
+    /// `tidemark` binary).
+    #[arg(long, hide = true, value_name = "PROGRAM")]
+    pub worker_program: Option<PathBuf>,
+    /// Names the output files after this run instead of a new one: what
+    /// the driver tells its workers, so that they all write one run.
+    #[arg(long, hide = true, value_name = "NAME")]
+    pub run_name: Option<String>,
     /// The job's settings, last in the help under a heading of their own.
     #[command(flatten, next_help_heading = "Job settings (also keys of --config)")]
     pub options: Options,
     /// The flags the command line gave, by id: they win over `--config`.
     #[arg(skip)]
     pub(crate) given: BTreeSet<String>,
+    /// The arguments after `run`, as given: what workers rebuild the job
+    /// from.
+    #[arg(skip)]
+    pub(crate) argv: Vec<String>,
+}
+
+/// What a worker rebuilds a `run` job from: the arguments and the text of
+/// the `--config` file, as the driver read them.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Recipe {
+    argv: Vec<String>,
+    config: Option<String>,
+}
+
+/// Rebuilds the job of a `run` recipe (a worker's [`crate::worker::Rebuild`]).
+pub fn rebuild(recipe: &[u8]) -> Result<tidemark::job::Job, String> {
+    let recipe: Recipe =
+        rmp_serde::from_slice(recipe).map_err(|e| format!("the recipe does not decode: {e}"))?;
+    let args = RunArgs::parse(recipe.argv).map_err(|e| format!("the recipe's arguments: {e}"))?;
+    let file = match (&args.config, &recipe.config) {
+        (Some(path), Some(text)) => Some(ConfigFile::parse(path, text).map_err(|e| e.to_string())?),
+        _ => None,
+    };
+    let settings = args.settings_from(file).map_err(|e| e.to_string())?;
+    Ok(args.job(args.job_config(&settings)))
 }
 
 /// `8081` is `127.0.0.1:8081`: nothing is exposed beyond this machine
@@ -216,11 +268,14 @@ impl RunArgs {
     /// The flags given, over the `--config` file, over the defaults;
     /// refused if they do not work together.
     fn settings(&self) -> Result<Settings, CliError> {
+        self.settings_from(self.config.as_ref().map(ConfigFile::read).transpose()?)
+    }
+
+    /// The flags given, over `file`, over the defaults.
+    fn settings_from(&self, file: Option<ConfigFile>) -> Result<Settings, CliError> {
         let mut options = self.options.clone();
-        let origins = match &self.config {
-            Some(file) => {
-                ConfigFile::read(file)?.apply(&mut options, |id| self.given.contains(id))?
-            }
+        let origins = match file {
+            Some(file) => file.apply(&mut options, |id| self.given.contains(id))?,
             None => Origins::default(),
         };
         let settings = Settings { options, origins };
@@ -264,6 +319,87 @@ impl RunArgs {
                 ns_per_record,
             });
         config
+    }
+
+    /// Worker processes, if `--workers` or `--worker-addrs` asks for them,
+    /// rebuilding the job from this command line at `parallelism` (which
+    /// defaults to the cores of each machine otherwise).
+    fn distributed(&self, parallelism: u32) -> Result<Option<Distributed>, CliError> {
+        let workers = if self.workers > 0 {
+            let program = match &self.worker_program {
+                Some(program) => program.clone(),
+                None => std::env::current_exe().map_err(|e| CliError::Usage {
+                    argument: "--workers".into(),
+                    problem: format!("cannot tell which program to launch: {e}"),
+                })?,
+            };
+            WorkerSet::Launch {
+                program,
+                args: vec!["worker".into(), "--exit-with-stdin".into()],
+                count: self.workers,
+            }
+        } else if !self.worker_addrs.is_empty() {
+            WorkerSet::Addresses(self.worker_addrs.clone())
+        } else {
+            return Ok(None);
+        };
+        let mut argv = self.argv.clone();
+        if !self.given.contains("parallelism") {
+            argv.push(format!("--parallelism={parallelism}"));
+        }
+        if self.run_name.is_none() {
+            argv.push(format!("--run-name={}", run_name()));
+        }
+        let config = match &self.config {
+            Some(path) => Some(std::fs::read_to_string(path).map_err(|source| {
+                CliError::Config(crate::config::ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })
+            })?),
+            None => None,
+        };
+        let recipe =
+            rmp_serde::to_vec_named(&Recipe { argv, config }).expect("a recipe is plain data");
+        Ok(Some(Distributed { workers, recipe }))
+    }
+
+    /// The topology's job under `config`.
+    fn job(&self, config: JobConfig) -> tidemark::job::Job {
+        let events = || Events {
+            keys: self.keys,
+            seed: self.seed,
+            events_per_ms: self.events_per_ms,
+            max_disorder: u64::try_from(self.max_disorder.as_millis()).unwrap_or(u64::MAX),
+        };
+        let output = self.output.clone().map(|dir| Output {
+            dir,
+            run: self.run_name.clone().unwrap_or_else(run_name),
+        });
+        match self.topology {
+            Topology::Wordcount => Wordcount {
+                records: self.records,
+                keys: self.keys,
+                seed: self.seed,
+                emit: self.emit,
+                output: output.clone(),
+            }
+            .job(config),
+            Topology::Windows => Windows {
+                records: self.records,
+                events: events(),
+                window: self.window,
+                output: output.clone(),
+            }
+            .job(config),
+            Topology::Join => Join {
+                records: self.records,
+                events: events(),
+                interval: self.interval,
+                output: output.clone(),
+            }
+            .job(config),
+        }
     }
 
     /// `--savepoint-after` or `--stop-with-savepoint-after`: when, and
@@ -389,36 +525,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         })?;
     }
     let (parallelism, channels) = (config.parallelism, config.channels);
-    let events = || Events {
-        keys: args.keys,
-        seed: args.seed,
-        events_per_ms: args.events_per_ms,
-        max_disorder: u64::try_from(args.max_disorder.as_millis()).unwrap_or(u64::MAX),
-    };
-    let job = match args.topology {
-        Topology::Wordcount => Wordcount {
-            records: args.records,
-            keys: args.keys,
-            seed: args.seed,
-            emit: args.emit,
-            output: args.output.clone(),
-        }
-        .job(config),
-        Topology::Windows => Windows {
-            records: args.records,
-            events: events(),
-            window: args.window,
-            output: args.output.clone(),
-        }
-        .job(config),
-        Topology::Join => Join {
-            records: args.records,
-            events: events(),
-            interval: args.interval,
-            output: args.output.clone(),
-        }
-        .job(config),
-    };
+    let job = args.job(config);
     let sources = job
         .graph
         .operators
@@ -429,6 +536,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
     let runtime = Runtime {
         http: args.http,
         local_workers: args.local_workers,
+        distributed: args.distributed(parallelism)?,
         ..Runtime::default()
     };
     let handle = runtime.run(job).map_err(|e| match e {

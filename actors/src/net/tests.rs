@@ -44,10 +44,17 @@ fn first_failure(peer: impl FnOnce(std::net::TcpStream) + Send + 'static) -> Sub
     System::new().block_on(async move {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let failures = Failures(tx).start().recipient();
-        let (ours, theirs) = connect_loopback(JOB, ATTEMPT, &failures, (0, 1)).unwrap();
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let ours = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (stream, _) = listener.accept().unwrap();
+        let hello = Hello {
+            job: JOB,
+            attempt: ATTEMPT,
+            from: 0,
+            to: 1,
+        };
+        let ours = LinkEnd::new(ours, Vec::new(), hello, &failures).unwrap();
         let _link = LinkActor::new(ours, Arc::default(), Arc::default(), subtask(1, 0)).start();
-        let stream = theirs.stream;
-        stream.set_nonblocking(false).unwrap();
         let peer = std::thread::spawn(move || peer(stream));
         // A guard against a link that never reports, not a timing: the
         // failure comes as soon as the peer's bytes or close arrive.

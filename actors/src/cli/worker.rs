@@ -1,0 +1,47 @@
+//! `tidemark worker`: a worker process for jobs that `tidemark run
+//! --workers` launches or `--worker-addrs` names.
+
+use super::CliError;
+use crate::worker::{self, WorkerOptions};
+use clap::Args;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Arguments of `tidemark worker`.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// The gRPC control service's address; port 0 takes a free port. The
+    /// first line on stdout says which.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// Where peers open links; port 0 takes a free port.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub data: SocketAddr,
+    /// The host peers reach the data address at, when it is bound to a
+    /// wildcard address (a pod's DNS name on Kubernetes).
+    #[arg(long, value_name = "HOST")]
+    pub advertise: Option<String>,
+    /// Threads for the subtasks; defaults to the cores.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Exit when stdin closes (set by the driver that launches workers).
+    #[arg(long, hide = true)]
+    pub exit_with_stdin: bool,
+}
+
+/// Serves until shut down.
+pub fn worker(args: &WorkerArgs) -> Result<(), CliError> {
+    let options = WorkerOptions {
+        control: args.listen,
+        data: args.data,
+        advertise: args.advertise.clone(),
+        threads: args
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        exit_with_stdin: args.exit_with_stdin,
+    };
+    worker::serve(options, Arc::new(super::rebuild)).map_err(|e| CliError::Usage {
+        argument: "--listen/--data".into(),
+        problem: format!("cannot serve: {e}"),
+    })
+}

@@ -1,0 +1,257 @@
+//! The control plane between a job's driver (its supervisor and checkpoint
+//! coordinator) and its worker processes: the gRPC service
+//! `tidemark.v1.Worker` and what travels on it.
+//!
+//! One `Attempt` call per worker and attempt: the driver streams commands
+//! (the deployment first, then triggers, notifications and the final
+//! `Cancel`), the worker streams events back (acknowledgements, declines,
+//! finished and failed subtasks, progress). Commands of one call reach the
+//! worker's subtasks in the order they were sent, so a sink's commit is
+//! handled before the stop that ends its attempt. Every envelope names its
+//! attempt: a worker holds one attempt at a time and refuses older ones, so
+//! a stale driver's commands never reach a newer attempt's subtasks.
+//!
+//! The envelopes are protobuf; what they carry is this crate's own types in
+//! rmp-serde, as checkpoint state is, so that the handles of an
+//! acknowledgement cross unchanged.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use tidemark::checkpoint::{Ack, CompletedCheckpoint};
+use tidemark::event::Barrier;
+use tidemark::graph::JobGraph;
+use tidemark::ids::{Attempt, CheckpointId, JobId, OperatorId, SubtaskId};
+use tidemark::time::TimeMarks;
+
+/// Nothing.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Empty {}
+
+/// What a worker tells about itself.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WorkerInfo {
+    /// Where its peers open links to it.
+    #[prost(string, tag = "1")]
+    pub data_address: String,
+    #[prost(uint32, tag = "2")]
+    pub pid: u32,
+    /// The build's version: a driver refuses a worker of another.
+    #[prost(string, tag = "3")]
+    pub version: String,
+}
+
+/// Driver → worker, within an `Attempt` call.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Command {
+    #[prost(uint64, tag = "1")]
+    pub job: u64,
+    #[prost(uint32, tag = "2")]
+    pub attempt: u32,
+    /// A [`ToWorker`] in rmp-serde.
+    #[prost(bytes = "vec", tag = "3")]
+    pub body: Vec<u8>,
+}
+
+/// Worker → driver, within an `Attempt` call.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Event {
+    #[prost(uint32, tag = "1")]
+    pub attempt: u32,
+    /// A [`FromWorker`] in rmp-serde.
+    #[prost(bytes = "vec", tag = "2")]
+    pub body: Vec<u8>,
+}
+
+include!(concat!(env!("OUT_DIR"), "/tidemark.v1.Worker.rs"));
+
+/// What the driver tells a worker.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ToWorker {
+    /// Host this attempt's share of the job: first in every call.
+    Deploy(Box<Deploy>),
+    Trigger {
+        subtask: SubtaskId,
+        barrier: Barrier,
+        suspend: bool,
+    },
+    Complete {
+        subtask: SubtaskId,
+        checkpoint: CheckpointId,
+        rewrite: BTreeSet<String>,
+    },
+    Abort {
+        subtask: SubtaskId,
+        checkpoint: CheckpointId,
+    },
+    EndInput {
+        subtask: SubtaskId,
+    },
+    /// The attempt is over: stop its actors, answer `Stopped`.
+    Cancel,
+}
+
+/// A worker's share of an attempt.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Deploy {
+    /// How the worker's builder rebuilds the job: opaque to the runtime
+    /// (the command line sends its arguments and `--config` text).
+    pub recipe: Vec<u8>,
+    /// The driver's job graph: a worker whose rebuilt job differs refuses.
+    pub graph: JobGraph,
+    /// This worker's index among `workers`.
+    pub worker: u32,
+    pub workers: u32,
+    /// The data address of every worker, by index.
+    pub peers: Vec<String>,
+    /// The epoch of the driver's lease on the job directory, which the
+    /// worker's state objects are named and fenced by.
+    pub epoch: u64,
+    pub restore: Option<RestoreSpec>,
+}
+
+/// The checkpoint an attempt restores from.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RestoreSpec {
+    pub checkpoint: CompletedCheckpoint,
+    /// Whether the job owns its files (one of its retained checkpoints).
+    pub owned: bool,
+    /// The savepoint directory it is in, when not the job's directory.
+    pub dir: Option<String>,
+}
+
+/// What a worker tells the driver.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum FromWorker {
+    /// Its subtasks run.
+    Deployed,
+    Acknowledged(Box<Ack>),
+    Declined {
+        subtask: SubtaskId,
+        checkpoint: CheckpointId,
+        reason: String,
+    },
+    Exhausted {
+        subtask: SubtaskId,
+    },
+    Finished {
+        subtask: SubtaskId,
+    },
+    Failed {
+        subtask: SubtaskId,
+        error: String,
+    },
+    /// Counters since the previous progress.
+    Progress(Progress),
+    /// Every actor of the attempt stopped: the last event of a call.
+    Stopped,
+}
+
+/// Figures a worker counted since its previous report, added to the
+/// driver's.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Progress {
+    /// Records in and out, and nanoseconds backpressured, per subtask.
+    pub subtasks: Vec<(SubtaskId, u64, u64, u64)>,
+    /// Records read, per source operator.
+    pub sources: Vec<(OperatorId, u64)>,
+    pub link_bytes_sent: u64,
+    /// In-flight batches the subtasks replayed from their restored state.
+    pub restored_inflight_batches: u64,
+    /// Timers, windows, joins and watermarks.
+    pub time: TimeMarks,
+}
+
+/// Why a control message is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("a control message does not decode: {0}")]
+    Decode(#[from] rmp_serde::decode::Error),
+    #[error("a command of job {got}, this call serves job {expected}")]
+    Job { expected: JobId, got: JobId },
+    #[error("a command of attempt {got}, this call serves attempt {expected}")]
+    Attempt { expected: Attempt, got: Attempt },
+}
+
+impl ToWorker {
+    /// The envelope of this command of `attempt`.
+    pub fn envelope(&self, job: JobId, attempt: Attempt) -> Command {
+        Command {
+            job: job.0,
+            attempt: attempt.0,
+            body: rmp_serde::to_vec_named(self).expect("commands are plain data"),
+        }
+    }
+
+    /// The command in `envelope`, which must be of `job` and `attempt`.
+    pub fn open(envelope: &Command, job: JobId, attempt: Attempt) -> Result<Self, ControlError> {
+        if envelope.job != job.0 {
+            return Err(ControlError::Job {
+                expected: job,
+                got: JobId(envelope.job),
+            });
+        }
+        if envelope.attempt != attempt.0 {
+            return Err(ControlError::Attempt {
+                expected: attempt,
+                got: Attempt(envelope.attempt),
+            });
+        }
+        Ok(rmp_serde::from_slice(&envelope.body)?)
+    }
+}
+
+impl FromWorker {
+    pub fn envelope(&self, attempt: Attempt) -> Event {
+        Event {
+            attempt: attempt.0,
+            body: rmp_serde::to_vec_named(self).expect("events are plain data"),
+        }
+    }
+
+    /// The event in `envelope`, which must be of `attempt`.
+    pub fn open(envelope: &Event, attempt: Attempt) -> Result<Self, ControlError> {
+        if envelope.attempt != attempt.0 {
+            return Err(ControlError::Attempt {
+                expected: attempt,
+                got: Attempt(envelope.attempt),
+            });
+        }
+        Ok(rmp_serde::from_slice(&envelope.body)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_of_another_job_or_attempt_is_refused() {
+        let (job, attempt) = (JobId(7), Attempt(3));
+        let cancel = ToWorker::Cancel.envelope(job, attempt);
+        assert!(matches!(
+            ToWorker::open(&cancel, job, attempt),
+            Ok(ToWorker::Cancel)
+        ));
+        assert!(matches!(
+            ToWorker::open(&cancel, JobId(8), attempt),
+            Err(ControlError::Job { .. })
+        ));
+        assert!(matches!(
+            ToWorker::open(&cancel, job, Attempt(4)),
+            Err(ControlError::Attempt { .. })
+        ));
+        let stopped = FromWorker::Stopped.envelope(attempt);
+        assert!(matches!(
+            FromWorker::open(&stopped, Attempt(2)),
+            Err(ControlError::Attempt { .. })
+        ));
+        let garbage = Event {
+            attempt: 3,
+            body: vec![0xc1],
+        };
+        assert!(matches!(
+            FromWorker::open(&garbage, attempt),
+            Err(ControlError::Decode(_))
+        ));
+    }
+}

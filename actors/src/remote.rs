@@ -1,0 +1,424 @@
+//! The driver's side of worker processes: finding or launching them, one
+//! `Attempt` call per worker and attempt carrying the commands of the
+//! supervisor and the coordinator to the worker's subtasks and their
+//! reports back, and the worker's death as a failure of the attempt.
+
+use crate::control::worker_client::WorkerClient;
+use crate::control::{Command, Deploy, Empty, Event, FromWorker, ToWorker};
+use crate::coordinator::CoordinatorActor;
+use crate::messages::{
+    AcknowledgeCheckpoint, DeclineCheckpoint, SourceExhausted, Stop, SubtaskFailed, SubtaskFinished,
+};
+use crate::metrics::JobMetrics;
+use crate::runtime::JobError;
+use crate::supervisor::JobSupervisor;
+use actix::{
+    Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, ResponseFuture,
+    StreamHandler, WrapFuture,
+};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tidemark::error::TaskError;
+use tidemark::ids::{Attempt, JobId, SubtaskId};
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::{mpsc, oneshot};
+use tonic::transport::Channel;
+
+/// How long a launched worker may take to say where it listens, and a
+/// worker to answer when connected to.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The line a worker prints first on stdout, then its control address.
+pub const LISTENING: &str = "tidemark worker listening on ";
+
+/// The worker processes of a job.
+#[derive(Clone, Debug)]
+pub enum WorkerSet {
+    /// Launched here: `count` processes of `program` with `args`, each
+    /// relaunched when it died.
+    Launch {
+        /// The binary: one whose `args` serve `tidemark.v1.Worker`.
+        program: PathBuf,
+        /// Its arguments (`worker --exit-with-stdin` for `tidemark`).
+        args: Vec<String>,
+        /// How many.
+        count: u32,
+    },
+    /// Started elsewhere, at these control addresses (`host:port`); a dead
+    /// one is asked again at each restart until it answers.
+    Addresses(Vec<String>),
+}
+
+/// A job spread over worker processes: where they are, and the recipe
+/// they rebuild the job from.
+#[derive(Clone, Debug)]
+pub struct Distributed {
+    /// Where the workers are.
+    pub workers: WorkerSet,
+    /// What each worker's builder rebuilds the job from.
+    pub recipe: Vec<u8>,
+}
+
+impl WorkerSet {
+    /// How many workers there are.
+    pub fn count(&self) -> u32 {
+        match self {
+            WorkerSet::Launch { count, .. } => *count,
+            WorkerSet::Addresses(addresses) => addresses.len() as u32,
+        }
+    }
+}
+
+/// Commands for one worker's subtasks in the current attempt, in order.
+#[derive(Clone)]
+pub struct Commands {
+    sender: mpsc::UnboundedSender<Command>,
+    job: JobId,
+    attempt: Attempt,
+}
+
+impl Commands {
+    /// Queues `command`; a call that ended ended with its attempt.
+    pub fn send(&self, command: ToWorker) {
+        let _ = self.sender.send(command.envelope(self.job, self.attempt));
+    }
+}
+
+/// One worker process as the driver knows it.
+struct Peer {
+    control: Option<String>,
+    client: Option<WorkerClient<Channel>>,
+    data: String,
+    child: Option<tokio::process::Child>,
+}
+
+/// The worker processes of a running job.
+pub struct Pool {
+    pub distributed: Distributed,
+    peers: Vec<Peer>,
+}
+
+impl Pool {
+    pub fn new(distributed: Distributed) -> Self {
+        let count = distributed.workers.count() as usize;
+        let peers = (0..count)
+            .map(|i| Peer {
+                control: match &distributed.workers {
+                    WorkerSet::Addresses(addresses) => Some(addresses[i].clone()),
+                    WorkerSet::Launch { .. } => None,
+                },
+                client: None,
+                data: String::new(),
+                child: None,
+            })
+            .collect();
+        Pool { distributed, peers }
+    }
+
+    pub fn count(&self) -> u32 {
+        self.peers.len() as u32
+    }
+
+    /// Every worker answering: launched ones that died relaunched, each
+    /// asked where its peers reach it.
+    pub async fn ready(&mut self) -> Result<(), JobError> {
+        for (index, peer) in self.peers.iter_mut().enumerate() {
+            let lost = match &mut peer.child {
+                Some(child) => !matches!(child.try_wait(), Ok(None)),
+                None => matches!(self.distributed.workers, WorkerSet::Launch { .. }),
+            };
+            if lost {
+                if let WorkerSet::Launch { program, args, .. } = &self.distributed.workers {
+                    let (child, control) = launch(program, args, index).await?;
+                    peer.child = Some(child);
+                    peer.control = Some(control);
+                    peer.client = None;
+                }
+            }
+            let control = peer.control.clone().expect("a worker's address is known");
+            let fail = |problem: String| {
+                JobError::Runtime(format!("worker {index} at {control}: {problem}"))
+            };
+            let mut client = match peer.client.take() {
+                Some(client) => client,
+                None => {
+                    let endpoint =
+                        tonic::transport::Endpoint::from_shared(format!("http://{control}"))
+                            .map_err(|e| fail(e.to_string()))?
+                            .connect_timeout(ANSWER_TIMEOUT)
+                            .tcp_nodelay(true);
+                    WorkerClient::new(endpoint.connect().await.map_err(|e| fail(e.to_string()))?)
+                }
+            };
+            let info = tokio::time::timeout(ANSWER_TIMEOUT, client.info(Empty {}))
+                .await
+                .map_err(|_| fail("no answer".into()))?
+                .map_err(|e| fail(e.message().to_owned()))?
+                .into_inner();
+            if info.version != env!("CARGO_PKG_VERSION") {
+                return Err(fail(format!(
+                    "runs version {}, this driver {}",
+                    info.version,
+                    env!("CARGO_PKG_VERSION")
+                )));
+            }
+            peer.data = info.data_address;
+            peer.client = Some(client);
+        }
+        Ok(())
+    }
+
+    /// The data addresses of the workers, by index.
+    pub fn data_addresses(&self) -> Vec<String> {
+        self.peers.iter().map(|p| p.data.clone()).collect()
+    }
+
+    /// Kills worker `index` as a crash would (SIGKILL); only launched
+    /// workers can be.
+    pub fn kill(&mut self, index: u32) {
+        if let Some(child) = &mut self.peers[index as usize].child {
+            tracing::info!(worker = index, pid = child.id(), "killing a worker process");
+            let _ = child.start_kill();
+        }
+    }
+
+    /// Opens worker `index`'s call for `attempt` and deploys `deploy` on
+    /// it: the commands for its subtasks, and the actor that hears it.
+    pub fn attach(
+        &self,
+        index: u32,
+        deploy: Deploy,
+        attempt: Attempt,
+        job: JobId,
+        reporting: Reporting,
+    ) -> (Commands, Addr<RemoteWorker>) {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let commands = Commands {
+            sender,
+            job,
+            attempt,
+        };
+        commands.send(ToWorker::Deploy(Box::new(deploy)));
+        let client = self.peers[index as usize]
+            .client
+            .clone()
+            .expect("a deployed worker is ready");
+        let worker = RemoteWorker {
+            index,
+            attempt,
+            commands: commands.clone(),
+            reporting,
+            call: Some((client, receiver)),
+            stop: None,
+            stopped: false,
+        }
+        .start();
+        (commands, worker)
+    }
+}
+
+/// Starts worker `index` of `program` and reads where it listens.
+async fn launch(
+    program: &PathBuf,
+    args: &[String],
+    index: usize,
+) -> Result<(tokio::process::Child, String), JobError> {
+    let fail = |problem: String| {
+        JobError::Runtime(format!(
+            "cannot launch worker {index} ({}): {problem}",
+            program.display()
+        ))
+    };
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        // The worker exits once this pipe closes: with the driver.
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| fail(e.to_string()))?;
+    let stdout = child.stdout.take().expect("piped");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(ANSWER_TIMEOUT, lines.next_line())
+        .await
+        .map_err(|_| {
+            fail(format!(
+                "it did not say where it listens within {ANSWER_TIMEOUT:?}"
+            ))
+        })?
+        .map_err(|e| fail(e.to_string()))?
+        .ok_or_else(|| fail("it exited before it listened".into()))?;
+    let address = line
+        .strip_prefix(LISTENING)
+        .ok_or_else(|| fail(format!("it said {line:?}")))?
+        .to_owned();
+    Ok((child, address))
+}
+
+/// Where a worker's reports go on the driver.
+#[derive(Clone)]
+pub struct Reporting {
+    pub supervisor: Addr<JobSupervisor>,
+    pub coordinator: Option<Addr<CoordinatorActor>>,
+    pub metrics: Arc<JobMetrics>,
+    /// The subtask a lost worker fails the attempt in the name of.
+    pub blame: SubtaskId,
+}
+
+/// One worker's `Attempt` call on the driver: it sends the commands and
+/// hands the worker's events to the supervisor and the coordinator. The
+/// call ending before the worker said it stopped is the worker's death, a
+/// failure of the attempt. Stopping it cancels the worker's share of the
+/// attempt and resolves once the worker stopped its actors.
+pub struct RemoteWorker {
+    index: u32,
+    attempt: Attempt,
+    commands: Commands,
+    reporting: Reporting,
+    call: Option<(WorkerClient<Channel>, mpsc::UnboundedReceiver<Command>)>,
+    stop: Option<oneshot::Sender<()>>,
+    stopped: bool,
+}
+
+impl RemoteWorker {
+    fn lost(&mut self, problem: String, ctx: &mut Context<Self>) {
+        if !self.stopped {
+            self.reporting.supervisor.do_send(SubtaskFailed {
+                attempt: self.attempt,
+                subtask: self.reporting.blame,
+                error: TaskError::Remote(format!("worker {} is lost: {problem}", self.index)),
+            });
+        }
+        self.ended(ctx);
+    }
+
+    fn ended(&mut self, ctx: &mut Context<Self>) {
+        self.stopped = true;
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        ctx.stop();
+    }
+
+    fn report(&mut self, event: FromWorker, ctx: &mut Context<Self>) {
+        let attempt = self.attempt;
+        let Reporting {
+            supervisor,
+            coordinator,
+            metrics,
+            ..
+        } = &self.reporting;
+        match event {
+            FromWorker::Deployed => tracing::debug!(worker = self.index, "deployed"),
+            FromWorker::Acknowledged(ack) => {
+                if let Some(c) = coordinator {
+                    c.do_send(AcknowledgeCheckpoint { attempt, ack: *ack });
+                }
+            }
+            FromWorker::Declined {
+                subtask,
+                checkpoint,
+                reason,
+            } => {
+                if let Some(c) = coordinator {
+                    c.do_send(DeclineCheckpoint {
+                        attempt,
+                        checkpoint,
+                        subtask,
+                        reason,
+                    });
+                }
+            }
+            FromWorker::Exhausted { subtask } => {
+                if let Some(c) = coordinator {
+                    c.do_send(SourceExhausted { attempt, subtask });
+                }
+            }
+            FromWorker::Finished { subtask } => {
+                supervisor.do_send(SubtaskFinished { attempt, subtask })
+            }
+            FromWorker::Failed { subtask, error } => supervisor.do_send(SubtaskFailed {
+                attempt,
+                subtask,
+                error: TaskError::Remote(error),
+            }),
+            FromWorker::Progress(progress) => {
+                for (subtask, records_in, records_out, backpressured_ns) in progress.subtasks {
+                    let counters = metrics.subtask(subtask);
+                    counters.add_records_in(records_in);
+                    counters.add_records_out(records_out);
+                    counters.add_backpressured(Duration::from_nanos(backpressured_ns));
+                }
+                for (operator, records) in progress.sources {
+                    metrics.add_records_in(operator, records);
+                }
+                metrics
+                    .link_bytes_sent
+                    .fetch_add(progress.link_bytes_sent, Ordering::Relaxed);
+                metrics
+                    .checkpoints
+                    .restored_inflight_batches
+                    .fetch_add(progress.restored_inflight_batches, Ordering::Relaxed);
+                metrics.time.merge(&progress.time);
+            }
+            FromWorker::Stopped => self.ended(ctx),
+        }
+    }
+}
+
+impl Actor for RemoteWorker {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let (mut client, receiver) = self.call.take().expect("a call opens once");
+        let requests = tokio_stream::wrappers::UnboundedReceiverStream::new(receiver);
+        ctx.spawn(
+            async move { client.attempt(requests).await }
+                .into_actor(self)
+                .map(|opened, worker, ctx| match opened {
+                    Ok(events) => {
+                        ctx.add_stream(events.into_inner());
+                    }
+                    Err(status) => worker.lost(status.message().to_owned(), ctx),
+                }),
+        );
+    }
+}
+
+impl StreamHandler<Result<Event, tonic::Status>> for RemoteWorker {
+    fn handle(&mut self, event: Result<Event, tonic::Status>, ctx: &mut Context<Self>) {
+        match event
+            .map_err(|s| s.message().to_owned())
+            .and_then(|event| FromWorker::open(&event, self.attempt).map_err(|e| e.to_string()))
+        {
+            Ok(event) => self.report(event, ctx),
+            Err(problem) => self.lost(problem, ctx),
+        }
+    }
+
+    fn finished(&mut self, ctx: &mut Context<Self>) {
+        self.lost("its call ended".into(), ctx);
+    }
+}
+
+impl Handler<Stop> for RemoteWorker {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: Stop, _ctx: &mut Context<Self>) -> ResponseFuture<()> {
+        if self.stopped {
+            return Box::pin(async {});
+        }
+        let (stop, stopped) = oneshot::channel();
+        self.stop = Some(stop);
+        self.commands.send(ToWorker::Cancel);
+        // What the worker reports while it stops belongs to a finished
+        // attempt; its call ending is no longer a loss.
+        self.stopped = true;
+        Box::pin(async move {
+            let _ = stopped.await;
+        })
+    }
+}

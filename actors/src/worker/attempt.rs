@@ -1,0 +1,562 @@
+//! One `Attempt` call on a worker: the attempt's share of the job, from
+//! its deployment to its stop.
+
+use super::{AwaitLink, Claim, Rebuild, WorkerHost};
+use crate::control::{Command, Deploy, Event, FromWorker, Progress, ToWorker};
+use crate::coordinator::RestoreFrom;
+use crate::deploy::{stop_all, Hosted, Hosting};
+use crate::messages::{
+    AcknowledgeCheckpoint, CheckpointReports, DeclineCheckpoint, EndInput, NotifyCheckpointAborted,
+    NotifyCheckpointComplete, Reports, SourceExhausted, Stop, SubtaskFailed, SubtaskFinished,
+    TriggerCheckpoint,
+};
+use crate::metrics::JobMetrics;
+use crate::net::{crossings, LinkEnd, LinkEnds, Placement, Workers};
+use crate::restore::{load, Restored};
+use crate::runtime::job_id;
+use crate::subtask::SubtaskActor;
+use actix::{
+    Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, Recipient,
+    ResponseActFuture, SpawnHandle, StreamHandler, WrapFuture,
+};
+use actix_rt::ArbiterHandle;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tidemark::ids::{Attempt, JobId, OperatorId, SubtaskId};
+use tidemark::job::Job;
+use tidemark::storage::CheckpointStorage;
+use tidemark::time::TimeMarks;
+use tidemark::wire::Hello;
+use tidemark::StateBackend;
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Status, Streaming};
+
+/// How often a worker reports its counters.
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+
+/// How long a worker waits for a peer's link.
+const LINK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The call the actor serves.
+pub(crate) struct Open {
+    pub commands: Streaming<Command>,
+    pub events: mpsc::UnboundedSender<Result<Event, Status>>,
+}
+
+/// What the worker process lends every attempt.
+pub(crate) struct Resources {
+    pub host: Addr<WorkerHost>,
+    pub rebuild: Rebuild,
+    pub arbiters: Vec<ArbiterHandle>,
+    pub links: ArbiterHandle,
+}
+
+/// One attempt's share of the job on this worker.
+pub(crate) struct AttemptActor {
+    resources: Resources,
+    commands: Option<Streaming<Command>>,
+    events: mpsc::UnboundedSender<Result<Event, Status>>,
+    /// The job and attempt of the call, from its first command.
+    call: Option<(JobId, Attempt)>,
+    subtasks: HashMap<SubtaskId, Addr<SubtaskActor>>,
+    actors: Vec<Recipient<Stop>>,
+    metrics: Arc<JobMetrics>,
+    /// The operators of the subtasks hosted here.
+    operators: BTreeSet<OperatorId>,
+    /// Counters as last reported.
+    reported: Counters,
+    /// The deployment while it reads state and waits for links, and the
+    /// commands that arrive meanwhile: a `Cancel` must not wait for it.
+    deploying: Option<SpawnHandle>,
+    pending: Vec<ToWorker>,
+    stopped: bool,
+}
+
+/// Totals a worker reports the growth of.
+#[derive(Default)]
+struct Counters {
+    subtasks: BTreeMap<SubtaskId, (u64, u64, u64)>,
+    sources: BTreeMap<OperatorId, u64>,
+    link_bytes_sent: u64,
+    restored_inflight_batches: u64,
+    time: TimeMarks,
+}
+
+/// What an attempt is deployed from, once read and connected.
+struct Prepared {
+    job: Job,
+    hosted: Vec<SubtaskId>,
+    placement: Placement,
+    restore: HashMap<SubtaskId, Restored>,
+    ends: LinkEnds,
+    storage: Option<CheckpointStorage>,
+}
+
+impl AttemptActor {
+    pub fn new(open: Open, resources: Resources) -> Self {
+        AttemptActor {
+            resources,
+            commands: Some(open.commands),
+            events: open.events,
+            call: None,
+            subtasks: HashMap::new(),
+            actors: Vec::new(),
+            metrics: Arc::default(),
+            operators: BTreeSet::new(),
+            reported: Counters::default(),
+            deploying: None,
+            pending: Vec::new(),
+            stopped: false,
+        }
+    }
+
+    fn send(&self, event: FromWorker) {
+        if let Some((_, attempt)) = self.call {
+            let _ = self.events.send(Ok(event.envelope(attempt)));
+        }
+    }
+
+    /// Ends the call with `problem`, stopping what runs.
+    fn refuse(&mut self, problem: String, ctx: &mut Context<Self>) {
+        tracing::warn!("{problem}");
+        let _ = self.events.send(Err(Status::failed_precondition(problem)));
+        self.stop(ctx);
+    }
+
+    /// Stops the attempt's actors, then the actor; `Stopped` tells the
+    /// driver, if it still listens.
+    fn stop(&mut self, ctx: &mut Context<Self>) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        if let Some(deploying) = self.deploying.take() {
+            ctx.cancel_future(deploying);
+        }
+        let stopped = stop_all(std::mem::take(&mut self.actors));
+        self.subtasks.clear();
+        ctx.wait(stopped.into_actor(self).map(|(), act, ctx| {
+            act.progress();
+            act.send(FromWorker::Stopped);
+            ctx.stop();
+        }));
+    }
+
+    /// Reports what the counters grew by since the last report.
+    fn progress(&mut self) {
+        let mut progress = Progress::default();
+        for (id, counters) in self.metrics.subtasks() {
+            let now = (
+                counters.records_in(),
+                counters.records_out(),
+                counters.backpressured().as_nanos() as u64,
+            );
+            let was = self.reported.subtasks.insert(id, now).unwrap_or_default();
+            if now != was {
+                progress
+                    .subtasks
+                    .push((id, now.0 - was.0, now.1 - was.1, now.2 - was.2));
+            }
+        }
+        for &operator in &self.operators {
+            let now = self.metrics.records_in_of(operator);
+            let was = self
+                .reported
+                .sources
+                .insert(operator, now)
+                .unwrap_or_default();
+            if now != was {
+                progress.sources.push((operator, now - was));
+            }
+        }
+        let grown = |now: u64, was: &mut u64| now - std::mem::replace(was, now);
+        let reported = &mut self.reported;
+        progress.link_bytes_sent = grown(
+            self.metrics.link_bytes_sent.load(Ordering::Relaxed),
+            &mut reported.link_bytes_sent,
+        );
+        progress.restored_inflight_batches = grown(
+            self.metrics
+                .checkpoints
+                .restored_inflight_batches
+                .load(Ordering::Relaxed),
+            &mut reported.restored_inflight_batches,
+        );
+        let time = self.metrics.time.marks();
+        progress.time = time.since(&reported.time);
+        reported.time = time;
+        self.send(FromWorker::Progress(progress));
+    }
+
+    /// The first command: claims the worker for the attempt, prepares and
+    /// starts its share.
+    fn deploy(&mut self, deploy: Deploy, ctx: &mut Context<Self>) {
+        let (job, attempt) = self.call.expect("the call is known");
+        let host = self.resources.host.clone();
+        let rebuild = self.resources.rebuild.clone();
+        let me = ctx.address();
+        let claim = Claim {
+            job,
+            attempt,
+            actor: me.clone(),
+        };
+        let deploying = ctx.spawn(
+            async move {
+                if !host.send(claim).await.unwrap_or(false) {
+                    return Err(format!(
+                        "attempt {} is older than the one this worker hosts",
+                        attempt.0
+                    ));
+                }
+                prepare(deploy, job, attempt, rebuild, host, me).await
+            }
+            .into_actor(self)
+            .map(move |prepared, act, ctx| {
+                act.deploying = None;
+                match prepared {
+                    Ok(prepared) => act.start(prepared, ctx),
+                    Err(problem) => act.refuse(
+                        format!("cannot deploy attempt {} here: {problem}", attempt.0),
+                        ctx,
+                    ),
+                }
+            }),
+        );
+        self.deploying = Some(deploying);
+    }
+
+    fn start(&mut self, prepared: Prepared, ctx: &mut Context<Self>) {
+        if self.stopped {
+            return;
+        }
+        let (_, attempt) = self.call.expect("the call is known");
+        let me = ctx.address();
+        let workers = Workers {
+            placement: prepared.placement,
+            links: Some(self.resources.links.clone()),
+        };
+        let hosting = Hosting {
+            job: &prepared.job,
+            metrics: &self.metrics,
+            attempt,
+            reports: Reports::to(&me),
+            checkpointing: prepared
+                .storage
+                .map(|storage| (CheckpointReports::to(&me), storage)),
+            arbiters: &self.resources.arbiters,
+            workers: &workers,
+        };
+        match hosting.deploy(&prepared.hosted, prepared.restore, prepared.ends) {
+            Ok(Hosted {
+                subtasks, actors, ..
+            }) => {
+                self.operators = subtasks.iter().map(|(id, _)| id.operator).collect();
+                self.subtasks = subtasks.into_iter().collect();
+                self.actors = actors;
+                self.send(FromWorker::Deployed);
+                ctx.run_interval(PROGRESS_EVERY, |act, _| act.progress());
+                for command in std::mem::take(&mut self.pending) {
+                    self.command(command, ctx);
+                }
+            }
+            Err(e) => self.refuse(format!("cannot deploy attempt {}: {e}", attempt.0), ctx),
+        }
+    }
+
+    fn command(&mut self, command: ToWorker, ctx: &mut Context<Self>) {
+        if self.deploying.is_some() && !matches!(command, ToWorker::Cancel) {
+            return self.pending.push(command);
+        }
+        let subtask = |act: &Self, id: SubtaskId| {
+            let found = act.subtasks.get(&id).cloned();
+            if found.is_none() && !act.stopped {
+                tracing::warn!(subtask = %id, "a command for a subtask this worker does not host");
+            }
+            found
+        };
+        match command {
+            ToWorker::Deploy(_) => self.refuse("a second deployment in one call".into(), ctx),
+            ToWorker::Trigger {
+                subtask: id,
+                barrier,
+                suspend,
+            } => {
+                if let Some(s) = subtask(self, id) {
+                    s.do_send(TriggerCheckpoint { barrier, suspend });
+                }
+            }
+            ToWorker::Complete {
+                subtask: id,
+                checkpoint,
+                rewrite,
+            } => {
+                if let Some(s) = subtask(self, id) {
+                    s.do_send(NotifyCheckpointComplete {
+                        checkpoint,
+                        rewrite,
+                    });
+                }
+            }
+            ToWorker::Abort {
+                subtask: id,
+                checkpoint,
+            } => {
+                if let Some(s) = subtask(self, id) {
+                    s.do_send(NotifyCheckpointAborted(checkpoint));
+                }
+            }
+            ToWorker::EndInput { subtask: id } => {
+                if let Some(s) = subtask(self, id) {
+                    s.do_send(EndInput);
+                }
+            }
+            ToWorker::Cancel => self.stop(ctx),
+        }
+    }
+}
+
+/// Rebuilds the job, checks it is the driver's, reads the state of the
+/// subtasks placed here and opens the links to the other workers.
+async fn prepare(
+    deploy: Deploy,
+    job_id_of_call: JobId,
+    attempt: Attempt,
+    rebuild: Rebuild,
+    host: Addr<WorkerHost>,
+    failures: Addr<AttemptActor>,
+) -> Result<Prepared, String> {
+    let job = rebuild(&deploy.recipe)?;
+    if job_id(&job.name) != job_id_of_call {
+        return Err(format!(
+            "the recipe builds job {:?}, the driver runs another",
+            job.name
+        ));
+    }
+    if job.graph != deploy.graph {
+        return Err(
+            "the job this worker builds from the recipe differs from the driver's (another build or other arguments)"
+                .into(),
+        );
+    }
+    if deploy.worker >= deploy.workers || deploy.peers.len() != deploy.workers as usize {
+        return Err(format!(
+            "worker {} of {} with {} peer addresses",
+            deploy.worker,
+            deploy.workers,
+            deploy.peers.len()
+        ));
+    }
+    let placement = Placement::new(deploy.workers);
+    let me = deploy.worker;
+    let hosted: Vec<SubtaskId> = job
+        .graph
+        .subtasks()
+        .filter(|id| placement.worker(*id) == me)
+        .collect();
+    let storage = job
+        .config
+        .checkpointing
+        .as_ref()
+        .map(|c| CheckpointStorage::open(&c.storage_url, job_id_of_call))
+        .transpose()
+        .map_err(|e| e.to_string())?
+        .map(|storage| storage.working_for(deploy.epoch));
+    let restore = match (&deploy.restore, &storage) {
+        (Some(spec), Some(storage)) => {
+            let from = RestoreFrom {
+                checkpoint: spec.checkpoint.clone(),
+                owned: spec.owned,
+                dir: spec
+                    .dir
+                    .as_deref()
+                    .map(|dir| CheckpointStorage::open_directory(dir, false))
+                    .transpose()
+                    .map_err(|e| e.to_string())?,
+            };
+            let allow = job
+                .config
+                .checkpointing
+                .as_ref()
+                .is_some_and(|c| c.allow_non_restored_state);
+            let local_dir = match &job.config.state_backend {
+                StateBackend::Heap => None,
+                StateBackend::RocksDb { local_dir, .. } => Some(local_dir.clone()),
+            };
+            load(
+                storage,
+                &job.graph,
+                Some(&from),
+                allow,
+                local_dir.as_deref(),
+                |id| hosted.contains(&id),
+            )
+            .await
+            .map_err(|e| e.to_string())?
+            .subtasks
+        }
+        (Some(_), None) => return Err("a restore for a job without checkpointing".into()),
+        (None, _) => HashMap::new(),
+    };
+    let failures: Recipient<SubtaskFailed> = failures.recipient();
+    let mut ends = LinkEnds::new();
+    for (a, b) in crossings(&job.graph, placement) {
+        if a != me && b != me {
+            continue;
+        }
+        let peer = if a == me { b } else { a };
+        let hello = Hello {
+            job: job_id_of_call,
+            attempt,
+            from: me,
+            to: peer,
+        };
+        let problem = |e: String| format!("the link to worker {peer}: {e}");
+        // The lower worker dials; the higher one's acceptor hands the
+        // link over by its hello.
+        let (stream, read) = if me < peer {
+            let address = &deploy.peers[peer as usize];
+            let stream = tokio::time::timeout(
+                LINK_TIMEOUT,
+                tokio::net::TcpStream::connect(address.as_str()),
+            )
+            .await
+            .map_err(|_| problem(format!("{address} did not answer")))?
+            .map_err(|e| problem(format!("{address}: {e}")))?;
+            (
+                stream.into_std().map_err(|e| problem(e.to_string()))?,
+                Vec::new(),
+            )
+        } else {
+            let (reply, link) = oneshot::channel();
+            host.do_send(AwaitLink {
+                key: (job_id_of_call, attempt, peer),
+                reply,
+            });
+            tokio::time::timeout(LINK_TIMEOUT, link)
+                .await
+                .map_err(|_| problem(format!("it did not connect within {LINK_TIMEOUT:?}")))?
+                .map_err(|_| problem("the worker is shutting down".into()))?
+        };
+        let end =
+            LinkEnd::new(stream, read, hello, &failures).map_err(|e| problem(e.to_string()))?;
+        ends.insert(((a, b), me), end);
+    }
+    Ok(Prepared {
+        job,
+        hosted,
+        placement,
+        restore,
+        ends,
+        storage,
+    })
+}
+
+impl Actor for AttemptActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        if let Some(commands) = self.commands.take() {
+            ctx.add_stream(commands);
+        }
+    }
+}
+
+impl StreamHandler<Result<Command, Status>> for AttemptActor {
+    fn handle(&mut self, command: Result<Command, Status>, ctx: &mut Context<Self>) {
+        let command = match command {
+            Ok(command) => command,
+            Err(status) => {
+                tracing::warn!("the driver's call broke: {}", status.message());
+                return self.stop(ctx);
+            }
+        };
+        let (job, attempt) = *self
+            .call
+            .get_or_insert((JobId(command.job), Attempt(command.attempt)));
+        match ToWorker::open(&command, job, attempt) {
+            Ok(ToWorker::Deploy(deploy))
+                if self.subtasks.is_empty() && self.deploying.is_none() && !self.stopped =>
+            {
+                self.deploy(*deploy, ctx)
+            }
+            Ok(command) => self.command(command, ctx),
+            Err(e) => self.refuse(e.to_string(), ctx),
+        }
+    }
+
+    fn finished(&mut self, ctx: &mut Context<Self>) {
+        self.stop(ctx);
+    }
+}
+
+impl Handler<Stop> for AttemptActor {
+    type Result = ResponseActFuture<Self, ()>;
+
+    /// A newer attempt claimed the worker.
+    fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) -> Self::Result {
+        if let Some(deploying) = self.deploying.take() {
+            ctx.cancel_future(deploying);
+        }
+        let stopped = stop_all(std::mem::take(&mut self.actors));
+        self.stopped = true;
+        self.subtasks.clear();
+        Box::pin(stopped.into_actor(self).map(|(), _, ctx| ctx.stop()))
+    }
+}
+
+impl Handler<SubtaskFailed> for AttemptActor {
+    type Result = ();
+
+    fn handle(&mut self, failed: SubtaskFailed, _ctx: &mut Context<Self>) {
+        if self.call.map(|(_, a)| a) == Some(failed.attempt) {
+            self.send(FromWorker::Failed {
+                subtask: failed.subtask,
+                error: failed.error.to_string(),
+            });
+        }
+    }
+}
+
+impl Handler<SubtaskFinished> for AttemptActor {
+    type Result = ();
+
+    fn handle(&mut self, finished: SubtaskFinished, _ctx: &mut Context<Self>) {
+        // What the subtask counted reaches the driver before it finishes.
+        self.progress();
+        self.send(FromWorker::Finished {
+            subtask: finished.subtask,
+        });
+    }
+}
+
+impl Handler<AcknowledgeCheckpoint> for AttemptActor {
+    type Result = ();
+
+    fn handle(&mut self, ack: AcknowledgeCheckpoint, _ctx: &mut Context<Self>) {
+        self.send(FromWorker::Acknowledged(Box::new(ack.ack)));
+    }
+}
+
+impl Handler<DeclineCheckpoint> for AttemptActor {
+    type Result = ();
+
+    fn handle(&mut self, decline: DeclineCheckpoint, _ctx: &mut Context<Self>) {
+        self.send(FromWorker::Declined {
+            subtask: decline.subtask,
+            checkpoint: decline.checkpoint,
+            reason: decline.reason,
+        });
+    }
+}
+
+impl Handler<SourceExhausted> for AttemptActor {
+    type Result = ();
+
+    fn handle(&mut self, exhausted: SourceExhausted, _ctx: &mut Context<Self>) {
+        self.send(FromWorker::Exhausted {
+            subtask: exhausted.subtask,
+        });
+    }
+}

@@ -1,0 +1,212 @@
+//! Jobs over real worker processes of the `tidemark` binary, on loopback:
+//! the same output as in one process, and exactly once when a worker
+//! process is SIGKILLed at random moments (and relaunched).
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use common::{assert_updates_exactly_once, committed_lines};
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use tidemark_actors::cli::{run, CliError, RunArgs, RunReport};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tidemark");
+
+/// The committed output of a run, line by line with how often each
+/// occurs: file names differ between runs, what they hold must not.
+fn output(dir: &Path) -> BTreeMap<String, usize> {
+    let mut lines = BTreeMap::new();
+    for (_, line) in committed_lines(dir) {
+        *lines.entry(line).or_default() += 1;
+    }
+    lines
+}
+
+fn run_with(args: &[String], output: &Path, checkpoints: &Path) -> Result<RunReport, CliError> {
+    let mut args = args.to_vec();
+    args.push(format!("--output={}", output.display()));
+    args.push(format!("--checkpoint-dir={}", checkpoints.display()));
+    args.push(format!("--worker-program={BIN}"));
+    run(&RunArgs::parse(&args).unwrap())
+}
+
+fn topology_args(topology: &str, records: u64, seed: u64) -> Vec<String> {
+    vec![
+        topology.to_string(),
+        format!("--records={records}"),
+        format!("--seed={seed}"),
+        "--keys=2000".to_string(),
+        "--parallelism=3".to_string(),
+        "--checkpoint-interval=100ms".to_string(),
+    ]
+}
+
+/// Runs `args` in this process and with `workers`, and returns both
+/// reports once their outputs compared equal.
+fn same_output(args: &[String], workers: &[String], context: &str) -> (RunReport, RunReport) {
+    let (alone, spread) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (c1, c2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let local = run_with(args, alone.path(), c1.path()).unwrap();
+    let mut remote_args = args.to_vec();
+    remote_args.extend_from_slice(workers);
+    let remote = run_with(&remote_args, spread.path(), c2.path())
+        .unwrap_or_else(|e| panic!("{context}: {e}"));
+    let (want, got) = (output(alone.path()), output(spread.path()));
+    assert!(!want.is_empty(), "{context}: no output");
+    assert!(
+        want == got,
+        "{context}: the output over worker processes differs"
+    );
+    common::assert_no_uncommitted_files(spread.path(), context);
+    (local, remote)
+}
+
+#[test]
+fn topologies_over_two_and_three_worker_processes_give_the_output_of_one_process() {
+    for topology in ["wordcount", "windows", "join"] {
+        for workers in [2, 3] {
+            let context = format!("{topology} over {workers} workers");
+            let args = topology_args(topology, 300_000, 1);
+            let (local, remote) = same_output(&args, &[format!("--workers={workers}")], &context);
+            assert_eq!(remote.records_in, local.records_in, "{context}");
+            assert!(
+                remote.link_bytes_sent > 0,
+                "{context}: nothing crossed a link"
+            );
+            assert!(remote.checkpoints_completed > 0, "{context}: no checkpoint");
+        }
+    }
+}
+
+/// Wordcount with every update emitted, over two worker processes, three
+/// of which are SIGKILLed per seed at random moments; each is relaunched
+/// and the job restores its latest checkpoint.
+fn sigkills(seeds: std::ops::Range<u64>, extra: &[&str]) -> Vec<RunReport> {
+    const RECORDS: u64 = 400_000;
+    const KEYS: u64 = 2_000;
+    seeds
+        .map(|seed| {
+            let context = format!("{extra:?} seed {seed}");
+            let (out, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let mut args = vec![
+                "wordcount".to_string(),
+                format!("--records={RECORDS}"),
+                format!("--keys={KEYS}"),
+                format!("--seed={seed}"),
+                "--parallelism=2".to_string(),
+                "--rate=200000".to_string(),
+                "--emit=updates".to_string(),
+                "--checkpoint-interval=100ms".to_string(),
+                "--workers=2".to_string(),
+                "--inject-failures=3".to_string(),
+            ];
+            args.extend(extra.iter().map(|s| s.to_string()));
+            let report = run_with(&args, out.path(), checkpoints.path())
+                .unwrap_or_else(|e| panic!("{context}: {e}"));
+            assert_updates_exactly_once(out.path(), RECORDS, KEYS, seed, &context);
+            assert!(report.restarts >= 1, "{context}: no worker was killed");
+            common::assert_no_uncommitted_files(out.path(), &context);
+            report
+        })
+        .collect()
+}
+
+#[test]
+fn sigkilled_worker_processes_are_exactly_once_aligned_and_unaligned() {
+    sigkills(0..3, &["--mode=aligned"]);
+    let reports = sigkills(
+        0..3,
+        &["--mode=unaligned", "--slow-subtask=0", "--slow-ns=2000"],
+    );
+    let replayed: u64 = reports.iter().map(|r| r.restored_inflight_batches).sum();
+    assert!(replayed > 0, "no restore replayed in-flight batches");
+}
+
+#[test]
+fn sigkilled_worker_processes_with_rocksdb_incremental_are_exactly_once() {
+    sigkills(
+        0..2,
+        &["--state=rocksdb", "--incremental", "--mode=unaligned"],
+    );
+}
+
+#[test]
+fn windows_and_join_survive_sigkilled_worker_processes_with_the_same_output() {
+    for topology in ["windows", "join"] {
+        for seed in 0..2 {
+            let context = format!("{topology} seed {seed}");
+            let args = topology_args(topology, 300_000, seed);
+            let (_, remote) = same_output(
+                &args,
+                &[
+                    "--workers=2".into(),
+                    "--inject-failures=2".into(),
+                    "--mode=unaligned".into(),
+                ],
+                &context,
+            );
+            assert!(remote.restarts >= 1, "{context}: no worker was killed");
+        }
+    }
+}
+
+/// A worker started by hand, as on Kubernetes: its control address.
+fn start_worker() -> (Child, String) {
+    let mut child = Command::new(BIN)
+        .args(["worker", "--exit-with-stdin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let address = line
+        .trim()
+        .strip_prefix("tidemark worker listening on ")
+        .unwrap_or_else(|| panic!("the worker said {line:?}"))
+        .to_owned();
+    (child, address)
+}
+
+#[test]
+fn workers_started_by_hand_run_jobs_one_after_another() {
+    let workers: Vec<(Child, String)> = (0..2).map(|_| start_worker()).collect();
+    let addresses: Vec<&str> = workers.iter().map(|(_, a)| a.as_str()).collect();
+    let flag = format!("--worker-addrs={}", addresses.join(","));
+    for topology in ["wordcount", "join"] {
+        same_output(
+            &topology_args(topology, 200_000, 3),
+            std::slice::from_ref(&flag),
+            &format!("{topology} on {flag}"),
+        );
+    }
+    for (mut child, _) in workers {
+        // Closing stdin ends a worker started with --exit-with-stdin.
+        drop(child.stdin.take());
+        assert!(child.wait().unwrap().success());
+    }
+}
+
+#[test]
+fn storage_of_one_process_is_refused_with_worker_processes() {
+    let out = tempfile::tempdir().unwrap();
+    let args: Vec<String> = [
+        "wordcount",
+        "--records=1000",
+        "--workers=2",
+        "--checkpoint-dir=memory://workers-refused",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([format!("--output={}", out.path().display())])
+    .collect();
+    let error = run(&RunArgs::parse(&args).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("memory://workers-refused"), "{error}");
+    assert!(error.contains("worker processes"), "{error}");
+}
