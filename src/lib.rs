@@ -33,6 +33,7 @@
 
 #![warn(missing_docs)]
 
+pub mod attempts;
 pub mod batch;
 pub mod channel;
 pub mod checkpoint;

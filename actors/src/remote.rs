@@ -11,7 +11,7 @@ use crate::messages::{
 };
 use crate::metrics::JobMetrics;
 use crate::runtime::JobError;
-use crate::supervisor::JobSupervisor;
+use crate::supervisor::{JobSupervisor, WorkerDeployed};
 use actix::{
     Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, ResponseFuture,
     StreamHandler, WrapFuture,
@@ -20,16 +20,22 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tidemark::error::TaskError;
 use tidemark::ids::{Attempt, JobId, SubtaskId};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::Channel;
 
-/// How long a launched worker may take to say where it listens, and a
-/// worker to answer when connected to.
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a launched worker may take to say where it listens.
+const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a worker may take to answer where it is reached.
+const INFO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A worker sends its progress every 100 ms: this long without a word
+/// from it, it is lost even though its connection stands (hung, stopped).
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The line a worker prints first on stdout, then its control address.
 pub const LISTENING: &str = "tidemark worker listening on ";
@@ -95,6 +101,40 @@ struct Peer {
     child: Option<tokio::process::Child>,
 }
 
+impl Peer {
+    /// Asks worker `index` where its peers reach it, connecting first.
+    async fn answer(&mut self, index: usize) -> Result<(), JobError> {
+        let control = self.control.clone().expect("a worker's address is known");
+        let fail =
+            |problem: String| JobError::Runtime(format!("worker {index} at {control}: {problem}"));
+        let mut client = match self.client.take() {
+            Some(client) => client,
+            None => {
+                let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{control}"))
+                    .map_err(|e| fail(e.to_string()))?
+                    .connect_timeout(INFO_TIMEOUT)
+                    .tcp_nodelay(true);
+                WorkerClient::new(endpoint.connect().await.map_err(|e| fail(e.to_string()))?)
+            }
+        };
+        let info = tokio::time::timeout(INFO_TIMEOUT, client.info(Empty {}))
+            .await
+            .map_err(|_| fail(format!("no answer within {INFO_TIMEOUT:?}")))?
+            .map_err(|e| fail(e.message().to_owned()))?
+            .into_inner();
+        if info.version != env!("CARGO_PKG_VERSION") {
+            return Err(fail(format!(
+                "runs version {}, this driver {}",
+                info.version,
+                env!("CARGO_PKG_VERSION")
+            )));
+        }
+        self.data = info.data_address;
+        self.client = Some(client);
+        Ok(())
+    }
+}
+
 /// The worker processes of a running job.
 pub struct Pool {
     pub distributed: Distributed,
@@ -122,51 +162,35 @@ impl Pool {
         self.peers.len() as u32
     }
 
-    /// Every worker answering: launched ones that died relaunched, each
-    /// asked where its peers reach it.
+    /// Every worker answering, each asked where its peers reach it. A
+    /// launched worker that died, or that runs but does not answer (hung),
+    /// is launched again.
     pub async fn ready(&mut self) -> Result<(), JobError> {
+        let launched = match &self.distributed.workers {
+            WorkerSet::Launch { program, args, .. } => Some((program, args)),
+            WorkerSet::Addresses(_) => None,
+        };
         for (index, peer) in self.peers.iter_mut().enumerate() {
-            let lost = match &mut peer.child {
-                Some(child) => !matches!(child.try_wait(), Ok(None)),
-                None => matches!(self.distributed.workers, WorkerSet::Launch { .. }),
+            let Some((program, args)) = launched else {
+                peer.answer(index).await?;
+                continue;
             };
-            if lost {
-                if let WorkerSet::Launch { program, args, .. } = &self.distributed.workers {
-                    let (child, control) = launch(program, args, index).await?;
-                    peer.child = Some(child);
-                    peer.control = Some(control);
-                    peer.client = None;
-                }
+            let running = peer
+                .child
+                .as_mut()
+                .is_some_and(|child| matches!(child.try_wait(), Ok(None)));
+            if running && peer.answer(index).await.is_ok() {
+                continue;
             }
-            let control = peer.control.clone().expect("a worker's address is known");
-            let fail = |problem: String| {
-                JobError::Runtime(format!("worker {index} at {control}: {problem}"))
+            // Dropping a child kills it.
+            let (child, control) = launch(program, args, index).await?;
+            *peer = Peer {
+                control: Some(control),
+                client: None,
+                data: String::new(),
+                child: Some(child),
             };
-            let mut client = match peer.client.take() {
-                Some(client) => client,
-                None => {
-                    let endpoint =
-                        tonic::transport::Endpoint::from_shared(format!("http://{control}"))
-                            .map_err(|e| fail(e.to_string()))?
-                            .connect_timeout(ANSWER_TIMEOUT)
-                            .tcp_nodelay(true);
-                    WorkerClient::new(endpoint.connect().await.map_err(|e| fail(e.to_string()))?)
-                }
-            };
-            let info = tokio::time::timeout(ANSWER_TIMEOUT, client.info(Empty {}))
-                .await
-                .map_err(|_| fail("no answer".into()))?
-                .map_err(|e| fail(e.message().to_owned()))?
-                .into_inner();
-            if info.version != env!("CARGO_PKG_VERSION") {
-                return Err(fail(format!(
-                    "runs version {}, this driver {}",
-                    info.version,
-                    env!("CARGO_PKG_VERSION")
-                )));
-            }
-            peer.data = info.data_address;
-            peer.client = Some(client);
+            peer.answer(index).await?;
         }
         Ok(())
     }
@@ -214,6 +238,7 @@ impl Pool {
             call: Some((client, receiver)),
             stop: None,
             stopped: false,
+            heard: Instant::now(),
         }
         .start();
         (commands, worker)
@@ -242,11 +267,11 @@ async fn launch(
         .map_err(|e| fail(e.to_string()))?;
     let stdout = child.stdout.take().expect("piped");
     let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(ANSWER_TIMEOUT, lines.next_line())
+    let line = tokio::time::timeout(LAUNCH_TIMEOUT, lines.next_line())
         .await
         .map_err(|_| {
             fail(format!(
-                "it did not say where it listens within {ANSWER_TIMEOUT:?}"
+                "it did not say where it listens within {LAUNCH_TIMEOUT:?}"
             ))
         })?
         .map_err(|e| fail(e.to_string()))?
@@ -281,6 +306,8 @@ pub struct RemoteWorker {
     call: Option<(WorkerClient<Channel>, mpsc::UnboundedReceiver<Command>)>,
     stop: Option<oneshot::Sender<()>>,
     stopped: bool,
+    /// When the worker was last heard of.
+    heard: Instant,
 }
 
 impl RemoteWorker {
@@ -289,7 +316,7 @@ impl RemoteWorker {
             self.reporting.supervisor.do_send(SubtaskFailed {
                 attempt: self.attempt,
                 subtask: self.reporting.blame,
-                error: TaskError::Remote(format!("worker {} is lost: {problem}", self.index)),
+                error: TaskError::Remote(format!("worker {}: {problem}", self.index)),
             });
         }
         self.ended(ctx);
@@ -312,7 +339,7 @@ impl RemoteWorker {
             ..
         } = &self.reporting;
         match event {
-            FromWorker::Deployed => tracing::debug!(worker = self.index, "deployed"),
+            FromWorker::Deployed => supervisor.do_send(WorkerDeployed(attempt)),
             FromWorker::Acknowledged(ack) => {
                 if let Some(c) = coordinator {
                     c.do_send(AcknowledgeCheckpoint { attempt, ack: *ack });
@@ -373,6 +400,12 @@ impl Actor for RemoteWorker {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(HEARTBEAT_TIMEOUT / 15, |worker, ctx| {
+            let silent = worker.heard.elapsed();
+            if silent > HEARTBEAT_TIMEOUT {
+                worker.lost(format!("lost: not heard of for {silent:?}"), ctx);
+            }
+        });
         let (mut client, receiver) = self.call.take().expect("a call opens once");
         let requests = tokio_stream::wrappers::UnboundedReceiverStream::new(receiver);
         ctx.spawn(
@@ -382,7 +415,7 @@ impl Actor for RemoteWorker {
                     Ok(events) => {
                         ctx.add_stream(events.into_inner());
                     }
-                    Err(status) => worker.lost(status.message().to_owned(), ctx),
+                    Err(status) => worker.lost(format!("lost: {}", status.message()), ctx),
                 }),
         );
     }
@@ -390,6 +423,7 @@ impl Actor for RemoteWorker {
 
 impl StreamHandler<Result<Event, tonic::Status>> for RemoteWorker {
     fn handle(&mut self, event: Result<Event, tonic::Status>, ctx: &mut Context<Self>) {
+        self.heard = Instant::now();
         match event
             .map_err(|s| s.message().to_owned())
             .and_then(|event| FromWorker::open(&event, self.attempt).map_err(|e| e.to_string()))
@@ -400,7 +434,7 @@ impl StreamHandler<Result<Event, tonic::Status>> for RemoteWorker {
     }
 
     fn finished(&mut self, ctx: &mut Context<Self>) {
-        self.lost("its call ended".into(), ctx);
+        self.lost("lost: its call ended".into(), ctx);
     }
 }
 

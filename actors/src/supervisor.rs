@@ -76,6 +76,8 @@ pub struct JobSupervisor {
     pool: Option<Pool>,
     /// Whether worker processes host the subtasks (and read their state).
     distributed: bool,
+    /// Worker processes that have yet to start their share of the attempt.
+    undeployed: usize,
     metrics: Arc<JobMetrics>,
     started: Instant,
     outcome: Option<mpsc::Sender<Result<JobReport, JobError>>>,
@@ -110,6 +112,7 @@ impl JobSupervisor {
     ) -> Self {
         JobSupervisor {
             distributed: pool.is_some(),
+            undeployed: 0,
             pool,
             savepoint_dir,
             job,
@@ -330,11 +333,8 @@ impl JobSupervisor {
                 external_path: Some(from.location),
             });
         }
-        if let Some(at) = self.failed_at.take() {
-            CheckpointStats::record(
-                &self.metrics.checkpoints.recoveries_ms,
-                at.elapsed().as_secs_f64() * 1e3,
-            );
+        if !self.distributed {
+            self.recovered();
         }
         if let Some(coordinator) = &self.coordinator {
             let graph = &self.job.graph;
@@ -349,6 +349,16 @@ impl JobSupervisor {
                 sources,
                 subtasks: self.subtasks.clone(),
             });
+        }
+    }
+
+    /// The restored attempt runs: how long since its predecessor failed.
+    fn recovered(&mut self) {
+        if let Some(at) = self.failed_at.take() {
+            CheckpointStats::record(
+                &self.metrics.checkpoints.recoveries_ms,
+                at.elapsed().as_secs_f64() * 1e3,
+            );
         }
     }
 
@@ -401,6 +411,7 @@ impl JobSupervisor {
             actors.push(remote.recipient());
         }
         self.unfinished = subtasks.len();
+        self.undeployed = actors.len();
         subtasks.sort_by_key(|(id, _)| *id);
         self.subtasks = subtasks;
         self.actors = actors;
@@ -654,6 +665,26 @@ impl Handler<SubtaskFinished> for JobSupervisor {
                 elapsed: self.started.elapsed(),
             };
             self.complete(Ok(report), ctx);
+        }
+    }
+}
+
+/// A worker process started its share of the attempt: records flow once
+/// every worker has.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WorkerDeployed(pub Attempt);
+
+impl Handler<WorkerDeployed> for JobSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, WorkerDeployed(attempt): WorkerDeployed, _ctx: &mut Context<Self>) {
+        if attempt != self.attempt || self.undeployed == 0 {
+            return;
+        }
+        self.undeployed -= 1;
+        if self.undeployed == 0 {
+            self.recovered();
         }
     }
 }

@@ -27,6 +27,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use tidemark::attempts::{self, HostedAttempt};
 use tidemark::ids::{Attempt, JobId};
 use tidemark::job::Job;
 use tidemark::wire::{Frame, FrameDecoder};
@@ -77,6 +78,7 @@ pub fn serve(options: WorkerOptions, rebuild: Rebuild) -> std::io::Result<()> {
             rebuild,
             arbiters: handles,
             links: link_arbiter,
+            hosted: HostedAttempt::default(),
             current: None,
             parked: HashMap::new(),
             waiting: HashMap::new(),
@@ -209,7 +211,9 @@ pub(crate) struct WorkerHost {
     rebuild: Rebuild,
     arbiters: Vec<ArbiterHandle>,
     links: ArbiterHandle,
-    current: Option<(JobId, Attempt, Addr<AttemptActor>)>,
+    /// Which attempt runs here, and its actor.
+    hosted: HostedAttempt,
+    current: Option<Addr<AttemptActor>>,
     /// Links accepted before their attempt asked for them.
     parked: HashMap<LinkKey, (std::net::TcpStream, Vec<u8>)>,
     /// Attempts waiting for a link.
@@ -247,8 +251,8 @@ impl Handler<OpenCall> for WorkerHost {
     }
 }
 
-/// An attempt's actor → host: let me run, after stopping an older attempt;
-/// refused (`false`) if a newer one runs.
+/// An attempt's actor → host: let me run, after stopping the attempt it
+/// replaces; refused (`false`) as `HostedAttempt` refuses.
 #[derive(Message)]
 #[rtype(result = "bool")]
 pub(crate) struct Claim {
@@ -261,25 +265,50 @@ impl Handler<Claim> for WorkerHost {
     type Result = ResponseActFuture<Self, bool>;
 
     fn handle(&mut self, claim: Claim, _ctx: &mut Context<Self>) -> Self::Result {
-        let previous = match self.current.take() {
-            Some((job, attempt, actor)) if job == claim.job && attempt > claim.attempt => {
-                self.current = Some((job, attempt, actor));
+        let replaced = match self.hosted.claim(claim.job, claim.attempt) {
+            attempts::Claim::Refused { hosting } => {
+                tracing::warn!(
+                    "attempt {} of job {} is refused: this worker hosts attempt {} of job {}",
+                    claim.attempt.0,
+                    claim.job,
+                    hosting.1 .0,
+                    hosting.0
+                );
                 return Box::pin(actix::fut::ready(false));
             }
-            previous => previous,
+            attempts::Claim::Granted { .. } => self.current.replace(claim.actor),
         };
+        let hosted = &self.hosted;
         self.parked
-            .retain(|(job, attempt, _), _| *job == claim.job && *attempt >= claim.attempt);
-        self.current = Some((claim.job, claim.attempt, claim.actor));
+            .retain(|(job, attempt, _), _| hosted.admits(*job, *attempt));
         Box::pin(
             async move {
-                if let Some((_, _, actor)) = previous {
+                if let Some(actor) = replaced {
                     let _ = actor.send(Stop).await;
                 }
             }
             .into_actor(self)
             .map(|(), _, _| true),
         )
+    }
+}
+
+/// An attempt's actor → host: the attempt ended here.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Release {
+    pub job: JobId,
+    pub attempt: Attempt,
+}
+
+impl Handler<Release> for WorkerHost {
+    type Result = ();
+
+    fn handle(&mut self, ended: Release, _ctx: &mut Context<Self>) {
+        self.hosted.release(ended.job, ended.attempt);
+        if self.hosted.admits(ended.job, ended.attempt) {
+            self.current = None;
+        }
     }
 }
 
@@ -296,6 +325,13 @@ impl Handler<Accepted> for WorkerHost {
     type Result = ();
 
     fn handle(&mut self, link: Accepted, _ctx: &mut Context<Self>) {
+        let (job, attempt, _) = link.key;
+        if !self.hosted.admits(job, attempt) {
+            return tracing::warn!(
+                "a link of attempt {} is refused: it is over here",
+                attempt.0
+            );
+        }
         match self.waiting.remove(&link.key) {
             Some(waiter) => {
                 let _ = waiter.send((link.stream, link.read));

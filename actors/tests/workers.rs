@@ -210,3 +210,63 @@ fn storage_of_one_process_is_refused_with_worker_processes() {
     assert!(error.contains("memory://workers-refused"), "{error}");
     assert!(error.contains("worker processes"), "{error}");
 }
+
+/// The pids of the worker processes this test process launched.
+fn launched_workers() -> Vec<u32> {
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let cmdline =
+                std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            // The parent pid is the fourth field, after the command in parentheses.
+            let parent = stat
+                .rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().nth(1));
+            parent == Some(me.as_str()) && cmdline.split('\0').any(|a| a == "worker")
+        })
+        .collect()
+}
+
+#[test]
+fn a_hung_worker_process_is_found_by_its_silence_and_replaced() {
+    const RECORDS: u64 = 600_000;
+    const KEYS: u64 = 1_000;
+    let (out, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let args: Vec<String> = [
+        "wordcount",
+        "--keys=1000",
+        "--seed=4",
+        "--parallelism=2",
+        "--rate=100000",
+        "--emit=updates",
+        "--checkpoint-interval=100ms",
+        "--workers=2",
+        "--records=600000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let watched = out.path().to_owned();
+    // Once a checkpoint committed output, one worker stops answering
+    // (SIGSTOP) without its connections closing.
+    let stopper = std::thread::spawn(move || loop {
+        let committed = !committed_lines(&watched).is_empty();
+        match launched_workers().first() {
+            Some(pid) if committed => {
+                let stopped = Command::new("kill")
+                    .args(["-STOP", &pid.to_string()])
+                    .status();
+                return stopped.unwrap().success();
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(5)),
+        }
+    });
+    let report = run_with(&args, out.path(), checkpoints.path()).unwrap();
+    assert!(stopper.join().unwrap(), "the worker was stopped");
+    assert!(report.restarts >= 1, "the hung worker went unnoticed");
+    assert_updates_exactly_once(out.path(), RECORDS, KEYS, 4, "a hung worker");
+}

@@ -1,7 +1,7 @@
 //! One `Attempt` call on a worker: the attempt's share of the job, from
 //! its deployment to its stop.
 
-use super::{AwaitLink, Claim, Rebuild, WorkerHost};
+use super::{AwaitLink, Claim, Rebuild, Release, WorkerHost};
 use crate::control::{Command, Deploy, Event, FromWorker, Progress, ToWorker};
 use crate::coordinator::RestoreFrom;
 use crate::deploy::{stop_all, Hosted, Hosting};
@@ -140,11 +140,20 @@ impl AttemptActor {
         ctx.wait(stopped.into_actor(self).map(|(), act, ctx| {
             act.progress();
             act.send(FromWorker::Stopped);
+            act.release();
             ctx.stop();
         }));
     }
 
-    /// Reports what the counters grew by since the last report.
+    /// Tells the host the attempt ended here.
+    fn release(&self) {
+        if let Some((job, attempt)) = self.call {
+            self.resources.host.do_send(Release { job, attempt });
+        }
+    }
+
+    /// Reports what the counters grew by since the last report: also the
+    /// worker's heartbeat, from the call's first command on.
     fn progress(&mut self) {
         let mut progress = Progress::default();
         for (id, counters) in self.metrics.subtasks() {
@@ -256,7 +265,6 @@ impl AttemptActor {
                 self.subtasks = subtasks.into_iter().collect();
                 self.actors = actors;
                 self.send(FromWorker::Deployed);
-                ctx.run_interval(PROGRESS_EVERY, |act, _| act.progress());
                 for command in std::mem::take(&mut self.pending) {
                     self.command(command, ctx);
                 }
@@ -472,9 +480,11 @@ impl StreamHandler<Result<Command, Status>> for AttemptActor {
                 return self.stop(ctx);
             }
         };
-        let (job, attempt) = *self
-            .call
-            .get_or_insert((JobId(command.job), Attempt(command.attempt)));
+        if self.call.is_none() {
+            self.call = Some((JobId(command.job), Attempt(command.attempt)));
+            ctx.run_interval(PROGRESS_EVERY, |act, _| act.progress());
+        }
+        let (job, attempt) = self.call.expect("just set");
         match ToWorker::open(&command, job, attempt) {
             Ok(ToWorker::Deploy(deploy))
                 if self.subtasks.is_empty() && self.deploying.is_none() && !self.stopped =>
@@ -494,15 +504,11 @@ impl StreamHandler<Result<Command, Status>> for AttemptActor {
 impl Handler<Stop> for AttemptActor {
     type Result = ResponseActFuture<Self, ()>;
 
-    /// A newer attempt claimed the worker.
+    /// A newer attempt claimed the worker: answered once the actors
+    /// stopped, since `stop` holds the mailbox until then.
     fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) -> Self::Result {
-        if let Some(deploying) = self.deploying.take() {
-            ctx.cancel_future(deploying);
-        }
-        let stopped = stop_all(std::mem::take(&mut self.actors));
-        self.stopped = true;
-        self.subtasks.clear();
-        Box::pin(stopped.into_actor(self).map(|(), _, ctx| ctx.stop()))
+        self.stop(ctx);
+        Box::pin(actix::fut::ready(()))
     }
 }
 
