@@ -25,7 +25,6 @@ fn main() {
                 .server_streaming()
                 .build(),
         )
-        .method(method("shutdown", "Shutdown", "Empty", "Empty").build())
         .build();
     Builder::new().compile(&[worker]);
 }

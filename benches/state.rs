@@ -32,7 +32,7 @@ fn key(keys: Keys, n: u64, i: u64) -> u64 {
     let r = splitmix64(i);
     match keys {
         Keys::Uniform => r % n,
-        Keys::Skewed if r % 10 != 0 => (r >> 8) % (n / 1000).max(1),
+        Keys::Skewed if !r.is_multiple_of(10) => (r >> 8) % (n / 1000).max(1),
         Keys::Skewed => (r >> 8) % n,
     }
 }

@@ -3,55 +3,86 @@
 
 use crate::ids::{Attempt, JobId};
 
-/// The attempt a worker hosts, one at a time. A newer attempt of the same
-/// job replaces it (the driver restarted the job); an older one, or an
-/// attempt of another job while one runs, is refused.
+/// One attempt of one run of a job. Attempts count from 0 in every run,
+/// and a run that took the job directory over holds a newer lease epoch:
+/// attempts of one job are ordered by epoch, then number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RunAttempt {
+    /// The job.
+    pub job: JobId,
+    /// The lease epoch of the run.
+    pub epoch: u64,
+    /// The attempt within the run.
+    pub attempt: Attempt,
+}
+
+impl std::fmt::Display for RunAttempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "attempt {} of job {} (lease epoch {})",
+            self.attempt.0, self.job, self.epoch
+        )
+    }
+}
+
+impl RunAttempt {
+    /// Whether this is a later attempt of the same job than `other`.
+    pub fn supersedes(&self, other: &RunAttempt) -> bool {
+        self.job == other.job && (self.epoch, self.attempt) > (other.epoch, other.attempt)
+    }
+}
+
+/// The attempt a worker hosts, one at a time. A later attempt of the same
+/// job replaces it (the driver restarted the job, or a new driver took the
+/// job over); an earlier one, or an attempt of another job while one runs,
+/// is refused.
 #[derive(Debug, Default)]
 pub struct HostedAttempt {
-    current: Option<(JobId, Attempt)>,
+    current: Option<RunAttempt>,
 }
 
 /// The answer to a claim.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Claim {
-    /// The claimant runs; it first stops the attempt it replaces, if any.
-    Granted {
-        /// The attempt that ran here until now.
-        replaces: Option<(JobId, Attempt)>,
-    },
+    /// The claimant runs; whatever ran here first stops.
+    Granted,
     /// Another attempt runs and stays.
     Refused {
         /// The attempt that runs.
-        hosting: (JobId, Attempt),
+        hosting: RunAttempt,
     },
 }
 
 impl HostedAttempt {
-    /// `attempt` of `job` asks to run here.
-    pub fn claim(&mut self, job: JobId, attempt: Attempt) -> Claim {
+    /// `claimant` asks to run here.
+    pub fn claim(&mut self, claimant: RunAttempt) -> Claim {
         match self.current {
-            Some(hosting) if hosting.0 != job || hosting.1 > attempt => Claim::Refused { hosting },
-            replaces => {
-                self.current = Some((job, attempt));
-                Claim::Granted {
-                    replaces: replaces.filter(|r| *r != (job, attempt)),
-                }
+            Some(hosting) if hosting != claimant && !claimant.supersedes(&hosting) => {
+                Claim::Refused { hosting }
+            }
+            _ => {
+                self.current = Some(claimant);
+                Claim::Granted
             }
         }
     }
 
-    /// `attempt` of `job` ended here; the worker is free unless a newer
-    /// one has claimed it meanwhile.
-    pub fn release(&mut self, job: JobId, attempt: Attempt) {
-        if self.current == Some((job, attempt)) {
+    /// `ended` ended here; true if that frees the worker (no later attempt
+    /// claimed it meanwhile).
+    pub fn release(&mut self, ended: RunAttempt) -> bool {
+        let frees = self.current == Some(ended);
+        if frees {
             self.current = None;
         }
+        frees
     }
 
-    /// Whether what arrives for `attempt` of `job` (a peer's link) may
-    /// still be used: it is not of an attempt that can no longer run here.
-    pub fn admits(&self, job: JobId, attempt: Attempt) -> bool {
-        self.current.is_none_or(|(j, a)| j != job || a <= attempt)
+    /// Whether what arrives for `attempt` (a peer's link) may be kept until
+    /// it is asked for: not if another attempt runs that it cannot replace.
+    pub fn admits(&self, attempt: RunAttempt) -> bool {
+        self.current
+            .is_none_or(|hosting| hosting == attempt || attempt.supersedes(&hosting))
     }
 }
 
@@ -59,51 +90,51 @@ impl HostedAttempt {
 mod tests {
     use super::*;
 
-    const A: JobId = JobId(1);
-    const B: JobId = JobId(2);
+    fn of(job: u64, epoch: u64, attempt: u32) -> RunAttempt {
+        RunAttempt {
+            job: JobId(job),
+            epoch,
+            attempt: Attempt(attempt),
+        }
+    }
 
     #[test]
-    fn a_newer_attempt_replaces_and_an_older_one_is_refused() {
+    fn a_later_attempt_replaces_and_an_earlier_one_is_refused() {
         let mut hosted = HostedAttempt::default();
-        assert_eq!(
-            hosted.claim(A, Attempt(0)),
-            Claim::Granted { replaces: None }
-        );
-        assert_eq!(
-            hosted.claim(A, Attempt(2)),
-            Claim::Granted {
-                replaces: Some((A, Attempt(0)))
-            }
-        );
+        assert_eq!(hosted.claim(of(1, 1, 0)), Claim::Granted);
+        assert_eq!(hosted.claim(of(1, 1, 2)), Claim::Granted);
         // The driver of attempt 1 was slow: its deployment comes too late.
         assert_eq!(
-            hosted.claim(A, Attempt(1)),
+            hosted.claim(of(1, 1, 1)),
             Claim::Refused {
-                hosting: (A, Attempt(2))
+                hosting: of(1, 1, 2)
             }
         );
-        assert!(!hosted.admits(A, Attempt(1)));
-        assert!(hosted.admits(A, Attempt(2)));
-        assert!(hosted.admits(A, Attempt(3)));
+        assert!(!hosted.admits(of(1, 1, 1)));
+        assert!(hosted.admits(of(1, 1, 2)));
+        assert!(hosted.admits(of(1, 1, 3)));
+        // A new driver took the job over: its attempt 0 is the later one,
+        // and the old driver's attempts no longer get in.
+        assert_eq!(hosted.claim(of(1, 2, 0)), Claim::Granted);
+        assert!(matches!(hosted.claim(of(1, 1, 7)), Claim::Refused { .. }));
+        assert!(!hosted.admits(of(1, 1, 7)));
     }
 
     #[test]
     fn another_job_waits_until_the_attempt_ends() {
         let mut hosted = HostedAttempt::default();
-        hosted.claim(A, Attempt(4));
+        hosted.claim(of(1, 1, 4));
         assert_eq!(
-            hosted.claim(B, Attempt(0)),
+            hosted.claim(of(2, 1, 0)),
             Claim::Refused {
-                hosting: (A, Attempt(4))
+                hosting: of(1, 1, 4)
             }
         );
-        // An older attempt's end does not free the worker.
-        hosted.release(A, Attempt(3));
-        assert!(matches!(hosted.claim(B, Attempt(0)), Claim::Refused { .. }));
-        hosted.release(A, Attempt(4));
-        assert_eq!(
-            hosted.claim(B, Attempt(0)),
-            Claim::Granted { replaces: None }
-        );
+        assert!(!hosted.admits(of(2, 1, 0)));
+        // An earlier attempt's end does not free the worker.
+        assert!(!hosted.release(of(1, 1, 3)));
+        assert!(matches!(hosted.claim(of(2, 1, 0)), Claim::Refused { .. }));
+        assert!(hosted.release(of(1, 1, 4)));
+        assert_eq!(hosted.claim(of(2, 1, 0)), Claim::Granted);
     }
 }

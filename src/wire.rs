@@ -33,7 +33,7 @@ use thiserror::Error;
 pub const MAX_FRAME_BYTES: u32 = 256 << 20;
 
 /// Wire format version, in every hello.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 
 const MAGIC: [u8; 4] = *b"TDMK";
 
@@ -56,6 +56,9 @@ const EVENT_END: u8 = 6;
 pub struct Hello {
     /// The job.
     pub job: JobId,
+    /// The lease epoch of the run of the job (attempts count from 0 in
+    /// every run).
+    pub epoch: u64,
     /// Its attempt.
     pub attempt: Attempt,
     /// The worker of the end that sends it.
@@ -144,6 +147,7 @@ pub fn encode_hello(hello: &Hello, out: &mut Vec<u8>) {
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&VERSION.to_be_bytes());
     out.extend_from_slice(&hello.job.0.to_be_bytes());
+    out.extend_from_slice(&hello.epoch.to_be_bytes());
     out.extend_from_slice(&hello.attempt.0.to_be_bytes());
     out.extend_from_slice(&hello.from.to_be_bytes());
     out.extend_from_slice(&hello.to.to_be_bytes());
@@ -305,6 +309,7 @@ fn decode(kind: u8, bytes: &[u8]) -> Result<Frame, WireError> {
             }
             Frame::Hello(Hello {
                 job: JobId(body.u64()?),
+                epoch: body.u64()?,
                 attempt: Attempt(body.u32()?),
                 from: body.u32()?,
                 to: body.u32()?,

@@ -101,7 +101,7 @@ impl KeyedProcessFunction<u64, Rec, (u64, u64)> for Count {
         let count = entry.get_or_default();
         *count += 1;
         out.collect((rec.key, *count));
-        if rec.index % SEVENTH == 0 {
+        if rec.index.is_multiple_of(SEVENTH) {
             out.output(&self.sevens, rec);
         }
     }
@@ -389,7 +389,7 @@ fn killed(seed: u64) -> (u64, bool) {
         // Half a second per source without the kills (each source's
         // subtasks share the rate).
         .source_rate(RECORDS as f64);
-    if seed % 3 == 0 {
+    if seed.is_multiple_of(3) {
         builder = builder
             .state_backend(StateBackend::rocksdb(Some(state.path().to_owned()), None))
             .checkpointing(settings.incremental(true));

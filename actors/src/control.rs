@@ -17,6 +17,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
+use tidemark::attempts::RunAttempt;
 use tidemark::checkpoint::{Ack, CompletedCheckpoint};
 use tidemark::event::Barrier;
 use tidemark::graph::JobGraph;
@@ -33,8 +34,6 @@ pub struct WorkerInfo {
     /// Where its peers open links to it.
     #[prost(string, tag = "1")]
     pub data_address: String,
-    #[prost(uint32, tag = "2")]
-    pub pid: u32,
     /// The build's version: a driver refuses a worker of another.
     #[prost(string, tag = "3")]
     pub version: String,
@@ -50,6 +49,21 @@ pub struct Command {
     /// A [`ToWorker`] in rmp-serde.
     #[prost(bytes = "vec", tag = "3")]
     pub body: Vec<u8>,
+    /// The lease epoch of the driver's run, which the worker's state
+    /// objects are named and fenced by.
+    #[prost(uint64, tag = "4")]
+    pub epoch: u64,
+}
+
+impl Command {
+    /// The attempt the command is of.
+    pub fn of(&self) -> RunAttempt {
+        RunAttempt {
+            job: JobId(self.job),
+            epoch: self.epoch,
+            attempt: Attempt(self.attempt),
+        }
+    }
 }
 
 /// Worker → driver, within an `Attempt` call.
@@ -103,9 +117,6 @@ pub struct Deploy {
     pub workers: u32,
     /// The data address of every worker, by index.
     pub peers: Vec<String>,
-    /// The epoch of the driver's lease on the job directory, which the
-    /// worker's state objects are named and fenced by.
-    pub epoch: u64,
     pub restore: Option<RestoreSpec>,
 }
 
@@ -166,34 +177,32 @@ pub struct Progress {
 pub enum ControlError {
     #[error("a control message does not decode: {0}")]
     Decode(#[from] rmp_serde::decode::Error),
-    #[error("a command of job {got}, this call serves job {expected}")]
-    Job { expected: JobId, got: JobId },
-    #[error("a command of attempt {got}, this call serves attempt {expected}")]
-    Attempt { expected: Attempt, got: Attempt },
+    #[error("a command of {got}; this call serves {expected}")]
+    Command {
+        expected: RunAttempt,
+        got: RunAttempt,
+    },
+    #[error("an event of attempt {}; this call serves attempt {}", .got.0, .expected.0)]
+    Event { expected: Attempt, got: Attempt },
 }
 
 impl ToWorker {
-    /// The envelope of this command of `attempt`.
-    pub fn envelope(&self, job: JobId, attempt: Attempt) -> Command {
+    /// The envelope of this command of `run`.
+    pub fn envelope(&self, run: RunAttempt) -> Command {
         Command {
-            job: job.0,
-            attempt: attempt.0,
+            job: run.job.0,
+            epoch: run.epoch,
+            attempt: run.attempt.0,
             body: rmp_serde::to_vec_named(self).expect("commands are plain data"),
         }
     }
 
-    /// The command in `envelope`, which must be of `job` and `attempt`.
-    pub fn open(envelope: &Command, job: JobId, attempt: Attempt) -> Result<Self, ControlError> {
-        if envelope.job != job.0 {
-            return Err(ControlError::Job {
-                expected: job,
-                got: JobId(envelope.job),
-            });
-        }
-        if envelope.attempt != attempt.0 {
-            return Err(ControlError::Attempt {
-                expected: attempt,
-                got: Attempt(envelope.attempt),
+    /// The command in `envelope`, which must be of `run`.
+    pub fn open(envelope: &Command, run: RunAttempt) -> Result<Self, ControlError> {
+        if envelope.of() != run {
+            return Err(ControlError::Command {
+                expected: run,
+                got: envelope.of(),
             });
         }
         Ok(rmp_serde::from_slice(&envelope.body)?)
@@ -211,7 +220,7 @@ impl FromWorker {
     /// The event in `envelope`, which must be of `attempt`.
     pub fn open(envelope: &Event, attempt: Attempt) -> Result<Self, ControlError> {
         if envelope.attempt != attempt.0 {
-            return Err(ControlError::Attempt {
+            return Err(ControlError::Event {
                 expected: attempt,
                 got: Attempt(envelope.attempt),
             });
@@ -225,25 +234,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_command_of_another_job_or_attempt_is_refused() {
-        let (job, attempt) = (JobId(7), Attempt(3));
-        let cancel = ToWorker::Cancel.envelope(job, attempt);
-        assert!(matches!(
-            ToWorker::open(&cancel, job, attempt),
-            Ok(ToWorker::Cancel)
-        ));
-        assert!(matches!(
-            ToWorker::open(&cancel, JobId(8), attempt),
-            Err(ControlError::Job { .. })
-        ));
-        assert!(matches!(
-            ToWorker::open(&cancel, job, Attempt(4)),
-            Err(ControlError::Attempt { .. })
-        ));
+    fn a_command_of_another_job_run_or_attempt_is_refused() {
+        let (attempt, run) = (
+            Attempt(3),
+            RunAttempt {
+                job: JobId(7),
+                epoch: 2,
+                attempt: Attempt(3),
+            },
+        );
+        let cancel = ToWorker::Cancel.envelope(run);
+        assert!(matches!(ToWorker::open(&cancel, run), Ok(ToWorker::Cancel)));
+        for other in [
+            RunAttempt {
+                job: JobId(8),
+                ..run
+            },
+            RunAttempt { epoch: 1, ..run },
+            RunAttempt {
+                attempt: Attempt(4),
+                ..run
+            },
+        ] {
+            assert!(matches!(
+                ToWorker::open(&cancel, other),
+                Err(ControlError::Command { .. })
+            ));
+        }
         let stopped = FromWorker::Stopped.envelope(attempt);
         assert!(matches!(
             FromWorker::open(&stopped, Attempt(2)),
-            Err(ControlError::Attempt { .. })
+            Err(ControlError::Event { .. })
         ));
         let garbage = Event {
             attempt: 3,

@@ -24,10 +24,11 @@ use actix::{
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use tidemark::attempts::RunAttempt;
 use tidemark::error::TaskError;
 use tidemark::event::ChannelEvent;
 use tidemark::graph::JobGraph;
-use tidemark::ids::{Attempt, ChannelId, JobId, SubtaskId};
+use tidemark::ids::{Attempt, ChannelId, SubtaskId};
 use tidemark::wire::{self, Frame, FrameDecoder, Hello, Inbound, WireError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -141,6 +142,8 @@ pub struct Routes {
 pub struct LinkEnd {
     stream: std::net::TcpStream,
     read: Vec<u8>,
+    /// The hello went out already, as soon as the link was dialed.
+    greeted: bool,
     sender: LinkSender,
     queue: mpsc::UnboundedReceiver<Vec<u8>>,
     hello: Hello,
@@ -161,6 +164,7 @@ impl LinkEnd {
         Ok(LinkEnd {
             stream,
             read,
+            greeted: false,
             sender: LinkSender {
                 frames,
                 failures: failures.clone(),
@@ -169,6 +173,15 @@ impl LinkEnd {
             queue,
             hello,
         })
+    }
+
+    /// The end of a link whose hello was written when it was dialed, so
+    /// that the peer can hand it to its attempt before this one is ready.
+    pub fn greeted(self) -> Self {
+        LinkEnd {
+            greeted: true,
+            ..self
+        }
     }
 
     /// What the endpoints on this end's worker send through.
@@ -195,8 +208,7 @@ pub fn crossings(graph: &JobGraph, placement: Placement) -> BTreeSet<(u32, u32)>
 pub fn loopback(
     graph: &JobGraph,
     placement: Placement,
-    job: JobId,
-    attempt: Attempt,
+    run: RunAttempt,
     failures: &Recipient<SubtaskFailed>,
 ) -> std::io::Result<LinkEnds> {
     let mut ends = LinkEnds::new();
@@ -205,8 +217,9 @@ pub fn loopback(
         let dialed = std::net::TcpStream::connect(listener.local_addr()?)?;
         let (accepted, _) = listener.accept()?;
         let hello = |from, to| Hello {
-            job,
-            attempt,
+            job: run.job,
+            epoch: run.epoch,
+            attempt: run.attempt,
             from,
             to,
         };
@@ -268,6 +281,7 @@ impl Actor for LinkActor {
         let LinkEnd {
             stream,
             read: already,
+            greeted,
             sender,
             mut queue,
             hello,
@@ -280,10 +294,12 @@ impl Actor for LinkActor {
         let mut write = tokio::io::BufWriter::new(write);
         let metrics = self.metrics.clone();
         let writer = async move {
-            let mut first = Vec::new();
-            wire::encode_hello(&hello, &mut first);
-            write.write_all(&first).await?;
-            write.flush().await?;
+            if !greeted {
+                let mut first = Vec::new();
+                wire::encode_hello(&hello, &mut first);
+                write.write_all(&first).await?;
+                write.flush().await?;
+            }
             let mut frames = Vec::new();
             while queue.recv_many(&mut frames, 256).await > 0 {
                 for frame in frames.drain(..) {
@@ -314,13 +330,10 @@ impl Actor for LinkActor {
             let mut decoder = FrameDecoder::default();
             let mut inbound = Inbound::new(expected);
             let mut buffer = vec![0; READ_BYTES];
+            // What the acceptor read already (the hello, and what came
+            // with it) is decoded before the next read.
             decoder.feed(&already);
             loop {
-                let n = read.read(&mut buffer).await.map_err(LinkError::Read)?;
-                if n == 0 {
-                    return Err(LinkError::Closed(decoder.buffered()));
-                }
-                decoder.feed(&buffer[..n]);
                 while let Some(frame) = decoder.next_frame()? {
                     match inbound.accept(frame)? {
                         None | Some(Frame::Hello(_)) => {}
@@ -340,6 +353,11 @@ impl Actor for LinkActor {
                         }
                     }
                 }
+                let n = read.read(&mut buffer).await.map_err(LinkError::Read)?;
+                if n == 0 {
+                    return Err(LinkError::Closed(decoder.buffered()));
+                }
+                decoder.feed(&buffer[..n]);
             }
         };
         ctx.spawn(

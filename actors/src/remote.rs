@@ -12,6 +12,7 @@ use crate::messages::{
 use crate::metrics::JobMetrics;
 use crate::runtime::JobError;
 use crate::supervisor::{JobSupervisor, WorkerDeployed};
+use crate::worker::{KEEPALIVE, MAX_CONTROL_MESSAGE};
 use actix::{
     Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, ResponseFuture,
     StreamHandler, WrapFuture,
@@ -21,8 +22,9 @@ use std::process::Stdio;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tidemark::attempts::RunAttempt;
 use tidemark::error::TaskError;
-use tidemark::ids::{Attempt, JobId, SubtaskId};
+use tidemark::ids::{Attempt, SubtaskId};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::Channel;
@@ -33,8 +35,10 @@ const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a worker may take to answer where it is reached.
 const INFO_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A worker sends its progress every 100 ms: this long without a word
-/// from it, it is lost even though its connection stands (hung, stopped).
+/// A deployed worker sends its progress every 100 ms: this long without a
+/// word from it, it is lost even though its connection stands (hung,
+/// stopped). While it deploys (reads state, restores its subtasks), only
+/// the call's keepalive watches it.
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The line a worker prints first on stdout, then its control address.
@@ -82,14 +86,13 @@ impl WorkerSet {
 #[derive(Clone)]
 pub struct Commands {
     sender: mpsc::UnboundedSender<Command>,
-    job: JobId,
-    attempt: Attempt,
+    run: RunAttempt,
 }
 
 impl Commands {
     /// Queues `command`; a call that ended ended with its attempt.
     pub fn send(&self, command: ToWorker) {
-        let _ = self.sender.send(command.envelope(self.job, self.attempt));
+        let _ = self.sender.send(command.envelope(self.run));
     }
 }
 
@@ -113,8 +116,12 @@ impl Peer {
                 let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{control}"))
                     .map_err(|e| fail(e.to_string()))?
                     .connect_timeout(INFO_TIMEOUT)
-                    .tcp_nodelay(true);
+                    .tcp_nodelay(true)
+                    .http2_keep_alive_interval(KEEPALIVE)
+                    .keep_alive_timeout(KEEPALIVE * 3)
+                    .keep_alive_while_idle(true);
                 WorkerClient::new(endpoint.connect().await.map_err(|e| fail(e.to_string()))?)
+                    .max_decoding_message_size(MAX_CONTROL_MESSAGE)
             }
         };
         let info = tokio::time::timeout(INFO_TIMEOUT, client.info(Empty {}))
@@ -209,22 +216,17 @@ impl Pool {
         }
     }
 
-    /// Opens worker `index`'s call for `attempt` and deploys `deploy` on
-    /// it: the commands for its subtasks, and the actor that hears it.
+    /// Opens worker `index`'s call for `run` and deploys `deploy` on it:
+    /// the commands for its subtasks, and the actor that hears it.
     pub fn attach(
         &self,
         index: u32,
         deploy: Deploy,
-        attempt: Attempt,
-        job: JobId,
+        run: RunAttempt,
         reporting: Reporting,
     ) -> (Commands, Addr<RemoteWorker>) {
         let (sender, receiver) = mpsc::unbounded_channel();
-        let commands = Commands {
-            sender,
-            job,
-            attempt,
-        };
+        let commands = Commands { sender, run };
         commands.send(ToWorker::Deploy(Box::new(deploy)));
         let client = self.peers[index as usize]
             .client
@@ -232,13 +234,13 @@ impl Pool {
             .expect("a deployed worker is ready");
         let worker = RemoteWorker {
             index,
-            attempt,
+            attempt: run.attempt,
             commands: commands.clone(),
             reporting,
             call: Some((client, receiver)),
             stop: None,
             stopped: false,
-            heard: Instant::now(),
+            heard: None,
         }
         .start();
         (commands, worker)
@@ -306,8 +308,8 @@ pub struct RemoteWorker {
     call: Option<(WorkerClient<Channel>, mpsc::UnboundedReceiver<Command>)>,
     stop: Option<oneshot::Sender<()>>,
     stopped: bool,
-    /// When the worker was last heard of.
-    heard: Instant,
+    /// When the deployed worker was last heard of.
+    heard: Option<Instant>,
 }
 
 impl RemoteWorker {
@@ -339,7 +341,10 @@ impl RemoteWorker {
             ..
         } = &self.reporting;
         match event {
-            FromWorker::Deployed => supervisor.do_send(WorkerDeployed(attempt)),
+            FromWorker::Deployed => {
+                self.heard = Some(Instant::now());
+                supervisor.do_send(WorkerDeployed(attempt));
+            }
             FromWorker::Acknowledged(ack) => {
                 if let Some(c) = coordinator {
                     c.do_send(AcknowledgeCheckpoint { attempt, ack: *ack });
@@ -401,7 +406,7 @@ impl Actor for RemoteWorker {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.run_interval(HEARTBEAT_TIMEOUT / 15, |worker, ctx| {
-            let silent = worker.heard.elapsed();
+            let silent = worker.heard.map_or(Duration::ZERO, |at| at.elapsed());
             if silent > HEARTBEAT_TIMEOUT {
                 worker.lost(format!("lost: not heard of for {silent:?}"), ctx);
             }
@@ -423,7 +428,9 @@ impl Actor for RemoteWorker {
 
 impl StreamHandler<Result<Event, tonic::Status>> for RemoteWorker {
     fn handle(&mut self, event: Result<Event, tonic::Status>, ctx: &mut Context<Self>) {
-        self.heard = Instant::now();
+        if let Some(heard) = &mut self.heard {
+            *heard = Instant::now();
+        }
         match event
             .map_err(|s| s.message().to_owned())
             .and_then(|event| FromWorker::open(&event, self.attempt).map_err(|e| e.to_string()))

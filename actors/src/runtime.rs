@@ -8,7 +8,7 @@ use crate::messages::Cancel;
 use crate::metrics::JobMetrics;
 use crate::net::{Placement, Workers};
 use crate::remote::{Distributed, Pool};
-use crate::supervisor::{JobSupervisor, StopWithSavepoint, TriggerCheckpointRequest};
+use crate::supervisor::{Hosts, JobSupervisor, StopWithSavepoint, TriggerCheckpointRequest};
 use actix::{Actor, Addr, Arbiter, System};
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
@@ -432,9 +432,11 @@ impl Runtime {
                     }
                     let supervisor = JobSupervisor::new(
                         job,
-                        handles,
-                        Workers { placement, links },
-                        pool,
+                        Hosts {
+                            arbiters: handles,
+                            workers: Workers { placement, links },
+                            pool,
+                        },
                         job_metrics,
                         supervisor_tx,
                         job_storage,

@@ -26,11 +26,12 @@ use actix::{
 };
 use actix_rt::ArbiterHandle;
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tidemark::attempts::RunAttempt;
 use tidemark::checkpoint::coordinator::CheckpointCoordinator;
 use tidemark::checkpoint::restore::RestoreCandidates;
 use tidemark::checkpoint::savepoint::check_references;
@@ -42,7 +43,6 @@ use tidemark::ids::{Attempt, SubtaskId};
 use tidemark::job::Job;
 use tidemark::storage::savepoint::{self, SavepointError};
 use tidemark::storage::CheckpointStorage;
-use tidemark::StateBackend;
 use tokio::sync::oneshot;
 
 /// Coordinator → supervisor: checkpoints failed more often than tolerated.
@@ -76,8 +76,10 @@ pub struct JobSupervisor {
     pool: Option<Pool>,
     /// Whether worker processes host the subtasks (and read their state).
     distributed: bool,
-    /// Worker processes that have yet to start their share of the attempt.
+    /// Worker processes that have yet to start their share of the attempt,
+    /// and what it restores from, recorded once they all have.
     undeployed: usize,
+    restoring: Option<LoadedFrom>,
     metrics: Arc<JobMetrics>,
     started: Instant,
     outcome: Option<mpsc::Sender<Result<JobReport, JobError>>>,
@@ -99,12 +101,22 @@ pub struct JobSupervisor {
     savepoint_dir: Option<CheckpointStorage>,
 }
 
+/// Where a job's subtasks run: on this process's arbiters, spread over
+/// its virtual workers, or in worker processes.
+pub struct Hosts {
+    pub arbiters: Vec<ArbiterHandle>,
+    pub workers: Workers,
+    pub pool: Option<Pool>,
+}
+
 impl JobSupervisor {
     pub fn new(
         job: Job,
-        arbiters: Vec<ArbiterHandle>,
-        workers: Workers,
-        pool: Option<Pool>,
+        Hosts {
+            arbiters,
+            workers,
+            pool,
+        }: Hosts,
         metrics: Arc<JobMetrics>,
         outcome: mpsc::Sender<Result<JobReport, JobError>>,
         storage: Option<CheckpointStorage>,
@@ -113,6 +125,7 @@ impl JobSupervisor {
         JobSupervisor {
             distributed: pool.is_some(),
             undeployed: 0,
+            restoring: None,
             pool,
             savepoint_dir,
             job,
@@ -134,15 +147,6 @@ impl JobSupervisor {
         }
     }
 
-    /// Where restores download native checkpoints: the RocksDB backend's
-    /// working directory, which takes the files over.
-    fn local_dir(&self) -> Option<PathBuf> {
-        match &self.job.config.state_backend {
-            StateBackend::Heap => None,
-            StateBackend::RocksDb { local_dir, .. } => Some(local_dir.clone()),
-        }
-    }
-
     /// Opens the coordinator (recovering the completed checkpoints and the id
     /// counter from storage) and loads the state to start from.
     fn boot(&mut self, ctx: &mut Context<Self>) {
@@ -153,7 +157,7 @@ impl JobSupervisor {
             return self.start(attempt, Loaded::default(), ctx);
         };
         let graph = self.job.graph.clone();
-        let local_dir = self.local_dir();
+        let local_dir = self.job.config.local_dir().map(Path::to_path_buf);
         let subtasks: Vec<SubtaskId> = graph.subtasks().collect();
         let hooks = self.job.take_master_hooks();
         let me = ctx.address();
@@ -310,8 +314,12 @@ impl JobSupervisor {
                 if attempt != act.attempt || act.outcome.is_none() {
                     return;
                 }
-                match ready.map(|()| act.deploy_remote(ctx.address(), loaded.from)) {
-                    Ok(()) => act.running(attempt, loaded.restore),
+                match ready {
+                    // Running once every worker started its share.
+                    Ok(()) => {
+                        act.deploy_remote(ctx.address(), loaded.from);
+                        act.restoring = loaded.restore;
+                    }
                     Err(e) => act.fail(e, ctx),
                 }
             }),
@@ -333,9 +341,7 @@ impl JobSupervisor {
                 external_path: Some(from.location),
             });
         }
-        if !self.distributed {
-            self.recovered();
-        }
+        self.recovered();
         if let Some(coordinator) = &self.coordinator {
             let graph = &self.job.graph;
             let sources = self
@@ -368,8 +374,11 @@ impl JobSupervisor {
     fn deploy_remote(&mut self, me: Addr<Self>, from: Option<crate::coordinator::RestoreFrom>) {
         let pool = self.pool.as_ref().expect("the pool is back");
         let placement = Placement::new(pool.count());
-        let job = job_id(&self.job.name);
-        let epoch = self.storage.as_ref().map_or(0, CheckpointStorage::epoch);
+        let run = RunAttempt {
+            job: job_id(&self.job.name),
+            epoch: self.storage.as_ref().map_or(0, CheckpointStorage::epoch),
+            attempt: self.attempt,
+        };
         let restore = from.map(|from| RestoreSpec {
             checkpoint: from.checkpoint,
             owned: from.owned,
@@ -394,7 +403,6 @@ impl JobSupervisor {
                 worker,
                 workers: pool.count(),
                 peers: peers.clone(),
-                epoch,
                 restore: restore.clone(),
             };
             let reporting = Reporting {
@@ -403,7 +411,7 @@ impl JobSupervisor {
                 metrics: self.metrics.clone(),
                 blame,
             };
-            let (commands, remote) = pool.attach(worker, deploy, self.attempt, job, reporting);
+            let (commands, remote) = pool.attach(worker, deploy, run, reporting);
             subtasks.extend(hosted.into_iter().map(|subtask| {
                 let commands = commands.clone();
                 (subtask, SubtaskHandle::Remote { subtask, commands })
@@ -424,14 +432,13 @@ impl JobSupervisor {
     ) -> Result<(), JobError> {
         let job = job_id(&self.job.name);
         let failures = me.clone().recipient();
-        let ends = net::loopback(
-            &self.job.graph,
-            self.workers.placement,
+        let run = RunAttempt {
             job,
-            self.attempt,
-            &failures,
-        )
-        .map_err(|e| JobError::Runtime(format!("cannot open a link between workers: {e}")))?;
+            epoch: self.storage.as_ref().map_or(0, CheckpointStorage::epoch),
+            attempt: self.attempt,
+        };
+        let ends = net::loopback(&self.job.graph, self.workers.placement, run, &failures)
+            .map_err(|e| JobError::Runtime(format!("cannot open a link between workers: {e}")))?;
         let hosting = Hosting {
             job: &self.job,
             metrics: &self.metrics,
@@ -513,14 +520,9 @@ impl JobSupervisor {
         let Some(storage) = self.storage.clone() else {
             return;
         };
-        let allow_non_restored = self
-            .job
-            .config
-            .checkpointing
-            .as_ref()
-            .is_some_and(|s| s.allow_non_restored_state);
+        let allow_non_restored = self.job.config.allows_non_restored_state();
         let graph = self.job.graph.clone();
-        let local_dir = self.local_dir();
+        let local_dir = self.job.config.local_dir().map(Path::to_path_buf);
         let local = !self.distributed;
         ctx.spawn(
             async move {
@@ -684,7 +686,8 @@ impl Handler<WorkerDeployed> for JobSupervisor {
         }
         self.undeployed -= 1;
         if self.undeployed == 0 {
-            self.recovered();
+            let restore = self.restoring.take();
+            self.running(attempt, restore);
         }
     }
 }

@@ -27,8 +27,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use tidemark::attempts::{self, HostedAttempt};
-use tidemark::ids::{Attempt, JobId};
+use tidemark::attempts::{self, HostedAttempt, RunAttempt};
 use tidemark::job::Job;
 use tidemark::wire::{Frame, FrameDecoder};
 use tokio::io::AsyncReadExt;
@@ -56,7 +55,8 @@ pub struct WorkerOptions {
     pub exit_with_stdin: bool,
 }
 
-/// Runs a worker until it is shut down over gRPC (or stdin closes). Prints
+/// Runs a worker until it is killed (or, with `exit_with_stdin`, stdin
+/// closes). Prints
 /// `tidemark worker listening on ADDR` with its control address first.
 pub fn serve(options: WorkerOptions, rebuild: Rebuild) -> std::io::Result<()> {
     let system = System::new();
@@ -64,8 +64,12 @@ pub fn serve(options: WorkerOptions, rebuild: Rebuild) -> std::io::Result<()> {
         .map(|_| Arbiter::new())
         .collect();
     let links = Arbiter::new();
+    // Attempts deploy (and restore their subtasks' state) on a thread of
+    // their own, so that the gRPC service keeps answering meanwhile.
+    let attempts = Arbiter::new();
     let handles: Vec<ArbiterHandle> = arbiters.iter().map(Arbiter::handle).collect();
     let link_arbiter = links.handle();
+    let attempt_arbiter = attempts.handle();
     system.block_on(async move {
         let control = tokio::net::TcpListener::bind(options.control).await?;
         let data = tokio::net::TcpListener::bind(options.data).await?;
@@ -78,6 +82,7 @@ pub fn serve(options: WorkerOptions, rebuild: Rebuild) -> std::io::Result<()> {
             rebuild,
             arbiters: handles,
             links: link_arbiter,
+            attempts: attempt_arbiter,
             hosted: HostedAttempt::default(),
             current: None,
             parked: HashMap::new(),
@@ -92,9 +97,16 @@ pub fn serve(options: WorkerOptions, rebuild: Rebuild) -> std::io::Result<()> {
         let address = control.local_addr()?;
         let incoming = TcpListenerStream::new(control);
         actix_rt::spawn(async move {
+            // A driver gone without closing its call (its machine died)
+            // is noticed by the keepalive, which ends the call and with it
+            // the attempt's actors.
             let served = tonic::transport::Server::builder()
                 .tcp_nodelay(true)
-                .add_service(WorkerServer::new(service))
+                .http2_keepalive_interval(Some(KEEPALIVE))
+                .http2_keepalive_timeout(Some(KEEPALIVE * 3))
+                .add_service(
+                    WorkerServer::new(service).max_decoding_message_size(MAX_CONTROL_MESSAGE),
+                )
                 .serve_with_incoming(incoming)
                 .await;
             if let Err(e) = served {
@@ -115,7 +127,7 @@ pub fn serve(options: WorkerOptions, rebuild: Rebuild) -> std::io::Result<()> {
         Ok::<_, std::io::Error>(())
     })?;
     system.run()?;
-    for arbiter in arbiters.into_iter().chain([links]) {
+    for arbiter in arbiters.into_iter().chain([links, attempts]) {
         arbiter.stop();
         let _ = arbiter.join();
     }
@@ -126,14 +138,22 @@ pub fn serve(options: WorkerOptions, rebuild: Rebuild) -> std::io::Result<()> {
 /// with, to the host.
 async fn accept(listener: tokio::net::TcpListener, host: Addr<WorkerHost>) {
     loop {
-        let Ok((stream, peer)) = listener.accept().await else {
-            continue;
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors, say: try again in a while
+                // rather than spin.
+                tracing::warn!("accepting links failed: {e}");
+                actix_rt::time::sleep(HELLO_TIMEOUT / 100).await;
+                continue;
+            }
         };
         let host = host.clone();
         actix_rt::spawn(async move {
-            match hello(stream).await {
-                Ok((key, stream, read)) => host.do_send(Accepted { key, stream, read }),
-                Err(e) => tracing::warn!(%peer, "a link was refused: {e}"),
+            match tokio::time::timeout(HELLO_TIMEOUT, hello(stream)).await {
+                Ok(Ok((key, stream, read))) => host.do_send(Accepted { key, stream, read }),
+                Ok(Err(e)) => tracing::warn!(%peer, "a link was refused: {e}"),
+                Err(_) => tracing::warn!(%peer, "a link sent no hello within {HELLO_TIMEOUT:?}"),
             }
         });
     }
@@ -160,11 +180,27 @@ async fn hello(
         }
     };
     let stream = stream.into_std().map_err(|e| e.to_string())?;
-    Ok(((hello.job, hello.attempt, hello.from), stream, read))
+    let run = RunAttempt {
+        job: hello.job,
+        epoch: hello.epoch,
+        attempt: hello.attempt,
+    };
+    Ok(((run, hello.from), stream, read))
 }
 
+/// How often each end of a control call checks the other is there.
+pub(crate) const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The largest control message: a deployment carries the checkpoint it
+/// restores, an acknowledgement a subtask's state handles (and inline
+/// state), both above gRPC's default 4 MiB for large jobs.
+pub(crate) const MAX_CONTROL_MESSAGE: usize = 1 << 30;
+
+/// How long a peer has to send its hello once connected.
+const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A link of an attempt, by the worker that dialed it.
-type LinkKey = (JobId, Attempt, u32);
+type LinkKey = (RunAttempt, u32);
 
 /// The gRPC service, in front of the host.
 struct Service {
@@ -179,7 +215,6 @@ impl Worker for Service {
     async fn info(&self, _: Request<Empty>) -> Result<Response<WorkerInfo>, Status> {
         Ok(Response::new(WorkerInfo {
             data_address: self.data.clone(),
-            pid: std::process::id(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
         }))
     }
@@ -199,11 +234,6 @@ impl Worker for Service {
             receiver,
         ))))
     }
-
-    async fn shutdown(&self, _: Request<Empty>) -> Result<Response<Empty>, Status> {
-        self.host.do_send(Shutdown);
-        Ok(Response::new(Empty {}))
-    }
 }
 
 /// The process's state: which attempt it hosts, and links that arrived.
@@ -211,6 +241,7 @@ pub(crate) struct WorkerHost {
     rebuild: Rebuild,
     arbiters: Vec<ArbiterHandle>,
     links: ArbiterHandle,
+    attempts: ArbiterHandle,
     /// Which attempt runs here, and its actor.
     hosted: HostedAttempt,
     current: Option<Addr<AttemptActor>>,
@@ -235,52 +266,42 @@ impl Handler<OpenCall> for WorkerHost {
     type Result = ();
 
     fn handle(&mut self, call: OpenCall, ctx: &mut Context<Self>) {
-        AttemptActor::new(
-            Open {
-                commands: call.commands,
-                events: call.events,
-            },
-            attempt::Resources {
-                host: actix::AsyncContext::address(ctx),
-                rebuild: self.rebuild.clone(),
-                arbiters: self.arbiters.clone(),
-                links: self.links.clone(),
-            },
-        )
-        .start();
+        let resources = attempt::Resources {
+            host: actix::AsyncContext::address(ctx),
+            rebuild: self.rebuild.clone(),
+            arbiters: self.arbiters.clone(),
+            links: self.links.clone(),
+        };
+        let open = Open {
+            commands: call.commands,
+            events: call.events,
+        };
+        AttemptActor::start_in_arbiter(&self.attempts, move |_| AttemptActor::new(open, resources));
     }
 }
 
-/// An attempt's actor → host: let me run, after stopping the attempt it
-/// replaces; refused (`false`) as `HostedAttempt` refuses.
+/// An attempt's actor → host: let me run, after stopping what ran here;
+/// refused as `HostedAttempt` refuses, with why.
 #[derive(Message)]
-#[rtype(result = "bool")]
+#[rtype(result = "Result<(), String>")]
 pub(crate) struct Claim {
-    pub job: JobId,
-    pub attempt: Attempt,
+    pub run: RunAttempt,
     pub actor: Addr<AttemptActor>,
 }
 
 impl Handler<Claim> for WorkerHost {
-    type Result = ResponseActFuture<Self, bool>;
+    type Result = ResponseActFuture<Self, Result<(), String>>;
 
     fn handle(&mut self, claim: Claim, _ctx: &mut Context<Self>) -> Self::Result {
-        let replaced = match self.hosted.claim(claim.job, claim.attempt) {
-            attempts::Claim::Refused { hosting } => {
-                tracing::warn!(
-                    "attempt {} of job {} is refused: this worker hosts attempt {} of job {}",
-                    claim.attempt.0,
-                    claim.job,
-                    hosting.1 .0,
-                    hosting.0
-                );
-                return Box::pin(actix::fut::ready(false));
-            }
-            attempts::Claim::Granted { .. } => self.current.replace(claim.actor),
-        };
+        if let attempts::Claim::Refused { hosting } = self.hosted.claim(claim.run) {
+            let refused = format!("this worker hosts {hosting}");
+            return Box::pin(actix::fut::ready(Err(refused)));
+        }
+        let replaced = self.current.replace(claim.actor);
         let hosted = &self.hosted;
-        self.parked
-            .retain(|(job, attempt, _), _| hosted.admits(*job, *attempt));
+        self.parked.retain(|(run, _), _| hosted.admits(*run));
+        self.waiting
+            .retain(|(run, _), waiter| !waiter.is_closed() && hosted.admits(*run));
         Box::pin(
             async move {
                 if let Some(actor) = replaced {
@@ -288,7 +309,7 @@ impl Handler<Claim> for WorkerHost {
                 }
             }
             .into_actor(self)
-            .map(|(), _, _| true),
+            .map(|(), _, _| Ok(())),
         )
     }
 }
@@ -297,17 +318,18 @@ impl Handler<Claim> for WorkerHost {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) struct Release {
-    pub job: JobId,
-    pub attempt: Attempt,
+    pub run: RunAttempt,
+    pub actor: Addr<AttemptActor>,
 }
 
 impl Handler<Release> for WorkerHost {
     type Result = ();
 
     fn handle(&mut self, ended: Release, _ctx: &mut Context<Self>) {
-        self.hosted.release(ended.job, ended.attempt);
-        if self.hosted.admits(ended.job, ended.attempt) {
+        if self.current.as_ref() == Some(&ended.actor) && self.hosted.release(ended.run) {
             self.current = None;
+            self.parked.clear();
+            self.waiting.clear();
         }
     }
 }
@@ -325,11 +347,10 @@ impl Handler<Accepted> for WorkerHost {
     type Result = ();
 
     fn handle(&mut self, link: Accepted, _ctx: &mut Context<Self>) {
-        let (job, attempt, _) = link.key;
-        if !self.hosted.admits(job, attempt) {
+        let (run, from) = link.key;
+        if !self.hosted.admits(run) {
             return tracing::warn!(
-                "a link of attempt {} is refused: it is over here",
-                attempt.0
+                "the link from worker {from} for {run} is refused: it cannot run here"
             );
         }
         match self.waiting.remove(&link.key) {
@@ -364,17 +385,5 @@ impl Handler<AwaitLink> for WorkerHost {
                 self.waiting.insert(wait.key, wait.reply);
             }
         }
-    }
-}
-
-#[derive(Message)]
-#[rtype(result = "()")]
-struct Shutdown;
-
-impl Handler<Shutdown> for WorkerHost {
-    type Result = ();
-
-    fn handle(&mut self, _: Shutdown, _ctx: &mut Context<Self>) {
-        System::current().stop();
     }
 }

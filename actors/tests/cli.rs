@@ -584,3 +584,57 @@ fn a_bad_configuration_file_exits_2_naming_the_key_and_the_file() {
         );
     }
 }
+
+/// The Kubernetes example runs commands this binary accepts, against as
+/// many workers as the StatefulSet has, on the ports its Service names.
+#[test]
+fn the_kubernetes_example_runs_commands_the_binary_accepts() {
+    use saphyr::{LoadableYamlNode, Yaml};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/kubernetes");
+    let load = |name: &str| {
+        Yaml::load_from_str(&std::fs::read_to_string(dir.join(name)).unwrap()).unwrap()
+    };
+    let args = |doc: &Yaml| -> Vec<String> {
+        doc["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_sequence()
+            .expect("a container's args")
+            .iter()
+            .map(|a| {
+                a.as_str()
+                    .unwrap()
+                    .replace("$(POD_NAME)", "tidemark-worker-0")
+            })
+            .collect()
+    };
+    let (workers, driver) = (load("workers.yaml"), load("driver.yaml"));
+    let (service, statefulset) = (&workers[0], &workers[1]);
+    let ports: Vec<i64> = service["spec"]["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| p["port"].as_integer().unwrap())
+        .collect();
+    let worker = args(statefulset);
+    let driver = args(&driver[0]);
+    for command in [&worker, &driver] {
+        let argv = std::iter::once("tidemark".to_string()).chain(command.iter().cloned());
+        if let Err(e) = tidemark_actors::cli::Cli::try_parse_from(argv) {
+            panic!("{command:?}: {e}");
+        }
+    }
+    for port in &ports {
+        assert!(
+            worker.iter().any(|a| a.ends_with(&format!(":{port}"))),
+            "port {port}"
+        );
+    }
+    let replicas = statefulset["spec"]["replicas"].as_integer().unwrap() as usize;
+    let addrs = driver
+        .iter()
+        .find_map(|a| a.strip_prefix("--worker-addrs="))
+        .expect("the driver names its workers");
+    let names: Vec<String> = (0..replicas)
+        .map(|i| format!("tidemark-worker-{i}.tidemark-workers:{}", ports[0]))
+        .collect();
+    assert_eq!(addrs, names.join(","));
+}

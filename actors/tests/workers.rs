@@ -28,7 +28,9 @@ fn run_with(args: &[String], output: &Path, checkpoints: &Path) -> Result<RunRep
     let mut args = args.to_vec();
     args.push(format!("--output={}", output.display()));
     args.push(format!("--checkpoint-dir={}", checkpoints.display()));
-    args.push(format!("--worker-program={BIN}"));
+    if !args.iter().any(|a| a.starts_with("--worker-program=")) {
+        args.push(format!("--worker-program={BIN}"));
+    }
     run(&RunArgs::parse(&args).unwrap())
 }
 
@@ -211,22 +213,17 @@ fn storage_of_one_process_is_refused_with_worker_processes() {
     assert!(error.contains("worker processes"), "{error}");
 }
 
-/// The pids of the worker processes this test process launched.
-fn launched_workers() -> Vec<u32> {
-    let me = std::process::id().to_string();
+/// The pids of the processes running `program` (by the name they were
+/// started with), which only one test uses.
+fn processes_of(program: &Path) -> Vec<u32> {
+    let program = program.to_str().unwrap();
     std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
             let cmdline =
                 std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            // The parent pid is the fourth field, after the command in parentheses.
-            let parent = stat
-                .rsplit(')')
-                .next()
-                .and_then(|rest| rest.split_whitespace().nth(1));
-            parent == Some(me.as_str()) && cmdline.split('\0').any(|a| a == "worker")
+            cmdline.split('\0').next() == Some(program)
         })
         .collect()
 }
@@ -236,7 +233,12 @@ fn a_hung_worker_process_is_found_by_its_silence_and_replaced() {
     const RECORDS: u64 = 600_000;
     const KEYS: u64 = 1_000;
     let (out, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let args: Vec<String> = [
+    // Its workers run under a name of their own: other tests launch
+    // workers from this process too.
+    let programs = tempfile::tempdir().unwrap();
+    let program = programs.path().join("tidemark-hung");
+    std::os::unix::fs::symlink(BIN, &program).unwrap();
+    let mut args: Vec<String> = [
         "wordcount",
         "--keys=1000",
         "--seed=4",
@@ -250,12 +252,14 @@ fn a_hung_worker_process_is_found_by_its_silence_and_replaced() {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    args.push(format!("--worker-program={}", program.display()));
     let watched = out.path().to_owned();
+    let launched = program.clone();
     // Once a checkpoint committed output, one worker stops answering
     // (SIGSTOP) without its connections closing.
     let stopper = std::thread::spawn(move || loop {
         let committed = !committed_lines(&watched).is_empty();
-        match launched_workers().first() {
+        match processes_of(&launched).first() {
             Some(pid) if committed => {
                 let stopped = Command::new("kill")
                     .args(["-STOP", &pid.to_string()])

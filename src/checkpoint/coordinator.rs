@@ -2182,7 +2182,7 @@ mod tests {
     /// Picks one of the three newest `ids`, where messages mostly go, or now
     /// and then an id that may never have existed.
     fn pick(ids: &[CheckpointId], pick: usize) -> CheckpointId {
-        if ids.is_empty() || pick % 10 == 0 {
+        if ids.is_empty() || pick.is_multiple_of(10) {
             CheckpointId((pick % 40) as u64)
         } else {
             ids[ids.len() - 1 - pick % ids.len().min(3)]

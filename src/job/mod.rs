@@ -99,6 +99,22 @@ impl Default for JobConfig {
 /// fault-injection fields (`kills`, `faults`, `slow`), set by tests and by
 /// `tidemark run`'s failure injection, have none.
 impl JobConfig {
+    /// Where restores download native checkpoints: the RocksDB backend's
+    /// working directory, which takes the files over; none on the heap.
+    pub fn local_dir(&self) -> Option<&std::path::Path> {
+        match &self.state_backend {
+            StateBackend::Heap => None,
+            StateBackend::RocksDb { local_dir, .. } => Some(local_dir),
+        }
+    }
+
+    /// Whether a restore may leave state of the checkpoint unclaimed.
+    pub fn allows_non_restored_state(&self) -> bool {
+        self.checkpointing
+            .as_ref()
+            .is_some_and(|c| c.allow_non_restored_state)
+    }
+
     /// Parallelism of operators that do not set their own.
     pub fn parallelism(mut self, parallelism: u32) -> Self {
         self.parallelism = parallelism;

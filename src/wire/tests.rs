@@ -61,6 +61,7 @@ fn every_frame_and_event_round_trips() {
     ];
     let hello = Hello {
         job: JobId(u64::MAX - 1),
+        epoch: 1,
         attempt: Attempt(3),
         from: 0,
         to: 2,
@@ -163,6 +164,7 @@ fn foreign_and_damaged_frames_are_refused() {
     let mut hello = Vec::new();
     let h = Hello {
         job: JobId(1),
+        epoch: 1,
         attempt: Attempt(0),
         from: 0,
         to: 1,
@@ -219,6 +221,7 @@ fn a_batch_too_large_for_a_frame_is_refused_by_its_sender() {
 fn peer() -> Hello {
     Hello {
         job: JobId(5),
+        epoch: 1,
         attempt: Attempt(2),
         from: 1,
         to: 0,
@@ -255,6 +258,13 @@ fn an_end_takes_the_hello_first_then_each_channel_in_sequence() {
             expected: peer()
         }
     );
+    // The same attempt number of another run of the job (a driver that
+    // took the job directory over restarts its attempts at 0).
+    let other_run = Hello { epoch: 2, ..peer() };
+    assert!(matches!(
+        Inbound::new(peer()).accept(Frame::Hello(other_run)),
+        Err(WireError::Stranger { .. })
+    ));
     assert!(inbound.accept(Frame::Hello(peer())).unwrap().is_none());
     assert!(
         matches!(

@@ -197,7 +197,8 @@ pub fn rebuild(recipe: &[u8]) -> Result<tidemark::job::Job, String> {
         _ => None,
     };
     let settings = args.settings_from(file).map_err(|e| e.to_string())?;
-    Ok(args.job(args.job_config(&settings)))
+    let run = args.run_name.clone().unwrap_or_else(run_name);
+    Ok(args.job(args.job_config(&settings), &run))
 }
 
 /// `8081` is `127.0.0.1:8081`: nothing is exposed beyond this machine
@@ -323,8 +324,9 @@ impl RunArgs {
 
     /// Worker processes, if `--workers` or `--worker-addrs` asks for them,
     /// rebuilding the job from this command line at `parallelism` (which
-    /// defaults to the cores of each machine otherwise).
-    fn distributed(&self, parallelism: u32) -> Result<Option<Distributed>, CliError> {
+    /// defaults to the cores of each machine otherwise), naming their files
+    /// after `run`.
+    fn distributed(&self, parallelism: u32, run: &str) -> Result<Option<Distributed>, CliError> {
         let workers = if self.workers > 0 {
             let program = match &self.worker_program {
                 Some(program) => program.clone(),
@@ -348,7 +350,7 @@ impl RunArgs {
             argv.push(format!("--parallelism={parallelism}"));
         }
         if self.run_name.is_none() {
-            argv.push(format!("--run-name={}", run_name()));
+            argv.push(format!("--run-name={run}"));
         }
         let config = match &self.config {
             Some(path) => Some(std::fs::read_to_string(path).map_err(|source| {
@@ -364,8 +366,8 @@ impl RunArgs {
         Ok(Some(Distributed { workers, recipe }))
     }
 
-    /// The topology's job under `config`.
-    fn job(&self, config: JobConfig) -> tidemark::job::Job {
+    /// The topology's job under `config`, its files named after `run`.
+    fn job(&self, config: JobConfig, run: &str) -> tidemark::job::Job {
         let events = || Events {
             keys: self.keys,
             seed: self.seed,
@@ -374,7 +376,7 @@ impl RunArgs {
         };
         let output = self.output.clone().map(|dir| Output {
             dir,
-            run: self.run_name.clone().unwrap_or_else(run_name),
+            run: run.to_owned(),
         });
         match self.topology {
             Topology::Wordcount => Wordcount {
@@ -446,6 +448,12 @@ impl RunArgs {
                     ));
                 }
             }
+        }
+        if self.inject_failures > 0 && !self.worker_addrs.is_empty() {
+            return Err(usage(
+                "--inject-failures",
+                "kills worker processes launched here (--workers); workers at --worker-addrs are not this run's to kill".into(),
+            ));
         }
         if options.checkpoint_interval.0.is_none() {
             let problem = || {
@@ -525,7 +533,8 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         })?;
     }
     let (parallelism, channels) = (config.parallelism, config.channels);
-    let job = args.job(config);
+    let run = args.run_name.clone().unwrap_or_else(run_name);
+    let job = args.job(config, &run);
     let sources = job
         .graph
         .operators
@@ -536,7 +545,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
     let runtime = Runtime {
         http: args.http,
         local_workers: args.local_workers,
-        distributed: args.distributed(parallelism)?,
+        distributed: args.distributed(parallelism, &run)?,
         ..Runtime::default()
     };
     let handle = runtime.run(job).map_err(|e| match e {

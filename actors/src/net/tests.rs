@@ -4,7 +4,7 @@
 use super::*;
 use actix::System;
 use std::io::Write;
-use tidemark::ids::{OperatorId, SubtaskIndex};
+use tidemark::ids::{JobId, OperatorId, SubtaskIndex};
 
 const JOB: JobId = JobId(7);
 const ATTEMPT: Attempt = Attempt(3);
@@ -49,6 +49,7 @@ fn first_failure(peer: impl FnOnce(std::net::TcpStream) + Send + 'static) -> Sub
         let (stream, _) = listener.accept().unwrap();
         let hello = Hello {
             job: JOB,
+            epoch: 1,
             attempt: ATTEMPT,
             from: 0,
             to: 1,
@@ -73,6 +74,7 @@ fn hello(attempt: Attempt, from: u32, to: u32) -> Vec<u8> {
     wire::encode_hello(
         &Hello {
             job: JOB,
+            epoch: 1,
             attempt,
             from,
             to,

@@ -24,12 +24,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tidemark::ids::{Attempt, JobId, OperatorId, SubtaskId};
+use tidemark::attempts::RunAttempt;
+use tidemark::ids::{OperatorId, SubtaskId};
 use tidemark::job::Job;
 use tidemark::storage::CheckpointStorage;
 use tidemark::time::TimeMarks;
-use tidemark::wire::Hello;
-use tidemark::StateBackend;
+use tidemark::wire::{self, Hello};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Status, Streaming};
 
@@ -58,8 +59,8 @@ pub(crate) struct AttemptActor {
     resources: Resources,
     commands: Option<Streaming<Command>>,
     events: mpsc::UnboundedSender<Result<Event, Status>>,
-    /// The job and attempt of the call, from its first command.
-    call: Option<(JobId, Attempt)>,
+    /// The attempt of the call, from its first command.
+    call: Option<RunAttempt>,
     subtasks: HashMap<SubtaskId, Addr<SubtaskActor>>,
     actors: Vec<Recipient<Stop>>,
     metrics: Arc<JobMetrics>,
@@ -113,8 +114,8 @@ impl AttemptActor {
     }
 
     fn send(&self, event: FromWorker) {
-        if let Some((_, attempt)) = self.call {
-            let _ = self.events.send(Ok(event.envelope(attempt)));
+        if let Some(run) = self.call {
+            let _ = self.events.send(Ok(event.envelope(run.attempt)));
         }
     }
 
@@ -140,15 +141,18 @@ impl AttemptActor {
         ctx.wait(stopped.into_actor(self).map(|(), act, ctx| {
             act.progress();
             act.send(FromWorker::Stopped);
-            act.release();
+            act.release(&ctx.address());
             ctx.stop();
         }));
     }
 
     /// Tells the host the attempt ended here.
-    fn release(&self) {
-        if let Some((job, attempt)) = self.call {
-            self.resources.host.do_send(Release { job, attempt });
+    fn release(&self, actor: &Addr<Self>) {
+        if let Some(run) = self.call {
+            self.resources.host.do_send(Release {
+                run,
+                actor: actor.clone(),
+            });
         }
     }
 
@@ -202,24 +206,21 @@ impl AttemptActor {
     /// The first command: claims the worker for the attempt, prepares and
     /// starts its share.
     fn deploy(&mut self, deploy: Deploy, ctx: &mut Context<Self>) {
-        let (job, attempt) = self.call.expect("the call is known");
+        let run = self.call.expect("the call is known");
+        let attempt = run.attempt;
         let host = self.resources.host.clone();
         let rebuild = self.resources.rebuild.clone();
         let me = ctx.address();
         let claim = Claim {
-            job,
-            attempt,
+            run,
             actor: me.clone(),
         };
         let deploying = ctx.spawn(
             async move {
-                if !host.send(claim).await.unwrap_or(false) {
-                    return Err(format!(
-                        "attempt {} is older than the one this worker hosts",
-                        attempt.0
-                    ));
-                }
-                prepare(deploy, job, attempt, rebuild, host, me).await
+                host.send(claim)
+                    .await
+                    .map_err(|_| "the worker is shutting down".to_owned())??;
+                prepare(deploy, run, rebuild, host, me).await
             }
             .into_actor(self)
             .map(move |prepared, act, ctx| {
@@ -240,7 +241,7 @@ impl AttemptActor {
         if self.stopped {
             return;
         }
-        let (_, attempt) = self.call.expect("the call is known");
+        let attempt = self.call.expect("the call is known").attempt;
         let me = ctx.address();
         let workers = Workers {
             placement: prepared.placement,
@@ -329,14 +330,13 @@ impl AttemptActor {
 /// subtasks placed here and opens the links to the other workers.
 async fn prepare(
     deploy: Deploy,
-    job_id_of_call: JobId,
-    attempt: Attempt,
+    run: RunAttempt,
     rebuild: Rebuild,
     host: Addr<WorkerHost>,
     failures: Addr<AttemptActor>,
 ) -> Result<Prepared, String> {
     let job = rebuild(&deploy.recipe)?;
-    if job_id(&job.name) != job_id_of_call {
+    if job_id(&job.name) != run.job {
         return Err(format!(
             "the recipe builds job {:?}, the driver runs another",
             job.name
@@ -367,10 +367,10 @@ async fn prepare(
         .config
         .checkpointing
         .as_ref()
-        .map(|c| CheckpointStorage::open(&c.storage_url, job_id_of_call))
+        .map(|c| CheckpointStorage::open(&c.storage_url, run.job))
         .transpose()
         .map_err(|e| e.to_string())?
-        .map(|storage| storage.working_for(deploy.epoch));
+        .map(|storage| storage.working_for(run.epoch));
     let restore = match (&deploy.restore, &storage) {
         (Some(spec), Some(storage)) => {
             let from = RestoreFrom {
@@ -383,21 +383,12 @@ async fn prepare(
                     .transpose()
                     .map_err(|e| e.to_string())?,
             };
-            let allow = job
-                .config
-                .checkpointing
-                .as_ref()
-                .is_some_and(|c| c.allow_non_restored_state);
-            let local_dir = match &job.config.state_backend {
-                StateBackend::Heap => None,
-                StateBackend::RocksDb { local_dir, .. } => Some(local_dir.clone()),
-            };
             load(
                 storage,
                 &job.graph,
                 Some(&from),
-                allow,
-                local_dir.as_deref(),
+                job.config.allows_non_restored_state(),
+                job.config.local_dir(),
                 |id| hosted.contains(&id),
             )
             .await
@@ -415,40 +406,48 @@ async fn prepare(
         }
         let peer = if a == me { b } else { a };
         let hello = Hello {
-            job: job_id_of_call,
-            attempt,
+            job: run.job,
+            epoch: run.epoch,
+            attempt: run.attempt,
             from: me,
             to: peer,
         };
         let problem = |e: String| format!("the link to worker {peer}: {e}");
         // The lower worker dials; the higher one's acceptor hands the
         // link over by its hello.
-        let (stream, read) = if me < peer {
+        let end = if me < peer {
             let address = &deploy.peers[peer as usize];
-            let stream = tokio::time::timeout(
+            let mut stream = tokio::time::timeout(
                 LINK_TIMEOUT,
                 tokio::net::TcpStream::connect(address.as_str()),
             )
             .await
             .map_err(|_| problem(format!("{address} did not answer")))?
             .map_err(|e| problem(format!("{address}: {e}")))?;
-            (
-                stream.into_std().map_err(|e| problem(e.to_string()))?,
-                Vec::new(),
-            )
+            // The hello goes out at once: the peer hands the link to its
+            // attempt by it, whatever this worker still has to do.
+            let mut first = Vec::new();
+            wire::encode_hello(&hello, &mut first);
+            stream
+                .write_all(&first)
+                .await
+                .map_err(|e| problem(format!("{address}: {e}")))?;
+            let stream = stream.into_std().map_err(|e| problem(e.to_string()))?;
+            LinkEnd::new(stream, Vec::new(), hello, &failures)
+                .map_err(|e| problem(e.to_string()))?
+                .greeted()
         } else {
             let (reply, link) = oneshot::channel();
             host.do_send(AwaitLink {
-                key: (job_id_of_call, attempt, peer),
+                key: (run, peer),
                 reply,
             });
-            tokio::time::timeout(LINK_TIMEOUT, link)
+            let (stream, read) = tokio::time::timeout(LINK_TIMEOUT, link)
                 .await
-                .map_err(|_| problem(format!("it did not connect within {LINK_TIMEOUT:?}")))?
-                .map_err(|_| problem("the worker is shutting down".into()))?
+                .map_err(|_| problem(format!("it sent no hello within {LINK_TIMEOUT:?}")))?
+                .map_err(|_| problem("the worker is shutting down".into()))?;
+            LinkEnd::new(stream, read, hello, &failures).map_err(|e| problem(e.to_string()))?
         };
-        let end =
-            LinkEnd::new(stream, read, hello, &failures).map_err(|e| problem(e.to_string()))?;
         ends.insert(((a, b), me), end);
     }
     Ok(Prepared {
@@ -481,11 +480,11 @@ impl StreamHandler<Result<Command, Status>> for AttemptActor {
             }
         };
         if self.call.is_none() {
-            self.call = Some((JobId(command.job), Attempt(command.attempt)));
+            self.call = Some(command.of());
             ctx.run_interval(PROGRESS_EVERY, |act, _| act.progress());
         }
-        let (job, attempt) = self.call.expect("just set");
-        match ToWorker::open(&command, job, attempt) {
+        let run = self.call.expect("just set");
+        match ToWorker::open(&command, run) {
             Ok(ToWorker::Deploy(deploy))
                 if self.subtasks.is_empty() && self.deploying.is_none() && !self.stopped =>
             {
@@ -516,7 +515,7 @@ impl Handler<SubtaskFailed> for AttemptActor {
     type Result = ();
 
     fn handle(&mut self, failed: SubtaskFailed, _ctx: &mut Context<Self>) {
-        if self.call.map(|(_, a)| a) == Some(failed.attempt) {
+        if self.call.map(|run| run.attempt) == Some(failed.attempt) {
             self.send(FromWorker::Failed {
                 subtask: failed.subtask,
                 error: failed.error.to_string(),
