@@ -58,9 +58,9 @@ impl HostedAttempt {
     /// `claimant` asks to run here.
     pub fn claim(&mut self, claimant: RunAttempt) -> Claim {
         match self.current {
-            Some(hosting) if hosting != claimant && !claimant.supersedes(&hosting) => {
-                Claim::Refused { hosting }
-            }
+            // The same attempt again is a second call of one driver's
+            // attempt, which a driver never opens: refused too.
+            Some(hosting) if !claimant.supersedes(&hosting) => Claim::Refused { hosting },
             _ => {
                 self.current = Some(claimant);
                 Claim::Granted
@@ -103,6 +103,7 @@ mod tests {
         let mut hosted = HostedAttempt::default();
         assert_eq!(hosted.claim(of(1, 1, 0)), Claim::Granted);
         assert_eq!(hosted.claim(of(1, 1, 2)), Claim::Granted);
+        assert!(matches!(hosted.claim(of(1, 1, 2)), Claim::Refused { .. }));
         // The driver of attempt 1 was slow: its deployment comes too late.
         assert_eq!(
             hosted.claim(of(1, 1, 1)),

@@ -19,6 +19,7 @@
 //! once (its records as rmp-serde, as in channel state) and is decoded by
 //! the consumer's operator, which alone knows the record type.
 
+use crate::attempts::RunAttempt;
 use crate::batch::{Batch, EncodedBatch};
 use crate::event::{Barrier, ChannelEvent};
 use crate::ids::{Attempt, ChannelId, CheckpointId, JobId, OperatorId, SubtaskId, SubtaskIndex};
@@ -65,6 +66,28 @@ pub struct Hello {
     pub from: u32,
     /// The worker of the other end.
     pub to: u32,
+}
+
+impl Hello {
+    /// The hello worker `from` sends worker `to` for `run`.
+    pub fn between(run: RunAttempt, from: u32, to: u32) -> Self {
+        Hello {
+            job: run.job,
+            epoch: run.epoch,
+            attempt: run.attempt,
+            from,
+            to,
+        }
+    }
+
+    /// The attempt the link belongs to.
+    pub fn run(&self) -> RunAttempt {
+        RunAttempt {
+            job: self.job,
+            epoch: self.epoch,
+            attempt: self.attempt,
+        }
+    }
 }
 
 /// One decoded frame.

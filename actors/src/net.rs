@@ -216,13 +216,7 @@ pub fn loopback(
         let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
         let dialed = std::net::TcpStream::connect(listener.local_addr()?)?;
         let (accepted, _) = listener.accept()?;
-        let hello = |from, to| Hello {
-            job: run.job,
-            epoch: run.epoch,
-            attempt: run.attempt,
-            from,
-            to,
-        };
+        let hello = |from, to| Hello::between(run, from, to);
         ends.insert(
             ((a, b), a),
             LinkEnd::new(dialed, Vec::new(), hello(a, b), failures)?,

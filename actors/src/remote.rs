@@ -35,10 +35,9 @@ const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a worker may take to answer where it is reached.
 const INFO_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A deployed worker sends its progress every 100 ms: this long without a
-/// word from it, it is lost even though its connection stands (hung,
-/// stopped). While it deploys (reads state, restores its subtasks), only
-/// the call's keepalive watches it.
+/// A worker sends its progress every 100 ms from its call's first command
+/// on: this long without a word from it, it is lost even though its
+/// connection stands (hung, stopped, or restoring state for longer).
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The line a worker prints first on stdout, then its control address.
@@ -240,7 +239,7 @@ impl Pool {
             call: Some((client, receiver)),
             stop: None,
             stopped: false,
-            heard: None,
+            heard: Instant::now(),
         }
         .start();
         (commands, worker)
@@ -308,8 +307,8 @@ pub struct RemoteWorker {
     call: Option<(WorkerClient<Channel>, mpsc::UnboundedReceiver<Command>)>,
     stop: Option<oneshot::Sender<()>>,
     stopped: bool,
-    /// When the deployed worker was last heard of.
-    heard: Option<Instant>,
+    /// When the worker was last heard of.
+    heard: Instant,
 }
 
 impl RemoteWorker {
@@ -341,10 +340,7 @@ impl RemoteWorker {
             ..
         } = &self.reporting;
         match event {
-            FromWorker::Deployed => {
-                self.heard = Some(Instant::now());
-                supervisor.do_send(WorkerDeployed(attempt));
-            }
+            FromWorker::Deployed => supervisor.do_send(WorkerDeployed(attempt)),
             FromWorker::Acknowledged(ack) => {
                 if let Some(c) = coordinator {
                     c.do_send(AcknowledgeCheckpoint { attempt, ack: *ack });
@@ -406,7 +402,7 @@ impl Actor for RemoteWorker {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.run_interval(HEARTBEAT_TIMEOUT / 15, |worker, ctx| {
-            let silent = worker.heard.map_or(Duration::ZERO, |at| at.elapsed());
+            let silent = worker.heard.elapsed();
             if silent > HEARTBEAT_TIMEOUT {
                 worker.lost(format!("lost: not heard of for {silent:?}"), ctx);
             }
@@ -428,9 +424,7 @@ impl Actor for RemoteWorker {
 
 impl StreamHandler<Result<Event, tonic::Status>> for RemoteWorker {
     fn handle(&mut self, event: Result<Event, tonic::Status>, ctx: &mut Context<Self>) {
-        if let Some(heard) = &mut self.heard {
-            *heard = Instant::now();
-        }
+        self.heard = Instant::now();
         match event
             .map_err(|s| s.message().to_owned())
             .and_then(|event| FromWorker::open(&event, self.attempt).map_err(|e| e.to_string()))

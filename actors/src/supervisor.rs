@@ -76,6 +76,8 @@ pub struct JobSupervisor {
     pool: Option<Pool>,
     /// Whether worker processes host the subtasks (and read their state).
     distributed: bool,
+    /// What orders this run's attempts after other runs': see `run`.
+    epoch: u64,
     /// Worker processes that have yet to start their share of the attempt,
     /// and what it restores from, recorded once they all have.
     undeployed: usize,
@@ -123,6 +125,10 @@ impl JobSupervisor {
         savepoint_dir: Option<CheckpointStorage>,
     ) -> Self {
         JobSupervisor {
+            epoch: storage.as_ref().map_or_else(
+                || crate::coordinator::now().unix_ms,
+                CheckpointStorage::epoch,
+            ),
             distributed: pool.is_some(),
             undeployed: 0,
             restoring: None,
@@ -368,17 +374,24 @@ impl JobSupervisor {
         }
     }
 
+    /// The current attempt of this run: numbered within the run, the run by
+    /// its lease epoch (without checkpointing, which takes no lease, by its
+    /// start time), so that a worker tells a later attempt from a stale one.
+    fn run(&self) -> RunAttempt {
+        RunAttempt {
+            job: job_id(&self.job.name),
+            epoch: self.epoch,
+            attempt: self.attempt,
+        }
+    }
+
     /// Deploys the attempt on the worker processes: each rebuilds the job,
     /// reads its subtasks' state and opens its links. A worker that hosts
     /// no subtask (more workers than subtasks) is left out.
     fn deploy_remote(&mut self, me: Addr<Self>, from: Option<crate::coordinator::RestoreFrom>) {
         let pool = self.pool.as_ref().expect("the pool is back");
         let placement = Placement::new(pool.count());
-        let run = RunAttempt {
-            job: job_id(&self.job.name),
-            epoch: self.storage.as_ref().map_or(0, CheckpointStorage::epoch),
-            attempt: self.attempt,
-        };
+        let run = self.run();
         let restore = from.map(|from| RestoreSpec {
             checkpoint: from.checkpoint,
             owned: from.owned,
@@ -430,13 +443,8 @@ impl JobSupervisor {
         me: Addr<Self>,
         restore: HashMap<SubtaskId, Restored>,
     ) -> Result<(), JobError> {
-        let job = job_id(&self.job.name);
         let failures = me.clone().recipient();
-        let run = RunAttempt {
-            job,
-            epoch: self.storage.as_ref().map_or(0, CheckpointStorage::epoch),
-            attempt: self.attempt,
-        };
+        let run = self.run();
         let ends = net::loopback(&self.job.graph, self.workers.placement, run, &failures)
             .map_err(|e| JobError::Runtime(format!("cannot open a link between workers: {e}")))?;
         let hosting = Hosting {

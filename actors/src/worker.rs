@@ -180,12 +180,7 @@ async fn hello(
         }
     };
     let stream = stream.into_std().map_err(|e| e.to_string())?;
-    let run = RunAttempt {
-        job: hello.job,
-        epoch: hello.epoch,
-        attempt: hello.attempt,
-    };
-    Ok(((run, hello.from), stream, read))
+    Ok(((hello.run(), hello.from), stream, read))
 }
 
 /// How often each end of a control call checks the other is there.
@@ -328,8 +323,9 @@ impl Handler<Release> for WorkerHost {
     fn handle(&mut self, ended: Release, _ctx: &mut Context<Self>) {
         if self.current.as_ref() == Some(&ended.actor) && self.hosted.release(ended.run) {
             self.current = None;
-            self.parked.clear();
-            self.waiting.clear();
+            // A peer that greets at once may be a later attempt ahead.
+            self.parked.retain(|(run, _), _| run.supersedes(&ended.run));
+            self.waiting.retain(|_, waiter| !waiter.is_closed());
         }
     }
 }
@@ -376,7 +372,11 @@ pub(crate) struct AwaitLink {
 impl Handler<AwaitLink> for WorkerHost {
     type Result = ();
 
+    /// Dropping the reply tells an attempt that a later one replaced it.
     fn handle(&mut self, wait: AwaitLink, _ctx: &mut Context<Self>) {
+        if !self.hosted.admits(wait.key.0) {
+            return;
+        }
         match self.parked.remove(&wait.key) {
             Some(link) => {
                 let _ = wait.reply.send(link);

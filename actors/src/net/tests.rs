@@ -41,6 +41,14 @@ fn channel() -> ChannelId {
 /// Starts worker 0's end of a link to worker 1, and hands worker 1's raw
 /// socket to `peer`, blocking; returns the first failure reported.
 fn first_failure(peer: impl FnOnce(std::net::TcpStream) + Send + 'static) -> SubtaskFailed {
+    accepted_first_failure(Vec::new(), peer)
+}
+
+/// As `first_failure`, for an end that its acceptor had read `read` from.
+fn accepted_first_failure(
+    read: Vec<u8>,
+    peer: impl FnOnce(std::net::TcpStream) + Send + 'static,
+) -> SubtaskFailed {
     System::new().block_on(async move {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let failures = Failures(tx).start().recipient();
@@ -54,7 +62,7 @@ fn first_failure(peer: impl FnOnce(std::net::TcpStream) + Send + 'static) -> Sub
             from: 0,
             to: 1,
         };
-        let ours = LinkEnd::new(ours, Vec::new(), hello, &failures).unwrap();
+        let ours = LinkEnd::new(ours, read, hello, &failures).unwrap();
         let _link = LinkActor::new(ours, Arc::default(), Arc::default(), subtask(1, 0)).start();
         let peer = std::thread::spawn(move || peer(stream));
         // A guard against a link that never reports, not a timing: the
@@ -113,6 +121,22 @@ fn a_peer_that_closes_the_link_fails_the_attempt() {
         &failed,
         "the peer closed the link (5 bytes of a frame pending)",
     );
+}
+
+/// What the acceptor read with the peer's hello is decoded at once, not
+/// once more bytes come: here a frame for a channel the link does not
+/// carry, from a peer that then waits.
+#[test]
+fn frames_read_with_the_hello_are_handled_before_the_next_read() {
+    let mut read = hello(ATTEMPT, 1, 0);
+    wire::encode_credit(channel(), 1, &mut read);
+    let failed = accepted_first_failure(read, |mut stream| {
+        let mut ours = [0; 64];
+        // Our hello, then nothing until the link fails and closes.
+        let _ = std::io::Read::read(&mut stream, &mut ours);
+        let _ = std::io::Read::read(&mut stream, &mut ours);
+    });
+    assert_failure(&failed, "which does not cross here");
 }
 
 #[test]

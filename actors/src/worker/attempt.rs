@@ -371,33 +371,7 @@ async fn prepare(
         .transpose()
         .map_err(|e| e.to_string())?
         .map(|storage| storage.working_for(run.epoch));
-    let restore = match (&deploy.restore, &storage) {
-        (Some(spec), Some(storage)) => {
-            let from = RestoreFrom {
-                checkpoint: spec.checkpoint.clone(),
-                owned: spec.owned,
-                dir: spec
-                    .dir
-                    .as_deref()
-                    .map(|dir| CheckpointStorage::open_directory(dir, false))
-                    .transpose()
-                    .map_err(|e| e.to_string())?,
-            };
-            load(
-                storage,
-                &job.graph,
-                Some(&from),
-                job.config.allows_non_restored_state(),
-                job.config.local_dir(),
-                |id| hosted.contains(&id),
-            )
-            .await
-            .map_err(|e| e.to_string())?
-            .subtasks
-        }
-        (Some(_), None) => return Err("a restore for a job without checkpointing".into()),
-        (None, _) => HashMap::new(),
-    };
+    // Links first: a peer waits for this worker's hello, not its restore.
     let failures: Recipient<SubtaskFailed> = failures.recipient();
     let mut ends = LinkEnds::new();
     for (a, b) in crossings(&job.graph, placement) {
@@ -405,13 +379,7 @@ async fn prepare(
             continue;
         }
         let peer = if a == me { b } else { a };
-        let hello = Hello {
-            job: run.job,
-            epoch: run.epoch,
-            attempt: run.attempt,
-            from: me,
-            to: peer,
-        };
+        let hello = Hello::between(run, me, peer);
         let problem = |e: String| format!("the link to worker {peer}: {e}");
         // The lower worker dials; the higher one's acceptor hands the
         // link over by its hello.
@@ -445,11 +413,38 @@ async fn prepare(
             let (stream, read) = tokio::time::timeout(LINK_TIMEOUT, link)
                 .await
                 .map_err(|_| problem(format!("it sent no hello within {LINK_TIMEOUT:?}")))?
-                .map_err(|_| problem("the worker is shutting down".into()))?;
+                .map_err(|_| problem("a later attempt replaced this one".into()))?;
             LinkEnd::new(stream, read, hello, &failures).map_err(|e| problem(e.to_string()))?
         };
         ends.insert(((a, b), me), end);
     }
+    let restore = match (&deploy.restore, &storage) {
+        (Some(spec), Some(storage)) => {
+            let from = RestoreFrom {
+                checkpoint: spec.checkpoint.clone(),
+                owned: spec.owned,
+                dir: spec
+                    .dir
+                    .as_deref()
+                    .map(|dir| CheckpointStorage::open_directory(dir, false))
+                    .transpose()
+                    .map_err(|e| e.to_string())?,
+            };
+            load(
+                storage,
+                &job.graph,
+                Some(&from),
+                job.config.allows_non_restored_state(),
+                job.config.local_dir(),
+                |id| hosted.contains(&id),
+            )
+            .await
+            .map_err(|e| e.to_string())?
+            .subtasks
+        }
+        (Some(_), None) => return Err("a restore for a job without checkpointing".into()),
+        (None, _) => HashMap::new(),
+    };
     Ok(Prepared {
         job,
         hosted,
