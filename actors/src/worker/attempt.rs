@@ -64,8 +64,6 @@ pub(crate) struct AttemptActor {
     subtasks: HashMap<SubtaskId, Addr<SubtaskActor>>,
     actors: Vec<Recipient<Stop>>,
     metrics: Arc<JobMetrics>,
-    /// The operators of the subtasks hosted here.
-    operators: BTreeSet<OperatorId>,
     /// Counters as last reported.
     reported: Counters,
     /// The deployment while it reads state and waits for links, and the
@@ -105,7 +103,6 @@ impl AttemptActor {
             subtasks: HashMap::new(),
             actors: Vec::new(),
             metrics: Arc::default(),
-            operators: BTreeSet::new(),
             reported: Counters::default(),
             deploying: None,
             pending: Vec::new(),
@@ -160,7 +157,9 @@ impl AttemptActor {
     /// worker's heartbeat, from the call's first command on.
     fn progress(&mut self) {
         let mut progress = Progress::default();
+        let mut operators = BTreeSet::new();
         for (id, counters) in self.metrics.subtasks() {
+            operators.insert(id.operator);
             let now = (
                 counters.records_in(),
                 counters.records_out(),
@@ -173,7 +172,7 @@ impl AttemptActor {
                     .push((id, now.0 - was.0, now.1 - was.1, now.2 - was.2));
             }
         }
-        for &operator in &self.operators {
+        for operator in operators {
             let now = self.metrics.records_in_of(operator);
             let was = self
                 .reported
@@ -262,7 +261,6 @@ impl AttemptActor {
             Ok(Hosted {
                 subtasks, actors, ..
             }) => {
-                self.operators = subtasks.iter().map(|(id, _)| id.operator).collect();
                 self.subtasks = subtasks.into_iter().collect();
                 self.actors = actors;
                 self.send(FromWorker::Deployed);
