@@ -12,8 +12,9 @@
 //! equally free of IO: the model (ids, the [`graph::JobGraph`], key groups,
 //! batches and channel events), credit-based flow control and the input
 //! gate, the typed job builder ([`job`]) and the operator chains it
-//! produces, keyed state on the heap, restart strategies and
-//! failure-injection schedules.
+//! produces, keyed state on the heap, restart strategies,
+//! failure-injection schedules and the rules of leader election between a
+//! job's drivers ([`election`]).
 //!
 //! Two places do IO, carrying out what those decided: [`storage`]
 //! (`src/storage/`: checkpoint storage over `object_store`, as async
@@ -37,6 +38,7 @@ pub mod attempts;
 pub mod batch;
 pub mod channel;
 pub mod checkpoint;
+pub mod election;
 pub mod error;
 pub mod event;
 pub mod fault;

@@ -31,6 +31,7 @@ pub mod config;
 mod control;
 mod coordinator;
 mod deploy;
+pub mod election;
 mod endpoint;
 pub mod http;
 pub mod join;

@@ -606,7 +606,13 @@ fn the_kubernetes_example_runs_commands_the_binary_accepts() {
             })
             .collect()
     };
-    let (workers, driver) = (load("workers.yaml"), load("driver.yaml"));
+    let (workers, drivers) = (load("workers.yaml"), load("driver.yaml"));
+    let kind = |k: &str| {
+        drivers
+            .iter()
+            .find(|doc| doc["kind"].as_str() == Some(k))
+            .unwrap_or_else(|| panic!("driver.yaml has a {k}"))
+    };
     let (service, statefulset) = (&workers[0], &workers[1]);
     let ports: Vec<i64> = service["spec"]["ports"]
         .as_sequence()
@@ -615,7 +621,8 @@ fn the_kubernetes_example_runs_commands_the_binary_accepts() {
         .map(|p| p["port"].as_integer().unwrap())
         .collect();
     let worker = args(statefulset);
-    let driver = args(&driver[0]);
+    let job = kind("Job");
+    let driver = args(job);
     for command in [&worker, &driver] {
         let argv = std::iter::once("tidemark".to_string()).chain(command.iter().cloned());
         if let Err(e) = tidemark_actors::cli::Cli::try_parse_from(argv) {
@@ -637,4 +644,91 @@ fn the_kubernetes_example_runs_commands_the_binary_accepts() {
         .map(|i| format!("tidemark-worker-{i}.tidemark-workers:{}", ports[0]))
         .collect();
     assert_eq!(addrs, names.join(","));
+
+    // The drivers elect their leader through a Lease their service account
+    // may get, create and update.
+    assert!(driver.iter().any(|a| a.starts_with("--leader-lease=")));
+    assert!(job["spec"]["parallelism"].as_integer().unwrap() >= 2);
+    let account = job["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .unwrap();
+    let binding = kind("RoleBinding");
+    assert_eq!(binding["subjects"][0]["name"].as_str(), Some(account));
+    let role = kind("Role");
+    assert_eq!(
+        binding["roleRef"]["name"].as_str(),
+        role["metadata"]["name"].as_str()
+    );
+    let rule = &role["rules"][0];
+    let listed = |field: &str| -> Vec<&str> {
+        rule[field]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(listed("apiGroups"), ["coordination.k8s.io"]);
+    assert_eq!(listed("resources"), ["leases"]);
+    for verb in ["get", "create", "update"] {
+        assert!(listed("verbs").contains(&verb), "{verb}");
+    }
+}
+
+/// Leader election is refused where it could not work, naming why, before
+/// any job starts.
+#[test]
+fn leader_election_without_checkpoints_or_a_cluster_is_refused() {
+    let checkpoints = tempfile::tempdir().unwrap();
+    let out = tidemark(&[
+        "run",
+        "wordcount",
+        "--records=1000",
+        "--leader-lease=x",
+        "--checkpoint-interval=off",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--leader-lease") && stderr(&out).contains("checkpointing"),
+        "{}",
+        stderr(&out)
+    );
+    let out = tidemark(&[
+        "run",
+        "wordcount",
+        "--records=1000",
+        "--leader-lease=x",
+        "--leader-renew-deadline=20s",
+        "--checkpoint-interval=1s",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--leader-renew-deadline"),
+        "{}",
+        stderr(&out)
+    );
+
+    // No kubeconfig and not in a pod: the run names what it looked for.
+    let home = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["run", "wordcount", "--records=1000", "--leader-lease=x"])
+        .arg("--checkpoint-interval=1s")
+        .arg(format!("--checkpoint-dir={}", checkpoints.path().display()))
+        .env("HOME", home.path())
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("leader election needs the Kubernetes API"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        std::fs::read_dir(checkpoints.path()).unwrap().count(),
+        0,
+        "nothing ran"
+    );
 }

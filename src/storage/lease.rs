@@ -186,8 +186,8 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// This machine's name, as a lease records it.
-fn host() -> String {
+/// This machine's name, as a lease records it (in a pod, the pod's name).
+pub fn host() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .or_else(|_| std::fs::read_to_string("/etc/hostname"))
         .map(|h| h.trim().to_owned())

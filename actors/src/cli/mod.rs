@@ -4,6 +4,7 @@
 pub mod cleanup;
 pub mod client;
 pub mod inspect;
+mod leader;
 mod progress;
 mod report;
 mod run;
@@ -130,6 +131,9 @@ pub enum CliError {
         /// What went wrong.
         problem: String,
     },
+    /// Leader election refused this driver, or it lost the leadership.
+    #[error(transparent)]
+    Election(#[from] crate::election::ElectionError),
     /// No async runtime for storage IO.
     #[error("cannot start an async runtime: {0}")]
     Runtime(String),
@@ -140,6 +144,8 @@ impl CliError {
     pub fn exit_code(&self) -> i32 {
         match self {
             CliError::Usage { .. } | CliError::Config(_) => 2,
+            // A standby of a job that ran to its end has nothing to do.
+            CliError::Election(crate::election::ElectionError::Finished { .. }) => 0,
             _ => 1,
         }
     }

@@ -2,6 +2,7 @@
 //! of its flags and `--config` file, with optional fault injection and a
 //! timed savepoint, and reports on it.
 
+use super::leader::Leadership;
 use super::report::{Finished, RunReport};
 use super::{Cli, CliError, Command};
 use crate::config::{ConfigFile, Options, Origins, RestoreArg};
@@ -532,6 +533,24 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
             problem: format!("cannot use {} as the output directory: {e}", dir.display()),
         })?;
     }
+    let Some(lease) = settings.options.leader_lease.clone() else {
+        return run_job(args, &settings, config, None);
+    };
+    let leadership = Leadership::acquire(&settings.options, &lease)?;
+    let report = run_job(args, &settings, config, Some(&leadership));
+    // A lost leadership explains the job's end better than the job does.
+    leadership.end(report.is_ok())?;
+    report
+}
+
+/// Runs the job of a validated run, watched by `leadership` when it leads
+/// an election.
+fn run_job(
+    args: &RunArgs,
+    settings: &Settings,
+    config: JobConfig,
+    leadership: Option<&Leadership>,
+) -> Result<RunReport, CliError> {
     let (parallelism, channels) = (config.parallelism, config.channels);
     let run = args.run_name.clone().unwrap_or_else(run_name);
     let job = args.job(config, &run);
@@ -554,6 +573,9 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         ) => settings.usage("checkpoint_dir", e.to_string()),
         e => e.into(),
     })?;
+    if let Some(leadership) = leadership {
+        leadership.watch(handle.control());
+    }
     let metrics = handle.metrics().clone();
     let storage = handle.storage().cloned();
     let (job_ended, ended) = std::sync::mpsc::channel::<()>();

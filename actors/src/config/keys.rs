@@ -180,6 +180,36 @@ pub(super) const KEYS: &[Key] = &[
     sets!("tidemark.source.rate", [], rate = Some(values::rate)),
     sets!("tidemark.lease.ttl", [], lease_ttl = values::lease_ttl),
     sets!(
+        "tidemark.leader-election.lease",
+        [],
+        leader_lease = Some(values::text)
+    ),
+    sets!(
+        "kubernetes.namespace",
+        [],
+        leader_namespace = Some(values::text)
+    ),
+    sets!(
+        "tidemark.leader-election.identity",
+        [],
+        leader_identity = Some(values::text)
+    ),
+    sets!(
+        "high-availability.kubernetes.leader-election.lease-duration",
+        [],
+        leader_lease_duration = values::duration
+    ),
+    sets!(
+        "high-availability.kubernetes.leader-election.renew-deadline",
+        [],
+        leader_renew_deadline = values::duration
+    ),
+    sets!(
+        "high-availability.kubernetes.leader-election.retry-period",
+        [],
+        leader_retry_period = values::duration
+    ),
+    sets!(
         "web.checkpoints.history",
         [],
         checkpoint_history = values::positive

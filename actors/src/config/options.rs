@@ -10,6 +10,7 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
 use tidemark::checkpoint::{CheckpointSettings, Restore, RestoreMode};
+use tidemark::election::ElectionTiming;
 use tidemark::event::Alignment;
 use tidemark::ids::CheckpointId;
 use tidemark::job::JobConfig;
@@ -179,6 +180,31 @@ pub struct Options {
     /// another host and not yet expired): only when that run is known dead.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = values::boolean)]
     pub take_over_lease: bool,
+    /// Run only while this driver leads the job's drivers through the
+    /// Kubernetes Lease of this name: a standby waits, and takes over (the
+    /// job directory too) once the leader is gone. Every leader restores
+    /// the job's latest checkpoint (`--restore latest` is implied).
+    #[arg(long, value_name = "NAME")]
+    pub leader_lease: Option<String>,
+    /// The Lease's namespace [default: the pod's own, elsewhere the
+    /// kubeconfig's].
+    #[arg(long, value_name = "NAMESPACE")]
+    pub leader_namespace: Option<String>,
+    /// This driver's name in the election, unique among the drivers
+    /// [default: the host name, in a pod the pod's name].
+    #[arg(long, value_name = "NAME")]
+    pub leader_identity: Option<String>,
+    /// How long the Lease lasts unrenewed before a standby takes over
+    /// (whole seconds).
+    #[arg(long, default_value = "15s", value_parser = values::flag_duration)]
+    pub leader_lease_duration: Duration,
+    /// How long a leader keeps trying to renew before it cancels the job
+    /// and stops leading; under the lease duration.
+    #[arg(long, default_value = "10s", value_parser = values::flag_duration)]
+    pub leader_renew_deadline: Duration,
+    /// Between two attempts to take or renew the Lease.
+    #[arg(long, default_value = "2s", value_parser = values::flag_duration)]
+    pub leader_retry_period: Duration,
     /// Where savepoints go, each into `savepoint-<job>-<id>/`: a path,
     /// `file://` path, `memory://NAME` or `s3://bucket/prefix`.
     #[arg(long)]
@@ -258,6 +284,9 @@ impl Options {
                 ..UploadLimits::default()
             })
             .restore(match &self.restore {
+                // Whichever driver leads continues the job where the last
+                // leader's checkpoints left it.
+                None if self.leader_lease.is_some() => Restore::Latest,
                 None => Restore::Fresh,
                 Some(RestoreArg::Latest) => Restore::Latest,
                 Some(RestoreArg::Checkpoint { id, .. }) => Restore::Checkpoint(*id),
@@ -267,7 +296,10 @@ impl Options {
             .allow_non_restored_state(self.allow_non_restored_state)
             .lease(LeaseOptions {
                 ttl: self.lease_ttl,
-                take_over: self.take_over_lease,
+                // An elected leader takes the directory over: the election
+                // says the previous leader stopped, and the epoch fences it
+                // if it did not.
+                take_over: self.take_over_lease || self.leader_lease.is_some(),
             });
         if let Some(size) = self.max_merged_file_size.filter(|_| self.file_merging) {
             settings = settings.max_merged_file_size(size);
@@ -279,6 +311,15 @@ impl Options {
             settings = settings.savepoint_dir(dir);
         }
         settings
+    }
+
+    /// The leader election's timings.
+    pub fn election_timing(&self) -> ElectionTiming {
+        ElectionTiming {
+            lease_duration: self.leader_lease_duration,
+            renew_deadline: self.leader_renew_deadline,
+            retry_period: self.leader_retry_period,
+        }
     }
 
     fn alignment(&self) -> Alignment {
@@ -387,6 +428,56 @@ impl Options {
                     origins.name("checkpoint_interval")
                 ),
             );
+        }
+        if self.leader_lease.is_none() {
+            let election = || {
+                format!(
+                    "applies to leader election; set {}",
+                    origins.suggest("--leader-lease", "tidemark.leader-election.lease")
+                )
+            };
+            if self.leader_namespace.is_some() {
+                return refuse("leader_namespace", election());
+            }
+            if self.leader_identity.is_some() {
+                return refuse("leader_identity", election());
+            }
+        } else {
+            use tidemark::election::TimingError;
+            match self.election_timing().validate() {
+                Err(e @ TimingError::WholeSeconds(_)) => {
+                    return refuse("leader_lease_duration", e.to_string())
+                }
+                Err(e @ TimingError::DeadlineNotBelowDuration { .. }) => {
+                    return refuse("leader_renew_deadline", e.to_string())
+                }
+                Err(e @ TimingError::RetryNotBelowDeadline { .. }) => {
+                    return refuse("leader_retry_period", e.to_string())
+                }
+                Ok(()) if matches!(
+                    self.restore,
+                    Some(RestoreArg::Checkpoint { .. } | RestoreArg::Savepoint(_))
+                ) =>
+                {
+                    return refuse(
+                        "restore",
+                        format!(
+                            "with {} every leader restores the job's latest checkpoint, so a savepoint or chk-N cannot be restored: restore it once without leader election, and elect leaders from then on",
+                            origins.name("leader_lease")
+                        ),
+                    )
+                }
+                Ok(()) if !self.checkpointing() => {
+                    return refuse(
+                        "leader_lease",
+                        format!(
+                            "needs checkpointing, which a new leader restores; {} is off",
+                            origins.name("checkpoint_interval")
+                        ),
+                    )
+                }
+                Ok(()) => {}
+            }
         }
         if let Some(Err(e)) = self
             .checkpointing()

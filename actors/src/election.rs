@@ -1,0 +1,359 @@
+//! Leader election of a job's drivers over a Kubernetes `Lease`
+//! (`coordination.k8s.io/v1`): the IO around [`tidemark::election`]'s
+//! rules. Every write replaces the version it read, so the API server's
+//! optimistic concurrency decides races; a job that ran to its end marks
+//! the Lease with [`FINISHED`] so that a standby does not run it again.
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+use std::time::Duration;
+use thiserror::Error;
+use tidemark::election::{ElectionTiming, Elector, LeaderRecord, Next};
+use tokio::time::Instant;
+
+/// The Lease's annotation saying that the job ran to its end under its
+/// holder.
+pub const FINISHED: &str = "tidemark.io/finished";
+
+/// Why this driver does not (or no longer) lead.
+#[derive(Debug, Error)]
+pub enum ElectionError {
+    /// No Kubernetes API to elect over.
+    #[error("leader election needs the Kubernetes API, and none was found: {0} (in a pod, the service account's; elsewhere, KUBECONFIG or ~/.kube/config)")]
+    NoCluster(String),
+    /// The API refused this driver the Lease.
+    #[error("the Kubernetes API refused Lease {lease}: {message}; the driver's service account needs get, create and update on leases (group coordination.k8s.io) in its namespace, as in examples/kubernetes/driver.yaml")]
+    Forbidden {
+        /// `namespace/name`.
+        lease: String,
+        /// The API's words.
+        message: String,
+    },
+    /// The API answered in a way that retrying does not mend.
+    #[error("the Kubernetes API failed on Lease {lease}: {message}")]
+    Api {
+        /// `namespace/name`.
+        lease: String,
+        /// The API's words.
+        message: String,
+    },
+    /// The job already ran to its end under an earlier leader.
+    #[error("the job already ran to its end under leader {holder} (Lease {lease} is annotated {FINISHED}); delete the Lease to run it again")]
+    Finished {
+        /// `namespace/name`.
+        lease: String,
+        /// The leader it finished under.
+        holder: String,
+    },
+    /// This driver led and no longer does.
+    #[error("lost the leadership of Lease {lease}: {why}; the job was cancelled here, and the new leader restores it")]
+    Lost {
+        /// `namespace/name`.
+        lease: String,
+        /// What happened.
+        why: String,
+    },
+}
+
+/// One driver's part in the election over one Lease.
+pub struct LeaseElection {
+    api: Api<Lease>,
+    lease: String,
+    name: String,
+    elector: Elector,
+    start: Instant,
+    /// The Lease as last read or written: the version the next write
+    /// replaces.
+    read: Option<Lease>,
+    /// The holder last reported waiting on, so a wait is logged once.
+    waiting_on: Option<String>,
+}
+
+impl LeaseElection {
+    /// A candidate named `identity` for Lease `name` in `namespace` (the
+    /// client's default namespace when `None`: in a pod, its own).
+    pub fn new(
+        client: Client,
+        namespace: Option<&str>,
+        name: &str,
+        identity: &str,
+        timing: ElectionTiming,
+    ) -> Self {
+        let namespace = namespace.unwrap_or(client.default_namespace()).to_string();
+        LeaseElection {
+            api: Api::namespaced(client, &namespace),
+            lease: format!("{namespace}/{name}"),
+            name: name.to_string(),
+            elector: Elector::new(identity, timing),
+            start: Instant::now(),
+            read: None,
+            waiting_on: None,
+        }
+    }
+
+    /// A client from the environment: the pod's service account in a pod,
+    /// the kubeconfig elsewhere.
+    pub async fn client() -> Result<Client, ElectionError> {
+        Client::try_default()
+            .await
+            .map_err(|e| ElectionError::NoCluster(e.to_string()))
+    }
+
+    /// `namespace/name` of the Lease.
+    pub fn lease(&self) -> &str {
+        &self.lease
+    }
+
+    fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// Waits until this driver leads; retries what may pass (an API that
+    /// does not answer, a lost race) every retry period.
+    pub async fn acquire(&mut self) -> Result<(), ElectionError> {
+        loop {
+            if let Some(next) = self.round().await? {
+                match next {
+                    Next::Create(_) | Next::Update(_) if self.elector.leads(self.now()) => {
+                        tracing::info!(lease = %self.lease, identity = self.elector.identity(), "leading");
+                        return Ok(());
+                    }
+                    Next::Finished { holder } => {
+                        return Err(ElectionError::Finished {
+                            lease: self.lease.clone(),
+                            holder: holder.unwrap_or_default(),
+                        })
+                    }
+                    Next::Wait { holder, .. } if self.waiting_on.as_ref() != Some(&holder) => {
+                        tracing::info!(lease = %self.lease, %holder, "standing by: another driver leads");
+                        self.waiting_on = Some(holder);
+                    }
+                    _ => {}
+                }
+            }
+            tokio::time::sleep(self.elector.timing().retry_period).await;
+        }
+    }
+
+    /// Renews every retry period for as long as this driver leads, and
+    /// says why it stopped: it returns by the renew deadline of the last
+    /// renewal that was written, however long the API takes to answer.
+    pub async fn keep(&mut self) -> ElectionError {
+        loop {
+            tokio::time::sleep(self.elector.timing().retry_period).await;
+            let Some(until) = self.elector.leads_until() else {
+                return self.lost("it was not leading");
+            };
+            let deadline = self.start + until;
+            match tokio::time::timeout_at(deadline, self.round()).await {
+                Err(_) => {
+                    return self.lost("the Lease could not be renewed within the renew deadline")
+                }
+                Ok(Err(e)) => return e,
+                Ok(Ok(Some(Next::Wait { holder, .. }))) => {
+                    return self.lost(&format!("{holder} holds it now"))
+                }
+                Ok(Ok(Some(Next::Finished { holder }))) => {
+                    return self.lost(&format!(
+                        "it is marked finished under {}",
+                        holder.unwrap_or_default()
+                    ))
+                }
+                Ok(_) if !self.elector.leads(self.now()) => {
+                    return self.lost("the Lease could not be renewed within the renew deadline")
+                }
+                Ok(_) => {}
+            }
+        }
+    }
+
+    fn lost(&self, why: &str) -> ElectionError {
+        ElectionError::Lost {
+            lease: self.lease.clone(),
+            why: why.to_string(),
+        }
+    }
+
+    /// Gives the Lease up if this driver still leads, so that a standby
+    /// takes over at once, or, when the job ran to its end, marks it
+    /// finished so that none runs the job again. A write that fails is
+    /// tried again on the Lease as read anew for as long as this driver
+    /// leads: a finished mark that is not written lets a standby run the
+    /// job again.
+    pub async fn release(&mut self, finished: bool) -> Result<(), ElectionError> {
+        loop {
+            let began = self.now();
+            let Some(record) = self.elector.release(began, wall_ms(), finished) else {
+                return if finished && self.read.as_ref().is_some_and(|l| !record_of(l).finished) {
+                    Err(ElectionError::Api {
+                        lease: self.lease.clone(),
+                        message: "the job ran to its end, but the Lease could not be marked finished before this driver's leadership ran out; a standby may run the job again from its latest checkpoint".into(),
+                    })
+                } else {
+                    Ok(())
+                };
+            };
+            let lease = lease_of(self.read.clone(), &self.name, &record);
+            let failed = match self
+                .api
+                .replace(&self.name, &PostParams::default(), &lease)
+                .await
+            {
+                Ok(written) => {
+                    self.elector.written(record, began, self.now());
+                    self.read = Some(written);
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
+            if let Some(fatal) = self.judge(failed) {
+                return Err(fatal);
+            }
+            tokio::time::sleep(self.elector.timing().retry_period / 4).await;
+            // A renewal of this driver's may have gone through unseen: read
+            // the version to replace (and whether it still leads) anew.
+            if let Ok(current) = self.api.get_opt(&self.name).await {
+                let record = current.as_ref().map(record_of);
+                self.elector.next(record.as_ref(), self.now(), wall_ms());
+                self.read = current;
+            }
+        }
+    }
+
+    /// Reads the Lease and writes what the rules say; `None` when a
+    /// failure that may pass (logged) stopped it.
+    async fn round(&mut self) -> Result<Option<Next>, ElectionError> {
+        let began = self.now();
+        let current = match self.api.get_opt(&self.name).await {
+            Ok(current) => current,
+            Err(e) => return self.judge(e).map_or(Ok(None), Err),
+        };
+        let record = current.as_ref().map(record_of);
+        let next = self.elector.next(record.as_ref(), self.now(), wall_ms());
+        let written = match &next {
+            Next::Create(record) => {
+                let lease = lease_of(None, &self.name, record);
+                self.api.create(&PostParams::default(), &lease).await
+            }
+            Next::Update(record) => {
+                let lease = lease_of(current.clone(), &self.name, record);
+                self.api
+                    .replace(&self.name, &PostParams::default(), &lease)
+                    .await
+            }
+            Next::Wait { .. } | Next::Finished { .. } => {
+                self.read = current;
+                return Ok(Some(next));
+            }
+        };
+        match written {
+            Ok(lease) => {
+                self.elector.written(record_of(&lease), began, self.now());
+                self.read = Some(lease);
+                Ok(Some(next))
+            }
+            Err(e) => self.judge(e).map_or(Ok(None), Err),
+        }
+    }
+
+    /// `None` for what may pass (logged); the error for what will not.
+    fn judge(&self, e: kube::Error) -> Option<ElectionError> {
+        let lease = self.lease.clone();
+        match e {
+            kube::Error::Api(status) if matches!(status.code, 401 | 403) => {
+                Some(ElectionError::Forbidden {
+                    lease,
+                    message: status.message,
+                })
+            }
+            // A namespace that does not exist, an API without Leases, a
+            // Lease the API cannot take: asking again changes nothing.
+            kube::Error::Api(status) if matches!(status.code, 400 | 404 | 405 | 422) => {
+                Some(ElectionError::Api {
+                    lease,
+                    message: format!("{} ({})", status.message, status.code),
+                })
+            }
+            e => {
+                tracing::warn!(%lease, error = %e, "a Lease request failed; trying again");
+                None
+            }
+        }
+    }
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn micro_time(ms: u64) -> Option<MicroTime> {
+    Timestamp::from_millisecond(i64::try_from(ms).ok()?)
+        .ok()
+        .map(MicroTime)
+}
+
+fn millis(time: &Option<MicroTime>) -> u64 {
+    time.as_ref()
+        .map_or(0, |t| u64::try_from(t.0.as_millisecond()).unwrap_or(0))
+}
+
+/// What a Lease says, in the election's terms.
+fn record_of(lease: &Lease) -> LeaderRecord {
+    let spec = lease.spec.clone().unwrap_or_default();
+    let finished = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(FINISHED))
+        .is_some_and(|v| v == "true");
+    LeaderRecord {
+        holder: spec.holder_identity.filter(|h| !h.is_empty()),
+        lease_duration_secs: spec
+            .lease_duration_seconds
+            .and_then(|s| u32::try_from(s).ok())
+            .unwrap_or(0),
+        acquire_ms: millis(&spec.acquire_time),
+        renew_ms: millis(&spec.renew_time),
+        transitions: spec
+            .lease_transitions
+            .and_then(|t| u32::try_from(t).ok())
+            .unwrap_or(0),
+        finished,
+        version: lease.metadata.resource_version.clone().unwrap_or_default(),
+    }
+}
+
+/// `base` (the Lease as read, which carries the version the write
+/// replaces) saying `record`.
+fn lease_of(base: Option<Lease>, name: &str, record: &LeaderRecord) -> Lease {
+    let mut lease = base.unwrap_or_else(|| Lease {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+    });
+    let annotations = lease
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    if record.finished {
+        annotations.insert(FINISHED.to_string(), "true".to_string());
+    } else {
+        annotations.remove(FINISHED);
+    }
+    lease.spec = Some(LeaseSpec {
+        holder_identity: record.holder.clone(),
+        lease_duration_seconds: i32::try_from(record.lease_duration_secs).ok(),
+        acquire_time: micro_time(record.acquire_ms),
+        renew_time: micro_time(record.renew_ms),
+        lease_transitions: i32::try_from(record.transitions).ok(),
+        ..lease.spec.unwrap_or_default()
+    });
+    lease
+}
