@@ -68,6 +68,9 @@ pub enum TimingError {
         /// The renew deadline given.
         renew_deadline: Duration,
     },
+    /// Without a pause between attempts, candidates hammer the store.
+    #[error("the retry period must be more than zero")]
+    ZeroRetry,
     /// Kubernetes keeps the lease duration in whole seconds.
     #[error("the lease duration ({0:?}) must be a whole number of seconds, at least one")]
     WholeSeconds(Duration),
@@ -78,6 +81,9 @@ impl ElectionTiming {
     pub fn validate(&self) -> Result<(), TimingError> {
         if self.lease_duration.subsec_nanos() != 0 || self.lease_duration.is_zero() {
             return Err(TimingError::WholeSeconds(self.lease_duration));
+        }
+        if self.retry_period.is_zero() {
+            return Err(TimingError::ZeroRetry);
         }
         if self.renew_deadline >= self.lease_duration {
             return Err(TimingError::DeadlineNotBelowDuration {

@@ -12,6 +12,7 @@ use kube::{Api, Client};
 use std::time::Duration;
 use thiserror::Error;
 use tidemark::election::{ElectionTiming, Elector, LeaderRecord, Next};
+use tidemark::storage::lease::now_ms;
 use tokio::time::Instant;
 
 /// The Lease's annotation saying that the job ran to its end under its
@@ -47,6 +48,12 @@ pub enum ElectionError {
         lease: String,
         /// The leader it finished under.
         holder: String,
+    },
+    /// The job ran to its end but the Lease does not say so.
+    #[error("the job ran to its end, but Lease {lease} could not be marked finished before this driver's leadership ran out; a standby may run the job again from its latest checkpoint")]
+    NotMarkedFinished {
+        /// `namespace/name`.
+        lease: String,
     },
     /// This driver led and no longer does.
     #[error("lost the leadership of Lease {lease}: {why}; the job was cancelled here, and the new leader restores it")]
@@ -114,8 +121,11 @@ impl LeaseElection {
     /// Waits until this driver leads; retries what may pass (an API that
     /// does not answer, a lost race) every retry period.
     pub async fn acquire(&mut self) -> Result<(), ElectionError> {
+        let timing = self.elector.timing();
         loop {
-            if let Some(next) = self.round().await? {
+            // A request the API never answers is one failed attempt.
+            let round = tokio::time::timeout(timing.renew_deadline, self.round()).await;
+            if let Some(next) = round.unwrap_or(Ok(None))? {
                 match next {
                     Next::Create(_) | Next::Update(_) if self.elector.leads(self.now()) => {
                         tracing::info!(lease = %self.lease, identity = self.elector.identity(), "leading");
@@ -134,24 +144,28 @@ impl LeaseElection {
                     _ => {}
                 }
             }
-            tokio::time::sleep(self.elector.timing().retry_period).await;
+            tokio::time::sleep(timing.retry_period).await;
         }
     }
 
     /// Renews every retry period for as long as this driver leads, and
     /// says why it stopped: it returns by the renew deadline of the last
-    /// renewal that was written, however long the API takes to answer.
+    /// renewal that was written, however long the API takes to answer and
+    /// wherever the deadline falls between two attempts.
     pub async fn keep(&mut self) -> ElectionError {
+        const LAPSED: &str = "the Lease could not be renewed within the renew deadline";
         loop {
-            tokio::time::sleep(self.elector.timing().retry_period).await;
             let Some(until) = self.elector.leads_until() else {
                 return self.lost("it was not leading");
             };
-            let deadline = self.start + until;
-            match tokio::time::timeout_at(deadline, self.round()).await {
-                Err(_) => {
-                    return self.lost("the Lease could not be renewed within the renew deadline")
-                }
+            let (deadline, retry) = (self.start + until, self.elector.timing().retry_period);
+            let renewal = async {
+                tokio::time::sleep(retry).await;
+                self.round().await
+            };
+            let renewed = tokio::time::timeout_at(deadline, renewal).await;
+            match renewed {
+                Err(_) => return self.lost(LAPSED),
                 Ok(Err(e)) => return e,
                 Ok(Ok(Some(Next::Wait { holder, .. }))) => {
                     return self.lost(&format!("{holder} holds it now"))
@@ -162,9 +176,7 @@ impl LeaseElection {
                         holder.unwrap_or_default()
                     ))
                 }
-                Ok(_) if !self.elector.leads(self.now()) => {
-                    return self.lost("the Lease could not be renewed within the renew deadline")
-                }
+                Ok(_) if !self.elector.leads(self.now()) => return self.lost(LAPSED),
                 Ok(_) => {}
             }
         }
@@ -180,18 +192,28 @@ impl LeaseElection {
     /// Gives the Lease up if this driver still leads, so that a standby
     /// takes over at once, or, when the job ran to its end, marks it
     /// finished so that none runs the job again. A write that fails is
-    /// tried again on the Lease as read anew for as long as this driver
-    /// leads: a finished mark that is not written lets a standby run the
+    /// tried again on the Lease as read anew until this driver's leadership
+    /// runs out: a finished mark that is not written lets a standby run the
     /// job again.
     pub async fn release(&mut self, finished: bool) -> Result<(), ElectionError> {
+        let Some(until) = self.elector.leads_until() else {
+            return Ok(());
+        };
+        let given_up = tokio::time::timeout_at(self.start + until, self.give_up(finished)).await;
+        match given_up {
+            Ok(given_up) => given_up,
+            Err(_) if finished => Err(self.not_marked()),
+            // The Lease lapses on its own within its duration.
+            Err(_) => Ok(()),
+        }
+    }
+
+    async fn give_up(&mut self, finished: bool) -> Result<(), ElectionError> {
         loop {
             let began = self.now();
-            let Some(record) = self.elector.release(began, wall_ms(), finished) else {
-                return if finished && self.read.as_ref().is_some_and(|l| !record_of(l).finished) {
-                    Err(ElectionError::Api {
-                        lease: self.lease.clone(),
-                        message: "the job ran to its end, but the Lease could not be marked finished before this driver's leadership ran out; a standby may run the job again from its latest checkpoint".into(),
-                    })
+            let Some(record) = self.elector.release(began, now_ms(), finished) else {
+                return if finished {
+                    Err(self.not_marked())
                 } else {
                     Ok(())
                 };
@@ -209,7 +231,7 @@ impl LeaseElection {
                 }
                 Err(e) => e,
             };
-            if let Some(fatal) = self.judge(failed) {
+            if let Some(fatal) = self.judge(failed, true) {
                 return Err(fatal);
             }
             tokio::time::sleep(self.elector.timing().retry_period / 4).await;
@@ -217,9 +239,15 @@ impl LeaseElection {
             // the version to replace (and whether it still leads) anew.
             if let Ok(current) = self.api.get_opt(&self.name).await {
                 let record = current.as_ref().map(record_of);
-                self.elector.next(record.as_ref(), self.now(), wall_ms());
+                self.elector.next(record.as_ref(), self.now(), now_ms());
                 self.read = current;
             }
+        }
+    }
+
+    fn not_marked(&self) -> ElectionError {
+        ElectionError::NotMarkedFinished {
+            lease: self.lease.clone(),
         }
     }
 
@@ -229,10 +257,11 @@ impl LeaseElection {
         let began = self.now();
         let current = match self.api.get_opt(&self.name).await {
             Ok(current) => current,
-            Err(e) => return self.judge(e).map_or(Ok(None), Err),
+            Err(e) => return self.judge(e, false).map_or(Ok(None), Err),
         };
         let record = current.as_ref().map(record_of);
-        let next = self.elector.next(record.as_ref(), self.now(), wall_ms());
+        let next = self.elector.next(record.as_ref(), self.now(), now_ms());
+        let replacing = matches!(next, Next::Update(_));
         let written = match &next {
             Next::Create(record) => {
                 let lease = lease_of(None, &self.name, record);
@@ -255,12 +284,14 @@ impl LeaseElection {
                 self.read = Some(lease);
                 Ok(Some(next))
             }
-            Err(e) => self.judge(e).map_or(Ok(None), Err),
+            Err(e) => self.judge(e, replacing).map_or(Ok(None), Err),
         }
     }
 
     /// `None` for what may pass (logged); the error for what will not.
-    fn judge(&self, e: kube::Error) -> Option<ElectionError> {
+    /// `replacing`: the request replaced the Lease, and a 404 means it was
+    /// deleted since it was read, which the next attempt mends.
+    fn judge(&self, e: kube::Error, replacing: bool) -> Option<ElectionError> {
         let lease = self.lease.clone();
         match e {
             kube::Error::Api(status) if matches!(status.code, 401 | 403) => {
@@ -271,7 +302,10 @@ impl LeaseElection {
             }
             // A namespace that does not exist, an API without Leases, a
             // Lease the API cannot take: asking again changes nothing.
-            kube::Error::Api(status) if matches!(status.code, 400 | 404 | 405 | 422) => {
+            kube::Error::Api(status)
+                if matches!(status.code, 400 | 404 | 405 | 422)
+                    && !(replacing && status.code == 404) =>
+            {
                 Some(ElectionError::Api {
                     lease,
                     message: format!("{} ({})", status.message, status.code),
@@ -283,12 +317,6 @@ impl LeaseElection {
             }
         }
     }
-}
-
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn micro_time(ms: u64) -> Option<MicroTime> {

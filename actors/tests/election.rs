@@ -105,8 +105,12 @@ impl Server {
     }
 }
 
-/// A candidate whose client talks to `server`.
+/// A candidate whose client talks to `server`, with client-go's timings.
 fn candidate(server: &Shared, who: &'static str) -> LeaseElection {
+    timed_candidate(server, who, ElectionTiming::default())
+}
+
+fn timed_candidate(server: &Shared, who: &'static str, timing: ElectionTiming) -> LeaseElection {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let server = server.clone();
     tokio::spawn(async move {
@@ -135,7 +139,7 @@ fn candidate(server: &Shared, who: &'static str) -> LeaseElection {
         Some("jobs"),
         NAME,
         who,
-        ElectionTiming::default(),
+        timing,
     )
 }
 
@@ -260,10 +264,26 @@ async fn a_released_lease_is_taken_at_once_and_a_finished_job_is_not_run_again()
         matches!(&refused, ElectionError::Finished { holder, .. } if holder == "b"),
         "{refused}"
     );
-    // Giving up a Lease that is not this candidate's writes nothing.
-    let writes = server.lock().unwrap().writes.len();
-    a.release(false).await.unwrap();
-    assert_eq!(server.lock().unwrap().writes.len(), writes);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_stops_at_its_deadline_even_between_two_attempts() {
+    // Attempts every 4 s, a 10 s deadline: the deadline after the last
+    // renewal (8 s) falls at 18 s, between the attempts at 16 and 20 s.
+    let timing = ElectionTiming {
+        retry_period: Duration::from_secs(4),
+        ..ElectionTiming::default()
+    };
+    let server = Shared::default();
+    let mut a = timed_candidate(&server, "a", timing);
+    let start = Instant::now();
+    a.acquire().await.unwrap();
+    let leader = tokio::spawn(async move { (a.keep().await, Instant::now()) });
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    server.lock().unwrap().faults.insert("a", Fault::Fail);
+    let (lost, at) = leader.await.unwrap();
+    assert!(matches!(lost, ElectionError::Lost { .. }), "{lost}");
+    assert_eq!(at - start, Duration::from_secs(18));
 }
 
 #[tokio::test(start_paused = true)]
@@ -319,7 +339,7 @@ fn serve_http(server: Shared) -> std::net::SocketAddr {
     address.recv().unwrap()
 }
 
-const RECORDS: u64 = 400_000;
+const RECORDS: u64 = 600_000;
 const KEYS: u64 = 1_000;
 const SEED: u64 = 5;
 
@@ -400,7 +420,13 @@ fn a_standby_driver_takes_over_a_sigkilled_leaders_job_exactly_once() {
     let mut b = driver("b", dir.path(), output.path(), checkpoints.path());
     wait_for("b stands by", || stderr("b").contains("is a candidate"));
     a.kill().unwrap();
-    a.wait().unwrap();
+    let killed = a.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&killed),
+        Some(9),
+        "a ended before it was killed: {}",
+        stderr("a")
+    );
 
     let status = b.wait().unwrap();
     assert!(status.success(), "b: {}", stderr("b"));

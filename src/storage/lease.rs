@@ -180,7 +180,8 @@ pub struct Lease {
     renewed: Mutex<Instant>,
 }
 
-fn now_ms() -> u64 {
+/// Wall-clock milliseconds since the Unix epoch, as leases record them.
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

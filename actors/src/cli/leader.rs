@@ -29,10 +29,14 @@ struct Watched {
 impl Leadership {
     /// Waits until this driver leads the election `options` configure.
     pub fn acquire(options: &Options, lease: &str) -> Result<Leadership, CliError> {
-        let identity = options
-            .leader_identity
-            .clone()
-            .unwrap_or_else(tidemark::storage::lease::host);
+        let identity = options.leader_identity.clone().unwrap_or_else(|| {
+            format!(
+                "{}:{}:{:016x}",
+                tidemark::storage::lease::host(),
+                std::process::id(),
+                tidemark::rng::unique_token()
+            )
+        });
         let (namespace, name) = (options.leader_namespace.clone(), lease.to_string());
         let timing = options.election_timing();
         let runtime = tokio::runtime::Builder::new_current_thread()

@@ -187,11 +187,13 @@ pub struct Options {
     #[arg(long, value_name = "NAME")]
     pub leader_lease: Option<String>,
     /// The Lease's namespace [default: the pod's own, elsewhere the
-    /// kubeconfig's].
+    /// kubeconfig's]; without --leader-lease it is not used.
     #[arg(long, value_name = "NAMESPACE")]
     pub leader_namespace: Option<String>,
-    /// This driver's name in the election, unique among the drivers
-    /// [default: the host name, in a pod the pod's name].
+    /// This driver's name in the election, unique among the drivers; a
+    /// driver that finds its own name on the Lease leads at once, so give
+    /// a name only one process has at a time (a pod's name) [default: host,
+    /// process and a token of this run's].
     #[arg(long, value_name = "NAME")]
     pub leader_identity: Option<String>,
     /// How long the Lease lasts unrenewed before a standby takes over
@@ -411,7 +413,7 @@ impl Options {
                 return refuse("max_space_amplification", merging());
             }
         }
-        if self.allow_non_restored_state && self.restore.is_none() {
+        if self.allow_non_restored_state && self.restore.is_none() && self.leader_lease.is_none() {
             return refuse(
                 "allow_non_restored_state",
                 format!(
@@ -436,9 +438,6 @@ impl Options {
                     origins.suggest("--leader-lease", "tidemark.leader-election.lease")
                 )
             };
-            if self.leader_namespace.is_some() {
-                return refuse("leader_namespace", election());
-            }
             if self.leader_identity.is_some() {
                 return refuse("leader_identity", election());
             }
@@ -451,7 +450,7 @@ impl Options {
                 Err(e @ TimingError::DeadlineNotBelowDuration { .. }) => {
                     return refuse("leader_renew_deadline", e.to_string())
                 }
-                Err(e @ TimingError::RetryNotBelowDeadline { .. }) => {
+                Err(e @ (TimingError::RetryNotBelowDeadline { .. } | TimingError::ZeroRetry)) => {
                     return refuse("leader_retry_period", e.to_string())
                 }
                 Ok(()) if matches!(

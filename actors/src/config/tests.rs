@@ -39,6 +39,24 @@ const SAME_AS_FLAGS: &[(&str, &[&str])] = &[
     ("tidemark.lease.ttl: 2 min", &["--lease-ttl=2min"]),
     ("web.checkpoints.history: 20", &["--checkpoint-history=20"]),
     ("tidemark.lease.take-over: true", &["--take-over-lease"]),
+    ("tidemark.leader-election.lease: wc", &["--leader-lease=wc"]),
+    (
+        "tidemark.leader-election.lease: wc\ntidemark.leader-election.identity: a",
+        &["--leader-lease=wc", "--leader-identity=a"],
+    ),
+    ("kubernetes.namespace: jobs", &["--leader-namespace=jobs"]),
+    (
+        "high-availability.kubernetes.leader-election.lease-duration: 20 s",
+        &["--leader-lease-duration=20s"],
+    ),
+    (
+        "high-availability.kubernetes.leader-election.renew-deadline: 5 s",
+        &["--leader-renew-deadline=5s"],
+    ),
+    (
+        "high-availability.kubernetes.leader-election.retry-period: 1 s",
+        &["--leader-retry-period=1s"],
+    ),
     ("tidemark.storage.multipart-threshold: 64 mb", &["--multipart-threshold=64MiB"]),
     ("tidemark.storage.upload-part-size: 5 mb", &["--upload-part-size=5MiB"]),
     ("execution.checkpointing.interval: 250 ms", &["--checkpoint-interval=250ms"]),
