@@ -3,6 +3,7 @@ use super::*;
 use crate::cli::RunArgs;
 use std::time::Duration;
 use tidemark::checkpoint::CheckpointSettings;
+use tidemark::election::ElectionTiming;
 use tidemark::restart::RestartStrategy;
 
 /// The settings `yaml` makes over the defaults, unchecked, for comparing.
@@ -11,14 +12,27 @@ fn from_file(yaml: &str) -> String {
     file(yaml)
         .apply(&mut options, |_| false)
         .unwrap_or_else(|e| panic!("{yaml}: {e}"));
-    format!("{:?}", options.job_config())
+    described(&options)
 }
 
 /// The settings the flags make, for comparing.
 fn from_flags(flags: &[&str]) -> String {
     let args = RunArgs::parse(["wordcount"].iter().chain(flags).copied())
         .unwrap_or_else(|e| panic!("{flags:?}: {e}"));
-    format!("{:?}", args.options.job_config())
+    described(&args.options)
+}
+
+/// The job's settings and the run's leader election, which is not the
+/// job's.
+fn described(options: &Options) -> String {
+    format!(
+        "{:?} {:?} {:?} {:?} {:?}",
+        options.job_config(),
+        options.leader_lease,
+        options.leader_namespace,
+        options.leader_identity,
+        options.election_timing()
+    )
 }
 
 fn file(yaml: &str) -> ConfigFile {
@@ -254,7 +268,8 @@ fn the_defaults_are_the_embedding_apis() {
     let config = Options::default().job_config();
     let embedded = JobConfig::default().checkpointing(CheckpointSettings::default());
     assert_eq!(format!("{config:?}"), format!("{embedded:?}"));
-    assert_eq!(from_file("# nothing\n"), format!("{embedded:?}"));
+    assert_eq!(from_file("# nothing\n"), described(&Options::default()));
+    assert_eq!(Options::default().election_timing(), ElectionTiming::default());
 }
 
 /// `tidemark run wordcount FLAGS` with `yaml` as its configuration file.
