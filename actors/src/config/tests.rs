@@ -269,7 +269,10 @@ fn the_defaults_are_the_embedding_apis() {
     let embedded = JobConfig::default().checkpointing(CheckpointSettings::default());
     assert_eq!(format!("{config:?}"), format!("{embedded:?}"));
     assert_eq!(from_file("# nothing\n"), described(&Options::default()));
-    assert_eq!(Options::default().election_timing(), ElectionTiming::default());
+    assert_eq!(
+        Options::default().election_timing(),
+        ElectionTiming::default()
+    );
 }
 
 /// `tidemark run wordcount FLAGS` with `yaml` as its configuration file.

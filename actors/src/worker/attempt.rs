@@ -73,6 +73,30 @@ pub(crate) struct AttemptActor {
     stopped: bool,
 }
 
+/// Empty progress reports from a thread of their own, every
+/// [`PROGRESS_EVERY`] until dropped: the heartbeat while the attempt's
+/// thread is busy.
+struct Heartbeat {
+    _stop: std::sync::mpsc::Sender<()>,
+}
+
+impl Heartbeat {
+    fn start(events: mpsc::UnboundedSender<Result<Event, Status>>, run: RunAttempt) -> Heartbeat {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(PROGRESS_EVERY)
+            {
+                let beat = FromWorker::Progress(Progress::default()).envelope(run.attempt);
+                if events.send(Ok(beat)).is_err() {
+                    return;
+                }
+            }
+        });
+        Heartbeat { _stop: stop }
+    }
+}
+
 /// Totals a worker reports the growth of.
 #[derive(Default)]
 struct Counters {
@@ -257,7 +281,14 @@ impl AttemptActor {
             arbiters: &self.resources.arbiters,
             workers: &workers,
         };
-        match hosting.deploy(&prepared.hosted, prepared.restore, prepared.ends) {
+        // Restoring the operators' state runs on this thread, and a large
+        // state takes longer than the driver's patience with silence.
+        let beating = self
+            .call
+            .map(|run| Heartbeat::start(self.events.clone(), run));
+        let deployed = hosting.deploy(&prepared.hosted, prepared.restore, prepared.ends);
+        drop(beating);
+        match deployed {
             Ok(Hosted {
                 subtasks, actors, ..
             }) => {
