@@ -108,6 +108,16 @@ impl Server {
         (code, serde_json::to_vec(&lease).unwrap())
     }
 
+    /// Gives the Lease to `holder`, as its own write would.
+    fn hand_over(&mut self, holder: &str) {
+        let mut lease = self.lease.clone().expect("a Lease to hand over");
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        spec.holder_identity = Some(holder.to_string());
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        let body = serde_json::to_vec(&lease).unwrap();
+        self.store(holder, &body, StatusCode::OK);
+    }
+
     fn holder(&self) -> Option<String> {
         self.lease.as_ref()?.spec.as_ref()?.holder_identity.clone()
     }
@@ -389,35 +399,74 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// An API server on loopback with a kubeconfig naming it, and directories
+/// for the drivers' standard error, the output and the checkpoints.
+struct Cluster {
+    server: Shared,
+    dir: tempfile::TempDir,
+    output: tempfile::TempDir,
+    checkpoints: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let server = Shared::default();
+        let api = serve_http(server.clone());
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("kubeconfig"),
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: test\n\
+                 clusters: [{{name: test, cluster: {{server: 'http://{api}'}}}}]\n\
+                 users: [{{name: test, user: {{}}}}]\n\
+                 contexts: [{{name: test, context: {{cluster: test, user: test, namespace: jobs}}}}]\n"
+            ),
+        )
+        .unwrap();
+        Cluster {
+            server,
+            dir,
+            output: tempfile::tempdir().unwrap(),
+            checkpoints: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn driver(&self, identity: &str) -> std::process::Child {
+        driver(
+            identity,
+            self.dir.path(),
+            self.output.path(),
+            self.checkpoints.path(),
+        )
+    }
+
+    fn stderr(&self, identity: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{identity}.err"))).unwrap_or_default()
+    }
+
+    /// Waits until driver `identity` (`child`) leads and its job committed
+    /// output.
+    fn leading(&self, identity: &str, child: &mut std::process::Child) {
+        wait_for("the driver leads and commits output", || {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "{identity} ended: {}",
+                self.stderr(identity)
+            );
+            self.server.lock().unwrap().holder().as_deref() == Some(identity)
+                && !common::committed_lines(self.output.path()).is_empty()
+        });
+    }
+}
+
 #[test]
 fn a_standby_driver_takes_over_a_sigkilled_leaders_job_exactly_once() {
-    let server = Shared::default();
-    let api = serve_http(server.clone());
-    let (dir, output, checkpoints) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
-    std::fs::write(
-        dir.path().join("kubeconfig"),
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: test\n\
-             clusters: [{{name: test, cluster: {{server: 'http://{api}'}}}}]\n\
-             users: [{{name: test, user: {{}}}}]\n\
-             contexts: [{{name: test, context: {{cluster: test, user: test, namespace: jobs}}}}]\n"
-        ),
-    )
-    .unwrap();
-    let stderr = |identity: &str| {
-        std::fs::read_to_string(dir.path().join(format!("{identity}.err"))).unwrap_or_default()
-    };
-    let mut a = driver("a", dir.path(), output.path(), checkpoints.path());
-    wait_for("a leads and commits output", || {
-        assert!(a.try_wait().unwrap().is_none(), "a ended: {}", stderr("a"));
-        server.lock().unwrap().holder().as_deref() == Some("a")
-            && !common::committed_lines(output.path()).is_empty()
-    });
-    let mut b = driver("b", dir.path(), output.path(), checkpoints.path());
+    let cluster = Cluster::start();
+    let (server, output) = (&cluster.server, cluster.output.path());
+    let stderr = |identity: &str| cluster.stderr(identity);
+    let mut a = cluster.driver("a");
+    cluster.leading("a", &mut a);
+    let mut b = cluster.driver("b");
     wait_for("b stands by", || stderr("b").contains("is a candidate"));
     a.kill().unwrap();
     let killed = a.wait().unwrap();
@@ -431,7 +480,7 @@ fn a_standby_driver_takes_over_a_sigkilled_leaders_job_exactly_once() {
     let status = b.wait().unwrap();
     assert!(status.success(), "b: {}", stderr("b"));
     assert!(stderr("b").contains("b leads"), "{}", stderr("b"));
-    common::assert_updates_exactly_once(output.path(), RECORDS, KEYS, SEED, "b took a's job over");
+    common::assert_updates_exactly_once(output, RECORDS, KEYS, SEED, "b took a's job over");
     let lease = server.lock().unwrap().lease.clone().unwrap();
     let spec = lease.spec.clone().unwrap();
     assert_eq!(spec.holder_identity.as_deref(), Some("b"));
@@ -439,15 +488,43 @@ fn a_standby_driver_takes_over_a_sigkilled_leaders_job_exactly_once() {
     assert!(marked_finished(&lease));
 
     // The job ran to its end: a later driver does not run it again.
-    let committed = common::committed_lines(output.path());
-    let c = driver("c", dir.path(), output.path(), checkpoints.path())
-        .wait()
-        .unwrap();
+    let committed = common::committed_lines(output);
+    let c = cluster.driver("c").wait().unwrap();
     assert!(c.success(), "c: {}", stderr("c"));
     assert!(
         stderr("c").contains("already ran to its end under leader b"),
         "{}",
         stderr("c")
     );
-    assert_eq!(common::committed_lines(output.path()), committed);
+    assert_eq!(common::committed_lines(output), committed);
+}
+
+#[test]
+fn a_leader_deposed_while_alive_cancels_its_job_stands_by_and_finishes_it_later() {
+    let cluster = Cluster::start();
+    let mut a = cluster.driver("a");
+    cluster.leading("a", &mut a);
+    // Another takes the Lease (as a driver whose clock ran fast might) and
+    // never renews it: a cancels its job, stands by, leads again once the
+    // Lease lapses, and restores its latest checkpoint.
+    cluster.server.lock().unwrap().hand_over("x");
+    let status = a.wait().unwrap();
+    let stderr = cluster.stderr("a");
+    assert!(status.success(), "a: {stderr}");
+    assert!(
+        stderr.contains("x holds it now") && stderr.contains("standing by again"),
+        "{stderr}"
+    );
+    common::assert_updates_exactly_once(
+        cluster.output.path(),
+        RECORDS,
+        KEYS,
+        SEED,
+        "a deposed and back",
+    );
+    let lease = cluster.server.lock().unwrap().lease.clone().unwrap();
+    assert!(marked_finished(&lease));
+    let spec = lease.spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("a"));
+    assert_eq!(spec.lease_transitions, Some(2));
 }

@@ -6,6 +6,7 @@ use super::leader::Leadership;
 use super::report::{Finished, RunReport};
 use super::{Cli, CliError, Command};
 use crate::config::{ConfigFile, Options, Origins, RestoreArg};
+use crate::election::ElectionError;
 use crate::join::Join;
 use crate::remote::{Distributed, WorkerSet};
 use crate::runtime::{job_id, JobError, Runtime};
@@ -536,11 +537,18 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
     let Some(lease) = settings.options.leader_lease.clone() else {
         return run_job(args, &settings, config, None);
     };
-    let leadership = Leadership::acquire(&settings.options, &lease)?;
-    let report = run_job(args, &settings, config, Some(&leadership));
-    // A lost leadership explains the job's end better than the job does.
-    leadership.end(report.is_ok())?;
-    report
+    loop {
+        let leadership = Leadership::acquire(&settings.options, &lease)?;
+        let report = run_job(args, &settings, config.clone(), Some(&leadership));
+        match leadership.end(report.is_ok()) {
+            // The job was cancelled for it: stand by for the next turn, as
+            // a restarted driver would, without counting as a failure.
+            Err(CliError::Election(lost @ ElectionError::Lost { .. })) => {
+                eprintln!("tidemark: {lost}; standing by again");
+            }
+            ended => return ended.and(report),
+        }
+    }
 }
 
 /// Runs the job of a validated run, watched by `leadership` when it leads
