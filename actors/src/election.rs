@@ -218,18 +218,9 @@ impl LeaseElection {
                     Ok(())
                 };
             };
-            let lease = lease_of(self.read.clone(), &self.name, &record);
-            let failed = match self
-                .api
-                .replace(&self.name, &PostParams::default(), &lease)
-                .await
-            {
-                Ok(written) => {
-                    self.elector.written(record, began, self.now());
-                    self.read = Some(written);
-                    return Ok(());
-                }
-                Err(e) => e,
+            let base = self.read.clone();
+            let Err(failed) = self.write(base, &record, began).await else {
+                return Ok(());
             };
             if let Some(fatal) = self.judge(failed, true) {
                 return Err(fatal);
@@ -263,29 +254,38 @@ impl LeaseElection {
         let next = self.elector.next(record.as_ref(), self.now(), now_ms());
         let replacing = matches!(next, Next::Update(_));
         let written = match &next {
-            Next::Create(record) => {
-                let lease = lease_of(None, &self.name, record);
-                self.api.create(&PostParams::default(), &lease).await
-            }
-            Next::Update(record) => {
-                let lease = lease_of(current.clone(), &self.name, record);
-                self.api
-                    .replace(&self.name, &PostParams::default(), &lease)
-                    .await
-            }
+            // A Create's `current` is `None`: the write creates the Lease.
+            Next::Create(record) | Next::Update(record) => self.write(current, record, began).await,
             Next::Wait { .. } | Next::Finished { .. } => {
                 self.read = current;
                 return Ok(Some(next));
             }
         };
         match written {
-            Ok(lease) => {
-                self.elector.written(record_of(&lease), began, self.now());
-                self.read = Some(lease);
-                Ok(Some(next))
-            }
+            Ok(()) => Ok(Some(next)),
             Err(e) => self.judge(e, replacing).map_or(Ok(None), Err),
         }
+    }
+
+    /// Writes `record` over `base`, the Lease as read (creates it when there
+    /// is none), and tells the rules what was written: a renewal counts from
+    /// `began`, before the request was sent.
+    async fn write(
+        &mut self,
+        base: Option<Lease>,
+        record: &LeaderRecord,
+        began: Duration,
+    ) -> Result<(), kube::Error> {
+        let (params, creating) = (PostParams::default(), base.is_none());
+        let lease = lease_of(base, &self.name, record);
+        let written = if creating {
+            self.api.create(&params, &lease).await?
+        } else {
+            self.api.replace(&self.name, &params, &lease).await?
+        };
+        self.elector.written(record_of(&written), began, self.now());
+        self.read = Some(written);
+        Ok(())
     }
 
     /// `None` for what may pass (logged); the error for what will not.

@@ -187,6 +187,11 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A name no other run has: host, process and a token of this run's.
+pub fn run_identity(host: &str, pid: u32) -> String {
+    format!("{host}:{pid}:{:016x}", crate::rng::unique_token())
+}
+
 /// This machine's name, as a lease records it (in a pod, the pod's name).
 pub fn host() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -268,7 +273,7 @@ impl Lease {
         let pid = std::process::id();
         let holder = Holder {
             epoch,
-            run: format!("{host}:{pid}:{:016x}", crate::rng::unique_token()),
+            run: run_identity(&host, pid),
             host,
             pid,
             renewed_ms: now,

@@ -30,12 +30,8 @@ impl Leadership {
     /// Waits until this driver leads the election `options` configure.
     pub fn acquire(options: &Options, lease: &str) -> Result<Leadership, CliError> {
         let identity = options.leader_identity.clone().unwrap_or_else(|| {
-            format!(
-                "{}:{}:{:016x}",
-                tidemark::storage::lease::host(),
-                std::process::id(),
-                tidemark::rng::unique_token()
-            )
+            use tidemark::storage::lease::{host, run_identity};
+            run_identity(&host(), std::process::id())
         });
         let (namespace, name) = (options.leader_namespace.clone(), lease.to_string());
         let timing = options.election_timing();
