@@ -1,10 +1,11 @@
-//! Keyed state: value, map and list state over serde types, scoped to the key
-//! of the record being processed and partitioned by key group. Operator
-//! functions declare their states once, at open, and get typed handles; the
-//! backend behind the handles is chosen per job (`StateBackend`): typed hash
-//! tables on the heap, or one RocksDB database per subtask. The handles, the
-//! per-record `KeyedContext` and its `Entry` are the same for both, and
-//! dispatch to the backend through an enum, not a trait object.
+//! Keyed state: value, reducing, map and list state over serde types, scoped
+//! to the key of the record being processed and partitioned by key group.
+//! Operator functions declare their states once, at open, and get typed
+//! handles; the backend behind the handles is chosen per job
+//! (`StateBackend`): typed hash tables on the heap, or one RocksDB database
+//! per subtask. The handles, the per-record `KeyedContext` and its `Entry`
+//! are the same for both, and dispatch to the backend through an enum, not a
+//! trait object.
 
 mod heap;
 #[cfg(feature = "rocksdb")]
@@ -29,6 +30,7 @@ use std::fmt::Debug;
 use std::hash::Hash;
 use std::marker::PhantomData;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// How many records ahead of the one a keyed step processes the state of
 /// its batch is prefetched: far enough for a miss to memory (about 100 ns)
@@ -234,11 +236,13 @@ impl<K: Key> KeyedStateBackend<K> {
         }
     }
 
-    fn register<S: Data>(&mut self, name: &str) -> usize {
+    /// `reduce`: how values added to a reducing state combine.
+    #[cfg_attr(not(feature = "rocksdb"), allow(unused_variables))]
+    fn register<S: Data>(&mut self, name: &str, reduce: Option<Reduce<S>>) -> usize {
         match self {
             KeyedStateBackend::Heap(b) => b.register::<S>(name),
             #[cfg(feature = "rocksdb")]
-            KeyedStateBackend::RocksDb(b) => b.register::<S>(name),
+            KeyedStateBackend::RocksDb(b) => b.register::<S>(name, reduce),
         }
     }
 
@@ -313,6 +317,54 @@ state_handle!(
     ListState<V>
 );
 
+/// How the values added to a reducing state combine: `reduce(acc, value)`
+/// folds `value` into `acc`. It must be associative, as Flink's
+/// `ReduceFunction` must: RocksDB combines added values in any grouping,
+/// before and after they meet the stored value.
+pub(crate) type Reduce<V> = Arc<dyn Fn(&mut V, V) + Send + Sync>;
+
+/// One value per key that values are added to, combined by a reduce
+/// function (Flink's `ReducingState`). Adding needs no read: on RocksDB an
+/// add to a key the cache misses is written as a merge operand, and RocksDB
+/// combines it with the stored value when it is read or compacted.
+pub struct ReducingState<V> {
+    id: usize,
+    reduce: Reduce<V>,
+}
+
+impl<V> Clone for ReducingState<V> {
+    fn clone(&self) -> Self {
+        ReducingState {
+            id: self.id,
+            reduce: self.reduce.clone(),
+        }
+    }
+}
+
+/// A state holding one value per key: what [`AllKeys::values`] reads.
+pub trait SingleValue<V>: sealed::Sealed {
+    #[doc(hidden)]
+    fn id(&self) -> usize;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl<V> Sealed for super::ValueState<V> {}
+    impl<V> Sealed for super::ReducingState<V> {}
+}
+
+impl<V> SingleValue<V> for ValueState<V> {
+    fn id(&self) -> usize {
+        self.id
+    }
+}
+
+impl<V> SingleValue<V> for ReducingState<V> {
+    fn id(&self) -> usize {
+        self.id
+    }
+}
+
 /// Declares the states of a keyed function when a subtask opens it.
 pub struct StateRegistrar<'a, K: Key> {
     backend: &'a mut KeyedStateBackend<K>,
@@ -328,18 +380,39 @@ impl<'a, K: Key> StateRegistrar<'a, K> {
     /// snapshot, so it must be unique in the operator and stable across
     /// versions of the job.
     pub fn value<V: Data>(&mut self, name: &str) -> ValueState<V> {
-        ValueState::new(self.backend.register::<V>(name))
+        ValueState::new(self.backend.register::<V>(name, None))
+    }
+
+    /// Declares reducing state `name` (named as for [`value`](Self::value)),
+    /// whose added values combine with `reduce` (see [`ReducingState`]).
+    /// Its snapshots are those of a value state of `V`: a value state may
+    /// become a reducing state of the same type and keep its state (not
+    /// back, on RocksDB: a native checkpoint may hold merge operands, which
+    /// only the reduce function can read).
+    pub fn reducing<V: Data>(
+        &mut self,
+        name: &str,
+        reduce: impl Fn(&mut V, V) + Send + Sync + 'static,
+    ) -> ReducingState<V> {
+        let reduce: Reduce<V> = Arc::new(reduce);
+        ReducingState {
+            id: self.backend.register::<V>(name, Some(reduce.clone())),
+            reduce,
+        }
     }
 
     /// Declares map state `name` (named as for [`value`](Self::value)). A
     /// key's whole map is one value of the backend.
     pub fn map<UK: Key, UV: Data>(&mut self, name: &str) -> MapState<UK, UV> {
-        MapState::new(self.backend.register::<rustc_hash::FxHashMap<UK, UV>>(name))
+        MapState::new(
+            self.backend
+                .register::<rustc_hash::FxHashMap<UK, UV>>(name, None),
+        )
     }
 
     /// Declares list state `name` (named as for [`value`](Self::value)).
     pub fn list<V: Data>(&mut self, name: &str) -> ListState<V> {
-        ListState::new(self.backend.register::<Vec<V>>(name))
+        ListState::new(self.backend.register::<Vec<V>>(name, None))
     }
 }
 
@@ -424,6 +497,17 @@ impl<'a, K: Key> KeyedContext<'a, K> {
     /// The current key's list of `state`.
     pub fn list<V: Data>(&mut self, state: &ListState<V>) -> Entry<'_, K, Vec<V>> {
         self.entry(state.id)
+    }
+
+    /// The current key's value of `state`.
+    #[inline]
+    pub fn reducing<'s, V: Data>(&'s mut self, state: &'s ReducingState<V>) -> Reducing<'s, K, V> {
+        Reducing {
+            backend: self.backend,
+            key: self.key,
+            slot: self.slot,
+            state,
+        }
     }
 
     #[inline]
@@ -529,6 +613,10 @@ fn entry_of<'e, K: Key, S: Data>(
     }
 }
 
+fn find<'t, K: Key, S>(table: &'t GroupTable<K, S>, key: &K, hash: u64) -> Option<&'t S> {
+    table.find(hash, |(k, _)| k == key).map(|(_, s)| s)
+}
+
 /// One key's slot of one state.
 ///
 /// On the heap it is the slot in the state's table. On RocksDB the value is
@@ -548,13 +636,19 @@ enum EntryRef<'a, K: Key, S> {
     RocksDb(&'a mut CachedValue<S>),
 }
 
-impl<K: Key, S: Data> Entry<'_, K, S> {
+impl<'a, K: Key, S: Data> Entry<'a, K, S> {
+    fn into_value(self) -> Option<&'a S> {
+        match self.0 {
+            EntryRef::Heap { table, key, hash } => find(table, key, hash),
+            #[cfg(feature = "rocksdb")]
+            EntryRef::RocksDb(cached) => cached.value.as_ref(),
+        }
+    }
+
     /// The value, if the key has one.
     pub fn get(&self) -> Option<&S> {
         match &self.0 {
-            EntryRef::Heap { table, key, hash } => {
-                table.find(*hash, |(k, _)| k == *key).map(|(_, s)| s)
-            }
+            EntryRef::Heap { table, key, hash } => find(table, key, *hash),
             #[cfg(feature = "rocksdb")]
             EntryRef::RocksDb(cached) => cached.value.as_ref(),
         }
@@ -649,6 +743,50 @@ impl<K: Key, S: Data> Entry<'_, K, S> {
     }
 }
 
+/// One key's value of a reducing state.
+pub struct Reducing<'a, K: Key, V> {
+    backend: &'a mut KeyedStateBackend<K>,
+    key: &'a K,
+    slot: KeySlot,
+    state: &'a ReducingState<V>,
+}
+
+impl<K: Key, V: Data> Reducing<'_, K, V> {
+    /// Combines `value` into the key's value (or makes it the value). On
+    /// RocksDB this reads nothing.
+    #[inline]
+    pub fn add(&mut self, value: V) {
+        let ReducingState { id, reduce } = self.state;
+        match &mut *self.backend {
+            KeyedStateBackend::Heap(b) => {
+                let key = self.key;
+                match b.group_mut::<V>(*id, self.slot.group).entry(
+                    self.slot.hash,
+                    |(k, _)| k == key,
+                    |(k, _)| table_hash(k),
+                ) {
+                    hash_table::Entry::Occupied(mut slot) => reduce(&mut slot.get_mut().1, value),
+                    hash_table::Entry::Vacant(slot) => {
+                        slot.insert((key.clone(), value));
+                    }
+                }
+            }
+            #[cfg(feature = "rocksdb")]
+            KeyedStateBackend::RocksDb(b) => b.add(*id, self.key, self.slot, value),
+        }
+    }
+
+    /// The key's value, everything added so far combined.
+    pub fn get(&mut self) -> Option<&V> {
+        entry_of(self.backend, self.key, self.slot, self.state.id).into_value()
+    }
+
+    /// Removes the value; returns what it was.
+    pub fn clear(&mut self) -> Option<V> {
+        entry_of(self.backend, self.key, self.slot, self.state.id).clear()
+    }
+}
+
 /// Read access to every key's state, for work that is not about one record:
 /// emitting final results at the end of input.
 pub struct AllKeys<'a, K: Key> {
@@ -662,14 +800,17 @@ impl<'a, K: Key> AllKeys<'a, K> {
     }
 
     /// Every key with a value, and the value, key group by key group.
-    pub fn values<V: Data>(&self, state: &ValueState<V>) -> Box<dyn Iterator<Item = (K, V)> + 'a> {
+    pub fn values<V: Data>(
+        &self,
+        state: &impl SingleValue<V>,
+    ) -> Box<dyn Iterator<Item = (K, V)> + 'a> {
         match self.backend {
             KeyedStateBackend::Heap(b) => Box::new(
-                b.entries::<V>(state.id)
+                b.entries::<V>(state.id())
                     .map(|(k, v)| (k.clone(), v.clone())),
             ),
             #[cfg(feature = "rocksdb")]
-            KeyedStateBackend::RocksDb(b) => Box::new(b.entries::<V>(state.id)),
+            KeyedStateBackend::RocksDb(b) => Box::new(b.entries::<V>(state.id())),
         }
     }
 }

@@ -45,15 +45,23 @@
 //!   `RocksDbKeyedStateBackend`), which turns a read-modify-write per record
 //!   into one read per key and one sorted, batched write per write-back.
 //!   What the cache misses of a batch's keys is read ahead, before its
-//!   records run, in one sorted multi-get per state that records use.
+//!   records run, in one sorted multi-get per state that records read.
+//! - Reducing states add without reading: a key the cache misses is cached
+//!   with only what was added to it, written back as a merge operand, and
+//!   the column family's merge operator (the state's reduce function)
+//!   combines operands and values when RocksDB reads, flushes or compacts.
+//!   A record whose key is beyond the cache then costs one memtable insert
+//!   instead of a lookup and an insert: wordcount at 1,000,000 keys with a
+//!   65,536-value cache went from 0.42-0.56 to 0.84-0.92 M records/s.
 
 use super::heap::table_hash;
-use super::{Key, KeySlot, StateBackend, StateError};
+use super::{Key, KeySlot, Reduce, StateBackend, StateError};
 use crate::batch::Data;
 use crate::ids::{CheckpointId, KeyGroup};
 use crate::key_group::KeyGroupRange;
 use crate::task::{NativeCheckpoint, NativeFile, RestoreState};
 use ::rocksdb::checkpoint::Checkpoint;
+use ::rocksdb::merge_operator::MergeOperands;
 use ::rocksdb::{
     BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompactionStyle,
     DBCompressionType, DBRawIteratorWithThreadMode, FlushOptions, LogLevel, Options, ReadOptions,
@@ -86,6 +94,44 @@ const IMPORT_BATCH_BYTES: usize = 4 << 20;
 pub(crate) struct CachedValue<S> {
     pub(crate) value: Option<S>,
     pub(crate) dirty: bool,
+    /// A reducing state's key whose stored value was not read: `value`
+    /// holds what was added since it was cached, which is written back as
+    /// a merge operand (and the key dropped from the cache: it holds
+    /// nothing more). Entries never see it: they resolve it first.
+    partial: bool,
+}
+
+impl<S> CachedValue<S> {
+    fn new(value: Option<S>) -> Self {
+        CachedValue {
+            value,
+            dirty: false,
+            partial: false,
+        }
+    }
+
+    fn add(&mut self, value: S, reduce: &Reduce<S>) {
+        match &mut self.value {
+            Some(acc) => reduce(acc, value),
+            None => self.value = Some(value),
+        }
+        self.dirty = true;
+    }
+
+    /// Puts what was added (if anything) on top of `stored`, the value read
+    /// from the database. A dirty result is written back whole, replacing
+    /// the merge operands stored before it.
+    fn resolve(&mut self, stored: Option<S>, reduce: Option<&Reduce<S>>) {
+        self.partial = false;
+        self.value = match (stored, self.value.take()) {
+            (Some(mut stored), Some(added)) => {
+                let reduce = reduce.expect("only a reducing state adds to unread values");
+                reduce(&mut stored, added);
+                Some(stored)
+            }
+            (stored, added) => stored.or(added),
+        };
+    }
 }
 
 struct Cached<K, S> {
@@ -99,10 +145,18 @@ struct Cached<K, S> {
 /// One declared state: its column family and the cached values of its keys.
 trait RocksState<K>: Send {
     fn name(&self) -> &str;
+    /// `base` with what the state adds: a reducing state's merge operator.
+    fn column_family_options(&self, base: &Options) -> Options;
     fn as_any_mut(&mut self) -> &mut dyn Any;
     fn clear_cache(&mut self);
-    /// Adds the dirty values to `batch`, in key order, and marks them clean.
-    fn write_back(&mut self, cf: &ColumnFamily, batch: &mut WriteBatch, buffers: &mut Buffers);
+    /// Adds the dirty values to `batch`, in key order, and marks them clean;
+    /// returns how many partial values it dropped from the cache.
+    fn write_back(
+        &mut self,
+        cf: &ColumnFamily,
+        batch: &mut WriteBatch,
+        buffers: &mut Buffers,
+    ) -> usize;
     /// Drops the clean values not used since the last sweep and clears the
     /// mark of the others; returns how many are left.
     fn evict_unreferenced(&mut self) -> usize;
@@ -129,8 +183,10 @@ trait RocksState<K>: Send {
 struct State<K, S> {
     name: String,
     cache: HashTable<Cached<K, S>>,
-    /// Some record has used it: batches read it ahead.
+    /// Some record has read it: batches read it ahead.
     used: bool,
+    /// A reducing state's function.
+    reduce: Option<Reduce<S>>,
 }
 
 /// What a read-ahead of one state needs besides the state.
@@ -149,6 +205,31 @@ struct ReadAhead<'a, K> {
 fn decode<S: Data>(name: &str, key: &impl Debug, bytes: &[u8]) -> S {
     rmp_serde::from_slice(bytes)
         .unwrap_or_else(|e| panic!("keyed state {name:?} of {key:?} does not decode: {e}"))
+}
+
+/// The merge operator of a reducing state: the stored value (if any) and
+/// the operands, oldest first, decoded and folded with `reduce`. RocksDB
+/// calls it on its own threads, through C: a value that does not decode or
+/// a panicking `reduce` fails the merge (RocksDB then reports corruption to
+/// the read or compaction that needed it) instead of unwinding into C.
+fn merge_operator<S: Data>(
+    reduce: Reduce<S>,
+) -> impl Fn(&[u8], Option<&[u8]>, &MergeOperands) -> Option<Vec<u8>> + Clone {
+    move |_key, stored, operands| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut values = stored
+                .into_iter()
+                .chain(operands)
+                .map(rmp_serde::from_slice::<S>);
+            let mut acc = values.next()?.ok()?;
+            for value in values {
+                reduce(&mut acc, value.ok()?);
+            }
+            rmp_serde::to_vec(&acc).ok()
+        }))
+        .ok()
+        .flatten()
+    }
 }
 
 /// Reused encoding buffers: no allocation per key once they have grown.
@@ -184,10 +265,19 @@ struct Write {
     key_len: usize,
     /// `None`: a delete.
     value_len: Option<usize>,
+    /// A merge operand rather than a value.
+    merge: bool,
 }
 
 impl Pending {
-    fn push<K: Serialize, S: Serialize>(&mut self, group: u16, key: &K, value: Option<&S>) {
+    /// `value`: `None` deletes; `merge`: the value is a merge operand.
+    fn push<K: Serialize, S: Serialize>(
+        &mut self,
+        group: u16,
+        key: &K,
+        value: Option<&S>,
+        merge: bool,
+    ) {
         let start = self.bytes.len();
         write_key(&mut self.bytes, group, key);
         let key_len = self.bytes.len() - start;
@@ -203,6 +293,7 @@ impl Pending {
             start,
             key_len,
             value_len,
+            merge,
         });
     }
 
@@ -217,9 +308,13 @@ impl Pending {
                 start,
                 key_len,
                 value_len,
+                merge,
                 ..
             } = *write;
             match value_len {
+                Some(len) if merge => {
+                    batch.merge_cf(cf, key(write), &bytes[start + key_len..][..len])
+                }
                 Some(len) => batch.put_cf(cf, key(write), &bytes[start + key_len..][..len]),
                 None => batch.delete_cf(cf, key(write)),
             }
@@ -242,6 +337,15 @@ impl<K: Key, S: Data> RocksState<K> for State<K, S> {
         &self.name
     }
 
+    fn column_family_options(&self, base: &Options) -> Options {
+        let mut options = base.clone();
+        if let Some(reduce) = &self.reduce {
+            options
+                .set_merge_operator_associative("tidemark.reduce", merge_operator(reduce.clone()));
+        }
+        options
+    }
+
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
@@ -250,13 +354,25 @@ impl<K: Key, S: Data> RocksState<K> for State<K, S> {
         self.cache.clear();
     }
 
-    fn write_back(&mut self, cf: &ColumnFamily, batch: &mut WriteBatch, buffers: &mut Buffers) {
-        for cached in self.cache.iter_mut().filter(|c| c.cell.dirty) {
-            cached.cell.dirty = false;
-            let value = cached.cell.value.as_ref();
-            buffers.pending.push(cached.group, &cached.key, value);
-        }
+    fn write_back(
+        &mut self,
+        cf: &ColumnFamily,
+        batch: &mut WriteBatch,
+        buffers: &mut Buffers,
+    ) -> usize {
+        let before = self.cache.len();
+        self.cache.retain(|cached| {
+            let cell = &mut cached.cell;
+            if cell.dirty {
+                cell.dirty = false;
+                buffers
+                    .pending
+                    .push(cached.group, &cached.key, cell.value.as_ref(), cell.partial);
+            }
+            !cell.partial
+        });
         buffers.pending.write_sorted(cf, batch);
+        before - self.cache.len()
     }
 
     fn evict_unreferenced(&mut self) -> usize {
@@ -285,32 +401,39 @@ impl<K: Key, S: Data> RocksState<K> for State<K, S> {
 
     fn read_ahead(&mut self, read: ReadAhead<'_, K>, room: usize) -> Result<usize, StateError> {
         // Each missed key gets its cache slot at once, empty, so that a key
-        // twice in the batch is read once; the slots are filled below.
+        // twice in the batch is read once; the slots are filled below. A
+        // reducing state's key cached without its stored value is read too.
         let mut missed = Vec::new();
         let mut encoded = Vec::new();
+        let mut added = 0;
         for (key, slot) in read.keys.iter().zip(read.slots) {
-            if missed.len() == room {
+            if added == room {
                 break;
             }
             let hash = slot.hash;
-            if let hash_table::Entry::Vacant(vacant) =
-                self.cache
-                    .entry(hash, |c| c.key == *key, |c| table_hash(&c.key))
+            let group = (read.first_group as usize + slot.group) as u16;
+            match self
+                .cache
+                .entry(hash, |c| c.key == *key, |c| table_hash(&c.key))
             {
-                let group = (read.first_group as usize + slot.group) as u16;
-                vacant.insert(Cached {
-                    key: key.clone(),
-                    group,
-                    referenced: false,
-                    cell: CachedValue {
-                        value: None,
-                        dirty: false,
-                    },
-                });
-                let start = encoded.len();
-                write_key(&mut encoded, group, key);
-                missed.push((start..encoded.len(), key, hash));
+                hash_table::Entry::Vacant(vacant) => {
+                    vacant.insert(Cached {
+                        key: key.clone(),
+                        group,
+                        referenced: false,
+                        cell: CachedValue::new(None),
+                    });
+                    added += 1;
+                }
+                hash_table::Entry::Occupied(cached) if cached.get().cell.partial => {
+                    // Read once even if the key comes again: resolved below.
+                    cached.into_mut().cell.partial = false;
+                }
+                hash_table::Entry::Occupied(_) => continue,
             }
+            let start = encoded.len();
+            write_key(&mut encoded, group, key);
+            missed.push((start..encoded.len(), key, hash));
         }
         // RocksDB reads sorted keys block by block.
         missed.sort_unstable_by(|a, b| encoded[a.0.clone()].cmp(&encoded[b.0.clone()]));
@@ -321,16 +444,16 @@ impl<K: Key, S: Data> RocksState<K> for State<K, S> {
             read.options,
         );
         for ((_, key, hash), value) in missed.iter().zip(values) {
-            let value = value.map_err(rocks)?;
-            if let Some(bytes) = value {
-                let cached = self
-                    .cache
-                    .find_mut(*hash, |c| c.key == **key)
-                    .expect("cached above");
-                cached.cell.value = Some(decode(&self.name, key, &bytes));
-            }
+            let stored = value
+                .map_err(rocks)?
+                .map(|bytes| decode(&self.name, key, &bytes));
+            self.cache
+                .find_mut(*hash, |c| c.key == **key)
+                .expect("cached above")
+                .cell
+                .resolve(stored, self.reduce.as_ref());
         }
-        Ok(missed.len())
+        Ok(added)
     }
 
     fn restore_group(
@@ -344,7 +467,7 @@ impl<K: Key, S: Data> RocksState<K> for State<K, S> {
         let entries: Vec<(K, S)> =
             rmp_serde::from_read(input).map_err(|e| StateError::Decode(e.to_string()))?;
         for (key, value) in &entries {
-            buffers.pending.push(group, key, Some(value));
+            buffers.pending.push(group, key, Some(value), false);
         }
         buffers.pending.write_sorted(cf, batch);
         Ok(())
@@ -447,24 +570,44 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
         self.open.as_ref().map(|o| o.dir.path())
     }
 
-    pub(super) fn register<S: Data>(&mut self, name: &str) -> usize {
+    pub(super) fn register<S: Data>(&mut self, name: &str, reduce: Option<Reduce<S>>) -> usize {
         assert!(
             !self.states.iter().any(|s| s.name() == name),
             "keyed state {name:?} declared twice"
         );
-        if let Some(open) = &mut self.open {
-            if open.db.cf_handle(name).is_none() {
-                open.db
-                    .create_cf(name, &open.options)
-                    .unwrap_or_else(|e| panic!("creating the column family of {name:?}: {e}"));
-            }
-        }
-        self.states.push(Box::new(State::<K, S> {
+        let state = Box::new(State::<K, S> {
             name: name.to_owned(),
             cache: HashTable::new(),
             used: false,
-        }));
+            reduce,
+        });
+        if let Some(open) = &mut self.open {
+            if open.db.cf_handle(name).is_none() {
+                open.db
+                    .create_cf(name, &state.column_family_options(&open.options))
+                    .unwrap_or_else(|e| panic!("creating the column family of {name:?}: {e}"));
+            }
+        }
+        self.states.push(state);
         self.states.len() - 1
+    }
+
+    /// Column families as this backend's states open them, the default one
+    /// included, for each name in `names`.
+    fn descriptors<'n>(
+        &self,
+        options: &Options,
+        names: impl IntoIterator<Item = &'n str>,
+    ) -> Vec<ColumnFamilyDescriptor> {
+        names
+            .into_iter()
+            .map(|name| {
+                let state = self.states.iter().find(|s| s.name() == name);
+                let options =
+                    state.map_or_else(|| options.clone(), |s| s.column_family_options(options));
+                ColumnFamilyDescriptor::new(name, options)
+            })
+            .collect()
     }
 
     fn options() -> Options {
@@ -525,9 +668,7 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
         if !default_is_state {
             names.push(DEFAULT_COLUMN_FAMILY_NAME);
         }
-        let descriptors = names
-            .iter()
-            .map(|name| ColumnFamilyDescriptor::new(*name, options.clone()));
+        let descriptors = self.descriptors(&options, names.iter().copied());
         let db = DB::open_cf_descriptors(&options, &path, descriptors).map_err(rocks)?;
         if native.is_some() {
             let default = db
@@ -586,6 +727,81 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
         key: &K,
         slot: KeySlot,
     ) -> &mut CachedValue<S> {
+        let group = self.make_way::<S>(id, key, slot);
+        let db = &self.open.as_ref().expect("opened above").db;
+        let State {
+            name,
+            cache,
+            used,
+            reduce,
+        } = state_mut::<K, S>(&mut self.states[id]);
+        *used = true;
+        let read = |buffers: &mut Buffers| {
+            let cf = db
+                .cf_handle(name)
+                .expect("a declared state has a column family");
+            match db.get_pinned_cf_opt(cf, buffers.key(group, key), &self.read) {
+                Ok(value) => value.map(|bytes| decode(name, key, &bytes)),
+                Err(e) => panic!("reading keyed state {name:?} of {key:?}: {e}"),
+            }
+        };
+        match cache.entry(slot.hash, |c| c.key == *key, |c| table_hash(&c.key)) {
+            hash_table::Entry::Occupied(cached) => {
+                let cached = cached.into_mut();
+                cached.referenced = true;
+                if cached.cell.partial {
+                    let stored = read(&mut self.buffers);
+                    cached.cell.resolve(stored, reduce.as_ref());
+                }
+                &mut cached.cell
+            }
+            hash_table::Entry::Vacant(vacant) => {
+                self.cached += 1;
+                let cached = Cached {
+                    key: key.clone(),
+                    group,
+                    referenced: false,
+                    cell: CachedValue::new(read(&mut self.buffers)),
+                };
+                &mut vacant.insert(cached).into_mut().cell
+            }
+        }
+    }
+
+    /// Adds `value` to the reducing state `id` of `key` without reading
+    /// what is stored: a key the cache misses is cached as partial, and
+    /// its additions are written back as a merge operand.
+    pub(super) fn add<S: Data>(&mut self, id: usize, key: &K, slot: KeySlot, value: S) {
+        let group = self.make_way::<S>(id, key, slot);
+        let State { cache, reduce, .. } = state_mut::<K, S>(&mut self.states[id]);
+        let reduce = reduce.as_ref().expect("declared as a reducing state");
+        match cache.entry(slot.hash, |c| c.key == *key, |c| table_hash(&c.key)) {
+            hash_table::Entry::Occupied(cached) => {
+                let cached = cached.into_mut();
+                cached.referenced = true;
+                cached.cell.add(value, reduce);
+            }
+            hash_table::Entry::Vacant(vacant) => {
+                self.cached += 1;
+                vacant.insert(Cached {
+                    key: key.clone(),
+                    group,
+                    referenced: false,
+                    cell: CachedValue {
+                        value: Some(value),
+                        dirty: true,
+                        partial: true,
+                    },
+                });
+            }
+        }
+    }
+
+    /// Readies the cache for a record's access to `key` in state `id`: the
+    /// database open, and room made if the key is not cached and the cache
+    /// is full; returns the key's group. Database errors here are fatal to
+    /// the subtask: they panic, and the panic fails the subtask.
+    fn make_way<S: Data>(&mut self, id: usize, key: &K, slot: KeySlot) -> u16 {
         if let Err(e) = self.ensure_open() {
             panic!("opening the keyed state of {}: {e}", self.label);
         }
@@ -599,40 +815,9 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
                 panic!("writing the keyed state of {}: {e}", self.label);
             }
         }
-        // The entry may change the value: the next write-back looks.
+        // The access may change the value: the next write-back looks.
         self.dirty = true;
-        let group = (self.range.start as usize + slot.group) as u16;
-        let db = &self.open.as_ref().expect("opened above").db;
-        let State { name, cache, used } = state_mut::<K, S>(&mut self.states[id]);
-        *used = true;
-        match cache.entry(slot.hash, |c| c.key == *key, |c| table_hash(&c.key)) {
-            hash_table::Entry::Occupied(cached) => {
-                let cached = cached.into_mut();
-                cached.referenced = true;
-                &mut cached.cell
-            }
-            hash_table::Entry::Vacant(vacant) => {
-                let cf = db
-                    .cf_handle(name)
-                    .expect("a declared state has a column family");
-                let bytes = self.buffers.key(group, key);
-                let value = match db.get_pinned_cf_opt(cf, bytes, &self.read) {
-                    Ok(value) => value.map(|bytes| decode(name, key, &bytes)),
-                    Err(e) => panic!("reading keyed state {name:?} of {key:?}: {e}"),
-                };
-                self.cached += 1;
-                let cached = Cached {
-                    key: key.clone(),
-                    group,
-                    referenced: false,
-                    cell: CachedValue {
-                        value,
-                        dirty: false,
-                    },
-                };
-                &mut vacant.insert(cached).into_mut().cell
-            }
-        }
+        (self.range.start as usize + slot.group) as u16
     }
 
     /// Reads into the cache what it misses of the state of a batch's `keys`
@@ -666,7 +851,8 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
     }
 
     /// Writes every dirty cached value to the database, in one write batch
-    /// sorted by key; the values stay cached, clean.
+    /// sorted by key; the values stay cached, clean, but for the partial values of
+    /// reducing states, which are merge operands in the database now.
     pub fn write_back(&mut self) -> Result<(), StateError> {
         if !self.dirty {
             return Ok(());
@@ -681,7 +867,7 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
             let cf = db
                 .cf_handle(state.name())
                 .expect("a declared state has a column family");
-            state.write_back(cf, &mut batch, &mut self.buffers);
+            self.cached -= state.write_back(cf, &mut batch, &mut self.buffers);
         }
         self.dirty = false;
         if batch.is_empty() {
@@ -788,7 +974,10 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
         self.clear_cache();
         let options = Options::default();
         let found = DB::list_cf(&options, dir).map_err(rocks)?;
-        let source = DB::open_cf_for_read_only(&options, dir, &found, false).map_err(rocks)?;
+        // A reducing state's merge operands are combined as they are read.
+        let descriptors = self.descriptors(&options, found.iter().map(String::as_str));
+        let source =
+            DB::open_cf_descriptors_read_only(&options, dir, descriptors, false).map_err(rocks)?;
         let db = &self.open.as_ref().expect("opened above").db;
         let (first, past) = (
             group_prefix(self.range.start),

@@ -4,6 +4,8 @@ use crate::key_group::key_group_of;
 use crate::task::NativeCheckpoint;
 use std::collections::BTreeMap;
 
+mod reducing;
+
 const MAX_P: u32 = 128;
 
 fn whole() -> KeyGroupRange {
@@ -28,19 +30,29 @@ fn rocks<K: Key>(dir: &tempfile::TempDir, range: KeyGroupRange) -> KeyedStateBac
 }
 
 #[cfg(feature = "rocksdb")]
-/// RocksDB with a write-back cache of one entry: every record's value goes
-/// through the database.
-fn rocks_uncached<K: Key>(dir: &tempfile::TempDir, range: KeyGroupRange) -> KeyedStateBackend<K> {
+/// RocksDB with a write-back cache of `capacity` values.
+fn rocks_cached<K: Key>(
+    dir: &tempfile::TempDir,
+    range: KeyGroupRange,
+    capacity: usize,
+) -> KeyedStateBackend<K> {
     let mut backend = rocks(dir, range);
     if let KeyedStateBackend::RocksDb(b) = &mut backend {
-        b.set_cache_capacity(1);
+        b.set_cache_capacity(capacity);
     }
     backend
 }
 
+#[cfg(feature = "rocksdb")]
+/// RocksDB with a write-back cache of one entry: every record's value goes
+/// through the database.
+fn rocks_uncached<K: Key>(dir: &tempfile::TempDir, range: KeyGroupRange) -> KeyedStateBackend<K> {
+    rocks_cached(dir, range, 1)
+}
+
 fn all<K: Key + Ord, V: Data>(
     backend: &mut KeyedStateBackend<K>,
-    state: &ValueState<V>,
+    state: &impl SingleValue<V>,
 ) -> Vec<(K, V)> {
     backend.flush().unwrap();
     let mut all: Vec<_> = AllKeys::new(backend).values(state).collect();
@@ -534,6 +546,17 @@ fn a_heap_snapshot_encoded_on_another_thread_while_the_subtask_writes_keeps_its_
     assert_eq!(all(&mut backend, &count), now);
 }
 
+/// The keys of batch `batch` of a seeded stream: batches of different
+/// sizes, with repeated keys in each.
+fn batch_keys(batch: usize, seed: &mut u64) -> Vec<u64> {
+    (0..(batch * 37) % 300 + 1)
+        .map(|_| {
+            *seed = crate::rng::splitmix64(*seed);
+            *seed % 500
+        })
+        .collect()
+}
+
 /// Counts a seeded stream of keys in batches, each read ahead by
 /// `prepare` before its records run, as a keyed step does.
 fn count_in_batches(backend: &mut KeyedStateBackend<u64>, batches: usize) -> Vec<(u64, u64)> {
@@ -541,13 +564,7 @@ fn count_in_batches(backend: &mut KeyedStateBackend<u64>, batches: usize) -> Vec
     let mut slots = Vec::new();
     let mut seed = 7;
     for batch in 0..batches {
-        // Batches of different sizes, with repeated keys in each.
-        let keys: Vec<u64> = (0..(batch * 37) % 300 + 1)
-            .map(|_| {
-                seed = crate::rng::splitmix64(seed);
-                seed % 500
-            })
-            .collect();
+        let keys = batch_keys(batch, &mut seed);
         backend.prepare(&keys, &mut slots);
         assert_eq!(slots.len(), keys.len());
         for key in &keys {
@@ -568,10 +585,7 @@ fn batches_read_ahead_from_rocksdb_count_as_the_heap_does_whatever_the_cache_hol
     });
     for capacity in [1, 3, 64, 256, StateBackend::DEFAULT_CACHE_ENTRIES] {
         let dir = tempfile::tempdir().unwrap();
-        let mut backend = rocks(&dir, whole());
-        if let KeyedStateBackend::RocksDb(b) = &mut backend {
-            b.set_cache_capacity(capacity);
-        }
+        let mut backend = rocks_cached(&dir, whole(), capacity);
         assert_eq!(
             count_in_batches(&mut backend, 40),
             expected,
