@@ -70,6 +70,6 @@ pub use operator::{Collector, KeyedProcessFunction};
 pub use sink::{Sink, SinkContext};
 pub use source::{Source, SourceContext, SourceStatus};
 pub use state::{
-    AllKeys, Key, KeyedContext, ListState, MapState, Reducing, ReducingState, SingleValue,
-    StateBackend, StateRegistrar, ValueState,
+    AllKeys, Key, KeyedContext, ListState, MapState, ReduceFunction, Reducing, ReducingState,
+    SingleValue, StateBackend, StateRegistrar, ValueState,
 };

@@ -56,8 +56,9 @@ pub use runtime::{JobControl, JobError, JobHandle, JobReport, RunJob, Runtime, S
 pub mod prelude {
     pub use crate::runtime::{JobHandle, RunJob, Runtime};
     pub use tidemark::{
-        AllKeys, Collector, Job, KeyedContext, KeyedProcessFunction, ReducingState, Sink,
-        SinkContext, Source, SourceContext, SourceStatus, StateRegistrar, UserError, ValueState,
+        AllKeys, Collector, Job, KeyedContext, KeyedProcessFunction, ReduceFunction, ReducingState,
+        Sink, SinkContext, Source, SourceContext, SourceStatus, StateRegistrar, UserError,
+        ValueState,
     };
 }
 

@@ -6,8 +6,8 @@ use tidemark::job::JobConfig;
 use tidemark::rng::splitmix64;
 use tidemark::split::{Split, SplitPosition};
 use tidemark::{
-    AllKeys, Collector, Job, KeyedContext, KeyedProcessFunction, ReducingState, Source,
-    SourceContext, SourceStatus, StateRegistrar, UserError,
+    AllKeys, Collector, Job, KeyedContext, KeyedProcessFunction, ReduceFunction, ReducingState,
+    Source, SourceContext, SourceStatus, StateRegistrar, UserError,
 };
 
 /// Record i of a generated input, a pure function of i: replaying an index
@@ -97,8 +97,19 @@ pub enum Emit {
 /// Counts records per key in keyed reducing state named `count`: adding
 /// needs no read, so with `Emit::Final` a RocksDB backend only writes.
 pub struct Counter {
-    count: ReducingState<u64>,
+    count: ReducingState<u64, Sum>,
     emit: Emit,
+}
+
+/// Counts add up.
+#[derive(Clone, Copy)]
+pub struct Sum;
+
+impl ReduceFunction<u64> for Sum {
+    #[inline]
+    fn reduce(&self, count: &mut u64, n: u64) {
+        *count += n;
+    }
 }
 
 impl Counter {
@@ -106,7 +117,7 @@ impl Counter {
     /// stream.
     pub fn open(states: &mut StateRegistrar<'_, u64>, emit: Emit) -> Self {
         Counter {
-            count: states.reducing("count", |count, n| *count += n),
+            count: states.reducing("count", Sum),
             emit,
         }
     }

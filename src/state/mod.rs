@@ -317,26 +317,46 @@ state_handle!(
     ListState<V>
 );
 
-/// How the values added to a reducing state combine: `reduce(acc, value)`
-/// folds `value` into `acc`. It must be associative, as Flink's
-/// `ReduceFunction` must: RocksDB combines added values in any grouping,
-/// before and after they meet the stored value.
+/// How the values added to a reducing state combine (Flink's
+/// `ReduceFunction`): `reduce(acc, value)` folds `value` into `acc`. It must
+/// be associative: RocksDB combines added values in any grouping, before and
+/// after they meet the stored value. Closures (with typed parameters:
+/// `|acc: &mut u64, n: u64| *acc += n`) and functions are reduce functions;
+/// a unit struct implementing this trait names one, so a job can keep the
+/// state in a struct field. The handle carries it as a type, so the heap's
+/// add calls it inline.
+pub trait ReduceFunction<V>: Clone + Send + Sync + 'static {
+    /// Folds `value` into `acc`.
+    fn reduce(&self, acc: &mut V, value: V);
+}
+
+impl<V, F: Fn(&mut V, V) + Clone + Send + Sync + 'static> ReduceFunction<V> for F {
+    #[inline]
+    fn reduce(&self, acc: &mut V, value: V) {
+        self(acc, value)
+    }
+}
+
+/// A reduce function as RocksDB's merge operator and cache keep it, behind
+/// the type-erased state.
 pub(crate) type Reduce<V> = Arc<dyn Fn(&mut V, V) + Send + Sync>;
 
 /// One value per key that values are added to, combined by a reduce
 /// function (Flink's `ReducingState`). Adding needs no read: on RocksDB an
 /// add to a key the cache misses is written as a merge operand, and RocksDB
 /// combines it with the stored value when it is read or compacted.
-pub struct ReducingState<V> {
+pub struct ReducingState<V, R> {
     id: usize,
-    reduce: Reduce<V>,
+    reduce: R,
+    value: PhantomData<fn() -> V>,
 }
 
-impl<V> Clone for ReducingState<V> {
+impl<V, R: Clone> Clone for ReducingState<V, R> {
     fn clone(&self) -> Self {
         ReducingState {
             id: self.id,
             reduce: self.reduce.clone(),
+            value: PhantomData,
         }
     }
 }
@@ -350,7 +370,7 @@ pub trait SingleValue<V>: sealed::Sealed {
 mod sealed {
     pub trait Sealed {}
     impl<V> Sealed for super::ValueState<V> {}
-    impl<V> Sealed for super::ReducingState<V> {}
+    impl<V, R> Sealed for super::ReducingState<V, R> {}
 }
 
 impl<V> SingleValue<V> for ValueState<V> {
@@ -359,7 +379,7 @@ impl<V> SingleValue<V> for ValueState<V> {
     }
 }
 
-impl<V> SingleValue<V> for ReducingState<V> {
+impl<V, R> SingleValue<V> for ReducingState<V, R> {
     fn id(&self) -> usize {
         self.id
     }
@@ -389,15 +409,17 @@ impl<'a, K: Key> StateRegistrar<'a, K> {
     /// become a reducing state of the same type and keep its state (not
     /// back, on RocksDB: a native checkpoint may hold merge operands, which
     /// only the reduce function can read).
-    pub fn reducing<V: Data>(
+    pub fn reducing<V: Data, R: ReduceFunction<V>>(
         &mut self,
         name: &str,
-        reduce: impl Fn(&mut V, V) + Send + Sync + 'static,
-    ) -> ReducingState<V> {
-        let reduce: Reduce<V> = Arc::new(reduce);
+        reduce: R,
+    ) -> ReducingState<V, R> {
+        let erased = reduce.clone();
+        let erased: Reduce<V> = Arc::new(move |acc, value| erased.reduce(acc, value));
         ReducingState {
-            id: self.backend.register::<V>(name, Some(reduce.clone())),
+            id: self.backend.register::<V>(name, Some(erased)),
             reduce,
+            value: PhantomData,
         }
     }
 
@@ -501,7 +523,10 @@ impl<'a, K: Key> KeyedContext<'a, K> {
 
     /// The current key's value of `state`.
     #[inline]
-    pub fn reducing<'s, V: Data>(&'s mut self, state: &'s ReducingState<V>) -> Reducing<'s, K, V> {
+    pub fn reducing<'s, V: Data, R: ReduceFunction<V>>(
+        &'s mut self,
+        state: &'s ReducingState<V, R>,
+    ) -> Reducing<'s, K, V, R> {
         Reducing {
             backend: self.backend,
             key: self.key,
@@ -744,19 +769,19 @@ impl<'a, K: Key, S: Data> Entry<'a, K, S> {
 }
 
 /// One key's value of a reducing state.
-pub struct Reducing<'a, K: Key, V> {
+pub struct Reducing<'a, K: Key, V, R> {
     backend: &'a mut KeyedStateBackend<K>,
     key: &'a K,
     slot: KeySlot,
-    state: &'a ReducingState<V>,
+    state: &'a ReducingState<V, R>,
 }
 
-impl<K: Key, V: Data> Reducing<'_, K, V> {
+impl<K: Key, V: Data, R: ReduceFunction<V>> Reducing<'_, K, V, R> {
     /// Combines `value` into the key's value (or makes it the value). On
     /// RocksDB this reads nothing.
     #[inline]
     pub fn add(&mut self, value: V) {
-        let ReducingState { id, reduce } = self.state;
+        let ReducingState { id, reduce, .. } = self.state;
         match &mut *self.backend {
             KeyedStateBackend::Heap(b) => {
                 let key = self.key;
@@ -765,14 +790,16 @@ impl<K: Key, V: Data> Reducing<'_, K, V> {
                     |(k, _)| k == key,
                     |(k, _)| table_hash(k),
                 ) {
-                    hash_table::Entry::Occupied(mut slot) => reduce(&mut slot.get_mut().1, value),
+                    hash_table::Entry::Occupied(mut slot) => {
+                        reduce.reduce(&mut slot.get_mut().1, value)
+                    }
                     hash_table::Entry::Vacant(slot) => {
                         slot.insert((key.clone(), value));
                     }
                 }
             }
             #[cfg(feature = "rocksdb")]
-            KeyedStateBackend::RocksDb(b) => b.add(*id, self.key, self.slot, value),
+            KeyedStateBackend::RocksDb(b) => b.add(*id, self.key, self.slot, value, reduce),
         }
     }
 

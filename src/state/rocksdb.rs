@@ -55,7 +55,7 @@
 //!   65,536-value cache went from 0.42-0.56 to 0.84-0.92 M records/s.
 
 use super::heap::table_hash;
-use super::{Key, KeySlot, Reduce, StateBackend, StateError};
+use super::{Key, KeySlot, Reduce, ReduceFunction, StateBackend, StateError};
 use crate::batch::Data;
 use crate::ids::{CheckpointId, KeyGroup};
 use crate::key_group::KeyGroupRange;
@@ -110,9 +110,9 @@ impl<S> CachedValue<S> {
         }
     }
 
-    fn add(&mut self, value: S, reduce: &Reduce<S>) {
+    fn add(&mut self, value: S, reduce: &impl ReduceFunction<S>) {
         match &mut self.value {
-            Some(acc) => reduce(acc, value),
+            Some(acc) => reduce.reduce(acc, value),
             None => self.value = Some(value),
         }
         self.dirty = true;
@@ -771,10 +771,16 @@ impl<K: Key> RocksDbKeyedStateBackend<K> {
     /// Adds `value` to the reducing state `id` of `key` without reading
     /// what is stored: a key the cache misses is cached as partial, and
     /// its additions are written back as a merge operand.
-    pub(super) fn add<S: Data>(&mut self, id: usize, key: &K, slot: KeySlot, value: S) {
+    pub(super) fn add<S: Data>(
+        &mut self,
+        id: usize,
+        key: &K,
+        slot: KeySlot,
+        value: S,
+        reduce: &impl ReduceFunction<S>,
+    ) {
         let group = self.make_way::<S>(id, key, slot);
-        let State { cache, reduce, .. } = state_mut::<K, S>(&mut self.states[id]);
-        let reduce = reduce.as_ref().expect("declared as a reducing state");
+        let cache = &mut state_mut::<K, S>(&mut self.states[id]).cache;
         match cache.entry(slot.hash, |c| c.key == *key, |c| table_hash(&c.key)) {
             hash_table::Entry::Occupied(cached) => {
                 let cached = cached.into_mut();

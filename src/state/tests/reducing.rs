@@ -56,7 +56,7 @@ fn the_rocksdb_backend_combines_added_values_in_order_whatever_the_cache_holds()
 /// Adds each round's number to each of `keys` keys.
 fn add_rounds(
     backend: &mut KeyedStateBackend<u64>,
-    log: &ReducingState<String>,
+    log: &ReducingState<String, impl ReduceFunction<String>>,
     keys: u64,
     rounds: std::ops::Range<u64>,
 ) {
@@ -128,7 +128,7 @@ fn a_value_state_restored_as_a_reducing_state_goes_on_from_its_values() {
     }
     let snapshot = native(backend.snapshot(CheckpointId(1)).unwrap());
     let mut restored = rocks_uncached(&dir, whole());
-    let sum = StateRegistrar::new(&mut restored).reducing::<u64>("count", |a, b| *a += b);
+    let sum = StateRegistrar::new(&mut restored).reducing("count", |a: &mut u64, b: u64| *a += b);
     restored.restore(&restore_native(&snapshot.dir)).unwrap();
     for key in 0..100u64 {
         KeyedContext::new(&mut restored, &key)
@@ -144,7 +144,7 @@ fn a_value_state_restored_as_a_reducing_state_goes_on_from_its_values() {
 fn a_panicking_reduce_in_a_merge_fails_the_read_instead_of_aborting() {
     let dir = tempfile::tempdir().unwrap();
     let mut backend = rocks_uncached(&dir, whole());
-    let sum = StateRegistrar::new(&mut backend).reducing::<u64>("sum", |acc, n| {
+    let sum = StateRegistrar::new(&mut backend).reducing("sum", |acc: &mut u64, n: u64| {
         assert_ne!(*acc, 13, "thirteen");
         *acc += n;
     });
@@ -167,7 +167,7 @@ fn a_panicking_reduce_in_a_merge_fails_the_read_instead_of_aborting() {
 /// Counts a seeded stream of keys in batches read ahead by `prepare`, as
 /// wordcount does with `Emit::Updates`: an add, then a read of the count.
 fn count_updates_in_batches(backend: &mut KeyedStateBackend<u64>) -> Vec<u64> {
-    let count = StateRegistrar::new(backend).reducing::<u64>("count", |a, b| *a += b);
+    let count = StateRegistrar::new(backend).reducing("count", |a: &mut u64, b: u64| *a += b);
     let (mut slots, mut seed, mut updates) = (Vec::new(), 3, Vec::new());
     for batch in 0..40 {
         let keys = batch_keys(batch, &mut seed);
