@@ -37,6 +37,8 @@ pub struct Deployed {
     pub attempt: Attempt,
     pub sources: Vec<(SubtaskId, SubtaskHandle)>,
     pub subtasks: Vec<(SubtaskId, SubtaskHandle)>,
+    /// It restored a checkpoint holding every source as exhausted.
+    pub input_ended: bool,
 }
 
 /// The attempt failed: abandon pending checkpoints.
@@ -226,6 +228,13 @@ impl CoordinatorActor {
                 },
                 ctx,
             );
+        }
+    }
+
+    /// Tells source `source` of the running attempt to end its output.
+    fn end_input(&self, source: SubtaskId) {
+        if let Some((_, handle)) = self.sources.iter().find(|(id, _)| *id == source) {
+            handle.send(EndInput);
         }
     }
 
@@ -618,7 +627,12 @@ impl Handler<Deployed> for CoordinatorActor {
         self.sources = msg.sources;
         self.subtasks = msg.subtasks;
         let sources = self.sources.iter().map(|(id, _)| *id).collect();
-        self.input_end.deployed(self.attempt, sources);
+        for source in self
+            .input_end
+            .deployed(self.attempt, sources, msg.input_ended)
+        {
+            self.end_input(source);
+        }
         for (request, kind) in std::mem::take(&mut self.waiting) {
             self.feed(Event::Trigger { request, kind }, ctx);
         }
@@ -765,7 +779,9 @@ impl Handler<SourceExhausted> for CoordinatorActor {
     type Result = ();
 
     fn handle(&mut self, msg: SourceExhausted, ctx: &mut Context<Self>) {
-        self.input_end.source_exhausted(msg.attempt, msg.subtask);
+        if self.input_end.source_exhausted(msg.attempt, msg.subtask) {
+            self.end_input(msg.subtask);
+        }
         self.trigger_final(ctx);
     }
 }

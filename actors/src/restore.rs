@@ -13,7 +13,7 @@ use std::time::Instant;
 use tidemark::batch::{Batch, EncodedBatch};
 use tidemark::checkpoint::restore::{self, RestoreError, RestoreFailure};
 use tidemark::checkpoint::{
-    ChannelState, NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
+    ends_input, ChannelState, NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
 };
 use tidemark::graph::JobGraph;
 use tidemark::ids::{CheckpointId, SubtaskId};
@@ -140,6 +140,12 @@ pub(crate) async fn load(
         .into_iter()
         .collect::<Result<_, _>>()?;
     let bytes = checkpoint.subtasks.values().map(SubtaskState::size).sum();
+    let sources: Vec<SubtaskId> = checkpoint
+        .subtasks
+        .keys()
+        .filter(|s| graph.is_source(s.operator))
+        .copied()
+        .collect();
     Ok(Loaded {
         subtasks,
         from: Some(restore_from.clone()),
@@ -148,6 +154,7 @@ pub(crate) async fn load(
             started,
             bytes,
             is_savepoint: !owned,
+            input_ended: ends_input(checkpoint, &sources),
             location: match dir {
                 Some(dir) => dir.directory(),
                 None => storage.location(&CheckpointStorage::checkpoint_dir(checkpoint.id)),
@@ -173,6 +180,8 @@ pub(crate) struct LoadedFrom {
     pub(crate) bytes: u64,
     /// Not one of the job's own checkpoints.
     pub(crate) is_savepoint: bool,
+    /// It holds every source as exhausted: the job's final checkpoint.
+    pub(crate) input_ended: bool,
     pub(crate) location: String,
 }
 

@@ -334,6 +334,7 @@ impl JobSupervisor {
 
     /// Bookkeeping once `attempt` is deployed, restored from `restore`.
     fn running(&mut self, attempt: Attempt, restore: Option<LoadedFrom>) {
+        let input_ended = restore.as_ref().is_some_and(|from| from.input_ended);
         if let Some(from) = restore {
             self.metrics.checkpoints.record_restore(
                 from.checkpoint,
@@ -360,6 +361,7 @@ impl JobSupervisor {
                 attempt,
                 sources,
                 subtasks: self.subtasks.clone(),
+                input_ended,
             });
         }
     }

@@ -5,6 +5,14 @@
 //! as soon as no other is in flight (the final checkpoint, FLIP-147's idea);
 //! when a completed checkpoint holds every source as exhausted, the sources
 //! are told to end their output and no checkpoint starts after it.
+//!
+//! An attempt restored from such a checkpoint takes no checkpoint at all:
+//! its sources end their output as soon as they report themselves
+//! exhausted. Everything its sinks receive then comes after the restored
+//! checkpoint, as in the attempt that failed, so it lands in the same final
+//! files, which replace themselves. A new final checkpoint would instead
+//! commit part of it (say a window that an overtaken watermark fires early)
+//! under a checkpoint's name, beside the final file that already holds it.
 
 use super::{ends_input, CompletedCheckpoint};
 use crate::ids::{Attempt, SubtaskId};
@@ -25,21 +33,37 @@ pub struct InputEnd {
 
 impl InputEnd {
     /// A new attempt runs with these sources; earlier reports are void.
-    pub fn deployed(&mut self, attempt: Attempt, sources: Vec<SubtaskId>) {
+    /// `input_ended`: it restored a checkpoint holding every source as
+    /// exhausted. Returns the sources to tell to end their output now:
+    /// those of such an attempt that reported before it was announced.
+    pub fn deployed(
+        &mut self,
+        attempt: Attempt,
+        sources: Vec<SubtaskId>,
+        input_ended: bool,
+    ) -> Vec<SubtaskId> {
         self.attempt = attempt;
         self.sources = sources;
-        self.ended = false;
+        self.ended = input_ended;
         self.exhausted.retain(|(a, _)| *a == attempt);
         self.check();
+        if !input_ended {
+            return Vec::new();
+        }
+        let reported = self.exhausted.iter().map(|(_, s)| *s);
+        reported.filter(|s| self.sources.contains(s)).collect()
     }
 
     /// Source `source` of `attempt` has read everything; reports of older
-    /// attempts are ignored.
-    pub fn source_exhausted(&mut self, attempt: Attempt, source: SubtaskId) {
-        if attempt >= self.attempt {
-            self.exhausted.insert((attempt, source));
-            self.check();
+    /// attempts are ignored. Returns whether to tell it to end its output
+    /// now: its attempt restored a checkpoint that ended the input.
+    pub fn source_exhausted(&mut self, attempt: Attempt, source: SubtaskId) -> bool {
+        if attempt < self.attempt {
+            return false;
         }
+        self.exhausted.insert((attempt, source));
+        self.check();
+        self.ended && attempt == self.attempt && self.sources.contains(&source)
     }
 
     fn check(&mut self) {
@@ -114,7 +138,7 @@ mod tests {
     #[test]
     fn the_final_checkpoint_waits_for_every_source_and_for_nothing_in_flight() {
         let mut end = InputEnd::default();
-        end.deployed(Attempt(0), vec![source(0), source(1)]);
+        end.deployed(Attempt(0), vec![source(0), source(1)], false);
         end.source_exhausted(Attempt(0), source(0));
         assert!(!end.trigger_final(0));
         end.source_exhausted(Attempt(0), source(1));
@@ -126,7 +150,7 @@ mod tests {
     #[test]
     fn input_ends_only_with_a_checkpoint_holding_every_source_exhausted() {
         let mut end = InputEnd::default();
-        end.deployed(Attempt(0), vec![source(0), source(1)]);
+        end.deployed(Attempt(0), vec![source(0), source(1)], false);
         assert!(!end.completed(&holding(&[0])));
         assert!(end.completed(&holding(&[0, 1])));
         assert!(end.ended());
@@ -135,13 +159,13 @@ mod tests {
     #[test]
     fn a_report_racing_its_attempts_announcement_counts_and_older_ones_do_not() {
         let mut end = InputEnd::default();
-        end.deployed(Attempt(0), vec![source(0)]);
+        end.deployed(Attempt(0), vec![source(0)], false);
         end.source_exhausted(Attempt(1), source(0));
         assert!(!end.trigger_final(0), "attempt 1 is not running yet");
-        end.deployed(Attempt(1), vec![source(0)]);
+        end.deployed(Attempt(1), vec![source(0)], false);
         assert!(end.trigger_final(0));
 
-        end.deployed(Attempt(2), vec![source(0)]);
+        end.deployed(Attempt(2), vec![source(0)], false);
         end.source_exhausted(Attempt(1), source(0));
         assert!(
             !end.trigger_final(0),
@@ -150,11 +174,38 @@ mod tests {
     }
 
     #[test]
+    fn an_attempt_restored_from_the_final_checkpoint_ends_each_source_as_it_reports() {
+        let mut end = InputEnd::default();
+        end.deployed(Attempt(0), vec![source(0), source(1)], false);
+        assert!(end.completed(&holding(&[0, 1])));
+        assert!(
+            !end.source_exhausted(Attempt(1), source(1)),
+            "attempt 1 is not running yet"
+        );
+        let now = end.deployed(Attempt(1), vec![source(0), source(1)], true);
+        assert_eq!(now, vec![source(1)], "it reported before the announcement");
+        assert!(end.ended(), "no checkpoint starts, periodic or manual");
+        assert!(end.source_exhausted(Attempt(1), source(0)));
+        assert!(!end.trigger_final(0), "no final checkpoint either");
+        assert!(
+            !end.source_exhausted(Attempt(0), source(0)),
+            "a report of a failed attempt is void"
+        );
+
+        let now = end.deployed(Attempt(2), vec![source(0), source(1)], false);
+        assert!(now.is_empty());
+        assert!(!end.ended(), "restored from an earlier checkpoint");
+        assert!(!end.source_exhausted(Attempt(2), source(0)));
+        assert!(!end.source_exhausted(Attempt(2), source(1)));
+        assert!(end.trigger_final(0));
+    }
+
+    #[test]
     fn a_restart_after_the_end_starts_over_and_a_stop_ends_everything() {
         let mut end = InputEnd::default();
-        end.deployed(Attempt(0), vec![source(0), source(1)]);
+        end.deployed(Attempt(0), vec![source(0), source(1)], false);
         assert!(end.completed(&holding(&[0, 1])));
-        end.deployed(Attempt(1), vec![source(0), source(1)]);
+        end.deployed(Attempt(1), vec![source(0), source(1)], false);
         assert!(!end.ended());
         end.stop();
         assert!(end.ended());
