@@ -21,10 +21,10 @@ const RECORDS: u64 = 400_000;
 const KEYS: u64 = 200_000;
 
 fn run(extra: &[&str], checkpoints: &Path, output: &Path) -> RunReport {
-    let keys = format!("--keys={KEYS}");
+    let (records, keys) = (format!("--records={RECORDS}"), format!("--keys={KEYS}"));
     let base = [
         "wordcount",
-        "--records=400000",
+        &records,
         &keys,
         "--seed=11",
         "--parallelism=2",
@@ -145,7 +145,7 @@ fn a_failed_restore_leaves_no_downloads_behind() {
         damage(&path, size);
         let mut args: Vec<String> = [
             "wordcount",
-            "--records=400000",
+            &format!("--records={RECORDS}"),
             &format!("--keys={KEYS}"),
             "--parallelism=3",
             "--state=rocksdb",
