@@ -313,8 +313,7 @@ fn a_multipart_upload_to_s3_reads_back_whole() {
         parts_in_flight: 2,
     };
     storage::block_on(async {
-        let size = bytes.len() as u64;
-        let mut writer = s3.storage.writer("chk-1/big", size, limits).await.unwrap();
+        let mut writer = s3.storage.writer("chk-1/big", limits).unwrap();
         for piece in bytes.chunks(3 << 20) {
             let piece = bytes::Bytes::copy_from_slice(piece);
             writer.write(piece).await.unwrap();

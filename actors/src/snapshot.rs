@@ -3,12 +3,25 @@
 //! state objects (inline, merged or as objects of their own, see
 //! `tidemark::checkpoint::merging`) and write the physical files to
 //! checkpoint storage, a bounded number at a time.
+//!
+//! A heap snapshot's key groups are encoded on the blocking pool from the
+//! moment the snapshot is taken ([`start`]), each handed over as soon as it
+//! is encoded; the encoder does not wait for the arbiter, which is busy with
+//! records, to poll the upload. Once the groups received are more than an
+//! object that shares a physical file can hold, the keyed state is an object
+//! of its own, and its writing starts while the rest is still being encoded.
 
+use actix::{
+    Actor, Addr, Arbiter, Context, Handler, Message, Supervised, Supervisor, SystemService,
+};
+use actix_rt::ArbiterHandle;
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::io::Read;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 use tidemark::batch::{Batch, EncodedBatch};
 use tidemark::checkpoint::merging::{MergePlan, Placement, StateLayout};
@@ -21,6 +34,44 @@ use tidemark::rng::unique_token;
 use tidemark::storage::upload::{ObjectWriter, UploadLimits};
 use tidemark::storage::CheckpointStorage;
 use tidemark::task::{KeyedSnapshot, NativeCheckpoint, TaskSnapshot};
+use tokio::sync::mpsc;
+
+/// Runs the asynchronous part of a snapshot on the arbiter of the
+/// [`Uploads`] of this actix system.
+pub fn spawn(part: impl Future<Output = ()> + Send + 'static) {
+    Uploads::from_registry().do_send(Upload(Box::pin(part)));
+}
+
+/// The asynchronous parts of snapshots run on an arbiter of their own, one
+/// per actix system: on a subtask's arbiter they wait while the actors there
+/// process records (actix runs an actor's mailbox until it is empty), which
+/// held acknowledgements back by 10 ms and more at 1,000,000 keys.
+#[derive(Default)]
+pub struct Uploads;
+
+impl Actor for Uploads {
+    type Context = Context<Self>;
+}
+
+impl Supervised for Uploads {}
+
+impl SystemService for Uploads {
+    fn start_service(_: &ArbiterHandle) -> Addr<Self> {
+        Supervisor::start_in_arbiter(&Arbiter::new().handle(), |_| Uploads)
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Upload(Pin<Box<dyn Future<Output = ()> + Send>>);
+
+impl Handler<Upload> for Uploads {
+    type Result = ();
+
+    fn handle(&mut self, upload: Upload, _: &mut Context<Self>) {
+        actix_rt::spawn(upload.0);
+    }
+}
 
 /// Physical files written at once by one snapshot.
 const PARALLEL_WRITES: usize = 4;
@@ -118,6 +169,130 @@ fn read_chunk(mut file: std::fs::File) -> std::io::Result<(std::fs::File, Vec<u8
     Ok((file, chunk))
 }
 
+/// A snapshot whose asynchronous part has started.
+pub struct Started {
+    keyed: Option<Keyed>,
+    operator: BTreeMap<String, Vec<u8>>,
+    timers: u64,
+}
+
+enum Keyed {
+    Heap(Encoding),
+    Native(NativeCheckpoint),
+}
+
+/// The key groups of a heap snapshot, encoded in order on the blocking pool
+/// and received one by one. Unbounded: the encoded state is held at most
+/// once, as when it was encoded whole before writing. Dropping it stops the
+/// encoder, which releases what the snapshot still shares.
+struct Encoding {
+    start_group: u32,
+    groups: usize,
+    receiver: mpsc::UnboundedReceiver<Bytes>,
+    /// Offset of each group received in the object.
+    offsets: Vec<u64>,
+    size: u64,
+}
+
+impl Encoding {
+    /// The next key group, encoded; `None` after the last.
+    async fn next(&mut self) -> Result<Option<Bytes>, String> {
+        if self.offsets.len() == self.groups {
+            return Ok(None);
+        }
+        let Some(bytes) = self.receiver.recv().await else {
+            return Err(format!(
+                "encoding key group {} of the heap snapshot failed",
+                self.start_group as usize + self.offsets.len()
+            ));
+        };
+        self.offsets.push(self.size);
+        self.size += bytes.len() as u64;
+        Ok(Some(bytes))
+    }
+}
+
+/// Starts the asynchronous part of `snapshot`: a heap snapshot's encoder
+/// starts at once. Needs the runtime of the arbiter.
+pub fn start(snapshot: TaskSnapshot) -> Started {
+    let TaskSnapshot {
+        keyed,
+        operator,
+        timers,
+    } = snapshot;
+    let keyed = keyed.map(|keyed| match keyed {
+        KeyedSnapshot::Heap(heap) => {
+            let range = heap.key_groups();
+            let (sender, receiver) = mpsc::unbounded_channel();
+            tokio::task::spawn_blocking(move || {
+                for group in 0..range.len() {
+                    if sender.send(Bytes::from(heap.take_group(group))).is_err() {
+                        return;
+                    }
+                }
+            });
+            Keyed::Heap(Encoding {
+                start_group: range.start,
+                groups: range.len(),
+                receiver,
+                offsets: Vec::new(),
+                size: 0,
+            })
+        }
+        KeyedSnapshot::Native(native) => Keyed::Native(native),
+    });
+    Started {
+        keyed,
+        operator,
+        timers,
+    }
+}
+
+/// A heap snapshot's keyed state as an object of its own, written as its
+/// key groups are encoded.
+struct Streamed {
+    path: String,
+    /// The key groups received before it was known to be an object of its
+    /// own.
+    held: Vec<Bytes>,
+    encoding: Encoding,
+}
+
+impl Streamed {
+    /// Writes the object; returns its handle, the key groups' offsets and
+    /// the first key group.
+    async fn write(
+        mut self,
+        storage: &CheckpointStorage,
+        limits: UploadLimits,
+    ) -> Result<(StateHandle, (Vec<u64>, u32)), String> {
+        let mut writer = storage
+            .writer(&self.path, limits)
+            .map_err(|e| e.to_string())?;
+        let mut sum = Checksum::default();
+        let mut held = std::mem::take(&mut self.held).into_iter();
+        loop {
+            let next = match held.next() {
+                Some(bytes) => Ok(Some(bytes)),
+                None => self.encoding.next().await,
+            };
+            let bytes = match next {
+                Ok(Some(bytes)) => bytes,
+                Ok(None) => break,
+                Err(error) => {
+                    writer.abort().await;
+                    return Err(error);
+                }
+            };
+            sum.update(&bytes);
+            writer.write(bytes).await.map_err(|e| e.to_string())?;
+        }
+        writer.finish().await.map_err(|e| e.to_string())?;
+        let handle = StateHandle::object(self.path, sum.len(), sum.finish());
+        Ok((handle, (self.encoding.offsets, self.encoding.start_group)))
+    }
+}
+
 /// How the handles of the written objects go back into a `SubtaskState`, in
 /// the order the objects were listed.
 struct Shape {
@@ -137,6 +312,7 @@ pub struct Prepared {
     plan: MergePlan,
     limits: UploadLimits,
     sources: Vec<Source>,
+    streamed: Option<Streamed>,
     /// The hard links of a native checkpoint, removed whatever happens.
     _links: Option<Links>,
     shape: Shape,
@@ -146,18 +322,19 @@ pub struct Prepared {
 /// objects by `layout`. Objects of their own go under the checkpoint's
 /// directory, new shared files under `shared/`. With a `base`, the shared
 /// files of a native checkpoint that the base holds are referenced, not
-/// uploaded.
+/// uploaded. A heap snapshot's keyed state is received until it is known
+/// to be an object of its own (then streamed by the upload) or whole.
 pub async fn prepare(
     subtask: SubtaskId,
     checkpoint: CheckpointId,
-    snapshot: TaskSnapshot,
+    snapshot: Started,
     channels: Vec<ChannelState>,
     base: Option<&SharedBase>,
     layout: &StateLayout,
     run: &str,
 ) -> Result<Prepared, String> {
     let started = Instant::now();
-    let TaskSnapshot {
+    let Started {
         keyed,
         operator,
         timers,
@@ -170,18 +347,11 @@ pub async fn prepare(
     );
     let (heap, native) = match keyed {
         None => (None, None),
-        Some(KeyedSnapshot::Heap(heap)) => (Some(heap), None),
-        Some(KeyedSnapshot::Native(native)) => (None, Some(native)),
+        Some(Keyed::Heap(heap)) => (Some(heap), None),
+        Some(Keyed::Native(native)) => (None, Some(native)),
     };
-    let (heap, channels) = tokio::task::spawn_blocking(move || {
-        let heap = heap.map(|heap| {
-            let range = heap.key_groups();
-            let groups: Vec<Bytes> = (0..range.len())
-                .map(|group| Bytes::from(heap.take_group(group)))
-                .collect();
-            (groups, range.start)
-        });
-        let channels: Vec<_> = channels
+    let channels = tokio::task::spawn_blocking(move || {
+        channels
             .into_iter()
             .filter(|c| !c.batches.is_empty())
             .map(|c| {
@@ -189,29 +359,38 @@ pub async fn prepare(
                 let bytes = rmp_serde::to_vec(&encoded).expect("batches serialize to memory");
                 (c.side, c.channel, encoded.len(), Bytes::from(bytes))
             })
-            .collect();
-        (heap, channels)
+            .collect::<Vec<_>>()
     })
     .await
     .map_err(|e| format!("serializing state failed: {e}"))?;
 
     // Every object, as (path of its own, size, source), in the order the
     // handles are taken back out in `Prepared::upload`: the keyed state's
-    // first, then the channels'.
+    // first (unless streamed), then the channels'.
     let mut objects: Vec<(String, u64, Source)> = Vec::new();
-    let heap = heap.map(|(groups, start_group)| {
-        let mut size = 0;
-        let offsets = groups
-            .iter()
-            .map(|group| {
-                let offset = size;
-                size += group.len() as u64;
-                offset
-            })
-            .collect();
-        objects.push((format!("{prefix}-keyed"), size, Source::Memory(groups)));
-        (offsets, start_group)
-    });
+    let mut streamed = None;
+    let mut heap_shape = None;
+    if let Some(mut encoding) = heap {
+        let path = format!("{prefix}-keyed");
+        let mut held = Vec::new();
+        while encoding.size <= layout.alone_above() {
+            match encoding.next().await? {
+                Some(bytes) => held.push(bytes),
+                None => break,
+            }
+        }
+        if encoding.offsets.len() == encoding.groups {
+            let offsets = std::mem::take(&mut encoding.offsets);
+            objects.push((path, encoding.size, Source::Memory(held)));
+            heap_shape = Some((offsets, encoding.start_group));
+        } else {
+            streamed = Some(Streamed {
+                path,
+                held,
+                encoding,
+            });
+        }
+    }
     let native = native.map(|native| {
         plan_native(
             native,
@@ -253,10 +432,11 @@ pub async fn prepare(
         plan,
         limits: layout.upload,
         sources,
+        streamed,
         _links: links,
         shape: Shape {
             operator,
-            heap,
+            heap: heap_shape,
             native,
             checkpoint,
             channels,
@@ -268,7 +448,10 @@ pub async fn prepare(
 impl Prepared {
     /// The physical files the upload writes.
     pub fn physical_files(&self) -> Vec<String> {
-        self.plan.files.iter().map(|f| f.path.clone()).collect()
+        let streamed = self.streamed.iter().map(|s| s.path.clone());
+        streamed
+            .chain(self.plan.files.iter().map(|f| f.path.clone()))
+            .collect()
     }
 
     /// Writes the physical files and returns the state to acknowledge and
@@ -278,15 +461,34 @@ impl Prepared {
         self,
         storage: &CheckpointStorage,
     ) -> Result<(SubtaskState, Duration), String> {
+        let files = self.physical_files();
         let Prepared {
             started,
             plan,
             limits,
             sources,
+            streamed,
             _links,
-            shape,
+            mut shape,
         } = self;
-        let written = write_files(storage, &plan, limits, sources).await?;
+        let streamed = async {
+            match streamed {
+                Some(streamed) => streamed.write(storage, limits).await.map(Some),
+                None => Ok(None),
+            }
+        };
+        let written = write_files(storage, &plan, limits, sources);
+        let (streamed, written) = match futures::join!(streamed, written) {
+            (Ok(streamed), Ok(written)) => (streamed, written),
+            (Err(error), _) | (_, Err(error)) => {
+                delete_all(storage, files).await;
+                return Err(error);
+            }
+        };
+        let streamed = streamed.map(|(handle, heap)| {
+            shape.heap = Some(heap);
+            handle
+        });
         let handles = written
             .into_iter()
             .enumerate()
@@ -296,7 +498,10 @@ impl Prepared {
                     plan.handle(index, checksum).expect("placed in a file")
                 }
             });
-        Ok((shape.state(handles), started.elapsed()))
+        Ok((
+            shape.state(streamed.into_iter().chain(handles)),
+            started.elapsed(),
+        ))
     }
 }
 
@@ -426,8 +631,7 @@ enum Written {
 
 /// Writes the physical files of `plan`, each its objects back to back,
 /// streamed (see `tidemark::storage::upload`), at most `PARALLEL_WRITES` at a
-/// time; returns, per object, what
-/// became of it. On the first failure deletes every file of the plan.
+/// time; returns, per object, what became of it.
 async fn write_files(
     storage: &CheckpointStorage,
     plan: &MergePlan,
@@ -442,7 +646,7 @@ async fn write_files(
             out[index] = Some(Written::Inline(source.read().await?));
         }
     }
-    let files: Vec<(String, u64, Parts)> = plan
+    let files: Vec<(String, Parts)> = plan
         .files
         .iter()
         .map(|file| {
@@ -451,15 +655,12 @@ async fn write_files(
                 .iter()
                 .map(|&i| (i, sources[i].take().expect("each object once")))
                 .collect();
-            (file.path.clone(), file.size, parts)
+            (file.path.clone(), parts)
         })
         .collect();
     let results: Vec<Result<Vec<(usize, u32)>, String>> = stream::iter(files)
-        .map(|(path, size, parts)| async move {
-            let mut writer = storage
-                .writer(&path, size, limits)
-                .await
-                .map_err(|e| e.to_string())?;
+        .map(|(path, parts)| async move {
+            let mut writer = storage.writer(&path, limits).map_err(|e| e.to_string())?;
             let mut checksums = Vec::with_capacity(parts.len());
             for (index, part) in parts {
                 match part.write_to(&mut writer, plan.size(index)).await {
@@ -476,17 +677,7 @@ async fn write_files(
         .buffered(PARALLEL_WRITES)
         .collect()
         .await;
-    let mut stored = Vec::new();
-    for result in results {
-        match result {
-            Ok(checksums) => stored.extend(checksums),
-            Err(error) => {
-                delete_all(storage, plan.files.iter().map(|f| f.path.clone()).collect()).await;
-                return Err(error);
-            }
-        }
-    }
-    for (index, checksum) in stored {
+    for (index, checksum) in results.into_iter().collect::<Result<Vec<_>, _>>()?.concat() {
         out[index] = Some(Written::Stored(checksum));
     }
     Ok(out

@@ -512,6 +512,7 @@ impl SubtaskActor {
         }) else {
             return;
         };
+        let state = snapshot::start(state);
         self.send_outgoing();
         let outputs = if metrics.unaligned {
             // Batches still queued here were never pushed to the endpoint:
@@ -550,7 +551,7 @@ impl SubtaskActor {
         let after_ack_fault = self.fault(FaultPoint::AfterAck, id);
         let (abort, registration) = AbortHandle::new_pair();
         self.running.insert(id, abort);
-        actix_rt::spawn(
+        snapshot::spawn(
             async move {
                 let fail = |error| {
                     reports.failed.do_send(SubtaskFailed {

@@ -131,6 +131,15 @@ impl Default for StateLayout {
 }
 
 impl StateLayout {
+    /// The size above which an object is a physical file of its own
+    /// whatever else its snapshot holds: its writing may start before its
+    /// size is known.
+    pub fn alone_above(&self) -> u64 {
+        self.max_merged_file_size
+            .unwrap_or(0)
+            .max(self.inline_threshold)
+    }
+
     /// Places the objects of one snapshot, each given as the path it has as
     /// an object of its own and its size, in the order the snapshot writes
     /// them: inline, merged (see [`MergingOptions::plan`]) or as they are.

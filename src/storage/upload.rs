@@ -1,9 +1,10 @@
 //! Writing one object from pieces, so that a large state object never has
-//! to be whole in memory: up to a threshold the pieces go out in one put (a
-//! `PutPayload` holds them without joining them), above it as a multipart
-//! upload of fixed-size parts, a bounded number in flight. Either way the
-//! object appears only once it is complete: a multipart upload that fails
-//! or is abandoned is aborted, never completed.
+//! to be whole in memory and its writing can start before its size is
+//! known: pieces are held for one put (a `PutPayload` holds them without
+//! joining them) until they pass a threshold, and from there go out as a
+//! multipart upload of fixed-size parts, a bounded number in flight. Either
+//! way the object appears only once it is complete: a multipart upload that
+//! fails or is abandoned is aborted, never completed.
 
 use super::{CheckpointStorage, StorageError};
 use bytes::Bytes;
@@ -39,12 +40,13 @@ impl Default for UploadLimits {
 pub struct ObjectWriter<'a> {
     storage: &'a CheckpointStorage,
     path: Path,
+    limits: UploadLimits,
     written: u64,
     target: Target,
 }
 
 enum Target {
-    /// Pieces of one put.
+    /// Pieces of one put, while they are no more than the threshold.
     Put(Vec<Bytes>),
     Multipart(Multipart),
     /// Finished, aborted or failed: nothing left to do.
@@ -116,41 +118,23 @@ impl Multipart {
 }
 
 impl CheckpointStorage {
-    /// A writer of the object `relative`, `size` bytes in all: one put, or a
-    /// multipart upload if `size` is above `limits.multipart_threshold`.
-    pub async fn writer(
+    /// A writer of the object `relative`: one put, or a multipart upload
+    /// once more than `limits.multipart_threshold` bytes are written.
+    pub fn writer(
         &self,
         relative: &str,
-        size: u64,
         limits: UploadLimits,
     ) -> Result<ObjectWriter<'_>, StorageError> {
-        let path = self.resolve(relative)?;
-        let target = if size > limits.multipart_threshold {
-            let upload = self
-                .store
-                .put_multipart(&path)
-                .await
-                .map_err(Self::io(&path))?;
-            Target::Multipart(Multipart {
-                upload,
-                limits: UploadLimits {
-                    part_size: limits.part_size.max(1),
-                    parts_in_flight: limits.parts_in_flight.max(1),
-                    ..limits
-                },
-                pending: Vec::new(),
-                pending_len: 0,
-                in_flight: JoinSet::new(),
-                parts: 0,
-            })
-        } else {
-            Target::Put(Vec::new())
-        };
         Ok(ObjectWriter {
             storage: self,
-            path,
+            path: self.resolve(relative)?,
+            limits: UploadLimits {
+                part_size: limits.part_size.max(1),
+                parts_in_flight: limits.parts_in_flight.max(1),
+                ..limits
+            },
             written: 0,
-            target,
+            target: Target::Put(Vec::new()),
         })
     }
 }
@@ -161,6 +145,10 @@ impl ObjectWriter<'_> {
     pub async fn write(&mut self, bytes: Bytes) -> Result<(), StorageError> {
         let len = bytes.len() as u64;
         let result = match &mut self.target {
+            Target::Put(pieces) if self.written + len > self.limits.multipart_threshold => {
+                let held = std::mem::take(pieces);
+                self.start_multipart(held, bytes).await
+            }
             Target::Put(pieces) => {
                 pieces.push(bytes);
                 Ok(())
@@ -175,6 +163,30 @@ impl ObjectWriter<'_> {
             }
             Err(error) => Err(self.fail(error).await),
         }
+    }
+
+    /// Turns the pieces held for a put, and `next`, into the start of a
+    /// multipart upload.
+    async fn start_multipart(&mut self, held: Vec<Bytes>, next: Bytes) -> object_store::Result<()> {
+        self.target = Target::Done;
+        let upload = self.storage.store.put_multipart(&self.path).await?;
+        let mut multipart = Multipart {
+            upload,
+            limits: self.limits,
+            pending: Vec::new(),
+            pending_len: 0,
+            in_flight: JoinSet::new(),
+            parts: 0,
+        };
+        let mut written = Ok(());
+        for piece in held.into_iter().chain([next]) {
+            written = multipart.write(piece).await;
+            if written.is_err() {
+                break;
+            }
+        }
+        self.target = Target::Multipart(multipart);
+        written
     }
 
     /// Makes the object visible under its name with every byte written.
@@ -254,8 +266,7 @@ mod tests {
     }
 
     async fn write_pieces(storage: &CheckpointStorage, path: &str, pieces: &[&[u8]]) {
-        let size = pieces.iter().map(|p| p.len() as u64).sum();
-        let mut writer = storage.writer(path, size, limits()).await.unwrap();
+        let mut writer = storage.writer(path, limits()).unwrap();
         for piece in pieces {
             writer.write(Bytes::copy_from_slice(piece)).await.unwrap();
         }
@@ -286,7 +297,7 @@ mod tests {
     async fn an_aborted_upload_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), JobId(1)).unwrap();
-        let mut writer = storage.writer("aborted", 20, limits()).await.unwrap();
+        let mut writer = storage.writer("aborted", limits()).unwrap();
         writer
             .write(Bytes::from_static(b"0123456789"))
             .await
@@ -295,6 +306,26 @@ mod tests {
         assert!(storage.get("aborted").await.unwrap_err().is_not_found());
         let leftovers: Vec<_> = walk(dir.path());
         assert!(leftovers.is_empty(), "left behind: {leftovers:?}");
+    }
+
+    /// A writer holds what it is given for one put while that stays within
+    /// the threshold: nothing reaches the store. Past it the held pieces
+    /// start a multipart upload (on a local store, a staging file beside
+    /// the object), and the object appears only when finished.
+    #[tokio::test]
+    async fn pieces_are_held_for_one_put_until_they_pass_the_threshold() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), JobId(1)).unwrap();
+        let mut writer = storage.writer("object", limits()).unwrap();
+        writer.write(Bytes::from_static(b"01234")).await.unwrap();
+        writer.write(Bytes::from_static(b"56789")).await.unwrap();
+        assert!(walk(dir.path()).is_empty(), "ten bytes are held for a put");
+        writer.write(Bytes::from_static(b"a")).await.unwrap();
+        assert_eq!(walk(dir.path()).len(), 1, "a staging file of the upload");
+        assert!(storage.get("object").await.unwrap_err().is_not_found());
+        writer.finish().await.unwrap();
+        assert_eq!(&storage.get("object").await.unwrap()[..], b"0123456789a");
+        assert_eq!(walk(dir.path()).len(), 1, "the object alone");
     }
 
     fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
