@@ -283,6 +283,35 @@ fn checkpoints_restore_across_a_change_of_file_merging() {
     }
 }
 
+/// A run restored from the final checkpoint of a run that read less goes on
+/// reading, and checkpoints as usual: that checkpoint holds every source as
+/// exhausted, but only in the run that took it does that end the input.
+#[test]
+fn a_run_restored_from_the_final_checkpoint_of_a_shorter_run_checkpoints() {
+    let (output, checkpoints) = (tempfile::tempdir().unwrap(), TestStorage::local());
+    let half = format!("--records={}", RECORDS / 2);
+    let first = run(17, &[half], output.path(), &checkpoints.url);
+    assert!(first.checkpoints_completed > 0);
+    let args = [
+        "--restore=latest".to_string(),
+        "--inject-failures=2".to_string(),
+    ];
+    let report = run(17, &args, output.path(), &checkpoints.url);
+    assert!(report.restored_bytes > 0, "nothing restored");
+    assert!(
+        report.checkpoints_completed > 0,
+        "the restored run took no checkpoint"
+    );
+    assert_updates_exactly_once(
+        output.path(),
+        RECORDS,
+        KEYS,
+        17,
+        "after the final checkpoint",
+    );
+    assert_only_the_retained_checkpoint_remains(&checkpoints.storage, 17);
+}
+
 /// A checkpoint that times out while a subtask's upload is still running
 /// cancels that upload, which deletes what it wrote: nothing of the
 /// checkpoint is left, though its subtask never acknowledged.
