@@ -17,7 +17,7 @@ use actix::{
 use actix_rt::ArbiterHandle;
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::io::Read;
 use std::path::PathBuf;
@@ -189,17 +189,19 @@ struct Encoding {
     start_group: u32,
     groups: usize,
     receiver: mpsc::UnboundedReceiver<Bytes>,
+    /// Key groups received and not yet handed on.
+    held: VecDeque<Bytes>,
     /// Offset of each group received in the object.
     offsets: Vec<u64>,
     size: u64,
 }
 
 impl Encoding {
-    /// The next key group, encoded; `None` after the last.
-    async fn next(&mut self) -> Result<Option<Bytes>, String> {
-        if self.offsets.len() == self.groups {
-            return Ok(None);
-        }
+    fn received_all(&self) -> bool {
+        self.offsets.len() == self.groups
+    }
+
+    async fn receive(&mut self) -> Result<(), String> {
         let Some(bytes) = self.receiver.recv().await else {
             return Err(format!(
                 "encoding key group {} of the heap snapshot failed",
@@ -208,7 +210,25 @@ impl Encoding {
         };
         self.offsets.push(self.size);
         self.size += bytes.len() as u64;
-        Ok(Some(bytes))
+        self.held.push_back(bytes);
+        Ok(())
+    }
+
+    /// Holds key groups until more than `bytes` or all of them arrived;
+    /// returns whether all did.
+    async fn hold_beyond(&mut self, bytes: u64) -> Result<bool, String> {
+        while self.size <= bytes && !self.received_all() {
+            self.receive().await?;
+        }
+        Ok(self.received_all())
+    }
+
+    /// The next key group, encoded; `None` after the last.
+    async fn next(&mut self) -> Result<Option<Bytes>, String> {
+        if self.held.is_empty() && !self.received_all() {
+            self.receive().await?;
+        }
+        Ok(self.held.pop_front())
     }
 }
 
@@ -235,6 +255,7 @@ pub fn start(snapshot: TaskSnapshot) -> Started {
                 start_group: range.start,
                 groups: range.len(),
                 receiver,
+                held: VecDeque::new(),
                 offsets: Vec::new(),
                 size: 0,
             })
@@ -252,9 +273,6 @@ pub fn start(snapshot: TaskSnapshot) -> Started {
 /// key groups are encoded.
 struct Streamed {
     path: String,
-    /// The key groups received before it was known to be an object of its
-    /// own.
-    held: Vec<Bytes>,
     encoding: Encoding,
 }
 
@@ -270,22 +288,21 @@ impl Streamed {
             .writer(&self.path, limits)
             .map_err(|e| e.to_string())?;
         let mut sum = Checksum::default();
-        let mut held = std::mem::take(&mut self.held).into_iter();
-        loop {
-            let next = match held.next() {
-                Some(bytes) => Ok(Some(bytes)),
-                None => self.encoding.next().await,
-            };
-            let bytes = match next {
-                Ok(Some(bytes)) => bytes,
-                Ok(None) => break,
-                Err(error) => {
-                    writer.abort().await;
-                    return Err(error);
+        let written = loop {
+            match self.encoding.next().await {
+                Ok(Some(bytes)) => {
+                    sum.update(&bytes);
+                    if let Err(e) = writer.write(bytes).await {
+                        break Err(e.to_string());
+                    }
                 }
-            };
-            sum.update(&bytes);
-            writer.write(bytes).await.map_err(|e| e.to_string())?;
+                Ok(None) => break Ok(()),
+                Err(error) => break Err(error),
+            }
+        };
+        if let Err(error) = written {
+            writer.abort().await;
+            return Err(error);
         }
         writer.finish().await.map_err(|e| e.to_string())?;
         let handle = StateHandle::object(self.path, sum.len(), sum.finish());
@@ -372,23 +389,12 @@ pub async fn prepare(
     let mut heap_shape = None;
     if let Some(mut encoding) = heap {
         let path = format!("{prefix}-keyed");
-        let mut held = Vec::new();
-        while encoding.size <= layout.alone_above() {
-            match encoding.next().await? {
-                Some(bytes) => held.push(bytes),
-                None => break,
-            }
-        }
-        if encoding.offsets.len() == encoding.groups {
-            let offsets = std::mem::take(&mut encoding.offsets);
+        if encoding.hold_beyond(layout.alone_above()).await? {
+            let held = Vec::from(encoding.held);
             objects.push((path, encoding.size, Source::Memory(held)));
-            heap_shape = Some((offsets, encoding.start_group));
+            heap_shape = Some((encoding.offsets, encoding.start_group));
         } else {
-            streamed = Some(Streamed {
-                path,
-                held,
-                encoding,
-            });
+            streamed = Some(Streamed { path, encoding });
         }
     }
     let native = native.map(|native| {

@@ -97,11 +97,6 @@ pub struct JobSupervisor {
     links: Vec<(u32, Addr<LinkActor>)>,
     /// When the current attempt's predecessor failed.
     failed_at: Option<Instant>,
-    /// The checkpoint or savepoint the run started from. Its input ended
-    /// in another run, which may have had less input than this one: only a
-    /// checkpoint of this run that holds every source as exhausted ends
-    /// the input of an attempt restored from it.
-    started_from: Option<tidemark::ids::CheckpointId>,
     /// Manual triggers that arrived before the coordinator was up.
     early_triggers: Vec<TriggerManual>,
     /// Where savepoints go.
@@ -154,7 +149,6 @@ impl JobSupervisor {
             actors: Vec::new(),
             links: Vec::new(),
             failed_at: None,
-            started_from: None,
             early_triggers: Vec::new(),
         }
     }
@@ -297,7 +291,6 @@ impl JobSupervisor {
                         coordinator.do_send(request);
                     }
                     act.coordinator = Some(coordinator);
-                    act.started_from = restore.restore.as_ref().map(|from| from.checkpoint);
                     let attempt = act.attempt;
                     act.start(attempt, restore, ctx);
                 }
@@ -341,9 +334,7 @@ impl JobSupervisor {
 
     /// Bookkeeping once `attempt` is deployed, restored from `restore`.
     fn running(&mut self, attempt: Attempt, restore: Option<LoadedFrom>) {
-        let input_ended = restore
-            .as_ref()
-            .is_some_and(|from| from.input_ended && Some(from.checkpoint) != self.started_from);
+        let input_ended = restore.as_ref().is_some_and(|from| from.input_ended);
         if let Some(from) = restore {
             self.metrics.checkpoints.record_restore(
                 from.checkpoint,

@@ -13,6 +13,9 @@
 //! files, which replace themselves. A new final checkpoint would instead
 //! commit part of it (say a window that an overtaken watermark fires early)
 //! under a checkpoint's name, beside the final file that already holds it.
+//! That holds only for a checkpoint of this run: a run may start from
+//! another run's final checkpoint with more to read, and checkpoints as
+//! usual.
 
 use super::{ends_input, CompletedCheckpoint};
 use crate::ids::{Attempt, SubtaskId};
@@ -29,13 +32,16 @@ pub struct InputEnd {
     exhausted: BTreeSet<(Attempt, SubtaskId)>,
     final_wanted: bool,
     ended: bool,
+    /// A checkpoint completed in this run ended the input.
+    ended_in_this_run: bool,
 }
 
 impl InputEnd {
     /// A new attempt runs with these sources; earlier reports are void.
     /// `input_ended`: it restored a checkpoint holding every source as
-    /// exhausted. Returns the sources to tell to end their output now:
-    /// those of such an attempt that reported before it was announced.
+    /// exhausted, which ends its input if this run completed it. Returns
+    /// the sources to tell to end their output now: those of such an
+    /// attempt that reported before it was announced.
     pub fn deployed(
         &mut self,
         attempt: Attempt,
@@ -44,10 +50,10 @@ impl InputEnd {
     ) -> Vec<SubtaskId> {
         self.attempt = attempt;
         self.sources = sources;
-        self.ended = input_ended;
+        self.ended = input_ended && self.ended_in_this_run;
         self.exhausted.retain(|(a, _)| *a == attempt);
         self.check();
-        if !input_ended {
+        if !self.ended {
             return Vec::new();
         }
         let reported = self.exhausted.iter().map(|(_, s)| *s);
@@ -90,6 +96,7 @@ impl InputEnd {
     pub fn completed(&mut self, checkpoint: &CompletedCheckpoint) -> bool {
         if !self.ended && ends_input(checkpoint, &self.sources) {
             self.ended = true;
+            self.ended_in_this_run = true;
             self.final_wanted = false;
         }
         self.ended
@@ -198,6 +205,22 @@ mod tests {
         assert!(!end.source_exhausted(Attempt(2), source(0)));
         assert!(!end.source_exhausted(Attempt(2), source(1)));
         assert!(end.trigger_final(0));
+    }
+
+    #[test]
+    fn a_run_restored_from_another_runs_final_checkpoint_reads_on_and_ends_as_usual() {
+        let mut end = InputEnd::default();
+        let now = end.deployed(Attempt(0), vec![source(0), source(1)], true);
+        assert!(now.is_empty());
+        assert!(!end.ended(), "its sources may have more to read");
+        assert!(!end.source_exhausted(Attempt(0), source(0)));
+        assert!(!end.source_exhausted(Attempt(0), source(1)));
+        assert!(end.trigger_final(0), "a final checkpoint of its own");
+        assert!(end.completed(&holding(&[0, 1])));
+
+        let now = end.deployed(Attempt(1), vec![source(0), source(1)], true);
+        assert!(now.is_empty());
+        assert!(end.ended(), "restored from this run's final checkpoint");
     }
 
     #[test]

@@ -178,13 +178,13 @@ impl ObjectWriter<'_> {
             in_flight: JoinSet::new(),
             parts: 0,
         };
-        let mut written = Ok(());
-        for piece in held.into_iter().chain([next]) {
-            written = multipart.write(piece).await;
-            if written.is_err() {
-                break;
+        let written = async {
+            for piece in held.into_iter().chain([next]) {
+                multipart.write(piece).await?;
             }
+            Ok(())
         }
+        .await;
         self.target = Target::Multipart(multipart);
         written
     }
