@@ -1,6 +1,7 @@
 //! Keyed state throughput of one subtask: the wordcount counter
 //! (`get_or_default() += 1` on a `u64` value state), on the heap and on
-//! RocksDB, then the synchronous part of a snapshot of what it built.
+//! RocksDB, then the synchronous part of a snapshot of what it built and,
+//! on the heap, its encoding (the asynchronous part's CPU work).
 //!
 //! cargo bench --bench state
 //!
@@ -54,20 +55,27 @@ fn run(name: &str, mut backend: KeyedStateBackend<u64>, keys: Keys, records: u64
     let started = Instant::now();
     let snapshot = backend.snapshot(CheckpointId(1)).expect("snapshots");
     let sync_ms = started.elapsed().as_secs_f64() * 1e3;
-    let (files, bytes) = match &snapshot {
-        KeyedSnapshot::Heap(_) => (0, 0),
-        KeyedSnapshot::Native(native) => (
-            native.files.len(),
-            native.files.iter().map(|f| f.size).sum::<u64>(),
-        ),
-    };
-    println!(
-        "{name:<22} {:>12.0} records/s   snapshot sync {sync_ms:>7.1} ms, {files} files, {:.1} MiB",
-        records as f64 / elapsed,
-        bytes as f64 / (1 << 20) as f64,
-    );
-    if let KeyedSnapshot::Native(native) = snapshot {
-        std::fs::remove_dir_all(native.dir).expect("removes the snapshot");
+    let rate = records as f64 / elapsed;
+    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+    match snapshot {
+        KeyedSnapshot::Heap(heap) => {
+            let started = Instant::now();
+            let mut encoded = Vec::new();
+            heap.write(&mut encoded);
+            let encode_ms = started.elapsed().as_secs_f64() * 1e3;
+            println!(
+                "{name:<22} {rate:>12.0} records/s   snapshot sync {sync_ms:>7.1} ms, encoded {:.1} MiB in {encode_ms:.1} ms",
+                mib(encoded.len() as u64),
+            );
+        }
+        KeyedSnapshot::Native(native) => {
+            println!(
+                "{name:<22} {rate:>12.0} records/s   snapshot sync {sync_ms:>7.1} ms, {} files, {:.1} MiB",
+                native.files.len(),
+                mib(native.files.iter().map(|f| f.size).sum()),
+            );
+            std::fs::remove_dir_all(native.dir).expect("removes the snapshot");
+        }
     }
 }
 
