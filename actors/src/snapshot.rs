@@ -705,3 +705,58 @@ pub async fn delete_all(storage: &CheckpointStorage, paths: Vec<String>) {
         Err(e) => tracing::warn!(error = %e, "deleting abandoned state objects failed"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidemark::ids::JobId;
+
+    /// The encoding of key groups 10, 11 and 12 by an encoder that stopped
+    /// (it panicked) after sending `sent`.
+    fn stopped_after(sent: &[&'static [u8]]) -> Encoding {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        for bytes in sent {
+            sender.send(Bytes::from_static(bytes)).unwrap();
+        }
+        Encoding {
+            start_group: 10,
+            groups: 3,
+            receiver,
+            held: VecDeque::new(),
+            offsets: Vec::new(),
+            size: 0,
+        }
+    }
+
+    /// A heap snapshot whose encoder ends early fails, naming the first key
+    /// group that never came, whether its groups are still held or already
+    /// streaming into a multipart upload, which is given up: the truncated
+    /// state never becomes an object.
+    #[tokio::test]
+    async fn an_encoder_that_ends_early_fails_the_snapshot_and_leaves_nothing_behind() {
+        let error = stopped_after(&[b"group 10"])
+            .hold_beyond(u64::MAX)
+            .await
+            .unwrap_err();
+        assert!(error.contains("key group 11"), "{error}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), JobId(1)).unwrap();
+        let streamed = Streamed {
+            path: "chk-1/op-0-0-run-keyed".into(),
+            encoding: stopped_after(&[b"group 10", b"group 11"]),
+        };
+        let limits = UploadLimits {
+            multipart_threshold: 4,
+            part_size: 4,
+            parts_in_flight: 1,
+        };
+        let error = streamed.write(&storage, limits).await.unwrap_err();
+        assert!(error.contains("key group 12"), "{error}");
+        let checkpoint = dir.path().join(JobId(1).to_string()).join("chk-1");
+        let left: Vec<_> = std::fs::read_dir(&checkpoint)
+            .map(|entries| entries.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "left behind: {left:?}");
+    }
+}
