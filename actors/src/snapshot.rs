@@ -197,6 +197,19 @@ struct Encoding {
 }
 
 impl Encoding {
+    /// Receives the `groups` key groups from `start_group` on, as `receiver`
+    /// gets them.
+    fn new(start_group: u32, groups: usize, receiver: mpsc::UnboundedReceiver<Bytes>) -> Self {
+        Encoding {
+            start_group,
+            groups,
+            receiver,
+            held: VecDeque::new(),
+            offsets: Vec::new(),
+            size: 0,
+        }
+    }
+
     fn received_all(&self) -> bool {
         self.offsets.len() == self.groups
     }
@@ -251,14 +264,7 @@ pub fn start(snapshot: TaskSnapshot) -> Started {
                     }
                 }
             });
-            Keyed::Heap(Encoding {
-                start_group: range.start,
-                groups: range.len(),
-                receiver,
-                held: VecDeque::new(),
-                offsets: Vec::new(),
-                size: 0,
-            })
+            Keyed::Heap(Encoding::new(range.start, range.len(), receiver))
         }
         KeyedSnapshot::Native(native) => Keyed::Native(native),
     });
@@ -718,14 +724,7 @@ mod tests {
         for bytes in sent {
             sender.send(Bytes::from_static(bytes)).unwrap();
         }
-        Encoding {
-            start_group: 10,
-            groups: 3,
-            receiver,
-            held: VecDeque::new(),
-            offsets: Vec::new(),
-            size: 0,
-        }
+        Encoding::new(10, 3, receiver)
     }
 
     /// A heap snapshot whose encoder ends early fails, naming the first key
@@ -742,8 +741,9 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), JobId(1)).unwrap();
+        let checkpoint = CheckpointStorage::checkpoint_dir(CheckpointId(1));
         let streamed = Streamed {
-            path: "chk-1/op-0-0-run-keyed".into(),
+            path: format!("{checkpoint}/op-0-0-run-keyed"),
             encoding: stopped_after(&[b"group 10", b"group 11"]),
         };
         let limits = UploadLimits {
@@ -753,7 +753,7 @@ mod tests {
         };
         let error = streamed.write(&storage, limits).await.unwrap_err();
         assert!(error.contains("key group 12"), "{error}");
-        let checkpoint = dir.path().join(JobId(1).to_string()).join("chk-1");
+        let checkpoint = dir.path().join(JobId(1).to_string()).join(checkpoint);
         let left: Vec<_> = std::fs::read_dir(&checkpoint)
             .map(|entries| entries.map(|e| e.unwrap().path()).collect())
             .unwrap_or_default();
