@@ -134,15 +134,30 @@ fn start(args: Vec<String>) -> Running {
 /// Wordcount at p=2 at a limited rate; a flag of `extra` replaces the
 /// default of the same name.
 fn wordcount(dirs: &Dirs, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "wordcount",
-        "--parallelism=2",
-        "--emit=updates",
-        "--rate=5000",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    topology(&["wordcount", "--emit=updates"], dirs, extra)
+}
+
+/// Windows (1 s tumbling windows of event time) at p=2 at a limited rate,
+/// 5 records a millisecond of event time: event time goes about as fast as
+/// the clock. A flag of `extra` replaces the default of the same name.
+fn windows(dirs: &Dirs, extra: &[&str]) -> Vec<String> {
+    topology(
+        &["windows", &format!("--events-per-ms={EVENTS_PER_MS}")],
+        dirs,
+        extra,
+    )
+}
+
+const EVENTS_PER_MS: u64 = 5;
+
+/// `run` of a topology (its name and flags of its own) at p=2 at a limited
+/// rate; a flag of `extra` replaces the default of the same name.
+fn topology(own: &[&str], dirs: &Dirs, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = own
+        .iter()
+        .chain(&["--parallelism=2", "--rate=5000"])
+        .map(|s| s.to_string())
+        .collect();
     args.extend([
         format!("--records={RECORDS}"),
         format!("--keys={KEYS}"),
@@ -626,15 +641,121 @@ fn flinks_recorded_cli_requests_list_savepoint_and_cancel() {
     );
 }
 
-/// The page in headless Chromium against a job with a slow subtask: the
-/// history is rendered, and the subtask that acknowledged last is marked.
+/// The ids of a job's source vertex and of its other vertex (the windows
+/// and the sink, chained).
+fn source_and_windows(api: &Api, jid: &str) -> (String, String) {
+    let job = api.ok(&format!("/jobs/{jid}"));
+    let vertices = job["vertices"].as_array().unwrap();
+    let id = |source: bool| {
+        let found = vertices.iter().find(|v| v["source"] == source);
+        found.unwrap_or_else(|| panic!("source {source}: {job}"))["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    (id(true), id(false))
+}
+
+/// Each subtask's `currentInputWatermark` as Flink's
+/// `GET /jobs/{jobid}/vertices/{vertexid}/watermarks` serves it (under
+/// `prefix`): `[{"id": "0.currentInputWatermark", "value": "1234"}, …]`.
+fn watermarks(api: &Api, prefix: &str, jid: &str, vertex: &str) -> Vec<i64> {
+    let path = format!("{prefix}/jobs/{jid}/vertices/{vertex}/watermarks");
+    let metrics = api.ok(&path);
+    let metrics = metrics
+        .as_array()
+        .unwrap_or_else(|| panic!("{path}: {metrics}"));
+    let ids: Vec<&str> = metrics.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["0.currentInputWatermark", "1.currentInputWatermark"]);
+    metrics
+        .iter()
+        .map(|m| m["value"].as_str().unwrap().parse().unwrap())
+        .collect()
+}
+
+/// An event-time job over REST: Flink's watermarks of each subtask, none
+/// for the source (it has no input, as in Flink), advancing within the
+/// event time of the input at the windows; and the history of the
+/// vertices' counters, which reaches back to the job's start however late
+/// it is read.
+#[test]
+fn an_event_time_job_serves_each_subtasks_watermark_and_its_history() {
+    let dirs = dirs();
+    let running = start(windows(&dirs, &["--checkpoint-interval=off"]));
+    let (api, jid) = (&running.api, running.jid.clone());
+    let (source, windows) = source_and_windows(api, &jid);
+    assert_eq!(
+        api.ok(&format!("/jobs/{jid}/vertices/{source}/watermarks")),
+        json!([])
+    );
+    let first = eventually("a watermark at every subtask of the windows", || {
+        let reached = watermarks(api, "", &jid, &windows);
+        reached.iter().all(|&w| w > i64::MIN).then_some(reached)
+    });
+    let later = eventually("every subtask's watermark advancing", || {
+        let reached = watermarks(api, "/v1", &jid, &windows);
+        reached
+            .iter()
+            .zip(&first)
+            .all(|(l, f)| l > f)
+            .then_some(reached)
+    });
+    let event_time = (RECORDS / EVENTS_PER_MS) as i64;
+    assert!(
+        first
+            .iter()
+            .chain(&later)
+            .all(|w| (0..event_time).contains(w)),
+        "watermarks {first:?} then {later:?} beyond the input's event time 0..{event_time}"
+    );
+    let (status, unknown) = api.get(&format!(
+        "/jobs/{jid}/vertices/{}/watermarks",
+        "0".repeat(32)
+    ));
+    assert_eq!(status, 404, "{unknown}");
+
+    let start_time = api.ok(&format!("/jobs/{jid}"))["start-time"]
+        .as_u64()
+        .unwrap();
+    let history = eventually("a history of 3 s", || {
+        let history = api.ok(&format!("/v1/jobs/{jid}/history"));
+        let times: Vec<u64> = history["samples"]
+            .as_array()?
+            .iter()
+            .map(|s| s["time"].as_u64().unwrap())
+            .collect();
+        (times.last()? - times[0] >= 3000).then_some(history)
+    });
+    assert_eq!(history["vertices"], json!([source, windows]));
+    let samples = history["samples"].as_array().unwrap();
+    let first_time = samples[0]["time"].as_u64().unwrap();
+    assert!(
+        (start_time..start_time + 3000).contains(&first_time),
+        "the history starts at {first_time}, the job at {start_time}"
+    );
+    let out = |s: &Value| s["write-records"][0].as_u64().unwrap();
+    assert!(samples
+        .windows(2)
+        .all(|w| { w[0]["time"].as_u64() < w[1]["time"].as_u64() && out(&w[0]) <= out(&w[1]) }));
+    assert!(out(samples.last().unwrap()) > 0, "{history}");
+
+    let (status, _) = api.patch(&format!("/jobs/{jid}?mode=cancel"));
+    assert_eq!(status, 202);
+    let _ = running.job.join().unwrap();
+}
+
+/// The page in headless Chromium against an event-time job with a slow
+/// subtask, opened once the job ran a few seconds: the throughput and
+/// backpressure charts span the run so far, each vertex with inputs shows
+/// its watermark, the checkpoint history is rendered, and the subtask that
+/// acknowledged last is marked.
 #[test]
 fn the_page_shows_the_history_and_marks_the_slow_subtask() {
     let Some(chromium) = chromium() else {
         return;
     };
     let dirs = dirs();
-    let running = start(wordcount(
+    let running = start(windows(
         &dirs,
         &[
             "--checkpoint-interval=100ms",
@@ -647,6 +768,15 @@ fn the_page_shows_the_history_and_marks_the_slow_subtask() {
     eventually("two completed checkpoints", || {
         (api.ok(&format!("/jobs/{jid}/checkpoints"))["counts"]["completed"].as_u64()? >= 2)
             .then_some(())
+    });
+    let (_, windows) = source_and_windows(api, &jid);
+    eventually("a watermark at every subtask of the windows", || {
+        let reached = watermarks(api, "", &jid, &windows);
+        reached.iter().all(|&w| w > i64::MIN).then_some(())
+    });
+    let ran = eventually("6 s of running", || {
+        let duration = api.ok(&format!("/jobs/{jid}"))["duration"].as_u64()?;
+        (duration >= 6000).then_some(duration)
     });
     let profile = tempfile::tempdir().unwrap();
     let screenshot = dirs.output.with_file_name("page.png");
@@ -677,6 +807,34 @@ fn the_page_shows_the_history_and_marks_the_slow_subtask() {
         String::from_utf8_lossy(&dom.stderr)
     );
     let dom = String::from_utf8(dom.stdout).unwrap();
+    for chart in ["throughput-chart", "backpressure-chart"] {
+        let svg = dom
+            .split("<svg")
+            .find(|e| e.contains(&format!("id=\"{chart}\"")))
+            .and_then(|e| e.split("</svg>").next())
+            .unwrap_or_else(|| panic!("no {chart}:\n{dom}"));
+        assert!(
+            svg.contains("class=\"axis\">−") && !svg.contains(" ms</text>"),
+            "{chart}'s time axis should reach seconds back, after {ran} ms of running: {svg}"
+        );
+        let span: u64 = attribute(svg, "data-span-ms")
+            .unwrap_or_else(|| panic!("{chart} has no time axis: {svg}"))
+            .parse()
+            .unwrap();
+        assert!(
+            span + 2500 >= ran,
+            "{chart}'s time axis spans {span} ms of the {ran} ms the job ran: {svg}"
+        );
+    }
+    let shown: Vec<i64> = dom
+        .split("data-watermark=\"")
+        .skip(1)
+        .map(|rest| rest[..rest.find('"').unwrap()].parse().unwrap())
+        .collect();
+    assert!(
+        shown.len() == 1 && shown[0] >= 0,
+        "the windows' watermark should be shown (the source has no input): {shown:?}\n{dom}"
+    );
     assert!(
         dom.matches("data-checkpoint-id=").count() >= 2,
         "no history in the page:\n{dom}"
@@ -697,6 +855,12 @@ fn the_page_shows_the_history_and_marks_the_slow_subtask() {
     assert!(shot.status.success() && screenshot.is_file());
     api.patch(&format!("/jobs/{jid}?mode=cancel"));
     let _ = running.job.join().unwrap();
+}
+
+/// The value of `name="…"` in `element`, the first.
+fn attribute<'a>(element: &'a str, name: &str) -> Option<&'a str> {
+    let rest = &element[element.find(&format!("{name}=\""))? + name.len() + 2..];
+    rest.get(..rest.find('"')?)
 }
 
 /// Debian's Chromium, or `None` (and a note) when it is not installed and

@@ -1,7 +1,8 @@
 //! Live figures of a running job, shared between its actors and its handle.
 
 use dashmap::DashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tidemark::checkpoint::shared::Space;
@@ -63,6 +64,18 @@ pub struct SubtaskCounters {
     records_in: AtomicU64,
     records_out: AtomicU64,
     backpressured_ns: AtomicU64,
+    input_watermark: WatermarkGauge,
+}
+
+/// A watermark as Flink's gauges show it: `i64::MIN` (Flink's
+/// `Long.MIN_VALUE`) until one arrives.
+#[derive(Debug)]
+struct WatermarkGauge(AtomicI64);
+
+impl Default for WatermarkGauge {
+    fn default() -> Self {
+        WatermarkGauge(AtomicI64::new(i64::MIN))
+    }
 }
 
 impl SubtaskCounters {
@@ -97,6 +110,104 @@ impl SubtaskCounters {
     pub fn backpressured(&self) -> Duration {
         Duration::from_nanos(self.backpressured_ns.load(Ordering::Relaxed))
     }
+
+    /// The subtask's inputs together advanced to `watermark` (`u64::MAX`,
+    /// the end of input, reads as Flink's `Long.MAX_VALUE`).
+    pub fn set_input_watermark(&self, watermark: u64) {
+        let flink = i64::try_from(watermark).unwrap_or(i64::MAX);
+        self.input_watermark.0.store(flink, Ordering::Relaxed);
+    }
+
+    /// A new attempt: no watermark has reached it yet, whatever reached the
+    /// one before (it restarts from a checkpoint's, lower).
+    pub fn clear_input_watermark(&self) {
+        self.input_watermark.0.store(i64::MIN, Ordering::Relaxed);
+    }
+
+    /// Flink's `currentInputWatermark`, in ms: the least watermark of the
+    /// inputs in this attempt, `i64::MIN` before any.
+    pub fn input_watermark(&self) -> i64 {
+        self.input_watermark.0.load(Ordering::Relaxed)
+    }
+}
+
+/// What [`History`] keeps of one operator's subtasks, summed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OperatorTotals {
+    /// Records sent on.
+    pub records_out: u64,
+    /// Milliseconds held back for lack of credit.
+    pub backpressured_ms: u64,
+}
+
+/// Every operator's totals at one moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HistorySample {
+    /// When, in Unix milliseconds.
+    pub unix_ms: u64,
+    /// Operators with no subtask deployed yet are missing.
+    pub operators: BTreeMap<OperatorId, OperatorTotals>,
+}
+
+/// The operators' totals over the run, so that charts opened at any moment
+/// show the run so far, not only what they saw themselves. Sampled every
+/// [`History::EVERY`]; once more than [`History::BOUND`] samples are kept,
+/// every other one goes and the spacing doubles, so that they always reach
+/// back to the start in bounded memory.
+#[derive(Debug)]
+pub struct History {
+    /// Spacing of the kept samples.
+    interval_ms: u64,
+    kept: Vec<HistorySample>,
+    /// The newest sample, until the next one to keep is due: it stands for
+    /// now.
+    latest: Option<HistorySample>,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History {
+            interval_ms: Self::EVERY.as_millis() as u64,
+            kept: Vec::new(),
+            latest: None,
+        }
+    }
+}
+
+impl History {
+    /// How often the sampler adds a sample.
+    pub const EVERY: Duration = Duration::from_secs(1);
+    /// Most samples kept: 5 minutes at the start's spacing.
+    pub const BOUND: usize = 300;
+
+    /// Adds `sample`, taken after every one before.
+    pub fn record(&mut self, sample: HistorySample) {
+        // Half a period of slack: a sampler's tick comes a little early or late.
+        let slack = Self::EVERY.as_millis() as u64 / 2;
+        let due = self.kept.last().is_none_or(|last| {
+            sample.unix_ms.saturating_sub(last.unix_ms) + slack >= self.interval_ms
+        });
+        if !due {
+            self.latest = Some(sample);
+            return;
+        }
+        self.latest = None;
+        self.kept.push(sample);
+        if self.kept.len() > Self::BOUND {
+            // The first (the start) and every other one after it.
+            let mut position = 0;
+            self.kept.retain(|_| {
+                position += 1;
+                position % 2 == 1
+            });
+            self.interval_ms *= 2;
+        }
+    }
+
+    /// The samples, oldest first; the last one is the newest taken.
+    pub fn samples(&self) -> impl Iterator<Item = &HistorySample> {
+        self.kept.iter().chain(&self.latest)
+    }
 }
 
 /// The live figures of one job, over all its attempts: restarts add to
@@ -121,6 +232,8 @@ pub struct JobMetrics {
     pub checkpoint_stats: SharedCheckpointStats,
     /// Bytes written to the links between workers.
     pub link_bytes_sent: AtomicU64,
+    /// The operators' totals over the run, once something samples them.
+    history: Mutex<History>,
 }
 
 impl Default for JobMetrics {
@@ -442,7 +555,31 @@ impl JobMetrics {
             subtasks: DashMap::new(),
             checkpoint_stats: CheckpointStatsTracker::shared(history),
             link_bytes_sent: AtomicU64::default(),
+            history: Mutex::default(),
         }
+    }
+
+    /// Adds every operator's totals at `unix_ms` to the history.
+    pub fn sample_history(&self, unix_ms: u64) {
+        let mut operators = BTreeMap::<OperatorId, OperatorTotals>::new();
+        for (id, counters) in self.subtasks() {
+            let totals = operators.entry(id.operator).or_default();
+            totals.records_out += counters.records_out();
+            totals.backpressured_ms += counters.backpressured().as_millis() as u64;
+        }
+        self.lock_history()
+            .record(HistorySample { unix_ms, operators });
+    }
+
+    /// The operators' totals over the run, oldest first.
+    pub fn history(&self) -> Vec<HistorySample> {
+        self.lock_history().samples().cloned().collect()
+    }
+
+    fn lock_history(&self) -> std::sync::MutexGuard<'_, History> {
+        // A sample is added whole or not at all: a panic elsewhere spoils
+        // nothing.
+        self.history.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The counters of `subtask`, created on the first call.
@@ -597,6 +734,59 @@ mod tests {
         assert_eq!(s.quantile(0.1), 1.0);
         assert_eq!(s.quantile(0.9), 10.0);
         assert_eq!(s.mean(), 5.5);
+    }
+
+    fn sample(unix_ms: u64) -> HistorySample {
+        let totals = OperatorTotals {
+            records_out: unix_ms,
+            backpressured_ms: 0,
+        };
+        HistorySample {
+            unix_ms,
+            operators: BTreeMap::from([(OperatorId(0), totals)]),
+        }
+    }
+
+    #[test]
+    fn the_history_reaches_back_to_the_start_in_bounded_memory() {
+        let every = History::EVERY.as_millis() as u64;
+        let mut history = History::default();
+        // A day of samples, some ticks a little late.
+        let ticks = 86_400;
+        for tick in 0..ticks {
+            let late = [0, 40, 0, 5, 30][tick as usize % 5];
+            history.record(sample(tick * every + late));
+            assert!(history.samples().count() <= History::BOUND + 1);
+        }
+        let times: Vec<u64> = history.samples().map(|s| s.unix_ms).collect();
+        assert_eq!(times[0], 0, "the start is kept");
+        assert!(
+            *times.last().unwrap() >= (ticks - 1) * every,
+            "the newest sample stands for now"
+        );
+        assert!(times.len() > History::BOUND / 2, "{} samples", times.len());
+        // Evenly spread: no gap much wider than the spacing the bound allows.
+        let widest = times.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+        assert!(
+            widest <= 2 * ticks * every / History::BOUND as u64 + every,
+            "a gap of {widest} ms"
+        );
+    }
+
+    #[test]
+    fn the_newest_sample_stands_for_now_until_the_next_is_due() {
+        let mut history = History {
+            interval_ms: 4_000,
+            ..History::default()
+        };
+        for t in [0, 1_000, 2_000, 3_000] {
+            history.record(sample(t));
+        }
+        let times = |h: &History| h.samples().map(|s| s.unix_ms).collect::<Vec<_>>();
+        assert_eq!(times(&history), [0, 3_000]);
+        history.record(sample(4_000));
+        history.record(sample(5_000));
+        assert_eq!(times(&history), [0, 4_000, 5_000]);
     }
 
     #[test]

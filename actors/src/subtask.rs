@@ -174,8 +174,10 @@ impl SubtaskActor {
                 }
             }
         }
+        let counters = metrics.subtask(spec.id);
+        counters.clear_input_watermark();
         SubtaskActor {
-            counters: metrics.subtask(spec.id),
+            counters,
             blocked_since: None,
             id: spec.id,
             attempt: spec.attempt,
@@ -363,6 +365,7 @@ impl SubtaskActor {
                 Some(Polled::Watermarks(events)) => {
                     for event in events {
                         if let WatermarkEvent::Watermark(watermark) = event {
+                            self.counters.set_input_watermark(watermark);
                             if self
                                 .guarded(|task, out| task.advance_watermark(watermark, out))
                                 .is_none()

@@ -1,11 +1,16 @@
 //! `/jobs`, `/jobs/overview`, `/jobs/{jobid}` and cancelling with
-//! `PATCH /jobs/{jobid}`: what `flink list` and `flink cancel` use.
+//! `PATCH /jobs/{jobid}`: what `flink list` and `flink cancel` use; each
+//! vertex's watermarks, and the history of the job's counters the page
+//! charts.
 
 use super::{ApiError, JobStatus, JobView, Vertex};
+use crate::metrics::History;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub(super) fn routes(config: &mut web::ServiceConfig) {
@@ -13,7 +18,28 @@ pub(super) fn routes(config: &mut web::ServiceConfig) {
         .route("/jobs", web::get().to(jobs))
         .route("/jobs/overview", web::get().to(overview))
         .route("/jobs/{jobid}", web::get().to(job))
-        .route("/jobs/{jobid}", web::patch().to(cancel));
+        .route("/jobs/{jobid}", web::patch().to(cancel))
+        .route("/jobs/{jobid}/history", web::get().to(history))
+        .route(
+            "/jobs/{jobid}/vertices/{vertexid}/watermarks",
+            web::get().to(watermarks),
+        );
+}
+
+/// Samples the job's counters into its history from when the server
+/// starts until the job ended, so that a page opened at any moment charts
+/// the run so far.
+pub(super) async fn sample_history(view: Arc<JobView>) {
+    let mut ticks = actix_rt::time::interval(History::EVERY);
+    loop {
+        ticks.tick().await;
+        let running = view.status().0 == JobStatus::Running;
+        view.metrics
+            .sample_history(crate::coordinator::now().unix_ms);
+        if !running {
+            return;
+        }
+    }
 }
 
 /// Flink's task counts by execution state; every state must be present
@@ -177,6 +203,68 @@ async fn job(view: web::Data<JobView>, path: web::Path<String>) -> Result<HttpRe
         .restarts
         .load(std::sync::atomic::Ordering::Relaxed));
     Ok(HttpResponse::Ok().json(body))
+}
+
+/// Each vertex's records out and backpressured time (Flink's names) at
+/// every sample of the history, oldest first: the vertices once, then per
+/// sample one array per figure, in the vertices' order.
+async fn history(
+    view: web::Data<JobView>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    view.check_job(&path)?;
+    let samples: Vec<Value> = view
+        .metrics
+        .history()
+        .iter()
+        .map(|sample| {
+            let totals = view.vertices.iter().map(|v| {
+                let totals = sample.operators.get(&v.operator);
+                totals.copied().unwrap_or_default()
+            });
+            let (out, backpressured): (Vec<u64>, Vec<u64>) =
+                totals.map(|t| (t.records_out, t.backpressured_ms)).unzip();
+            json!({
+                "time": sample.unix_ms,
+                "write-records": out,
+                "accumulated-backpressured-time": backpressured,
+            })
+        })
+        .collect();
+    let vertices: Vec<&str> = view.vertices.iter().map(|v| v.id.as_str()).collect();
+    Ok(HttpResponse::Ok().json(json!({ "vertices": vertices, "samples": samples })))
+}
+
+/// Flink's `JobVertexWatermarksHandler`: each subtask's
+/// `currentInputWatermark` in ms, as a string, `Long.MIN_VALUE` before the
+/// first. A source has none, as in Flink: it has no input.
+async fn watermarks(
+    view: web::Data<JobView>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (jid, vid) = path.into_inner();
+    view.check_job(&jid)?;
+    let vertex = view.vertex(&vid)?;
+    if vertex.is_source {
+        return Ok(HttpResponse::Ok().json(json!([])));
+    }
+    let reached: HashMap<u32, i64> = view
+        .metrics
+        .subtasks()
+        .into_iter()
+        .filter(|(id, _)| id.operator == vertex.operator)
+        .map(|(id, counters)| (id.index.0, counters.input_watermark()))
+        .collect();
+    let metrics: Vec<Value> = (0..vertex.parallelism)
+        .map(|index| {
+            let watermark = reached.get(&index).copied().unwrap_or(i64::MIN);
+            json!({
+                "id": format!("{index}.currentInputWatermark"),
+                "value": watermark.to_string(),
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(metrics))
 }
 
 #[derive(Deserialize)]

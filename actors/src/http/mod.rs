@@ -266,6 +266,7 @@ pub(crate) fn serve(listener: TcpListener, view: Arc<JobView>) -> std::io::Resul
     let addr = listener.local_addr()?;
     let loopback = addr.ip().is_loopback();
     let data = web::Data::from(view.clone());
+    let sampled = view.clone();
     let (started, handle) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
         .name(format!("tidemark-http-{}", view.name))
@@ -308,7 +309,10 @@ pub(crate) fn serve(listener: TcpListener, view: Arc<JobView>) -> std::io::Resul
                 Ok(server) => {
                     let server = server.run();
                     let _ = started.send(Ok(server.handle()));
-                    let _ = system.block_on(server);
+                    let _ = system.block_on(async move {
+                        actix_rt::spawn(jobs::sample_history(sampled));
+                        server.await
+                    });
                 }
                 Err(e) => {
                     let _ = started.send(Err(e));

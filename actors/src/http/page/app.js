@@ -1,12 +1,13 @@
 // Tidemark's job page: polls the Flink-compatible REST API of the same
-// origin every second and draws the job, its throughput and backpressure
-// (computed here from counter deltas), its checkpoints and, for one
-// checkpoint, every subtask's acknowledgement with the one that came last.
+// origin every second and draws the job with each vertex's watermark, its
+// throughput and backpressure since the start (computed here from the
+// deltas of the counters' history the server keeps, so that a page opened
+// late still shows the past), its checkpoints and, for one checkpoint,
+// every subtask's acknowledgement with the one that came last.
 "use strict";
 
 (function () {
   const POLL_MS = 1000;
-  const SERIES_LENGTH = 120;
   const PALETTE = ["#2f6fd6", "#e07b12", "#2b9a5a", "#c2417a", "#7a52c7", "#0f9aa8", "#8c6b1f", "#d23f3f"];
   // The phases of a subtask's checkpoint, in the order of the table's columns (from column 4).
   const PHASES = [
@@ -22,9 +23,8 @@
     jid: requestedJob,
     job: null,
     vertexNames: new Map(), // vertex id -> name
-    previous: null, // the last poll's counters: {t, out, bp}
-    samples: [], // {t, throughput, bp: {vertex id: ms/s}}; null where a counter went down
-    rates: new Map(), // vertex id -> {out, bp} of the latest delta
+    history: null, // the server's samples of the counters since the job started
+    watermarks: new Map(), // vertex id -> the least currentInputWatermark of its subtasks, as Flink writes it
     checkpoints: null,
     selected: null, // the checkpoint id shown in the subtask table
     pinned: false, // true once the user chose a checkpoint
@@ -76,8 +76,10 @@
       const jid = state.jid;
       await Promise.all([
         attempt("job", async () => onJob(await getJSON(`jobs/${jid}`))),
+        attempt("history", async () => { state.history = await getJSON(`jobs/${jid}/history`); }),
         attempt("checkpoints", async () => onCheckpoints(await getJSON(`jobs/${jid}/checkpoints`))),
       ]);
+      await attempt("watermarks", loadWatermarks);
       await attempt("details", loadSelected);
     }
     render();
@@ -87,48 +89,57 @@
   function onJob(job) {
     if (state.job && state.job.jid !== job.jid) {
       // Another job: nothing of the previous one applies.
-      Object.assign(state, { previous: null, samples: [], checkpoints: null, selected: null, pinned: false });
-      state.rates.clear();
+      Object.assign(state, { history: null, checkpoints: null, selected: null, pinned: false });
+      state.watermarks.clear();
       state.details.clear();
     }
     state.job = job;
     for (const v of job.vertices || []) state.vertexNames.set(v.id, v.name);
-    const t = typeof job.now === "number" ? job.now : Date.now();
-    const current = { t, out: {}, bp: {} };
-    for (const v of job.vertices || []) {
-      const m = v.metrics || {};
-      current.out[v.id] = m["write-records"];
-      current.bp[v.id] = m["accumulated-backpressured-time"];
-    }
-    const previous = state.previous;
-    if (previous && t === previous.t) return; // nothing new since the last poll
-    state.previous = current;
-    if (!previous || t < previous.t) return;
-    const seconds = (t - previous.t) / 1000;
-    // A counter that went down (a restart) gives no rate for this delta.
-    const rate = (now, before) =>
-      typeof now === "number" && typeof before === "number" && now >= before ? (now - before) / seconds : null;
-    const sample = { t, throughput: 0, bp: {} };
-    for (const id of sourceIds(job)) {
-      const r = rate(current.out[id], previous.out[id]);
-      sample.throughput = r === null || sample.throughput === null ? null : sample.throughput + r;
-    }
-    for (const v of job.vertices || []) {
-      const out = rate(current.out[v.id], previous.out[v.id]);
-      const bp = rate(current.bp[v.id], previous.bp[v.id]);
-      sample.bp[v.id] = bp;
-      state.rates.set(v.id, { out, bp });
-    }
-    state.samples.push(sample);
-    if (state.samples.length > SERIES_LENGTH) state.samples.splice(0, state.samples.length - SERIES_LENGTH);
   }
 
-  // The vertices whose output is the job's input: those named as sources, else the first
-  // (Flink lists vertices in topological order).
+  // Turns the history's cumulative counters into rates, one sample per delta: the
+  // sources' records out per second and each vertex's backpressured ms per second (null
+  // where a counter went down); `rates` holds each vertex's of the latest delta.
+  function series() {
+    const history = state.history || {};
+    const ids = history.vertices || [];
+    const points = history.samples || [];
+    const sources = new Set(sourceIds(state.job));
+    const samples = [];
+    const rates = new Map();
+    for (let k = 1; k < points.length; k += 1) {
+      const before = points[k - 1], now = points[k];
+      const seconds = (now.time - before.time) / 1000;
+      if (!(seconds > 0)) continue;
+      const rate = (field, i) => (now[field][i] >= before[field][i] ? (now[field][i] - before[field][i]) / seconds : null);
+      const sample = { t: now.time, throughput: 0, bp: {} };
+      ids.forEach((id, i) => {
+        const out = rate("write-records", i), bp = rate("accumulated-backpressured-time", i);
+        if (sources.has(id)) sample.throughput = out === null || sample.throughput === null ? null : sample.throughput + out;
+        sample.bp[id] = bp;
+        rates.set(id, { out, bp });
+      });
+      samples.push(sample);
+    }
+    return { since: points.length ? points[0].time : null, samples, rates };
+  }
+
+  // The vertices whose output is the job's input.
   function sourceIds(job) {
-    const vertices = job.vertices || [];
-    const named = vertices.filter((v) => /source/i.test(v.name || ""));
-    return (named.length ? named : vertices.slice(0, 1)).map((v) => v.id);
+    return ((job && job.vertices) || []).filter((v) => v.source).map((v) => v.id);
+  }
+
+  // Each vertex's watermark, as Flink's UI shows it: the least of its subtasks'. A source
+  // has none (no input), and is not asked.
+  async function loadWatermarks() {
+    const jid = state.jid;
+    const vertices = ((state.job && state.job.vertices) || []).filter((v) => !v.source);
+    const all = await Promise.all(vertices.map((v) => getJSON(`jobs/${jid}/vertices/${v.id}/watermarks`)));
+    vertices.forEach((v, i) => {
+      const values = all[i].map((m) => m.value);
+      const least = values.reduce((a, b) => (a === null || BigInt(b) < BigInt(a) ? b : a), null);
+      state.watermarks.set(v.id, least);
+    });
   }
 
   function onCheckpoints(checkpoints) {
@@ -253,13 +264,14 @@
     const errors = [...state.errors.values()];
     $("error").hidden = errors.length === 0;
     $("error").textContent = errors.length ? `Cannot update the page (retrying every second): ${errors.join("; ")}` : "";
-    renderJob();
-    renderCharts();
+    const charted = series();
+    renderJob(charted.rates);
+    renderCharts(charted);
     renderCheckpoints();
     renderSelected();
   }
 
-  function renderJob() {
+  function renderJob(rates) {
     const job = state.job;
     if (!job) {
       $("job-name").textContent = state.jid ? "Loading the job…" : "No job is running yet";
@@ -275,34 +287,48 @@
     $("vertices").replaceChildren(
       ...(job.vertices || []).map((v, i) => {
         const m = v.metrics || {};
-        const rates = state.rates.get(v.id) || {};
-        const bp = isNumber(rates.bp) ? `${fmtInt(rates.bp)} ms/s` : "—";
-        return el("tr", null,
+        const rate = rates.get(v.id) || {};
+        const bp = isNumber(rate.bp) ? `${fmtInt(rate.bp)} ms/s` : "—";
+        return el("tr", { "data-vertex-id": v.id },
           el("td", null, swatch(PALETTE[i % PALETTE.length]), v.name),
           el("td", null, el("span", { class: `state ${String(v.status).toLowerCase()}` }, v.status)),
-          num(v.parallelism), num(fmtInt(m["read-records"])), num(fmtInt(m["write-records"])), num(fmtRate(rates.out)), num(bp));
+          num(v.parallelism), num(fmtInt(m["read-records"])), num(fmtInt(m["write-records"])), num(fmtRate(rate.out)), num(bp),
+          watermarkCell(v));
       }));
   }
 
-  function renderCharts() {
-    const samples = state.samples;
+  // Flink writes Long.MIN_VALUE before the first watermark and Long.MAX_VALUE after the
+  // last; event time that reads as a date since 2001 is shown as a time of day.
+  function watermarkCell(vertex) {
+    if (vertex.source) return el("td", { class: "num", title: "a source has no input watermark" }, "—");
+    const value = state.watermarks.get(vertex.id);
+    if (value === undefined || value === null) return num("—");
+    const ms = BigInt(value);
+    const text = ms === -(2n ** 63n) ? "none yet" : ms === 2n ** 63n - 1n ? "end of input"
+      : ms >= 1000000000000n ? fmtTime(Number(ms)) : `${fmtInt(Number(ms))} ms`;
+    return el("td", { class: "num", "data-watermark": value, title: `${value} ms` }, text);
+  }
+
+  function renderCharts({ since, samples }) {
     const latest = samples[samples.length - 1];
     $("throughput-now").textContent = latest && isNumber(latest.throughput) ? `${fmtRate(latest.throughput)} records/s` : "";
-    lineChart($("throughput-chart"), $("throughput-legend"), samples,
+    lineChart($("throughput-chart"), $("throughput-legend"), since, samples,
       [{ name: "sources, records/s", color: PALETTE[0], value: (s) => s.throughput }], fmtRate);
     const vertices = state.job ? state.job.vertices || [] : [];
-    lineChart($("backpressure-chart"), $("backpressure-legend"), samples,
+    lineChart($("backpressure-chart"), $("backpressure-legend"), since, samples,
       vertices.map((v, i) => ({ name: v.name, color: PALETTE[i % PALETTE.length], value: (s) => s.bp[v.id] })),
       (n) => `${fmtInt(n)} ms/s`);
   }
 
-  // Draws lines of `series` over `samples` (the last SERIES_LENGTH polls); a null value breaks a line.
-  function lineChart(chart, legend, samples, series, format) {
+  // Draws lines of `series` over `samples`, from `since` (the history's start) to the newest;
+  // a null value breaks a line. `data-span-ms` says how long the time axis spans.
+  function lineChart(chart, legend, since, samples, series, format) {
     const W = widthOf(chart, 600), H = 190, right = 12, top = 10, bottom = 22;
     chart.setAttribute("viewBox", `0 0 ${W} ${H}`);
     const nodes = [];
     legend.replaceChildren(...series.map((s) => el("span", null, swatch(s.color), s.name)));
     if (samples.length < 2) {
+      chart.removeAttribute("data-span-ms");
       chart.replaceChildren(svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "empty" }, "waiting for data…"));
       return;
     }
@@ -311,7 +337,8 @@
     max = niceCeiling(max);
     const ticks = [0, 0.5, 1].map((f) => [max * f, format(max * f)]);
     const left = 14 + 6.5 * Math.max(...ticks.map(([, label]) => label.length)); // room for the longest label
-    const t0 = samples[0].t, t1 = samples[samples.length - 1].t;
+    const t0 = since, t1 = samples[samples.length - 1].t;
+    chart.setAttribute("data-span-ms", t1 - t0);
     const x = (t) => left + ((t - t0) / Math.max(1, t1 - t0)) * (W - left - right);
     const y = (v) => top + (1 - v / max) * (H - top - bottom);
     for (const [value, label] of ticks) {
