@@ -19,9 +19,13 @@ pub enum TaskError {
     /// committing or adopting transactions).
     #[error("sink failed: {0}")]
     Sink(UserError),
-    /// User code (or an injected fault) panicked; the panic message.
+    /// User code panicked; the panic message.
     #[error("user code panicked: {0}")]
     Panic(String),
+    /// A failure the job was told to inject (`--inject-failures`, a
+    /// targeted fault): expected, so it is reported without a backtrace.
+    #[error("injected failure: {0}")]
+    Injected(String),
     /// A batch could not be built or read.
     #[error(transparent)]
     Batch(#[from] BatchError),

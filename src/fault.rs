@@ -70,6 +70,11 @@ impl KillSchedule {
         KillSchedule { kills }
     }
 
+    /// Kills not yet due.
+    pub fn remaining(&self) -> usize {
+        self.kills.len()
+    }
+
     /// The next kill, if it is due once `progress` records were read. One at
     /// a time: the runtime takes the next only from a restored attempt, so
     /// that every kill costs a restart.

@@ -167,9 +167,14 @@ pub struct EndInput;
 pub struct Cancel;
 
 /// Supervisor → subtask: fail now, as a crash would (failure injection).
-#[derive(Message)]
+#[derive(Clone, Copy, Debug, Message)]
 #[rtype(result = "()")]
-pub struct Kill;
+pub struct Kill {
+    /// Which injected failure this is, from 1.
+    pub failure: usize,
+    /// How many the job injects in all.
+    pub of: usize,
+}
 
 /// Where a subtask reports how it ended: the job's supervisor in the same
 /// process, or the worker process that sends it on.

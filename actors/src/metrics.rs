@@ -257,6 +257,9 @@ pub struct CheckpointStats {
     pub failed: AtomicU64,
     /// Restarts after failures (not counting the one that gave up).
     pub restarts: AtomicU64,
+    /// The restart strategy's delays before those restarts, summed, in
+    /// microseconds: how much of a run went to waiting out failures.
+    pub restart_wait_us: AtomicU64,
     /// Trigger to completion, per completed checkpoint, in milliseconds.
     pub durations_ms: Samples,
     /// How long a subtask waited for the barrier on all its inputs, per

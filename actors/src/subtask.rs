@@ -245,7 +245,7 @@ impl SubtaskActor {
     }
 
     fn injected(point: FaultPoint, checkpoint: CheckpointId) -> TaskError {
-        TaskError::Panic(format!("injected failure at {point:?} of {checkpoint}"))
+        TaskError::Injected(format!("at {point:?} of {checkpoint}"))
     }
 
     fn send_outgoing(&mut self) {
@@ -960,10 +960,15 @@ impl Handler<EndInput> for SubtaskActor {
 impl Handler<Kill> for SubtaskActor {
     type Result = ();
 
-    /// Dies like a crashed actor: the panic closes the mailbox and the
-    /// supervisor hears of it from `Drop`.
-    fn handle(&mut self, _: Kill, _ctx: &mut Context<Self>) {
-        panic!("injected failure of {}", self.id);
+    /// Dies like a crashed actor: the unwind closes the mailbox. The
+    /// failure is reported first and the unwind skips the panic hook, so
+    /// that an expected failure logs one line, not a panic's backtrace.
+    fn handle(&mut self, kill: Kill, _ctx: &mut Context<Self>) {
+        self.fail(TaskError::Injected(format!(
+            "{} of {}, a crash of the subtask",
+            kill.failure, kill.of
+        )));
+        std::panic::resume_unwind(Box::new(kill));
     }
 }
 

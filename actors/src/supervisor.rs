@@ -39,6 +39,7 @@ use tidemark::checkpoint::stats::{self, RestoredStats};
 use tidemark::checkpoint::store::CompletedCheckpointStore;
 use tidemark::checkpoint::{CheckpointFailure, Restore, RestoreMode};
 use tidemark::event::CheckpointKind;
+use tidemark::fault::KillSchedule;
 use tidemark::ids::{Attempt, SubtaskId};
 use tidemark::job::Job;
 use tidemark::storage::savepoint::{self, SavepointError};
@@ -505,10 +506,12 @@ impl JobSupervisor {
             );
         };
         tracing::warn!(%error, restart = self.restarts, ?delay, "restarting the job");
-        self.metrics
-            .checkpoints
-            .restarts
-            .fetch_add(1, Ordering::Relaxed);
+        let stats = &self.metrics.checkpoints;
+        stats.restarts.fetch_add(1, Ordering::Relaxed);
+        stats.restart_wait_us.fetch_add(
+            u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         self.failed_at.get_or_insert_with(Instant::now);
         self.attempt = Attempt(self.attempt.0 + 1);
         let attempt = self.attempt;
@@ -591,13 +594,13 @@ impl JobSupervisor {
     /// Kills the worker hosting `victim`, as a crash would: every subtask
     /// on it dies and its ends of the links close, which the peers see.
     /// In one worker, that is the subtask alone.
-    fn kill_worker_of(&mut self, victim: SubtaskId) {
+    fn kill_worker_of(&mut self, victim: SubtaskId, kill: Kill) {
         let placement = match &self.pool {
             Some(pool) => Placement::new(pool.count()),
             None => self.workers.placement,
         };
         let worker = placement.worker(victim);
-        tracing::info!(subtask = %victim, worker, "injecting a failure");
+        tracing::info!(subtask = %victim, worker, kill.failure, kill.of, "injecting a failure");
         if let Some(pool) = &mut self.pool {
             return pool.kill(worker);
         }
@@ -608,7 +611,7 @@ impl JobSupervisor {
                 *id == victim
             };
             if let (true, SubtaskHandle::Local(subtask)) = (dies, subtask) {
-                subtask.do_send(Kill);
+                subtask.do_send(kill);
             }
         }
         for (_, link) in self.links.iter().filter(|(w, _)| *w == worker) {
@@ -617,9 +620,10 @@ impl JobSupervisor {
     }
 
     fn schedule_kills(&mut self, ctx: &mut Context<Self>) {
-        if self.job.config.kills.is_none() {
+        let Some(of) = self.job.config.kills.as_ref().map(KillSchedule::remaining) else {
             return;
-        }
+        };
+        let mut failure = 0;
         let mut killed: Option<Attempt> = None;
         ctx.run_interval(Duration::from_millis(2), move |act, _ctx| {
             if act.subtasks.is_empty() || killed == Some(act.attempt) {
@@ -636,7 +640,8 @@ impl JobSupervisor {
                 return;
             };
             let (id, _) = act.subtasks[victim % act.subtasks.len()];
-            act.kill_worker_of(id);
+            failure += 1;
+            act.kill_worker_of(id, Kill { failure, of });
             killed = Some(act.attempt);
         });
     }
@@ -709,7 +714,7 @@ impl Handler<SubtaskFailed> for JobSupervisor {
         if msg.attempt != self.attempt || self.outcome.is_none() {
             return;
         }
-        tracing::warn!(subtask = %msg.subtask, error = %msg.error, "subtask failed");
+        // Logged once, by `fail`: as the restart's reason or in the outcome.
         self.fail(
             JobError::TaskFailed {
                 subtask: msg.subtask,

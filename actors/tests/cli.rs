@@ -732,3 +732,75 @@ fn leader_election_without_checkpoints_or_a_cluster_is_refused() {
         "nothing ran"
     );
 }
+
+/// An injected failure is expected: even with `RUST_BACKTRACE` set it
+/// shows as one line naming the subtask and the failure's number, never as
+/// a panic with a backtrace; the report sums the restart strategy's waits.
+#[test]
+fn injected_failures_log_one_line_each_and_the_report_sums_restart_waits() {
+    let checkpoints = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["run", "wordcount", "--records=300000", "--keys=100"])
+        .args([
+            "--parallelism=2",
+            "--rate=600000",
+            "--checkpoint-interval=50ms",
+        ])
+        .args(["--inject-failures=3", "--restart-delay=20ms", "--json"])
+        .arg(format!("--checkpoint-dir={}", checkpoints.path().display()))
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(
+        out.stdout
+            .trim_ascii_end()
+            .rsplit(|&b| b == b'\n')
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let restarts = report["restarts"].as_u64().unwrap();
+    assert!(restarts >= 1, "no failure was injected: {err}");
+    assert_eq!(
+        report["restart_wait_ms"],
+        restarts as f64 * 20.0,
+        "{report}"
+    );
+    // A kill aimed at a subtask that had already finished costs no restart:
+    // each restart is one injected failure, each logged once.
+    let failures: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("injected failure"))
+        .collect();
+    assert_eq!(failures.len() as u64, restarts, "{err}");
+    for line in failures {
+        let number = line
+            .split("injected failure: ")
+            .nth(1)
+            .and_then(|rest| rest.split(" of 3").next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no failure number in {line:?}"));
+        assert!((1..=3).contains(&number), "{line}");
+        assert!(line.contains("subtask op-"), "no subtask named in {line:?}");
+    }
+    // `--help` says where the backoff stops.
+    let help = String::from_utf8(tidemark(&["run", "--help"]).stdout).unwrap();
+    let backoff: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("--restart-backoff"))
+        .skip(1)
+        .take_while(|l| !l.trim_start().starts_with('-'))
+        .flat_map(str::split_whitespace)
+        .collect();
+    assert!(
+        backoff.join(" ").contains("at most 1 s a restart"),
+        "{help}"
+    );
+}
+

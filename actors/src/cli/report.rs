@@ -41,6 +41,10 @@ pub struct RunReport {
     pub checkpoints_failed: u64,
     /// Restarts after failures.
     pub restarts: u64,
+    /// The restart strategy's delays before those restarts, summed: time
+    /// the job spent waiting to restart (the rest of each recovery is in
+    /// `recovery_ms`).
+    pub restart_wait_ms: f64,
     /// Trigger to completion of each completed checkpoint.
     pub checkpoint_duration_ms: Percentiles,
     /// How long subtasks waited for barriers on all inputs.
@@ -212,6 +216,7 @@ impl RunReport {
             checkpoints_completed: stats.completed.load(Ordering::Relaxed),
             checkpoints_failed: stats.failed.load(Ordering::Relaxed),
             restarts: stats.restarts.load(Ordering::Relaxed),
+            restart_wait_ms: stats.restart_wait_us.load(Ordering::Relaxed) as f64 / 1e3,
             checkpoint_duration_ms: Percentiles::of(&stats.durations_ms),
             alignment_ms: Percentiles::of(&stats.alignments_ms),
             checkpointed_bytes_full: stats.bytes_full.load(Ordering::Relaxed),

@@ -217,8 +217,10 @@ pub struct Options {
     /// Delay before a restart (the first one, with --restart-backoff).
     #[arg(long, default_value = "10ms", value_parser = values::flag_duration)]
     pub restart_delay: Duration,
-    /// Double the restart delay after every restart, up to 1 s (a
-    /// configuration file may set other figures).
+    /// Double the restart delay after every restart, to at most 1 s a
+    /// restart (`restart-strategy.exponential-delay.max-backoff` in
+    /// --config sets another cap); the report's restart_wait_ms sums the
+    /// waits.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = values::boolean)]
     pub restart_backoff: bool,
     /// The longest restart delay with --restart-backoff; only a
