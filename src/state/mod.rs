@@ -231,8 +231,10 @@ impl<K: Key> KeyedStateBackend<K> {
     /// that the lookup of a later record does not wait for memory.
     #[inline]
     pub fn prefetch(&self, slot: KeySlot) {
-        if let KeyedStateBackend::Heap(b) = self {
-            b.prefetch(slot);
+        match self {
+            KeyedStateBackend::Heap(b) => b.prefetch(slot),
+            #[cfg(feature = "rocksdb")]
+            KeyedStateBackend::RocksDb(_) => {}
         }
     }
 

@@ -8,9 +8,11 @@
 //! - `cargo xtask setup`: install the build's and the tests' prerequisites.
 //! - `cargo xtask run ARGS`: `tidemark run ARGS`, built with `cargo run
 //!   --release -p tidemark-actors`.
-//! - `cargo xtask test ARGS`: start a local S3 server (moto) on a free
-//!   loopback port, point the S3 test cases at it, `cargo test --workspace
-//!   ARGS`, stop the server.
+//! - `cargo xtask test ARGS`: check formatting, lints (default features
+//!   and none, as a heap-only embedding builds) and docs with warnings
+//!   denied; start a local S3 server (moto) on a free loopback port, point
+//!   the S3 test cases at it, `cargo test --workspace ARGS`, stop the
+//!   server.
 
 mod prerequisites;
 mod s3;
@@ -21,10 +23,12 @@ use std::process::{Command, ExitCode};
 const USAGE: &str = "usage: cargo xtask setup | run [ARGS...] | test [ARGS...]
 
   setup   install what the build and the tests need (a C++ compiler,
-          libclang for RocksDB's bindings, moto's S3 server, Chromium)
+          libclang for RocksDB's bindings, moto's S3 server, Chromium,
+          Flink's command line and a Java runtime)
   run     tidemark run ARGS (cargo run --release -p tidemark-actors -- run ARGS)
-  test    cargo test --workspace ARGS, with the S3 cases against a local
-          moto server";
+  test    cargo fmt --check, cargo clippy and cargo doc with warnings
+          denied, then cargo test --workspace ARGS, with the S3 cases
+          against a local moto server";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -59,17 +63,73 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
 
 fn test(args: &[String]) -> Result<ExitCode, String> {
     prerequisites::ensure(prerequisites::Purpose::Test)?;
-    let server = s3::MotoServer::start()?;
     announce_first_build("debug", "the test build", 20);
+    for check in CHECKS {
+        let mut cargo = cargo();
+        cargo.args(check.args).envs(check.env.iter().copied());
+        let code = status(cargo)?;
+        if code != ExitCode::SUCCESS {
+            eprintln!("cargo xtask test: `cargo {}` failed", check.args.join(" "));
+            return Ok(code);
+        }
+    }
+    let server = s3::MotoServer::start()?;
     let mut cargo = cargo();
     cargo.args(["test", "--workspace"]).args(args);
     server.configure(&mut cargo);
-    // Installed above: the page's test must not skip.
+    // Installed above: the page's test and Flink's command line's must not
+    // skip.
     cargo.env("TIDEMARK_REQUIRE_CHROMIUM", "1");
+    cargo.env("TIDEMARK_REQUIRE_FLINK_CLI", "1");
+    cargo.env("TIDEMARK_FLINK_CLI", prerequisites::flink_cli());
+    cargo.env("PYFLINK_PYTHON", prerequisites::python());
     let code = status(cargo);
     drop(server);
     code
 }
+
+/// A cargo command the tests run after, which must pass without warnings.
+struct Check {
+    args: &'static [&'static str],
+    env: &'static [(&'static str, &'static str)],
+}
+
+/// The gates before the tests: formatting, lints of every target with the
+/// default features, lints of the libraries and the binary with none (what
+/// a heap-only embedding compiles: dev-dependencies would turn RocksDB back
+/// on), and the docs.
+const CHECKS: [Check; 4] = [
+    Check {
+        args: &["fmt", "--all", "--check"],
+        env: &[],
+    },
+    Check {
+        args: &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        env: &[],
+    },
+    Check {
+        args: &[
+            "clippy",
+            "--workspace",
+            "--no-default-features",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        env: &[],
+    },
+    Check {
+        args: &["doc", "--workspace", "--no-deps"],
+        env: &[("RUSTDOCFLAGS", "-D warnings")],
+    },
+];
 
 /// The workspace's root: commands run there wherever `cargo xtask` was
 /// started from. It is read from `cargo run`'s environment, not compiled
@@ -85,6 +145,13 @@ fn workspace_root() -> PathBuf {
         .to_owned()
 }
 
+/// Where cargo builds: `CARGO_TARGET_DIR`, else the workspace's `target`.
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
 fn cargo() -> Command {
     let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     command.current_dir(workspace_root());
@@ -94,9 +161,7 @@ fn cargo() -> Command {
 /// Says how long a build will take before it starts, when RocksDB has
 /// never been compiled into the target directory for `profile`.
 fn announce_first_build(profile: &str, what: &str, minutes: u32) {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
+    let target = target_dir();
     let built = std::fs::read_dir(target.join(profile).join("build"))
         .map(|dirs| {
             dirs.flatten().any(|d| {

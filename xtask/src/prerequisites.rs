@@ -2,15 +2,27 @@
 //! before cargo starts. The build: a C++ compiler and libclang (the
 //! `rocksdb` crate compiles RocksDB's bundled C++ and generates its bindings
 //! with bindgen, which loads libclang). The tests: Python 3 with moto's S3
-//! server, so that the S3 test cases run against a real S3 API, and
+//! server, so that the S3 test cases run against a real S3 API;
 //! Chromium, which renders the web page headless so that its test checks
-//! the DOM the page's script builds, not just the HTML served.
+//! the DOM the page's script builds, not just the HTML served; and Flink's
+//! own command line (PyPI's `apache-flink`, on a Java runtime), which a
+//! test points at the REST API as a Flink user would.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// The moto release the S3 tests are known to pass against.
 pub const MOTO: &str = "moto[server]==5.2.1";
+
+/// The Flink release whose command line the REST tests drive: its Python
+/// package carries `bin/flink` and the jars it runs.
+const FLINK: [&str; 2] = ["apache-flink==2.3.0", "apache-flink-libraries==2.3.0"];
+
+/// Where `cargo xtask test` installs Flink's command line: beside the
+/// build, which clones share, since it is 350 MB.
+pub fn flink_cli() -> PathBuf {
+    crate::target_dir().join("flink-2.3.0/pyflink/bin/flink")
+}
 
 /// What the machine is being prepared for.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -28,6 +40,8 @@ enum Missing {
     Pip,
     Moto,
     Chromium,
+    Java,
+    FlinkCli,
 }
 
 impl Missing {
@@ -39,18 +53,22 @@ impl Missing {
             Missing::Pip => "pip for Python 3 (installs moto)",
             Missing::Moto => "moto's S3 server, from PyPI",
             Missing::Chromium => "Chromium (the web page's test renders it headless)",
+            Missing::Java => "a Java runtime (Flink's own command line, which a REST test drives)",
+            Missing::FlinkCli => "Flink's command line, from PyPI (a REST test drives it)",
         }
     }
 
-    /// Debian's packages that provide it; moto comes from PyPI instead.
+    /// Debian's packages that provide it; moto and Flink come from PyPI
+    /// instead.
     fn debian_packages(self) -> &'static [&'static str] {
         match self {
             Missing::CxxCompiler => &["g++"],
             Missing::Libclang => &["libclang-dev"],
             Missing::Python => &["python3", "python3-pip"],
             Missing::Pip => &["python3-pip"],
-            Missing::Moto => &[],
+            Missing::Moto | Missing::FlinkCli => &[],
             Missing::Chromium => &["chromium"],
+            Missing::Java => &["default-jre-headless"],
         }
     }
 }
@@ -71,7 +89,15 @@ pub fn ensure(purpose: Purpose) -> Result<(), String> {
         install_debian(&packages, &missing)?;
     }
     if find_missing(purpose).contains(&Missing::Moto) {
-        install_moto()?;
+        pip_install(&[MOTO], &[], "the S3 tests' server")?;
+    }
+    if find_missing(purpose).contains(&Missing::FlinkCli) {
+        let target = flink_cli();
+        let target = target.ancestors().nth(3).expect("…/pyflink/bin/flink");
+        let target = format!("--target={}", target.display());
+        // The command line needs none of PyFlink's Python dependencies.
+        let options = ["--no-deps", "--only-binary=:all:", "--upgrade", &target];
+        pip_install(&FLINK, &options, "Flink's command line")?;
     }
     match find_missing(purpose).as_slice() {
         [] => Ok(()),
@@ -101,6 +127,12 @@ fn find_missing(purpose: Purpose) -> Vec<Missing> {
         }
         if !has_chromium() {
             missing.push(Missing::Chromium);
+        }
+        if !succeeds(Command::new("java").arg("-version")) {
+            missing.push(Missing::Java);
+        }
+        if !flink_cli().is_file() {
+            missing.push(Missing::FlinkCli);
         }
     }
     missing
@@ -215,7 +247,7 @@ fn install_debian(packages: &[&str], missing: &[Missing]) -> Result<(), String> 
     );
     let refuse = |why: &str| {
         format!(
-            "this machine lacks {}. {why} Install it, then run the command again:\n\n    sudo sh -c '{install}'\n\n(or, elsewhere than Debian or Ubuntu, your system's packages for a C++ compiler, libclang, Python 3 with pip and Chromium; LIBCLANG_PATH names libclang's directory if it is not a system one)",
+            "this machine lacks {}. {why} Install it, then run the command again:\n\n    sudo sh -c '{install}'\n\n(or, elsewhere than Debian or Ubuntu, your system's packages for a C++ compiler, libclang, Python 3 with pip, Chromium and a Java runtime; LIBCLANG_PATH names libclang's directory if it is not a system one)",
             list(missing)
         )
     };
@@ -266,20 +298,28 @@ fn install_debian(packages: &[&str], missing: &[Missing]) -> Result<(), String> 
     Ok(())
 }
 
-/// Installs moto with pip into the Python that runs it (as root into a
-/// distribution's own Python too: PEP 668 would refuse it otherwise).
-fn install_moto() -> Result<(), String> {
-    eprintln!("cargo xtask: installing {MOTO} from PyPI (the S3 tests' server)");
+/// Installs `packages` with pip into the Python that runs them (as root
+/// into a distribution's own Python too: PEP 668 would refuse it
+/// otherwise), or where `options` say.
+fn pip_install(packages: &[&str], options: &[&str], what: &str) -> Result<(), String> {
+    eprintln!(
+        "cargo xtask: installing {} from PyPI ({what})",
+        packages.join(" ")
+    );
     let status = Command::new(python())
-        .args(["-m", "pip", "install", "--quiet", MOTO])
+        .args(["-m", "pip", "install", "--quiet"])
+        .args(options)
+        .args(packages)
         .env("PIP_BREAK_SYSTEM_PACKAGES", "1")
         .stdin(Stdio::null())
         .status()
         .map_err(|e| format!("cannot run pip: {e}"))?;
     if !status.success() {
         return Err(format!(
-            "`{} -m pip install '{MOTO}'` failed ({status}); install it by hand and run the command again",
-            python()
+            "`{} -m pip install {} {}` failed ({status}); install it by hand and run the command again",
+            python(),
+            options.join(" "),
+            packages.join(" ")
         ));
     }
     Ok(())

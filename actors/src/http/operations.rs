@@ -60,8 +60,6 @@ struct Operation {
     id: String,
     kind: Kind,
     outcome: Option<Result<Savepoint, String>>,
-    /// A client asked how it stands: one that waits for the outcome.
-    polled: bool,
     /// A client has read the outcome.
     read: bool,
 }
@@ -123,7 +121,6 @@ impl Operations {
             id: id.clone(),
             kind,
             outcome: None,
-            polled: false,
             read: false,
         });
         Ok(Started::New(id))
@@ -146,7 +143,6 @@ impl Operations {
     fn read(&self, id: &str, kind: Kind) -> Option<Option<Result<Savepoint, String>>> {
         let mut inner = self.lock();
         let op = inner.0.iter_mut().find(|o| o.id == id && o.kind == kind)?;
-        op.polled = true;
         op.read |= op.outcome.is_some();
         let outcome = op.outcome.clone();
         drop(inner);
@@ -154,13 +150,14 @@ impl Operations {
         Some(outcome)
     }
 
-    /// Blocks until every operation a client is polling ended and the
-    /// client read its outcome, or `limit` passed. Operations nobody asked
-    /// about hold nothing up.
+    /// Blocks until every operation a client triggered ended and a client
+    /// read its outcome, or `limit` passed. A client need not have asked
+    /// before the job ended: `flink stop` polls only after its POST was
+    /// answered, by when the stop may have ended the job.
     pub(crate) fn wait_until_read(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
         let mut inner = self.lock();
-        while inner.0.iter().any(|o| o.polled && !o.read) {
+        while inner.0.iter().any(|o| !o.read) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return;
