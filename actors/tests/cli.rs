@@ -804,3 +804,41 @@ fn injected_failures_log_one_line_each_and_the_report_sums_restart_waits() {
     );
 }
 
+/// The README's opening list names every command of the binary, and its
+/// "Not yet" paragraph names none of them.
+#[test]
+fn the_readme_features_and_not_yet_agree_with_the_commands() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let opening = readme.split("\n## ").next().unwrap();
+    let (features, not_yet) = opening
+        .split_once("\nNot yet:")
+        .expect("the README's opening has a \"Not yet:\" paragraph");
+    let not_yet = not_yet.split("\n\n").next().unwrap().to_lowercase();
+    let help = String::from_utf8(tidemark(&["--help"]).stdout).unwrap();
+    let commands: Vec<&str> = help
+        .split("Commands:")
+        .nth(1)
+        .expect("--help lists the commands")
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    assert!(commands.contains(&"worker"), "{help}");
+    for command in commands {
+        assert!(
+            features.contains(&format!("`{command}`"))
+                || features.contains(&format!("`tidemark {command}")),
+            "the README's features do not name the command `{command}`"
+        );
+        assert!(
+            !not_yet
+                .split(|c: char| !c.is_alphanumeric())
+                .any(|word| word == command),
+            "the README says `{command}` is not there yet: {not_yet}"
+        );
+    }
+}
