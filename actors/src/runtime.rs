@@ -3,7 +3,7 @@
 //! async or not, and a handle to wait for it or cancel it.
 
 use crate::coordinator::{Completed, TriggerManual};
-use crate::http::{self, JobStatus, JobView};
+use crate::http::{self, HttpToken, HttpTokenError, JobStatus, JobView};
 use crate::messages::Cancel;
 use crate::metrics::JobMetrics;
 use crate::net::{Placement, Workers};
@@ -65,6 +65,9 @@ pub enum JobError {
     /// nothing was deployed.
     #[error(transparent)]
     Lease(#[from] LeaseError),
+    /// The REST API would be exposed without a token.
+    #[error(transparent)]
+    Http(#[from] HttpTokenError),
     /// Checkpoint or savepoint storage could not be opened or read, when
     /// the job started or when it restored; the job does not restart.
     #[error(transparent)]
@@ -301,6 +304,9 @@ pub struct Runtime {
     /// API); off by default. Port 0 takes a free port:
     /// [`JobHandle::http_address`] tells which.
     pub http: Option<SocketAddr>,
+    /// The token every request to the REST API must present; required
+    /// where `http` is not a loopback address.
+    pub http_token: Option<HttpToken>,
     /// Spreads the subtasks over this many workers within this process
     /// (subtask index modulo workers), every channel between two of them
     /// over loopback TCP: the data plane of worker processes, in one
@@ -318,6 +324,7 @@ impl Default for Runtime {
         Runtime {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             http: None,
+            http_token: None,
             local_workers: 0,
             distributed: None,
         }
@@ -371,6 +378,7 @@ impl Runtime {
         let listener = self
             .http
             .map(|addr| {
+                http::check_exposure(addr, self.http_token.as_ref())?;
                 http::bind(addr).map_err(|e| {
                     JobError::Runtime(format!("cannot serve the REST API on {addr}: {e}"))
                 })
@@ -483,7 +491,7 @@ impl Runtime {
         let (http, view) = match served {
             Some((listener, view)) => {
                 view.deployed(control.clone());
-                match http::serve(listener, view.clone()) {
+                match http::serve(listener, view.clone(), self.http_token.clone()) {
                     Ok(addr) => (Some(addr), Some(view)),
                     Err(e) => {
                         // The job is deployed: it goes on, unobserved.

@@ -4,6 +4,7 @@
 //! as well.
 
 use super::CliError;
+use crate::http::HttpToken;
 use clap::Args;
 use serde_json::{json, Value};
 use std::fmt::Write;
@@ -18,6 +19,10 @@ pub struct Connect {
     /// The job's id (32 hex characters) [default: the one running job].
     #[arg(long)]
     pub job: Option<String>,
+    /// A file holding the API's token (the job's --http-token-file), sent
+    /// as `Authorization: Bearer TOKEN`.
+    #[arg(long, value_name = "FILE")]
+    pub http_token_file: Option<std::path::PathBuf>,
 }
 
 /// `tidemark savepoint` and `tidemark stop`.
@@ -47,19 +52,29 @@ pub struct CheckpointsArgs {
 struct Client {
     agent: ureq::Agent,
     url: String,
+    /// The `Authorization` header every request carries, if any.
+    authorization: Option<String>,
 }
 
 impl Client {
-    fn new(url: &str) -> Self {
+    fn new(connect: &Connect) -> Result<Self, CliError> {
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(30)))
             .build()
             .into();
-        Client {
+        let token = connect.http_token_file.as_deref().map(HttpToken::read);
+        Ok(Client {
             agent,
-            url: url.trim_end_matches('/').to_owned(),
-        }
+            url: connect.url.trim_end_matches('/').to_owned(),
+            authorization: token
+                .transpose()
+                .map_err(|e| CliError::Usage {
+                    argument: "--http-token-file".into(),
+                    problem: e.to_string(),
+                })?
+                .map(|t| t.bearer()),
+        })
     }
 
     fn fail(&self, problem: impl std::fmt::Display) -> CliError {
@@ -69,18 +84,24 @@ impl Client {
         }
     }
 
+    fn authorized<B>(&self, request: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        match &self.authorization {
+            Some(value) => request.header("authorization", value),
+            None => request,
+        }
+    }
+
     /// Sends a request and reads a JSON answer; an error status becomes
     /// the errors the server gave.
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, CliError> {
         let url = format!("{}{path}", self.url);
         let response = match (method, body) {
-            ("GET", _) => self.agent.get(&url).call(),
+            ("GET", _) => self.authorized(self.agent.get(&url)).call(),
             (_, Some(body)) => self
-                .agent
-                .post(&url)
+                .authorized(self.agent.post(&url))
                 .header("content-type", "application/json")
                 .send(body.to_string()),
-            (_, None) => self.agent.post(&url).send_empty(),
+            (_, None) => self.authorized(self.agent.post(&url)).send_empty(),
         };
         let mut response = response.map_err(|e| self.fail(format!("cannot reach it: {e}")))?;
         let status = response.status();
@@ -132,7 +153,7 @@ impl Client {
 /// Triggers a savepoint (`stop`: one that ends the job) and waits for it;
 /// returns its location.
 pub fn savepoint(args: &SavepointArgs, stop: bool) -> Result<String, CliError> {
-    let client = Client::new(&args.connect.url);
+    let client = Client::new(&args.connect)?;
     let job = client.job(args.connect.job.as_deref())?;
     let (path, body) = if stop {
         (
@@ -181,7 +202,7 @@ pub fn savepoint(args: &SavepointArgs, stop: bool) -> Result<String, CliError> {
 
 /// The job's checkpoint history as a table, newest first.
 pub fn checkpoints(args: &CheckpointsArgs) -> Result<String, CliError> {
-    let client = Client::new(&args.connect.url);
+    let client = Client::new(&args.connect)?;
     let job = client.job(args.connect.job.as_deref())?;
     let stats = client.call("GET", &format!("/jobs/{job}/checkpoints"), None)?;
     Ok(table(&stats))

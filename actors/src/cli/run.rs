@@ -7,6 +7,7 @@ use super::report::{Finished, RunReport};
 use super::{Cli, CliError, Command};
 use crate::config::{ConfigFile, Options, Origins, RestoreArg};
 use crate::election::ElectionError;
+use crate::http::HttpToken;
 use crate::join::Join;
 use crate::remote::{Distributed, WorkerSet};
 use crate::runtime::{job_id, JobError, Runtime};
@@ -422,6 +423,9 @@ impl RunArgs {
             argument: argument.to_owned(),
             problem,
         };
+        if let (Some(addr), None) = (self.http, &options.http_token_file) {
+            crate::http::check_exposure(addr, None).map_err(|e| usage("--http", e.to_string()))?;
+        }
         let parallelism = config.parallelism;
         if let Some(subtask) = self.slow_subtask.filter(|s| *s >= parallelism) {
             return Err(usage(
@@ -569,8 +573,16 @@ fn run_job(
         .filter(|op| job.graph.is_source(op.id))
         .map(|op| (op.id, op.uid.clone()))
         .collect();
+    let http_token = settings
+        .options
+        .http_token_file
+        .as_deref()
+        .map(HttpToken::read);
     let runtime = Runtime {
         http: args.http,
+        http_token: http_token
+            .transpose()
+            .map_err(|e| settings.usage("http_token_file", e.to_string()))?,
         local_workers: args.local_workers,
         distributed: args.distributed(parallelism, &run)?,
         ..Runtime::default()

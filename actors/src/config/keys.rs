@@ -230,6 +230,11 @@ pub(super) const KEYS: &[Key] = &[
         take_over_lease = values::boolean
     ),
     sets!(
+        "rest.auth.token-file",
+        [],
+        http_token_file = Some(values::path)
+    ),
+    sets!(
         "execution.state-recovery.path",
         ["execution.savepoint.path"],
         restore = Some(values::restore)

@@ -176,6 +176,11 @@ pub struct Options {
     /// on another host blocks the directory this long.
     #[arg(long, default_value = "30s", value_parser = values::flag_lease_ttl)]
     pub lease_ttl: Duration,
+    /// A file holding the token every request to the REST API (--http)
+    /// must present, as `Authorization: Bearer TOKEN` or a Basic password;
+    /// needed to serve beyond loopback.
+    #[arg(long, value_name = "FILE")]
+    pub http_token_file: Option<std::path::PathBuf>,
     /// Take the job directory's lease even from a run that looks alive (on
     /// another host and not yet expired): only when that run is known dead.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = values::boolean)]

@@ -22,16 +22,17 @@ fn from_flags(flags: &[&str]) -> String {
     described(&args.options)
 }
 
-/// The job's settings and the run's leader election, which is not the
-/// job's.
+/// The job's settings and the run's leader election and REST token,
+/// which are not the job's.
 fn described(options: &Options) -> String {
     format!(
-        "{:?} {:?} {:?} {:?} {:?}",
+        "{:?} {:?} {:?} {:?} {:?} {:?}",
         options.job_config(),
         options.leader_lease,
         options.leader_namespace,
         options.leader_identity,
-        options.election_timing()
+        options.election_timing(),
+        options.http_token_file,
     )
 }
 
@@ -53,6 +54,10 @@ const SAME_AS_FLAGS: &[(&str, &[&str])] = &[
     ("tidemark.lease.ttl: 2 min", &["--lease-ttl=2min"]),
     ("web.checkpoints.history: 20", &["--checkpoint-history=20"]),
     ("tidemark.lease.take-over: true", &["--take-over-lease"]),
+    (
+        "rest.auth.token-file: /run/secrets/token",
+        &["--http-token-file=/run/secrets/token"],
+    ),
     ("tidemark.leader-election.lease: wc", &["--leader-lease=wc"]),
     (
         "tidemark.leader-election.lease: wc\ntidemark.leader-election.identity: a",

@@ -157,6 +157,11 @@ pub fn text(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
+/// A file's path, as written.
+pub fn path(s: &str) -> Result<std::path::PathBuf, String> {
+    Ok(s.into())
+}
+
 /// Flink's `state.backend.type`, read as `--state` reads it.
 pub fn state_kind(s: &str) -> Result<StateKind, String> {
     StateKind::from_str(s.trim(), true)

@@ -7,6 +7,7 @@
 //! client never holds up the job's arbiters; handlers read the job's shared
 //! figures and send the supervisor the same messages the job handle does.
 
+mod auth;
 mod checkpoints;
 mod jobs;
 mod operations;
@@ -16,7 +17,7 @@ mod prometheus;
 use crate::metrics::JobMetrics;
 use crate::runtime::JobControl;
 use actix_web::dev::ServerHandle;
-use actix_web::http::StatusCode;
+use actix_web::http::{header, StatusCode};
 use actix_web::{web, App, HttpResponse, ResponseError};
 use serde_json::json;
 use std::net::{SocketAddr, TcpListener};
@@ -28,6 +29,8 @@ use tidemark::ids::{JobId, OperatorId};
 use tidemark::job::Job;
 use tidemark::key_group::key_hash;
 
+pub(crate) use auth::check_exposure;
+pub use auth::{HttpToken, HttpTokenError};
 pub(crate) use operations::Operations;
 
 /// How long a finished job's server stays up for clients that triggered
@@ -261,8 +264,13 @@ fn routes(config: &mut web::ServiceConfig) {
 }
 
 /// Serves `view` on `listener` from a thread of its own, until the view
-/// shuts it down; returns the address it serves on.
-pub(crate) fn serve(listener: TcpListener, view: Arc<JobView>) -> std::io::Result<SocketAddr> {
+/// shuts it down; returns the address it serves on. With `token`, every
+/// request must present it.
+pub(crate) fn serve(
+    listener: TcpListener,
+    view: Arc<JobView>,
+    token: Option<HttpToken>,
+) -> std::io::Result<SocketAddr> {
     let addr = listener.local_addr()?;
     let loopback = addr.ip().is_loopback();
     let data = web::Data::from(view.clone());
@@ -273,10 +281,18 @@ pub(crate) fn serve(listener: TcpListener, view: Arc<JobView>) -> std::io::Resul
         .spawn(move || {
             let system = actix_rt::System::new();
             let server = actix_web::HttpServer::new(move || {
+                let token = token.clone();
                 App::new()
                     .wrap_fn(move |request, service| {
                         use actix_web::dev::Service;
                         use futures::future::{ready, Either, FutureExt};
+                        if let Some(token) = &token {
+                            let authorization = request.headers().get(header::AUTHORIZATION);
+                            if !token.admits(authorization.map(|v| v.as_bytes())) {
+                                let response = request.into_response(unauthorized());
+                                return Either::Left(ready(Ok(response.map_into_right_body())));
+                            }
+                        }
                         if loopback && !local_host(&request) {
                             let refused = ApiError::new(
                                 StatusCode::FORBIDDEN,
@@ -328,6 +344,16 @@ pub(crate) fn serve(listener: TcpListener, view: Arc<JobView>) -> std::io::Resul
         view.stop_server();
     }
     Ok(addr)
+}
+
+/// A refused request: Flink's error shape, and the challenges that make a
+/// browser ask for the token (as a Basic password) and tell a client that
+/// a bearer token will do.
+fn unauthorized() -> HttpResponse {
+    HttpResponse::Unauthorized()
+        .append_header((header::WWW_AUTHENTICATE, "Basic realm=\"tidemark\""))
+        .append_header((header::WWW_AUTHENTICATE, "Bearer realm=\"tidemark\""))
+        .json(json!({ "errors": ["this REST API needs its token: Authorization: Bearer TOKEN"] }))
 }
 
 /// Whether a request names this machine in its `Host`: a server on

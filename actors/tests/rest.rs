@@ -1,0 +1,373 @@
+//! The `tidemark` binary's REST API as clients reach it. Stop-with-
+//! savepoint as Flink's own `flink stop` drives it: the client learns the
+//! savepoint's location even when it first asks after the stop has ended
+//! the job, because the process keeps serving until the outcome was read.
+//! A server beyond loopback: refused without a token, and with one it
+//! answers only requests that present it.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStderr, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `tidemark run wordcount --http …` process, slow enough to be stopped
+/// long before its input ends.
+struct Job {
+    child: Child,
+    base: String,
+    jid: String,
+    agent: ureq::Agent,
+    /// The `Authorization` header its requests carry.
+    authorization: Option<String>,
+    dir: tempfile::TempDir,
+    savepoints: PathBuf,
+}
+
+/// `tidemark run wordcount` at a limited rate, with checkpoints and a
+/// savepoint directory under `dir`, and `extra` arguments.
+fn wordcount(dir: &Path, extra: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    command
+        .args(["run", "wordcount", "--records=40000000", "--keys=3000"])
+        .args(["--parallelism=2", "--rate=200000", "--json"])
+        .args(["--checkpoint-interval=200ms"])
+        .arg(format!("--checkpoint-dir={}", dir.join("ck").display()))
+        .arg(format!(
+            "--savepoint-dir={}",
+            dir.join("savepoints").display()
+        ))
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+impl Job {
+    /// Serves on loopback, where no token is needed.
+    fn start() -> Job {
+        Job::start_with(&["--http=0"], None)
+    }
+
+    /// `extra` names where to serve; requests carry `authorization`.
+    fn start_with(extra: &[&str], authorization: Option<String>) -> Job {
+        let dir = tempfile::tempdir().unwrap();
+        let savepoints = dir.path().join("savepoints");
+        let mut child = wordcount(dir.path(), extra).spawn().unwrap();
+        // A server on every address is reached here through loopback.
+        let base = announced_address(child.stderr.take().unwrap()).replace("0.0.0.0", "127.0.0.1");
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build()
+            .into();
+        let mut job = Job {
+            child,
+            base,
+            jid: String::new(),
+            agent,
+            authorization,
+            dir,
+            savepoints,
+        };
+        job.jid = eventually("the job to run", || {
+            let overview = job.get("/v1/jobs/overview").ok()?;
+            let listed = &overview["jobs"][0];
+            (listed["state"] == "RUNNING").then(|| listed["jid"].as_str().unwrap().to_owned())
+        });
+        // A stop completes only with a savepoint, which waits for the
+        // first checkpoint's deployment: let one complete.
+        eventually("a completed checkpoint", || {
+            let counts = job.get(&format!("/v1/jobs/{}/checkpoints", job.jid)).ok()?;
+            (counts["counts"]["completed"].as_u64()? > 0).then_some(())
+        });
+        job
+    }
+
+    /// GETs `path` with `authorization`: its status and body.
+    fn answer(&self, path: &str, authorization: Option<&str>) -> (u16, String) {
+        let mut request = self.agent.get(format!("{}{path}", self.base));
+        if let Some(value) = authorization {
+            request = request.header("authorization", value);
+        }
+        let mut response = request.call().unwrap();
+        let status = response.status().as_u16();
+        (status, response.body_mut().read_to_string().unwrap())
+    }
+
+    fn get(&self, path: &str) -> Result<Value, String> {
+        let mut request = self.agent.get(format!("{}{path}", self.base));
+        if let Some(value) = &self.authorization {
+            request = request.header("authorization", value);
+        }
+        let mut response = request.call().map_err(|e| format!("GET {path}: {e}"))?;
+        let text = response
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| e.to_string())?;
+        serde_json::from_str(&text).map_err(|e| format!("GET {path}: {text:?}: {e}"))
+    }
+
+    /// Waits for the process to exit and returns its JSON report.
+    fn report(mut self) -> Value {
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "tidemark run exited with {status}");
+        let mut stdout = String::new();
+        std::io::Read::read_to_string(&mut self.child.stdout.take().unwrap(), &mut stdout).unwrap();
+        serde_json::from_str(stdout.lines().last().expect("a report")).unwrap()
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The REST API's address, from the line stderr names it on; the rest of
+/// stderr is drained on a thread so that the process never blocks on it.
+fn announced_address(stderr: ChildStderr) -> String {
+    let mut lines = BufReader::new(stderr).lines();
+    let prefix = "tidemark: the job's REST API and page are at ";
+    let base = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.strip_prefix(prefix)
+                .map(|a| a.trim_end_matches('/').to_owned())
+        })
+        .expect("stderr names the REST API's address");
+    std::thread::spawn(move || lines.for_each(drop));
+    base
+}
+
+/// Polls `check` until it gives a value; the deadline only bounds a hang.
+fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "gave up waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn savepoint_written(location: &str, savepoints: &Path) {
+    let dir = Path::new(location.strip_prefix("file://").unwrap_or(location));
+    assert!(dir.starts_with(savepoints), "{location}");
+    assert!(
+        dir.join("_metadata").is_file(),
+        "{location} has no _metadata"
+    );
+}
+
+#[test]
+fn a_stops_outcome_is_served_after_the_stop_ended_the_job() {
+    let job = Job::start();
+    let target = format!("file://{}", job.savepoints.display());
+    let mut response = job
+        .agent
+        .post(format!("{}/v1/jobs/{}/stop", job.base, job.jid))
+        .header("content-type", "application/json")
+        .send(format!(
+            r#"{{"targetDirectory": "{target}", "drain": false}}"#
+        ))
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 202);
+    let accepted: Value =
+        serde_json::from_str(&response.body_mut().read_to_string().unwrap()).unwrap();
+    let trigger = accepted["request-id"].as_str().unwrap().to_owned();
+    // The client asks only once the job has ended, as a slow client would.
+    eventually("the stop to end the job", || {
+        match job.get(&format!("/v1/jobs/{}", job.jid)) {
+            Ok(job) => (job["state"] == "FINISHED").then_some(()),
+            Err(e) => panic!("the REST API went away before the stop's outcome was read: {e}"),
+        }
+    });
+    let path = format!("/v1/jobs/{}/savepoints/{trigger}", job.jid);
+    let outcome = job.get(&path).unwrap();
+    assert_eq!(outcome["status"]["id"], "COMPLETED", "{outcome}");
+    let location = outcome["operation"]["location"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    savepoint_written(&location, &job.savepoints);
+    let report = job.report();
+    assert_eq!(report["savepoints_completed"], 1, "{report}");
+}
+
+/// Flink 2.3's own command line, installed by `cargo xtask test` (from
+/// PyPI's `apache-flink`, with a Java runtime), named by
+/// `TIDEMARK_FLINK_CLI`.
+fn flink_cli() -> Option<PathBuf> {
+    let cli = std::env::var_os("TIDEMARK_FLINK_CLI").map(PathBuf::from);
+    if cli.is_none() {
+        assert!(
+            std::env::var_os("TIDEMARK_REQUIRE_FLINK_CLI").is_none(),
+            "TIDEMARK_REQUIRE_FLINK_CLI is set but TIDEMARK_FLINK_CLI is not"
+        );
+        eprintln!("SKIPPED: Flink's command line is not installed (cargo xtask test installs it)");
+    }
+    cli
+}
+
+#[test]
+fn flinks_own_stop_command_stops_the_job_with_a_savepoint() {
+    let Some(flink) = flink_cli() else { return };
+    let job = Job::start();
+    let address = job.base.trim_start_matches("http://").to_owned();
+    let target = format!("file://{}", job.savepoints.display());
+    // `bin/flink` finds its home through the `pyflink` package beside it.
+    let site = flink.ancestors().nth(3).expect("…/pyflink/bin/flink");
+    let out = Command::new(&flink)
+        .args(["stop", "--savepointPath", &target, &job.jid, "-m", &address])
+        .env("PYTHONPATH", site)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "flink stop: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let location = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Savepoint completed. Path: "))
+        .unwrap_or_else(|| panic!("flink stop printed no savepoint path: {stdout}"))
+        .to_owned();
+    savepoint_written(&location, &job.savepoints);
+    let report = job.report();
+    assert_eq!(report["savepoints_completed"], 1, "{report}");
+}
+
+/// A token file in `dir`.
+fn token_file(dir: &Path, token: &str) -> PathBuf {
+    let path = dir.join("token");
+    std::fs::write(&path, format!("{token}\n")).unwrap();
+    path
+}
+
+#[test]
+fn a_server_beyond_loopback_is_refused_without_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = wordcount(dir.path(), &["--http=0.0.0.0:0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--http") && stderr.contains("--http-token-file"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing ran"
+    );
+}
+
+#[test]
+fn beyond_loopback_only_requests_with_the_token_are_answered() {
+    let secrets = tempfile::tempdir().unwrap();
+    let token = "Zm9v-not-guessable-7";
+    let file = token_file(secrets.path(), token);
+    let flag = format!("--http-token-file={}", file.display());
+    let bearer = format!("Bearer {token}");
+    let job = Job::start_with(&["--http=0.0.0.0:0", &flag], Some(bearer.clone()));
+    let jid = job.jid.clone();
+    use base64::Engine;
+    let basic = |user_password: &str| {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(user_password);
+        format!("Basic {encoded}")
+    };
+    // Refused: no header, another token, the token as a Basic user name.
+    let wrong = [
+        None,
+        Some("Bearer Zm9v-not-guessable-8".to_owned()),
+        Some(basic(&format!("{token}:"))),
+    ];
+    for authorization in &wrong {
+        for path in [
+            "/",
+            "/v1/jobs/overview",
+            &format!("/v1/jobs/{jid}/checkpoints"),
+            "/metrics",
+        ] {
+            let (status, body) = job.answer(path, authorization.as_deref());
+            assert_eq!(status, 401, "{path} with {authorization:?}: {body}");
+            assert!(
+                !body.contains(&jid) && !body.contains("wordcount"),
+                "{path}: {body}"
+            );
+        }
+    }
+    // A refused savepoint creates nothing, not even its directory.
+    let target = job.dir.path().join("refused");
+    let mut response = job
+        .agent
+        .post(format!("{}/v1/jobs/{jid}/savepoints", job.base))
+        .header("content-type", "application/json")
+        .send(format!(r#"{{"target-directory": "{}"}}"#, target.display()))
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 401);
+    let challenges: Vec<_> = response
+        .headers()
+        .get_all("www-authenticate")
+        .iter()
+        .collect();
+    assert!(
+        challenges
+            .iter()
+            .any(|c| c.to_str().unwrap().starts_with("Basic")),
+        "{challenges:?}"
+    );
+    assert!(!target.exists());
+    let _ = response.body_mut().read_to_string();
+    // Admitted: the token as bearer, or as the password a browser sends.
+    for authorization in [bearer, basic(&format!("someone:{token}"))] {
+        let (status, body) = job.answer("/", Some(&authorization));
+        assert_eq!(status, 200, "{authorization}: {body}");
+        let (status, body) = job.answer("/v1/jobs/overview", Some(&authorization));
+        assert_eq!((status, body.contains(&jid)), (200, true), "{body}");
+    }
+    // The command line's client sends the token from its file.
+    let client = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args(["checkpoints", "--url", &job.base])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let refused = client(&[]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("401"));
+    let listed = client(&[&flag]);
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    // So does Flink's own, given the header in its environment.
+    if let Some(flink) = flink_cli() {
+        let address = job.base.trim_start_matches("http://").to_owned();
+        let out = Command::new(&flink)
+            .args(["list", "-r", "-m", &address])
+            .env("PYTHONPATH", flink.ancestors().nth(3).unwrap())
+            .env(
+                "FLINK_REST_CLIENT_HEADERS",
+                format!("Authorization:Bearer {token}"),
+            )
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains(&jid),
+            "flink list: {stdout}"
+        );
+    }
+}
