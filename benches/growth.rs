@@ -3,7 +3,7 @@
 //! checkpoint references, what one uploads (p50), and peak memory, at
 //! 100,000, 1,000,000 and 10,000,000 keys, for heap state and for RocksDB
 //! with incremental checkpoints (its default write-back cache of 1,048,576
-//! values per subtask). Prints the Markdown table README.md shows.
+//! values per subtask). Prints the Markdown table docs/cost-of-state.md shows.
 //!
 //! cargo bench --bench growth
 //!

@@ -67,3 +67,13 @@ pub mod prelude {
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// docs/jobs.md's Rust snippets, doc tests as README.md's are.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/jobs.md")]
+pub struct JobsDocDoctests;
+
+/// docs/configuration.md's Rust snippets, doc tests as README.md's are.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/configuration.md")]
+pub struct ConfigurationDocDoctests;
