@@ -897,6 +897,7 @@ fn the_command_line_clients_take_a_savepoint_list_checkpoints_and_stop() {
     let connect = Connect {
         url: running.api.base.clone(),
         job: None,
+        http_token_file: None,
     };
     let savepoint = |target: Option<&Path>, stop: bool| {
         let args = SavepointArgs {
@@ -924,6 +925,7 @@ fn the_command_line_clients_take_a_savepoint_list_checkpoints_and_stop() {
     let unknown = Connect {
         url: connect.url.clone(),
         job: Some("0".repeat(32)),
+        http_token_file: None,
     };
     let wrong = client::checkpoints(&CheckpointsArgs { connect: unknown }).unwrap_err();
     assert!(
