@@ -124,6 +124,11 @@ impl SubtaskCounters {
         self.input_watermark.0.store(i64::MIN, Ordering::Relaxed);
     }
 
+    /// The watermark a worker process reported for its subtask.
+    pub fn mirror_input_watermark(&self, flink: i64) {
+        self.input_watermark.0.store(flink, Ordering::Relaxed);
+    }
+
     /// Flink's `currentInputWatermark`, in ms: the least watermark of the
     /// inputs in this attempt, `i64::MIN` before any.
     pub fn input_watermark(&self) -> i64 {

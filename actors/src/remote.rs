@@ -380,6 +380,9 @@ impl RemoteWorker {
                     counters.add_records_out(records_out);
                     counters.add_backpressured(Duration::from_nanos(backpressured_ns));
                 }
+                for (subtask, watermark) in progress.watermarks {
+                    metrics.subtask(subtask).mirror_input_watermark(watermark);
+                }
                 for (operator, records) in progress.sources {
                     metrics.add_records_in(operator, records);
                 }

@@ -51,9 +51,15 @@ impl Job {
 
     /// `extra` names where to serve; requests carry `authorization`.
     fn start_with(extra: &[&str], authorization: Option<String>) -> Job {
+        Job::launch(|dir| wordcount(dir, extra), authorization)
+    }
+
+    /// Runs the command `run` makes for a directory of its own, and waits
+    /// for the job to run and complete a checkpoint.
+    fn launch(run: impl FnOnce(&Path) -> Command, authorization: Option<String>) -> Job {
         let dir = tempfile::tempdir().unwrap();
         let savepoints = dir.path().join("savepoints");
-        let mut child = wordcount(dir.path(), extra).spawn().unwrap();
+        let mut child = run(dir.path()).spawn().unwrap();
         // A server on every address is reached here through loopback.
         let base = announced_address(child.stderr.take().unwrap()).replace("0.0.0.0", "127.0.0.1");
         let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -370,4 +376,44 @@ fn beyond_loopback_only_requests_with_the_token_are_answered() {
             "flink list: {stdout}"
         );
     }
+}
+
+/// A subtask on a worker process reports its input watermark to the
+/// driver, whose REST API serves it as it does for subtasks of its own.
+#[test]
+fn worker_processes_report_their_subtasks_watermarks() {
+    let job = Job::launch(
+        |dir| {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+            command
+                .args(["run", "windows", "--records=40000000", "--keys=1000"])
+                .args(["--parallelism=2", "--rate=100000", "--workers=2"])
+                .args(["--checkpoint-interval=200ms", "--http=0"])
+                .arg(format!("--checkpoint-dir={}", dir.join("ck").display()))
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            command
+        },
+        None,
+    );
+    let vertices = job.get(&format!("/v1/jobs/{}", job.jid)).unwrap()["vertices"].clone();
+    let ids: Vec<String> = vertices
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["id"].as_str().unwrap().to_owned())
+        .collect();
+    eventually("a watermark at every subtask behind the sources", || {
+        let reported: Vec<Value> = ids
+            .iter()
+            .map(|id| job.get(&format!("/v1/jobs/{}/vertices/{id}/watermarks", job.jid)))
+            .collect::<Result<_, _>>()
+            .ok()?;
+        let values: Vec<i64> = reported
+            .iter()
+            .flat_map(|list| list.as_array().unwrap().iter())
+            .map(|m| m["value"].as_str().unwrap().parse().unwrap())
+            .collect();
+        (!values.is_empty() && values.iter().all(|&w| w > i64::MIN)).then_some(())
+    });
 }

@@ -101,6 +101,8 @@ impl Heartbeat {
 #[derive(Default)]
 struct Counters {
     subtasks: BTreeMap<SubtaskId, (u64, u64, u64)>,
+    /// Input watermarks: a level, reported when it changed.
+    watermarks: BTreeMap<SubtaskId, i64>,
     sources: BTreeMap<OperatorId, u64>,
     link_bytes_sent: u64,
     restored_inflight_batches: u64,
@@ -194,6 +196,10 @@ impl AttemptActor {
                 progress
                     .subtasks
                     .push((id, now.0 - was.0, now.1 - was.1, now.2 - was.2));
+            }
+            let watermark = counters.input_watermark();
+            if self.reported.watermarks.insert(id, watermark) != Some(watermark) {
+                progress.watermarks.push((id, watermark));
             }
         }
         for operator in operators {
