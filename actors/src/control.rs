@@ -164,6 +164,7 @@ pub struct Progress {
     /// Records in and out, and nanoseconds backpressured, per subtask.
     pub subtasks: Vec<(SubtaskId, u64, u64, u64)>,
     /// Input watermarks (Flink's `currentInputWatermark`) that changed.
+    #[serde(default)]
     pub watermarks: Vec<(SubtaskId, i64)>,
     /// Records read, per source operator.
     pub sources: Vec<(OperatorId, u64)>,

@@ -340,6 +340,9 @@ impl Runtime {
         job.validate()?;
         job.config.validate()?;
         job.config.state_backend.validate()?;
+        if let Some(addr) = self.http {
+            http::check_exposure(addr, self.http_token.as_ref())?;
+        }
         if let Some(settings) = &job.config.checkpointing {
             settings.validate()?;
             tidemark::storage::check_savepoint_dir(settings, job_id(&job.name))?;
@@ -378,7 +381,6 @@ impl Runtime {
         let listener = self
             .http
             .map(|addr| {
-                http::check_exposure(addr, self.http_token.as_ref())?;
                 http::bind(addr).map_err(|e| {
                     JobError::Runtime(format!("cannot serve the REST API on {addr}: {e}"))
                 })

@@ -211,6 +211,14 @@ impl SubtaskActor {
         }
     }
 
+    /// Whether the subtask has yet to end: its death would be a failure.
+    fn live(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::Running | Phase::Draining | Phase::Waiting | Phase::Exhausted
+        )
+    }
+
     fn fail(&mut self, error: TaskError) {
         self.phase = Phase::Failed;
         self.reports.failed.do_send(SubtaskFailed {
@@ -964,10 +972,13 @@ impl Handler<Kill> for SubtaskActor {
     /// failure is reported first and the unwind skips the panic hook, so
     /// that an expected failure logs one line, not a panic's backtrace.
     fn handle(&mut self, kill: Kill, _ctx: &mut Context<Self>) {
-        self.fail(TaskError::Injected(format!(
-            "{} of {}, a crash of the subtask",
-            kill.failure, kill.of
-        )));
+        // As `Drop` judges: a subtask that had ended fails nothing.
+        if self.live() {
+            self.fail(TaskError::Injected(format!(
+                "{} of {}, a crash of the subtask",
+                kill.failure, kill.of
+            )));
+        }
         std::panic::resume_unwind(Box::new(kill));
     }
 }
@@ -983,10 +994,7 @@ impl Handler<Stop> for SubtaskActor {
 
 impl Drop for SubtaskActor {
     fn drop(&mut self) {
-        if matches!(
-            self.phase,
-            Phase::Running | Phase::Draining | Phase::Waiting | Phase::Exhausted
-        ) {
+        if self.live() {
             self.fail(TaskError::Protocol(
                 "subtask actor stopped before its input ended".into(),
             ));

@@ -58,11 +58,8 @@ impl ChildRun {
 #[allow(dead_code)]
 pub fn run_in_child(args: &[String]) -> ChildRun {
     let exe = std::env::current_exe().expect("own path");
-    // An injected failure panics: printing its backtrace would count in
-    // the recovery time of whoever runs benches with RUST_BACKTRACE set.
     let out = std::process::Command::new(exe)
         .env(CHILD_ARGS, args.join("\n"))
-        .env("RUST_BACKTRACE", "0")
         .stderr(std::process::Stdio::inherit())
         .output()
         .expect("the child runs");

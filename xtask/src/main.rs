@@ -63,6 +63,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
 
 fn test(args: &[String]) -> Result<ExitCode, String> {
     prerequisites::ensure(prerequisites::Purpose::Test)?;
+    prerequisites::ensure_lint_tools()?;
     announce_first_build("debug", "the test build", 20);
     for check in CHECKS {
         let mut cargo = cargo();
@@ -82,7 +83,6 @@ fn test(args: &[String]) -> Result<ExitCode, String> {
     cargo.env("TIDEMARK_REQUIRE_CHROMIUM", "1");
     cargo.env("TIDEMARK_REQUIRE_FLINK_CLI", "1");
     cargo.env("TIDEMARK_FLINK_CLI", prerequisites::flink_cli());
-    cargo.env("PYFLINK_PYTHON", prerequisites::python());
     let code = status(cargo);
     drop(server);
     code

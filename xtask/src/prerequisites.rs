@@ -95,8 +95,20 @@ pub fn ensure(purpose: Purpose) -> Result<(), String> {
         let target = flink_cli();
         let target = target.ancestors().nth(3).expect("…/pyflink/bin/flink");
         let target = format!("--target={}", target.display());
-        // The command line needs none of PyFlink's Python dependencies.
-        let options = ["--no-deps", "--only-binary=:all:", "--upgrade", &target];
+        let platform = format!("--platform=manylinux2014_{}", std::env::consts::ARCH);
+        // The command line runs no Python and needs none of PyFlink's
+        // dependencies; its wheels stop at CPython 3.12, so that one is
+        // asked for whatever Python runs pip.
+        let options = [
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version=3.12",
+            "--implementation=cp",
+            "--abi=cp312",
+            &platform,
+            "--upgrade",
+            &target,
+        ];
         pip_install(&FLINK, &options, "Flink's command line")?;
     }
     match find_missing(purpose).as_slice() {
@@ -132,6 +144,11 @@ fn find_missing(purpose: Purpose) -> Vec<Missing> {
             missing.push(Missing::Java);
         }
         if !flink_cli().is_file() {
+            if !missing.contains(&Missing::Pip)
+                && !succeeds(Command::new(python()).args(["-m", "pip", "--version"]))
+            {
+                missing.push(Missing::Pip);
+            }
             missing.push(Missing::FlinkCli);
         }
     }
@@ -296,6 +313,22 @@ fn install_debian(packages: &[&str], missing: &[Missing]) -> Result<(), String> 
         }
     }
     Ok(())
+}
+
+/// Makes sure cargo has `fmt` and `clippy`, which the test command's
+/// checks run: rustup's minimal profile has neither.
+pub fn ensure_lint_tools() -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let has = |tool: &str| succeeds(Command::new(&cargo).args([tool, "--version"]));
+    if has("fmt") && has("clippy") {
+        return Ok(());
+    }
+    eprintln!("cargo xtask: installing rustfmt and clippy (rustup component add)");
+    let added = succeeds(Command::new("rustup").args(["component", "add", "rustfmt", "clippy"]));
+    match added && has("fmt") && has("clippy") {
+        true => Ok(()),
+        false => Err("the checks need rustfmt and clippy: run `rustup component add rustfmt clippy` (or install your distribution's rustfmt and clippy)".into()),
+    }
 }
 
 /// Installs `packages` with pip into the Python that runs them (as root

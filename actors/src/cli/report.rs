@@ -42,8 +42,7 @@ pub struct RunReport {
     /// Restarts after failures.
     pub restarts: u64,
     /// The restart strategy's delays before those restarts, summed: time
-    /// the job spent waiting to restart (the rest of each recovery is in
-    /// `recovery_ms`).
+    /// the job spent waiting to restart (`recovery_ms` includes it).
     pub restart_wait_ms: f64,
     /// Trigger to completion of each completed checkpoint.
     pub checkpoint_duration_ms: Percentiles,

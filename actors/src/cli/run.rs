@@ -532,6 +532,15 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
     let settings = args.settings()?;
     let config = args.job_config(&settings);
     args.validate(&settings, &config)?;
+    // Read before anything is created or elected.
+    let http_token = settings
+        .options
+        .http_token_file
+        .as_deref()
+        .map(HttpToken::read);
+    let http_token = http_token
+        .transpose()
+        .map_err(|e| settings.usage("http_token_file", e.to_string()))?;
     if let Some(dir) = &args.output {
         std::fs::create_dir_all(dir).map_err(|e| CliError::Usage {
             argument: "--output".into(),
@@ -539,11 +548,17 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         })?;
     }
     let Some(lease) = settings.options.leader_lease.clone() else {
-        return run_job(args, &settings, config, None);
+        return run_job(args, &settings, config, http_token, None);
     };
     loop {
         let leadership = Leadership::acquire(&settings.options, &lease)?;
-        let report = run_job(args, &settings, config.clone(), Some(&leadership));
+        let report = run_job(
+            args,
+            &settings,
+            config.clone(),
+            http_token.clone(),
+            Some(&leadership),
+        );
         match leadership.end(report.is_ok()) {
             // The job was cancelled for it: stand by for the next turn, as
             // a restarted driver would, without counting as a failure.
@@ -561,6 +576,7 @@ fn run_job(
     args: &RunArgs,
     settings: &Settings,
     config: JobConfig,
+    http_token: Option<HttpToken>,
     leadership: Option<&Leadership>,
 ) -> Result<RunReport, CliError> {
     let (parallelism, channels) = (config.parallelism, config.channels);
@@ -573,16 +589,9 @@ fn run_job(
         .filter(|op| job.graph.is_source(op.id))
         .map(|op| (op.id, op.uid.clone()))
         .collect();
-    let http_token = settings
-        .options
-        .http_token_file
-        .as_deref()
-        .map(HttpToken::read);
     let runtime = Runtime {
         http: args.http,
-        http_token: http_token
-            .transpose()
-            .map_err(|e| settings.usage("http_token_file", e.to_string()))?,
+        http_token,
         local_workers: args.local_workers,
         distributed: args.distributed(parallelism, &run)?,
         ..Runtime::default()

@@ -60,6 +60,11 @@ struct Operation {
     id: String,
     kind: Kind,
     outcome: Option<Result<Savepoint, String>>,
+    /// It ends the job (a stop, a savepoint that cancels): its client
+    /// may first ask once the job has ended.
+    ends_job: bool,
+    /// A client asked how it stands: one that waits for the outcome.
+    polled: bool,
     /// A client has read the outcome.
     read: bool,
 }
@@ -98,7 +103,12 @@ impl Operations {
 
     /// Registers an operation under the client's trigger id, or a new one
     /// (32 hex characters).
-    fn start(&self, kind: Kind, requested: Option<String>) -> Result<Started, ApiError> {
+    fn start(
+        &self,
+        kind: Kind,
+        requested: Option<String>,
+        ends_job: bool,
+    ) -> Result<Started, ApiError> {
         let mut inner = self.lock();
         let (ops, rng) = &mut *inner;
         let id = match requested {
@@ -121,6 +131,8 @@ impl Operations {
             id: id.clone(),
             kind,
             outcome: None,
+            ends_job,
+            polled: false,
             read: false,
         });
         Ok(Started::New(id))
@@ -143,6 +155,7 @@ impl Operations {
     fn read(&self, id: &str, kind: Kind) -> Option<Option<Result<Savepoint, String>>> {
         let mut inner = self.lock();
         let op = inner.0.iter_mut().find(|o| o.id == id && o.kind == kind)?;
+        op.polled = true;
         op.read |= op.outcome.is_some();
         let outcome = op.outcome.clone();
         drop(inner);
@@ -150,14 +163,16 @@ impl Operations {
         Some(outcome)
     }
 
-    /// Blocks until every operation a client triggered ended and a client
-    /// read its outcome, or `limit` passed. A client need not have asked
-    /// before the job ended: `flink stop` polls only after its POST was
-    /// answered, by when the stop may have ended the job.
+    /// Blocks until every operation a client waits for ended and a client
+    /// read its outcome, or `limit` passed. Waited for: one a client
+    /// polled, and one that ends the job, whose client need not have asked
+    /// yet (`flink stop` polls only once its POST was answered, by when the
+    /// stop may have ended the job). A checkpoint nobody asks about holds
+    /// nothing up.
     pub(crate) fn wait_until_read(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
         let mut inner = self.lock();
-        while inner.0.iter().any(|o| !o.read) {
+        while inner.0.iter().any(|o| (o.polled || o.ends_job) && !o.read) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return;
@@ -307,13 +322,14 @@ impl JobView {
         self: &std::sync::Arc<Self>,
         kind: Kind,
         trigger_id: Option<String>,
+        ends_job: bool,
         answer: impl FnOnce() -> Result<crate::runtime::Answer, ApiError>,
     ) -> Result<HttpResponse, ApiError> {
         if let Some(id) = &trigger_id {
             super::check_flink_id(id, "trigger id")?;
         }
         let accepted = |id: &str| HttpResponse::Accepted().json(json!({ "request-id": id }));
-        let id = match self.operations.start(kind, trigger_id)? {
+        let id = match self.operations.start(kind, trigger_id, ends_job)? {
             Started::Existing(id) => return Ok(accepted(&id)),
             Started::New(id) => id,
         };
@@ -398,7 +414,7 @@ async fn trigger_checkpoint(
     }
     view.checkpointing()?;
     let view = view.into_inner();
-    view.launch(Kind::Checkpoint, request.trigger_id, || {
+    view.launch(Kind::Checkpoint, request.trigger_id, false, || {
         Ok(view
             .control()?
             .request(CheckpointKind::Checkpoint, false, None))
@@ -442,11 +458,16 @@ async fn trigger_savepoint(
     let view = view.into_inner();
     // Cancelling with a savepoint is stopping with one: the sinks commit
     // it, so that a restore from it is exactly once.
-    view.launch(Kind::Savepoint, request.trigger_id, || {
-        Ok(view
-            .control()?
-            .request(CheckpointKind::Savepoint, request.cancel_job, target))
-    })
+    view.launch(
+        Kind::Savepoint,
+        request.trigger_id,
+        request.cancel_job,
+        || {
+            Ok(view
+                .control()?
+                .request(CheckpointKind::Savepoint, request.cancel_job, target))
+        },
+    )
 }
 
 async fn savepoint_status(
@@ -488,7 +509,7 @@ async fn stop(
     }
     let target = view.savepoint_target(request.target_directory.as_deref())?;
     let view = view.into_inner();
-    view.launch(Kind::Savepoint, request.trigger_id, || {
+    view.launch(Kind::Savepoint, request.trigger_id, true, || {
         Ok(view
             .control()?
             .request(CheckpointKind::Savepoint, true, target))
