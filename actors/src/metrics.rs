@@ -158,15 +158,16 @@ pub struct HistorySample {
 /// show the run so far, not only what they saw themselves. Sampled every
 /// [`History::EVERY`]; once more than [`History::BOUND`] samples are kept,
 /// every other one goes and the spacing doubles, so that they always reach
-/// back to the start in bounded memory.
+/// back to the start in bounded memory. The two newest samples are served
+/// too, kept or not, so that a rate "now" spans one period however long
+/// the run.
 #[derive(Debug)]
 pub struct History {
     /// Spacing of the kept samples.
     interval_ms: u64,
     kept: Vec<HistorySample>,
-    /// The newest sample, until the next one to keep is due: it stands for
-    /// now.
-    latest: Option<HistorySample>,
+    /// The sample before the newest, and the newest: they stand for now.
+    recent: [Option<HistorySample>; 2],
 }
 
 impl Default for History {
@@ -174,7 +175,7 @@ impl Default for History {
         History {
             interval_ms: Self::EVERY.as_millis() as u64,
             kept: Vec::new(),
-            latest: None,
+            recent: [None, None],
         }
     }
 }
@@ -187,16 +188,15 @@ impl History {
 
     /// Adds `sample`, taken after every one before.
     pub fn record(&mut self, sample: HistorySample) {
+        self.recent = [self.recent[1].take(), Some(sample.clone())];
         // Half a period of slack: a sampler's tick comes a little early or late.
         let slack = Self::EVERY.as_millis() as u64 / 2;
         let due = self.kept.last().is_none_or(|last| {
             sample.unix_ms.saturating_sub(last.unix_ms) + slack >= self.interval_ms
         });
         if !due {
-            self.latest = Some(sample);
             return;
         }
-        self.latest = None;
         self.kept.push(sample);
         if self.kept.len() > Self::BOUND {
             // The first (the start) and every other one after it.
@@ -209,9 +209,12 @@ impl History {
         }
     }
 
-    /// The samples, oldest first; the last one is the newest taken.
+    /// The samples, oldest first; the last two are the newest taken.
     pub fn samples(&self) -> impl Iterator<Item = &HistorySample> {
-        self.kept.iter().chain(&self.latest)
+        let recent = self.recent.iter().flatten();
+        let since = recent.clone().next().map_or(u64::MAX, |s| s.unix_ms);
+        let older = self.kept.iter().take_while(move |s| s.unix_ms < since);
+        older.chain(recent)
     }
 }
 
@@ -764,13 +767,19 @@ mod tests {
         for tick in 0..ticks {
             let late = [0, 40, 0, 5, 30][tick as usize % 5];
             history.record(sample(tick * every + late));
-            assert!(history.samples().count() <= History::BOUND + 1);
+            assert!(history.samples().count() <= History::BOUND + 2);
         }
         let times: Vec<u64> = history.samples().map(|s| s.unix_ms).collect();
         assert_eq!(times[0], 0, "the start is kept");
         assert!(
             *times.last().unwrap() >= (ticks - 1) * every,
             "the newest sample stands for now"
+        );
+        let [before, newest] = [times[times.len() - 2], times[times.len() - 1]];
+        assert!(newest - before <= 2 * every, "a rate now spans one period");
+        assert!(
+            times.windows(2).all(|w| w[0] < w[1]),
+            "in time order, once each"
         );
         assert!(times.len() > History::BOUND / 2, "{} samples", times.len());
         // Evenly spread: no gap much wider than the spacing the bound allows.
@@ -782,7 +791,7 @@ mod tests {
     }
 
     #[test]
-    fn the_newest_sample_stands_for_now_until_the_next_is_due() {
+    fn the_two_newest_samples_stand_for_now_kept_or_not() {
         let mut history = History {
             interval_ms: 4_000,
             ..History::default()
@@ -791,7 +800,7 @@ mod tests {
             history.record(sample(t));
         }
         let times = |h: &History| h.samples().map(|s| s.unix_ms).collect::<Vec<_>>();
-        assert_eq!(times(&history), [0, 3_000]);
+        assert_eq!(times(&history), [0, 2_000, 3_000]);
         history.record(sample(4_000));
         history.record(sample(5_000));
         assert_eq!(times(&history), [0, 4_000, 5_000]);
