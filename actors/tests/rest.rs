@@ -91,26 +91,27 @@ impl Job {
     }
 
     /// GETs `path` with `authorization`: its status and body.
-    fn answer(&self, path: &str, authorization: Option<&str>) -> (u16, String) {
+    fn request(&self, path: &str, authorization: Option<&str>) -> Result<(u16, String), String> {
         let mut request = self.agent.get(format!("{}{path}", self.base));
         if let Some(value) = authorization {
             request = request.header("authorization", value);
         }
-        let mut response = request.call().unwrap();
-        let status = response.status().as_u16();
-        (status, response.body_mut().read_to_string().unwrap())
-    }
-
-    fn get(&self, path: &str) -> Result<Value, String> {
-        let mut request = self.agent.get(format!("{}{path}", self.base));
-        if let Some(value) = &self.authorization {
-            request = request.header("authorization", value);
-        }
         let mut response = request.call().map_err(|e| format!("GET {path}: {e}"))?;
+        let status = response.status().as_u16();
         let text = response
             .body_mut()
             .read_to_string()
             .map_err(|e| e.to_string())?;
+        Ok((status, text))
+    }
+
+    fn answer(&self, path: &str, authorization: Option<&str>) -> (u16, String) {
+        self.request(path, authorization).unwrap()
+    }
+
+    /// GETs `path` as the job's clients do, as JSON.
+    fn get(&self, path: &str) -> Result<Value, String> {
+        let (_, text) = self.request(path, self.authorization.as_deref())?;
         serde_json::from_str(&text).map_err(|e| format!("GET {path}: {text:?}: {e}"))
     }
 

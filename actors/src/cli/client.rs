@@ -63,17 +63,16 @@ impl Client {
             .timeout_global(Some(Duration::from_secs(30)))
             .build()
             .into();
-        let token = connect.http_token_file.as_deref().map(HttpToken::read);
+        let token = HttpToken::read_optional(connect.http_token_file.as_deref()).map_err(|e| {
+            CliError::Usage {
+                argument: "--http-token-file".into(),
+                problem: e.to_string(),
+            }
+        })?;
         Ok(Client {
             agent,
             url: connect.url.trim_end_matches('/').to_owned(),
-            authorization: token
-                .transpose()
-                .map_err(|e| CliError::Usage {
-                    argument: "--http-token-file".into(),
-                    problem: e.to_string(),
-                })?
-                .map(|t| t.bearer()),
+            authorization: token.map(|t| t.bearer()),
         })
     }
 

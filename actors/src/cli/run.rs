@@ -533,13 +533,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
     let config = args.job_config(&settings);
     args.validate(&settings, &config)?;
     // Read before anything is created or elected.
-    let http_token = settings
-        .options
-        .http_token_file
-        .as_deref()
-        .map(HttpToken::read);
-    let http_token = http_token
-        .transpose()
+    let http_token = HttpToken::read_optional(settings.options.http_token_file.as_deref())
         .map_err(|e| settings.usage("http_token_file", e.to_string()))?;
     if let Some(dir) = &args.output {
         std::fs::create_dir_all(dir).map_err(|e| CliError::Usage {

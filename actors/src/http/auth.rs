@@ -66,6 +66,11 @@ impl HttpToken {
         })
     }
 
+    /// The token in `path`, if a path is given.
+    pub fn read_optional(path: Option<&Path>) -> Result<Option<HttpToken>, HttpTokenError> {
+        path.map(HttpToken::read).transpose()
+    }
+
     /// The `Authorization` header value the clients send.
     pub fn bearer(&self) -> String {
         format!("Bearer {}", self.0)

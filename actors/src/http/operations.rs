@@ -69,6 +69,14 @@ struct Operation {
     read: bool,
 }
 
+impl Operation {
+    /// Whether a client still waits for its outcome: one polled it, or it
+    /// ends the job, and nobody has read the outcome yet.
+    fn holds_the_server(&self) -> bool {
+        (self.polled || self.ends_job) && !self.read
+    }
+}
+
 /// What [`Operations::start`] found.
 enum Started {
     /// A new operation under this id: trigger it.
@@ -172,7 +180,7 @@ impl Operations {
     pub(crate) fn wait_until_read(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
         let mut inner = self.lock();
-        while inner.0.iter().any(|o| (o.polled || o.ends_job) && !o.read) {
+        while inner.0.iter().any(Operation::holds_the_server) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return;
@@ -514,4 +522,61 @@ async fn stop(
             .control()?
             .request(CheckpointKind::Savepoint, true, target))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holding(ops: &Operations) -> bool {
+        ops.lock().0.iter().any(Operation::holds_the_server)
+    }
+
+    fn id(started: Started) -> String {
+        match started {
+            Started::New(id) | Started::Existing(id) => id,
+        }
+    }
+
+    fn savepoint() -> Result<Savepoint, String> {
+        Ok(Savepoint {
+            id: tidemark::ids::CheckpointId(1),
+            location: "sp".into(),
+        })
+    }
+
+    #[test]
+    fn a_checkpoint_nobody_asks_about_holds_nothing_up() {
+        let ops = Operations::default();
+        let checkpoint = id(ops.start(Kind::Checkpoint, None, false).unwrap());
+        assert!(!holding(&ops));
+        ops.finish(&checkpoint, savepoint());
+        assert!(!holding(&ops));
+    }
+
+    #[test]
+    fn a_polled_operation_holds_the_server_until_its_outcome_is_read() {
+        let ops = Operations::default();
+        let polled = id(ops.start(Kind::Savepoint, None, false).unwrap());
+        assert_eq!(ops.read(&polled, Kind::Savepoint), Some(None));
+        assert!(holding(&ops), "polled while in progress");
+        ops.finish(&polled, savepoint());
+        assert!(holding(&ops), "finished, not yet read");
+        assert!(matches!(
+            ops.read(&polled, Kind::Savepoint),
+            Some(Some(Ok(_)))
+        ));
+        assert!(!holding(&ops));
+    }
+
+    #[test]
+    fn a_stop_holds_the_server_before_anyone_asked() {
+        let ops = Operations::default();
+        let stop = id(ops.start(Kind::Savepoint, None, true).unwrap());
+        assert!(holding(&ops), "in progress");
+        ops.finish(&stop, savepoint());
+        assert!(holding(&ops), "ended the job, nobody asked yet");
+        assert!(ops.read(&stop, Kind::Savepoint).is_some());
+        assert!(!holding(&ops));
+    }
 }
