@@ -307,7 +307,7 @@ fn a_multipart_upload_to_s3_reads_back_whole() {
         return;
     };
     let bytes: Vec<u8> = (0..12u32 << 20).map(|i| (i % 251) as u8).collect();
-    let limits = tidemark::storage::upload::UploadLimits {
+    let limits = tidemark::checkpoint::merging::UploadLimits {
         multipart_threshold: 5 << 20,
         part_size: 5 << 20,
         parts_in_flight: 2,

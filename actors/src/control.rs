@@ -17,12 +17,12 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
-use tidemark::attempts::RunAttempt;
-use tidemark::checkpoint::{Ack, CompletedCheckpoint};
-use tidemark::event::Barrier;
-use tidemark::graph::JobGraph;
-use tidemark::ids::{Attempt, CheckpointId, JobId, OperatorId, SubtaskId};
-use tidemark::time::TimeMarks;
+use tidemark_core::attempts::RunAttempt;
+use tidemark_core::checkpoint::{Ack, CompletedCheckpoint};
+use tidemark_core::event::Barrier;
+use tidemark_core::graph::JobGraph;
+use tidemark_core::ids::{Attempt, CheckpointId, JobId, OperatorId, SubtaskId};
+use tidemark_core::time::TimeMarks;
 
 /// Nothing.
 #[derive(Clone, PartialEq, prost::Message)]

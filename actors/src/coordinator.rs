@@ -18,16 +18,18 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use tidemark::checkpoint::coordinator::{Action, CheckpointCoordinator, Event, Now, RequestId};
-use tidemark::checkpoint::input_end::InputEnd;
-use tidemark::checkpoint::shared::SharedStateRegistry;
-use tidemark::checkpoint::stats;
-use tidemark::checkpoint::store::CompletedCheckpointStore;
-use tidemark::checkpoint::{CheckpointFailure, CompletedCheckpoint};
-use tidemark::event::CheckpointKind;
-use tidemark::ids::{Attempt, CheckpointId, JobId, SubtaskId};
-use tidemark::storage::savepoint;
-use tidemark::storage::{CheckpointStorage, StorageError};
+use tidemark_core::checkpoint::coordinator::{
+    Action, CheckpointCoordinator, Event, Now, RequestId,
+};
+use tidemark_core::checkpoint::input_end::InputEnd;
+use tidemark_core::checkpoint::shared::SharedStateRegistry;
+use tidemark_core::checkpoint::stats;
+use tidemark_core::checkpoint::store::CompletedCheckpointStore;
+use tidemark_core::checkpoint::{CheckpointFailure, CompletedCheckpoint};
+use tidemark_core::event::CheckpointKind;
+use tidemark_core::ids::{Attempt, CheckpointId, JobId, SubtaskId};
+use tidemark_storage::savepoint;
+use tidemark_storage::{CheckpointStorage, StorageError};
 use tokio::sync::oneshot;
 
 /// The subtasks of the current attempt.

@@ -17,14 +17,14 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tidemark::checkpoint::ChannelSide;
-use tidemark::error::TaskError;
-use tidemark::ids::{Attempt, SubtaskId};
-use tidemark::job::Job;
-use tidemark::key_group::KeyGroupRange;
-use tidemark::split::SplitPosition;
-use tidemark::storage::CheckpointStorage;
-use tidemark::task::{OutputContext, TaskContext};
+use tidemark_core::checkpoint::ChannelSide;
+use tidemark_core::error::TaskError;
+use tidemark_core::ids::{Attempt, SubtaskId};
+use tidemark_core::job::Job;
+use tidemark_core::key_group::KeyGroupRange;
+use tidemark_core::split::SplitPosition;
+use tidemark_core::task::{OutputContext, TaskContext};
+use tidemark_storage::CheckpointStorage;
 
 /// What starting the subtasks of an attempt that one process hosts needs.
 pub(crate) struct Hosting<'a> {

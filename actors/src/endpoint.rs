@@ -18,11 +18,11 @@ use crate::net::LinkSender;
 use crate::subtask::SubtaskActor;
 use actix::{Actor, ActorContext, Addr, Context, Handler, Recipient};
 use std::sync::Arc;
-use tidemark::batch::Batch;
-use tidemark::channel::{CreditReceiver, CreditSender};
-use tidemark::error::TaskError;
-use tidemark::event::{Alignment, ChannelEvent};
-use tidemark::ids::{Attempt, ChannelId};
+use tidemark_core::batch::Batch;
+use tidemark_core::channel::{CreditReceiver, CreditSender};
+use tidemark_core::error::TaskError;
+use tidemark_core::event::{Alignment, ChannelEvent};
+use tidemark_core::ids::{Attempt, ChannelId};
 
 /// Where an output endpoint sends what credit releases.
 pub enum Downstream {

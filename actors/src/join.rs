@@ -8,10 +8,10 @@ use crate::windows::Events;
 use crate::wordcount::{Generator, Records};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
-use tidemark::job::JobConfig;
-use tidemark::rng::splitmix64;
-use tidemark::time::{Timestamped, WatermarkStrategy};
-use tidemark::Job;
+use tidemark_core::job::JobConfig;
+use tidemark_core::rng::splitmix64;
+use tidemark_core::time::{Timestamped, WatermarkStrategy};
+use tidemark_core::Job;
 
 /// A generated record of one side: its index in its side's input, its key
 /// and its event time.

@@ -55,7 +55,7 @@ pub use runtime::{JobControl, JobError, JobHandle, JobReport, RunJob, Runtime, S
 /// What an embedding application needs in scope.
 pub mod prelude {
     pub use crate::runtime::{JobHandle, RunJob, Runtime};
-    pub use tidemark::{
+    pub use tidemark_core::{
         AllKeys, Collector, Job, KeyedContext, KeyedProcessFunction, ReduceFunction, ReducingState,
         Sink, SinkContext, Source, SourceContext, SourceStatus, StateRegistrar, UserError,
         ValueState,

@@ -5,11 +5,11 @@ use crate::endpoint::{InputEndpoint, OutputEndpoint, Upstream};
 use crate::remote::Commands;
 use crate::subtask::SubtaskActor;
 use actix::{Actor, Addr, Context, Handler, Message, Recipient};
-use tidemark::batch::Batch;
-use tidemark::checkpoint::Ack;
-use tidemark::error::TaskError;
-use tidemark::event::{Barrier, ChannelEvent};
-use tidemark::ids::{Attempt, CheckpointId, SubtaskId};
+use tidemark_core::batch::Batch;
+use tidemark_core::checkpoint::Ack;
+use tidemark_core::error::TaskError;
+use tidemark_core::event::{Barrier, ChannelEvent};
+use tidemark_core::ids::{Attempt, CheckpointId, SubtaskId};
 
 /// Output endpoint → its producer subtask: room for `credits` more batches.
 #[derive(Message)]

@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tidemark::checkpoint::shared::Space;
-use tidemark::checkpoint::stats::{CheckpointStatsTracker, SharedCheckpointStats};
-use tidemark::checkpoint::{CompletedCheckpoint, StateHandle, SubtaskState};
-use tidemark::ids::{ChannelId, OperatorId, SubtaskId};
-use tidemark::rng::SplitMix64;
-use tidemark::time::TimeMetrics;
+use tidemark_core::checkpoint::shared::Space;
+use tidemark_core::checkpoint::stats::{CheckpointStatsTracker, SharedCheckpointStats};
+use tidemark_core::checkpoint::{CompletedCheckpoint, StateHandle, SubtaskState};
+use tidemark_core::ids::{ChannelId, OperatorId, SubtaskId};
+use tidemark_core::rng::SplitMix64;
+use tidemark_core::time::TimeMetrics;
 
 /// High-water marks of one channel, against the credits that bound them.
 #[derive(Debug, Default)]
@@ -246,7 +246,7 @@ pub struct JobMetrics {
 
 impl Default for JobMetrics {
     fn default() -> Self {
-        JobMetrics::new(tidemark::checkpoint::stats::DEFAULT_HISTORY)
+        JobMetrics::new(tidemark_core::checkpoint::stats::DEFAULT_HISTORY)
     }
 }
 
@@ -351,7 +351,7 @@ impl CheckpointStats {
     /// from reading until every subtask was built.
     pub fn record_restore(
         &self,
-        checkpoint: tidemark::ids::CheckpointId,
+        checkpoint: tidemark_core::ids::CheckpointId,
         bytes: u64,
         took: std::time::Duration,
     ) {

@@ -10,15 +10,15 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
-use tidemark::batch::{Batch, EncodedBatch};
-use tidemark::checkpoint::restore::{self, RestoreError, RestoreFailure};
-use tidemark::checkpoint::{
+use tidemark_core::batch::{Batch, EncodedBatch};
+use tidemark_core::checkpoint::restore::{self, RestoreError, RestoreFailure};
+use tidemark_core::checkpoint::{
     ends_input, ChannelState, NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
 };
-use tidemark::graph::JobGraph;
-use tidemark::ids::{CheckpointId, SubtaskId};
-use tidemark::storage::{CheckpointStorage, ReadError, StorageError};
-use tidemark::task::RestoreState;
+use tidemark_core::graph::JobGraph;
+use tidemark_core::ids::{CheckpointId, SubtaskId};
+use tidemark_core::task::RestoreState;
+use tidemark_storage::{CheckpointStorage, ReadError, StorageError};
 
 /// What a subtask resumes from.
 #[derive(Default)]
@@ -244,7 +244,7 @@ async fn download(
 pub(crate) fn restore_failure(e: &JobError) -> RestoreFailure {
     match e {
         JobError::Restore(e) => RestoreFailure::of_restore(e),
-        JobError::Storage(e) => RestoreFailure::of_storage(e),
+        JobError::Storage(e) => e.restore_failure(),
         _ => RestoreFailure::Other,
     }
 }

@@ -15,18 +15,18 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use thiserror::Error;
-use tidemark::checkpoint::restore::RestoreError;
-use tidemark::checkpoint::stats::{self, CheckpointStatsTracker};
-use tidemark::checkpoint::{CheckpointFailure, SettingsError};
-use tidemark::error::TaskError;
-use tidemark::event::CheckpointKind;
-use tidemark::graph::GraphError;
-use tidemark::ids::{CheckpointId, JobId, SubtaskId};
-use tidemark::job::{Job, JobConfigError};
-use tidemark::state::StateError;
-use tidemark::storage::lease::{Lease, LeaseError};
-use tidemark::storage::savepoint::SavepointError;
-use tidemark::storage::{CheckpointStorage, StorageError};
+use tidemark_core::checkpoint::restore::RestoreError;
+use tidemark_core::checkpoint::stats::{self, CheckpointStatsTracker};
+use tidemark_core::checkpoint::{CheckpointFailure, SettingsError};
+use tidemark_core::error::TaskError;
+use tidemark_core::event::CheckpointKind;
+use tidemark_core::graph::GraphError;
+use tidemark_core::ids::{CheckpointId, JobId, SubtaskId};
+use tidemark_core::job::{Job, JobConfigError};
+use tidemark_core::state::StateError;
+use tidemark_storage::lease::{Lease, LeaseError};
+use tidemark_storage::savepoint::SavepointError;
+use tidemark_storage::{CheckpointStorage, StorageError};
 
 /// Why a job could not start or did not finish: from [`Runtime::run`]
 /// before anything is deployed, or from [`JobHandle::wait`].
@@ -291,7 +291,7 @@ impl JobHandle {
 /// A job's id follows from its name, so that a restarted process finds the
 /// checkpoints of the same job in the checkpoint directory.
 pub fn job_id(name: &str) -> JobId {
-    JobId(tidemark::key_group::key_hash(name))
+    JobId(tidemark_core::key_group::key_hash(name))
 }
 
 /// Deploys jobs; `threads` arbiters run their actors.
@@ -345,7 +345,7 @@ impl Runtime {
         }
         if let Some(settings) = &job.config.checkpointing {
             settings.validate()?;
-            tidemark::storage::check_savepoint_dir(settings, job_id(&job.name))?;
+            tidemark_storage::check_savepoint_dir(settings, job_id(&job.name))?;
         }
         if let (Some(_), Some(settings)) = (&self.distributed, &job.config.checkpointing) {
             let url = &settings.storage_url;
@@ -390,7 +390,9 @@ impl Runtime {
             .config
             .checkpointing
             .as_ref()
-            .map_or(tidemark::checkpoint::stats::DEFAULT_HISTORY, |c| c.history);
+            .map_or(tidemark_core::checkpoint::stats::DEFAULT_HISTORY, |c| {
+                c.history
+            });
         let metrics = Arc::new(JobMetrics::new(history));
         let served = listener.map(|l| (l, Arc::new(JobView::new(&job, job_id, metrics.clone()))));
         let job_view = served.as_ref().map(|(_, view)| view.clone());

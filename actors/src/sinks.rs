@@ -4,8 +4,8 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use tidemark::ids::CheckpointId;
-use tidemark::{Data, Job, Sink, SinkContext, Stream, UserError};
+use tidemark_core::ids::CheckpointId;
+use tidemark_core::{Data, Job, Sink, SinkContext, Stream, UserError};
 
 /// Drops every record: for benchmarks and jobs run for their side effects.
 pub struct Discard;
@@ -292,7 +292,7 @@ impl<T: Send> Sink<T> for Collect<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidemark::ids::SubtaskIndex;
+    use tidemark_core::ids::SubtaskIndex;
 
     /// A file sink of `key,count` lines.
     fn sink(dir: &Path, run: &str) -> Box<dyn Sink<(u64, u64)>> {

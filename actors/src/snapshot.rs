@@ -1,7 +1,7 @@
 //! The asynchronous part of a subtask's snapshot: serialize what the
 //! synchronous part copied, off the arbiter's thread, place the resulting
 //! state objects (inline, merged or as objects of their own, see
-//! `tidemark::checkpoint::merging`) and write the physical files to
+//! `tidemark_core::checkpoint::merging`) and write the physical files to
 //! checkpoint storage, a bounded number at a time.
 //!
 //! A heap snapshot's key groups are encoded on the blocking pool from the
@@ -23,17 +23,18 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
-use tidemark::batch::{Batch, EncodedBatch};
-use tidemark::checkpoint::merging::{MergePlan, Placement, StateLayout};
-use tidemark::checkpoint::{
+use tidemark_core::batch::{Batch, EncodedBatch};
+use tidemark_core::checkpoint::merging::UploadLimits;
+use tidemark_core::checkpoint::merging::{MergePlan, Placement, StateLayout};
+use tidemark_core::checkpoint::{
     ChannelSide, ChannelState, ChannelStateHandle, Checksum, KeyGroupsStateHandle,
     KeyedStateHandle, NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
 };
-use tidemark::ids::{CheckpointId, SubtaskId};
-use tidemark::rng::unique_token;
-use tidemark::storage::upload::{ObjectWriter, UploadLimits};
-use tidemark::storage::CheckpointStorage;
-use tidemark::task::{KeyedSnapshot, NativeCheckpoint, TaskSnapshot};
+use tidemark_core::ids::{CheckpointId, SubtaskId};
+use tidemark_core::rng::unique_token;
+use tidemark_core::task::{KeyedSnapshot, NativeCheckpoint, TaskSnapshot};
+use tidemark_storage::upload::ObjectWriter;
+use tidemark_storage::CheckpointStorage;
 use tokio::sync::mpsc;
 
 /// Runs the asynchronous part of a snapshot on the arbiter of the
@@ -642,7 +643,7 @@ enum Written {
 }
 
 /// Writes the physical files of `plan`, each its objects back to back,
-/// streamed (see `tidemark::storage::upload`), at most `PARALLEL_WRITES` at a
+/// streamed (see `tidemark_storage::upload`), at most `PARALLEL_WRITES` at a
 /// time; returns, per object, what became of it.
 async fn write_files(
     storage: &CheckpointStorage,
@@ -715,7 +716,7 @@ pub async fn delete_all(storage: &CheckpointStorage, paths: Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidemark::ids::JobId;
+    use tidemark_core::ids::JobId;
 
     /// The encoding of key groups 10, 11 and 12 by an encoder that stopped
     /// (it panicked) after sending `sent`.

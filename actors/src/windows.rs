@@ -6,10 +6,10 @@ use crate::sinks::{files_or_discard, Line, Output};
 use crate::wordcount::{Generator, Records};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
-use tidemark::job::JobConfig;
-use tidemark::rng::splitmix64;
-use tidemark::time::{Count, TimeWindow, Timestamped, WatermarkStrategy, WindowAssigner};
-use tidemark::Job;
+use tidemark_core::job::JobConfig;
+use tidemark_core::rng::splitmix64;
+use tidemark_core::time::{Count, TimeWindow, Timestamped, WatermarkStrategy, WindowAssigner};
+use tidemark_core::Job;
 
 /// A generated record: a key and its event time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

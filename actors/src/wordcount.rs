@@ -2,10 +2,10 @@
 //! keyed count, and a sink of `(key, count)`.
 
 use crate::sinks::{files_or_discard, Output};
-use tidemark::job::JobConfig;
-use tidemark::rng::splitmix64;
-use tidemark::split::{Split, SplitPosition};
-use tidemark::{
+use tidemark_core::job::JobConfig;
+use tidemark_core::rng::splitmix64;
+use tidemark_core::split::{Split, SplitPosition};
+use tidemark_core::{
     AllKeys, Collector, Job, KeyedContext, KeyedProcessFunction, ReduceFunction, ReducingState,
     Source, SourceContext, SourceStatus, StateRegistrar, UserError,
 };

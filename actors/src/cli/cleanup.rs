@@ -19,9 +19,10 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use tidemark::checkpoint::CompletedCheckpoint;
-use tidemark::storage::lease::{Lease, LeaseOptions, LEASES};
-use tidemark::storage::{CheckpointStorage, StorageError, StoredObject, COUNTER};
+use tidemark_core::checkpoint::lease::LeaseOptions;
+use tidemark_core::checkpoint::CompletedCheckpoint;
+use tidemark_storage::lease::{Lease, LEASES};
+use tidemark_storage::{CheckpointStorage, StorageError, StoredObject, COUNTER};
 
 /// `tidemark cleanup`'s arguments.
 #[derive(Clone, Debug, Args)]
@@ -221,9 +222,11 @@ impl fmt::Display for Sweep {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
-    use tidemark::checkpoint::{KeyGroupsStateHandle, KeyedStateHandle, StateHandle, SubtaskState};
-    use tidemark::event::CheckpointKind;
-    use tidemark::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
+    use tidemark_core::checkpoint::{
+        KeyGroupsStateHandle, KeyedStateHandle, StateHandle, SubtaskState,
+    };
+    use tidemark_core::event::CheckpointKind;
+    use tidemark_core::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 
     const HOUR: Duration = Duration::from_secs(3600);
 
@@ -258,7 +261,7 @@ mod tests {
             format: Default::default(),
             operators: Vec::new(),
             edges: Vec::new(),
-            key_hash: tidemark::key_hash::KEY_HASH_VERSION,
+            key_hash: tidemark_core::key_hash::KEY_HASH_VERSION,
             timestamp: 0,
             subtasks: subtasks.collect(),
             master_states: BTreeMap::new(),

@@ -7,14 +7,14 @@ use clap::Args;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
-use tidemark::checkpoint::{
+use tidemark_core::checkpoint::{
     metadata, ChannelSide, CompletedCheckpoint, KeyedStateHandle, SnapshotFormat, StateHandle,
     SubtaskState,
 };
-use tidemark::event::CheckpointKind;
-use tidemark::storage::{CheckpointStorage, METADATA};
-use tidemark::task::SOURCE_WATERMARK;
-use tidemark::time::watermark::GeneratorState;
+use tidemark_core::event::CheckpointKind;
+use tidemark_core::task::SOURCE_WATERMARK;
+use tidemark_core::time::watermark::GeneratorState;
+use tidemark_storage::{CheckpointStorage, METADATA};
 
 /// `tidemark inspect`'s arguments.
 #[derive(Clone, Debug, Args)]

@@ -30,7 +30,7 @@ impl Leadership {
     /// Waits until this driver leads the election `options` configure.
     pub fn acquire(options: &Options, lease: &str) -> Result<Leadership, CliError> {
         let identity = options.leader_identity.clone().unwrap_or_else(|| {
-            use tidemark::storage::lease::{host, run_identity};
+            use tidemark_storage::lease::{host, run_identity};
             run_identity(&host(), std::process::id())
         });
         let (namespace, name) = (options.leader_namespace.clone(), lease.to_string());

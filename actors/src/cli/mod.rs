@@ -20,7 +20,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use thiserror::Error;
-use tidemark::storage::StorageError;
+use tidemark_storage::StorageError;
 
 /// The command line.
 #[derive(Debug, Parser)]
@@ -113,7 +113,7 @@ pub enum CliError {
     Storage(#[from] StorageError),
     /// `cleanup` could not lease the job directory: a run holds it.
     #[error(transparent)]
-    Lease(#[from] tidemark::storage::lease::LeaseError),
+    Lease(#[from] tidemark_storage::lease::LeaseError),
     /// `cleanup` found metadata that does not decode.
     #[error("corrupted checkpoint metadata; nothing was deleted, since its checkpoint may reference any object (--ignore-corrupted-metadata sweeps it too):\n  {}", .0.join("\n  "))]
     CorruptedMetadata(Vec<String>),

@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tidemark::checkpoint::stats;
+use tidemark_core::checkpoint::stats;
 
 /// Prints until dropped.
 pub(super) struct Progress {

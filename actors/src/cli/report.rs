@@ -8,9 +8,9 @@ use crate::runtime::JobReport;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use tidemark::channel::ChannelConfig;
-use tidemark::ids::OperatorId;
-use tidemark::storage::{CheckpointStorage, StorageCounters};
+use tidemark_core::channel::ChannelConfig;
+use tidemark_core::ids::OperatorId;
+use tidemark_storage::{CheckpointStorage, StorageCounters};
 
 /// The `--json` report.
 #[derive(Clone, Debug, Serialize)]

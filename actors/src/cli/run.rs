@@ -19,12 +19,12 @@ use serde::Serialize;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tidemark::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
-use tidemark::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
-use tidemark::job::JobConfig;
-use tidemark::restart::RestartStrategy;
-use tidemark::storage::{check_savepoint_dir, StorageError, METADATA};
-use tidemark::time::WindowAssigner;
+use tidemark_core::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
+use tidemark_core::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
+use tidemark_core::job::JobConfig;
+use tidemark_core::restart::RestartStrategy;
+use tidemark_core::time::WindowAssigner;
+use tidemark_storage::{check_savepoint_dir, StorageError, METADATA};
 
 /// The example topologies `run` knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -191,7 +191,7 @@ struct Recipe {
 }
 
 /// Rebuilds the job of a `run` recipe (a worker's [`crate::worker::Rebuild`]).
-pub fn rebuild(recipe: &[u8]) -> Result<tidemark::job::Job, String> {
+pub fn rebuild(recipe: &[u8]) -> Result<tidemark_core::job::Job, String> {
     let recipe: Recipe =
         rmp_serde::from_slice(recipe).map_err(|e| format!("the recipe does not decode: {e}"))?;
     let args = RunArgs::parse(recipe.argv).map_err(|e| format!("the recipe's arguments: {e}"))?;
@@ -370,7 +370,7 @@ impl RunArgs {
     }
 
     /// The topology's job under `config`, its files named after `run`.
-    fn job(&self, config: JobConfig, run: &str) -> tidemark::job::Job {
+    fn job(&self, config: JobConfig, run: &str) -> tidemark_core::job::Job {
         let events = || Events {
             keys: self.keys,
             seed: self.seed,

@@ -32,7 +32,7 @@ use saphyr::{LoadableYamlNode, MarkedYaml, Scalar, YamlData};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
-use tidemark::job::JobConfig;
+use tidemark_core::job::JobConfig;
 
 /// Reads the configuration file at `path` into the settings it gives a
 /// job, over the defaults of `tidemark run`'s flags; unknown keys, bad

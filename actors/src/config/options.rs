@@ -9,15 +9,15 @@ use clap::{ArgAction, Args, FromArgMatches, ValueEnum};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
-use tidemark::checkpoint::{CheckpointSettings, Restore, RestoreMode};
-use tidemark::election::ElectionTiming;
-use tidemark::event::Alignment;
-use tidemark::ids::CheckpointId;
-use tidemark::job::JobConfig;
-use tidemark::restart::RestartStrategy;
-use tidemark::storage::lease::LeaseOptions;
-use tidemark::storage::upload::UploadLimits;
-use tidemark::StateBackend;
+use tidemark_core::checkpoint::lease::LeaseOptions;
+use tidemark_core::checkpoint::merging::UploadLimits;
+use tidemark_core::checkpoint::{CheckpointSettings, Restore, RestoreMode};
+use tidemark_core::election::ElectionTiming;
+use tidemark_core::event::Alignment;
+use tidemark_core::ids::CheckpointId;
+use tidemark_core::job::JobConfig;
+use tidemark_core::restart::RestartStrategy;
+use tidemark_core::StateBackend;
 
 /// `--mode`: whether barriers wait for each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -449,7 +449,7 @@ impl Options {
                 return refuse("leader_identity", election());
             }
         } else {
-            use tidemark::election::TimingError;
+            use tidemark_core::election::TimingError;
             match self.election_timing().validate() {
                 Err(e @ TimingError::WholeSeconds(_)) => {
                     return refuse("leader_lease_duration", e.to_string())

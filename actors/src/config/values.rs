@@ -8,10 +8,10 @@ use clap::ValueEnum;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tidemark::checkpoint::RestoreMode;
-use tidemark::ids::CheckpointId;
-use tidemark::key_group::DEFAULT_MAX_PARALLELISM;
-use tidemark::storage::METADATA;
+use tidemark_core::checkpoint::RestoreMode;
+use tidemark_core::ids::CheckpointId;
+use tidemark_core::key_group::DEFAULT_MAX_PARALLELISM;
+use tidemark_storage::METADATA;
 
 /// The longest duration any setting takes: a year. Settings such as the
 /// checkpoint timeout are added to instants, which cannot count far.
@@ -96,11 +96,11 @@ pub fn size(s: &str) -> Result<u64, String> {
 }
 
 /// How long a job directory's lease lasts without renewal: between
-/// [`MIN_TTL`](tidemark::storage::lease::MIN_TTL) and
-/// [`MAX_TTL`](tidemark::storage::lease::MAX_TTL), in a file without a unit
+/// [`MIN_TTL`](tidemark_core::checkpoint::lease::MIN_TTL) and
+/// [`MAX_TTL`](tidemark_core::checkpoint::lease::MAX_TTL), in a file without a unit
 /// too.
 pub fn lease_ttl(s: &str) -> Result<Duration, String> {
-    use tidemark::storage::lease::{MAX_TTL, MIN_TTL};
+    use tidemark_core::checkpoint::lease::{MAX_TTL, MIN_TTL};
     match duration(s)? {
         ttl if (MIN_TTL..=MAX_TTL).contains(&ttl) => Ok(ttl),
         _ => Err(format!(

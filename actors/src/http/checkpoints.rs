@@ -5,11 +5,11 @@ use super::{ApiError, JobView};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
 use serde_json::{json, Value};
-use tidemark::checkpoint::stats::{
+use tidemark_core::checkpoint::stats::{
     self, CheckpointStats, CheckpointStatus, OperatorStats, StatsSummary, SubtaskStats, Totals,
 };
-use tidemark::event::Alignment;
-use tidemark::ids::CheckpointId;
+use tidemark_core::event::Alignment;
+use tidemark_core::ids::CheckpointId;
 
 pub(super) fn routes(config: &mut web::ServiceConfig) {
     config

@@ -24,10 +24,10 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
-use tidemark::checkpoint::CheckpointSettings;
-use tidemark::ids::{JobId, OperatorId};
-use tidemark::job::Job;
-use tidemark::key_group::key_hash;
+use tidemark_core::checkpoint::CheckpointSettings;
+use tidemark_core::ids::{JobId, OperatorId};
+use tidemark_core::job::Job;
+use tidemark_core::key_group::key_hash;
 
 pub(crate) use auth::check_exposure;
 pub use auth::{HttpToken, HttpTokenError};
@@ -115,7 +115,7 @@ impl JobView {
             control: OnceLock::new(),
             checkpointing: job.config.checkpointing.clone(),
             state_backend: match job.config.state_backend {
-                tidemark::StateBackend::Heap => "HashMapStateBackend",
+                tidemark_core::StateBackend::Heap => "HashMapStateBackend",
                 _ => "EmbeddedRocksDBStateBackend",
             },
             ended: Mutex::new(None),

@@ -14,9 +14,9 @@ use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
-use tidemark::event::CheckpointKind;
-use tidemark::rng::SplitMix64;
-use tidemark::storage::{check_savepoint_dir, CheckpointStorage};
+use tidemark_core::event::CheckpointKind;
+use tidemark_core::rng::SplitMix64;
+use tidemark_storage::{check_savepoint_dir, CheckpointStorage};
 
 /// Operations remembered: a client polls within seconds, so only the
 /// newest are kept.
@@ -261,7 +261,7 @@ fn check_format(format: Option<&str>) -> Result<(), ApiError> {
 
 impl JobView {
     /// The job's checkpointing, which every trigger needs.
-    fn checkpointing(&self) -> Result<&tidemark::checkpoint::CheckpointSettings, ApiError> {
+    fn checkpointing(&self) -> Result<&tidemark_core::checkpoint::CheckpointSettings, ApiError> {
         self.checkpointing.as_ref().ok_or_else(|| {
             ApiError::new(
                 StatusCode::CONFLICT,
@@ -540,7 +540,7 @@ mod tests {
 
     fn savepoint() -> Result<Savepoint, String> {
         Ok(Savepoint {
-            id: tidemark::ids::CheckpointId(1),
+            id: tidemark_core::ids::CheckpointId(1),
             location: "sp".into(),
         })
     }

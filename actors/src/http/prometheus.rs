@@ -4,7 +4,7 @@ use super::JobView;
 use actix_web::{web, HttpResponse};
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
-use tidemark::checkpoint::stats;
+use tidemark_core::checkpoint::stats;
 
 /// Writes the Prometheus exposition, one family at a time.
 struct Exposition {

@@ -2,7 +2,7 @@
 //! where a job's checkpoints live and how their objects are written, read
 //! and deleted, and the savepoint copier. The decisions it carries out (what
 //! to write, keep, copy or delete) are made by the pure state machines of
-//! [`crate::checkpoint`]. Layout under the root
+//! [`tidemark_core::checkpoint`]. Layout under the root
 //! (a local directory, an in-memory store, or an S3 bucket and prefix):
 //!
 //! ```text
@@ -23,13 +23,9 @@ pub mod lease;
 pub mod savepoint;
 pub mod upload;
 
-use crate::checkpoint::metadata::{self, MetadataError};
-use crate::checkpoint::store::CompletedCheckpointStore;
-use crate::checkpoint::{
-    stays_inside, CheckpointSettings, CompletedCheckpoint, HandleMismatch, SettingsError,
-    StateHandle,
-};
-use crate::ids::{CheckpointId, JobId};
+#[cfg(test)]
+mod metadata_fuzz;
+
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::local::LocalFileSystem;
@@ -41,6 +37,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::SystemTime;
 use thiserror::Error;
+use tidemark_core::checkpoint::metadata::{self, MetadataError};
+use tidemark_core::checkpoint::restore::RestoreFailure;
+use tidemark_core::checkpoint::store::CompletedCheckpointStore;
+use tidemark_core::checkpoint::{
+    stays_inside, CheckpointSettings, CompletedCheckpoint, HandleMismatch, SettingsError,
+    StateHandle,
+};
+use tidemark_core::ids::{CheckpointId, JobId};
 
 /// The metadata file of a checkpoint or savepoint directory.
 pub const METADATA: &str = "_metadata";
@@ -149,6 +153,17 @@ impl StorageError {
                 ..
             }
         )
+    }
+
+    /// What this error, met while reading a checkpoint's state, means for
+    /// the restore: a missing object is damaged state, an older checkpoint
+    /// may still serve; anything else (storage down) would fail it alike.
+    pub fn restore_failure(&self) -> RestoreFailure {
+        if self.is_not_found() {
+            RestoreFailure::DamagedState
+        } else {
+            RestoreFailure::Other
+        }
     }
 }
 
@@ -801,7 +816,7 @@ impl CheckpointStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::tests::checkpoint;
+    use tidemark_core::testkit::checkpoint;
 
     #[tokio::test]
     async fn paths_cannot_escape_the_job_directory() {
@@ -963,5 +978,25 @@ mod tests {
             .unwrap();
         let err = storage.recover_store(2).await.unwrap_err();
         assert!(err.to_string().contains("chk-3/_metadata"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_object_is_damaged_state_and_storage_down_is_not() {
+        let missing = StorageError::Io {
+            path: "chk-1/x".into(),
+            source: object_store::Error::NotFound {
+                path: "chk-1/x".into(),
+                source: "gone".into(),
+            },
+        };
+        assert_eq!(missing.restore_failure(), RestoreFailure::DamagedState);
+        let down = StorageError::Io {
+            path: "chk-1/x".into(),
+            source: object_store::Error::Generic {
+                store: "S3",
+                source: "connection refused".into(),
+            },
+        };
+        assert_eq!(down.restore_failure(), RestoreFailure::Other);
     }
 }

@@ -24,20 +24,7 @@
 //! Case counts are modest so that the suite stays fast; proptest keeps a
 //! failing case in `proptest-regressions/` and replays it first.
 
-use super::metadata::{decode, encode, MetadataError};
-use super::restore::{self, RestorePlan};
-use super::savepoint::check_references;
-use super::{
-    checksum, stays_inside, ChannelSide, ChannelStateHandle, CompletedCheckpoint,
-    KeyGroupsStateHandle, KeyedStateHandle, NativeFileHandle, NativeStateHandle, SnapshotFormat,
-    StateHandle, SubtaskState,
-};
-use crate::event::CheckpointKind;
-use crate::graph::{Edge, JobGraph, OperatorSpec, Partitioner};
-use crate::ids::{CheckpointId, JobId, OperatorId, SubtaskId, SubtaskIndex};
-use crate::key_group::KeyGroupRange;
-use crate::storage::{CheckpointStorage, ReadError, StorageError};
-use crate::task::{SINK, SOURCE_EXHAUSTED, SOURCE_POSITION, SOURCE_WATERMARK};
+use crate::{CheckpointStorage, ReadError, StorageError};
 use bytes::Bytes;
 use object_store::path::Path;
 use proptest::collection::{btree_map, vec};
@@ -47,6 +34,19 @@ use proptest::test_runner::{Config, TestRunner};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
+use tidemark_core::checkpoint::metadata::{decode, encode, MetadataError};
+use tidemark_core::checkpoint::restore::{self, RestorePlan};
+use tidemark_core::checkpoint::savepoint::check_references;
+use tidemark_core::checkpoint::{
+    checksum, stays_inside, ChannelSide, ChannelStateHandle, CompletedCheckpoint,
+    KeyGroupsStateHandle, KeyedStateHandle, NativeFileHandle, NativeStateHandle, SnapshotFormat,
+    StateHandle, SubtaskState,
+};
+use tidemark_core::event::CheckpointKind;
+use tidemark_core::graph::{Edge, JobGraph, OperatorSpec, Partitioner};
+use tidemark_core::ids::{CheckpointId, JobId, OperatorId, SubtaskId, SubtaskIndex};
+use tidemark_core::key_group::KeyGroupRange;
+use tidemark_core::task::{SINK, SOURCE_EXHAUSTED, SOURCE_POSITION, SOURCE_WATERMARK};
 
 // ---------------------------------------------------------------------------
 // Allocation measure
@@ -457,7 +457,7 @@ fn sample() -> CompletedCheckpoint {
         format: SnapshotFormat::JobDirectory,
         operators: graph.operators.clone(),
         edges: graph.edges.clone(),
-        key_hash: crate::key_hash::KEY_HASH_VERSION,
+        key_hash: tidemark_core::key_hash::KEY_HASH_VERSION,
         timestamp: 1_700_000_000_000,
         subtasks,
         master_states: BTreeMap::from([("hook".to_owned(), vec![4, 5])]),
@@ -840,7 +840,7 @@ fn operator_state() -> impl Strategy<Value = BTreeMap<String, Vec<u8>>> {
         (
             Just(SOURCE_POSITION),
             prop_oneof![0..1000u64, (u64::MAX - 400)..=u64::MAX, any::<u64>()].prop_map(|next| {
-                rmp_serde::to_vec(&crate::split::SplitPosition {
+                rmp_serde::to_vec(&tidemark_core::split::SplitPosition {
                     next,
                     read_before: Vec::new(),
                 })
@@ -994,7 +994,10 @@ fn checkpoint(job: &Job) -> impl Strategy<Value = CompletedCheckpoint> {
                 strangers,
                 operators(&job, parallelism),
                 edges(&job),
-                mostly(Just(crate::key_hash::KEY_HASH_VERSION), any::<u32>()),
+                mostly(
+                    Just(tidemark_core::key_hash::KEY_HASH_VERSION),
+                    any::<u32>(),
+                ),
                 select(vec![
                     SnapshotFormat::JobDirectory,
                     SnapshotFormat::SelfContained,

@@ -7,7 +7,6 @@
 //! so that end-to-end tests run real jobs on storage that misbehaves in a
 //! reproducible way.
 
-use crate::rng::SplitMix64;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt};
@@ -21,6 +20,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
+use tidemark_core::rng::SplitMix64;
 
 /// What a [`FaultyStore`] does wrong, and how often. Probabilities are per
 /// operation, from 0 to 1.

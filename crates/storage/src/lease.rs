@@ -16,24 +16,17 @@
 //! [`judge`] decides whether a directory can be taken; it is pure, so every
 //! case is a plain test.
 
-use super::{CheckpointStorage, StorageError};
+use crate::{CheckpointStorage, StorageError};
 use bytes::Bytes;
 use object_store::{PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use thiserror::Error;
+use tidemark_core::checkpoint::lease::LeaseOptions;
 
 /// The directory of leases, relative to the job directory.
 pub const LEASES: &str = "_leases";
-
-/// How long a lease lasts without renewal, unless configured.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
-/// The shortest time to live: renewal, every third of it, must fit a slow
-/// store's round trip.
-pub const MIN_TTL: Duration = Duration::from_secs(1);
-/// The longest: a crashed run's directory is free again within a day.
-pub const MAX_TTL: Duration = Duration::from_secs(86_400);
 
 /// Who holds a job directory, as stored in its lease object.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,25 +144,6 @@ pub enum LeaseError {
     Storage(#[from] StorageError),
 }
 
-/// How a run leases its directory.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LeaseOptions {
-    /// Without renewal, the lease expires this long after the last one.
-    pub ttl: Duration,
-    /// Take the directory even from a live-looking holder: the user knows
-    /// its run is dead.
-    pub take_over: bool,
-}
-
-impl Default for LeaseOptions {
-    fn default() -> Self {
-        LeaseOptions {
-            ttl: DEFAULT_TTL,
-            take_over: false,
-        }
-    }
-}
-
 /// A run's lease on its job directory, while it holds it.
 #[derive(Debug)]
 pub struct Lease {
@@ -189,7 +163,7 @@ pub fn now_ms() -> u64 {
 
 /// A name no other run has: host, process and a token of this run's.
 pub fn run_identity(host: &str, pid: u32) -> String {
-    format!("{host}:{pid}:{:016x}", crate::rng::unique_token())
+    format!("{host}:{pid}:{:016x}", tidemark_core::rng::unique_token())
 }
 
 /// This machine's name, as a lease records it (in a pod, the pod's name).
@@ -391,8 +365,8 @@ fn encode(holder: &Holder) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::JobId;
     use std::sync::Arc;
+    use tidemark_core::ids::JobId;
 
     fn holder(renewed_ms: u64) -> Holder {
         Holder {

@@ -6,33 +6,13 @@
 //! way the object appears only once it is complete: a multipart upload that
 //! fails or is abandoned is aborted, never completed.
 
-use super::{CheckpointStorage, StorageError};
+use crate::{CheckpointStorage, StorageError};
 use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{MultipartUpload, ObjectStoreExt, PutPayload};
 use std::sync::atomic::Ordering;
+use tidemark_core::checkpoint::merging::UploadLimits;
 use tokio::task::JoinSet;
-
-/// When an object is written as a multipart upload, and in which parts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UploadLimits {
-    /// Objects larger than this are multipart uploads.
-    pub multipart_threshold: u64,
-    /// Size of every part but the last. S3 wants at least 5 MiB.
-    pub part_size: usize,
-    /// Parts of one upload in flight at once.
-    pub parts_in_flight: usize,
-}
-
-impl Default for UploadLimits {
-    fn default() -> Self {
-        UploadLimits {
-            multipart_threshold: 16 << 20,
-            part_size: 8 << 20,
-            parts_in_flight: 2,
-        }
-    }
-}
 
 /// An object being written, piece by piece. Nothing is visible under its
 /// name before [`ObjectWriter::finish`] succeeds; one dropped unfinished
@@ -255,7 +235,7 @@ impl Drop for ObjectWriter<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::JobId;
+    use tidemark_core::ids::JobId;
 
     fn limits() -> UploadLimits {
         UploadLimits {

@@ -23,6 +23,7 @@
 pub mod barrier;
 pub mod coordinator;
 pub mod input_end;
+pub mod lease;
 pub mod merging;
 pub mod metadata;
 pub mod restore;
@@ -33,8 +34,6 @@ pub mod store;
 
 #[cfg(test)]
 mod dag_tests;
-#[cfg(test)]
-mod metadata_fuzz;
 
 use crate::batch::Batch;
 use crate::event::{Alignment, CheckpointKind};
@@ -118,7 +117,7 @@ pub enum RestoreMode {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tidemark::checkpoint::CheckpointSettings;
+/// use tidemark_core::checkpoint::CheckpointSettings;
 ///
 /// let settings = CheckpointSettings::new("./tidemark-data/checkpoints")
 ///     .interval(Duration::from_secs(1))
@@ -151,7 +150,7 @@ pub struct CheckpointSettings {
     /// Inline small objects, merge the others or not.
     pub layout: merging::StateLayout,
     /// How the run leases its job directory.
-    pub lease: crate::storage::lease::LeaseOptions,
+    pub lease: lease::LeaseOptions,
     /// Checkpoints the statistics' history keeps (Flink's
     /// `web.checkpoints.history`).
     pub history: usize,
@@ -267,7 +266,7 @@ impl CheckpointSettings {
 
     /// How long the run's lease on its job directory lasts without renewal,
     /// and whether it takes the directory from a run that looks alive.
-    pub fn lease(mut self, lease: crate::storage::lease::LeaseOptions) -> Self {
+    pub fn lease(mut self, lease: lease::LeaseOptions) -> Self {
         self.lease = lease;
         self
     }
@@ -303,7 +302,7 @@ impl CheckpointSettings {
     }
 
     /// How large physical files are uploaded.
-    pub fn upload(mut self, limits: crate::storage::upload::UploadLimits) -> Self {
+    pub fn upload(mut self, limits: merging::UploadLimits) -> Self {
         self.layout.upload = limits;
         self
     }
@@ -322,7 +321,7 @@ pub enum SettingsError {
     #[error("unaligned checkpoints (also aligned ones with a timeout) need max concurrent checkpoints 1, not {0}: an unaligned barrier overtakes the in-flight data and with it the barrier of an older checkpoint, which then aborts")]
     UnalignedConcurrent(usize),
     /// A lease time to live outside what renewal can keep up with.
-    #[error("the lease time to live must be between {min:?} and {max:?}, not {0:?}", min = crate::storage::lease::MIN_TTL, max = crate::storage::lease::MAX_TTL)]
+    #[error("the lease time to live must be between {min:?} and {max:?}, not {0:?}", min = lease::MIN_TTL, max = lease::MAX_TTL)]
     LeaseTtl(Duration),
     /// No completed checkpoint kept: nothing to restore from.
     #[error("at least one completed checkpoint must be retained, not 0")]
@@ -356,7 +355,7 @@ impl CheckpointSettings {
             return Err(SettingsError::NoHistory);
         }
         let ttl = self.lease.ttl;
-        if !(crate::storage::lease::MIN_TTL..=crate::storage::lease::MAX_TTL).contains(&ttl) {
+        if !(lease::MIN_TTL..=lease::MAX_TTL).contains(&ttl) {
             return Err(SettingsError::LeaseTtl(ttl));
         }
         match self.alignment {
@@ -963,7 +962,7 @@ pub enum CheckpointFailure {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
     #[test]
@@ -1001,21 +1000,6 @@ pub(crate) mod tests {
         );
     }
 
-    /// A completed checkpoint with no state, for storage tests.
-    pub(crate) fn checkpoint(id: u64) -> CompletedCheckpoint {
-        CompletedCheckpoint {
-            id: CheckpointId(id),
-            kind: CheckpointKind::Checkpoint,
-            format: Default::default(),
-            operators: Vec::new(),
-            edges: Vec::new(),
-            key_hash: crate::key_hash::KEY_HASH_VERSION,
-            timestamp: id,
-            subtasks: BTreeMap::new(),
-            master_states: BTreeMap::new(),
-        }
-    }
-
     #[test]
     fn input_ends_only_when_every_source_was_exhausted_in_the_checkpoint() {
         let source = |i| SubtaskId {
@@ -1026,7 +1010,7 @@ pub(crate) mod tests {
             operator: BTreeMap::from([(SOURCE_EXHAUSTED.to_owned(), Vec::new())]),
             ..SubtaskState::default()
         };
-        let mut c = checkpoint(1);
+        let mut c = crate::testkit::checkpoint(1);
         c.subtasks.insert(source(0), exhausted.clone());
         c.subtasks.insert(source(1), SubtaskState::default());
         assert!(!ends_input(&c, &[source(0), source(1)]));

@@ -117,10 +117,10 @@ impl InputEnd {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::tests::checkpoint;
     use crate::checkpoint::SubtaskState;
     use crate::ids::{OperatorId, SubtaskIndex};
     use crate::task::SOURCE_EXHAUSTED;
+    use crate::testkit::checkpoint;
     use std::collections::BTreeMap;
 
     fn source(i: u32) -> SubtaskId {

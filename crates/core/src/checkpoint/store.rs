@@ -54,8 +54,8 @@ impl CompletedCheckpointStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::tests::checkpoint;
     use crate::ids::CheckpointId;
+    use crate::testkit::checkpoint;
 
     #[test]
     fn retains_the_newest_and_hands_back_the_subsumed() {

@@ -41,9 +41,9 @@ pub type TaskFactory = Arc<dyn Fn(&TaskContext) -> Box<dyn Task> + Send + Sync>;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tidemark::checkpoint::CheckpointSettings;
-/// use tidemark::job::JobConfig;
-/// use tidemark::restart::RestartStrategy;
+/// use tidemark_core::checkpoint::CheckpointSettings;
+/// use tidemark_core::job::JobConfig;
+/// use tidemark_core::restart::RestartStrategy;
 ///
 /// let config = JobConfig::default()
 ///     .parallelism(4)

@@ -79,49 +79,9 @@ pub fn check_references(
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::checkpoint::tests::checkpoint;
-    use crate::checkpoint::{KeyGroupsStateHandle, KeyedStateHandle, SubtaskState};
-    use crate::ids::{OperatorId, SubtaskId, SubtaskIndex};
-
-    fn subtask(index: u32) -> SubtaskId {
-        SubtaskId {
-            operator: OperatorId(1),
-            index: SubtaskIndex(index),
-        }
-    }
-
-    /// Keyed state of two subtasks as segments of one merged file holding
-    /// `abcdef`, and channel state inline.
-    pub(crate) fn merged() -> CompletedCheckpoint {
-        let mut c = checkpoint(4);
-        for (index, offset, bytes) in [(0, 0, b"abc"), (1, 3, b"def")] {
-            let state = SubtaskState {
-                keyed: Some(KeyedStateHandle::KeyGroups(KeyGroupsStateHandle {
-                    start_group: index * 64,
-                    offsets: vec![0],
-                    handle: StateHandle::Segment {
-                        path: "merged/file-1".into(),
-                        offset,
-                        size: 3,
-                        checksum: crate::checkpoint::checksum(bytes),
-                    },
-                })),
-                ..SubtaskState::default()
-            };
-            c.subtasks.insert(subtask(index), state);
-        }
-        c.subtasks.get_mut(&subtask(1)).unwrap().channels.push(
-            crate::checkpoint::ChannelStateHandle {
-                side: crate::checkpoint::ChannelSide::Input,
-                channel: 0,
-                batches: 1,
-                handle: StateHandle::Inline(vec![7]),
-            },
-        );
-        c
-    }
+    use crate::testkit::merged;
 
     #[test]
     fn segments_become_objects_of_their_own_and_inline_bytes_stay() {

@@ -114,15 +114,6 @@ impl RestoreFailure {
             _ => RestoreFailure::Other,
         }
     }
-
-    /// What a storage error while reading the checkpoint's state means.
-    pub fn of_storage(error: &crate::storage::StorageError) -> Self {
-        if error.is_not_found() {
-            RestoreFailure::DamagedState
-        } else {
-            RestoreFailure::Other
-        }
-    }
 }
 
 /// The checkpoints a start may restore from, newest first: with `--restore
@@ -808,9 +799,8 @@ mod candidate_tests {
     }
 
     #[test]
-    fn a_missing_or_corrupted_object_is_damaged_state_and_nothing_else_is() {
+    fn a_corrupted_object_is_damaged_state_and_a_misfit_is_not() {
         use crate::checkpoint::HandleMismatch;
-        use crate::storage::StorageError;
         let subtask = SubtaskId {
             operator: OperatorId(1),
             index: SubtaskIndex(0),
@@ -828,25 +818,6 @@ mod candidate_tests {
         );
         let unknown = RestoreError::NotRestored("counter".into());
         assert_eq!(RestoreFailure::of_restore(&unknown), RestoreFailure::Other);
-        let missing = StorageError::Io {
-            path: "chk-1/x".into(),
-            source: object_store::Error::NotFound {
-                path: "chk-1/x".into(),
-                source: "gone".into(),
-            },
-        };
-        assert_eq!(
-            RestoreFailure::of_storage(&missing),
-            RestoreFailure::DamagedState
-        );
-        let down = StorageError::Io {
-            path: "chk-1/x".into(),
-            source: object_store::Error::Generic {
-                store: "S3",
-                source: "connection refused".into(),
-            },
-        };
-        assert_eq!(RestoreFailure::of_storage(&down), RestoreFailure::Other);
     }
 }
 

@@ -116,7 +116,7 @@ pub struct StateLayout {
     /// compacted.
     pub max_space_amplification: f64,
     /// Which physical files are multipart uploads, in which parts.
-    pub upload: crate::storage::upload::UploadLimits,
+    pub upload: UploadLimits,
 }
 
 impl Default for StateLayout {
@@ -244,6 +244,27 @@ impl MergePlan {
                 size: self.sizes[index],
                 checksum,
             }),
+        }
+    }
+}
+
+/// When an object is written as a multipart upload, and in which parts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UploadLimits {
+    /// Objects larger than this are multipart uploads.
+    pub multipart_threshold: u64,
+    /// Size of every part but the last. S3 wants at least 5 MiB.
+    pub part_size: usize,
+    /// Parts of one upload in flight at once.
+    pub parts_in_flight: usize,
+}
+
+impl Default for UploadLimits {
+    fn default() -> Self {
+        UploadLimits {
+            multipart_threshold: 16 << 20,
+            part_size: 8 << 20,
+            parts_in_flight: 2,
         }
     }
 }

@@ -1,13 +1,15 @@
-//! Carries out the savepoint plan of [`crate::checkpoint::savepoint`]: copies
+//! Carries out the savepoint plan of [`tidemark_core::checkpoint::savepoint`]: copies
 //! a savepoint out of checkpoint storage into its own directory, and opens
 //! one for a restore.
 
 use super::{CheckpointStorage, ReadError, StorageError, METADATA};
-use crate::checkpoint::savepoint::{check_references, directory_name, relocate, EscapingReference};
-use crate::checkpoint::{CompletedCheckpoint, SnapshotFormat};
-use crate::ids::JobId;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use thiserror::Error;
+use tidemark_core::checkpoint::savepoint::{
+    check_references, directory_name, relocate, EscapingReference,
+};
+use tidemark_core::checkpoint::{CompletedCheckpoint, SnapshotFormat};
+use tidemark_core::ids::JobId;
 
 /// Objects copied at once.
 const PARALLEL_COPIES: usize = 4;
@@ -111,8 +113,8 @@ pub async fn open(url: &str) -> Result<(CheckpointStorage, CompletedCheckpoint),
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::savepoint::tests::merged;
     use bytes::Bytes;
+    use tidemark_core::testkit::merged;
 
     #[tokio::test]
     async fn a_savepoint_holds_every_byte_and_restores_from_its_directory_alone() {
