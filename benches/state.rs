@@ -95,7 +95,8 @@ fn main() {
         let heap = KeyedStateBackend::new(&StateBackend::Heap, "bench", range, 128);
         run(&format!("heap, {label}"), heap, keys, records, n);
         for &cache in &caches {
-            let rocksdb = StateBackend::rocksdb(Some(dir.path().to_owned()), Some(cache));
+            let rocksdb =
+                tidemark::rocksdb::RocksDb::backend(Some(dir.path().to_owned()), Some(cache));
             let backend = KeyedStateBackend::new(&rocksdb, "bench", range, 128);
             run(
                 &format!("rocksdb/{cache}, {label}"),

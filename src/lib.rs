@@ -17,4 +17,23 @@
 
 pub use tidemark_actors as actors;
 pub use tidemark_core::*;
+/// RocksDB as the embedded store of keyed state (`rocksdb` feature).
+#[cfg(feature = "rocksdb")]
+pub use tidemark_rocksdb as rocksdb;
 pub use tidemark_storage as storage;
+
+/// README.md's Rust snippets, compiled (and run unless marked `no_run`) as
+/// doc tests, so that the README cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+/// docs/jobs.md's Rust snippets, doc tests as README.md's are.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/jobs.md")]
+pub struct JobsDocDoctests;
+
+/// docs/configuration.md's Rust snippets, doc tests as README.md's are.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/configuration.md")]
+pub struct ConfigurationDocDoctests;

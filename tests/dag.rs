@@ -29,7 +29,6 @@ use std::time::Duration;
 use tidemark::checkpoint::CheckpointSettings;
 use tidemark::fault::KillSchedule;
 use tidemark::operator::OutputTag;
-use tidemark::state::StateBackend;
 use tidemark::two_input::CoProcessFunction;
 use tidemark::JobBuilder;
 use tidemark_actors::prelude::*;
@@ -391,7 +390,10 @@ fn killed(seed: u64) -> (u64, bool) {
         .source_rate(RECORDS as f64);
     if seed.is_multiple_of(3) {
         builder = builder
-            .state_backend(StateBackend::rocksdb(Some(state.path().to_owned()), None))
+            .state_backend(tidemark::rocksdb::RocksDb::backend(
+                Some(state.path().to_owned()),
+                None,
+            ))
             .checkpointing(settings.incremental(true));
     }
     let mut job = builder.build();

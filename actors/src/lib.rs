@@ -61,19 +61,3 @@ pub mod prelude {
         ValueState,
     };
 }
-
-/// README.md's Rust snippets, compiled (and run unless marked `no_run`) as
-/// doc tests, so that the README cannot drift from the API.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;
-
-/// docs/jobs.md's Rust snippets, doc tests as README.md's are.
-#[cfg(doctest)]
-#[doc = include_str!("../../docs/jobs.md")]
-pub struct JobsDocDoctests;
-
-/// docs/configuration.md's Rust snippets, doc tests as README.md's are.
-#[cfg(doctest)]
-#[doc = include_str!("../../docs/configuration.md")]
-pub struct ConfigurationDocDoctests;

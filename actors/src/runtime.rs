@@ -23,7 +23,6 @@ use tidemark_core::event::CheckpointKind;
 use tidemark_core::graph::GraphError;
 use tidemark_core::ids::{CheckpointId, JobId, SubtaskId};
 use tidemark_core::job::{Job, JobConfigError};
-use tidemark_core::state::StateError;
 use tidemark_storage::lease::{Lease, LeaseError};
 use tidemark_storage::savepoint::SavepointError;
 use tidemark_storage::{CheckpointStorage, StorageError};
@@ -38,9 +37,6 @@ pub enum JobError {
     /// A job setting is out of range; nothing was deployed.
     #[error("invalid job settings: {0}")]
     InvalidConfig(#[from] JobConfigError),
-    /// This build cannot run the state backend; nothing was deployed.
-    #[error("invalid state backend: {0}")]
-    InvalidStateBackend(#[from] StateError),
     /// The checkpoint settings do not validate; nothing was deployed.
     #[error("invalid checkpointing: {0}")]
     InvalidCheckpointing(#[from] SettingsError),
@@ -339,7 +335,6 @@ impl Runtime {
     pub fn run(&self, job: Job) -> Result<JobHandle, JobError> {
         job.validate()?;
         job.config.validate()?;
-        job.config.state_backend.validate()?;
         if let Some(addr) = self.http {
             http::check_exposure(addr, self.http_token.as_ref())?;
         }

@@ -363,9 +363,12 @@ impl Options {
     fn state_backend(&self) -> StateBackend {
         match self.state {
             StateKind::Heap => StateBackend::Heap,
+            #[cfg(feature = "rocksdb")]
             StateKind::Rocksdb => {
-                StateBackend::rocksdb(self.state_dir.clone(), self.state_cache_entries)
+                tidemark_rocksdb::RocksDb::backend(self.state_dir.clone(), self.state_cache_entries)
             }
+            #[cfg(not(feature = "rocksdb"))]
+            StateKind::Rocksdb => unreachable!("validate refuses RocksDB without the feature"),
         }
     }
 
@@ -380,8 +383,11 @@ impl Options {
                 origins.suggest("--state rocksdb", "state.backend.type: rocksdb")
             )
         };
-        if let Err(e) = self.state_backend().validate() {
-            return refuse("state", e.to_string());
+        if cfg!(not(feature = "rocksdb")) && self.state == StateKind::Rocksdb {
+            return refuse(
+                "state",
+                "this build of Tidemark has no RocksDB; build it with the `rocksdb` feature".into(),
+            );
         }
         if self.state != StateKind::Rocksdb {
             if self.incremental {

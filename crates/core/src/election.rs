@@ -15,7 +15,7 @@
 //!
 //! Leading alone never fences a stale leader's writes (a paused process
 //! does not know it was paused): the job directory's lease
-//! ([`crate::storage::lease`]) does that, by epoch, and an elected leader
+//! (`tidemark_storage::lease`) does that, by epoch, and an elected leader
 //! takes it over.
 //!
 //! [`Elector`] is pure: the caller reads the record, asks what to write,

@@ -1,7 +1,7 @@
 //! Tidemark's core: everything about running a fault-tolerant stream job
 //! short of actors, threads and timers.
 //!
-//! The checkpoint protocol lives in [`checkpoint`] (`src/checkpoint/`), pure
+//! The checkpoint protocol lives in [`checkpoint`], pure
 //! and deterministic: the coordinator ([`checkpoint::coordinator`]) and the
 //! barrier handler ([`checkpoint::barrier`]) are state machines that take an
 //! event and the current time and return actions; the shared-state registry
@@ -16,21 +16,17 @@
 //! failure-injection schedules and the rules of leader election between a
 //! job's drivers ([`election`]).
 //!
-//! Two places do IO, carrying out what those decided: [`storage`]
-//! (`src/storage/`: checkpoint storage over `object_store`, as async
-//! functions, and the savepoint copier) and the RocksDB state backend
-//! (`src/state/rocksdb.rs`, on local disk).
+//! Keyed state lives on the heap ([`state`]) or in an embedded store
+//! behind a typed write-back cache; the store itself (RocksDB) is the
+//! `tidemark-rocksdb` crate's, reached through the object-safe traits of
+//! [`state::store`].
 //!
-//! Features, both on by default: `rocksdb` (the RocksDB state backend,
-//! which compiles RocksDB's C++) and `s3` (`s3://` checkpoint storage, with
-//! object_store's S3 client and HTTP stack). An application that keeps its
-//! state on the heap and its checkpoints in local files or in memory
-//! depends on `tidemark` with `default-features = false` and compiles
-//! neither RocksDB nor an HTTP client.
-//!
-//! This crate owns no actors, threads or timers: the `tidemark-actors`
-//! crate wraps each state machine in an actix actor, arms its timers, moves
-//! its messages and runs the storage IO.
+//! It depends on no async runtime, object store, database, actor system or
+//! HTTP stack (`tests/layering.rs` holds it to that); what it still reads
+//! of the host is the clock for unique tokens (`rng::unique_token`) and the
+//! parallelism in `JobConfig::default`. Checkpoint storage over `object_store` is `tidemark-storage`;
+//! the `tidemark-actors` crate wraps each state machine in an actix actor,
+//! arms its timers, moves its messages and runs the storage IO.
 
 #![warn(missing_docs)]
 

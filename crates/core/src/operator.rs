@@ -826,11 +826,9 @@ mod tests {
         }
     }
 
-    #[cfg(feature = "rocksdb")]
     /// Counts records per key and emits `(key, count)` at the end.
     struct Count(crate::state::ValueState<u64>);
 
-    #[cfg(feature = "rocksdb")]
     impl KeyedProcessFunction<u64, u64, (u64, u64)> for Count {
         fn process(
             &mut self,
@@ -848,10 +846,9 @@ mod tests {
         }
     }
 
-    #[cfg(feature = "rocksdb")]
     fn counter(local_dir: &std::path::Path) -> KeyedProcess<u64, u64, (u64, u64)> {
-        let config = crate::state::StateBackend::RocksDb {
-            local_dir: local_dir.to_owned(),
+        let config = crate::state::StateBackend::Embedded {
+            store: Arc::new(crate::testkit::store::MemoryStore::new(local_dir)),
             cache_entries: crate::state::StateBackend::DEFAULT_CACHE_ENTRIES,
         };
         let range =
@@ -869,7 +866,6 @@ mod tests {
         )
     }
 
-    #[cfg(feature = "rocksdb")]
     fn counts(process: &mut KeyedProcess<u64, u64, (u64, u64)>) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
         process.end_of_input(&mut out).unwrap();
@@ -881,9 +877,8 @@ mod tests {
         counts
     }
 
-    #[cfg(feature = "rocksdb")]
     #[test]
-    fn a_keyed_operator_on_rocksdb_snapshots_natively_and_restores_from_it() {
+    fn a_keyed_operator_on_an_embedded_store_snapshots_natively_and_restores_from_it() {
         let dir = tempfile::tempdir().unwrap();
         let mut process = counter(dir.path());
         process.restore(&RestoreState::default()).unwrap();
@@ -895,7 +890,7 @@ mod tests {
             .snapshot(CheckpointId(1), &mut Vec::new(), &mut snapshot)
             .unwrap();
         let Some(crate::task::KeyedSnapshot::Native(native)) = snapshot.keyed else {
-            panic!("a RocksDB operator took a heap snapshot");
+            panic!("an operator on an embedded store took a heap snapshot");
         };
         for record in 0..1000u64 {
             process.push(record);

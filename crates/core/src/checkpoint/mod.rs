@@ -18,7 +18,7 @@
 //! This module also holds the handles and records they exchange (state
 //! handles, acks, completed checkpoints) and the job's checkpoint settings.
 //! The IO side, which writes, reads, copies and deletes what these decide,
-//! is [`crate::storage`] (and the RocksDB backend in [`crate::state`]).
+//! is `tidemark-storage`'s (and the RocksDB store `tidemark-rocksdb`'s).
 
 pub mod barrier;
 pub mod coordinator;

@@ -1,5 +1,5 @@
 //! Savepoints in a self-contained, relocatable format (seed 000 §5.2): the
-//! plan of the copy, which [`crate::storage::savepoint`] carries out. A
+//! plan of the copy, which `tidemark_storage::savepoint` carries out. A
 //! savepoint is taken like a checkpoint, into the checkpoint directory, and
 //! then copied out: every state object becomes a plain object of its own in
 //! `<savepoint-dir>/savepoint-<job>-<id>/`, next to a `_metadata` whose

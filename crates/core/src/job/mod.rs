@@ -99,12 +99,13 @@ impl Default for JobConfig {
 /// fault-injection fields (`kills`, `faults`, `slow`), set by tests and by
 /// `tidemark run`'s failure injection, have none.
 impl JobConfig {
-    /// Where restores download native checkpoints: the RocksDB backend's
-    /// working directory, which takes the files over; none on the heap.
+    /// Where restores download native checkpoints: the embedded store's
+    /// local directory, whose databases take the files over; none on the
+    /// heap.
     pub fn local_dir(&self) -> Option<&std::path::Path> {
         match &self.state_backend {
             StateBackend::Heap => None,
-            StateBackend::RocksDb { local_dir, .. } => Some(local_dir),
+            StateBackend::Embedded { store, .. } => Some(store.local_dir()),
         }
     }
 

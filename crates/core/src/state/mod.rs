@@ -2,22 +2,22 @@
 //! to the key of the record being processed and partitioned by key group.
 //! Operator functions declare their states once, at open, and get typed
 //! handles; the backend behind the handles is chosen per job
-//! (`StateBackend`): typed hash tables on the heap, or one RocksDB database
-//! per subtask. The handles, the per-record `KeyedContext` and its `Entry`
-//! are the same for both, and dispatch to the backend through an enum, not a
-//! trait object.
+//! (`StateBackend`): typed hash tables on the heap, or one database of an
+//! embedded store (RocksDB, from the `tidemark-rocksdb` crate) per subtask,
+//! behind a write-back cache. The handles, the per-record `KeyedContext` and
+//! its `Entry` are the same for both, and dispatch to the backend through
+//! an enum, not a trait object.
 
+mod cached;
 mod heap;
-#[cfg(feature = "rocksdb")]
-mod rocksdb;
+pub mod store;
 
+pub use self::cached::EmbeddedKeyedStateBackend;
 pub use self::heap::{HeapKeyedStateBackend, HeapSnapshot, KeySlot};
-#[cfg(feature = "rocksdb")]
-pub use self::rocksdb::RocksDbKeyedStateBackend;
+pub use self::store::EmbeddedStore;
 
+use self::cached::CachedValue;
 use self::heap::{table_hash, GroupTable};
-#[cfg(feature = "rocksdb")]
-use self::rocksdb::CachedValue;
 use hashbrown::hash_table;
 
 use crate::batch::Data;
@@ -43,53 +43,62 @@ pub trait Key: Data + Hash + Eq + Debug {}
 impl<K: Data + Hash + Eq + Debug> Key for K {}
 
 /// Where the keyed state of a job lives.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub enum StateBackend {
     /// Typed hash tables in memory; snapshots are full copies.
     #[default]
     Heap,
-    /// One RocksDB database per subtask, in a directory of its own under
-    /// `local_dir` that is removed when the subtask's instance goes away;
-    /// snapshots are RocksDB native checkpoints. `cache_entries` bounds the
-    /// write-back cache of typed values in front of each database.
-    RocksDb {
-        /// Parent of the subtasks' working directories (local disk).
-        local_dir: PathBuf,
+    /// One database of `store` per subtask, in a working directory of its
+    /// own under the store's local directory that is removed when the
+    /// subtask's instance goes away; snapshots are native checkpoints.
+    /// `cache_entries` bounds the write-back cache of typed values in front
+    /// of each database.
+    Embedded {
+        /// The kind of store: `tidemark_rocksdb::RocksDb`.
+        store: Arc<dyn EmbeddedStore>,
         /// Typed values cached per subtask in front of its database.
         cache_entries: usize,
     },
 }
 
 impl StateBackend {
-    /// Values the RocksDB write-back cache holds, over all states, unless
-    /// told otherwise: about 40 MiB for a `u64` key and value (a value's own
-    /// heap data comes on top), next to RocksDB's 64 MiB block cache and its
-    /// memtables.
+    /// Values the write-back cache of an embedded store holds, over all
+    /// states, unless told otherwise: about 40 MiB for a `u64` key and
+    /// value (a value's own heap data comes on top), next to RocksDB's 64
+    /// MiB block cache and its memtables.
     pub const DEFAULT_CACHE_ENTRIES: usize = 1 << 20;
 
-    /// RocksDB under `local_dir` (default `<temp dir>/tidemark-state`) with
-    /// a write-back cache of `cache_entries` (default
-    /// [`StateBackend::DEFAULT_CACHE_ENTRIES`]).
-    pub fn rocksdb(local_dir: Option<PathBuf>, cache_entries: Option<usize>) -> Self {
-        StateBackend::RocksDb {
-            local_dir: local_dir.unwrap_or_else(|| std::env::temp_dir().join("tidemark-state")),
-            cache_entries: cache_entries.unwrap_or(Self::DEFAULT_CACHE_ENTRIES),
-        }
-    }
-
-    /// Refuses a backend this build cannot run: RocksDB without the
-    /// `rocksdb` feature. The variant exists in every build, so that
-    /// crates agreeing on the feature or not still agree on the type.
-    pub fn validate(&self) -> Result<(), StateError> {
+    /// Its name, as `--state` takes it: `heap` or the store's.
+    pub fn name(&self) -> &'static str {
         match self {
-            #[cfg(not(feature = "rocksdb"))]
-            StateBackend::RocksDb { .. } => Err(StateError::RocksDb(
-                "this build of Tidemark has no RocksDB; build it with the `rocksdb` feature".into(),
-            )),
-            _ => Ok(()),
+            StateBackend::Heap => "heap",
+            StateBackend::Embedded { store, .. } => store.name(),
         }
     }
 }
+
+/// Two backends are alike when they keep state the same way in the same
+/// place.
+impl PartialEq for StateBackend {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (StateBackend::Heap, StateBackend::Heap) => true,
+            (
+                StateBackend::Embedded {
+                    store: a,
+                    cache_entries: x,
+                },
+                StateBackend::Embedded {
+                    store: b,
+                    cache_entries: y,
+                },
+            ) => a.name() == b.name() && a.local_dir() == b.local_dir() && x == y,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for StateBackend {}
 
 /// Why keyed state could not be restored, read or snapshotted.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -105,7 +114,7 @@ pub enum StateError {
     /// Stored bytes do not decode as the declared type.
     #[error("keyed state does not decode: {0}")]
     Decode(String),
-    /// A RocksDB native checkpoint offered to the heap backend (the directory
+    /// A native checkpoint offered to the heap backend (the directory
     /// holding it).
     #[error(
         "the checkpoint in {0} was taken with the RocksDB state backend (a native \
@@ -113,9 +122,9 @@ pub enum StateError {
          the job with the RocksDB backend"
     )]
     NativeCheckpointOnHeap(PathBuf),
-    /// RocksDB returned an error, or the build has none.
-    #[error("RocksDB: {0}")]
-    RocksDb(String),
+    /// The embedded store returned an error (its name leads the message).
+    #[error("{0}")]
+    Store(String),
     /// A local file or directory of the state could not be used.
     #[error("{path}: {message}")]
     Io {
@@ -127,8 +136,8 @@ pub enum StateError {
 }
 
 impl StateError {
-    #[cfg(feature = "rocksdb")]
-    pub(crate) fn io(path: &std::path::Path, error: std::io::Error) -> Self {
+    /// A local file or directory of the state could not be used.
+    pub fn io(path: &std::path::Path, error: std::io::Error) -> Self {
         StateError::Io {
             path: path.to_owned(),
             message: error.to_string(),
@@ -140,17 +149,17 @@ impl StateError {
 pub enum KeyedStateBackend<K: Key> {
     /// [`StateBackend::Heap`].
     Heap(HeapKeyedStateBackend<K>),
-    #[cfg(feature = "rocksdb")]
-    /// Boxed: the database handle, options and cache are far larger than
-    /// the heap backend, and only reached through the enum once per record.
-    RocksDb(Box<RocksDbKeyedStateBackend<K>>),
+    /// [`StateBackend::Embedded`]. Boxed: the database handle and cache
+    /// are far larger than the heap backend, and only reached through the
+    /// enum once per record.
+    Embedded(Box<EmbeddedKeyedStateBackend<K>>),
 }
 
 impl<K: Key> KeyedStateBackend<K> {
     /// The backend `config` asks for. `label` names the subtask in the
-    /// RocksDB working directory (`op-<operator>-<index>`); nothing is
-    /// created on disk until the state is restored or first used.
-    #[cfg_attr(not(feature = "rocksdb"), allow(unused_variables))]
+    /// embedded store's working directory (`op-<operator>-<index>`);
+    /// nothing is created on disk until the state is restored or first
+    /// used.
     pub fn new(
         config: &StateBackend,
         label: &str,
@@ -161,20 +170,16 @@ impl<K: Key> KeyedStateBackend<K> {
             StateBackend::Heap => {
                 KeyedStateBackend::Heap(HeapKeyedStateBackend::new(key_groups, max_parallelism))
             }
-            #[cfg(not(feature = "rocksdb"))]
-            StateBackend::RocksDb { .. } => {
-                unreachable!("StateBackend::validate refuses RocksDB without the rocksdb feature")
-            }
-            #[cfg(feature = "rocksdb")]
-            StateBackend::RocksDb {
-                local_dir,
+            StateBackend::Embedded {
+                store,
                 cache_entries,
-            } => {
-                let mut backend =
-                    RocksDbKeyedStateBackend::new(local_dir, label, key_groups, max_parallelism);
-                backend.set_cache_capacity(*cache_entries);
-                KeyedStateBackend::RocksDb(Box::new(backend))
-            }
+            } => KeyedStateBackend::Embedded(Box::new(EmbeddedKeyedStateBackend::new(
+                store.clone(),
+                label,
+                key_groups,
+                max_parallelism,
+                *cache_entries,
+            ))),
         }
     }
 
@@ -182,16 +187,14 @@ impl<K: Key> KeyedStateBackend<K> {
     pub fn key_groups(&self) -> KeyGroupRange {
         match self {
             KeyedStateBackend::Heap(b) => b.key_groups(),
-            #[cfg(feature = "rocksdb")]
-            KeyedStateBackend::RocksDb(b) => b.key_groups(),
+            KeyedStateBackend::Embedded(b) => b.key_groups(),
         }
     }
 
     fn max_parallelism(&self) -> u32 {
         match self {
             KeyedStateBackend::Heap(b) => b.max_parallelism(),
-            #[cfg(feature = "rocksdb")]
-            KeyedStateBackend::RocksDb(b) => b.max_parallelism(),
+            KeyedStateBackend::Embedded(b) => b.max_parallelism(),
         }
     }
 
@@ -219,8 +222,7 @@ impl<K: Key> KeyedStateBackend<K> {
     pub fn prepare(&mut self, keys: &[K], slots: &mut Vec<KeySlot>) {
         slots.clear();
         slots.extend(keys.iter().map(|key| self.locate(key)));
-        #[cfg(feature = "rocksdb")]
-        if let KeyedStateBackend::RocksDb(b) = self {
+        if let KeyedStateBackend::Embedded(b) = self {
             if let Err(e) = b.read_ahead(keys, slots) {
                 panic!("reading the keyed state of a batch: {e}");
             }
@@ -233,30 +235,25 @@ impl<K: Key> KeyedStateBackend<K> {
     pub fn prefetch(&self, slot: KeySlot) {
         match self {
             KeyedStateBackend::Heap(b) => b.prefetch(slot),
-            #[cfg(feature = "rocksdb")]
-            KeyedStateBackend::RocksDb(_) => {}
+            KeyedStateBackend::Embedded(_) => {}
         }
     }
 
     /// `reduce`: how values added to a reducing state combine.
-    #[cfg_attr(not(feature = "rocksdb"), allow(unused_variables))]
     fn register<S: Data>(&mut self, name: &str, reduce: Option<Reduce<S>>) -> usize {
         match self {
             KeyedStateBackend::Heap(b) => b.register::<S>(name),
-            #[cfg(feature = "rocksdb")]
-            KeyedStateBackend::RocksDb(b) => b.register::<S>(name, reduce),
+            KeyedStateBackend::Embedded(b) => b.register::<S>(name, reduce),
         }
     }
 
     /// The synchronous part of checkpoint `checkpoint`: the heap's tables
     /// lent to the snapshot (see `heap`), or a RocksDB native checkpoint in a
     /// fresh directory.
-    #[cfg_attr(not(feature = "rocksdb"), allow(unused_variables))]
     pub fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<KeyedSnapshot, StateError> {
         match self {
             KeyedStateBackend::Heap(b) => Ok(KeyedSnapshot::Heap(b.snapshot())),
-            #[cfg(feature = "rocksdb")]
-            KeyedStateBackend::RocksDb(b) => b.snapshot(checkpoint).map(KeyedSnapshot::Native),
+            KeyedStateBackend::Embedded(b) => b.snapshot(checkpoint).map(KeyedSnapshot::Native),
         }
     }
 
@@ -266,8 +263,7 @@ impl<K: Key> KeyedStateBackend<K> {
     pub fn restore(&mut self, state: &RestoreState) -> Result<(), StateError> {
         match self {
             KeyedStateBackend::Heap(b) => b.restore(state),
-            #[cfg(feature = "rocksdb")]
-            KeyedStateBackend::RocksDb(b) => b.restore(state),
+            KeyedStateBackend::Embedded(b) => b.restore(state),
         }
     }
 
@@ -276,8 +272,7 @@ impl<K: Key> KeyedStateBackend<K> {
     pub fn flush(&mut self) -> Result<(), StateError> {
         match self {
             KeyedStateBackend::Heap(_) => Ok(()),
-            #[cfg(feature = "rocksdb")]
-            KeyedStateBackend::RocksDb(b) => b.write_back(),
+            KeyedStateBackend::Embedded(b) => b.write_back(),
         }
     }
 }
@@ -635,8 +630,7 @@ fn entry_of<'e, K: Key, S: Data>(
             key,
             hash: slot.hash,
         }),
-        #[cfg(feature = "rocksdb")]
-        KeyedStateBackend::RocksDb(b) => Entry(EntryRef::RocksDb(b.entry::<S>(id, key, slot))),
+        KeyedStateBackend::Embedded(b) => Entry(EntryRef::Embedded(b.entry::<S>(id, key, slot))),
     }
 }
 
@@ -650,7 +644,7 @@ fn find<'t, K: Key, S>(table: &'t GroupTable<K, S>, key: &K, hash: u64) -> Optio
 /// read once, when the entry is made, into the backend's write-back cache;
 /// the entry works on that copy and marks it dirty when it is set, cleared or
 /// handed out mutably (`get_or_default`), and the cache writes dirty values
-/// back to RocksDB in batches (see `RocksDbKeyedStateBackend`).
+/// back to RocksDB in batches (see `EmbeddedKeyedStateBackend`).
 pub struct Entry<'a, K: Key, S>(EntryRef<'a, K, S>);
 
 enum EntryRef<'a, K: Key, S> {
@@ -659,16 +653,14 @@ enum EntryRef<'a, K: Key, S> {
         key: &'a K,
         hash: u64,
     },
-    #[cfg(feature = "rocksdb")]
-    RocksDb(&'a mut CachedValue<S>),
+    Embedded(&'a mut CachedValue<S>),
 }
 
 impl<'a, K: Key, S: Data> Entry<'a, K, S> {
     fn into_value(self) -> Option<&'a S> {
         match self.0 {
             EntryRef::Heap { table, key, hash } => find(table, key, hash),
-            #[cfg(feature = "rocksdb")]
-            EntryRef::RocksDb(cached) => cached.value.as_ref(),
+            EntryRef::Embedded(cached) => cached.value.as_ref(),
         }
     }
 
@@ -676,8 +668,7 @@ impl<'a, K: Key, S: Data> Entry<'a, K, S> {
     pub fn get(&self) -> Option<&S> {
         match &self.0 {
             EntryRef::Heap { table, key, hash } => find(table, key, *hash),
-            #[cfg(feature = "rocksdb")]
-            EntryRef::RocksDb(cached) => cached.value.as_ref(),
+            EntryRef::Embedded(cached) => cached.value.as_ref(),
         }
     }
 
@@ -692,8 +683,7 @@ impl<'a, K: Key, S: Data> Entry<'a, K, S> {
                     }
                 }
             }
-            #[cfg(feature = "rocksdb")]
-            EntryRef::RocksDb(cached) => {
+            EntryRef::Embedded(cached) => {
                 cached.value = Some(value);
                 cached.dirty = true;
             }
@@ -707,8 +697,7 @@ impl<'a, K: Key, S: Data> Entry<'a, K, S> {
                 let entry = table.find_entry(*hash, |(k, _)| k == *key).ok()?;
                 Some(entry.remove().0 .1)
             }
-            #[cfg(feature = "rocksdb")]
-            EntryRef::RocksDb(cached) => {
+            EntryRef::Embedded(cached) => {
                 let old = cached.value.take();
                 cached.dirty |= old.is_some();
                 old
@@ -732,8 +721,7 @@ impl<'a, K: Key, S: Data> Entry<'a, K, S> {
                 }
                 Some(result)
             }
-            #[cfg(feature = "rocksdb")]
-            EntryRef::RocksDb(cached) => {
+            EntryRef::Embedded(cached) => {
                 let value = cached.value.as_mut()?;
                 let result = f(value);
                 cached.dirty = true;
@@ -761,8 +749,7 @@ impl<'a, K: Key, S: Data> Entry<'a, K, S> {
                     .into_mut()
                     .1
             }
-            #[cfg(feature = "rocksdb")]
-            EntryRef::RocksDb(cached) => {
+            EntryRef::Embedded(cached) => {
                 cached.dirty = true;
                 cached.value.get_or_insert_with(S::default)
             }
@@ -800,8 +787,7 @@ impl<K: Key, V: Data, R: ReduceFunction<V>> Reducing<'_, K, V, R> {
                     }
                 }
             }
-            #[cfg(feature = "rocksdb")]
-            KeyedStateBackend::RocksDb(b) => b.add(*id, self.key, self.slot, value, reduce),
+            KeyedStateBackend::Embedded(b) => b.add(*id, self.key, self.slot, value, reduce),
         }
     }
 
@@ -838,8 +824,7 @@ impl<'a, K: Key> AllKeys<'a, K> {
                 b.entries::<V>(state.id())
                     .map(|(k, v)| (k.clone(), v.clone())),
             ),
-            #[cfg(feature = "rocksdb")]
-            KeyedStateBackend::RocksDb(b) => Box::new(b.entries::<V>(state.id())),
+            KeyedStateBackend::Embedded(b) => Box::new(b.entries::<V>(state.id())),
         }
     }
 }

@@ -128,7 +128,7 @@ fn restore_states<O: Data>(
         KeyedSnapshot::Native(first) => std::iter::once(first.dir)
             .chain((1..p).map(|i| match take(checkpoint + u64::from(i)).keyed {
                 Some(KeyedSnapshot::Native(native)) => native.dir,
-                _ => unreachable!("a RocksDB backend snapshots natively"),
+                _ => unreachable!("an embedded store snapshots natively"),
             }))
             .map(|dir| RestoreState {
                 native: Some(dir),
@@ -146,15 +146,16 @@ fn backends(dir: &tempfile::TempDir, range: KeyGroupRange) -> Vec<KeyedStateBack
         range,
         MAX_P,
     )];
-    #[cfg(feature = "rocksdb")]
+    let store = crate::testkit::store::MemoryStore::new(dir.path());
     backends.push(KeyedStateBackend::new(
-        &StateBackend::rocksdb(Some(dir.path().to_owned()), None),
+        &StateBackend::Embedded {
+            store: Arc::new(store),
+            cache_entries: StateBackend::DEFAULT_CACHE_ENTRIES,
+        },
         &format!("op-{}-{}", range.start, range.end),
         range,
         MAX_P,
     ));
-    #[cfg(not(feature = "rocksdb"))]
-    let _ = dir;
     backends
 }
 

@@ -62,3 +62,5 @@ fn subtask(index: u32) -> SubtaskId {
         index: SubtaskIndex(index),
     }
 }
+pub mod state;
+pub mod store;

@@ -1,0 +1,224 @@
+//! What keyed state asks of an embedded key-value store on local disk
+//! (RocksDB, in the `tidemark-rocksdb` crate): the core keeps the typed
+//! write-back cache, the key encoding and the rules of snapshots and
+//! restores ([`super::EmbeddedKeyedStateBackend`]); a store only keeps bytes, sorted, in one
+//! column family per declared state, and takes native checkpoints of
+//! them. The traits are object safe, so that this crate names no store:
+//! the cache reaches the database only on a miss, a read-ahead or a
+//! write-back, never per record.
+//!
+//! A key is the big-endian `u16` of its key group followed by the key's
+//! MessagePack encoding, so that a key group is one contiguous run and a
+//! range of them is cut out with one range delete or read with one seek.
+
+use super::StateError;
+use crate::ids::CheckpointId;
+use crate::key_group::KeyGroupRange;
+use crate::task::NativeFile;
+use serde::Serialize;
+use std::fmt::Debug;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Key groups are written as a big-endian `u16`; Flink's bound is 2^15.
+pub const MAX_KEY_GROUPS: u32 = 1 << 15;
+
+/// The first two bytes of every key of `group`.
+pub fn group_prefix(group: u32) -> [u8; 2] {
+    (group as u16).to_be_bytes()
+}
+
+/// A kind of embedded store and where its databases live: what
+/// [`super::StateBackend::Embedded`] names, and opens one database per
+/// subtask.
+pub trait EmbeddedStore: Debug + Send + Sync {
+    /// Its name, as `--state` takes it (`rocksdb`).
+    fn name(&self) -> &'static str;
+    /// Parent of the subtasks' working directories (local disk).
+    fn local_dir(&self) -> &Path;
+    /// Opens the database of one subtask in a new working directory under
+    /// [`EmbeddedStore::local_dir`] named after `label`: empty, or on the
+    /// files of the native checkpoint `native`, which it takes over. A
+    /// restored database keeps only the key groups of `range`, and refuses
+    /// (`StateError::UnknownState`) a column family with data that is not
+    /// one of `families`.
+    fn open(
+        &self,
+        label: &str,
+        range: KeyGroupRange,
+        families: &[ColumnFamily],
+        native: Option<&Path>,
+    ) -> Result<Box<dyn Database>, StateError>;
+}
+
+/// How a reducing state's stored value and merge operands (oldest first)
+/// combine into one value; `None` when one does not decode or the reduce
+/// function panics. The store calls it on its own threads.
+pub type MergeFunction =
+    Arc<dyn Fn(Option<&[u8]>, &mut dyn Iterator<Item = &[u8]>) -> Option<Vec<u8>> + Send + Sync>;
+
+/// One declared state's column family.
+#[derive(Clone)]
+pub struct ColumnFamily {
+    /// The state's name.
+    pub name: String,
+    /// A reducing state's merge operator.
+    pub merge: Option<MergeFunction>,
+}
+
+/// One open database of one subtask. Errors it returns fail the subtask.
+pub trait Database: Send {
+    /// Its working directory, removed when the database is dropped.
+    fn working_dir(&self) -> &Path;
+    /// Tells this database's files from those of any other instance,
+    /// earlier or later, that has files of the same names.
+    fn instance(&self) -> u64;
+    /// Creates the column family of a state declared after opening, unless
+    /// the database has it.
+    fn create_family(&mut self, family: &ColumnFamily) -> Result<(), StateError>;
+    /// Calls `found` with the value stored under `key`, if there is one.
+    fn get(&self, family: &str, key: &[u8], found: &mut dyn FnMut(&[u8]))
+        -> Result<(), StateError>;
+    /// Looks the sorted `keys` up together and calls `found` with the index
+    /// and value of each that has one.
+    fn multi_get(
+        &self,
+        family: &str,
+        keys: &[&[u8]],
+        found: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), StateError>;
+    /// Applies `writes`, in their (sorted) order.
+    fn write(&mut self, family: &str, writes: &SortedWrites) -> Result<(), StateError>;
+    /// Flushes `families` and makes a native checkpoint of the database in
+    /// the new directory `into`; returns its files, sorted by name.
+    fn checkpoint(&mut self, families: &[&str], into: &Path)
+        -> Result<Vec<NativeFile>, StateError>;
+    /// Copies the key groups of `range` out of the native checkpoint in
+    /// `dir` (another subtask's, before a rescale) into the column
+    /// families of `families`, then deletes `dir`. A column family of
+    /// `dir` with data that is not one of `families` is refused.
+    fn import(
+        &mut self,
+        dir: &Path,
+        range: KeyGroupRange,
+        families: &[ColumnFamily],
+    ) -> Result<(), StateError>;
+    /// Every entry of a column family, in key order.
+    fn scan<'a>(&'a self, family: &str) -> Box<dyn Cursor + 'a>;
+}
+
+/// Entries of one column family, in key order.
+pub trait Cursor {
+    /// The next key and value; an error of the store panics, as reading
+    /// every key happens where no error can be returned.
+    fn next_entry(&mut self) -> Option<(&[u8], &[u8])>;
+}
+
+/// The directory of the native checkpoint `checkpoint` of the database in
+/// `working_dir`: beside it, `<working dir>-<checkpoint>`.
+pub(super) fn checkpoint_dir(working_dir: &Path, checkpoint: CheckpointId) -> PathBuf {
+    let mut name = working_dir.as_os_str().to_owned();
+    name.push(format!("-{checkpoint}"));
+    PathBuf::from(name)
+}
+
+/// A database key: the big-endian key group, then the key in rmp-serde.
+pub(super) fn write_key<K: Serialize>(out: &mut Vec<u8>, group: u16, key: &K) {
+    out.extend_from_slice(&group.to_be_bytes());
+    rmp_serde::encode::write(out, key).expect("keys serialize to memory");
+}
+
+/// Encoded writes of one column family, sorted by key before they reach
+/// the database: the memtable inserts of a sorted batch each start where
+/// the previous one ended, instead of searching the skip list from the top
+/// with a cold cache.
+#[derive(Default)]
+pub struct SortedWrites {
+    bytes: Vec<u8>,
+    writes: Vec<Placed>,
+}
+
+/// One write in `SortedWrites::bytes`.
+struct Placed {
+    /// The key's first eight bytes, big endian and zero-padded: most
+    /// comparisons of the sort end here, without reaching into `bytes`
+    /// (2-3 times faster at 500,000 writes).
+    prefix: u64,
+    start: usize,
+    key_len: usize,
+    /// `None`: a delete.
+    value_len: Option<usize>,
+    /// A merge operand rather than a value.
+    merge: bool,
+}
+
+/// One write, as the database applies it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Write<'a> {
+    /// Stores a value under a key.
+    Put(&'a [u8], &'a [u8]),
+    /// Adds a merge operand to a key.
+    Merge(&'a [u8], &'a [u8]),
+    /// Removes a key.
+    Delete(&'a [u8]),
+}
+
+impl SortedWrites {
+    /// `value`: `None` deletes; `merge`: the value is a merge operand.
+    pub(super) fn push<K: Serialize, S: Serialize>(
+        &mut self,
+        group: u16,
+        key: &K,
+        value: Option<&S>,
+        merge: bool,
+    ) {
+        let start = self.bytes.len();
+        write_key(&mut self.bytes, group, key);
+        let key_len = self.bytes.len() - start;
+        let mut prefix = [0u8; 8];
+        let head = &self.bytes[start..][..key_len.min(8)];
+        prefix[..head.len()].copy_from_slice(head);
+        let value_len = value.map(|value| {
+            rmp_serde::encode::write(&mut self.bytes, value).expect("values serialize to memory");
+            self.bytes.len() - start - key_len
+        });
+        self.writes.push(Placed {
+            prefix: u64::from_be_bytes(prefix),
+            start,
+            key_len,
+            value_len,
+            merge,
+        });
+    }
+
+    pub(super) fn sort(&mut self) {
+        let bytes = &self.bytes;
+        let key = |write: &Placed| &bytes[write.start..write.start + write.key_len];
+        self.writes
+            .sort_unstable_by(|a, b| a.prefix.cmp(&b.prefix).then_with(|| key(a).cmp(key(b))));
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.bytes.clear();
+        self.writes.clear();
+    }
+
+    /// No writes.
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+
+    /// The writes, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = Write<'_>> {
+        self.writes.iter().map(|w| {
+            let key = &self.bytes[w.start..w.start + w.key_len];
+            match w.value_len {
+                Some(len) if w.merge => {
+                    Write::Merge(key, &self.bytes[w.start + w.key_len..][..len])
+                }
+                Some(len) => Write::Put(key, &self.bytes[w.start + w.key_len..][..len]),
+                None => Write::Delete(key),
+            }
+        })
+    }
+}

@@ -1,0 +1,90 @@
+//! The layering the crates promise, read from `cargo tree`: the core does
+//! no IO (no async runtime, object store, database, actor system or HTTP
+//! stack), and the storage and RocksDB crates each bring only their own.
+
+use std::process::Command;
+
+/// The crates `package` depends on when built (normal edges), by name.
+fn normal_dependencies(package: &str) -> Vec<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = Command::new(cargo)
+        .args([
+            "tree",
+            "--offline",
+            "--locked",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ])
+        .args(["--format", "{p}", "-p", package])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo runs");
+    assert!(
+        output.status.success(),
+        "cargo tree -p {package}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .expect("cargo tree prints UTF-8")
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn assert_free_of(package: &str, forbidden: &[&str]) {
+    let found: Vec<String> = normal_dependencies(package)
+        .into_iter()
+        .filter(|name| forbidden.contains(&name.as_str()))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "{package} must not depend on {found:?}: see docs/layout.md"
+    );
+}
+
+#[test]
+fn the_core_depends_on_nothing_that_does_io() {
+    let deps = normal_dependencies("tidemark-core");
+    assert!(
+        deps.iter().any(|d| d == "serde"),
+        "the tree was read: {deps:?}"
+    );
+    assert_free_of(
+        "tidemark-core",
+        &[
+            "tokio",
+            "object_store",
+            "rocksdb",
+            "librocksdb-sys",
+            "actix",
+            "actix-rt",
+            "reqwest",
+            "hyper",
+            "tonic",
+            "tempfile",
+        ],
+    );
+}
+
+#[test]
+fn storage_and_rocksdb_bring_only_their_own_io() {
+    assert_free_of(
+        "tidemark-storage",
+        &["rocksdb", "librocksdb-sys", "actix", "actix-rt", "tonic"],
+    );
+    assert_free_of(
+        "tidemark-rocksdb",
+        &[
+            "tokio",
+            "object_store",
+            "actix",
+            "actix-rt",
+            "reqwest",
+            "hyper",
+            "tonic",
+        ],
+    );
+}

@@ -1,0 +1,471 @@
+//! Keyed state in RocksDB: the embedded store of `tidemark-core`'s
+//! `EmbeddedKeyedStateBackend` (which keeps the typed write-back cache and
+//! the key encoding). One database per subtask, one column family per
+//! declared state (named after it), in a working directory of its own that
+//! is removed with the database. A reducing state's column family has the
+//! state's reduce function as its merge operator.
+//!
+//! ```no_run
+//! use tidemark_core::job::JobConfig;
+//!
+//! let config = JobConfig::default().state_backend(tidemark_rocksdb::RocksDb::backend(None, None));
+//! ```
+//!
+//! Tuning, for many small read-modify-writes from one thread and snapshots
+//! that are native checkpoints:
+//! - No write-ahead log: a checkpoint flushes the memtables, so the log would
+//!   only ever protect writes that the restart discards anyway.
+//! - 64 MiB write buffers, up to 4 per column family: point updates of a
+//!   large key set produce many versions of the same keys, and a big memtable
+//!   absorbs them before they cost a flush and a compaction; a whole-key bloom
+//!   filter on the memtables, small enough to stay in cache, makes the many
+//!   lookups of keys that are not in them cheap.
+//! - One LRU block cache per database, shared by its column families, so that
+//!   a busy state can use what an idle one does not.
+//! - SST files of 16 KiB blocks, compressed with ZSTD at every level: a
+//!   sorted run of wordcount's 1,000,000 keys is 6.9 MB, against 11.3 MB
+//!   with LZ4 and 4 KiB blocks. (LZ4 stays linked: checkpoints written
+//!   before still open.) A 10 bits/key bloom filter, except in the last
+//!   level (`optimize_filters_for_hits`), where a lookup that gets that
+//!   far is for a key that exists; no hash index in data blocks. Those
+//!   filters and the index were 1.2 of the 12.5 bytes a key took in a run,
+//!   for no throughput we could measure.
+//! - Universal compaction, tuned for the two ends of churn. Under small
+//!   change over a large state, an incremental checkpoint should upload
+//!   about the change: recent small runs merge among themselves, at least
+//!   8 at once, so that a key is rewritten about log8 (state / change)
+//!   times, and the large run is rewritten only when the others add up to
+//!   half of it. Under full churn (every key updated between checkpoints)
+//!   every flush is a new run holding every key, and every older run is
+//!   stale: compaction starts at 2 runs, so that the new run and the old
+//!   one merge at once rather than piling up to 8. Measured at 1,000,000
+//!   keys against the settings before (LZ4, 4 KiB blocks, compaction from
+//!   8 runs at 200 % size amplification, merges at least 4 wide): the state
+//!   a full-churn checkpoint references went from 35-93 MB to about 12 MB
+//!   (Flink: 15 MB), and uploads at 1 % change per checkpoint from 2.90 %
+//!   of a 9.0 MiB state to 2.92 % of 5.3 MiB (`benches/incremental.rs`).
+
+use ::rocksdb::checkpoint::Checkpoint;
+use ::rocksdb::merge_operator::MergeOperands;
+use ::rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamily as Cf, ColumnFamilyDescriptor, DBCompactionStyle,
+    DBCompressionType, DBRawIteratorWithThreadMode, FlushOptions, LogLevel, Options, ReadOptions,
+    UniversalCompactOptions, WriteBatch, WriteOptions, DB, DEFAULT_COLUMN_FAMILY_NAME,
+};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tidemark_core::key_group::KeyGroupRange;
+use tidemark_core::state::store::{
+    group_prefix, ColumnFamily, Cursor, Database, EmbeddedStore, MergeFunction, SortedWrites,
+    Write, MAX_KEY_GROUPS,
+};
+use tidemark_core::state::{StateBackend, StateError};
+use tidemark_core::task::NativeFile;
+
+/// Memtable size per column family.
+const WRITE_BUFFER_BYTES: usize = 64 << 20;
+/// Memtables per column family, the active one included.
+const WRITE_BUFFERS: i32 = 4;
+/// The memtable bloom filter's size as a share of the write buffer: 1.3 MB,
+/// about 6 bits a key at the 1.5-2 M entries a full memtable holds, and
+/// within a core's L2 cache (2 MiB here). At 0.1 (6.4 MB) every insert
+/// missed the cache in the filter: 80 % of `MemTable::Add`'s time, 8 % of
+/// wordcount's with a 65,536-value cache at 1,000,000 keys.
+const MEMTABLE_BLOOM_RATIO: f64 = 0.02;
+/// The block cache of one database.
+const BLOCK_CACHE_BYTES: usize = 64 << 20;
+/// Uncompressed size of an SST data block: larger blocks compress better.
+const BLOCK_BYTES: usize = 16 << 10;
+
+/// Bytes of imported entries written at once.
+const IMPORT_BATCH_BYTES: usize = 4 << 20;
+
+/// RocksDB as the embedded store of keyed state, with its databases under
+/// `local_dir`.
+#[derive(Debug)]
+pub struct RocksDb {
+    local_dir: PathBuf,
+}
+
+impl RocksDb {
+    /// RocksDB with its databases under `local_dir`.
+    pub fn new(local_dir: impl Into<PathBuf>) -> Self {
+        RocksDb {
+            local_dir: local_dir.into(),
+        }
+    }
+
+    /// The state backend of RocksDB under `local_dir` (default `<temp
+    /// dir>/tidemark-state`) with a write-back cache of `cache_entries`
+    /// (default [`StateBackend::DEFAULT_CACHE_ENTRIES`]).
+    pub fn backend(local_dir: Option<PathBuf>, cache_entries: Option<usize>) -> StateBackend {
+        let local_dir = local_dir.unwrap_or_else(|| std::env::temp_dir().join("tidemark-state"));
+        StateBackend::Embedded {
+            store: Arc::new(RocksDb::new(local_dir)),
+            cache_entries: cache_entries.unwrap_or(StateBackend::DEFAULT_CACHE_ENTRIES),
+        }
+    }
+
+    fn options() -> Options {
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&Cache::new_lru_cache(BLOCK_CACHE_BYTES));
+        table.set_block_size(BLOCK_BYTES);
+        table.set_bloom_filter(10.0, false);
+        let mut options = Options::default();
+        options.create_if_missing(true);
+        options.create_missing_column_families(true);
+        options.set_block_based_table_factory(&table);
+        options.set_compression_type(DBCompressionType::Zstd);
+        options.set_bottommost_compression_type(DBCompressionType::Zstd);
+        options.set_optimize_filters_for_hits(true);
+        options.set_write_buffer_size(WRITE_BUFFER_BYTES);
+        options.set_max_write_buffer_number(WRITE_BUFFERS);
+        options.set_memtable_whole_key_filtering(true);
+        options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO);
+        // The subtask is the only writer. In-place memtable updates stay
+        // off: each insert would look its key up first, and the write-back
+        // in a checkpoint's synchronous part took 2-3 times as long.
+        options.set_allow_concurrent_memtable_write(false);
+        // See the module doc: merge 2 runs under full churn, at least 8
+        // under small change.
+        options.set_compaction_style(DBCompactionStyle::Universal);
+        let mut universal = UniversalCompactOptions::default();
+        universal.set_min_merge_width(8);
+        universal.set_max_size_amplification_percent(50);
+        options.set_universal_compaction_options(&universal);
+        options.set_level_zero_file_num_compaction_trigger(2);
+        options.set_max_background_jobs(2);
+        options.set_log_level(LogLevel::Warn);
+        options.set_keep_log_file_num(1);
+        options
+    }
+}
+
+impl EmbeddedStore for RocksDb {
+    fn name(&self) -> &'static str {
+        "rocksdb"
+    }
+
+    fn local_dir(&self) -> &Path {
+        &self.local_dir
+    }
+
+    /// Creates the working directory `<local_dir>/<label>-<random>` and
+    /// opens the database in its `db/`.
+    fn open(
+        &self,
+        label: &str,
+        range: KeyGroupRange,
+        families: &[ColumnFamily],
+        native: Option<&Path>,
+    ) -> Result<Box<dyn Database>, StateError> {
+        fs::create_dir_all(&self.local_dir).map_err(|e| StateError::io(&self.local_dir, e))?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{label}-"))
+            .tempdir_in(&self.local_dir)
+            .map_err(|e| StateError::io(&self.local_dir, e))?;
+        let path = dir.path().join("db");
+        let options = RocksDb::options();
+        let mut names: Vec<&str> = families.iter().map(|f| f.name.as_str()).collect();
+        if let Some(native) = native {
+            take_over(native, &path)?;
+            for found in DB::list_cf(&options, &path).map_err(rocks)? {
+                if found != DEFAULT_COLUMN_FAMILY_NAME && !names.contains(&found.as_str()) {
+                    return Err(StateError::UnknownState(found));
+                }
+            }
+        }
+        let default_is_state = names.contains(&DEFAULT_COLUMN_FAMILY_NAME);
+        if !default_is_state {
+            names.push(DEFAULT_COLUMN_FAMILY_NAME);
+        }
+        let descriptors = descriptors(&options, families, names.iter().copied());
+        let db = DB::open_cf_descriptors(&options, &path, descriptors).map_err(rocks)?;
+        let mut write = WriteOptions::default();
+        write.disable_wal(true);
+        let open = Open {
+            db,
+            options,
+            read: ReadOptions::default(),
+            write,
+            dir,
+            instance: tidemark_core::rng::unique_token(),
+        };
+        if native.is_some() {
+            let default = open.cf(DEFAULT_COLUMN_FAMILY_NAME);
+            if !default_is_state && !is_empty(&open.db, default) {
+                return Err(StateError::UnknownState(DEFAULT_COLUMN_FAMILY_NAME.into()));
+            }
+            for name in &names {
+                open.clip(open.cf(name), range)?;
+            }
+        }
+        Ok(Box::new(open))
+    }
+}
+
+/// Column families as `families` open them, the default one included, for
+/// each name in `names`: a reducing state's with its merge operator.
+fn descriptors<'n>(
+    options: &Options,
+    families: &[ColumnFamily],
+    names: impl IntoIterator<Item = &'n str>,
+) -> Vec<ColumnFamilyDescriptor> {
+    names
+        .into_iter()
+        .map(|name| {
+            let merge = families
+                .iter()
+                .find(|f| f.name == name)
+                .and_then(|f| f.merge.clone());
+            ColumnFamilyDescriptor::new(name, family_options(options, merge))
+        })
+        .collect()
+}
+
+/// `base` with a reducing state's merge operator.
+fn family_options(base: &Options, merge: Option<MergeFunction>) -> Options {
+    let mut options = base.clone();
+    if let Some(merge) = merge {
+        options.set_merge_operator_associative(
+            "tidemark.reduce",
+            move |_key: &[u8], stored: Option<&[u8]>, operands: &MergeOperands| {
+                merge(stored, &mut operands.iter())
+            },
+        );
+    }
+    options
+}
+
+fn rocks(error: ::rocksdb::Error) -> StateError {
+    StateError::Store(format!("RocksDB: {}", error.into_string()))
+}
+
+/// The database and the directory it lives in. The database is declared
+/// first so that it is closed before its directory is removed.
+struct Open {
+    db: DB,
+    options: Options,
+    read: ReadOptions,
+    write: WriteOptions,
+    dir: tempfile::TempDir,
+    instance: u64,
+}
+
+impl Open {
+    fn cf(&self, name: &str) -> &Cf {
+        self.db
+            .cf_handle(name)
+            .expect("a declared state has a column family")
+    }
+
+    /// Deletes the key groups outside `range` from a database restored
+    /// from a checkpoint of a wider one.
+    fn clip(&self, cf: &Cf, range: KeyGroupRange) -> Result<(), StateError> {
+        let first = group_prefix(range.start);
+        let past = group_prefix(range.end + 1);
+        let mut iter = self.db.raw_iterator_cf(cf);
+        iter.seek_to_first();
+        if iter.valid() && iter.key().is_some_and(|k| k < first.as_slice()) {
+            self.db
+                .delete_range_cf_opt(cf, [0u8, 0], first, &self.write)
+                .map_err(rocks)?;
+        }
+        iter.seek(past);
+        if iter.valid() {
+            self.db
+                .delete_range_cf_opt(cf, past, group_prefix(MAX_KEY_GROUPS), &self.write)
+                .map_err(rocks)?;
+        }
+        iter.status().map_err(rocks)
+    }
+}
+
+impl Database for Open {
+    fn working_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn instance(&self) -> u64 {
+        self.instance
+    }
+
+    fn create_family(&mut self, family: &ColumnFamily) -> Result<(), StateError> {
+        if self.db.cf_handle(&family.name).is_some() {
+            return Ok(());
+        }
+        let options = family_options(&self.options, family.merge.clone());
+        self.db.create_cf(&family.name, &options).map_err(rocks)
+    }
+
+    fn get(
+        &self,
+        family: &str,
+        key: &[u8],
+        found: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), StateError> {
+        let value = self
+            .db
+            .get_pinned_cf_opt(self.cf(family), key, &self.read)
+            .map_err(rocks)?;
+        if let Some(bytes) = value {
+            found(&bytes);
+        }
+        Ok(())
+    }
+
+    fn multi_get(
+        &self,
+        family: &str,
+        keys: &[&[u8]],
+        found: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), StateError> {
+        let values = self
+            .db
+            .batched_multi_get_cf_opt(self.cf(family), keys, true, &self.read);
+        for (i, value) in values.into_iter().enumerate() {
+            if let Some(bytes) = value.map_err(rocks)? {
+                found(i, &bytes);
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, family: &str, writes: &SortedWrites) -> Result<(), StateError> {
+        let cf = self.cf(family);
+        let mut batch = WriteBatch::default();
+        for write in writes.iter() {
+            match write {
+                Write::Put(key, value) => batch.put_cf(cf, key, value),
+                Write::Merge(key, value) => batch.merge_cf(cf, key, value),
+                Write::Delete(key) => batch.delete_cf(cf, key),
+            }
+        }
+        self.db.write_opt(batch, &self.write).map_err(rocks)
+    }
+
+    /// Flushes the memtables and makes a RocksDB checkpoint: hard links of
+    /// the SST files, copies of the small metadata files.
+    fn checkpoint(
+        &mut self,
+        families: &[&str],
+        into: &Path,
+    ) -> Result<Vec<NativeFile>, StateError> {
+        let cfs: Vec<&Cf> = families.iter().map(|name| self.cf(name)).collect();
+        let mut flush = FlushOptions::default();
+        flush.set_wait(true);
+        self.db.flush_cfs_opt(&cfs, &flush).map_err(rocks)?;
+        Checkpoint::new(&self.db)
+            .and_then(|c| c.create_checkpoint(into))
+            .map_err(rocks)?;
+        let mut files = Vec::new();
+        for entry in fs::read_dir(into).map_err(|e| StateError::io(into, e))? {
+            let entry = entry.map_err(|e| StateError::io(into, e))?;
+            let meta = entry
+                .metadata()
+                .map_err(|e| StateError::io(&entry.path(), e))?;
+            if meta.is_file() {
+                files.push(NativeFile {
+                    name: entry.file_name().to_string_lossy().into_owned(),
+                    size: meta.len(),
+                });
+            }
+        }
+        files.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(files)
+    }
+
+    /// Keys start with their key group, big endian, so the owned ones are
+    /// one contiguous run per column family.
+    fn import(
+        &mut self,
+        dir: &Path,
+        range: KeyGroupRange,
+        families: &[ColumnFamily],
+    ) -> Result<(), StateError> {
+        let options = Options::default();
+        let found = DB::list_cf(&options, dir).map_err(rocks)?;
+        // A reducing state's merge operands are combined as they are read.
+        let descriptors = descriptors(&options, families, found.iter().map(String::as_str));
+        let source =
+            DB::open_cf_descriptors_read_only(&options, dir, descriptors, false).map_err(rocks)?;
+        let (first, past) = (group_prefix(range.start), group_prefix(range.end + 1));
+        for name in &found {
+            let from = source.cf_handle(name).expect("opened above");
+            let to = match self.db.cf_handle(name) {
+                Some(cf) if families.iter().any(|f| &f.name == name) => cf,
+                _ if is_empty(&source, from) => continue,
+                _ => return Err(StateError::UnknownState(name.clone())),
+            };
+            let mut iter = source.raw_iterator_cf(from);
+            iter.seek(first);
+            let mut batch = WriteBatch::default();
+            while let Some((key, value)) = iter.item() {
+                if key >= past.as_slice() {
+                    break;
+                }
+                batch.put_cf(to, key, value);
+                if batch.size_in_bytes() >= IMPORT_BATCH_BYTES {
+                    self.db
+                        .write_opt(std::mem::take(&mut batch), &self.write)
+                        .map_err(rocks)?;
+                }
+                iter.next();
+            }
+            iter.status().map_err(rocks)?;
+            self.db.write_opt(batch, &self.write).map_err(rocks)?;
+        }
+        drop(source);
+        fs::remove_dir_all(dir).map_err(|e| StateError::io(dir, e))
+    }
+
+    fn scan<'a>(&'a self, family: &str) -> Box<dyn Cursor + 'a> {
+        let mut iter = self.db.raw_iterator_cf(self.cf(family));
+        iter.seek_to_first();
+        Box::new(Entries { iter, first: true })
+    }
+}
+
+/// The entries of one column family.
+struct Entries<'a> {
+    iter: DBRawIteratorWithThreadMode<'a, DB>,
+    /// Positioned on the first entry, not yet returned.
+    first: bool,
+}
+
+impl Cursor for Entries<'_> {
+    fn next_entry(&mut self) -> Option<(&[u8], &[u8])> {
+        if !std::mem::take(&mut self.first) {
+            self.iter.next();
+        }
+        if !self.iter.valid() {
+            if let Err(e) = self.iter.status() {
+                panic!("reading keyed state: {e}");
+            }
+            return None;
+        }
+        self.iter.item()
+    }
+}
+
+fn is_empty(db: &DB, cf: &Cf) -> bool {
+    let mut iter = db.raw_iterator_cf(cf);
+    iter.seek_to_first();
+    !iter.valid()
+}
+
+/// Moves the directory `from` to `to`: a rename, or a copy of its files
+/// when they are on another file system.
+fn take_over(from: &Path, to: &Path) -> Result<(), StateError> {
+    if fs::rename(from, to).is_ok() {
+        return Ok(());
+    }
+    fs::create_dir(to).map_err(|e| StateError::io(to, e))?;
+    for entry in fs::read_dir(from).map_err(|e| StateError::io(from, e))? {
+        let entry = entry.map_err(|e| StateError::io(from, e))?;
+        fs::copy(entry.path(), to.join(entry.file_name()))
+            .map_err(|e| StateError::io(&entry.path(), e))?;
+    }
+    fs::remove_dir_all(from).map_err(|e| StateError::io(from, e))
+}

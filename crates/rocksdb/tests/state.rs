@@ -1,0 +1,429 @@
+//! The RocksDB store under keyed state: the semantics every backend has,
+//! native snapshots and restores (whole and rescaled), reducing states as
+//! merge operands, and the working directory's lifetime.
+
+use std::collections::BTreeMap;
+use tidemark_core::ids::CheckpointId;
+use tidemark_core::key_group::{key_group_of, KeyGroupRange};
+use tidemark_core::rng::splitmix64;
+use tidemark_core::state::*;
+use tidemark_core::task::{KeyedSnapshot, NativeCheckpoint, RestoreState};
+use tidemark_core::testkit::state::*;
+use tidemark_rocksdb::RocksDb;
+
+fn rocks<K: Key>(dir: &tempfile::TempDir, range: KeyGroupRange) -> KeyedStateBackend<K> {
+    rocks_cached(dir, range, StateBackend::DEFAULT_CACHE_ENTRIES)
+}
+
+/// RocksDB with a write-back cache of `capacity` values.
+fn rocks_cached<K: Key>(
+    dir: &tempfile::TempDir,
+    range: KeyGroupRange,
+    capacity: usize,
+) -> KeyedStateBackend<K> {
+    let config = RocksDb::backend(Some(dir.path().to_owned()), Some(capacity));
+    KeyedStateBackend::new(&config, "op-1-0", range, MAX_P)
+}
+
+/// RocksDB with a write-back cache of one entry: every record's value goes
+/// through the database.
+fn rocks_uncached<K: Key>(dir: &tempfile::TempDir, range: KeyGroupRange) -> KeyedStateBackend<K> {
+    rocks_cached(dir, range, 1)
+}
+
+fn native(snapshot: KeyedSnapshot) -> NativeCheckpoint {
+    match snapshot {
+        KeyedSnapshot::Native(native) => native,
+        KeyedSnapshot::Heap(_) => panic!("a RocksDB backend took a heap snapshot"),
+    }
+}
+
+#[test]
+fn the_rocksdb_backend_keeps_value_map_and_list_semantics() {
+    let dir = tempfile::tempdir().unwrap();
+    value_map_and_list_semantics(rocks(&dir, whole()));
+}
+
+#[test]
+fn the_rocksdb_backend_without_a_cache_keeps_value_map_and_list_semantics() {
+    let dir = tempfile::tempdir().unwrap();
+    value_map_and_list_semantics(rocks_uncached(&dir, whole()));
+}
+
+#[test]
+fn a_native_snapshot_restores_every_state_and_key_and_is_isolated_from_later_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = rocks::<u64>(&dir, whole());
+    let mut reg = StateRegistrar::new(&mut backend);
+    let count = reg.value::<u64>("count");
+    let names = reg.value::<String>("name");
+    let history = reg.list::<u64>("history");
+    let parts = reg.map::<u8, u64>("parts");
+    const KEYS: u64 = 5000;
+    for round in 0..2 {
+        for key in 0..KEYS {
+            let mut ctx = KeyedContext::new(&mut backend, &key);
+            *ctx.value(&count).get_or_default() += key;
+            if round == 0 {
+                ctx.value(&names).set(format!("key {key}"));
+            }
+            ctx.list(&history).get_or_default().push(round);
+            ctx.map(&parts).get_or_default().insert(round as u8, key);
+        }
+    }
+    // A cleared key stays cleared.
+    KeyedContext::new(&mut backend, &3).value(&names).clear();
+    let snapshot = native(backend.snapshot(CheckpointId(7)).unwrap());
+    // Writes after the synchronous part do not reach the snapshot.
+    *KeyedContext::new(&mut backend, &7)
+        .value(&count)
+        .get_or_default() += 100;
+    backend.flush().unwrap();
+
+    let KeyedStateBackend::Embedded(live) = &backend else {
+        unreachable!()
+    };
+    let working = live.working_dir().unwrap();
+    assert!(!snapshot.dir.starts_with(working), "{snapshot:?}");
+    assert!(snapshot.dir.starts_with(dir.path()));
+    assert!(snapshot.dir.to_string_lossy().ends_with("-chk-7"));
+    assert_eq!(snapshot.key_groups, whole());
+    let on_disk: Vec<(String, u64)> = {
+        let mut files: Vec<_> = std::fs::read_dir(&snapshot.dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    e.metadata().unwrap().len(),
+                )
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let listed: Vec<(String, u64)> = snapshot
+        .files
+        .iter()
+        .map(|f| (f.name.clone(), f.size))
+        .collect();
+    assert_eq!(listed, on_disk);
+    assert!(listed.iter().any(|(n, _)| n == "CURRENT"));
+    assert!(listed.iter().any(|(n, _)| n.starts_with("MANIFEST-")));
+    assert!(snapshot.files.iter().any(|f| f.is_shared() && f.size > 0));
+
+    let mut restored = rocks::<u64>(&dir, whole());
+    let mut reg = StateRegistrar::new(&mut restored);
+    let count2 = reg.value::<u64>("count");
+    let names2 = reg.value::<String>("name");
+    let history2 = reg.list::<u64>("history");
+    let parts2 = reg.map::<u8, u64>("parts");
+    restored.restore(&restore_native(&snapshot.dir)).unwrap();
+    assert!(!snapshot.dir.exists(), "the backend takes the files over");
+    for key in 0..KEYS {
+        let mut ctx = KeyedContext::new(&mut restored, &key);
+        assert_eq!(ctx.value(&count2).get(), Some(&(2 * key)));
+        let name = ctx.value(&names2).get().cloned();
+        assert_eq!(name, (key != 3).then(|| format!("key {key}")));
+        assert_eq!(ctx.list(&history2).get(), Some(&vec![0, 1]));
+        let parts: BTreeMap<u8, u64> = ctx
+            .map(&parts2)
+            .get()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        assert_eq!(parts, BTreeMap::from([(0, key), (1, key)]));
+    }
+    assert_eq!(all(&mut restored, &count2).len(), KEYS as usize);
+    // The restored database goes on, and snapshots again.
+    *KeyedContext::new(&mut restored, &KEYS)
+        .value(&count2)
+        .get_or_default() += 1;
+    let again = native(restored.snapshot(CheckpointId(8)).unwrap());
+    assert!(again.files.iter().any(|f| f.is_shared()));
+    std::fs::remove_dir_all(&again.dir).unwrap();
+    // The live database is untouched by the restore of its snapshot.
+    assert_eq!(
+        KeyedContext::new(&mut backend, &7).value(&count).get(),
+        Some(&114)
+    );
+}
+
+#[test]
+fn a_native_restore_creates_missing_states_and_refuses_undeclared_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = rocks::<u64>(&dir, whole());
+    let count = StateRegistrar::new(&mut backend).value::<u64>("count");
+    for key in 0..100u64 {
+        KeyedContext::new(&mut backend, &key).value(&count).set(key);
+    }
+    let first = native(backend.snapshot(CheckpointId(1)).unwrap());
+    let second = native(backend.snapshot(CheckpointId(2)).unwrap());
+
+    let mut wider = rocks::<u64>(&dir, whole());
+    let mut reg = StateRegistrar::new(&mut wider);
+    let count = reg.value::<u64>("count");
+    let added = reg.value::<u64>("added");
+    wider.restore(&restore_native(&first.dir)).unwrap();
+    assert_eq!(all(&mut wider, &count).len(), 100);
+    assert!(all(&mut wider, &added).is_empty());
+    KeyedContext::new(&mut wider, &1).value(&added).set(5);
+    assert_eq!(all(&mut wider, &added), [(1, 5)]);
+
+    let mut narrower = rocks::<u64>(&dir, whole());
+    StateRegistrar::new(&mut narrower).value::<u64>("renamed");
+    assert_eq!(
+        narrower.restore(&restore_native(&second.dir)),
+        Err(StateError::UnknownState("count".into()))
+    );
+}
+
+#[test]
+fn a_native_restore_keeps_only_the_key_groups_of_the_subtask() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = rocks::<u64>(&dir, whole());
+    let count = StateRegistrar::new(&mut backend).value::<u64>("count");
+    for key in 0..1000u64 {
+        KeyedContext::new(&mut backend, &key).value(&count).set(key);
+    }
+    let mut restored_keys = 0;
+    for index in 0..2 {
+        let snapshot = native(backend.snapshot(CheckpointId(u64::from(index))).unwrap());
+        let range = half(index);
+        let mut restored = rocks::<u64>(&dir, range);
+        let count = StateRegistrar::new(&mut restored).value::<u64>("count");
+        restored.restore(&restore_native(&snapshot.dir)).unwrap();
+        for (key, value) in all(&mut restored, &count) {
+            assert_eq!(key, value);
+            assert!(range.contains(key_group_of(&key, MAX_P)), "key {key}");
+            restored_keys += 1;
+        }
+    }
+    assert_eq!(restored_keys, 1000);
+}
+
+#[test]
+fn the_working_directory_exists_from_first_use_until_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let entries = || std::fs::read_dir(dir.path()).unwrap().count();
+    let mut first = rocks::<u64>(&dir, half(0));
+    let mut second = rocks::<u64>(&dir, half(0));
+    let count = StateRegistrar::new(&mut first).value::<u64>("count");
+    StateRegistrar::new(&mut second).value::<u64>("count");
+    assert_eq!(entries(), 0, "nothing on disk before use");
+    first.restore(&RestoreState::default()).unwrap();
+    second.restore(&RestoreState::default()).unwrap();
+    KeyedContext::new(&mut first, &0).value(&count).set(1);
+    first.flush().unwrap();
+    // Two instances of the same subtask (a restart while the old one is
+    // still dropping) get directories of their own.
+    assert_eq!(entries(), 2);
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(name.starts_with("op-1-0-"), "{name}");
+    }
+    drop(first);
+    assert_eq!(entries(), 1);
+    drop(second);
+    assert_eq!(entries(), 0);
+}
+
+/// The keys of batch `batch` of a seeded stream: batches of different
+/// sizes, with repeated keys in each.
+fn batch_keys(batch: usize, seed: &mut u64) -> Vec<u64> {
+    (0..(batch * 37) % 300 + 1)
+        .map(|_| {
+            *seed = splitmix64(*seed);
+            *seed % 500
+        })
+        .collect()
+}
+
+/// Counts a seeded stream of keys in batches, each read ahead by
+/// `prepare` before its records run, as a keyed step does.
+fn count_in_batches(backend: &mut KeyedStateBackend<u64>, batches: usize) -> Vec<(u64, u64)> {
+    let count: ValueState<u64> = StateRegistrar::new(backend).value("count");
+    let mut slots = Vec::new();
+    let mut seed = 7;
+    for batch in 0..batches {
+        let keys = batch_keys(batch, &mut seed);
+        backend.prepare(&keys, &mut slots);
+        assert_eq!(slots.len(), keys.len());
+        for key in &keys {
+            *KeyedContext::new(backend, key)
+                .value(&count)
+                .get_or_default() += 1;
+        }
+    }
+    all(backend, &count)
+}
+
+#[test]
+fn batches_read_ahead_from_rocksdb_count_as_the_heap_does_whatever_the_cache_holds() {
+    let expected = count_in_batches(&mut heap(whole()), 40);
+    assert_eq!(expected.iter().map(|(_, c)| c).sum::<u64>(), {
+        (0..40).map(|b| ((b * 37) % 300 + 1) as u64).sum::<u64>()
+    });
+    for capacity in [1, 3, 64, 256, StateBackend::DEFAULT_CACHE_ENTRIES] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut backend = rocks_cached(&dir, whole(), capacity);
+        assert_eq!(
+            count_in_batches(&mut backend, 40),
+            expected,
+            "cache of {capacity}"
+        );
+    }
+}
+
+#[test]
+fn the_rocksdb_backend_combines_added_values_in_order_whatever_the_cache_holds() {
+    for capacity in [1, 2, 50, StateBackend::DEFAULT_CACHE_ENTRIES] {
+        let dir = tempfile::tempdir().unwrap();
+        reducing_semantics(rocks_cached(&dir, whole(), capacity));
+    }
+}
+
+/// Adds each round's number to each of `keys` keys.
+fn add_rounds(
+    backend: &mut KeyedStateBackend<u64>,
+    log: &ReducingState<String, impl ReduceFunction<String>>,
+    keys: u64,
+    rounds: std::ops::Range<u64>,
+) {
+    for round in rounds {
+        for key in 0..keys {
+            KeyedContext::new(backend, &key)
+                .reducing(log)
+                .add(format!("{round}"));
+        }
+    }
+}
+
+#[test]
+fn merge_operands_in_a_native_checkpoint_restore_whole_and_rescaled() {
+    const KEYS: u64 = 3000;
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = rocks_uncached(&dir, whole());
+    let log = StateRegistrar::new(&mut backend).reducing("log", append);
+    // A cache of one: each add is a merge operand in the database.
+    add_rounds(&mut backend, &log, KEYS, 0..3);
+    let snapshots: Vec<NativeCheckpoint> = (0..3)
+        .map(|id| native(backend.snapshot(CheckpointId(id)).unwrap()))
+        .collect();
+    // Adds after the synchronous part do not reach the snapshot.
+    add_rounds(&mut backend, &log, KEYS, 3..4);
+    let at_snapshot: Vec<(u64, String)> = (0..KEYS).map(|k| (k, "012".into())).collect();
+
+    let mut restored = rocks(&dir, whole());
+    let log2 = StateRegistrar::new(&mut restored).reducing("log", append);
+    restored
+        .restore(&restore_native(&snapshots[0].dir))
+        .unwrap();
+    assert_eq!(all(&mut restored, &log2), at_snapshot);
+    add_rounds(&mut restored, &log2, KEYS, 7..8);
+    assert_eq!(
+        KeyedContext::new(&mut restored, &5).reducing(&log2).get(),
+        Some(&"0127".to_string())
+    );
+
+    // Rescaled to two subtasks: each copies its key groups out.
+    let mut rescaled = Vec::new();
+    for (index, snapshot) in snapshots[1..].iter().enumerate() {
+        let range = half(index as u32);
+        let mut part = rocks(&dir, range);
+        let log = StateRegistrar::new(&mut part).reducing("log", append);
+        let state = RestoreState {
+            imports: vec![snapshot.dir.clone()],
+            ..RestoreState::default()
+        };
+        part.restore(&state).unwrap();
+        for (key, value) in all(&mut part, &log) {
+            assert!(range.contains(key_group_of(&key, MAX_P)), "key {key}");
+            rescaled.push((key, value));
+        }
+    }
+    rescaled.sort();
+    assert_eq!(rescaled, at_snapshot);
+}
+
+#[test]
+fn a_value_state_restored_as_a_reducing_state_goes_on_from_its_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = rocks(&dir, whole());
+    let count = StateRegistrar::new(&mut backend).value::<u64>("count");
+    for key in 0..100u64 {
+        KeyedContext::new(&mut backend, &key).value(&count).set(key);
+    }
+    let snapshot = native(backend.snapshot(CheckpointId(1)).unwrap());
+    let mut restored = rocks_uncached(&dir, whole());
+    let sum = StateRegistrar::new(&mut restored).reducing("count", |a: &mut u64, b: u64| *a += b);
+    restored.restore(&restore_native(&snapshot.dir)).unwrap();
+    for key in 0..100u64 {
+        KeyedContext::new(&mut restored, &key)
+            .reducing(&sum)
+            .add(1000);
+    }
+    let expected: Vec<(u64, u64)> = (0..100).map(|k| (k, k + 1000)).collect();
+    assert_eq!(all(&mut restored, &sum), expected);
+}
+
+#[test]
+fn a_panicking_reduce_in_a_merge_fails_the_read_instead_of_aborting() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = rocks_uncached(&dir, whole());
+    let sum = StateRegistrar::new(&mut backend).reducing("sum", |acc: &mut u64, n: u64| {
+        assert_ne!(*acc, 13, "thirteen");
+        *acc += n;
+    });
+    for n in [13, 1] {
+        // Each add is written back as a merge operand by the next.
+        KeyedContext::new(&mut backend, &1).reducing(&sum).add(n);
+        KeyedContext::new(&mut backend, &2).reducing(&sum).add(n);
+    }
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        KeyedContext::new(&mut backend, &1)
+            .reducing(&sum)
+            .get()
+            .copied()
+    }));
+    let message = read.expect_err("the merge failed");
+    let message = message.downcast_ref::<String>().expect("a formatted panic");
+    assert!(message.contains("reading keyed state \"sum\""), "{message}");
+}
+
+/// Counts a seeded stream of keys in batches read ahead by `prepare`, as
+/// wordcount does with `Emit::Updates`: an add, then a read of the count.
+fn count_updates_in_batches(backend: &mut KeyedStateBackend<u64>) -> Vec<u64> {
+    let count = StateRegistrar::new(backend).reducing("count", |a: &mut u64, b: u64| *a += b);
+    let (mut slots, mut seed, mut updates) = (Vec::new(), 3, Vec::new());
+    for batch in 0..40 {
+        let keys = batch_keys(batch, &mut seed);
+        backend.prepare(&keys, &mut slots);
+        for key in &keys {
+            let mut ctx = KeyedContext::new(backend, key);
+            let mut entry = ctx.reducing(&count);
+            entry.add(1);
+            // The first batches only add: reads come in later ones.
+            if batch >= 3 {
+                updates.push(*entry.get().unwrap());
+            }
+        }
+    }
+    updates
+}
+
+#[test]
+fn reads_of_a_reducing_state_in_batches_see_every_add_whatever_the_cache_holds() {
+    let expected = count_updates_in_batches(&mut heap(whole()));
+    assert!(expected.iter().any(|n| *n > 5));
+    for capacity in [1, 3, 64, 256, StateBackend::DEFAULT_CACHE_ENTRIES] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut backend = rocks_cached(&dir, whole(), capacity);
+        assert_eq!(
+            count_updates_in_batches(&mut backend),
+            expected,
+            "cache of {capacity}"
+        );
+    }
+}
