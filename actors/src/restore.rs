@@ -4,7 +4,6 @@
 
 use crate::coordinator::RestoreFrom;
 use crate::runtime::JobError;
-use crate::snapshot::SharedBase;
 use futures::stream::{self, StreamExt};
 use std::collections::HashMap;
 use std::path::Path;
@@ -12,6 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tidemark_core::batch::{Batch, EncodedBatch};
 use tidemark_core::checkpoint::restore::{self, RestoreError, RestoreFailure};
+use tidemark_core::checkpoint::subtask::SharedBase;
 use tidemark_core::checkpoint::{
     ends_input, ChannelState, NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
 };

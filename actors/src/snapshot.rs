@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use tidemark_core::batch::{Batch, EncodedBatch};
 use tidemark_core::checkpoint::merging::UploadLimits;
 use tidemark_core::checkpoint::merging::{MergePlan, Placement, StateLayout};
+use tidemark_core::checkpoint::subtask::SharedBase;
 use tidemark_core::checkpoint::{
     ChannelSide, ChannelState, ChannelStateHandle, Checksum, KeyGroupsStateHandle,
     KeyedStateHandle, NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
@@ -76,11 +77,6 @@ impl Handler<Upload> for Uploads {
 
 /// Physical files written at once by one snapshot.
 const PARALLEL_WRITES: usize = 4;
-
-/// The shared files of the newest completed checkpoint of a subtask, by
-/// name: an incremental snapshot references these instead of uploading
-/// them again.
-pub type SharedBase = BTreeMap<String, NativeFileHandle>;
 
 /// Bytes read from a native checkpoint's file at a time.
 const READ_CHUNK: usize = 4 << 20;

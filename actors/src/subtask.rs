@@ -17,20 +17,22 @@ use crate::messages::{
     SubtaskFinished, TriggerCheckpoint, Wire,
 };
 use crate::metrics::{JobMetrics, SubtaskCounters};
-use crate::snapshot::{self, SharedBase};
+use crate::snapshot;
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
-use futures::future::{AbortHandle, Abortable, Either};
-use std::collections::BTreeMap;
+use futures::future::{AbortHandle, AbortRegistration, Abortable, Either};
+use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidemark_core::batch::Batch;
 use tidemark_core::channel::CreditSender;
 use tidemark_core::checkpoint::barrier::{BarrierAction, BarrierHandler, Polled};
 use tidemark_core::checkpoint::merging::StateLayout;
-use tidemark_core::checkpoint::{Ack, ChannelSide, ChannelState, CheckpointMetrics};
+use tidemark_core::checkpoint::subtask::{SharedBase, SubtaskCheckpointer};
+use tidemark_core::checkpoint::{Ack, ChannelSide, ChannelState, CheckpointMetrics, SubtaskState};
 use tidemark_core::error::TaskError;
-use tidemark_core::event::{Alignment, Barrier, ChannelEvent, CheckpointKind};
+use tidemark_core::event::{Alignment, Barrier, ChannelEvent};
 use tidemark_core::fault::{Fault, FaultPoint};
 use tidemark_core::ids::{Attempt, CheckpointId, SubtaskId};
 use tidemark_core::operator::Outgoing;
@@ -101,8 +103,6 @@ pub struct SubtaskActor {
     is_source: bool,
     /// Per gate channel, the input it feeds.
     inputs: Vec<usize>,
-    /// A source after the barrier of the savepoint that stops the job.
-    suspended: Option<CheckpointId>,
     handler: BarrierHandler,
     outputs: Vec<CreditSender>,
     output_addrs: Vec<Addr<OutputEndpoint>>,
@@ -124,15 +124,9 @@ pub struct SubtaskActor {
     /// The unaligned snapshot whose asynchronous part waits for the input
     /// channel state the handler is collecting.
     collecting: Option<(CheckpointId, oneshot::Sender<InputChannelState>)>,
-    /// Shared files of the newest checkpoint known to be complete: only a
-    /// completed checkpoint is a safe base, an acknowledged one may abort.
-    shared_base: Arc<SharedBase>,
-    /// Shared files of acknowledged checkpoints, until they complete or
-    /// abort.
-    uploaded: BTreeMap<CheckpointId, Arc<SharedBase>>,
-    /// Asynchronous parts still running, to cancel if their checkpoint
-    /// aborts.
-    running: BTreeMap<CheckpointId, AbortHandle>,
+    /// Bases of incremental snapshots, running asynchronous parts and the
+    /// suspension of a stopping savepoint: the core's rules.
+    checkpointer: SubtaskCheckpointer<AbortHandle>,
     /// The processing-time timer a wake-up is armed for.
     wake_at: Option<u64>,
     counters: Arc<SubtaskCounters>,
@@ -141,13 +135,12 @@ pub struct SubtaskActor {
 }
 
 /// The asynchronous part of a snapshot → its subtask: the shared files the
-/// acknowledged state references, none for a savepoint, which is never a
-/// base.
+/// acknowledged state references.
 #[derive(Message)]
 #[rtype(result = "()")]
 struct Uploaded {
     checkpoint: CheckpointId,
-    shared: Option<SharedBase>,
+    shared: SharedBase,
 }
 
 /// Subtask → itself: go on with the input, after the mailbox had its turn.
@@ -161,6 +154,7 @@ fn delay_since(barrier: &Barrier) -> Duration {
 
 impl SubtaskActor {
     pub fn new(spec: SubtaskSpec, reports: Reports, metrics: Arc<JobMetrics>) -> Self {
+        let incremental = spec.checkpointing.as_ref().is_some_and(|c| c.incremental);
         let mut handler = BarrierHandler::new(spec.inputs.len());
         let mut outputs: Vec<CreditSender> =
             (0..spec.outputs).map(|_| CreditSender::default()).collect();
@@ -183,7 +177,6 @@ impl SubtaskActor {
             attempt: spec.attempt,
             is_source: spec.inputs.is_empty(),
             inputs: spec.inputs,
-            suspended: None,
             task: spec.task,
             handler,
             outputs,
@@ -204,9 +197,7 @@ impl SubtaskActor {
             resume_at: None,
             timer: None,
             collecting: None,
-            shared_base: Arc::new(spec.shared_base),
-            uploaded: BTreeMap::new(),
-            running: BTreeMap::new(),
+            checkpointer: SubtaskCheckpointer::new(incremental, spec.shared_base),
             wake_at: None,
         }
     }
@@ -441,7 +432,7 @@ impl SubtaskActor {
                         switched_to_unaligned: timed_out,
                         ..CheckpointMetrics::default()
                     };
-                    self.snapshot(barrier, metrics, ctx);
+                    self.snapshot(barrier, metrics, false, ctx);
                 }
                 BarrierAction::ChannelState {
                     checkpoint,
@@ -498,11 +489,13 @@ impl SubtaskActor {
     /// asynchronous part off the actor; it acknowledges when done. Unaligned
     /// (`metrics.unaligned`), the barrier overtakes the output queues, whose
     /// batches become output channel state, and the acknowledgement waits
-    /// for the input channel state.
+    /// for the input channel state. `suspend`: the savepoint that stops the
+    /// job, after whose barrier a source emits nothing.
     fn snapshot(
         &mut self,
         barrier: Barrier,
         mut metrics: CheckpointMetrics,
+        suspend: bool,
         ctx: &mut Context<Self>,
     ) {
         let Some(checkpointing) = self.checkpointing.clone() else {
@@ -525,21 +518,7 @@ impl SubtaskActor {
         };
         let state = snapshot::start(state);
         self.send_outgoing();
-        let outputs = if metrics.unaligned {
-            // Batches still queued here were never pushed to the endpoint:
-            // the barrier, sent straight to it, overtakes them as well.
-            let queued: Vec<Vec<Batch>> =
-                self.outputs.iter().map(CreditSender::overtaken).collect();
-            let endpoints: Vec<_> = self
-                .output_addrs
-                .iter()
-                .map(|endpoint| endpoint.send(PushPriority(barrier)))
-                .collect();
-            Some((queued, endpoints))
-        } else {
-            self.broadcast_event(ChannelEvent::Barrier(barrier));
-            None
-        };
+        let outputs = self.send_barrier(barrier, metrics.unaligned);
         let inputs = (metrics.unaligned && self.handler.channels() > 0).then(|| {
             let (sender, receiver) = oneshot::channel();
             self.collecting = Some((id, sender));
@@ -547,153 +526,62 @@ impl SubtaskActor {
         });
         metrics.sync = started.elapsed();
         drop(sync_span);
+        let (cancel, registration) = AbortHandle::new_pair();
+        let base = self
+            .checkpointer
+            .started(id, barrier.options.kind, suspend, cancel);
+        let part = AsyncPart {
+            checkpoint: id,
+            subtask: self.id,
+            attempt: self.attempt,
+            reports: self.reports.clone(),
+            checkpointing,
+            subtask_addr: ctx.address(),
+            decline: self.fault(FaultPoint::AsyncWrite, id),
+            stall: self.fault(FaultPoint::StallAfterWrite, id),
+            fail_after_ack: self.fault(FaultPoint::AfterAck, id),
+            metrics,
+        };
         let async_span =
             tracing::debug_span!("snapshot_async", checkpoint = id.0, subtask = %self.id);
-
-        let (subtask, attempt) = (self.id, self.attempt);
-        let reports = self.reports.clone();
-        // A savepoint is copied out of the checkpoint directory and its
-        // files there deleted: it references nothing and is nobody's base.
-        let savepoint = barrier.options.kind == CheckpointKind::Savepoint;
-        let base = (checkpointing.incremental && !savepoint).then(|| self.shared_base.clone());
-        let me = ctx.address();
-        let async_fault = self.fault(FaultPoint::AsyncWrite, id);
-        let stall = self.fault(FaultPoint::StallAfterWrite, id);
-        let after_ack_fault = self.fault(FaultPoint::AfterAck, id);
-        let (abort, registration) = AbortHandle::new_pair();
-        self.running.insert(id, abort);
         snapshot::spawn(
-            async move {
-                let fail = |error| {
-                    reports.failed.do_send(SubtaskFailed {
-                        attempt,
-                        subtask,
-                        error,
-                    })
-                };
-                if async_fault {
-                    return checkpointing.reports.declined.do_send(DeclineCheckpoint {
-                        attempt,
-                        checkpoint: id,
-                        subtask,
-                        reason: Self::injected(FaultPoint::AsyncWrite, id).to_string(),
-                    });
-                }
-                let mut channels = Vec::new();
-                if let Some((queued, endpoints)) = outputs {
-                    let from_endpoints = futures::future::join_all(endpoints).await;
-                    for (channel, (queued, endpoint)) in
-                        queued.into_iter().zip(from_endpoints).enumerate()
-                    {
-                        // An endpoint that is gone ended with its attempt.
-                        let Ok(mut batches) = endpoint else { return };
-                        batches.extend(queued);
-                        channels.push(ChannelState {
-                            side: ChannelSide::Output,
-                            channel,
-                            batches,
-                        });
-                    }
-                }
-                if let Some(inputs) = inputs {
-                    // A dropped sender: the handler aborted the checkpoint and
-                    // the subtask declined it.
-                    let Ok((inputs, alignment)) = inputs.await else {
-                        return;
-                    };
-                    metrics.alignment = alignment;
-                    channels.extend(inputs.into_iter().enumerate().map(|(channel, batches)| {
-                        ChannelState {
-                            side: ChannelSide::Input,
-                            channel,
-                            batches,
-                        }
-                    }));
-                }
-                let storage = &checkpointing.storage;
-                let planned = std::sync::Mutex::new(Vec::new());
-                let upload = async {
-                    let prepared = snapshot::prepare(
-                        subtask,
-                        id,
-                        state,
-                        channels,
-                        base.as_deref(),
-                        &checkpointing.layout,
-                        &storage.run_tag(),
-                    )
-                    .await?;
-                    *planned.lock().expect("not poisoned") = prepared.physical_files();
-                    prepared.upload(storage).await
-                };
-                // The checkpoint aborted: nothing will acknowledge what the
-                // upload wrote. A put in flight is not dropped but awaited (a
-                // dropped local put still lands), and then everything planned
-                // is deleted.
-                let aborted = Abortable::new(futures::future::pending::<()>(), registration);
-                futures::pin_mut!(upload);
-                let uploaded = match futures::future::select(upload, aborted).await {
-                    Either::Left((uploaded, aborted)) if stall => {
-                        let _ = aborted.await;
-                        drop(uploaded);
-                        None
-                    }
-                    Either::Left((uploaded, _)) => Some(uploaded),
-                    Either::Right((_, upload)) => {
-                        let _ = upload.await;
-                        None
-                    }
-                };
-                let Some(uploaded) = uploaded else {
-                    let paths = std::mem::take(&mut *planned.lock().expect("not poisoned"));
-                    return snapshot::delete_all(storage, paths).await;
-                };
-                match uploaded {
-                    Ok((state, took)) => {
-                        me.do_send(Uploaded {
-                            checkpoint: id,
-                            shared: (!savepoint).then(|| {
-                                state
-                                    .shared_files()
-                                    .map(|f| (f.name.clone(), f.clone()))
-                                    .collect()
-                            }),
-                        });
-                        metrics.async_ = took;
-                        metrics.state_size = state.size();
-                        metrics.persisted_inflight_bytes = state.inflight_bytes();
-                        checkpointing
-                            .reports
-                            .acknowledged
-                            .do_send(AcknowledgeCheckpoint {
-                                attempt,
-                                ack: Ack {
-                                    subtask,
-                                    checkpoint: id,
-                                    state,
-                                    metrics,
-                                },
-                            });
-                        if after_ack_fault {
-                            fail(Self::injected(FaultPoint::AfterAck, id));
-                        }
-                    }
-                    Err(reason) => {
-                        // As in Flink, a failed upload (which deleted what it
-                        // wrote) declines its checkpoint, which counts against
-                        // the tolerable failures, rather than failing the
-                        // subtask: processing goes on.
-                        checkpointing.reports.declined.do_send(DeclineCheckpoint {
-                            attempt,
-                            checkpoint: id,
-                            subtask,
-                            reason: format!("its asynchronous part failed: {reason}"),
-                        });
-                    }
-                }
-            }
-            .instrument(async_span),
+            part.run(state, outputs, inputs, base, registration)
+                .instrument(async_span),
         );
+    }
+
+    /// Sends the barrier downstream: in line with the output, or unaligned,
+    /// around the queues, whose batches the returned future yields as
+    /// output channel state, channel by channel (`None` if an endpoint is
+    /// gone: its attempt ended).
+    fn send_barrier(&mut self, barrier: Barrier, unaligned: bool) -> Option<OutputChannelState> {
+        if !unaligned {
+            self.broadcast_event(ChannelEvent::Barrier(barrier));
+            return None;
+        }
+        // Batches still queued here were never pushed to the endpoint: the
+        // barrier, sent straight to it, overtakes them as well.
+        let queued: Vec<Vec<Batch>> = self.outputs.iter().map(CreditSender::overtaken).collect();
+        let endpoints: Vec<_> = self
+            .output_addrs
+            .iter()
+            .map(|endpoint| endpoint.send(PushPriority(barrier)))
+            .collect();
+        Some(Box::pin(async move {
+            let from_endpoints = futures::future::join_all(endpoints).await;
+            let mut channels = Vec::new();
+            for (channel, (queued, endpoint)) in queued.into_iter().zip(from_endpoints).enumerate()
+            {
+                let mut batches = endpoint.ok()?;
+                batches.extend(queued);
+                channels.push(ChannelState {
+                    side: ChannelSide::Output,
+                    channel,
+                    batches,
+                });
+            }
+            Some(channels)
+        }))
     }
 
     fn end_of_input(&mut self) {
@@ -703,6 +591,168 @@ impl SubtaskActor {
             self.broadcast_event(ChannelEvent::EndOfPartition);
             self.phase = Phase::Draining;
         }
+    }
+}
+
+/// The output channel state of an unaligned snapshot, once the endpoints
+/// have handed their queues over.
+type OutputChannelState = Pin<Box<dyn Future<Output = Option<Vec<ChannelState>>> + Send>>;
+
+/// The asynchronous part of one snapshot and what it reports to.
+struct AsyncPart {
+    checkpoint: CheckpointId,
+    subtask: SubtaskId,
+    attempt: Attempt,
+    reports: Reports,
+    checkpointing: Checkpointing,
+    subtask_addr: Addr<SubtaskActor>,
+    /// Injected faults: decline instead of writing, stall after writing
+    /// until the checkpoint aborts, fail the subtask after acknowledging.
+    decline: bool,
+    stall: bool,
+    fail_after_ack: bool,
+    metrics: CheckpointMetrics,
+}
+
+impl AsyncPart {
+    /// Collects the channel state, uploads and acknowledges or declines;
+    /// an abort (through `registration`) deletes what was written.
+    async fn run(
+        mut self,
+        state: snapshot::Started,
+        outputs: Option<OutputChannelState>,
+        inputs: Option<oneshot::Receiver<InputChannelState>>,
+        base: Option<Arc<SharedBase>>,
+        registration: AbortRegistration,
+    ) {
+        let id = self.checkpoint;
+        if self.decline {
+            return self.declined(SubtaskActor::injected(FaultPoint::AsyncWrite, id).to_string());
+        }
+        let Some(channels) = self.channel_state(outputs, inputs).await else {
+            return;
+        };
+        let (storage, layout) = (
+            &self.checkpointing.storage.clone(),
+            &self.checkpointing.layout.clone(),
+        );
+        let subtask = self.subtask;
+        let planned = std::sync::Mutex::new(Vec::new());
+        let upload = async {
+            let prepared = snapshot::prepare(
+                subtask,
+                id,
+                state,
+                channels,
+                base.as_deref(),
+                layout,
+                &storage.run_tag(),
+            )
+            .await?;
+            *planned.lock().expect("not poisoned") = prepared.physical_files();
+            prepared.upload(storage).await
+        };
+        // The checkpoint aborted: nothing will acknowledge what the upload
+        // wrote. A put in flight is not dropped but awaited (a dropped
+        // local put still lands), and then everything planned is deleted.
+        let aborted = Abortable::new(futures::future::pending::<()>(), registration);
+        futures::pin_mut!(upload);
+        let uploaded = match futures::future::select(upload, aborted).await {
+            Either::Left((uploaded, aborted)) if self.stall => {
+                let _ = aborted.await;
+                drop(uploaded);
+                None
+            }
+            Either::Left((uploaded, _)) => Some(uploaded),
+            Either::Right((_, upload)) => {
+                let _ = upload.await;
+                None
+            }
+        };
+        match uploaded {
+            None => {
+                let paths = std::mem::take(&mut *planned.lock().expect("not poisoned"));
+                snapshot::delete_all(storage, paths).await
+            }
+            Some(Ok((state, took))) => self.acknowledge(state, took),
+            // As in Flink, a failed upload (which deleted what it wrote)
+            // declines its checkpoint, which counts against the tolerable
+            // failures, rather than failing the subtask: processing goes on.
+            Some(Err(reason)) => self.declined(format!("its asynchronous part failed: {reason}")),
+        }
+    }
+
+    /// The output and input channel state of an unaligned snapshot (none
+    /// when aligned); `None` when the attempt ended or the handler aborted
+    /// the checkpoint (and the subtask declined it) meanwhile.
+    async fn channel_state(
+        &mut self,
+        outputs: Option<OutputChannelState>,
+        inputs: Option<oneshot::Receiver<InputChannelState>>,
+    ) -> Option<Vec<ChannelState>> {
+        let mut channels = match outputs {
+            Some(outputs) => outputs.await?,
+            None => Vec::new(),
+        };
+        if let Some(inputs) = inputs {
+            let (inputs, alignment) = inputs.await.ok()?;
+            self.metrics.alignment = alignment;
+            channels.extend(inputs.into_iter().enumerate().map(|(channel, batches)| {
+                ChannelState {
+                    side: ChannelSide::Input,
+                    channel,
+                    batches,
+                }
+            }));
+        }
+        Some(channels)
+    }
+
+    /// Tells the subtask which shared files the state references, then the
+    /// coordinator that the subtask's part is done.
+    fn acknowledge(mut self, state: SubtaskState, took: Duration) {
+        let id = self.checkpoint;
+        self.subtask_addr.do_send(Uploaded {
+            checkpoint: id,
+            shared: state
+                .shared_files()
+                .map(|f| (f.name.clone(), f.clone()))
+                .collect(),
+        });
+        self.metrics.async_ = took;
+        self.metrics.state_size = state.size();
+        self.metrics.persisted_inflight_bytes = state.inflight_bytes();
+        self.checkpointing
+            .reports
+            .acknowledged
+            .do_send(AcknowledgeCheckpoint {
+                attempt: self.attempt,
+                ack: Ack {
+                    subtask: self.subtask,
+                    checkpoint: id,
+                    state,
+                    metrics: self.metrics,
+                },
+            });
+        if self.fail_after_ack {
+            self.reports.failed.do_send(SubtaskFailed {
+                attempt: self.attempt,
+                subtask: self.subtask,
+                error: SubtaskActor::injected(FaultPoint::AfterAck, id),
+            });
+        }
+    }
+
+    fn declined(self, reason: String) {
+        self.checkpointing
+            .reports
+            .declined
+            .do_send(DeclineCheckpoint {
+                attempt: self.attempt,
+                checkpoint: self.checkpoint,
+                subtask: self.subtask,
+                reason,
+            });
     }
 }
 
@@ -736,7 +786,7 @@ impl Handler<Wire> for SubtaskActor {
             ctx.run_interval(interval, |act, _| {
                 // Nothing after the barrier of a stopping savepoint, not
                 // even a watermark that would fire windows.
-                let suspended = act.suspended.is_some();
+                let suspended = act.checkpointer.suspended();
                 if matches!(act.phase, Phase::Running | Phase::Exhausted) && !suspended {
                     let backpressured = act.output_blocked();
                     act.task.watermark_tick(now().unix_ms, backpressured);
@@ -803,7 +853,7 @@ impl Handler<Produce> for SubtaskActor {
 
     fn handle(&mut self, _: Produce, ctx: &mut Context<Self>) {
         self.produce_scheduled = false;
-        if self.phase != Phase::Running || self.output_blocked() || self.suspended.is_some() {
+        if self.phase != Phase::Running || self.output_blocked() || self.checkpointer.suspended() {
             return;
         }
         let limited = self
@@ -866,12 +916,6 @@ impl Handler<TriggerCheckpoint> for SubtaskActor {
         ctx: &mut Context<Self>,
     ) {
         if matches!(self.phase, Phase::Running | Phase::Exhausted) {
-            if suspend {
-                // As Flink's synchronous savepoint: nothing after the
-                // barrier, so that the stopped job emitted exactly what
-                // the savepoint holds.
-                self.suspended = Some(barrier.id);
-            }
             // A source has no input to align: only an unaligned checkpoint
             // changes what it does.
             let metrics = CheckpointMetrics {
@@ -879,7 +923,10 @@ impl Handler<TriggerCheckpoint> for SubtaskActor {
                 unaligned: barrier.options.alignment == Alignment::Unaligned,
                 ..CheckpointMetrics::default()
             };
-            self.snapshot(barrier, metrics, ctx);
+            // As Flink's synchronous savepoint: with `suspend`, nothing
+            // after the barrier, so that the stopped job emitted exactly
+            // what the savepoint holds.
+            self.snapshot(barrier, metrics, suspend, ctx);
         }
     }
 }
@@ -888,12 +935,7 @@ impl Handler<Uploaded> for SubtaskActor {
     type Result = ();
 
     fn handle(&mut self, msg: Uploaded, _ctx: &mut Context<Self>) {
-        // Not running any more: its checkpoint aborted meanwhile, and will
-        // never be a base.
-        let aborted = self.running.remove(&msg.checkpoint).is_none();
-        if let Some(shared) = msg.shared.filter(|_| !aborted) {
-            self.uploaded.insert(msg.checkpoint, Arc::new(shared));
-        }
+        self.checkpointer.uploaded(msg.checkpoint, msg.shared);
     }
 }
 
@@ -908,17 +950,7 @@ impl Handler<NotifyCheckpointComplete> for SubtaskActor {
         }: NotifyCheckpointComplete,
         _ctx: &mut Context<Self>,
     ) {
-        if let Some(shared) = self.uploaded.remove(&id) {
-            self.shared_base = shared;
-        }
-        if !rewrite.is_empty() {
-            // Compaction: the next snapshot uploads these again, into a
-            // file of its own, instead of referencing a wasteful one.
-            let mut base = (*self.shared_base).clone();
-            base.retain(|name, _| !rewrite.contains(name));
-            self.shared_base = Arc::new(base);
-        }
-        self.uploaded.retain(|checkpoint, _| *checkpoint > id);
+        self.checkpointer.completed(id, &rewrite);
         let commit_fault = self.fault(FaultPoint::SinkCommit, id);
         self.guarded(|task, _| {
             if commit_fault {
@@ -937,15 +969,8 @@ impl Handler<NotifyCheckpointAborted> for SubtaskActor {
         NotifyCheckpointAborted(id): NotifyCheckpointAborted,
         ctx: &mut Context<Self>,
     ) {
-        if let Some(upload) = self.running.remove(&id) {
+        if let Some(upload) = self.checkpointer.aborted(id) {
             upload.abort();
-        }
-        // Else a job whose checkpoints keep aborting would keep the shared
-        // files of each until one completes.
-        self.uploaded.remove(&id);
-        if self.suspended == Some(id) {
-            // The stopping savepoint failed: the job goes on.
-            self.suspended = None;
         }
         let actions = self.handler.abort(id);
         self.apply(actions, ctx);

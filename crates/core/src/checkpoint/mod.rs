@@ -31,6 +31,7 @@ pub mod savepoint;
 pub mod shared;
 pub mod stats;
 pub mod store;
+pub mod subtask;
 
 #[cfg(test)]
 mod dag_tests;

@@ -2,12 +2,12 @@ use super::*;
 use crate::key_group::key_group_of;
 use crate::testkit::state::*;
 
-/// The embedded-store backend over sorted maps, with a write-back cache of
-/// `capacity` values.
+/// The embedded-store backend over sorted maps.
 fn embedded<K: Key>(dir: &tempfile::TempDir, range: KeyGroupRange) -> KeyedStateBackend<K> {
     embedded_cached(dir, range, StateBackend::DEFAULT_CACHE_ENTRIES)
 }
 
+/// The same, with a write-back cache of `capacity` values.
 fn embedded_cached<K: Key>(
     dir: &tempfile::TempDir,
     range: KeyGroupRange,
