@@ -2,7 +2,7 @@
 //! arbiter and an input endpoint on the consumer's for every channel, and a
 //! TCP link between every pair of workers that a channel crosses.
 
-use crate::endpoint::{Downstream, InputEndpoint, OutputEndpoint, Upstream};
+use crate::endpoint::{InputEndpoint, InputPeer, OutputEndpoint, OutputPeer};
 use crate::messages::{ConnectUpstream, Stop, SubtaskFailed};
 use crate::metrics::JobMetrics;
 use crate::net::{LinkActor, LinkEnds, Routes, Workers};
@@ -112,8 +112,8 @@ impl Wiring<'_> {
                 });
                 let oe = producer.map(|producer| {
                     let downstream = match (crossing, &ie) {
-                        (None, Some(ie)) => Downstream::Local(ie.clone()),
-                        (Some(pair), _) => Downstream::Remote {
+                        (None, Some(ie)) => InputPeer::Local(ie.clone()),
+                        (Some(pair), _) => InputPeer::Remote {
                             channel,
                             link: end(pair, channel.from),
                             seq: 0,
@@ -143,8 +143,8 @@ impl Wiring<'_> {
                 });
                 if let Some(ie) = ie {
                     ie.do_send(ConnectUpstream(match (crossing, oe) {
-                        (None, Some(oe)) => Upstream::Local(oe),
-                        (Some(pair), _) => Upstream::Remote {
+                        (None, Some(oe)) => OutputPeer::Local(oe),
+                        (Some(pair), _) => OutputPeer::Remote {
                             channel,
                             link: end(pair, channel.to),
                         },

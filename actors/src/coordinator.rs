@@ -9,7 +9,7 @@ use crate::messages::{
     AcknowledgeCheckpoint, DeclineCheckpoint, EndInput, NotifyCheckpointAborted,
     NotifyCheckpointComplete, SourceExhausted, TriggerCheckpoint,
 };
-use crate::metrics::{CheckpointStats, JobMetrics};
+use crate::metrics::{CheckpointCounters, JobMetrics};
 use crate::supervisor::{CheckpointingFailed, JobSupervisor};
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture,
@@ -594,7 +594,7 @@ impl CoordinatorActor {
             stats.switched_to_unaligned.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(triggered) = self.triggered.remove(&id) {
-            CheckpointStats::record(
+            CheckpointCounters::record(
                 &stats.durations_ms,
                 triggered.at.elapsed().as_secs_f64() * 1e3,
             );
@@ -752,7 +752,7 @@ impl Handler<AcknowledgeCheckpoint> for CoordinatorActor {
         if m.switched_to_unaligned && self.triggered.contains_key(&checkpoint) {
             self.switched.insert(checkpoint);
         }
-        CheckpointStats::record(
+        CheckpointCounters::record(
             &self.metrics.checkpoints.alignments_ms,
             m.alignment.as_secs_f64() * 1e3,
         );

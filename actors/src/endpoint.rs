@@ -25,7 +25,7 @@ use tidemark_core::event::{Alignment, ChannelEvent};
 use tidemark_core::ids::{Attempt, ChannelId};
 
 /// Where an output endpoint sends what credit releases.
-pub enum Downstream {
+pub enum InputPeer {
     /// The input endpoint, on this worker.
     Local(Addr<InputEndpoint>),
     /// The link to the input endpoint's worker; `seq` numbers the frames.
@@ -37,7 +37,7 @@ pub enum Downstream {
 }
 
 /// Where an input endpoint returns credits.
-pub enum Upstream {
+pub enum OutputPeer {
     /// The output endpoint, on this worker.
     Local(Addr<OutputEndpoint>),
     /// The link to the output endpoint's worker.
@@ -47,11 +47,11 @@ pub enum Upstream {
     },
 }
 
-impl Upstream {
+impl OutputPeer {
     fn grant(&self, credits: u32) {
         match self {
-            Upstream::Local(output) => output.do_send(Credit(credits)),
-            Upstream::Remote { channel, link } => link.credit(*channel, credits),
+            OutputPeer::Local(output) => output.do_send(Credit(credits)),
+            OutputPeer::Remote { channel, link } => link.credit(*channel, credits),
         }
     }
 }
@@ -60,7 +60,7 @@ pub struct OutputEndpoint {
     producer: Addr<SubtaskActor>,
     /// Index of this channel among the producer's outputs.
     producer_channel: usize,
-    downstream: Downstream,
+    downstream: InputPeer,
     link: CreditSender,
     capacity: u32,
     gauge: Arc<ChannelGauge>,
@@ -70,7 +70,7 @@ impl OutputEndpoint {
     pub fn new(
         producer: Addr<SubtaskActor>,
         producer_channel: usize,
-        downstream: Downstream,
+        downstream: InputPeer,
         gauge: Arc<ChannelGauge>,
     ) -> Self {
         OutputEndpoint {
@@ -92,8 +92,8 @@ impl OutputEndpoint {
                 });
             }
             match &mut self.downstream {
-                Downstream::Local(input) => input.do_send(Transfer(event)),
-                Downstream::Remote { channel, link, seq } => {
+                InputPeer::Local(input) => input.do_send(Transfer(event)),
+                InputPeer::Remote { channel, link, seq } => {
                     link.data(*channel, *seq, &event);
                     *seq += 1;
                 }
@@ -152,7 +152,7 @@ pub struct InputEndpoint {
     consumer: Addr<SubtaskActor>,
     /// Index of this channel in the consumer's input gate.
     consumer_channel: usize,
-    upstream: Option<Upstream>,
+    upstream: Option<OutputPeer>,
     receiver: CreditReceiver,
     gauge: Arc<ChannelGauge>,
     failures: Recipient<SubtaskFailed>,

@@ -1,7 +1,7 @@
 //! Messages between the actors of a running job.
 
 use crate::control::ToWorker;
-use crate::endpoint::{InputEndpoint, OutputEndpoint, Upstream};
+use crate::endpoint::{InputEndpoint, OutputEndpoint, OutputPeer};
 use crate::remote::Commands;
 use crate::subtask::SubtaskActor;
 use actix::{Actor, Addr, Context, Handler, Message, Recipient};
@@ -66,7 +66,7 @@ pub struct Consumed;
 /// Closes the cycle between an input endpoint and its sender.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct ConnectUpstream(pub Upstream);
+pub struct ConnectUpstream(pub OutputPeer);
 
 /// Supervisor → subtask: its endpoints exist; start.
 #[derive(Message)]

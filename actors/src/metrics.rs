@@ -230,7 +230,7 @@ pub struct JobMetrics {
     /// across restarts.
     pub channels: DashMap<ChannelId, Arc<ChannelGauge>>,
     /// Figures of checkpoints, savepoints, restarts and restores.
-    pub checkpoints: CheckpointStats,
+    pub checkpoints: CheckpointCounters,
     /// Timers, windows and watermarks, counted by the subtasks.
     pub time: Arc<TimeMetrics>,
     /// Per subtask, created at its first deployment and kept across
@@ -252,7 +252,7 @@ impl Default for JobMetrics {
 
 /// Figures of the checkpoints of a run.
 #[derive(Debug, Default)]
-pub struct CheckpointStats {
+pub struct CheckpointCounters {
     /// Completed checkpoints; savepoints are counted apart.
     pub completed: AtomicU64,
     /// Savepoints written into their directory.
@@ -326,7 +326,7 @@ pub struct CheckpointStats {
     pub timers_max: AtomicU64,
 }
 
-impl CheckpointStats {
+impl CheckpointCounters {
     /// Adds what a completed checkpoint wrote itself to the upload figures,
     /// and keeps the timers it holds.
     pub fn record_uploads(&self, checkpoint: &CompletedCheckpoint) {
@@ -561,7 +561,7 @@ impl JobMetrics {
             records_in: AtomicU64::default(),
             records_by_source: DashMap::new(),
             channels: DashMap::new(),
-            checkpoints: CheckpointStats::default(),
+            checkpoints: CheckpointCounters::default(),
             time: Arc::default(),
             subtasks: DashMap::new(),
             checkpoint_stats: CheckpointStatsTracker::shared(history),

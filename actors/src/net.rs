@@ -39,14 +39,14 @@ const READ_BYTES: usize = 64 << 10;
 /// Which worker hosts a subtask: its index modulo the number of workers,
 /// so that every operator is spread over all of them.
 #[derive(Clone, Copy, Debug)]
-pub struct Placement {
+pub struct WorkerAssignment {
     workers: u32,
 }
 
-impl Placement {
+impl WorkerAssignment {
     /// Spreads over `workers`; 0 or 1 keeps every channel local.
     pub fn new(workers: u32) -> Self {
-        Placement {
+        WorkerAssignment {
             workers: workers.max(1),
         }
     }
@@ -71,7 +71,7 @@ impl Placement {
 /// The workers of a job in this process: where each subtask goes, and
 /// the arbiter the links between them run on, if any channel crosses.
 pub struct Workers {
-    pub placement: Placement,
+    pub placement: WorkerAssignment,
     pub links: Option<actix_rt::ArbiterHandle>,
 }
 
@@ -195,7 +195,7 @@ impl LinkEnd {
 pub type LinkEnds = BTreeMap<((u32, u32), u32), LinkEnd>;
 
 /// The pairs of workers that a channel of `graph` crosses.
-pub fn crossings(graph: &JobGraph, placement: Placement) -> BTreeSet<(u32, u32)> {
+pub fn crossings(graph: &JobGraph, placement: WorkerAssignment) -> BTreeSet<(u32, u32)> {
     graph
         .subtasks()
         .flat_map(|producer| graph.outputs(producer))
@@ -207,7 +207,7 @@ pub fn crossings(graph: &JobGraph, placement: Placement) -> BTreeSet<(u32, u32)>
 /// `placement`, all in this process, over loopback.
 pub fn loopback(
     graph: &JobGraph,
-    placement: Placement,
+    placement: WorkerAssignment,
     run: RunAttempt,
     failures: &Recipient<SubtaskFailed>,
 ) -> std::io::Result<LinkEnds> {

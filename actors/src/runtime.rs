@@ -6,7 +6,7 @@ use crate::coordinator::{Completed, TriggerManual};
 use crate::http::{self, HttpToken, HttpTokenError, JobStatus, JobView};
 use crate::messages::Cancel;
 use crate::metrics::JobMetrics;
-use crate::net::{Placement, Workers};
+use crate::net::{WorkerAssignment, Workers};
 use crate::remote::{Distributed, Pool};
 use crate::supervisor::{Hosts, JobSupervisor, StopWithSavepoint, TriggerCheckpointRequest};
 use actix::{Actor, Addr, Arbiter, System};
@@ -399,8 +399,8 @@ impl Runtime {
         let threads = self.threads.max(1);
         let pool = self.distributed.clone().map(Pool::new);
         let placement = match pool {
-            Some(_) => Placement::new(1),
-            None => Placement::new(self.local_workers),
+            Some(_) => WorkerAssignment::new(1),
+            None => WorkerAssignment::new(self.local_workers),
         };
         let job_metrics = metrics.clone();
         let job_storage = storage.clone();

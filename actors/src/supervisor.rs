@@ -15,8 +15,8 @@ use crate::deploy::{stop_all, Hosted, Hosting};
 use crate::messages::{
     Cancel, CheckpointReports, Kill, Reports, Stop, SubtaskFailed, SubtaskFinished, SubtaskHandle,
 };
-use crate::metrics::{CheckpointStats, JobMetrics};
-use crate::net::{self, LinkActor, Placement, Workers};
+use crate::metrics::{CheckpointCounters, JobMetrics};
+use crate::net::{self, LinkActor, WorkerAssignment, Workers};
 use crate::remote::{Pool, Reporting};
 use crate::restore::{load, restore_failure, transient, Loaded, LoadedFrom, Restored};
 use crate::runtime::{job_id, JobError, JobReport};
@@ -370,7 +370,7 @@ impl JobSupervisor {
     /// The restored attempt runs: how long since its predecessor failed.
     fn recovered(&mut self) {
         if let Some(at) = self.failed_at.take() {
-            CheckpointStats::record(
+            CheckpointCounters::record(
                 &self.metrics.checkpoints.recoveries_ms,
                 at.elapsed().as_secs_f64() * 1e3,
             );
@@ -393,7 +393,7 @@ impl JobSupervisor {
     /// no subtask (more workers than subtasks) is left out.
     fn deploy_remote(&mut self, me: Addr<Self>, from: Option<crate::coordinator::RestoreFrom>) {
         let pool = self.pool.as_ref().expect("the pool is back");
-        let placement = Placement::new(pool.count());
+        let placement = WorkerAssignment::new(pool.count());
         let run = self.run();
         let restore = from.map(|from| RestoreSpec {
             checkpoint: from.checkpoint,
@@ -596,7 +596,7 @@ impl JobSupervisor {
     /// In one worker, that is the subtask alone.
     fn kill_worker_of(&mut self, victim: SubtaskId, kill: Kill) {
         let placement = match &self.pool {
-            Some(pool) => Placement::new(pool.count()),
+            Some(pool) => WorkerAssignment::new(pool.count()),
             None => self.workers.placement,
         };
         let worker = placement.worker(victim);

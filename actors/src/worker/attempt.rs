@@ -11,7 +11,7 @@ use crate::messages::{
     TriggerCheckpoint,
 };
 use crate::metrics::JobMetrics;
-use crate::net::{crossings, LinkEnd, LinkEnds, Placement, Workers};
+use crate::net::{crossings, LinkEnd, LinkEnds, WorkerAssignment, Workers};
 use crate::restore::{load, Restored};
 use crate::runtime::job_id;
 use crate::subtask::SubtaskActor;
@@ -113,7 +113,7 @@ struct Counters {
 struct Prepared {
     job: Job,
     hosted: Vec<SubtaskId>,
-    placement: Placement,
+    placement: WorkerAssignment,
     restore: HashMap<SubtaskId, Restored>,
     ends: LinkEnds,
     storage: Option<CheckpointStorage>,
@@ -391,7 +391,7 @@ async fn prepare(
             deploy.peers.len()
         ));
     }
-    let placement = Placement::new(deploy.workers);
+    let placement = WorkerAssignment::new(deploy.workers);
     let me = deploy.worker;
     let hosted: Vec<SubtaskId> = job
         .graph

@@ -101,7 +101,7 @@ impl std::fmt::Display for FaultyStore {
 
 /// What one operation does wrong.
 #[derive(Clone, Copy, Debug)]
-enum Fault {
+enum FaultTiming {
     None,
     Before,
     After,
@@ -171,25 +171,25 @@ impl FaultyStore {
     }
 
     /// What a put (or an upload) will do wrong; counted when it strikes.
-    fn put_fault(&self, location: &Path) -> Fault {
+    fn put_fault(&self, location: &Path) -> FaultTiming {
         if self.spared(location) {
-            Fault::None
+            FaultTiming::None
         } else if self.chance(self.plan.fail_put) {
-            Fault::Before
+            FaultTiming::Before
         } else if self.chance(self.plan.fail_put_after) {
-            Fault::After
+            FaultTiming::After
         } else {
-            Fault::None
+            FaultTiming::None
         }
     }
 }
 
-impl Fault {
+impl FaultTiming {
     fn strikes(self, counts: &FaultCounts) -> Self {
         match self {
-            Fault::Before => counts.puts_failed.fetch_add(1, Ordering::Relaxed),
-            Fault::After => counts.puts_failed_after.fetch_add(1, Ordering::Relaxed),
-            Fault::None => 0,
+            FaultTiming::Before => counts.puts_failed.fetch_add(1, Ordering::Relaxed),
+            FaultTiming::After => counts.puts_failed_after.fetch_add(1, Ordering::Relaxed),
+            FaultTiming::None => 0,
         };
         self
     }
@@ -220,7 +220,7 @@ async fn landed(
 #[derive(Debug)]
 struct FaultyUpload {
     inner: Box<dyn MultipartUpload>,
-    fault: Fault,
+    fault: FaultTiming,
     store: Arc<dyn ObjectStore>,
     location: Path,
     off: Arc<AtomicBool>,
@@ -242,16 +242,16 @@ impl MultipartUpload for FaultyUpload {
         }
         let (store, off, counts) = (&*self.store, &self.off, &self.counts);
         match self.fault.strikes(counts) {
-            Fault::Before => {
+            FaultTiming::Before => {
                 let _ = self.inner.abort().await;
                 Err(injected("multipart upload failed"))
             }
-            Fault::After => {
+            FaultTiming::After => {
                 let result = self.inner.complete().await;
                 landed(store, off, counts, &self.location, result).await?;
                 Err(injected("multipart upload landed, then failed"))
             }
-            Fault::None => {
+            FaultTiming::None => {
                 let result = self.inner.complete().await;
                 landed(store, off, counts, &self.location, result).await
             }
@@ -281,13 +281,13 @@ impl ObjectStore for FaultyStore {
         self.powered()?;
         self.maybe_slow(location).await;
         match self.put_fault(location).strikes(&self.counts) {
-            Fault::Before => Err(injected("put failed")),
-            Fault::After => {
+            FaultTiming::Before => Err(injected("put failed")),
+            FaultTiming::After => {
                 let result = self.inner.put_opts(location, payload, opts).await;
                 landed(&*self.inner, &self.off, &self.counts, location, result).await?;
                 Err(injected("put landed, then failed"))
             }
-            Fault::None => {
+            FaultTiming::None => {
                 let result = self.inner.put_opts(location, payload, opts).await;
                 landed(&*self.inner, &self.off, &self.counts, location, result).await
             }

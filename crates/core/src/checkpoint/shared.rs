@@ -88,14 +88,15 @@ fn keyed_handle<'a>(
         .find(|h| h.file.handle == file.handle)
 }
 
+/// What of one physical file the retained checkpoints reference.
 #[derive(Debug, Default)]
-struct PhysicalFile {
+struct FileReferences {
     /// By offset: length, and retained checkpoints referencing the segment.
     segments: BTreeMap<u64, (u64, usize)>,
     count: Count,
 }
 
-impl PhysicalFile {
+impl FileReferences {
     /// A file holds its segments back to back from offset 0 (a whole object
     /// is one segment), so its size is the end of the last one. After a
     /// restart only referenced segments are known: a dropped copy at the end
@@ -152,7 +153,7 @@ pub const DEFAULT_MAX_SPACE_AMPLIFICATION: f64 = 1.5;
 /// Flink's `SharedStateRegistry`, sans-IO: see the module documentation.
 #[derive(Debug)]
 pub struct SharedStateRegistry {
-    files: BTreeMap<String, PhysicalFile>,
+    files: BTreeMap<String, FileReferences>,
     keys: BTreeMap<SharedKey, Vec<KeyedHandle>>,
     pending: BTreeSet<CheckpointId>,
     max_space_amplification: f64,
@@ -337,7 +338,7 @@ impl SharedStateRegistry {
     pub fn space(&self) -> Space {
         self.files
             .values()
-            .map(PhysicalFile::space)
+            .map(FileReferences::space)
             .fold(Space::default(), |a, b| Space {
                 total: a.total + b.total,
                 live: a.live + b.live,
@@ -346,7 +347,7 @@ impl SharedStateRegistry {
 
     /// Space of the counted object at `path`, if it is counted.
     pub fn file_space(&self, path: &str) -> Option<Space> {
-        self.files.get(path).map(PhysicalFile::space)
+        self.files.get(path).map(FileReferences::space)
     }
 
     /// Per subtask, the shared files its next snapshot must upload again
