@@ -26,7 +26,7 @@ use tidemark_core::checkpoint::shared::SharedStateRegistry;
 use tidemark_core::checkpoint::stats;
 use tidemark_core::checkpoint::store::CompletedCheckpointStore;
 use tidemark_core::checkpoint::{CheckpointFailure, CompletedCheckpoint};
-use tidemark_core::event::CheckpointKind;
+use tidemark_core::event::{Barrier, CheckpointKind};
 use tidemark_core::ids::{Attempt, CheckpointId, JobId, SubtaskId};
 use tidemark_storage::savepoint;
 use tidemark_storage::{CheckpointStorage, StorageError};
@@ -329,6 +329,7 @@ impl CoordinatorActor {
         }
     }
 
+    /// Carries out what the core's machines decided, in their order.
     fn carry_out(&mut self, actions: Vec<Action>, ctx: &mut Context<Self>) {
         for action in actions {
             match action {
@@ -336,155 +337,190 @@ impl CoordinatorActor {
                     barrier,
                     next_id,
                     suspend,
-                } => {
-                    let span = tracing::info_span!(
-                        "checkpoint",
-                        id = barrier.id.0,
-                        kind = ?barrier.options.kind,
-                        alignment = ?barrier.options.alignment,
-                    );
-                    self.triggered.insert(
-                        barrier.id,
-                        Triggered {
-                            at: Instant::now(),
-                            span,
-                        },
-                    );
-                    self.registry.triggered(barrier.id);
-                    let storage = self.storage.clone();
-                    let sources: Vec<_> = self.sources.iter().map(|(_, a)| a.clone()).collect();
-                    let first = self.sources.first().map(|(id, _)| *id);
-                    // `wait`: counter writes and barriers go out in id order.
-                    ctx.wait(
-                        async move { storage.store_next_checkpoint_id(next_id).await }
-                            .into_actor(self)
-                            .map(move |result, act, ctx| match (result, first) {
-                                (Ok(()), _) => {
-                                    for source in &sources {
-                                        source.send(TriggerCheckpoint { barrier, suspend });
-                                    }
-                                }
-                                (Err(e), Some(subtask)) => act.feed(
-                                    Event::Decline {
-                                        checkpoint: barrier.id,
-                                        subtask,
-                                        reason: format!("the checkpoint id counter was not persisted: {e}"),
-                                    },
-                                    ctx,
-                                ),
-                                (Err(e), None) => {
-                                    tracing::warn!(error = %e, "checkpoint id counter not persisted")
-                                }
-                            }),
-                    );
-                }
-                Action::Finalize(mut checkpoint) => {
-                    if checkpoint.kind == CheckpointKind::Savepoint {
-                        self.write_savepoint(checkpoint, ctx);
-                        continue;
-                    }
-                    // Registered before the metadata is written: the
-                    // registry may replace duplicate shared files, and the
-                    // metadata must hold what it counts.
-                    self.registry.completed(&mut checkpoint);
-                    self.delete_released(ctx);
-                    let storage = self.storage.clone();
-                    let id = checkpoint.id;
-                    self.finalizing.insert(id);
-                    ctx.spawn(
-                        async move {
-                            let written = storage.write_metadata(&checkpoint).await;
-                            (checkpoint, written)
-                        }
-                        .into_actor(self)
-                        .map(move |(checkpoint, written), act, ctx| {
-                            act.finalizing.remove(&id);
-                            match written {
-                                Ok(()) => act.persisted(checkpoint, ctx),
-                                Err(e) => {
-                                    let unknown = matches!(e, StorageError::UnknownOutcome { .. });
-                                    act.feed(
-                                        Event::PersistFailed {
-                                            checkpoint: id,
-                                            reason: e.to_string(),
-                                        },
-                                        ctx,
-                                    );
-                                    // The acks' own objects are left to the
-                                    // registry: another checkpoint may have
-                                    // been given them since. A checkpoint
-                                    // that may exist keeps its references,
-                                    // and with them all its state.
-                                    if !unknown {
-                                        act.registry.removed(&checkpoint);
-                                        act.delete_released(ctx);
-                                    }
-                                }
-                            }
-                            act.answer_restore();
-                            act.answer_shutdown();
-                        }),
-                    );
-                }
-                Action::NotifyComplete(id) => {
-                    let mut compactions = self.registry.compactions();
-                    for (subtask_id, subtask) in &self.subtasks {
-                        let rewrite = compactions
-                            .remove(subtask_id)
-                            .into_iter()
-                            .flatten()
-                            .map(|key| key.name)
-                            .collect();
-                        subtask.send(NotifyCheckpointComplete {
-                            checkpoint: id,
-                            rewrite,
-                        });
-                    }
-                    let ends = match self.store.latest() {
-                        Some(latest) if latest.id == id => self.input_end.completed(latest),
-                        _ => false,
-                    };
-                    if ends {
-                        for (_, source) in &self.sources {
-                            source.send(EndInput);
-                        }
-                    }
-                }
+                } => self.trigger(barrier, next_id, suspend, ctx),
+                Action::Finalize(checkpoint) => self.finalize(checkpoint, ctx),
+                Action::NotifyComplete(id) => self.notify_complete(id),
                 Action::NotifyAbort { checkpoint, reason } => {
-                    self.triggered.remove(&checkpoint);
-                    self.switched.remove(&checkpoint);
-                    self.registry.aborted(checkpoint);
-                    self.delete_released(ctx);
-                    if !matches!(reason, CheckpointFailure::Aborted { .. }) {
-                        self.metrics
-                            .checkpoints
-                            .failed
-                            .fetch_add(1, Ordering::Relaxed);
-                    }
-                    tracing::info!(%reason, "checkpoint aborted");
-                    for (_, subtask) in &self.subtasks {
-                        subtask.send(NotifyCheckpointAborted(checkpoint));
-                    }
+                    self.notify_abort(checkpoint, reason, ctx)
                 }
                 Action::Discard { checkpoint, states } => {
                     let paths = self.registry.discardable(checkpoint, &states);
                     self.spawn_delete(paths, Vec::new(), ctx);
                 }
                 Action::FailJob(reason) => self.supervisor.do_send(CheckpointingFailed(reason)),
-                Action::Resolve { request, result } => {
-                    self.targets.remove(&request);
-                    let result = result.map(|id| Completed {
-                        id,
-                        location: self.locations.remove(&id).unwrap_or_else(|| {
-                            self.storage
-                                .location(&CheckpointStorage::checkpoint_dir(id))
-                        }),
-                    });
-                    if let Some(reply) = self.requests.remove(&request) {
-                        let _ = reply.send(result);
+                Action::Resolve { request, result } => self.resolve(request, result),
+            }
+        }
+    }
+
+    /// Persists the id counter past `barrier`'s checkpoint, then sends the
+    /// barrier to the sources; a counter that was not persisted declines
+    /// the checkpoint (in the first source's name; a job without sources
+    /// only logs it).
+    fn trigger(
+        &mut self,
+        barrier: Barrier,
+        next_id: CheckpointId,
+        suspend: bool,
+        ctx: &mut Context<Self>,
+    ) {
+        let span = tracing::info_span!(
+            "checkpoint",
+            id = barrier.id.0,
+            kind = ?barrier.options.kind,
+            alignment = ?barrier.options.alignment,
+        );
+        self.triggered.insert(
+            barrier.id,
+            Triggered {
+                at: Instant::now(),
+                span,
+            },
+        );
+        self.registry.triggered(barrier.id);
+        let storage = self.storage.clone();
+        let sources: Vec<_> = self.sources.iter().map(|(_, a)| a.clone()).collect();
+        let first = self.sources.first().map(|(id, _)| *id);
+        // `wait`: counter writes and barriers go out in id order.
+        ctx.wait(
+            async move { storage.store_next_checkpoint_id(next_id).await }
+                .into_actor(self)
+                .map(move |result, act, ctx| match (result, first) {
+                    (Ok(()), _) => {
+                        for source in &sources {
+                            source.send(TriggerCheckpoint { barrier, suspend });
+                        }
+                    }
+                    (Err(e), Some(subtask)) => act.feed(
+                        Event::Decline {
+                            checkpoint: barrier.id,
+                            subtask,
+                            reason: format!("the checkpoint id counter was not persisted: {e}"),
+                        },
+                        ctx,
+                    ),
+                    (Err(e), None) => {
+                        tracing::warn!(error = %e, "checkpoint id counter not persisted")
+                    }
+                }),
+        );
+    }
+
+    /// Registers a completed checkpoint's shared files, then writes its
+    /// `_metadata`; a savepoint goes to its own directory instead.
+    fn finalize(&mut self, mut checkpoint: CompletedCheckpoint, ctx: &mut Context<Self>) {
+        if checkpoint.kind == CheckpointKind::Savepoint {
+            return self.write_savepoint(checkpoint, ctx);
+        }
+        // Registered before the metadata is written: the
+        // registry may replace duplicate shared files, and the
+        // metadata must hold what it counts.
+        self.registry.completed(&mut checkpoint);
+        self.delete_released(ctx);
+        let storage = self.storage.clone();
+        let id = checkpoint.id;
+        self.finalizing.insert(id);
+        ctx.spawn(
+            async move {
+                let written = storage.write_metadata(&checkpoint).await;
+                (checkpoint, written)
+            }
+            .into_actor(self)
+            .map(move |(checkpoint, written), act, ctx| {
+                act.finalizing.remove(&id);
+                match written {
+                    Ok(()) => act.persisted(checkpoint, ctx),
+                    Err(e) => {
+                        let unknown = matches!(e, StorageError::UnknownOutcome { .. });
+                        act.feed(
+                            Event::PersistFailed {
+                                checkpoint: id,
+                                reason: e.to_string(),
+                            },
+                            ctx,
+                        );
+                        // The acks' own objects are left to the
+                        // registry: another checkpoint may have
+                        // been given them since. A checkpoint
+                        // that may exist keeps its references,
+                        // and with them all its state.
+                        if !unknown {
+                            act.registry.removed(&checkpoint);
+                            act.delete_released(ctx);
+                        }
                     }
                 }
+                act.answer_restore();
+                act.answer_shutdown();
+            }),
+        );
+    }
+
+    /// Tells every subtask that `id` completed (with the files a
+    /// compaction wants uploaded again); when `id` is the newest retained
+    /// checkpoint and the job's input has ended by it (the end-of-input
+    /// rule), tells the sources to end their input.
+    fn notify_complete(&mut self, id: CheckpointId) {
+        let mut compactions = self.registry.compactions();
+        for (subtask_id, subtask) in &self.subtasks {
+            let rewrite = compactions
+                .remove(subtask_id)
+                .into_iter()
+                .flatten()
+                .map(|key| key.name)
+                .collect();
+            subtask.send(NotifyCheckpointComplete {
+                checkpoint: id,
+                rewrite,
+            });
+        }
+        let ends = match self.store.latest() {
+            Some(latest) if latest.id == id => self.input_end.completed(latest),
+            _ => false,
+        };
+        if ends {
+            for (_, source) in &self.sources {
+                source.send(EndInput);
             }
+        }
+    }
+
+    /// Forgets an aborted checkpoint, releases what only it referenced and
+    /// tells every subtask.
+    fn notify_abort(
+        &mut self,
+        checkpoint: CheckpointId,
+        reason: CheckpointFailure,
+        ctx: &mut Context<Self>,
+    ) {
+        self.triggered.remove(&checkpoint);
+        self.switched.remove(&checkpoint);
+        self.registry.aborted(checkpoint);
+        self.delete_released(ctx);
+        if !matches!(reason, CheckpointFailure::Aborted { .. }) {
+            self.metrics
+                .checkpoints
+                .failed
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        tracing::info!(%reason, "checkpoint aborted");
+        for (_, subtask) in &self.subtasks {
+            subtask.send(NotifyCheckpointAborted(checkpoint));
+        }
+    }
+
+    /// Answers a manual trigger or a savepoint request.
+    fn resolve(&mut self, request: RequestId, result: Result<CheckpointId, CheckpointFailure>) {
+        self.targets.remove(&request);
+        let result = result.map(|id| Completed {
+            id,
+            location: self.locations.remove(&id).unwrap_or_else(|| {
+                self.storage
+                    .location(&CheckpointStorage::checkpoint_dir(id))
+            }),
+        });
+        if let Some(reply) = self.requests.remove(&request) {
+            let _ = reply.send(result);
         }
     }
 

@@ -15,6 +15,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use thiserror::Error;
+use tidemark_core::checkpoint::lease::LeaseOptions;
 use tidemark_core::checkpoint::restore::RestoreError;
 use tidemark_core::checkpoint::stats::{self, CheckpointStatsTracker};
 use tidemark_core::checkpoint::{CheckpointFailure, SettingsError};
@@ -333,6 +334,74 @@ impl Runtime {
     /// job's supervisor is running, without waiting for the job. Errors here
     /// mean nothing was deployed.
     pub fn run(&self, job: Job) -> Result<JobHandle, JobError> {
+        self.check(&job)?;
+        let job_id = job_id(&job.name);
+        let checkpointing = job.config.checkpointing.as_ref();
+        let storage = checkpointing
+            .map(|c| CheckpointStorage::open(&c.storage_url, job_id))
+            .transpose()?;
+        let savepoint_dir = checkpointing
+            .and_then(|c| c.savepoint_dir.as_deref())
+            .map(|dir| CheckpointStorage::open_directory(dir, true))
+            .transpose()?;
+        let listener = self
+            .http
+            .map(|addr| {
+                http::bind(addr).map_err(|e| {
+                    JobError::Runtime(format!("cannot serve the REST API on {addr}: {e}"))
+                })
+            })
+            .transpose()?;
+        let history = checkpointing.map_or(stats::DEFAULT_HISTORY, |c| c.history);
+        let metrics = Arc::new(JobMetrics::new(history));
+        let served = listener.map(|l| (l, Arc::new(JobView::new(&job, job_id, metrics.clone()))));
+        let (outcome_tx, outcome) = mpsc::channel();
+        let (addr_tx, addr_rx) = mpsc::channel();
+        let pool = self.distributed.clone().map(Pool::new);
+        let placement = match pool {
+            Some(_) => WorkerAssignment::new(1),
+            None => WorkerAssignment::new(self.local_workers),
+        };
+        let name = format!("tidemark-{}", job.name);
+        let body = JobThread {
+            lease: checkpointing.map(|c| c.lease.clone()),
+            job,
+            threads: self.threads.max(1),
+            placement,
+            pool,
+            metrics: metrics.clone(),
+            storage: storage.clone(),
+            savepoint_dir,
+            view: served.as_ref().map(|(_, view)| view.clone()),
+            started: addr_tx,
+            outcome: outcome_tx,
+        };
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || body.run())
+            .map_err(|e| JobError::Runtime(format!("cannot start the runtime thread: {e}")))?;
+        let supervisor = addr_rx
+            .recv()
+            .map_err(|_| JobError::Runtime("the runtime did not start".into()))??;
+        let control = JobControl { supervisor };
+        let (http, view) = match served {
+            Some((listener, view)) => self.serve(listener, view, &control),
+            None => (None, None),
+        };
+        Ok(JobHandle {
+            view,
+            outcome,
+            control,
+            metrics,
+            storage,
+            thread,
+            http,
+        })
+    }
+
+    /// Refuses a job that cannot run as configured, before anything is
+    /// created.
+    fn check(&self, job: &Job) -> Result<(), JobError> {
         job.validate()?;
         job.config.validate()?;
         if let Some(addr) = self.http {
@@ -351,165 +420,146 @@ impl Runtime {
             }
         }
         let subtasks: Vec<SubtaskId> = job.graph.subtasks().collect();
-        if let Some(fault) = job
+        match job
             .config
             .faults
             .iter()
             .find(|f| !subtasks.contains(&f.subtask))
         {
-            return Err(JobError::UnknownFaultTarget(fault.subtask));
+            Some(fault) => Err(JobError::UnknownFaultTarget(fault.subtask)),
+            None => Ok(()),
         }
-        let storage = job
-            .config
-            .checkpointing
-            .as_ref()
-            .map(|c| CheckpointStorage::open(&c.storage_url, job_id(&job.name)))
-            .transpose()?;
-        let savepoint_dir = job
-            .config
-            .checkpointing
-            .as_ref()
-            .and_then(|c| c.savepoint_dir.as_deref())
-            .map(|dir| CheckpointStorage::open_directory(dir, true))
-            .transpose()?;
-        let job_id = job_id(&job.name);
-        let listener = self
-            .http
-            .map(|addr| {
-                http::bind(addr).map_err(|e| {
-                    JobError::Runtime(format!("cannot serve the REST API on {addr}: {e}"))
-                })
-            })
-            .transpose()?;
-        let history = job
-            .config
-            .checkpointing
-            .as_ref()
-            .map_or(tidemark_core::checkpoint::stats::DEFAULT_HISTORY, |c| {
-                c.history
-            });
-        let metrics = Arc::new(JobMetrics::new(history));
-        let served = listener.map(|l| (l, Arc::new(JobView::new(&job, job_id, metrics.clone()))));
-        let job_view = served.as_ref().map(|(_, view)| view.clone());
-        let (outcome_tx, outcome) = mpsc::channel();
-        // The supervisor's outcome passes through the runtime thread, which
-        // ends the REST API's view of the job before handing it on.
-        let (supervisor_tx, outcome_rx) = mpsc::channel();
-        let (addr_tx, addr_rx) = mpsc::channel::<Result<Addr<JobSupervisor>, JobError>>();
-        let threads = self.threads.max(1);
-        let pool = self.distributed.clone().map(Pool::new);
-        let placement = match pool {
-            Some(_) => WorkerAssignment::new(1),
-            None => WorkerAssignment::new(self.local_workers),
-        };
-        let job_metrics = metrics.clone();
-        let job_storage = storage.clone();
-        let job_savepoint_dir = savepoint_dir.clone();
-        let lease_options = job.config.checkpointing.as_ref().map(|c| c.lease.clone());
-        let thread = std::thread::Builder::new()
-            .name(format!("tidemark-{}", job.name))
-            .spawn(move || {
-                let system = System::new();
-                let lease = match (&job_storage, &lease_options) {
-                    (Some(storage), Some(options)) => {
-                        match system.block_on(Lease::acquire(storage, options)) {
-                            Ok(lease) => Some(Arc::new(lease)),
-                            Err(e) => {
-                                let _ = addr_tx.send(Err(e.into()));
-                                return;
-                            }
-                        }
-                    }
-                    _ => None,
-                };
-                let job_storage = job_storage.map(|storage| match &lease {
-                    Some(lease) => storage.fenced(lease.clone()),
-                    None => storage,
-                });
-                let mut arbiters: Vec<Arbiter> = (0..threads).map(|_| Arbiter::new()).collect();
-                let handles = arbiters.iter().map(Arbiter::handle).collect();
-                let links = placement.spreads().then(|| {
-                    arbiters.push(Arbiter::new());
-                    arbiters.last().expect("just pushed").handle()
-                });
-                let renewed = lease.clone();
-                system.block_on(async move {
-                    if let Some(lease) = renewed {
-                        actix_rt::spawn(renew(lease));
-                    }
-                    let supervisor = JobSupervisor::new(
-                        job,
-                        Hosts {
-                            arbiters: handles,
-                            workers: Workers { placement, links },
-                            pool,
-                        },
-                        job_metrics,
-                        supervisor_tx,
-                        job_storage,
-                        job_savepoint_dir,
-                    )
-                    .start();
-                    let _ = addr_tx.send(Ok(supervisor));
-                });
-                let _ = system.run();
-                for arbiter in arbiters {
-                    arbiter.stop();
-                    let _ = arbiter.join();
-                }
-                let outcome = outcome_rx.try_recv().unwrap_or_else(|_| {
-                    Err(JobError::Runtime("the runtime stopped without an outcome".into()))
-                });
-                if let Some(view) = &job_view {
-                    view.ended(match &outcome {
-                        Ok(_) => JobStatus::Finished,
-                        Err(JobError::Cancelled) => JobStatus::Canceled,
-                        Err(_) => JobStatus::Failed,
-                    });
-                }
-                if let Some(lease) = lease {
-                    let released = actix_rt::Runtime::new()
-                        .map_err(|e| e.to_string())
-                        .and_then(|rt| rt.block_on(lease.release()).map_err(|e| e.to_string()));
-                    if let Err(e) = released {
-                        tracing::warn!("the job directory's lease was not released ({e}); the next run takes it once it expires");
-                    }
-                }
-                // The lease is free for the next run while a client that
-                // stopped the job reads how its savepoint went.
-                if let Some(view) = job_view {
-                    view.shutdown();
-                }
-                let _ = outcome_tx.send(outcome);
-            })
-            .map_err(|e| JobError::Runtime(format!("cannot start the runtime thread: {e}")))?;
-        let supervisor = addr_rx
-            .recv()
-            .map_err(|_| JobError::Runtime("the runtime did not start".into()))??;
-        let control = JobControl { supervisor };
-        let (http, view) = match served {
-            Some((listener, view)) => {
-                view.deployed(control.clone());
-                match http::serve(listener, view.clone(), self.http_token.clone()) {
-                    Ok(addr) => (Some(addr), Some(view)),
+    }
+
+    /// Serves the REST API of the deployed job; a server that cannot start
+    /// leaves the job running, unobserved.
+    fn serve(
+        &self,
+        listener: std::net::TcpListener,
+        view: Arc<JobView>,
+        control: &JobControl,
+    ) -> (Option<SocketAddr>, Option<Arc<JobView>>) {
+        view.deployed(control.clone());
+        match http::serve(listener, view.clone(), self.http_token.clone()) {
+            Ok(addr) => (Some(addr), Some(view)),
+            Err(e) => {
+                tracing::error!("the REST API could not start: {e}");
+                (None, None)
+            }
+        }
+    }
+}
+
+/// The thread a job runs on: its actix system, arbiters and lease.
+struct JobThread {
+    job: Job,
+    threads: usize,
+    placement: WorkerAssignment,
+    pool: Option<Pool>,
+    metrics: Arc<JobMetrics>,
+    storage: Option<CheckpointStorage>,
+    savepoint_dir: Option<CheckpointStorage>,
+    /// How the run leases its job directory, when it checkpoints.
+    lease: Option<LeaseOptions>,
+    view: Option<Arc<JobView>>,
+    /// The supervisor once it runs, or why nothing was deployed.
+    started: mpsc::Sender<Result<Addr<JobSupervisor>, JobError>>,
+    outcome: mpsc::Sender<Result<JobReport, JobError>>,
+}
+
+impl JobThread {
+    fn run(self) {
+        let system = System::new();
+        let lease = match (&self.storage, &self.lease) {
+            (Some(storage), Some(options)) => {
+                match system.block_on(Lease::acquire(storage, options)) {
+                    Ok(lease) => Some(Arc::new(lease)),
                     Err(e) => {
-                        // The job is deployed: it goes on, unobserved.
-                        tracing::error!("the REST API could not start: {e}");
-                        (None, None)
+                        let _ = self.started.send(Err(e.into()));
+                        return;
                     }
                 }
             }
-            None => (None, None),
+            _ => None,
         };
-        Ok(JobHandle {
-            view,
-            outcome,
-            control,
-            metrics,
-            storage,
-            thread,
-            http,
-        })
+        // The supervisor's outcome passes through this thread, which ends
+        // the REST API's view of the job before handing it on.
+        let (supervisor_tx, outcome_rx) = mpsc::channel();
+        let (view, outcome) = (self.view.clone(), self.outcome.clone());
+        let arbiters = self.deploy(&system, lease.clone(), supervisor_tx);
+        let _ = system.run();
+        for arbiter in arbiters {
+            arbiter.stop();
+            let _ = arbiter.join();
+        }
+        let outcome_of_job = outcome_rx.try_recv().unwrap_or_else(|_| {
+            Err(JobError::Runtime(
+                "the runtime stopped without an outcome".into(),
+            ))
+        });
+        if let Some(view) = &view {
+            view.ended(match &outcome_of_job {
+                Ok(_) => JobStatus::Finished,
+                Err(JobError::Cancelled) => JobStatus::Canceled,
+                Err(_) => JobStatus::Failed,
+            });
+        }
+        if let Some(lease) = lease {
+            let released = actix_rt::Runtime::new()
+                .map_err(|e| e.to_string())
+                .and_then(|rt| rt.block_on(lease.release()).map_err(|e| e.to_string()));
+            if let Err(e) = released {
+                tracing::warn!("the job directory's lease was not released ({e}); the next run takes it once it expires");
+            }
+        }
+        // The lease is free for the next run while a client that stopped
+        // the job reads how its savepoint went.
+        if let Some(view) = view {
+            view.shutdown();
+        }
+        let _ = outcome.send(outcome_of_job);
+    }
+
+    /// Starts the arbiters, the lease's renewal and the supervisor on
+    /// `system`; returns the arbiters, to stop once the system has.
+    fn deploy(
+        self,
+        system: &actix::SystemRunner,
+        lease: Option<Arc<Lease>>,
+        outcome: mpsc::Sender<Result<JobReport, JobError>>,
+    ) -> Vec<Arbiter> {
+        let storage = self.storage.map(|storage| match &lease {
+            Some(lease) => storage.fenced(lease.clone()),
+            None => storage,
+        });
+        let mut arbiters: Vec<Arbiter> = (0..self.threads).map(|_| Arbiter::new()).collect();
+        let handles = arbiters.iter().map(Arbiter::handle).collect();
+        let links = self.placement.spreads().then(|| {
+            arbiters.push(Arbiter::new());
+            arbiters.last().expect("just pushed").handle()
+        });
+        let (job, placement, pool, metrics) = (self.job, self.placement, self.pool, self.metrics);
+        let (savepoint_dir, started) = (self.savepoint_dir, self.started);
+        system.block_on(async move {
+            if let Some(lease) = lease {
+                actix_rt::spawn(renew(lease));
+            }
+            let supervisor = JobSupervisor::new(
+                job,
+                Hosts {
+                    arbiters: handles,
+                    workers: Workers { placement, links },
+                    pool,
+                },
+                metrics,
+                outcome,
+                storage,
+                savepoint_dir,
+            )
+            .start();
+            let _ = started.send(Ok(supervisor));
+        });
+        arbiters
     }
 }
 

@@ -26,7 +26,7 @@ use actix::{
 };
 use actix_rt::ArbiterHandle;
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -37,11 +37,13 @@ use tidemark_core::checkpoint::restore::RestoreCandidates;
 use tidemark_core::checkpoint::savepoint::check_references;
 use tidemark_core::checkpoint::stats::{self, RestoredStats};
 use tidemark_core::checkpoint::store::CompletedCheckpointStore;
-use tidemark_core::checkpoint::{CheckpointFailure, Restore, RestoreMode};
+use tidemark_core::checkpoint::{CheckpointFailure, CheckpointSettings, Restore, RestoreMode};
 use tidemark_core::event::CheckpointKind;
 use tidemark_core::fault::KillSchedule;
-use tidemark_core::ids::{Attempt, SubtaskId};
+use tidemark_core::graph::JobGraph;
+use tidemark_core::ids::{Attempt, JobId, SubtaskId};
 use tidemark_core::job::Job;
+use tidemark_core::MasterHook;
 use tidemark_storage::savepoint::{self, SavepointError};
 use tidemark_storage::CheckpointStorage;
 use tokio::sync::oneshot;
@@ -163,140 +165,32 @@ impl JobSupervisor {
             let attempt = self.attempt;
             return self.start(attempt, Loaded::default(), ctx);
         };
-        let graph = self.job.graph.clone();
-        let local_dir = self.job.config.local_dir().map(Path::to_path_buf);
-        let subtasks: Vec<SubtaskId> = graph.subtasks().collect();
-        let hooks = self.job.take_master_hooks();
-        let me = ctx.address();
-        let metrics = self.metrics.clone();
-        let savepoint_dir = self.savepoint_dir.clone();
-        let job = crate::runtime::job_id(&self.job.name);
-        let local = !self.distributed;
+        let boot = Boot {
+            storage,
+            settings,
+            graph: self.job.graph.clone(),
+            local_dir: self.job.config.local_dir().map(Path::to_path_buf),
+            hooks: self.job.take_master_hooks(),
+            supervisor: ctx.address(),
+            metrics: self.metrics.clone(),
+            savepoint_dir: self.savepoint_dir.clone(),
+            job: crate::runtime::job_id(&self.job.name),
+            local: !self.distributed,
+        };
         ctx.spawn(
-            async move {
-                let retain = settings.config.retain;
-                let next_id = storage
-                    .next_checkpoint_id()
-                    .await
-                    .map_err(JobError::Storage)?;
-                // Failover restores only from checkpoints of this run or the
-                // one it was started from, never from other runs' leftovers.
-                let mut store = CompletedCheckpointStore::new(retain);
-                // Newest first: with `latest`, a checkpoint whose state is
-                // damaged gives way to the one before it.
-                let candidates: Vec<RestoreFrom> = match settings.restore {
-                    Restore::Fresh => Vec::new(),
-                    Restore::Latest => {
-                        store = storage
-                            .recover_store(retain)
-                            .await
-                            .map_err(JobError::Storage)?;
-                        store
-                            .retained()
-                            .rev()
-                            .map(|checkpoint| RestoreFrom {
-                                checkpoint: checkpoint.clone(),
-                                owned: true,
-                                dir: None,
-                            })
-                            .collect()
-                    }
-                    Restore::Checkpoint(id) => {
-                        let checkpoint =
-                            storage.read_metadata(id).await.map_err(JobError::Storage)?;
-                        let location = storage.location(&CheckpointStorage::metadata_path(id));
-                        check_references(&location, &checkpoint).map_err(SavepointError::from)?;
-                        let owned = settings.restore_mode == RestoreMode::Claim;
-                        if owned {
-                            store.add(checkpoint.clone());
+            boot.open()
+                .into_actor(self)
+                .map(|result, act, ctx| match result {
+                    Ok((coordinator, restore)) => {
+                        for request in act.early_triggers.drain(..) {
+                            coordinator.do_send(request);
                         }
-                        vec![RestoreFrom {
-                            checkpoint,
-                            owned,
-                            dir: None,
-                        }]
+                        act.coordinator = Some(coordinator);
+                        let attempt = act.attempt;
+                        act.start(attempt, restore, ctx);
                     }
-                    Restore::Savepoint(url) => {
-                        let (dir, checkpoint) = savepoint::open(&url).await?;
-                        vec![RestoreFrom {
-                            checkpoint,
-                            owned: false,
-                            dir: Some(dir),
-                        }]
-                    }
-                };
-                let mut candidates = RestoreCandidates::new(candidates);
-                let (from, restore) = loop {
-                    let Some(from) = candidates.next_to_try() else {
-                        break (None, Loaded::default());
-                    };
-                    let loaded = load(
-                        &storage,
-                        &graph,
-                        Some(&from),
-                        settings.allow_non_restored_state,
-                        local_dir.as_deref(),
-                        |_| local,
-                    )
-                    .await;
-                    let e = match loaded {
-                        Ok(loaded) => break (Some(from), loaded),
-                        Err(e) => e,
-                    };
-                    let Some(older) = candidates.fall_back(restore_failure(&e)) else {
-                        return Err(e);
-                    };
-                    let id = from.checkpoint.id;
-                    tracing::warn!(
-                        "checkpoint {id} cannot be restored ({e}); restoring the retained checkpoint {} before it instead: output a sink committed after that checkpoint will be written again",
-                        older.checkpoint.id.0
-                    );
-                    store.remove(id);
-                };
-                let mut core = CheckpointCoordinator::new(
-                    settings.config.clone(),
-                    subtasks,
-                    settings.alignment,
-                    next_id,
-                    crate::coordinator::now(),
-                )
-                .with_stats(metrics.checkpoint_stats.clone());
-                core.record_graph(&graph);
-                for hook in hooks {
-                    core.add_master_hook(hook);
-                }
-                if let Some(from) = &from {
-                    core.restore(&from.checkpoint)
-                        .map_err(JobError::MasterHook)?;
-                }
-                let coordinator = CoordinatorActor::new(
-                    core,
-                    storage,
-                    store,
-                    me,
-                    metrics,
-                    settings.layout.max_space_amplification,
-                    Savepoints {
-                        job,
-                        dir: savepoint_dir,
-                        started_from: from.filter(|f| !f.owned),
-                    },
-                )
-                .start();
-                Ok::<_, JobError>((coordinator, restore))
-            }
-            .into_actor(self)
-            .map(|result, act, ctx| match result {
-                Ok((coordinator, restore)) => {
-                    for request in act.early_triggers.drain(..) {
-                        coordinator.do_send(request);
-                    }
-                    act.coordinator = Some(coordinator);
-                    let attempt = act.attempt;
-                    act.start(attempt, restore, ctx);
-                }
-                Err(e) => act.complete(Err(e), ctx),
-            }),
+                    Err(e) => act.complete(Err(e), ctx),
+                }),
         );
     }
 
@@ -644,6 +538,159 @@ impl JobSupervisor {
             act.kill_worker_of(id, Kill { failure, of });
             killed = Some(act.attempt);
         });
+    }
+}
+
+/// What a checkpointed job opens before its first attempt: the
+/// coordinator, with the completed checkpoints and id counter recovered
+/// from storage, and the state to start from.
+struct Boot {
+    storage: CheckpointStorage,
+    settings: CheckpointSettings,
+    graph: JobGraph,
+    local_dir: Option<PathBuf>,
+    hooks: Vec<Box<dyn MasterHook>>,
+    supervisor: Addr<JobSupervisor>,
+    metrics: Arc<JobMetrics>,
+    savepoint_dir: Option<CheckpointStorage>,
+    job: JobId,
+    /// Subtasks run in this process (which reads their state).
+    local: bool,
+}
+
+impl Boot {
+    async fn open(self) -> Result<(Addr<CoordinatorActor>, Loaded), JobError> {
+        let next_id = self
+            .storage
+            .next_checkpoint_id()
+            .await
+            .map_err(JobError::Storage)?;
+        let (mut store, candidates) = self.candidates().await?;
+        let (from, restore) = self.load_newest(&mut store, candidates).await?;
+        let subtasks: Vec<SubtaskId> = self.graph.subtasks().collect();
+        let mut core = CheckpointCoordinator::new(
+            self.settings.config.clone(),
+            subtasks,
+            self.settings.alignment,
+            next_id,
+            crate::coordinator::now(),
+        )
+        .with_stats(self.metrics.checkpoint_stats.clone());
+        core.record_graph(&self.graph);
+        for hook in self.hooks {
+            core.add_master_hook(hook);
+        }
+        if let Some(from) = &from {
+            core.restore(&from.checkpoint)
+                .map_err(JobError::MasterHook)?;
+        }
+        let coordinator = CoordinatorActor::new(
+            core,
+            self.storage,
+            store,
+            self.supervisor,
+            self.metrics,
+            self.settings.layout.max_space_amplification,
+            Savepoints {
+                job: self.job,
+                dir: self.savepoint_dir,
+                started_from: from.filter(|f| !f.owned),
+            },
+        )
+        .start();
+        Ok((coordinator, restore))
+    }
+
+    /// The completed-checkpoint store to start with and the checkpoints
+    /// the start may restore from, newest first. Failover restores only
+    /// from checkpoints of this run or the one it was started from, never
+    /// from other runs' leftovers.
+    async fn candidates(&self) -> Result<(CompletedCheckpointStore, Vec<RestoreFrom>), JobError> {
+        let (storage, settings) = (&self.storage, &self.settings);
+        let retain = settings.config.retain;
+        let mut store = CompletedCheckpointStore::new(retain);
+        let candidates = match &settings.restore {
+            Restore::Fresh => Vec::new(),
+            Restore::Latest => {
+                store = storage
+                    .recover_store(retain)
+                    .await
+                    .map_err(JobError::Storage)?;
+                store
+                    .retained()
+                    .rev()
+                    .map(|checkpoint| RestoreFrom {
+                        checkpoint: checkpoint.clone(),
+                        owned: true,
+                        dir: None,
+                    })
+                    .collect()
+            }
+            Restore::Checkpoint(id) => {
+                let checkpoint = storage
+                    .read_metadata(*id)
+                    .await
+                    .map_err(JobError::Storage)?;
+                let location = storage.location(&CheckpointStorage::metadata_path(*id));
+                check_references(&location, &checkpoint).map_err(SavepointError::from)?;
+                let owned = settings.restore_mode == RestoreMode::Claim;
+                if owned {
+                    store.add(checkpoint.clone());
+                }
+                vec![RestoreFrom {
+                    checkpoint,
+                    owned,
+                    dir: None,
+                }]
+            }
+            Restore::Savepoint(url) => {
+                let (dir, checkpoint) = savepoint::open(url).await?;
+                vec![RestoreFrom {
+                    checkpoint,
+                    owned: false,
+                    dir: Some(dir),
+                }]
+            }
+        };
+        Ok((store, candidates))
+    }
+
+    /// Loads the newest candidate whose state is whole: with `latest`, a
+    /// checkpoint whose state is damaged gives way to the one before it
+    /// (and leaves the store); any other failure fails the start.
+    async fn load_newest(
+        &self,
+        store: &mut CompletedCheckpointStore,
+        candidates: Vec<RestoreFrom>,
+    ) -> Result<(Option<RestoreFrom>, Loaded), JobError> {
+        let mut candidates = RestoreCandidates::new(candidates);
+        loop {
+            let Some(from) = candidates.next_to_try() else {
+                return Ok((None, Loaded::default()));
+            };
+            let loaded = load(
+                &self.storage,
+                &self.graph,
+                Some(&from),
+                self.settings.allow_non_restored_state,
+                self.local_dir.as_deref(),
+                |_| self.local,
+            )
+            .await;
+            let e = match loaded {
+                Ok(loaded) => return Ok((Some(from), loaded)),
+                Err(e) => e,
+            };
+            let Some(older) = candidates.fall_back(restore_failure(&e)) else {
+                return Err(e);
+            };
+            let id = from.checkpoint.id;
+            tracing::warn!(
+                "checkpoint {id} cannot be restored ({e}); restoring the retained checkpoint {} before it instead: output a sink committed after that checkpoint will be written again",
+                older.checkpoint.id.0
+            );
+            store.remove(id);
+        }
     }
 }
 
