@@ -146,6 +146,11 @@ fn windows_and_join_survive_sigkilled_worker_processes_with_the_same_output() {
                     "--workers=2".into(),
                     "--inject-failures=2".into(),
                     "--mode=unaligned".into(),
+                    // Reading takes about a second, so that the kills come
+                    // due while the subtasks run, on a loaded machine too:
+                    // unlimited, a CI run once saw neither kill restart
+                    // the job.
+                    "--rate=100000".into(),
                 ],
                 &context,
             );
