@@ -491,7 +491,6 @@ mod tests {
     use crate::checkpoint::merging::MergingOptions;
     use crate::checkpoint::store::CompletedCheckpointStore;
     use crate::checkpoint::{KeyedStateHandle, NativeStateHandle};
-    use crate::event::CheckpointKind;
     use crate::ids::{OperatorId, SubtaskIndex};
     use crate::key_group::KeyGroupRange;
     use crate::rng::SplitMix64;
@@ -534,17 +533,9 @@ mod tests {
     }
 
     fn of(id: u64, state: SubtaskState) -> CompletedCheckpoint {
-        CompletedCheckpoint {
-            id: CheckpointId(id),
-            kind: CheckpointKind::Checkpoint,
-            format: Default::default(),
-            operators: Vec::new(),
-            edges: Vec::new(),
-            key_hash: crate::key_hash::KEY_HASH_VERSION,
-            timestamp: id,
-            subtasks: BTreeMap::from([(subtask(), state)]),
-            master_states: BTreeMap::new(),
-        }
+        let mut checkpoint = crate::testkit::checkpoint(id);
+        checkpoint.subtasks.insert(subtask(), state);
+        checkpoint
     }
 
     /// A checkpoint of one subtask whose database holds `files`, each a
