@@ -65,6 +65,7 @@ fn test(args: &[String]) -> Result<ExitCode, String> {
     prerequisites::ensure(prerequisites::Purpose::Test)?;
     prerequisites::ensure_lint_tools()?;
     announce_first_build("debug", "the test build", 20);
+    prune_stale_builds(&target_dir().join("debug"));
     for check in CHECKS {
         let mut cargo = cargo();
         cargo.args(check.args).envs(check.env.iter().copied());
@@ -191,6 +192,51 @@ fn status(mut command: Command) -> Result<ExitCode, String> {
     })
 }
 
+/// How long a test binary or incremental cache may go unwritten before
+/// the test command deletes it.
+const STALE: std::time::Duration = std::time::Duration::from_secs(3 * 24 * 3600);
+
+/// Deletes what the shared target directory keeps of builds nobody made
+/// for days: test and bench executables (a new one for every change of a
+/// package, hundreds of MB each with debug info) and incremental caches.
+/// Clones that share the directory let them grow without bound (77 GB
+/// filled this machine's disk once); cargo rebuilds whatever it still
+/// needs.
+fn prune_stale_builds(profile: &std::path::Path) {
+    let stale = |entry: &std::fs::DirEntry| {
+        entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|at| at.elapsed().is_ok_and(|age| age > STALE))
+    };
+    let mut freed = 0u64;
+    let entries = |dir: &str| {
+        std::fs::read_dir(profile.join(dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+    };
+    for entry in entries("deps") {
+        // Executables have no extension; libraries and metadata have one.
+        let executable = entry.path().extension().is_none() && entry.path().is_file();
+        if executable && stale(&entry) {
+            freed += entry.metadata().map_or(0, |m| m.len());
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    for entry in entries("incremental") {
+        if stale(&entry) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    if freed > 0 {
+        eprintln!(
+            "cargo xtask: deleted {} MB of test binaries unbuilt for 3 days",
+            freed >> 20
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::workspace_root;
@@ -238,6 +284,38 @@ mod tests {
                 test.as_str(),
             ],
             ".ci/run runs nothing a newcomer would not"
+        );
+    }
+
+    #[test]
+    fn only_executables_and_caches_unwritten_for_days_are_pruned() {
+        let profile = std::env::temp_dir().join(format!("xtask-prune-{}", std::process::id()));
+        let (deps, incremental) = (profile.join("deps"), profile.join("incremental"));
+        std::fs::create_dir_all(&deps).unwrap();
+        std::fs::create_dir_all(incremental.join("old-cache")).unwrap();
+        let long_ago = std::time::SystemTime::now() - super::STALE * 2;
+        for name in ["old-test", "new-test", "libold.rlib"] {
+            let file = std::fs::File::create(deps.join(name)).unwrap();
+            if name != "new-test" {
+                file.set_modified(long_ago).unwrap();
+            }
+        }
+        std::fs::File::open(incremental.join("old-cache"))
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+        super::prune_stale_builds(&profile);
+        let left = (
+            deps.join("old-test").exists(),
+            deps.join("new-test").exists(),
+            deps.join("libold.rlib").exists(),
+            incremental.join("old-cache").exists(),
+        );
+        std::fs::remove_dir_all(&profile).unwrap();
+        assert_eq!(
+            left,
+            (false, true, true, false),
+            "old test, new test, library, cache"
         );
     }
 }
