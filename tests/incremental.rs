@@ -88,14 +88,23 @@ fn every_retained_checkpoint_restores_the_right_state() {
 #[test]
 fn an_aborted_checkpoints_uploads_are_deleted_and_never_become_a_base() {
     let (checkpoints, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let state_dir = tempfile::tempdir().unwrap();
+    let state = format!("--state-dir={}", state_dir.path().display());
     // Checkpoint 4 fails in the asynchronous part of one counter subtask;
     // the other subtasks' uploads for it are discarded.
     let report = run(
-        &["--emit=updates", "--inject-fault=async-write:4:1:1"],
+        &["--emit=updates", "--inject-fault=async-write:4:1:1", &state],
         checkpoints.path(),
         output.path(),
     );
     assert_eq!(report.restarts, 1);
+    // The declined snapshot's local native checkpoint went with it, as
+    // did every database of the run.
+    let left: Vec<_> = std::fs::read_dir(state_dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left in --state-dir: {left:?}");
     assert_updates_exactly_once(output.path(), RECORDS, KEYS, 11, "aborted checkpoint 4");
     let storage = open(checkpoints.path().to_str().unwrap());
     let kept = assert_storage_is_exactly_the_retained_checkpoints(&storage, "after the abort");

@@ -175,7 +175,10 @@ pub struct Started {
 
 enum Keyed {
     Heap(Encoding),
-    Native(NativeCheckpoint),
+    /// With its directory, removed on drop: whether the snapshot is
+    /// uploaded, fails or is dropped before it starts (a declined or
+    /// aborted checkpoint).
+    Native(NativeCheckpoint, Links),
 }
 
 /// The key groups of a heap snapshot, encoded in order on the blocking pool
@@ -263,7 +266,10 @@ pub fn start(snapshot: TaskSnapshot) -> Started {
             });
             Keyed::Heap(Encoding::new(range.start, range.len(), receiver))
         }
-        KeyedSnapshot::Native(native) => Keyed::Native(native),
+        KeyedSnapshot::Native(native) => {
+            let links = Links(native.dir.clone());
+            Keyed::Native(native, links)
+        }
     });
     Started {
         keyed,
@@ -365,10 +371,10 @@ pub async fn prepare(
         subtask.operator.0,
         subtask.index.0
     );
-    let (heap, native) = match keyed {
-        None => (None, None),
-        Some(Keyed::Heap(heap)) => (Some(heap), None),
-        Some(Keyed::Native(native)) => (None, Some(native)),
+    let (heap, native, links) = match keyed {
+        None => (None, None, None),
+        Some(Keyed::Heap(heap)) => (Some(heap), None, None),
+        Some(Keyed::Native(native, links)) => (None, Some(native), Some(links)),
     };
     let channels = tokio::task::spawn_blocking(move || {
         channels
@@ -432,10 +438,7 @@ pub async fn prepare(
         .map(|(path, size, source)| ((path, size), source))
         .unzip();
     let plan = layout.plan(subtask, checkpoint, unique_token(), &paths);
-    let (links, native) = match native {
-        Some((native, handle)) => (Some(Links(native.dir)), Some(handle)),
-        None => (None, None),
-    };
+    let native = native.map(|(_, handle)| handle);
     Ok(Prepared {
         started,
         plan,
