@@ -16,7 +16,7 @@
 //! keys with a 65,536-value cache went from 0.48-0.57 to 0.87-1.08 M
 //! records/s (six interleaved runs each).
 
-use super::heap::table_hash;
+use super::heap::{read_group, table_hash};
 use super::store::{
     checkpoint_dir, write_key, ColumnFamily, Database, EmbeddedStore, MergeFunction, SortedWrites,
     MAX_KEY_GROUPS,
@@ -641,7 +641,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
     }
 
     /// Loads one key group as `HeapSnapshot::write` wrote it.
-    pub fn restore_group(&mut self, group: KeyGroup, mut bytes: &[u8]) -> Result<(), StateError> {
+    pub fn restore_group(&mut self, group: KeyGroup, bytes: &[u8]) -> Result<(), StateError> {
         if !self.range.contains(group) {
             return Err(StateError::ForeignKeyGroup(group));
         }
@@ -650,21 +650,15 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         self.write_back()?;
         self.clear_cache();
         let db = self.db.as_deref_mut().expect("opened above");
-        let input = &mut bytes;
-        let states: u32 =
-            rmp_serde::from_read(&mut *input).map_err(|e| StateError::Decode(e.to_string()))?;
-        for _ in 0..states {
-            let name: String =
-                rmp_serde::from_read(&mut *input).map_err(|e| StateError::Decode(e.to_string()))?;
-            let state = self
-                .states
+        let (states, writes) = (&mut self.states, &mut self.writes);
+        read_group(bytes, |name, entries| {
+            let state = states
                 .iter_mut()
                 .find(|s| s.name() == name)
                 .ok_or(StateError::UnknownState(name))?;
-            state.restore_group(group.0 as u16, input, &mut self.writes)?;
-            write_sorted(db, state.name(), &mut self.writes)?;
-        }
-        Ok(())
+            state.restore_group(group.0 as u16, entries, writes)?;
+            write_sorted(db, state.name(), writes)
+        })
     }
 
     /// Every (key, value) of state `id`, key group by key group. The cache

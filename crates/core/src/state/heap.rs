@@ -411,25 +411,19 @@ impl<K: Key> HeapKeyedStateBackend<K> {
 
     /// Loads one key group as `HeapSnapshot::write` wrote it. States must
     /// have been declared (by opening the operator) first.
-    pub fn restore_group(&mut self, group: KeyGroup, mut bytes: &[u8]) -> Result<(), StateError> {
+    pub fn restore_group(&mut self, group: KeyGroup, bytes: &[u8]) -> Result<(), StateError> {
         if !self.range.contains(group) {
             return Err(StateError::ForeignKeyGroup(group));
         }
         let offset = self.range.offset(group);
-        let input = &mut bytes;
-        let states: u32 =
-            rmp_serde::from_read(&mut *input).map_err(|e| StateError::Decode(e.to_string()))?;
-        for _ in 0..states {
-            let name: String =
-                rmp_serde::from_read(&mut *input).map_err(|e| StateError::Decode(e.to_string()))?;
+        read_group(bytes, |name, entries| {
             let id = self
                 .names
                 .iter()
                 .position(|n| *n == name)
                 .ok_or(StateError::UnknownState(name))?;
-            self.tables[id].restore_group(offset, input)?;
-        }
-        Ok(())
+            self.tables[id].restore_group(offset, entries)
+        })
     }
 
     fn table<S: Data>(&self, id: usize) -> &Table<K, S> {
@@ -472,6 +466,23 @@ impl<K: Key> HeapKeyedStateBackend<K> {
             .iter()
             .flat_map(|g| g.get().iter().map(|(k, s)| (k, s)))
     }
+}
+
+/// Reads one key group as `HeapSnapshot::write` wrote it: the number of
+/// states, then each state's name, whose entries `state` reads from the
+/// input that follows. Both backends restore key groups through it.
+pub(super) fn read_group(
+    mut bytes: &[u8],
+    mut state: impl FnMut(String, &mut &[u8]) -> Result<(), StateError>,
+) -> Result<(), StateError> {
+    let input = &mut bytes;
+    let decode = |e: rmp_serde::decode::Error| StateError::Decode(e.to_string());
+    let states: u32 = rmp_serde::from_read(&mut *input).map_err(decode)?;
+    for _ in 0..states {
+        let name: String = rmp_serde::from_read(&mut *input).map_err(decode)?;
+        state(name, input)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
