@@ -5,6 +5,9 @@
 //!   events to actions.
 //! - [`barrier`]: the barrier handler of a subtask's input (aligned,
 //!   unaligned, aligned with timeout), a state machine over its input gate.
+//! - [`job_checkpoints`]: the checkpointing of a whole job, one machine
+//!   over the coordinator, the registry, the store and the end of input,
+//!   which orders every storage write, deletion and notification.
 //! - [`input_end`]: when a checkpointed job takes its final checkpoint and
 //!   ends its input.
 //! - [`shared`]: the `SharedStateRegistry`, which decides what may be
@@ -23,6 +26,7 @@
 pub mod barrier;
 pub mod coordinator;
 pub mod input_end;
+pub mod job_checkpoints;
 pub mod lease;
 pub mod merging;
 pub mod metadata;
@@ -35,6 +39,8 @@ pub mod subtask;
 
 #[cfg(test)]
 mod dag_tests;
+#[cfg(test)]
+mod job_checkpoints_tests;
 
 use crate::batch::Batch;
 use crate::event::{Alignment, CheckpointKind};
