@@ -13,6 +13,9 @@
 //!   denied; start a local S3 server (moto) on a free loopback port, point
 //!   the S3 test cases at it, `cargo test --workspace ARGS`, stop the
 //!   server.
+//! - `cargo xtask sim [--seeds N] [--seed S] [--trace]`: the deterministic
+//!   simulator of whole jobs over seeds `0..N` (10,000 by default), or
+//!   seed `S` alone, `--trace` printing its events.
 
 mod prerequisites;
 mod s3;
@@ -21,6 +24,7 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 const USAGE: &str = "usage: cargo xtask setup | run [ARGS...] | test [ARGS...]
+       | sim [--seeds N] [--seed S] [--trace]
 
   setup   install what the build and the tests need (a C++ compiler,
           libclang for RocksDB's bindings, moto's S3 server, Chromium,
@@ -28,7 +32,9 @@ const USAGE: &str = "usage: cargo xtask setup | run [ARGS...] | test [ARGS...]
   run     tidemark run ARGS (cargo run --release -p tidemark-actors -- run ARGS)
   test    cargo fmt --check, cargo clippy and cargo doc with warnings
           denied, then cargo test --workspace ARGS, with the S3 cases
-          against a local moto server";
+          against a local moto server
+  sim     the deterministic simulator of whole jobs over seeds 0..N
+          (10,000 by default) or seed S alone; --trace prints its events";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -40,6 +46,7 @@ fn main() -> ExitCode {
         "setup" => prerequisites::ensure(prerequisites::Purpose::Test).map(|()| ExitCode::SUCCESS),
         "run" => run(rest),
         "test" => test(rest),
+        "sim" => sim(rest),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -87,6 +94,41 @@ fn test(args: &[String]) -> Result<ExitCode, String> {
     let code = status(cargo);
     drop(server);
     code
+}
+
+/// Runs the simulator's test over the seeds asked for; a failing seed
+/// prints the `cargo xtask sim --seed S` that replays it.
+fn sim(args: &[String]) -> Result<ExitCode, String> {
+    let mut cargo = cargo();
+    cargo.args([
+        "test",
+        "-p",
+        "tidemark-core",
+        "--lib",
+        "testkit::sim::tests::every_seed_keeps_every_invariant",
+        "--",
+        "--exact",
+        "--nocapture",
+    ]);
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let mut number = |name: &str| -> Result<String, String> {
+            let value = args.next().ok_or(format!("{arg} needs a number"))?;
+            value
+                .parse::<u64>()
+                .map_err(|_| format!("{arg}: `{value}` is not a number"))?;
+            Ok(format!("TIDEMARK_SIM_{name}={value}"))
+        };
+        let setting = match arg.as_str() {
+            "--seeds" => number("SEEDS")?,
+            "--seed" => number("SEED")?,
+            "--trace" => "TIDEMARK_SIM_TRACE=1".to_owned(),
+            other => return Err(format!("unknown option {other}\n{USAGE}")),
+        };
+        let (name, value) = setting.split_once('=').expect("NAME=value");
+        cargo.env(name, value);
+    }
+    status(cargo)
 }
 
 /// A cargo command the tests run after, which must pass without warnings.

@@ -298,7 +298,7 @@ impl JobCheckpoints {
     }
 
     /// Breaks `rule`, for the test that shows the simulator catches it.
-    #[cfg(feature = "testkit")]
+    #[cfg(any(test, feature = "testkit"))]
     pub fn break_rule(&mut self, rule: BrokenRule) {
         self.broken = rule;
     }

@@ -62,5 +62,6 @@ fn subtask(index: u32) -> SubtaskId {
         index: SubtaskIndex(index),
     }
 }
+pub mod sim;
 pub mod state;
 pub mod store;

@@ -1,0 +1,718 @@
+//! A deterministic simulator of whole jobs, as FoundationDB's and
+//! TigerBeetle's: the real core machines of a job (its checkpointing,
+//! barrier handlers, credit channels, subtask checkpointers) wired in one
+//! thread, under a virtual clock, with a seeded scheduler choosing which
+//! message, timer or storage completion happens next, storage faults
+//! (failed writes, a `_metadata` write that lands but times out, failed
+//! uploads) and kills of a subtask or of the whole driver (power loss: the
+//! calls in flight are lost) at any step.
+//!
+//! The job: two sources read 100 records each into two keyed counters,
+//! which emit each key's running count into a sink that commits in two
+//! phases (Flink's `TwoPhaseCommitSinkFunction`). After every step: no
+//! object a restorable checkpoint references is gone. At every completion
+//! and restore: the checkpoint holds the state at its barrier (the counts
+//! of exactly the records its sources had read). At the end: the committed
+//! output is exactly `(key, 1..=n)` for every key's `n` records, whatever
+//! failed; and once faults stop, the job finishes.
+//!
+//! Every run is a function of its seed: `cargo xtask sim --seed S` replays
+//! a failure exactly, `--trace` showing every event of the driver.
+
+mod storage;
+mod task;
+#[cfg(test)]
+mod tests;
+
+use crate::channel::{CreditReceiver, CreditSender};
+use crate::checkpoint::coordinator::{CheckpointCoordinator, Now};
+use crate::checkpoint::job_checkpoints::{
+    BrokenRule, JobAction, JobCheckpoints, JobEvent, WriteFailure,
+};
+use crate::checkpoint::{
+    ends_input, Ack, CheckpointConfig, CheckpointMetrics, CompletedCheckpoint,
+};
+use crate::event::Alignment;
+use crate::ids::{Attempt, CheckpointId, SubtaskId};
+use crate::rng::SplitMix64;
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::time::{Duration, Instant};
+use storage::{Op, Storage, WriteFault};
+use task::{Control, Count, Role, Task, CHANNELS, COUNTERS, RECORDS, SINK, SOURCES};
+
+/// Steps after the last fault within which a run must finish.
+const QUIET_STEPS: u64 = 60_000;
+
+/// Why a step failed: a broken invariant, said in words.
+type Failed = String;
+
+/// A run that broke an invariant, with what replays it.
+#[derive(Debug)]
+pub struct Failure {
+    /// The run's seed.
+    pub seed: u64,
+    /// The step at which it was found.
+    pub step: u64,
+    /// What broke.
+    pub reason: String,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "seed {} failed at step {}: {}",
+            self.seed, self.step, self.reason
+        )
+    }
+}
+
+/// What a run went through, for the summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Steps taken.
+    pub steps: u64,
+    /// Checkpoints that completed.
+    pub completed: u64,
+    /// Restores of a new attempt or driver.
+    pub restores: u64,
+    /// Faults injected: kills and failed storage calls.
+    pub faults: u64,
+}
+
+/// The faults of one run, drawn from its seed.
+struct Faults {
+    /// Chance per step of a kill, while kills are left.
+    kill: f64,
+    kills: u32,
+    store_id: f64,
+    metadata: f64,
+    upload: f64,
+    /// Faults stop after this step.
+    until: u64,
+}
+
+/// A message for the coordinator.
+enum ToCoordinator {
+    Ack(Attempt, Box<Ack>),
+    Decline {
+        attempt: Attempt,
+        checkpoint: CheckpointId,
+        subtask: SubtaskId,
+        reason: String,
+    },
+    Exhausted {
+        attempt: Attempt,
+        source: SubtaskId,
+    },
+}
+
+/// One credit-based link between two tasks.
+struct Channel {
+    sender: CreditSender,
+    receiver: CreditReceiver,
+    /// Events the receiver holds.
+    held: usize,
+}
+
+/// What can happen next.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Emit(usize),
+    Transmit(usize),
+    Deliver(usize),
+    Process(usize),
+    Mail(usize),
+    Coordinator,
+    Complete(usize),
+    Tick,
+}
+
+/// Runs the job of seed `seed` to its end, with `broken` broken; `trace`
+/// prints every event of the driver and what it decided.
+pub fn run(seed: u64, broken: BrokenRule, trace: bool) -> Result<Report, Failure> {
+    let mut sim = Sim::new(seed, broken);
+    sim.trace = trace;
+    let result = sim.run_to_end();
+    result.map_err(|reason| Failure {
+        seed,
+        step: sim.report.steps,
+        reason,
+    })
+}
+
+struct Sim {
+    rng: SplitMix64,
+    faults: Faults,
+    broken: BrokenRule,
+    retain: usize,
+    timeout: Duration,
+    base: Instant,
+    /// Virtual milliseconds.
+    t: u64,
+    storage: Storage,
+    driver: JobCheckpoints,
+    attempt: Attempt,
+    /// Empty between attempts.
+    tasks: Vec<Task>,
+    channels: Vec<Channel>,
+    /// The coordinator's mailbox.
+    mail: VecDeque<ToCoordinator>,
+    /// The coordinator's mailbox is held while the id counter is stored.
+    storing_id: bool,
+    ops: Vec<Op>,
+    /// The sink's external system: records by transaction.
+    committed: BTreeMap<u64, Vec<Count>>,
+    report: Report,
+    trace: bool,
+}
+
+impl Sim {
+    fn new(seed: u64, broken: BrokenRule) -> Sim {
+        let mut rng = SplitMix64::new(seed);
+        let mut pick = |choices: &[f64]| choices[rng.next_below(choices.len() as u64) as usize];
+        let faults = Faults {
+            kill: pick(&[0.0, 0.002, 0.01]),
+            kills: pick(&[0.0, 1.0, 3.0]) as u32,
+            store_id: pick(&[0.0, 0.05]),
+            metadata: pick(&[0.0, 0.1, 0.3]),
+            upload: pick(&[0.0, 0.02]),
+            until: 200 + pick(&[0.0, 1_000.0, 3_000.0, 6_000.0]) as u64,
+        };
+        // Short enough that some checkpoints expire behind backpressure.
+        let timeout = Duration::from_millis(pick(&[300.0, 3_000.0]) as u64);
+        let retain = 1 + rng.next_below(2) as usize;
+        let base = Instant::now();
+        let storage = Storage::default();
+        let driver = Self::driver(&storage, retain, timeout, base, 0, broken);
+        Sim {
+            rng,
+            faults,
+            broken,
+            retain,
+            timeout,
+            base,
+            t: 0,
+            storage,
+            driver,
+            attempt: Attempt(0),
+            tasks: Vec::new(),
+            channels: Vec::new(),
+            mail: VecDeque::new(),
+            storing_id: false,
+            ops: Vec::new(),
+            committed: BTreeMap::new(),
+            report: Report::default(),
+            trace: false,
+        }
+    }
+
+    /// A driver recovered from `storage`, as a restarted process is.
+    fn driver(
+        storage: &Storage,
+        retain: usize,
+        timeout: Duration,
+        base: Instant,
+        t: u64,
+        broken: BrokenRule,
+    ) -> JobCheckpoints {
+        let config = CheckpointConfig {
+            interval: Some(Duration::from_millis(20)),
+            timeout,
+            min_pause: Duration::ZERO,
+            max_concurrent: 1,
+            tolerable_failures: 2,
+            retain,
+        };
+        let subtasks = (0..=SINK).map(task::subtask_id).collect();
+        let next_id = storage.next_id.unwrap_or(CheckpointId(1));
+        let now = Now {
+            instant: base + Duration::from_millis(t),
+            unix_ms: t,
+        };
+        let core = CheckpointCoordinator::new(config, subtasks, Alignment::Aligned, next_id, now);
+        let mut driver = JobCheckpoints::new(core, storage.recover(retain), 2.0);
+        driver.break_rule(broken);
+        driver
+    }
+
+    fn now(&self) -> Now {
+        Now {
+            instant: self.base + Duration::from_millis(self.t),
+            unix_ms: self.t,
+        }
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        let faulty = self.report.steps < self.faults.until
+            && (self.rng.next_below(1_000_000) as f64) < p * 1e6;
+        self.report.faults += u64::from(faulty);
+        faulty
+    }
+
+    fn run_to_end(&mut self) -> Result<Report, Failed> {
+        self.coordinate(JobEvent::RestoreWanted)?;
+        while !self.finished() {
+            if self.report.steps >= self.faults.until + QUIET_STEPS {
+                return Err(format!(
+                    "no progress: not finished {QUIET_STEPS} steps after faults stopped"
+                ));
+            }
+            self.report.steps += 1;
+            self.t += self.rng.next_below(3);
+            self.step()?;
+            if let Some((checkpoint, path)) = self.storage.missing(self.retain) {
+                return Err(format!("{checkpoint} references {path}, which was deleted"));
+            }
+        }
+        self.check_output()?;
+        Ok(self.report)
+    }
+
+    /// The sink has seen the end of its input and committed everything.
+    fn finished(&self) -> bool {
+        matches!(
+            self.tasks.get(SINK).map(|t| &t.role),
+            Some(Role::Sink { ended: true, pending, .. }) if pending.is_empty()
+        )
+    }
+
+    fn step(&mut self) -> Result<(), Failed> {
+        if self.kills_now() {
+            return if self.rng.next_below(3) == 0 {
+                self.kill_driver()
+            } else {
+                self.restart("a subtask was killed")
+            };
+        }
+        let steps = self.possible();
+        let Some(&step) = steps.get(self.rng.next_below(steps.len().max(1) as u64) as usize) else {
+            // Nothing can happen before the clock reaches the next timer.
+            match self.driver.poll_timeout() {
+                Some(at) => self.t = self.t.max((at - self.base).as_millis() as u64),
+                None => return Err("stuck: nothing can happen and no timer is set".into()),
+            }
+            return Ok(());
+        };
+        self.take(step)
+    }
+
+    fn kills_now(&mut self) -> bool {
+        if self.faults.kills == 0 || self.tasks.is_empty() || !self.chance(self.faults.kill) {
+            return false;
+        }
+        self.faults.kills -= 1;
+        true
+    }
+
+    fn possible(&self) -> Vec<Step> {
+        let mut steps = Vec::new();
+        if !self.tasks.is_empty() {
+            steps.extend((0..SOURCES).filter(|&s| self.can_emit(s)).map(Step::Emit));
+            for (c, channel) in self.channels.iter().enumerate() {
+                if !channel.sender.is_empty() {
+                    steps.push(Step::Transmit(c));
+                }
+                if channel.held > 0 {
+                    steps.push(Step::Deliver(c));
+                }
+            }
+            let room = (SOURCES..=SINK).filter(|&t| self.has_room(t));
+            steps.extend(room.map(Step::Process));
+            let mail = self
+                .tasks
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| !t.mail.is_empty());
+            steps.extend(mail.map(|(t, _)| Step::Mail(t)));
+        }
+        if !self.storing_id {
+            if !self.mail.is_empty() {
+                steps.push(Step::Coordinator);
+            }
+            let now = self.now().instant;
+            if self.driver.poll_timeout().is_some_and(|at| at <= now) {
+                steps.push(Step::Tick);
+            }
+        }
+        steps.extend((0..self.ops.len()).map(Step::Complete));
+        steps
+    }
+
+    fn take(&mut self, step: Step) -> Result<(), Failed> {
+        match step {
+            Step::Emit(s) => self.emit(s),
+            Step::Transmit(c) => {
+                let channel = &mut self.channels[c];
+                if let Some(event) = channel.sender.poll_send() {
+                    channel.receiver.receive(event).map_err(|e| e.to_string())?;
+                    channel.held += 1;
+                }
+            }
+            Step::Deliver(c) => {
+                let now = self.now().instant;
+                let channel = &mut self.channels[c];
+                if let Some(event) = channel.receiver.poll_deliver() {
+                    channel.held -= 1;
+                    let (t, gate) = task::channel_target(c);
+                    let handler = self.tasks[t].handler.as_mut().expect("a receiving task");
+                    if !handler.deliver(now, gate, event).is_empty() {
+                        return Err("an aligned delivery asked for actions".into());
+                    }
+                }
+            }
+            Step::Process(t) => self.process(t)?,
+            Step::Mail(t) => self.take_mail(t)?,
+            Step::Coordinator => self.coordinator_mail()?,
+            Step::Complete(op) => {
+                let op = self.ops.swap_remove(op);
+                self.complete(op)?;
+            }
+            Step::Tick => self.coordinate(JobEvent::Tick)?,
+        }
+        Ok(())
+    }
+
+    fn coordinator_mail(&mut self) -> Result<(), Failed> {
+        let event = match self.mail.pop_front().expect("mail to take") {
+            ToCoordinator::Ack(attempt, ack) => JobEvent::Ack { attempt, ack },
+            ToCoordinator::Decline {
+                attempt,
+                checkpoint,
+                subtask,
+                reason,
+            } => JobEvent::Decline {
+                attempt,
+                checkpoint,
+                subtask,
+                reason,
+            },
+            ToCoordinator::Exhausted { attempt, source } => {
+                JobEvent::SourceExhausted { attempt, source }
+            }
+        };
+        self.coordinate(event)
+    }
+
+    /// A storage call completes: applied whole, its outcome fed back.
+    fn complete(&mut self, op: Op) -> Result<(), Failed> {
+        match op {
+            Op::StoreId {
+                checkpoint,
+                next_id,
+                fails,
+            } => {
+                self.storing_id = false;
+                if !fails {
+                    self.storage.next_id = Some(next_id);
+                }
+                let result = if fails {
+                    Err("injected".into())
+                } else {
+                    Ok(())
+                };
+                self.coordinate(JobEvent::IdStored { checkpoint, result })
+            }
+            Op::Metadata { checkpoint, fault } => {
+                let id = checkpoint.id;
+                if fault != Some(WriteFault::Failed) {
+                    self.storage.metadata.insert(id, *checkpoint);
+                }
+                let result = match fault {
+                    None => Ok(()),
+                    Some(fault) => Err(WriteFailure {
+                        reason: "injected".into(),
+                        outcome_unknown: fault == WriteFault::WrittenButTimedOut,
+                    }),
+                };
+                self.coordinate(JobEvent::MetadataWritten {
+                    checkpoint: id,
+                    result,
+                })
+            }
+            Op::Delete { checkpoints, paths } => {
+                for id in checkpoints {
+                    self.storage.metadata.remove(&id);
+                }
+                for path in paths {
+                    self.storage.objects.remove(&path);
+                }
+                self.coordinate(JobEvent::Deleted)
+            }
+            Op::Upload { .. } => self.uploaded(op),
+        }
+    }
+
+    fn uploaded(&mut self, op: Op) -> Result<(), Failed> {
+        let Op::Upload {
+            attempt,
+            task,
+            checkpoint,
+            objects,
+            shared,
+            state,
+            fails,
+        } = op
+        else {
+            unreachable!("an upload")
+        };
+        let subtask = task::subtask_id(task);
+        if fails {
+            let reason = "upload failed".into();
+            let decline = ToCoordinator::Decline {
+                attempt,
+                checkpoint,
+                subtask,
+                reason,
+            };
+            self.mail.push_back(decline);
+            return Ok(());
+        }
+        self.storage.objects.extend(objects);
+        if attempt == self.attempt && !self.tasks.is_empty() {
+            self.tasks[task].checkpointer.uploaded(checkpoint, shared);
+        }
+        let ack = Ack {
+            subtask,
+            checkpoint,
+            state: *state,
+            metrics: CheckpointMetrics::default(),
+        };
+        self.mail
+            .push_back(ToCoordinator::Ack(attempt, Box::new(ack)));
+        Ok(())
+    }
+
+    /// Feeds the driver and carries out what it decides, in order.
+    fn coordinate(&mut self, event: JobEvent) -> Result<(), Failed> {
+        let now = self.now();
+        if self.trace {
+            eprintln!("step {} at {} ms: {event:?}", self.report.steps, self.t);
+        }
+        let actions = self.driver.handle(now, event);
+        if self.trace {
+            for action in &actions {
+                eprintln!("  -> {action:?}");
+            }
+        }
+        for action in actions {
+            self.carry_out(action)?;
+        }
+        Ok(())
+    }
+
+    fn carry_out(&mut self, action: JobAction) -> Result<(), Failed> {
+        let to = |tasks: &mut Vec<Task>, ids: Vec<SubtaskId>, control: &dyn Fn() -> Control| {
+            if !tasks.is_empty() {
+                for id in ids {
+                    tasks[task::index_of(id)].mail.push_back(control());
+                }
+            }
+        };
+        match action {
+            JobAction::StoreNextId { barrier, next_id } => {
+                self.storing_id = true;
+                let fails = self.chance(self.faults.store_id);
+                let checkpoint = barrier.id;
+                self.ops.push(Op::StoreId {
+                    checkpoint,
+                    next_id,
+                    fails,
+                });
+            }
+            JobAction::InjectBarrier {
+                sources, barrier, ..
+            } => to(&mut self.tasks, sources, &|| Control::Inject(barrier)),
+            JobAction::WriteMetadata(checkpoint) => self.write_metadata(checkpoint),
+            JobAction::Delete { checkpoints, paths } => {
+                self.ops.push(Op::Delete { checkpoints, paths })
+            }
+            JobAction::Completed(id) => {
+                self.report.completed += 1;
+                let checkpoint = self.driver.store().retained().find(|c| c.id == id);
+                let checkpoint = checkpoint.cloned().ok_or("completed, not retained")?;
+                self.check_state_at_barrier(&checkpoint)?;
+            }
+            JobAction::NotifyComplete {
+                checkpoint,
+                subtasks,
+            } => {
+                for (id, rewrite) in subtasks {
+                    let control = || Control::Complete(checkpoint, rewrite.clone());
+                    to(&mut self.tasks, vec![id], &control);
+                }
+            }
+            JobAction::NotifyAbort {
+                checkpoint,
+                subtasks,
+                ..
+            } => to(&mut self.tasks, subtasks, &|| Control::Abort(checkpoint)),
+            JobAction::EndInput(sources) => to(&mut self.tasks, sources, &|| Control::EndInput),
+            JobAction::FailJob(reason) => self.restart(&reason)?,
+            JobAction::Restore(latest) => self.deploy(latest)?,
+            JobAction::Resolve { .. } | JobAction::Rejected(_) | JobAction::ShutDown => {}
+            JobAction::WriteSavepoint { .. } | JobAction::SavepointCompleted { .. } => {
+                return Err("no savepoint was asked for".into())
+            }
+        }
+        Ok(())
+    }
+
+    fn write_metadata(&mut self, checkpoint: CompletedCheckpoint) {
+        let fault = if self.chance(self.faults.metadata) {
+            Some(match self.rng.next_below(2) {
+                0 => WriteFault::Failed,
+                _ => WriteFault::WrittenButTimedOut,
+            })
+        } else {
+            None
+        };
+        self.ops.push(Op::Metadata {
+            checkpoint: Box::new(checkpoint),
+            fault,
+        });
+    }
+
+    /// The attempt fails: its tasks and channels are gone; what they sent
+    /// the coordinator and their uploads in flight are not.
+    fn restart(&mut self, reason: &str) -> Result<(), Failed> {
+        self.tasks.clear();
+        self.channels.clear();
+        self.coordinate(JobEvent::AttemptFailed {
+            reason: reason.into(),
+        })?;
+        self.coordinate(JobEvent::RestoreWanted)
+    }
+
+    /// Power loss of the driver and every task: calls in flight are lost,
+    /// and a new driver recovers from storage.
+    fn kill_driver(&mut self) -> Result<(), Failed> {
+        self.tasks.clear();
+        self.channels.clear();
+        self.mail.clear();
+        self.ops.clear();
+        self.storing_id = false;
+        self.driver = Self::driver(
+            &self.storage,
+            self.retain,
+            self.timeout,
+            self.base,
+            self.t,
+            self.broken,
+        );
+        self.coordinate(JobEvent::RestoreWanted)
+    }
+
+    /// Deploys a new attempt from `from`, checked to hold the state at its
+    /// barrier; its sink commits the transactions `from` holds.
+    fn deploy(&mut self, from: Option<CompletedCheckpoint>) -> Result<(), Failed> {
+        if let Some(from) = &from {
+            self.report.restores += 1;
+            self.driver.restore(from)?;
+            self.check_state_at_barrier(from)?;
+        }
+        self.attempt = Attempt(self.attempt.0 + 1);
+        let instance = u64::from(self.attempt.0);
+        self.tasks = (0..=SINK)
+            .map(|t| Task::restored(t, from.as_ref(), &self.storage, instance))
+            .collect::<Result<_, _>>()?;
+        self.channels = (0..CHANNELS)
+            .map(|_| {
+                let receiver = CreditReceiver::new(2, 1);
+                let mut sender = CreditSender::default();
+                sender.grant(receiver.initial_credits());
+                Channel {
+                    sender,
+                    receiver,
+                    held: 0,
+                }
+            })
+            .collect();
+        if let Role::Sink { pending, .. } = &mut self.tasks[SINK].role {
+            let restored = std::mem::take(pending);
+            self.commit(restored)?;
+        }
+        let sources: Vec<_> = (0..SOURCES).map(task::subtask_id).collect();
+        let input_ended = from.as_ref().is_some_and(|c| ends_input(c, &sources));
+        self.coordinate(JobEvent::Deployed {
+            attempt: self.attempt,
+            sources,
+            subtasks: (0..=SINK).map(task::subtask_id).collect(),
+            input_ended,
+        })
+    }
+
+    /// `checkpoint`'s counters hold the counts of exactly the records its
+    /// sources had read at its barrier, read back from storage.
+    fn check_state_at_barrier(&self, checkpoint: &CompletedCheckpoint) -> Result<(), Failed> {
+        let tasks = (0..=SINK)
+            .map(|t| Task::restored(t, Some(checkpoint), &self.storage, 0))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("{} does not restore: {e}", checkpoint.id))?;
+        let mut expected = vec![BTreeMap::new(); COUNTERS];
+        for (s, source) in tasks.iter().take(SOURCES).enumerate() {
+            let Role::Source { offset, .. } = source.role else {
+                unreachable!("a source")
+            };
+            for i in 0..offset {
+                let key = task::key_of(s, i);
+                *expected[task::counter_of(key)].entry(key).or_insert(0) += 1;
+            }
+        }
+        for (c, expected) in expected.iter().enumerate() {
+            let Role::Counter { counts } = &tasks[SOURCES + c].role else {
+                unreachable!("a counter")
+            };
+            if counts != expected {
+                return Err(format!(
+                    "{} restores counter {c} to {counts:?}, not the state at its barrier {expected:?}",
+                    checkpoint.id
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The committed output is every key's running count, each exactly once.
+    fn check_output(&self) -> Result<(), Failed> {
+        let mut totals = BTreeMap::new();
+        for s in 0..SOURCES {
+            for i in 0..RECORDS {
+                *totals.entry(task::key_of(s, i)).or_insert(0u64) += 1;
+            }
+        }
+        let mut expected: Vec<Count> = totals
+            .into_iter()
+            .flat_map(|(key, n)| (1..=n).map(move |c| (key, c)))
+            .collect();
+        let mut got: Vec<Count> = self.committed.values().flatten().copied().collect();
+        expected.sort_unstable();
+        got.sort_unstable();
+        if got != expected {
+            let (extra, missing) = multiset_difference(&got, &expected);
+            return Err(format!(
+                "committed output is not exactly once: duplicated or extra {extra:?}, missing {missing:?}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What `got` has beyond `expected`, and what it lacks; both sorted.
+fn multiset_difference(got: &[Count], expected: &[Count]) -> (Vec<Count>, Vec<Count>) {
+    let (mut extra, mut missing) = (Vec::new(), Vec::new());
+    let (mut got, mut expected) = (got.iter().peekable(), expected.iter().peekable());
+    loop {
+        match (got.peek(), expected.peek()) {
+            (Some(a), Some(b)) if a == b => {
+                got.next();
+                expected.next();
+            }
+            (Some(a), Some(b)) if a < b => extra.extend(got.next()),
+            (Some(_), None) => extra.extend(got.next()),
+            (_, Some(_)) => missing.extend(expected.next()),
+            (None, None) => return (extra, missing),
+        }
+    }
+}

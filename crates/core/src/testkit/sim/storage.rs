@@ -1,0 +1,87 @@
+//! The simulator's checkpoint storage, in memory: what outlives every
+//! crash, and the calls in flight against it, which the scheduler
+//! completes (or a crash loses) one at a time.
+
+use crate::checkpoint::store::CompletedCheckpointStore;
+use crate::checkpoint::subtask::SharedBase;
+use crate::checkpoint::{CompletedCheckpoint, SubtaskState};
+use crate::ids::{Attempt, CheckpointId};
+use std::collections::BTreeMap;
+
+/// Objects, `_metadata` files and the id counter, as a real store keeps
+/// them; each call is applied whole when it completes.
+#[derive(Default)]
+pub(super) struct Storage {
+    pub objects: BTreeMap<String, Vec<u8>>,
+    pub metadata: BTreeMap<CheckpointId, CompletedCheckpoint>,
+    pub next_id: Option<CheckpointId>,
+}
+
+impl Storage {
+    /// What a restarted driver recovers: the newest `retain` checkpoints
+    /// whose metadata exists.
+    pub fn recover(&self, retain: usize) -> CompletedCheckpointStore {
+        let mut store = CompletedCheckpointStore::new(retain);
+        for checkpoint in self.metadata.values().rev().take(retain) {
+            store.add(checkpoint.clone());
+        }
+        store
+    }
+
+    /// An object that one of the newest `retain` checkpoints (those a
+    /// restart may restore) references and that is gone.
+    pub fn missing(&self, retain: usize) -> Option<(CheckpointId, String)> {
+        let recoverable = self.metadata.values().rev().take(retain);
+        recoverable.into_iter().find_map(|checkpoint| {
+            let states = checkpoint.subtasks.values();
+            let mut paths = states.flat_map(|s| s.handles().filter_map(|h| h.physical()));
+            paths
+                .find(|path| !self.objects.contains_key(*path))
+                .map(|path| (checkpoint.id, path.to_owned()))
+        })
+    }
+
+    pub fn read(&self, path: &str) -> Result<&[u8], String> {
+        self.objects
+            .get(path)
+            .map(Vec::as_slice)
+            .ok_or_else(|| format!("object {path} is gone"))
+    }
+}
+
+/// How an injected fault ends a `_metadata` write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum WriteFault {
+    /// Nothing was written.
+    Failed,
+    /// It was written, but the caller hears a timeout.
+    WrittenButTimedOut,
+}
+
+/// A storage call in flight.
+pub(super) enum Op {
+    StoreId {
+        checkpoint: CheckpointId,
+        next_id: CheckpointId,
+        fails: bool,
+    },
+    Metadata {
+        checkpoint: Box<CompletedCheckpoint>,
+        fault: Option<WriteFault>,
+    },
+    Delete {
+        checkpoints: Vec<CheckpointId>,
+        paths: Vec<String>,
+    },
+    /// A subtask's asynchronous part: it writes `objects`, then tells its
+    /// subtask the shared files it references and acknowledges.
+    Upload {
+        attempt: Attempt,
+        task: usize,
+        checkpoint: CheckpointId,
+        objects: Vec<(String, Vec<u8>)>,
+        shared: SharedBase,
+        state: Box<SubtaskState>,
+        fails: bool,
+    },
+}

@@ -1,0 +1,484 @@
+//! The subtasks of the simulated job, each a step of the scheduler: two
+//! sources, two keyed counters with incremental snapshots, and a sink that
+//! commits in two phases. They run the real barrier handlers, credit
+//! channels and subtask checkpointers.
+
+use super::storage::{Op, Storage};
+use super::{Failed, Sim, ToCoordinator};
+use crate::batch::Batch;
+use crate::checkpoint::barrier::{BarrierAction, BarrierHandler, Polled};
+use crate::checkpoint::subtask::{SharedBase, SubtaskCheckpointer};
+use crate::checkpoint::{
+    checksum, CompletedCheckpoint, KeyedStateHandle, NativeFileHandle, NativeStateHandle,
+    StateHandle, SubtaskState,
+};
+use crate::event::{Barrier, ChannelEvent, CheckpointKind};
+use crate::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
+use crate::key_group::KeyGroupRange;
+use crate::task::SOURCE_EXHAUSTED;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+pub(super) const SOURCES: usize = 2;
+pub(super) const COUNTERS: usize = 2;
+pub(super) const SINK: usize = SOURCES + COUNTERS;
+/// Records each source reads.
+pub(super) const RECORDS: u64 = 100;
+const KEYS: u64 = 40;
+/// Files a counter's state is split into: an incremental snapshot uploads
+/// only those that changed.
+const BUCKETS: u64 = 6;
+/// What the sink receives: a key and its running count.
+pub(super) type Count = (u64, u64);
+
+/// The transaction a sink commits at the end of its input.
+pub(super) const FINAL_TXN: u64 = u64::MAX;
+
+/// The key of source `source`'s record `i`.
+pub(super) fn key_of(source: usize, i: u64) -> u64 {
+    crate::rng::splitmix64(((source as u64) << 32) | i) % KEYS
+}
+
+/// The counter a key goes to.
+pub(super) fn counter_of(key: u64) -> usize {
+    (key % COUNTERS as u64) as usize
+}
+
+/// The id of the task at `index` (sources, then counters, then the sink).
+pub(super) fn subtask_id(index: usize) -> SubtaskId {
+    let (operator, i) = match index {
+        i if i < SOURCES => (0, i),
+        i if i < SINK => (1, i - SOURCES),
+        _ => (2, 0),
+    };
+    SubtaskId {
+        operator: OperatorId(operator),
+        index: SubtaskIndex(i as u32),
+    }
+}
+
+pub(super) fn index_of(id: SubtaskId) -> usize {
+    match id.operator.0 {
+        0 => id.index.0 as usize,
+        1 => SOURCES + id.index.0 as usize,
+        _ => SINK,
+    }
+}
+
+/// A message of the coordinator for a subtask.
+pub(super) enum Control {
+    Inject(Barrier),
+    Complete(CheckpointId, BTreeSet<String>),
+    Abort(CheckpointId),
+    EndInput,
+}
+
+pub(super) enum Role {
+    Source {
+        offset: u64,
+        reported: bool,
+        ended: bool,
+    },
+    Counter {
+        counts: BTreeMap<u64, u64>,
+    },
+    Sink {
+        open: Vec<Count>,
+        pending: BTreeMap<CheckpointId, Vec<Count>>,
+        ended: bool,
+    },
+}
+
+pub(super) struct Task {
+    pub role: Role,
+    /// None for sources.
+    pub handler: Option<BarrierHandler>,
+    /// The channel of each gate channel.
+    pub inputs: Vec<usize>,
+    /// Output channels; a source's by counter.
+    pub outputs: Vec<usize>,
+    pub checkpointer: SubtaskCheckpointer<()>,
+    pub mail: VecDeque<Control>,
+    /// Tells this deployment's files from an earlier one's of equal name.
+    pub instance: u64,
+}
+
+impl Task {
+    /// The task at `index`, resumed from `from`'s state.
+    pub fn restored(
+        index: usize,
+        from: Option<&CompletedCheckpoint>,
+        storage: &Storage,
+        instance: u64,
+    ) -> Result<Task, String> {
+        let state = from.and_then(|c| c.subtasks.get(&subtask_id(index)));
+        let operator = |name: &str| state.and_then(|s| s.operator.get(name));
+        let mut base = SharedBase::new();
+        let role = match index {
+            i if i < SOURCES => Role::Source {
+                offset: operator("offset")
+                    .map(|b| decode(b))
+                    .transpose()?
+                    .unwrap_or(0),
+                reported: false,
+                ended: false,
+            },
+            i if i < SINK => {
+                let mut counts = BTreeMap::new();
+                if let Some(KeyedStateHandle::Native(native)) = state.and_then(|s| s.keyed.as_ref())
+                {
+                    for file in &native.shared {
+                        let path = file.handle.physical().unwrap_or_default();
+                        counts.extend(decode::<Vec<Count>>(storage.read(path)?)?);
+                        base.insert(file.name.clone(), file.clone());
+                    }
+                }
+                Role::Counter { counts }
+            }
+            _ => Role::Sink {
+                open: Vec::new(),
+                pending: operator("txns")
+                    .map(|b| decode(b))
+                    .transpose()?
+                    .unwrap_or_default(),
+                ended: false,
+            },
+        };
+        let (inputs, outputs) = wiring(index);
+        Ok(Task {
+            role,
+            handler: (!inputs.is_empty()).then(|| BarrierHandler::new(inputs.len())),
+            inputs,
+            outputs,
+            checkpointer: SubtaskCheckpointer::new(true, base),
+            mail: VecDeque::new(),
+            instance,
+        })
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    rmp_serde::from_slice(bytes).map_err(|e| e.to_string())
+}
+
+/// The channels into and out of task `index`: source `s` feeds counter
+/// `c` on channel `s * COUNTERS + c`; counter `c` the sink on channel
+/// `SOURCES * COUNTERS + c`.
+fn wiring(index: usize) -> (Vec<usize>, Vec<usize>) {
+    let to_sink = |c: usize| SOURCES * COUNTERS + c;
+    match index {
+        s if s < SOURCES => (
+            Vec::new(),
+            (0..COUNTERS).map(|c| s * COUNTERS + c).collect(),
+        ),
+        i if i < SINK => {
+            let c = i - SOURCES;
+            (
+                (0..SOURCES).map(|s| s * COUNTERS + c).collect(),
+                vec![to_sink(c)],
+            )
+        }
+        _ => ((0..COUNTERS).map(to_sink).collect(), Vec::new()),
+    }
+}
+
+/// Channels of the job.
+pub(super) const CHANNELS: usize = SOURCES * COUNTERS + COUNTERS;
+
+/// The channel's receiving task and its gate channel there.
+pub(super) fn channel_target(channel: usize) -> (usize, usize) {
+    if channel < SOURCES * COUNTERS {
+        (SOURCES + channel % COUNTERS, channel / COUNTERS)
+    } else {
+        (SINK, channel - SOURCES * COUNTERS)
+    }
+}
+
+impl Sim {
+    /// Whether source `s` has something to do: records to emit with room
+    /// for them, or its exhaustion to report.
+    pub(super) fn can_emit(&self, s: usize) -> bool {
+        let task = &self.tasks[s];
+        let Role::Source {
+            offset,
+            reported,
+            ended,
+        } = task.role
+        else {
+            return false;
+        };
+        !ended && ((offset < RECORDS && self.has_room(s)) || (offset == RECORDS && !reported))
+    }
+
+    /// Whether task `t`'s outputs can take another batch: a task whose
+    /// output is full waits, as a real one does (backpressure).
+    pub(super) fn has_room(&self, t: usize) -> bool {
+        let outputs = self.tasks[t].outputs.iter();
+        outputs
+            .into_iter()
+            .all(|&c| self.channels[c].sender.queued_batches() < 3)
+    }
+
+    /// Source `s` emits a batch of one to three records, or reports that
+    /// it has read everything.
+    pub(super) fn emit(&mut self, s: usize) {
+        let size = 1 + self.rng.next_below(3);
+        let Role::Source {
+            offset, reported, ..
+        } = &mut self.tasks[s].role
+        else {
+            return;
+        };
+        if *offset == RECORDS {
+            *reported = true;
+            let (attempt, source) = (self.attempt, subtask_id(s));
+            self.mail
+                .push_back(ToCoordinator::Exhausted { attempt, source });
+            return;
+        }
+        let end = (*offset + size).min(RECORDS);
+        let mut by_counter = vec![Vec::new(); COUNTERS];
+        for i in *offset..end {
+            let key = key_of(s, i);
+            by_counter[counter_of(key)].push(key);
+        }
+        *offset = end;
+        for (c, keys) in by_counter.into_iter().enumerate() {
+            if !keys.is_empty() {
+                let channel = self.tasks[s].outputs[c];
+                self.channels[channel]
+                    .sender
+                    .push(ChannelEvent::Batch(Batch::new(keys)));
+            }
+        }
+    }
+
+    /// Task `t` takes the next thing its barrier handler lets through.
+    pub(super) fn process(&mut self, t: usize) -> Result<(), Failed> {
+        let now = self.now().instant;
+        let Some(handler) = self.tasks[t].handler.as_mut() else {
+            return Ok(());
+        };
+        match handler.poll(now) {
+            None | Some(Polled::Watermarks(_)) => Ok(()),
+            Some(Polled::Batch {
+                channel,
+                batch,
+                credited,
+            }) => {
+                if credited {
+                    let link = self.tasks[t].inputs[channel];
+                    let channel = &mut self.channels[link];
+                    let credit = channel.receiver.consumed().map_err(|e| e.to_string())?;
+                    channel.sender.grant(credit);
+                }
+                self.records(t, batch)
+            }
+            Some(Polled::Actions(actions)) => {
+                for action in actions {
+                    self.barrier_action(t, action)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn records(&mut self, t: usize, batch: Batch) -> Result<(), Failed> {
+        match &mut self.tasks[t].role {
+            Role::Counter { counts } => {
+                let keys: Vec<u64> = batch.into_records().map_err(|e| e.to_string())?;
+                let out: Vec<Count> = keys
+                    .into_iter()
+                    .map(|key| {
+                        let count = counts.entry(key).or_default();
+                        *count += 1;
+                        (key, *count)
+                    })
+                    .collect();
+                let channel = self.tasks[t].outputs[0];
+                let event = ChannelEvent::Batch(Batch::new(out));
+                self.channels[channel].sender.push(event);
+            }
+            Role::Sink { open, .. } => {
+                open.extend(batch.into_records::<Count>().map_err(|e| e.to_string())?)
+            }
+            Role::Source { .. } => return Err("a source got records".into()),
+        }
+        Ok(())
+    }
+
+    fn barrier_action(&mut self, t: usize, action: BarrierAction) -> Result<(), Failed> {
+        match action {
+            BarrierAction::Snapshot {
+                barrier, unaligned, ..
+            } => {
+                if unaligned {
+                    return Err("an aligned checkpoint went unaligned".into());
+                }
+                self.snapshot(t, barrier);
+            }
+            BarrierAction::ChannelState { .. } => {
+                return Err("channel state of an aligned checkpoint".into())
+            }
+            BarrierAction::Abort { checkpoint, reason } => {
+                self.mail.push_back(ToCoordinator::Decline {
+                    attempt: self.attempt,
+                    checkpoint,
+                    subtask: subtask_id(t),
+                    reason: format!("{reason:?}"),
+                });
+                self.forward(t, ChannelEvent::CancelMarker(checkpoint));
+            }
+            BarrierAction::EndOfInput => {
+                self.forward(t, ChannelEvent::EndOfPartition);
+                if let Role::Sink { open, ended, .. } = &mut self.tasks[t].role {
+                    // Nothing follows the final checkpoint's barrier but
+                    // records a restore would replay into this same
+                    // transaction: it replaces itself.
+                    let last = std::mem::take(open);
+                    *ended = true;
+                    self.committed.insert(FINAL_TXN, last);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn forward(&mut self, t: usize, event: ChannelEvent) {
+        for &c in &self.tasks[t].outputs {
+            self.channels[c].sender.push(event.clone());
+        }
+    }
+
+    /// The synchronous part of task `t`'s snapshot at `barrier`, which it
+    /// then forwards; the asynchronous part is an upload in flight.
+    pub(super) fn snapshot(&mut self, t: usize, barrier: Barrier) {
+        let id = barrier.id;
+        let task = &mut self.tasks[t];
+        let base = task
+            .checkpointer
+            .started(id, CheckpointKind::Checkpoint, false, ());
+        let mut state = SubtaskState::default();
+        let mut objects = Vec::new();
+        let mut shared = SharedBase::new();
+        match &mut task.role {
+            Role::Source { offset, .. } => {
+                let encoded = rmp_serde::to_vec(offset).expect("an offset encodes");
+                state.operator.insert("offset".into(), encoded);
+                if *offset == RECORDS {
+                    state.operator.insert(SOURCE_EXHAUSTED.into(), Vec::new());
+                }
+            }
+            Role::Counter { counts } => {
+                let base = base.unwrap_or_default();
+                for bucket in 0..BUCKETS {
+                    let entries: Vec<Count> = counts
+                        .iter()
+                        .filter(|(key, _)| (**key / COUNTERS as u64) % BUCKETS == bucket)
+                        .map(|(k, c)| (*k, *c))
+                        .collect();
+                    let bytes = rmp_serde::to_vec(&entries).expect("counts encode");
+                    let name = format!("b{bucket}-{:08x}", checksum(&bytes));
+                    let file = base.get(&name).cloned().unwrap_or_else(|| {
+                        let path = format!("shared/{t}-{}-{name}", id.0);
+                        let handle = StateHandle::object(&path, bytes.len() as u64, 0);
+                        objects.push((path, bytes));
+                        NativeFileHandle {
+                            name: name.clone(),
+                            handle,
+                            uploaded_by: id,
+                            instance: task.instance,
+                        }
+                    });
+                    shared.insert(name, file);
+                }
+                state.keyed = Some(KeyedStateHandle::Native(NativeStateHandle {
+                    key_groups: KeyGroupRange { start: 0, end: 128 },
+                    shared: shared.values().cloned().collect(),
+                    private: Vec::new(),
+                }));
+            }
+            Role::Sink { open, pending, .. } => {
+                pending.insert(id, std::mem::take(open));
+                let encoded = rmp_serde::to_vec(pending).expect("transactions encode");
+                state.operator.insert("txns".into(), encoded);
+            }
+        }
+        self.forward(t, ChannelEvent::Barrier(barrier));
+        let fails = self.chance(self.faults.upload);
+        self.ops.push(Op::Upload {
+            attempt: self.attempt,
+            task: t,
+            checkpoint: id,
+            objects,
+            shared,
+            state: Box::new(state),
+            fails,
+        });
+    }
+
+    /// Task `t` takes the next message of the coordinator.
+    pub(super) fn take_mail(&mut self, t: usize) -> Result<(), Failed> {
+        let Some(control) = self.tasks[t].mail.pop_front() else {
+            return Ok(());
+        };
+        match control {
+            Control::Inject(barrier) => match self.tasks[t].role {
+                Role::Source { ended: false, .. } => self.snapshot(t, barrier),
+                _ => self.mail.push_back(ToCoordinator::Decline {
+                    attempt: self.attempt,
+                    checkpoint: barrier.id,
+                    subtask: subtask_id(t),
+                    reason: "the source has ended".into(),
+                }),
+            },
+            Control::Complete(checkpoint, rewrite) => {
+                let task = &mut self.tasks[t];
+                task.checkpointer.completed(checkpoint, &rewrite);
+                if let Role::Sink { pending, .. } = &mut task.role {
+                    let rest = pending.split_off(&CheckpointId(checkpoint.0 + 1));
+                    let due = std::mem::replace(pending, rest);
+                    self.commit(due)?;
+                }
+            }
+            Control::Abort(checkpoint) => {
+                let task = &mut self.tasks[t];
+                task.checkpointer.aborted(checkpoint);
+                let actions = task
+                    .handler
+                    .as_mut()
+                    .map(|h| h.abort(checkpoint))
+                    .unwrap_or_default();
+                for action in actions {
+                    self.barrier_action(t, action)?;
+                }
+            }
+            Control::EndInput => {
+                if let Role::Source { ended, .. } = &mut self.tasks[t].role {
+                    *ended = true;
+                }
+                self.forward(t, ChannelEvent::EndOfPartition);
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits transactions into the sink's external system: a commit is
+    /// idempotent, and one transaction never holds two different outputs.
+    pub(super) fn commit(
+        &mut self,
+        transactions: BTreeMap<CheckpointId, Vec<Count>>,
+    ) -> Result<(), Failed> {
+        for (txn, records) in transactions {
+            match self.committed.get(&txn.0) {
+                Some(done) if *done != records => {
+                    return Err(format!("transaction {txn} committed twice, differently"))
+                }
+                Some(_) => {}
+                None => {
+                    self.committed.insert(txn.0, records);
+                }
+            }
+        }
+        Ok(())
+    }
+}
