@@ -23,7 +23,6 @@ use tidemark_core::checkpoint::coordinator::{CheckpointCoordinator, Now, Request
 use tidemark_core::checkpoint::job_checkpoints::{
     JobAction, JobCheckpoints, JobEvent, Resolved, WriteFailure,
 };
-use tidemark_core::checkpoint::stats;
 use tidemark_core::checkpoint::store::CompletedCheckpointStore;
 use tidemark_core::checkpoint::{CheckpointFailure, CompletedCheckpoint};
 use tidemark_core::event::{Barrier, CheckpointKind};
@@ -233,7 +232,7 @@ impl CoordinatorActor {
                 request,
             } => self.write_savepoint(checkpoint, request, ctx),
             JobAction::Delete { checkpoints, paths } => self.delete(checkpoints, paths, ctx),
-            JobAction::Completed(id) => self.completed(id),
+            JobAction::Completed(checkpoint) => self.completed(&checkpoint),
             JobAction::SavepointCompleted {
                 checkpoint,
                 location,
@@ -299,7 +298,8 @@ impl CoordinatorActor {
             async move { storage.write_metadata(&checkpoint).await }
                 .into_actor(self)
                 .map(move |written, act, ctx| {
-                    let result = written.map_err(|e| WriteFailure {
+                    let location = act.storage.location(&CheckpointStorage::checkpoint_dir(id));
+                    let result = written.map(|()| location).map_err(|e| WriteFailure {
                         outcome_unknown: matches!(e, StorageError::UnknownOutcome { .. }),
                         reason: e.to_string(),
                     });
@@ -389,21 +389,16 @@ impl CoordinatorActor {
     }
 
     /// Records a checkpoint that joined the store.
-    fn completed(&mut self, id: CheckpointId) {
-        let location = self
-            .storage
-            .location(&CheckpointStorage::checkpoint_dir(id));
-        stats::lock(self.core.coordinator().stats()).located(id, location);
+    fn completed(&mut self, checkpoint: &CompletedCheckpoint) {
+        let id = checkpoint.id;
         let stats = &self.metrics.checkpoints;
         stats.completed.fetch_add(1, Ordering::Relaxed);
-        if let Some(checkpoint) = self.core.store().retained().find(|c| c.id == id) {
-            stats.bytes_full.store(
-                checkpoint.subtasks.values().map(|s| s.size()).sum(),
-                Ordering::Relaxed,
-            );
-            stats.record_inflight(checkpoint);
-            stats.record_uploads(checkpoint);
-        }
+        stats.bytes_full.store(
+            checkpoint.subtasks.values().map(|s| s.size()).sum(),
+            Ordering::Relaxed,
+        );
+        stats.record_inflight(checkpoint);
+        stats.record_uploads(checkpoint);
         if self.switched.remove(&id) {
             stats.switched_to_unaligned.fetch_add(1, Ordering::Relaxed);
         }
@@ -422,7 +417,6 @@ impl CoordinatorActor {
 
     fn savepoint_completed(&mut self, id: CheckpointId, location: String) {
         tracing::info!(%location, "savepoint written");
-        stats::lock(self.core.coordinator().stats()).located(id, location);
         let stats = &self.metrics.checkpoints;
         stats.savepoints.fetch_add(1, Ordering::Relaxed);
         if let Some(triggered) = self.triggered.remove(&id) {

@@ -43,6 +43,7 @@ use tidemark_core::fault::KillSchedule;
 use tidemark_core::graph::JobGraph;
 use tidemark_core::ids::{Attempt, JobId, SubtaskId};
 use tidemark_core::job::Job;
+use tidemark_core::lifecycle::{JobLifecycle, LifeAction, LifeEvent, Outcome};
 use tidemark_core::MasterHook;
 use tidemark_storage::savepoint::{self, SavepointError};
 use tidemark_storage::CheckpointStorage;
@@ -81,18 +82,17 @@ pub struct JobSupervisor {
     distributed: bool,
     /// What orders this run's attempts after other runs': see `run`.
     epoch: u64,
-    /// Worker processes that have yet to start their share of the attempt,
-    /// and what it restores from, recorded once they all have.
-    undeployed: usize,
+    /// The run's phase and restarts: every decision of its lifecycle.
+    life: JobLifecycle,
+    /// The state loaded for the attempt to deploy next.
+    loaded: Option<Loaded>,
+    /// What the deployed attempt restores from, recorded once it runs.
     restoring: Option<LoadedFrom>,
     metrics: Arc<JobMetrics>,
     started: Instant,
     outcome: Option<mpsc::Sender<Result<JobReport, JobError>>>,
     storage: Option<CheckpointStorage>,
     coordinator: Option<Addr<CoordinatorActor>>,
-    attempt: Attempt,
-    restarts: u32,
-    unfinished: usize,
     subtasks: Vec<(SubtaskId, SubtaskHandle)>,
     /// Every actor of the current attempt.
     actors: Vec<Recipient<Stop>>,
@@ -133,7 +133,11 @@ impl JobSupervisor {
                 CheckpointStorage::epoch,
             ),
             distributed: pool.is_some(),
-            undeployed: 0,
+            life: JobLifecycle::new(
+                job.config.restart,
+                storage.is_some() && job.config.checkpointing.is_some(),
+            ),
+            loaded: None,
             restoring: None,
             pool,
             savepoint_dir,
@@ -145,9 +149,6 @@ impl JobSupervisor {
             outcome: Some(outcome),
             storage,
             coordinator: None,
-            attempt: Attempt(0),
-            restarts: 0,
-            unfinished: 0,
             subtasks: Vec::new(),
             actors: Vec::new(),
             links: Vec::new(),
@@ -162,8 +163,8 @@ impl JobSupervisor {
         let (Some(storage), Some(settings)) =
             (self.storage.clone(), self.job.config.checkpointing.clone())
         else {
-            let attempt = self.attempt;
-            return self.start(attempt, Loaded::default(), ctx);
+            self.loaded = Some(Loaded::default());
+            return self.feed(LifeEvent::Booted, ctx);
         };
         let boot = Boot {
             storage,
@@ -186,23 +187,75 @@ impl JobSupervisor {
                             coordinator.do_send(request);
                         }
                         act.coordinator = Some(coordinator);
-                        let attempt = act.attempt;
-                        act.start(attempt, restore, ctx);
+                        act.loaded = Some(restore);
+                        act.feed(LifeEvent::Booted, ctx);
                     }
-                    Err(e) => act.complete(Err(e), ctx),
+                    Err(e) => act.feed(LifeEvent::Ended(Err(e)), ctx),
                 }),
         );
     }
 
-    fn start(&mut self, attempt: Attempt, loaded: Loaded, ctx: &mut Context<Self>) {
-        if attempt != self.attempt || self.outcome.is_none() {
-            return;
+    /// Carries out what the lifecycle decided.
+    fn feed(&mut self, event: LifeEvent<JobError>, ctx: &mut Context<Self>) {
+        for action in self.life.handle(event) {
+            match action {
+                LifeAction::Deploy(attempt) => {
+                    let loaded = self.loaded.take().expect("loaded before it deploys");
+                    self.start(attempt, loaded, ctx);
+                }
+                LifeAction::Announce(attempt) => {
+                    let restore = self.restoring.take();
+                    self.running(attempt, restore);
+                }
+                LifeAction::Restart {
+                    attempt,
+                    delay,
+                    reason,
+                } => self.restart_after(attempt, delay, reason, ctx),
+                LifeAction::Finish(outcome) => {
+                    let outcome = match outcome {
+                        Outcome::Succeeded => Ok(JobReport {
+                            records_in: self.metrics.records_in(),
+                            elapsed: self.started.elapsed(),
+                        }),
+                        Outcome::Failed(e) => Err(e),
+                        Outcome::RestartsExhausted { restarts, last } => {
+                            // No checkpoint of the failed attempt may
+                            // complete while its actors stop.
+                            if let Some(coordinator) = &self.coordinator {
+                                let reason = last.to_string();
+                                coordinator.do_send(AbortPending { reason });
+                            }
+                            Err(JobError::RestartsExhausted {
+                                restarts,
+                                last: Box::new(last),
+                            })
+                        }
+                    };
+                    self.complete(outcome, ctx);
+                }
+            }
         }
+    }
+
+    /// A failure of `attempt` (`None`: of the run).
+    fn fail(&mut self, attempt: Option<Attempt>, error: JobError, ctx: &mut Context<Self>) {
+        self.feed(LifeEvent::Failed { attempt, error }, ctx);
+    }
+
+    fn start(&mut self, attempt: Attempt, loaded: Loaded, ctx: &mut Context<Self>) {
         let Some(mut pool) = self.pool.take() else {
             if let Err(e) = self.deploy(ctx.address(), loaded.subtasks) {
-                return self.fail(e, ctx);
+                return self.fail(Some(attempt), e, ctx);
             }
-            return self.running(attempt, loaded.restore);
+            self.restoring = loaded.restore;
+            let subtasks = self.subtasks.len();
+            let deployed = LifeEvent::Deployed {
+                attempt,
+                subtasks,
+                workers: 0,
+            };
+            return self.feed(deployed, ctx);
         };
         ctx.spawn(
             async move {
@@ -212,16 +265,23 @@ impl JobSupervisor {
             .into_actor(self)
             .map(move |(pool, ready), act, ctx| {
                 act.pool = Some(pool);
-                if attempt != act.attempt || act.outcome.is_none() {
+                if !act.life.is_current(attempt) {
                     return;
                 }
                 match ready {
                     // Running once every worker started its share.
                     Ok(()) => {
-                        act.deploy_remote(ctx.address(), loaded.from);
+                        let workers = act.deploy_remote(ctx.address(), loaded.from);
                         act.restoring = loaded.restore;
+                        let subtasks = act.subtasks.len();
+                        let deployed = LifeEvent::Deployed {
+                            attempt,
+                            subtasks,
+                            workers,
+                        };
+                        act.feed(deployed, ctx);
                     }
-                    Err(e) => act.fail(e, ctx),
+                    Err(e) => act.fail(Some(attempt), e, ctx),
                 }
             }),
         );
@@ -278,14 +338,19 @@ impl JobSupervisor {
         RunAttempt {
             job: job_id(&self.job.name),
             epoch: self.epoch,
-            attempt: self.attempt,
+            attempt: self.life.attempt(),
         }
     }
 
     /// Deploys the attempt on the worker processes: each rebuilds the job,
     /// reads its subtasks' state and opens its links. A worker that hosts
-    /// no subtask (more workers than subtasks) is left out.
-    fn deploy_remote(&mut self, me: Addr<Self>, from: Option<crate::coordinator::RestoreFrom>) {
+    /// no subtask (more workers than subtasks) is left out. Returns how
+    /// many workers host a share.
+    fn deploy_remote(
+        &mut self,
+        me: Addr<Self>,
+        from: Option<crate::coordinator::RestoreFrom>,
+    ) -> usize {
         let pool = self.pool.as_ref().expect("the pool is back");
         let placement = WorkerAssignment::new(pool.count());
         let run = self.run();
@@ -328,11 +393,11 @@ impl JobSupervisor {
             }));
             actors.push(remote.recipient());
         }
-        self.unfinished = subtasks.len();
-        self.undeployed = actors.len();
         subtasks.sort_by_key(|(id, _)| *id);
+        let workers = actors.len();
         self.subtasks = subtasks;
         self.actors = actors;
+        workers
     }
 
     fn deploy(
@@ -347,7 +412,7 @@ impl JobSupervisor {
         let hosting = Hosting {
             job: &self.job,
             metrics: &self.metrics,
-            attempt: self.attempt,
+            attempt: self.life.attempt(),
             reports: Reports::to(&me),
             checkpointing: self
                 .coordinator
@@ -363,7 +428,6 @@ impl JobSupervisor {
             actors,
             links,
         } = hosting.deploy(&hosted, restore, ends)?;
-        self.unfinished = subtasks.len();
         self.subtasks = subtasks
             .into_iter()
             .map(|(id, addr)| (id, SubtaskHandle::Local(addr)))
@@ -380,26 +444,25 @@ impl JobSupervisor {
         stop_all(std::mem::take(&mut self.actors))
     }
 
-    /// A failure of the current attempt: restart if the strategy allows.
-    fn fail(&mut self, error: JobError, ctx: &mut Context<Self>) {
+    /// Stops the failed attempt and aborts its pending checkpoints; once
+    /// its actors stopped and `delay` passed, loads the state of `attempt`.
+    fn restart_after(
+        &mut self,
+        attempt: Attempt,
+        delay: Duration,
+        reason: String,
+        ctx: &mut Context<Self>,
+    ) {
         let stopped = self.stop_attempt();
-        let Some(coordinator) = self.coordinator.clone() else {
-            return self.complete(Err(error), ctx);
-        };
+        let coordinator = self
+            .coordinator
+            .clone()
+            .expect("a job that restarts checkpoints");
         coordinator.do_send(AbortPending {
-            reason: error.to_string(),
+            reason: reason.clone(),
         });
-        self.restarts += 1;
-        let Some(delay) = self.job.config.restart.delay(self.restarts) else {
-            return self.complete(
-                Err(JobError::RestartsExhausted {
-                    restarts: self.restarts - 1,
-                    last: Box::new(error),
-                }),
-                ctx,
-            );
-        };
-        tracing::warn!(%error, restart = self.restarts, ?delay, "restarting the job");
+        let restart = self.life.restarts();
+        tracing::warn!(error = %reason, restart, ?delay, "restarting the job");
         let stats = &self.metrics.checkpoints;
         stats.restarts.fetch_add(1, Ordering::Relaxed);
         stats.restart_wait_us.fetch_add(
@@ -407,8 +470,6 @@ impl JobSupervisor {
             Ordering::Relaxed,
         );
         self.failed_at.get_or_insert_with(Instant::now);
-        self.attempt = Attempt(self.attempt.0 + 1);
-        let attempt = self.attempt;
         // The new attempt starts once the old one's actors have stopped:
         // two attempts never run side by side.
         ctx.spawn(
@@ -450,11 +511,21 @@ impl JobSupervisor {
                 .await
             }
             .into_actor(self)
-            .map(move |result, act, ctx| match result {
-                Ok(restore) => act.start(attempt, restore, ctx),
-                // Storage that failed a read may serve the next attempt.
-                Err(e) if transient(&e) && attempt == act.attempt => act.fail(e, ctx),
-                Err(e) => act.complete(Err(e), ctx),
+            .map(move |result, act, ctx| {
+                let result = match result {
+                    Ok(restore) => {
+                        if act.life.is_current(attempt) {
+                            act.loaded = Some(restore);
+                        }
+                        Ok(())
+                    }
+                    // Storage that failed a read may serve the next attempt.
+                    Err(e) => {
+                        let transient = transient(&e);
+                        Err((e, transient))
+                    }
+                };
+                act.feed(LifeEvent::Loaded { attempt, result }, ctx);
             }),
         );
     }
@@ -520,7 +591,7 @@ impl JobSupervisor {
         let mut failure = 0;
         let mut killed: Option<Attempt> = None;
         ctx.run_interval(Duration::from_millis(2), move |act, _ctx| {
-            if act.subtasks.is_empty() || killed == Some(act.attempt) {
+            if act.subtasks.is_empty() || killed == Some(act.life.attempt()) {
                 return;
             }
             let progress = act.metrics.records_in();
@@ -536,7 +607,7 @@ impl JobSupervisor {
             let (id, _) = act.subtasks[victim % act.subtasks.len()];
             failure += 1;
             act.kill_worker_of(id, Kill { failure, of });
-            killed = Some(act.attempt);
+            killed = Some(act.life.attempt());
         });
     }
 }
@@ -718,18 +789,8 @@ impl Handler<SubtaskFinished> for JobSupervisor {
     type Result = ();
 
     fn handle(&mut self, msg: SubtaskFinished, ctx: &mut Context<Self>) {
-        if msg.attempt != self.attempt {
-            return;
-        }
         tracing::debug!(subtask = %msg.subtask, "finished");
-        self.unfinished -= 1;
-        if self.unfinished == 0 {
-            let report = JobReport {
-                records_in: self.metrics.records_in(),
-                elapsed: self.started.elapsed(),
-            };
-            self.complete(Ok(report), ctx);
-        }
+        self.feed(LifeEvent::SubtaskFinished(msg.attempt), ctx);
     }
 }
 
@@ -742,15 +803,8 @@ pub struct WorkerDeployed(pub Attempt);
 impl Handler<WorkerDeployed> for JobSupervisor {
     type Result = ();
 
-    fn handle(&mut self, WorkerDeployed(attempt): WorkerDeployed, _ctx: &mut Context<Self>) {
-        if attempt != self.attempt || self.undeployed == 0 {
-            return;
-        }
-        self.undeployed -= 1;
-        if self.undeployed == 0 {
-            let restore = self.restoring.take();
-            self.running(attempt, restore);
-        }
+    fn handle(&mut self, WorkerDeployed(attempt): WorkerDeployed, ctx: &mut Context<Self>) {
+        self.feed(LifeEvent::WorkerDeployed(attempt), ctx);
     }
 }
 
@@ -758,17 +812,12 @@ impl Handler<SubtaskFailed> for JobSupervisor {
     type Result = ();
 
     fn handle(&mut self, msg: SubtaskFailed, ctx: &mut Context<Self>) {
-        if msg.attempt != self.attempt || self.outcome.is_none() {
-            return;
-        }
-        // Logged once, by `fail`: as the restart's reason or in the outcome.
-        self.fail(
-            JobError::TaskFailed {
-                subtask: msg.subtask,
-                error: msg.error,
-            },
-            ctx,
-        );
+        // Logged once: as the restart's reason or in the outcome.
+        let error = JobError::TaskFailed {
+            subtask: msg.subtask,
+            error: msg.error,
+        };
+        self.fail(Some(msg.attempt), error, ctx);
     }
 }
 
@@ -779,7 +828,7 @@ impl Handler<CheckpointingFailed> for JobSupervisor {
     /// fails over: it restarts from its latest checkpoint if its restart
     /// strategy allows.
     fn handle(&mut self, msg: CheckpointingFailed, ctx: &mut Context<Self>) {
-        self.fail(JobError::Checkpointing(msg.0), ctx);
+        self.fail(None, JobError::Checkpointing(msg.0), ctx);
     }
 }
 
@@ -830,11 +879,7 @@ impl Handler<StopWithSavepoint> for JobSupervisor {
             if outcome.is_ok() {
                 // The sinks were told to commit before this answer came:
                 // the notification is ahead of the stop in their mailboxes.
-                let report = JobReport {
-                    records_in: act.metrics.records_in(),
-                    elapsed: act.started.elapsed(),
-                };
-                act.complete(Ok(report), ctx);
+                act.feed(LifeEvent::Ended(Ok(())), ctx);
             }
             let _ = reply.send(outcome);
         }));
@@ -845,6 +890,6 @@ impl Handler<Cancel> for JobSupervisor {
     type Result = ();
 
     fn handle(&mut self, _: Cancel, ctx: &mut Context<Self>) {
-        self.complete(Err(JobError::Cancelled), ctx);
+        self.feed(LifeEvent::Ended(Err(JobError::Cancelled)), ctx);
     }
 }

@@ -44,6 +44,7 @@ pub mod ids;
 pub mod job;
 pub mod key_group;
 pub mod key_hash;
+pub mod lifecycle;
 pub mod operator;
 pub mod rate;
 pub mod restart;

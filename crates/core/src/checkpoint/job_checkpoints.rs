@@ -20,6 +20,7 @@
 use super::coordinator::{Action, CheckpointCoordinator, CoordinatorError, Event, Now, RequestId};
 use super::input_end::InputEnd;
 use super::shared::SharedStateRegistry;
+use super::stats;
 use super::store::CompletedCheckpointStore;
 use super::{Ack, CheckpointFailure, CompletedCheckpoint};
 use crate::event::{Barrier, CheckpointKind};
@@ -104,8 +105,8 @@ pub enum JobEvent {
     MetadataWritten {
         /// The checkpoint.
         checkpoint: CheckpointId,
-        /// The failure, if it failed.
-        result: Result<(), WriteFailure>,
+        /// Its location (what `--restore` takes), or the failure.
+        result: Result<String, WriteFailure>,
     },
     /// The outcome of [`JobAction::WriteSavepoint`]: where it went.
     SavepointWritten {
@@ -177,8 +178,9 @@ pub enum JobAction {
         /// Objects nothing references any more.
         paths: Vec<String>,
     },
-    /// Checkpoint `0` joined the completed-checkpoint store: record it.
-    Completed(CheckpointId),
+    /// This checkpoint joined the completed-checkpoint store (and may
+    /// have been subsumed at once): record it.
+    Completed(Box<CompletedCheckpoint>),
     /// A savepoint was written: record it.
     SavepointCompleted {
         /// The savepoint.
@@ -507,7 +509,7 @@ impl JobCheckpoints {
         &mut self,
         now: Now,
         checkpoint: CheckpointId,
-        result: Result<(), WriteFailure>,
+        result: Result<String, WriteFailure>,
         out: &mut Vec<JobAction>,
     ) {
         let Some(written) = self.finalizing.remove(&checkpoint) else {
@@ -515,8 +517,13 @@ impl JobCheckpoints {
         };
         match result {
             // Completed already, when the rule is broken.
-            Ok(()) if self.broken == BrokenRule::CompleteBeforeMetadata => {}
-            Ok(()) => self.persisted(now, written, out),
+            Ok(_) if self.broken == BrokenRule::CompleteBeforeMetadata => {}
+            Ok(location) => {
+                // Before it completes: the statistics of the latest
+                // completed checkpoint copy its entry then.
+                stats::lock(self.core.stats()).located(checkpoint, location);
+                self.persisted(now, written, out)
+            }
             Err(failure) => {
                 let event = Event::PersistFailed {
                     checkpoint,
@@ -540,6 +547,7 @@ impl JobCheckpoints {
     /// referenced.
     fn persisted(&mut self, now: Now, checkpoint: CompletedCheckpoint, out: &mut Vec<JobAction>) {
         let id = checkpoint.id;
+        out.push(JobAction::Completed(Box::new(checkpoint.clone())));
         let subsumed = self.store.add(checkpoint);
         let mut released = Vec::new();
         for old in &subsumed {
@@ -552,7 +560,6 @@ impl JobCheckpoints {
         released.extend(self.registry.take_deletable());
         released.sort();
         released.dedup();
-        out.push(JobAction::Completed(id));
         self.delete(subsumed.iter().map(|c| c.id).collect(), released, out);
         self.feed(now, Event::Persisted(id), out);
     }
@@ -569,6 +576,7 @@ impl JobCheckpoints {
         };
         match result {
             Ok(location) => {
+                stats::lock(self.core.stats()).located(checkpoint, location.clone());
                 out.push(JobAction::SavepointCompleted {
                     checkpoint,
                     location: location.clone(),

@@ -131,7 +131,7 @@ impl Job {
     fn written(&mut self, id: CheckpointId) -> Vec<JobAction> {
         self.handle(JobEvent::MetadataWritten {
             checkpoint: id,
-            result: Ok(()),
+            result: Ok(format!("chk-{}", id.0)),
         })
     }
 }

@@ -20,6 +20,7 @@
 //! a failure exactly, `--trace` showing every event of the driver.
 
 mod storage;
+mod supervisor;
 mod task;
 #[cfg(test)]
 mod tests;
@@ -29,17 +30,16 @@ use crate::checkpoint::coordinator::{CheckpointCoordinator, Now};
 use crate::checkpoint::job_checkpoints::{
     BrokenRule, JobAction, JobCheckpoints, JobEvent, WriteFailure,
 };
-use crate::checkpoint::{
-    ends_input, Ack, CheckpointConfig, CheckpointMetrics, CompletedCheckpoint,
-};
+use crate::checkpoint::{Ack, CheckpointConfig, CheckpointMetrics, CompletedCheckpoint};
 use crate::event::Alignment;
 use crate::ids::{Attempt, CheckpointId, SubtaskId};
+use crate::lifecycle::{JobLifecycle, LifeEvent};
 use crate::rng::SplitMix64;
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::time::{Duration, Instant};
 use storage::{Op, Storage, WriteFault};
-use task::{Control, Count, Role, Task, CHANNELS, COUNTERS, RECORDS, SINK, SOURCES};
+use task::{Control, Count, Role, Task, COUNTERS, RECORDS, SINK, SOURCES};
 
 /// Steps after the last fault within which a run must finish.
 const QUIET_STEPS: u64 = 60_000;
@@ -79,6 +79,8 @@ pub struct Report {
     pub restores: u64,
     /// Faults injected: kills and failed storage calls.
     pub faults: u64,
+    /// Power losses of the driver.
+    pub driver_kills: u64,
 }
 
 /// The faults of one run, drawn from its seed.
@@ -91,6 +93,14 @@ struct Faults {
     upload: f64,
     /// Faults stop after this step.
     until: u64,
+}
+
+/// How the job is checkpointed, drawn from the seed.
+struct Setup {
+    retain: usize,
+    timeout: Duration,
+    max_concurrent: usize,
+    broken: BrokenRule,
 }
 
 /// A message for the coordinator.
@@ -127,6 +137,26 @@ enum Step {
     Coordinator,
     Complete(usize),
     Tick,
+    /// The supervisor takes a failure the coordinator reported.
+    Supervisor,
+}
+
+/// A driver recovered from `storage`, as a restarted process is.
+fn driver(storage: &Storage, setup: &Setup, now: Now) -> JobCheckpoints {
+    let config = CheckpointConfig {
+        interval: Some(Duration::from_millis(20)),
+        timeout: setup.timeout,
+        min_pause: Duration::ZERO,
+        max_concurrent: setup.max_concurrent,
+        tolerable_failures: 2,
+        retain: setup.retain,
+    };
+    let subtasks = (0..=SINK).map(task::subtask_id).collect();
+    let next_id = storage.next_id.unwrap_or(CheckpointId(1));
+    let core = CheckpointCoordinator::new(config, subtasks, Alignment::Aligned, next_id, now);
+    let mut driver = JobCheckpoints::new(core, storage.recover(setup.retain), 2.0);
+    driver.break_rule(setup.broken);
+    driver
 }
 
 /// Runs the job of seed `seed` to its end, with `broken` broken; `trace`
@@ -145,15 +175,26 @@ pub fn run(seed: u64, broken: BrokenRule, trace: bool) -> Result<Report, Failure
 struct Sim {
     rng: SplitMix64,
     faults: Faults,
-    broken: BrokenRule,
-    retain: usize,
-    timeout: Duration,
+    setup: Setup,
     base: Instant,
     /// Virtual milliseconds.
     t: u64,
     storage: Storage,
     driver: JobCheckpoints,
-    attempt: Attempt,
+    /// The supervisor's decisions.
+    life: JobLifecycle,
+    /// What the attempt to deploy restores from, once loaded.
+    loaded: Option<Option<CompletedCheckpoint>>,
+    /// It restored a checkpoint that ended the input.
+    input_ended: bool,
+    /// Failures the coordinator reported to the supervisor, untaken.
+    failures: VecDeque<String>,
+    /// Deployments so far: tells each one's files apart.
+    instance: u64,
+    /// The coordinator answered the job's shutdown.
+    shut_down: bool,
+    /// `_metadata` writes that landed but reported a failure.
+    unknown_outcomes: u64,
     /// Empty between attempts.
     tasks: Vec<Task>,
     channels: Vec<Channel>,
@@ -182,21 +223,34 @@ impl Sim {
         };
         // Short enough that some checkpoints expire behind backpressure.
         let timeout = Duration::from_millis(pick(&[300.0, 3_000.0]) as u64);
-        let retain = 1 + rng.next_below(2) as usize;
+        let setup = Setup {
+            retain: 1 + rng.next_below(2) as usize,
+            timeout,
+            max_concurrent: 1 + rng.next_below(2) as usize,
+            broken,
+        };
         let base = Instant::now();
         let storage = Storage::default();
-        let driver = Self::driver(&storage, retain, timeout, base, 0, broken);
+        let now = Now {
+            instant: base,
+            unix_ms: 0,
+        };
+        let driver = driver(&storage, &setup, now);
         Sim {
             rng,
             faults,
-            broken,
-            retain,
-            timeout,
+            setup,
             base,
             t: 0,
             storage,
             driver,
-            attempt: Attempt(0),
+            life: supervisor::lifecycle(),
+            loaded: None,
+            input_ended: false,
+            failures: VecDeque::new(),
+            instance: 0,
+            shut_down: false,
+            unknown_outcomes: 0,
             tasks: Vec::new(),
             channels: Vec::new(),
             mail: VecDeque::new(),
@@ -208,33 +262,8 @@ impl Sim {
         }
     }
 
-    /// A driver recovered from `storage`, as a restarted process is.
-    fn driver(
-        storage: &Storage,
-        retain: usize,
-        timeout: Duration,
-        base: Instant,
-        t: u64,
-        broken: BrokenRule,
-    ) -> JobCheckpoints {
-        let config = CheckpointConfig {
-            interval: Some(Duration::from_millis(20)),
-            timeout,
-            min_pause: Duration::ZERO,
-            max_concurrent: 1,
-            tolerable_failures: 2,
-            retain,
-        };
-        let subtasks = (0..=SINK).map(task::subtask_id).collect();
-        let next_id = storage.next_id.unwrap_or(CheckpointId(1));
-        let now = Now {
-            instant: base + Duration::from_millis(t),
-            unix_ms: t,
-        };
-        let core = CheckpointCoordinator::new(config, subtasks, Alignment::Aligned, next_id, now);
-        let mut driver = JobCheckpoints::new(core, storage.recover(retain), 2.0);
-        driver.break_rule(broken);
-        driver
+    fn attempt(&self) -> Attempt {
+        self.life.attempt()
     }
 
     fn now(&self) -> Now {
@@ -262,20 +291,17 @@ impl Sim {
             self.report.steps += 1;
             self.t += self.rng.next_below(3);
             self.step()?;
-            if let Some((checkpoint, path)) = self.storage.missing(self.retain) {
-                return Err(format!("{checkpoint} references {path}, which was deleted"));
-            }
+            self.check_references()?;
         }
         self.check_output()?;
+        self.check_leaks()?;
         Ok(self.report)
     }
 
-    /// The sink has seen the end of its input and committed everything.
+    /// The job succeeded, the coordinator shut down, and nothing is left
+    /// in flight.
     fn finished(&self) -> bool {
-        matches!(
-            self.tasks.get(SINK).map(|t| &t.role),
-            Some(Role::Sink { ended: true, pending, .. }) if pending.is_empty()
-        )
+        self.shut_down && self.mail.is_empty() && self.ops.is_empty() && self.failures.is_empty()
     }
 
     fn step(&mut self) -> Result<(), Failed> {
@@ -283,7 +309,10 @@ impl Sim {
             return if self.rng.next_below(3) == 0 {
                 self.kill_driver()
             } else {
-                self.restart("a subtask was killed")
+                self.supervise(LifeEvent::Failed {
+                    attempt: Some(self.attempt()),
+                    error: "a subtask was killed".into(),
+                })
             };
         }
         let steps = self.possible();
@@ -337,6 +366,9 @@ impl Sim {
             }
         }
         steps.extend((0..self.ops.len()).map(Step::Complete));
+        if !self.failures.is_empty() {
+            steps.push(Step::Supervisor);
+        }
         steps
     }
 
@@ -370,6 +402,11 @@ impl Sim {
                 self.complete(op)?;
             }
             Step::Tick => self.coordinate(JobEvent::Tick)?,
+            Step::Supervisor => {
+                let error = self.failures.pop_front().expect("a failure to take");
+                let attempt = None;
+                self.supervise(LifeEvent::Failed { attempt, error })?;
+            }
         }
         Ok(())
     }
@@ -420,7 +457,7 @@ impl Sim {
                     self.storage.metadata.insert(id, *checkpoint);
                 }
                 let result = match fault {
-                    None => Ok(()),
+                    None => Ok(format!("chk-{}", id.0)),
                     Some(fault) => Err(WriteFailure {
                         reason: "injected".into(),
                         outcome_unknown: fault == WriteFault::WrittenButTimedOut,
@@ -470,7 +507,7 @@ impl Sim {
             return Ok(());
         }
         self.storage.objects.extend(objects);
-        if attempt == self.attempt && !self.tasks.is_empty() {
+        if attempt == self.attempt() && !self.tasks.is_empty() {
             self.tasks[task].checkpointer.uploaded(checkpoint, shared);
         }
         let ack = Ack {
@@ -528,10 +565,8 @@ impl Sim {
             JobAction::Delete { checkpoints, paths } => {
                 self.ops.push(Op::Delete { checkpoints, paths })
             }
-            JobAction::Completed(id) => {
+            JobAction::Completed(checkpoint) => {
                 self.report.completed += 1;
-                let checkpoint = self.driver.store().retained().find(|c| c.id == id);
-                let checkpoint = checkpoint.cloned().ok_or("completed, not retained")?;
                 self.check_state_at_barrier(&checkpoint)?;
             }
             JobAction::NotifyComplete {
@@ -549,9 +584,10 @@ impl Sim {
                 ..
             } => to(&mut self.tasks, subtasks, &|| Control::Abort(checkpoint)),
             JobAction::EndInput(sources) => to(&mut self.tasks, sources, &|| Control::EndInput),
-            JobAction::FailJob(reason) => self.restart(&reason)?,
-            JobAction::Restore(latest) => self.deploy(latest)?,
-            JobAction::Resolve { .. } | JobAction::Rejected(_) | JobAction::ShutDown => {}
+            JobAction::FailJob(reason) => self.failures.push_back(reason),
+            JobAction::Restore(latest) => self.loaded(latest)?,
+            JobAction::ShutDown => self.shut_down = true,
+            JobAction::Resolve { .. } | JobAction::Rejected(_) => {}
             JobAction::WriteSavepoint { .. } | JobAction::SavepointCompleted { .. } => {
                 return Err("no savepoint was asked for".into())
             }
@@ -563,7 +599,10 @@ impl Sim {
         let fault = if self.chance(self.faults.metadata) {
             Some(match self.rng.next_below(2) {
                 0 => WriteFault::Failed,
-                _ => WriteFault::WrittenButTimedOut,
+                _ => {
+                    self.unknown_outcomes += 1;
+                    WriteFault::WrittenButTimedOut
+                }
             })
         } else {
             None
@@ -572,75 +611,6 @@ impl Sim {
             checkpoint: Box::new(checkpoint),
             fault,
         });
-    }
-
-    /// The attempt fails: its tasks and channels are gone; what they sent
-    /// the coordinator and their uploads in flight are not.
-    fn restart(&mut self, reason: &str) -> Result<(), Failed> {
-        self.tasks.clear();
-        self.channels.clear();
-        self.coordinate(JobEvent::AttemptFailed {
-            reason: reason.into(),
-        })?;
-        self.coordinate(JobEvent::RestoreWanted)
-    }
-
-    /// Power loss of the driver and every task: calls in flight are lost,
-    /// and a new driver recovers from storage.
-    fn kill_driver(&mut self) -> Result<(), Failed> {
-        self.tasks.clear();
-        self.channels.clear();
-        self.mail.clear();
-        self.ops.clear();
-        self.storing_id = false;
-        self.driver = Self::driver(
-            &self.storage,
-            self.retain,
-            self.timeout,
-            self.base,
-            self.t,
-            self.broken,
-        );
-        self.coordinate(JobEvent::RestoreWanted)
-    }
-
-    /// Deploys a new attempt from `from`, checked to hold the state at its
-    /// barrier; its sink commits the transactions `from` holds.
-    fn deploy(&mut self, from: Option<CompletedCheckpoint>) -> Result<(), Failed> {
-        if let Some(from) = &from {
-            self.report.restores += 1;
-            self.driver.restore(from)?;
-            self.check_state_at_barrier(from)?;
-        }
-        self.attempt = Attempt(self.attempt.0 + 1);
-        let instance = u64::from(self.attempt.0);
-        self.tasks = (0..=SINK)
-            .map(|t| Task::restored(t, from.as_ref(), &self.storage, instance))
-            .collect::<Result<_, _>>()?;
-        self.channels = (0..CHANNELS)
-            .map(|_| {
-                let receiver = CreditReceiver::new(2, 1);
-                let mut sender = CreditSender::default();
-                sender.grant(receiver.initial_credits());
-                Channel {
-                    sender,
-                    receiver,
-                    held: 0,
-                }
-            })
-            .collect();
-        if let Role::Sink { pending, .. } = &mut self.tasks[SINK].role {
-            let restored = std::mem::take(pending);
-            self.commit(restored)?;
-        }
-        let sources: Vec<_> = (0..SOURCES).map(task::subtask_id).collect();
-        let input_ended = from.as_ref().is_some_and(|c| ends_input(c, &sources));
-        self.coordinate(JobEvent::Deployed {
-            attempt: self.attempt,
-            sources,
-            subtasks: (0..=SINK).map(task::subtask_id).collect(),
-            input_ended,
-        })
     }
 
     /// `checkpoint`'s counters hold the counts of exactly the records its
@@ -672,6 +642,54 @@ impl Sim {
             }
         }
         Ok(())
+    }
+
+    /// No object that a checkpoint a restore may take references is gone:
+    /// the newest retained ones in storage (what a new driver recovers)
+    /// and those the driver retains.
+    fn check_references(&self) -> Result<(), Failed> {
+        if let Some((checkpoint, path)) = self.storage.missing(self.setup.retain) {
+            return Err(format!("{checkpoint} references {path}, which was deleted"));
+        }
+        for checkpoint in self.driver.store().retained() {
+            let states = checkpoint.subtasks.values();
+            let mut paths = states.flat_map(|s| s.handles().filter_map(|h| h.physical()));
+            if let Some(path) = paths.find(|path| !self.storage.objects.contains_key(*path)) {
+                let id = checkpoint.id;
+                return Err(format!(
+                    "retained {id} references {path}, which was deleted"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Once the job is over, every object left is one a checkpoint in
+    /// storage references, unless the run lost track of some: a power loss
+    /// (objects of calls in flight) or a `_metadata` write of unknown
+    /// outcome (kept, since the checkpoint may exist).
+    fn check_leaks(&self) -> Result<(), Failed> {
+        if self.report.driver_kills > 0 || self.unknown_outcomes > 0 {
+            return Ok(());
+        }
+        let referenced: std::collections::BTreeSet<&str> = self
+            .storage
+            .metadata
+            .values()
+            .flat_map(|c| c.subtasks.values())
+            .flat_map(|s| s.handles().filter_map(|h| h.physical()))
+            .collect();
+        let leaked: Vec<_> = self
+            .storage
+            .objects
+            .keys()
+            .filter(|path| !referenced.contains(path.as_str()))
+            .collect();
+        if leaked.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("objects nothing references were left: {leaked:?}"))
+        }
     }
 
     /// The committed output is every key's running count, each exactly once.

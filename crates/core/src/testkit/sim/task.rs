@@ -98,6 +98,8 @@ pub(super) struct Task {
     pub outputs: Vec<usize>,
     pub checkpointer: SubtaskCheckpointer<()>,
     pub mail: VecDeque<Control>,
+    /// It reported itself finished to the supervisor.
+    pub finished: bool,
     /// Tells this deployment's files from an earlier one's of equal name.
     pub instance: u64,
 }
@@ -151,6 +153,7 @@ impl Task {
             outputs,
             checkpointer: SubtaskCheckpointer::new(true, base),
             mail: VecDeque::new(),
+            finished: false,
             instance,
         })
     }
@@ -222,6 +225,7 @@ impl Sim {
     /// it has read everything.
     pub(super) fn emit(&mut self, s: usize) {
         let size = 1 + self.rng.next_below(3);
+        let attempt = self.attempt();
         let Role::Source {
             offset, reported, ..
         } = &mut self.tasks[s].role
@@ -230,7 +234,7 @@ impl Sim {
         };
         if *offset == RECORDS {
             *reported = true;
-            let (attempt, source) = (self.attempt, subtask_id(s));
+            let source = subtask_id(s);
             self.mail
                 .push_back(ToCoordinator::Exhausted { attempt, source });
             return;
@@ -307,6 +311,10 @@ impl Sim {
     }
 
     fn barrier_action(&mut self, t: usize, action: BarrierAction) -> Result<(), Failed> {
+        if self.tasks.is_empty() {
+            // An earlier action of the same poll ended the job.
+            return Ok(());
+        }
         match action {
             BarrierAction::Snapshot {
                 barrier, unaligned, ..
@@ -321,7 +329,7 @@ impl Sim {
             }
             BarrierAction::Abort { checkpoint, reason } => {
                 self.mail.push_back(ToCoordinator::Decline {
-                    attempt: self.attempt,
+                    attempt: self.attempt(),
                     checkpoint,
                     subtask: subtask_id(t),
                     reason: format!("{reason:?}"),
@@ -330,14 +338,24 @@ impl Sim {
             }
             BarrierAction::EndOfInput => {
                 self.forward(t, ChannelEvent::EndOfPartition);
-                if let Role::Sink { open, ended, .. } = &mut self.tasks[t].role {
-                    // Nothing follows the final checkpoint's barrier but
-                    // records a restore would replay into this same
-                    // transaction: it replaces itself.
-                    let last = std::mem::take(open);
-                    *ended = true;
-                    self.committed.insert(FINAL_TXN, last);
-                }
+                let Role::Sink {
+                    open,
+                    pending,
+                    ended,
+                } = &mut self.tasks[t].role
+                else {
+                    return self.task_finished(t);
+                };
+                // As the bundled sinks' `finish`: the input ended by a
+                // completed checkpoint, so everything pending commits, and
+                // what came after the last barrier (nothing a restore
+                // could not replay into this same transaction) goes into
+                // the final one, which replaces itself.
+                let (last, due) = (std::mem::take(open), std::mem::take(pending));
+                *ended = true;
+                self.commit(due)?;
+                self.committed.insert(FINAL_TXN, last);
+                return self.task_finished(t);
             }
         }
         Ok(())
@@ -406,7 +424,7 @@ impl Sim {
         self.forward(t, ChannelEvent::Barrier(barrier));
         let fails = self.chance(self.faults.upload);
         self.ops.push(Op::Upload {
-            attempt: self.attempt,
+            attempt: self.attempt(),
             task: t,
             checkpoint: id,
             objects,
@@ -425,7 +443,7 @@ impl Sim {
             Control::Inject(barrier) => match self.tasks[t].role {
                 Role::Source { ended: false, .. } => self.snapshot(t, barrier),
                 _ => self.mail.push_back(ToCoordinator::Decline {
-                    attempt: self.attempt,
+                    attempt: self.attempt(),
                     checkpoint: barrier.id,
                     subtask: subtask_id(t),
                     reason: "the source has ended".into(),
@@ -457,6 +475,7 @@ impl Sim {
                     *ended = true;
                 }
                 self.forward(t, ChannelEvent::EndOfPartition);
+                self.task_finished(t)?;
             }
         }
         Ok(())

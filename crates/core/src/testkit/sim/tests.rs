@@ -49,6 +49,7 @@ fn run_all(seeds: Range<u64>, broken: BrokenRule) -> (Report, Vec<Failure>) {
                 total.completed += report.completed;
                 total.restores += report.restores;
                 total.faults += report.faults;
+                total.driver_kills += report.driver_kills;
             }
             Err(failure) => failures.push(failure),
         }
@@ -62,8 +63,9 @@ fn every_seed_keeps_every_invariant() {
     let seeds = seeds();
     let (total, failures) = run_all(seeds.clone(), BrokenRule::None);
     println!(
-        "simulated seeds {seeds:?}: {} steps, {} checkpoints completed, {} restores, {} faults injected",
-        total.steps, total.completed, total.restores, total.faults
+        "simulated seeds {seeds:?}: {} steps, {} checkpoints completed, {} restores, \
+         {} faults injected ({} power losses of the driver)",
+        total.steps, total.completed, total.restores, total.faults, total.driver_kills
     );
     for failure in failures.iter().take(5) {
         println!(
@@ -88,9 +90,17 @@ fn caught(rule: BrokenRule) -> Failure {
 
 #[test]
 fn completing_before_the_metadata_is_written_is_caught() {
-    // Found as a duplicate in the output, or as a restore of a checkpoint
-    // whose metadata failed and whose state went with it.
-    println!("{}", caught(BrokenRule::CompleteBeforeMetadata));
+    // Found as a duplicate in the output, or as a checkpoint whose
+    // metadata failed and whose state went with it.
+    let failure = caught(BrokenRule::CompleteBeforeMetadata);
+    let reason = &failure.reason;
+    assert!(
+        ["not exactly once", "does not restore", "was deleted"]
+            .iter()
+            .any(|found| reason.contains(found)),
+        "{failure}"
+    );
+    println!("{failure}");
 }
 
 #[test]
