@@ -8,11 +8,12 @@ use crate::error::TaskError;
 use crate::ids::{CheckpointId, KeyGroup};
 use crate::key_group::subtask_for_key_group;
 use crate::sink::Sink;
+use crate::state::snapshot::{RestoreState, TaskSnapshot};
+use crate::state::timers::TimerService;
 use crate::state::{
     AllKeys, Key, KeySlot, KeyedContext, KeyedStateBackend, StateRegistrar, PREFETCH_DISTANCE,
 };
-use crate::task::{RestoreState, TaskSnapshot};
-use crate::time::timers::{TimeDomain, TimerService, TIMERS_STATE};
+use crate::time::timers::{TimeDomain, TIMERS_STATE};
 use crate::time::{Millis, TimeMetrics};
 use std::sync::Arc;
 
@@ -716,7 +717,7 @@ impl<T: Data> Step for RecordWriter<T> {
 /// Last step of a chain that ends in a sink.
 pub struct SinkWriter<T> {
     sink: Box<dyn Sink<T>>,
-    /// Its operator-state entry ([`sink_entry`](crate::task::sink_entry)).
+    /// Its operator-state entry ([`sink_entry`](crate::checkpoint::entries::sink_entry)).
     entry: String,
     buffer: Vec<T>,
 }
@@ -889,7 +890,7 @@ mod tests {
         process
             .snapshot(CheckpointId(1), &mut Vec::new(), &mut snapshot)
             .unwrap();
-        let Some(crate::task::KeyedSnapshot::Native(native)) = snapshot.keyed else {
+        let Some(crate::state::snapshot::KeyedSnapshot::Native(native)) = snapshot.keyed else {
             panic!("an operator on an embedded store took a heap snapshot");
         };
         for record in 0..1000u64 {

@@ -2,22 +2,18 @@
 //! operator chain. The subtask actor drives it without knowing record types.
 
 use crate::batch::{Batch, BatchLimits, Data};
-use crate::checkpoint::ChannelState;
 use crate::error::TaskError;
 use crate::graph::Partitioner;
-use crate::ids::{CheckpointId, KeyGroup, OperatorId, SubtaskIndex};
+use crate::ids::{CheckpointId, OperatorId, SubtaskIndex};
 use crate::key_group::KeyGroupRange;
 use crate::operator::{Downstream, Outgoing};
 use crate::source::{Source, SourceStatus};
 use crate::split::SplitPosition;
-use crate::state::{HeapSnapshot, StateBackend};
+use crate::state::StateBackend;
 use crate::time::watermark::GeneratorState;
 use crate::time::{
     Millis, TimeMetrics, Timestamped, WatermarkEvent, WatermarkGenerator, WatermarkStrategy,
 };
-use bytes::Bytes;
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,112 +60,12 @@ pub struct OutputContext {
     pub consumer_max_parallelism: u32,
 }
 
-/// Operator-state entry of a source: its `SplitPosition`, MessagePack.
-pub const SOURCE_POSITION: &str = "source-position";
-/// Operator-state entry of a source that had read everything when the
-/// snapshot was taken: once a checkpoint holding it for every source
-/// completes, the input can end without anything left to replay.
-pub const SOURCE_EXHAUSTED: &str = "source-exhausted";
-/// Operator-state entry of a source with a watermark strategy: its
-/// generator's `GeneratorState`, MessagePack.
-pub const SOURCE_WATERMARK: &str = "source-watermark";
-/// Operator-state entry of an operator's first sink: what its `pre_commit`
-/// returned. Further sinks of the operator have their own ([`sink_entry`]).
-pub const SINK: &str = "sink";
-
-/// Operator-state entry of the `n`th sink (from 0) of an operator's chain.
-pub fn sink_entry(n: usize) -> String {
-    match n {
-        0 => SINK.to_owned(),
-        n => format!("{SINK}-{n}"),
-    }
-}
-
-/// Whether an operator-state entry is a sink's ([`sink_entry`]).
-pub fn is_sink_entry(entry: &str) -> bool {
-    entry == SINK
-        || entry
-            .strip_prefix("sink-")
-            .is_some_and(|n| n.parse::<usize>().is_ok())
-}
-
-/// What the synchronous part of a snapshot captured.
-#[derive(Default)]
-pub struct TaskSnapshot {
-    /// The keyed state of a keyed chain; `None` for a chain without one.
-    pub keyed: Option<KeyedSnapshot>,
-    /// Operator state by entry name ([`SOURCE_POSITION`],
-    /// [`SOURCE_EXHAUSTED`], [`SOURCE_WATERMARK`], [`SINK`]).
-    pub operator: BTreeMap<String, Vec<u8>>,
-    /// Timers the keyed state holds.
-    pub timers: u64,
-}
-
-/// Keyed state as the synchronous part left it for the asynchronous part.
-pub enum KeyedSnapshot {
-    /// An owned copy, serialized off the subtask into the key-group format.
-    Heap(HeapSnapshot),
-    /// A RocksDB native checkpoint, uploaded off the subtask.
-    Native(NativeCheckpoint),
-}
-
-/// The files of a RocksDB native checkpoint: hard links in a local
-/// directory of their own, which the uploader removes when it is done.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NativeCheckpoint {
-    /// The checkpoint's directory, beside the database's working directory.
-    pub dir: PathBuf,
-    /// The key groups the database held.
-    pub key_groups: KeyGroupRange,
-    /// The database instance's token (`NativeFileHandle::instance`).
-    pub instance: u64,
-    /// The files of `dir`, sorted by name.
-    pub files: Vec<NativeFile>,
-}
-
-/// One file of a [`NativeCheckpoint`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NativeFile {
-    /// File name inside the checkpoint's directory.
-    pub name: String,
-    /// Size in bytes.
-    pub size: u64,
-}
-
-impl NativeFile {
-    /// SST files never change once written and keep their name for the
-    /// life of the database, so checkpoints can share them.
-    pub fn is_shared(&self) -> bool {
-        self.name.ends_with(".sst")
-    }
-}
-
-/// The state a subtask resumes from: the key groups it owns, its operator
-/// state, and the in-flight batches of an unaligned checkpoint, which the
-/// subtask replays on their channels ahead of anything new.
-#[derive(Clone, Debug, Default)]
-pub struct RestoreState {
-    /// Key groups in the heap snapshot format (`HeapSnapshot::write`), to
-    /// load into either backend.
-    pub key_groups: Vec<(KeyGroup, Bytes)>,
-    /// This subtask's operator state, by entry name (as in
-    /// [`TaskSnapshot::operator`]).
-    pub operator: BTreeMap<String, Vec<u8>>,
-    /// Channel state of an unaligned checkpoint, to replay first.
-    pub channels: Vec<ChannelState>,
-    /// A local directory holding the files of a RocksDB native checkpoint,
-    /// downloaded for this subtask; the backend takes them over.
-    pub native: Option<PathBuf>,
-    /// Local directories of further native checkpoints, after a rescale:
-    /// the backend copies the key groups it owns out of them and deletes them.
-    pub imports: Vec<PathBuf>,
-    /// Sink transactions of subtasks a rescale removed, to commit, with
-    /// the entry of the sink they belong to.
-    pub adopted: Vec<(String, Vec<u8>)>,
-    /// The replayed input holds records of key groups other subtasks own
-    /// (`RestorePlan::filter_replay`).
-    pub filter_replay: bool,
-}
+pub use crate::checkpoint::entries::{
+    is_sink_entry, sink_entry, SINK, SOURCE_EXHAUSTED, SOURCE_POSITION, SOURCE_WATERMARK,
+};
+pub use crate::state::snapshot::{
+    KeyedSnapshot, NativeCheckpoint, NativeFile, RestoreState, TaskSnapshot,
+};
 
 impl RestoreState {
     /// The [`SOURCE_POSITION`] entry, decoded: where a source resumes.

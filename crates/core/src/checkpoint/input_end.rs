@@ -117,9 +117,9 @@ impl InputEnd {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::entries::SOURCE_EXHAUSTED;
     use crate::checkpoint::SubtaskState;
     use crate::ids::{OperatorId, SubtaskIndex};
-    use crate::task::SOURCE_EXHAUSTED;
     use crate::testkit::checkpoint;
     use std::collections::BTreeMap;
 

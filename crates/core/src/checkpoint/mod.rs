@@ -25,6 +25,7 @@
 
 pub mod barrier;
 pub mod coordinator;
+pub mod entries;
 pub mod input_end;
 pub mod job_checkpoints;
 pub mod lease;
@@ -47,8 +48,8 @@ use crate::event::{Alignment, CheckpointKind};
 use crate::graph::{Edge, OperatorSpec};
 use crate::ids::{CheckpointId, SubtaskId};
 use crate::key_group::KeyGroupRange;
-use crate::task::SOURCE_EXHAUSTED;
 use bytes::Bytes;
+use entries::SOURCE_EXHAUSTED;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;

@@ -3,6 +3,7 @@
 //! state object into the byte ranges of its key groups, so that the shell
 //! only has to read objects and hand out slices.
 
+use super::entries::{is_sink_entry, SOURCE_EXHAUSTED, SOURCE_POSITION, SOURCE_WATERMARK};
 use super::{
     ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyGroupsStateHandle, KeyedStateHandle,
     NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
@@ -12,7 +13,6 @@ use crate::ids::{CheckpointId, KeyGroup, OperatorId, SubtaskId, SubtaskIndex};
 use crate::key_group::{subtask_for_key_group, KeyGroupRange};
 use crate::key_hash::KEY_HASH_VERSION;
 use crate::split::{self, SplitPosition};
-use crate::task::{is_sink_entry, SOURCE_EXHAUSTED, SOURCE_POSITION, SOURCE_WATERMARK};
 use crate::time::watermark::GeneratorState;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -824,10 +824,10 @@ mod candidate_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::entries::SINK;
     use crate::checkpoint::SubtaskState;
     use crate::event::CheckpointKind;
     use crate::ids::{CheckpointId, SubtaskIndex};
-    use crate::task::SINK;
 
     fn graph(p: u32) -> JobGraph {
         let mut g = JobGraph::default();

@@ -1,6 +1,7 @@
 //! Two-input operators: two streams connected into one operator that reads
 //! each as one of its inputs, keyed alike on both sides or not keyed.
 
+use super::join::{IntervalJoin, JoinFunction};
 use super::stream::{hash_route, owned, plain_route, KeyOf, Node, Sides, Stream};
 use super::KeyedStream;
 use crate::batch::Data;
@@ -8,7 +9,6 @@ use crate::graph::Partitioner;
 use crate::operator::{Collector, Stateless};
 use crate::state::{Key, StateRegistrar};
 use crate::task::{decoder, TaskContext};
-use crate::time::join::{IntervalJoin, JoinFunction};
 use crate::time::Timestamped;
 use crate::two_input::{CoProcessFunction, Either, KeyedCoProcessFunction, Sides as Dispatch};
 use std::sync::Arc;

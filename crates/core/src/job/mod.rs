@@ -23,8 +23,10 @@ use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
 mod connect;
+pub mod join;
 mod stream;
 mod window;
+pub mod window_operator;
 
 pub use connect::{ConnectedStreams, IntervalJoinBuilder, KeyedConnectedStreams};
 pub use stream::{KeyedStream, Stream};

@@ -1,11 +1,11 @@
 //! Windows on a keyed stream: a keyed operator whose function is the
 //! window operator.
 
+use super::window_operator::{LateData, WindowOperator, WindowSettings};
 use super::{KeyedStream, Stream};
 use crate::batch::Data;
 use crate::operator::Collector;
 use crate::state::Key;
-use crate::time::window::{LateData, WindowOperator, WindowSettings};
 use crate::time::{AggregateFunction, TimeWindow, Timestamped, WindowAssigner};
 use std::sync::Arc;
 use std::time::Duration;

@@ -17,6 +17,7 @@
 //! records/s (six interleaved runs each).
 
 use super::heap::{read_group, table_hash};
+use super::snapshot::{NativeCheckpoint, RestoreState};
 use super::store::{
     checkpoint_dir, write_key, ColumnFamily, Database, EmbeddedStore, MergeFunction, SortedWrites,
     MAX_KEY_GROUPS,
@@ -25,7 +26,6 @@ use super::{Key, KeySlot, Reduce, ReduceFunction, StateError};
 use crate::batch::Data;
 use crate::ids::{CheckpointId, KeyGroup};
 use crate::key_group::KeyGroupRange;
-use crate::task::{NativeCheckpoint, RestoreState};
 use hashbrown::{hash_table, HashTable};
 use std::any::Any;
 use std::fmt::Debug;

@@ -19,11 +19,11 @@
 //! records overlap instead of each stalling its record (1.8 and 2.0 times the
 //! throughput at 1,000,000 and 10,000,000 keys).
 
+use super::snapshot::RestoreState;
 use super::{Key, StateError};
 use crate::batch::Data;
 use crate::ids::KeyGroup;
 use crate::key_group::{key_hash, KeyGroupRange};
-use crate::task::RestoreState;
 use hashbrown::HashTable;
 use std::any::Any;
 use std::sync::{Arc, Mutex, Weak};

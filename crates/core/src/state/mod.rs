@@ -10,7 +10,9 @@
 
 mod cached;
 mod heap;
+pub mod snapshot;
 pub mod store;
+pub mod timers;
 
 pub use self::cached::EmbeddedKeyedStateBackend;
 pub use self::heap::{HeapKeyedStateBackend, HeapSnapshot, KeySlot};
@@ -23,14 +25,15 @@ use hashbrown::hash_table;
 use crate::batch::Data;
 use crate::ids::{CheckpointId, KeyGroup};
 use crate::key_group::{key_group_for_hash, key_hash, KeyGroupRange};
-use crate::task::{KeyedSnapshot, RestoreState};
-use crate::time::timers::{KeyTimers, TimeCounters, TimeDomain, TimerService};
+use crate::time::timers::{KeyTimers, TimeCounters, TimeDomain};
 use crate::time::Millis;
+use snapshot::{KeyedSnapshot, RestoreState};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::sync::Arc;
+use timers::TimerService;
 
 /// How many records ahead of the one a keyed step processes the state of
 /// its batch is prefetched: far enough for a miss to memory (about 100 ns)

@@ -11,10 +11,10 @@
 //! MessagePack encoding, so that a key group is one contiguous run and a
 //! range of them is cut out with one range delete or read with one seek.
 
+use super::snapshot::NativeFile;
 use super::StateError;
 use crate::ids::CheckpointId;
 use crate::key_group::KeyGroupRange;
-use crate::task::NativeFile;
 use serde::Serialize;
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};

@@ -4,9 +4,9 @@
 //! buffers, what happens to late records, and a snapshot and restore in
 //! the middle of a stream.
 
-use super::join::{IntervalJoin, JoinFunction};
 use super::TimeMetrics;
 use crate::ids::{CheckpointId, SubtaskIndex};
+use crate::job::join::{IntervalJoin, JoinFunction};
 use crate::key_group::KeyGroupRange;
 use crate::operator::{
     Collector, Downstream, KeyedFunctionFactory, KeyedProcess, Output, RecordWriter, Route, Step,

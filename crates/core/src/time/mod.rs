@@ -2,15 +2,15 @@
 //! operator, keyed timers and windows. Watermarks are channel events that
 //! travel in-band like barriers; timers are keyed state, so every snapshot,
 //! incremental checkpoint, savepoint and rescale carries them with the key
-//! groups they belong to. The interval join ([`join`]) buffers both inputs
-//! in keyed state that its event-time timers clean up.
+//! groups they belong to. The operators built on them, the window operator
+//! and the interval join, are the job builder's (`crate::job`): they use
+//! keyed state, which is above time.
 
-pub mod join;
 pub mod timers;
 pub mod watermark;
 pub mod window;
 
-pub use timers::{TimeCounters, TimeDomain, TimeMarks, TimeMetrics, TimerService};
+pub use timers::{TimeCounters, TimeDomain, TimeMarks, TimeMetrics};
 pub use watermark::{
     WatermarkEvent, WatermarkGenerator, WatermarkStatus, WatermarkStrategy, WatermarkValve,
 };

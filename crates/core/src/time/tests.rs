@@ -2,10 +2,10 @@
 //! backends: what survives a snapshot, where it goes on a rescale, and how
 //! windows fire, merge and treat late records.
 
-use super::window::{WindowOperator, WindowSettings};
 use super::*;
 use crate::batch::Data;
 use crate::ids::{CheckpointId, KeyGroup, SubtaskIndex};
+use crate::job::window_operator::{WindowOperator, WindowSettings};
 use crate::key_group::{key_group_of, KeyGroupRange};
 use crate::operator::{
     Collector, Downstream, KeyedFunctionFactory, KeyedProcess, KeyedProcessFunction, Outgoing,
@@ -225,7 +225,7 @@ where
     O: Data + From<(u64, TimeWindow, u64)> + From<Ev>,
 {
     Arc::new(move |states| {
-        let late: Option<window::LateData<Ev, O>> = late
+        let late: Option<crate::job::window_operator::LateData<Ev, O>> = late
             .then(|| Arc::new(|e: Ev, out: &mut Collector<'_, O>| out.collect(O::from(e))) as _);
         Box::new(WindowOperator::open(
             states,

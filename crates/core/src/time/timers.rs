@@ -6,10 +6,7 @@
 //! ordered index of every timer, the priority queue the watermark and the
 //! clock are checked against, rebuilt from the state on restore.
 
-use super::Millis;
-use crate::state::{Key, ValueState};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The keyed state holding the timers; an operator cannot declare a state
@@ -84,6 +81,14 @@ impl KeyTimers {
     /// Removes `timestamp`; false if it was not there.
     pub(crate) fn remove(&mut self, domain: TimeDomain, timestamp: u64) -> bool {
         self.of(domain).remove(timestamp)
+    }
+
+    /// The timestamps of `domain`.
+    pub(crate) fn timestamps(&self, domain: TimeDomain) -> impl Iterator<Item = u64> + '_ {
+        match domain {
+            TimeDomain::EventTime => self.event.iter(),
+            TimeDomain::ProcessingTime => self.processing.iter(),
+        }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -233,145 +238,6 @@ impl TimeMetrics {
                 .load(Ordering::Relaxed)
                 .saturating_sub(watermark),
         )
-    }
-}
-
-/// The timers of one keyed subtask: the index in front of the keyed state
-/// that stores them, the watermark and the clock. Sans-IO: the shell tells
-/// it the time.
-///
-/// The index is an ordered map from timestamp to keys. A deleted timer
-/// leaves it at once where few keys share its time (sessions, timeouts);
-/// where many do, it stays until its time comes, so that a delete never
-/// scans a crowd, and firing skips whatever the keyed state no longer
-/// holds. A key set again at such a time is indexed twice and fires once,
-/// because firing takes the timer out of the keyed state.
-pub struct TimerService<K: Key> {
-    state: ValueState<KeyTimers>,
-    event: BTreeMap<u64, Vec<K>>,
-    processing: BTreeMap<u64, Vec<K>>,
-    len: u64,
-    watermark: Option<u64>,
-    now: Millis,
-    counters: TimeCounters,
-}
-
-impl<K: Key> TimerService<K> {
-    /// Keys at one time up to which a delete takes its timer out of the
-    /// index.
-    const SCANNED_ON_DELETE: usize = 64;
-
-    /// The service over the keyed state `state` (declared as
-    /// [`TIMERS_STATE`]).
-    pub(crate) fn new(state: ValueState<KeyTimers>) -> Self {
-        TimerService {
-            state,
-            event: BTreeMap::new(),
-            processing: BTreeMap::new(),
-            len: 0,
-            watermark: None,
-            now: 0,
-            counters: TimeCounters::default(),
-        }
-    }
-
-    pub(crate) fn state(&self) -> ValueState<KeyTimers> {
-        self.state
-    }
-
-    fn index(&mut self, domain: TimeDomain) -> &mut BTreeMap<u64, Vec<K>> {
-        match domain {
-            TimeDomain::EventTime => &mut self.event,
-            TimeDomain::ProcessingTime => &mut self.processing,
-        }
-    }
-
-    /// Indexes a timer the keyed state just took.
-    pub(crate) fn added(&mut self, domain: TimeDomain, timestamp: u64, key: &K) {
-        self.index(domain)
-            .entry(timestamp)
-            .or_default()
-            .push(key.clone());
-        self.len += 1;
-    }
-
-    /// The keyed state just dropped a timer of `key`.
-    pub(crate) fn removed(&mut self, domain: TimeDomain, timestamp: u64, key: &K) {
-        self.len -= 1;
-        let index = self.index(domain);
-        let Some(keys) = index.get_mut(&timestamp) else {
-            return;
-        };
-        if keys.len() <= Self::SCANNED_ON_DELETE {
-            if let Some(at) = keys.iter().position(|k| k == key) {
-                keys.swap_remove(at);
-            }
-            if keys.is_empty() {
-                index.remove(&timestamp);
-            }
-        }
-    }
-
-    /// Rebuilds the index from one key's restored timers.
-    pub(crate) fn restored(&mut self, key: &K, timers: &KeyTimers) {
-        for ts in timers.event.iter() {
-            self.added(TimeDomain::EventTime, ts, key);
-        }
-        for ts in timers.processing.iter() {
-            self.added(TimeDomain::ProcessingTime, ts, key);
-        }
-    }
-
-    /// Takes the earliest timestamp of `domain` at or before `upto`, with
-    /// the keys indexed there; the caller fires those whose keyed state
-    /// still holds the timer.
-    pub(crate) fn pop_due(&mut self, domain: TimeDomain, upto: u64) -> Option<(u64, Vec<K>)> {
-        let index = self.index(domain);
-        let entry = index.first_entry().filter(|e| *e.key() <= upto)?;
-        Some(entry.remove_entry())
-    }
-
-    /// The earliest processing-time timer, for the shell to wake up then
-    /// (possibly one since deleted: waking up for it fires nothing).
-    pub fn next_processing_timer(&self) -> Option<Millis> {
-        self.processing.keys().next().copied()
-    }
-
-    /// Timers registered now, over all keys and both domains.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// Whether no timer is registered.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The operator's current watermark.
-    pub fn watermark(&self) -> Option<u64> {
-        self.watermark
-    }
-
-    pub(crate) fn set_watermark(&mut self, watermark: u64) {
-        self.watermark = self.watermark.max(Some(watermark));
-    }
-
-    /// The processing time the shell last gave.
-    pub fn now(&self) -> Millis {
-        self.now
-    }
-
-    pub(crate) fn set_now(&mut self, now: Millis) {
-        self.now = self.now.max(now);
-    }
-
-    pub(crate) fn counters(&mut self) -> &mut TimeCounters {
-        &mut self.counters
-    }
-
-    /// What was counted since the last call.
-    pub(crate) fn take_counters(&mut self) -> TimeCounters {
-        std::mem::take(&mut self.counters)
     }
 }
 

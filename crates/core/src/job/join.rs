@@ -15,9 +15,9 @@
 //! rescale as any keyed state does. A record behind the watermark is late
 //! and dropped (counted), as in Flink.
 
-use super::{TimeMetrics, Timestamped};
 use crate::operator::Collector;
 use crate::state::{AllKeys, Key, KeyedContext, StateRegistrar, ValueState};
+use crate::time::{TimeMetrics, Timestamped};
 use crate::two_input::KeyedCoProcessFunction;
 use crate::Data;
 use serde::{Deserialize, Serialize};

@@ -1,0 +1,32 @@
+//! The names of the operator-state entries a subtask's state holds: part
+//! of the checkpoint format, read by restore planning and the end of
+//! input, written by the subtask's task.
+
+/// Operator-state entry of a source: its `SplitPosition`, MessagePack.
+pub const SOURCE_POSITION: &str = "source-position";
+/// Operator-state entry of a source that had read everything when the
+/// snapshot was taken: once a checkpoint holding it for every source
+/// completes, the input can end without anything left to replay.
+pub const SOURCE_EXHAUSTED: &str = "source-exhausted";
+/// Operator-state entry of a source with a watermark strategy: its
+/// generator's `GeneratorState`, MessagePack.
+pub const SOURCE_WATERMARK: &str = "source-watermark";
+/// Operator-state entry of an operator's first sink: what its `pre_commit`
+/// returned. Further sinks of the operator have their own ([`sink_entry`]).
+pub const SINK: &str = "sink";
+
+/// Operator-state entry of the `n`th sink (from 0) of an operator's chain.
+pub fn sink_entry(n: usize) -> String {
+    match n {
+        0 => SINK.to_owned(),
+        n => format!("{SINK}-{n}"),
+    }
+}
+
+/// Whether an operator-state entry is a sink's ([`sink_entry`]).
+pub fn is_sink_entry(entry: &str) -> bool {
+    entry == SINK
+        || entry
+            .strip_prefix("sink-")
+            .is_some_and(|n| n.parse::<usize>().is_ok())
+}

@@ -1,0 +1,304 @@
+//! The window operator: a keyed function that assigns records to windows,
+//! keeps each window's aggregate in keyed state and fires it by timer.
+//! Above `time`, whose windows and assigners it uses, so that time stays
+//! below state and the operators.
+
+use crate::operator::{Collector, KeyedProcessFunction};
+use crate::state::{Key, KeyedContext, StateRegistrar, ValueState};
+use crate::time::window::{AggregateFunction, TimeWindow, WindowAssigner};
+use crate::time::{TimeDomain, Timestamped};
+use std::sync::Arc;
+
+/// When and how windows fire, beyond their assigner.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WindowSettings {
+    /// How long after its end (in event time) a window still takes late
+    /// records, firing again for each; past it, records are late data.
+    pub allowed_lateness: u64,
+    /// Event-time windows also fire every this many ms of processing time
+    /// while open (Flink's `ContinuousProcessingTimeTrigger` before the
+    /// watermark trigger).
+    pub early_firing: Option<u64>,
+}
+
+/// Emits a window's result: the key, the window and the aggregate.
+pub type WindowEmit<K, R, O> = Arc<dyn Fn(&K, &TimeWindow, R, &mut Collector<'_, O>) + Send + Sync>;
+
+/// Turns a record too late for any window into output (the late-data
+/// output); without one, late records are dropped and counted.
+pub type LateData<T, O> = Arc<dyn Fn(T, &mut Collector<'_, O>) + Send + Sync>;
+
+/// The keyed state name of a window operator's windows.
+pub const WINDOWS_STATE: &str = "windows";
+
+/// The window operator of one subtask: a keyed function over its key's
+/// open windows.
+pub struct WindowOperator<K, T, A: AggregateFunction<T>, O> {
+    assigner: WindowAssigner,
+    settings: WindowSettings,
+    aggregate: Arc<A>,
+    emit: WindowEmit<K, A::Result, O>,
+    late: Option<LateData<T, O>>,
+    windows: ValueState<Vec<(TimeWindow, A::Acc)>>,
+    /// The windows the record being processed went into, and whether each
+    /// is new, so needs its timers (a buffer kept across records).
+    touched: Vec<(TimeWindow, bool)>,
+    /// Results to emit once the key's state is written back.
+    due: Vec<(TimeWindow, A::Result)>,
+}
+
+impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
+    /// Declares the windows' state in `states`.
+    pub fn open(
+        states: &mut StateRegistrar<'_, K>,
+        assigner: WindowAssigner,
+        settings: WindowSettings,
+        aggregate: Arc<A>,
+        emit: WindowEmit<K, A::Result, O>,
+        late: Option<LateData<T, O>>,
+    ) -> Self {
+        WindowOperator {
+            assigner,
+            settings,
+            aggregate,
+            emit,
+            late,
+            windows: states.value(WINDOWS_STATE),
+            touched: Vec::new(),
+            due: Vec::new(),
+        }
+    }
+
+    /// When `window` is cleaned up: its end plus the allowed lateness in
+    /// event time; processing time has no late records.
+    fn cleanup_time(&self, window: &TimeWindow) -> u64 {
+        match self.assigner.domain {
+            TimeDomain::EventTime => window
+                .max_timestamp()
+                .saturating_add(self.settings.allowed_lateness),
+            TimeDomain::ProcessingTime => window.max_timestamp(),
+        }
+    }
+
+    fn fire(
+        &self,
+        ctx: &mut KeyedContext<'_, K>,
+        window: &TimeWindow,
+        result: A::Result,
+        out: &mut Collector<'_, O>,
+    ) {
+        ctx.time_counters().windows_fired += 1;
+        (self.emit)(ctx.key(), window, result, out);
+    }
+
+    /// Adds `record` to the key's windows in place; the windows it went into
+    /// go to `touched`, those whose time has passed to `due` with their
+    /// result.
+    fn add_to_windows(
+        &mut self,
+        record: &T,
+        timestamp: u64,
+        now: Option<u64>,
+        ctx: &mut KeyedContext<'_, K>,
+    ) {
+        let mut entry = ctx.value(&self.windows);
+        let windows = entry.get_or_default();
+        for window in self.assigner.assign(timestamp) {
+            if is_late(now, self.cleanup_time(&window)) {
+                continue;
+            }
+            let existing = windows.iter().position(|(w, _)| *w == window);
+            let at = existing.unwrap_or_else(|| {
+                windows.push((window, A::Acc::default()));
+                windows.len() - 1
+            });
+            let acc = &mut windows[at].1;
+            self.aggregate.add(acc, record);
+            // An open window of a fixed size has its timers already.
+            self.touched.push((window, existing.is_none()));
+            if is_late(now, window.max_timestamp()) {
+                self.due.push((window, self.aggregate.result(acc)));
+            }
+        }
+        if windows.is_empty() {
+            entry.clear();
+        }
+    }
+
+    /// Adds `record` to the key's sessions, merging every session its own
+    /// overlaps or touches.
+    fn add_to_session(
+        &mut self,
+        record: &T,
+        timestamp: u64,
+        now: Option<u64>,
+        ctx: &mut KeyedContext<'_, K>,
+    ) {
+        let mut windows = ctx.value(&self.windows).clear().unwrap_or_default();
+        let mut window = self
+            .assigner
+            .assign(timestamp)
+            .next()
+            .expect("a record opens a session");
+        let mut merged = Vec::new();
+        let mut i = 0;
+        while i < windows.len() {
+            if windows[i].0.intersects(&window) {
+                let (w, a) = windows.swap_remove(i);
+                window = window.cover(&w);
+                merged.push((w, a));
+            } else {
+                i += 1;
+            }
+        }
+        if is_late(now, self.cleanup_time(&window)) {
+            windows.extend(merged);
+        } else {
+            let mut acc = A::Acc::default();
+            let mut deleted = false;
+            for (w, a) in merged {
+                if w != window {
+                    self.delete_timers(ctx, &w);
+                    deleted = true;
+                }
+                self.aggregate.merge(&mut acc, a);
+            }
+            if deleted {
+                // A deleted time may have been another session's too.
+                for (w, _) in &windows {
+                    self.set_timers(ctx, w, now);
+                }
+            }
+            self.aggregate.add(&mut acc, record);
+            self.touched.push((window, true));
+            if is_late(now, window.max_timestamp()) {
+                self.due.push((window, self.aggregate.result(&acc)));
+            }
+            windows.push((window, acc));
+        }
+        if !windows.is_empty() {
+            ctx.value(&self.windows).set(windows);
+        }
+    }
+
+    /// The window's firing timer, unless its time has passed (`now`, the
+    /// watermark or clock), when it fires on its records instead (as
+    /// Flink's `EventTimeTrigger`); and its cleanup timer.
+    fn set_timers(&self, ctx: &mut KeyedContext<'_, K>, window: &TimeWindow, now: Option<u64>) {
+        let domain = self.assigner.domain;
+        let (fire, cleanup) = (window.max_timestamp(), self.cleanup_time(window));
+        if now.is_none_or(|now| fire > now) {
+            ctx.register_timer(domain, fire);
+        }
+        if cleanup != fire {
+            ctx.register_timer(domain, cleanup);
+        }
+    }
+
+    fn delete_timers(&self, ctx: &mut KeyedContext<'_, K>, window: &TimeWindow) {
+        let domain = self.assigner.domain;
+        ctx.delete_timer(domain, window.max_timestamp());
+        ctx.delete_timer(domain, self.cleanup_time(window));
+    }
+}
+
+impl<K, T, A, O> KeyedProcessFunction<K, T, O> for WindowOperator<K, T, A, O>
+where
+    K: Key,
+    T: Timestamped + Send,
+    A: AggregateFunction<T>,
+    O: Send,
+{
+    fn process(&mut self, record: T, ctx: &mut KeyedContext<'_, K>, out: &mut Collector<'_, O>) {
+        let (timestamp, now) = match self.assigner.domain {
+            TimeDomain::EventTime => (record.timestamp(), ctx.current_watermark()),
+            TimeDomain::ProcessingTime => {
+                let now = ctx.current_processing_time();
+                (now, Some(now.saturating_sub(1)))
+            }
+        };
+        if self.assigner.is_merging() {
+            self.add_to_session(&record, timestamp, now, ctx);
+        } else {
+            self.add_to_windows(&record, timestamp, now, ctx);
+        }
+        let touched = std::mem::take(&mut self.touched);
+        for (window, _) in touched.iter().filter(|(_, new)| *new) {
+            self.set_timers(ctx, window, now);
+        }
+        if touched.is_empty()
+            && is_late(
+                now,
+                timestamp.saturating_add(self.settings.allowed_lateness),
+            )
+        {
+            ctx.time_counters().late_records += 1;
+            if let Some(late) = &self.late {
+                late(record, out);
+            }
+        }
+        // A window whose time has passed but that is still allowed late
+        // records fires again with each (Flink's EventTimeTrigger).
+        for (window, result) in std::mem::take(&mut self.due) {
+            self.fire(ctx, &window, result, out);
+        }
+        if let (Some(every), TimeDomain::EventTime, false) = (
+            self.settings.early_firing,
+            self.assigner.domain,
+            touched.is_empty(),
+        ) {
+            let now = ctx.current_processing_time();
+            ctx.register_processing_time_timer(now - now % every + every);
+        }
+        self.touched = touched;
+        self.touched.clear();
+    }
+
+    fn on_timer(
+        &mut self,
+        timestamp: u64,
+        ctx: &mut KeyedContext<'_, K>,
+        out: &mut Collector<'_, O>,
+    ) {
+        // A timer of the windows' own clock fires and cleans up the windows
+        // of that time; one of the other clock is an early firing.
+        let early = ctx.timer_domain() != Some(self.assigner.domain);
+        let watermark = ctx.current_watermark();
+        let mut due = std::mem::take(&mut self.due);
+        let open = ctx.value(&self.windows).update(
+            |windows| {
+                if early {
+                    // Windows that fired for good wait only for late records.
+                    let open = windows
+                        .iter()
+                        .filter(|(w, _)| !is_late(watermark, w.max_timestamp()));
+                    due.extend(open.map(|(w, acc)| (*w, self.aggregate.result(acc))));
+                } else {
+                    windows.retain(|(window, acc)| {
+                        if window.max_timestamp() == timestamp {
+                            due.push((*window, self.aggregate.result(acc)));
+                        }
+                        self.cleanup_time(window) != timestamp
+                    });
+                }
+                !windows.is_empty()
+            },
+            |windows| !windows.is_empty(),
+        );
+        for (window, result) in due.drain(..) {
+            self.fire(ctx, &window, result, out);
+        }
+        self.due = due;
+        if let (true, Some(true), Some(every)) = (early, open, self.settings.early_firing) {
+            // From now, not from the timer: after a restore, the firings
+            // missed while the job was down are not replayed one by one.
+            let now = ctx.current_processing_time().max(timestamp);
+            ctx.register_processing_time_timer(now - now % every + every);
+        }
+    }
+}
+
+/// Whether `until` has passed at `now` (the watermark, or the clock).
+fn is_late(now: Option<u64>, until: u64) -> bool {
+    now.is_some_and(|now| until <= now)
+}
