@@ -9,10 +9,13 @@
 //!
 //! The job: two sources read 100 records each into two keyed counters,
 //! which emit each key's running count into a sink that commits in two
-//! phases (Flink's `TwoPhaseCommitSinkFunction`). After every step: no
+//! phases (Flink's `TwoPhaseCommitSinkFunction`). Each seed checkpoints it
+//! aligned (one or two at a time), unaligned (in-flight batches captured
+//! as channel state and replayed on restore) or aligned with a timeout. After every step: no
 //! object a restorable checkpoint references is gone. At every completion
 //! and restore: the checkpoint holds the state at its barrier (the counts
-//! of exactly the records its sources had read). At the end: the committed
+//! of exactly the records its sources had read, with what its channel
+//! state holds in flight). At the end: the committed
 //! output is exactly `(key, 1..=n)` for every key's `n` records, whatever
 //! failed; and once faults stop, the job finishes.
 //!
@@ -31,7 +34,7 @@ use crate::checkpoint::job_checkpoints::{
     BrokenRule, JobAction, JobCheckpoints, JobEvent, WriteFailure,
 };
 use crate::checkpoint::{Ack, CheckpointConfig, CheckpointMetrics, CompletedCheckpoint};
-use crate::event::Alignment;
+use crate::event::{Alignment, ChannelEvent};
 use crate::ids::{Attempt, CheckpointId, SubtaskId};
 use crate::lifecycle::{JobLifecycle, LifeEvent};
 use crate::rng::SplitMix64;
@@ -97,6 +100,7 @@ struct Faults {
 
 /// How the job is checkpointed, drawn from the seed.
 struct Setup {
+    alignment: Alignment,
     retain: usize,
     timeout: Duration,
     max_concurrent: usize,
@@ -153,7 +157,7 @@ fn driver(storage: &Storage, setup: &Setup, now: Now) -> JobCheckpoints {
     };
     let subtasks = (0..=SINK).map(task::subtask_id).collect();
     let next_id = storage.next_id.unwrap_or(CheckpointId(1));
-    let core = CheckpointCoordinator::new(config, subtasks, Alignment::Aligned, next_id, now);
+    let core = CheckpointCoordinator::new(config, subtasks, setup.alignment, next_id, now);
     let mut driver = JobCheckpoints::new(core, storage.recover(setup.retain), 2.0);
     driver.break_rule(setup.broken);
     driver
@@ -223,10 +227,18 @@ impl Sim {
         };
         // Short enough that some checkpoints expire behind backpressure.
         let timeout = Duration::from_millis(pick(&[300.0, 3_000.0]) as u64);
+        let alignment = match rng.next_below(3) {
+            0 => Alignment::Aligned,
+            1 => Alignment::Unaligned,
+            _ => Alignment::AlignedWithTimeout(Duration::from_millis(rng.next_below(10))),
+        };
+        // Unaligned checkpoints run one at a time (as Flink's).
+        let concurrent = alignment == Alignment::Aligned && rng.next_below(2) == 0;
         let setup = Setup {
+            alignment,
             retain: 1 + rng.next_below(2) as usize,
             timeout,
-            max_concurrent: 1 + rng.next_below(2) as usize,
+            max_concurrent: 1 + usize::from(concurrent),
             broken,
         };
         let base = Instant::now();
@@ -375,13 +387,7 @@ impl Sim {
     fn take(&mut self, step: Step) -> Result<(), Failed> {
         match step {
             Step::Emit(s) => self.emit(s),
-            Step::Transmit(c) => {
-                let channel = &mut self.channels[c];
-                if let Some(event) = channel.sender.poll_send() {
-                    channel.receiver.receive(event).map_err(|e| e.to_string())?;
-                    channel.held += 1;
-                }
-            }
+            Step::Transmit(c) => self.transmit(c)?,
             Step::Deliver(c) => {
                 let now = self.now().instant;
                 let channel = &mut self.channels[c];
@@ -389,8 +395,8 @@ impl Sim {
                     channel.held -= 1;
                     let (t, gate) = task::channel_target(c);
                     let handler = self.tasks[t].handler.as_mut().expect("a receiving task");
-                    if !handler.deliver(now, gate, event).is_empty() {
-                        return Err("an aligned delivery asked for actions".into());
+                    for action in handler.deliver(now, gate, event) {
+                        self.barrier_action(t, action)?;
                     }
                 }
             }
@@ -406,6 +412,32 @@ impl Sim {
                 let error = self.failures.pop_front().expect("a failure to take");
                 let attempt = None;
                 self.supervise(LifeEvent::Failed { attempt, error })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The link of channel `c` carries its next event; an unaligned
+    /// barrier overtakes what the receiving end holds, as the input
+    /// endpoint does.
+    fn transmit(&mut self, c: usize) -> Result<(), Failed> {
+        let now = self.now().instant;
+        let channel = &mut self.channels[c];
+        let Some(event) = channel.sender.poll_send() else {
+            return Ok(());
+        };
+        match event {
+            ChannelEvent::Barrier(barrier) if barrier.options.alignment == Alignment::Unaligned => {
+                let overtaken = channel.receiver.overtaken();
+                let (t, gate) = task::channel_target(c);
+                let handler = self.tasks[t].handler.as_mut().expect("a receiving task");
+                for action in handler.deliver_priority(now, gate, barrier, overtaken) {
+                    self.barrier_action(t, action)?;
+                }
+            }
+            event => {
+                channel.receiver.receive(event).map_err(|e| e.to_string())?;
+                channel.held += 1;
             }
         }
         Ok(())
@@ -630,13 +662,24 @@ impl Sim {
                 *expected[task::counter_of(key)].entry(key).or_insert(0) += 1;
             }
         }
-        for (c, expected) in expected.iter().enumerate() {
+        // An unaligned checkpoint holds some of them in flight instead.
+        let mut held = vec![BTreeMap::new(); COUNTERS];
+        for c in 0..COUNTERS {
             let Role::Counter { counts } = &tasks[SOURCES + c].role else {
                 unreachable!("a counter")
             };
-            if counts != expected {
+            held[c].clone_from(counts);
+        }
+        let in_flight = task::keys_in_flight(checkpoint)
+            .map_err(|e| format!("{} does not restore: {e}", checkpoint.id))?;
+        for key in in_flight {
+            *held[task::counter_of(key)].entry(key).or_insert(0) += 1;
+        }
+        for (c, (held, expected)) in held.iter().zip(&expected).enumerate() {
+            if held != expected {
                 return Err(format!(
-                    "{} restores counter {c} to {counts:?}, not the state at its barrier {expected:?}",
+                    "{} restores counter {c} (with what is in flight to it) to {held:?}, \
+                     not the state at its barrier {expected:?}",
                     checkpoint.id
                 ));
             }

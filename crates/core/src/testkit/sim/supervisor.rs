@@ -94,6 +94,15 @@ impl Sim {
             .map(|t| Task::restored(t, from.as_ref(), &self.storage, instance))
             .collect::<Result<_, _>>()?;
         self.channels = (0..CHANNELS).map(|_| channel()).collect();
+        // What an unaligned checkpoint captured goes out again first.
+        for task in &mut self.tasks {
+            for (output, batches) in std::mem::take(&mut task.replay) {
+                let sender = &mut self.channels[task.outputs[output]].sender;
+                batches
+                    .into_iter()
+                    .for_each(|b| sender.push(crate::event::ChannelEvent::Batch(b)));
+            }
+        }
         if let Role::Sink { pending, .. } = &mut self.tasks[SINK].role {
             let restored = std::mem::take(pending);
             self.commit(restored)?;

@@ -9,10 +9,10 @@ use crate::batch::Batch;
 use crate::checkpoint::barrier::{BarrierAction, BarrierHandler, Polled};
 use crate::checkpoint::subtask::{SharedBase, SubtaskCheckpointer};
 use crate::checkpoint::{
-    checksum, CompletedCheckpoint, KeyedStateHandle, NativeFileHandle, NativeStateHandle,
-    StateHandle, SubtaskState,
+    checksum, ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyedStateHandle,
+    NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
 };
-use crate::event::{Barrier, ChannelEvent, CheckpointKind};
+use crate::event::{Alignment, Barrier, ChannelEvent, CheckpointKind};
 use crate::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use crate::key_group::KeyGroupRange;
 use crate::task::SOURCE_EXHAUSTED;
@@ -100,6 +100,10 @@ pub(super) struct Task {
     pub mail: VecDeque<Control>,
     /// It reported itself finished to the supervisor.
     pub finished: bool,
+    /// An unaligned snapshot waiting for its input channel state.
+    pub unaligned: Option<Unaligned>,
+    /// Output channel state to send again first, by output.
+    pub replay: Vec<(usize, Vec<Batch>)>,
     /// Tells this deployment's files from an earlier one's of equal name.
     pub instance: u64,
 }
@@ -146,14 +150,31 @@ impl Task {
             },
         };
         let (inputs, outputs) = wiring(index);
+        let mut handler = (!inputs.is_empty()).then(|| BarrierHandler::new(inputs.len()));
+        let mut replay = Vec::new();
+        for handle in state.map(|s| s.channels.as_slice()).unwrap_or_default() {
+            let i = handle.channel as usize;
+            let StateHandle::Inline(bytes) = &handle.handle else {
+                return Err("channel state not inline".into());
+            };
+            match (handle.side, handler.as_mut()) {
+                (ChannelSide::Input, Some(handler)) => {
+                    handler.replay(i, decode_batches(inputs[i], bytes)?)
+                }
+                (ChannelSide::Output, _) => replay.push((i, decode_batches(outputs[i], bytes)?)),
+                (ChannelSide::Input, None) => return Err("input channel state of a source".into()),
+            }
+        }
         Ok(Task {
             role,
-            handler: (!inputs.is_empty()).then(|| BarrierHandler::new(inputs.len())),
+            handler,
             inputs,
             outputs,
             checkpointer: SubtaskCheckpointer::new(true, base),
             mail: VecDeque::new(),
             finished: false,
+            unaligned: None,
+            replay,
             instance,
         })
     }
@@ -161,6 +182,88 @@ impl Task {
 
 fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     rmp_serde::from_slice(bytes).map_err(|e| e.to_string())
+}
+
+/// An unaligned snapshot whose input channel state is still being
+/// collected.
+pub(super) struct Unaligned {
+    checkpoint: CheckpointId,
+    state: SubtaskState,
+    objects: Vec<(String, Vec<u8>)>,
+    shared: SharedBase,
+}
+
+/// Whether `channel` carries keys (into a counter) rather than counts.
+fn carries_keys(channel: usize) -> bool {
+    channel < SOURCES * COUNTERS
+}
+
+/// Adds the batches of one channel, if any, to `state`'s channel state.
+fn push_channel_state(
+    state: &mut SubtaskState,
+    side: ChannelSide,
+    index: usize,
+    channel: usize,
+    batches: Vec<Batch>,
+) {
+    if batches.is_empty() {
+        return;
+    }
+    let count = batches.len() as u32;
+    let bytes = if carries_keys(channel) {
+        encode_batches::<u64>(batches)
+    } else {
+        encode_batches::<Count>(batches)
+    };
+    state.channels.push(ChannelStateHandle {
+        side,
+        channel: index as u32,
+        batches: count,
+        handle: StateHandle::Inline(bytes),
+    });
+}
+
+fn encode_batches<T: crate::batch::Data>(batches: Vec<Batch>) -> Vec<u8> {
+    let records: Vec<Vec<T>> = batches
+        .into_iter()
+        .map(|b| b.into_records().expect("records of the channel's type"))
+        .collect();
+    rmp_serde::to_vec(&records).expect("records encode")
+}
+
+/// The batches of `channel`'s state.
+fn decode_batches(channel: usize, bytes: &[u8]) -> Result<Vec<Batch>, String> {
+    Ok(if carries_keys(channel) {
+        let records: Vec<Vec<u64>> = decode(bytes)?;
+        records.into_iter().map(Batch::new).collect()
+    } else {
+        let records: Vec<Vec<Count>> = decode(bytes)?;
+        records.into_iter().map(Batch::new).collect()
+    })
+}
+
+/// The keys in flight towards the counters that `checkpoint`'s channel
+/// state holds: output state of the sources, input state of the counters.
+pub(super) fn keys_in_flight(checkpoint: &CompletedCheckpoint) -> Result<Vec<u64>, String> {
+    let mut keys = Vec::new();
+    for (id, state) in &checkpoint.subtasks {
+        let (inputs, outputs) = wiring(index_of(*id));
+        for handle in &state.channels {
+            let i = handle.channel as usize;
+            let channel = match handle.side {
+                ChannelSide::Input => inputs[i],
+                ChannelSide::Output => outputs[i],
+            };
+            let StateHandle::Inline(bytes) = &handle.handle else {
+                return Err("channel state not inline".into());
+            };
+            if carries_keys(channel) {
+                let records: Vec<Vec<u64>> = decode(bytes)?;
+                keys.extend(records.into_iter().flatten());
+            }
+        }
+    }
+    Ok(keys)
 }
 
 /// The channels into and out of task `index`: source `s` feeds counter
@@ -310,7 +413,7 @@ impl Sim {
         Ok(())
     }
 
-    fn barrier_action(&mut self, t: usize, action: BarrierAction) -> Result<(), Failed> {
+    pub(super) fn barrier_action(&mut self, t: usize, action: BarrierAction) -> Result<(), Failed> {
         if self.tasks.is_empty() {
             // An earlier action of the same poll ended the job.
             return Ok(());
@@ -318,16 +421,44 @@ impl Sim {
         match action {
             BarrierAction::Snapshot {
                 barrier, unaligned, ..
+            } => self.snapshot(t, barrier, unaligned),
+            BarrierAction::ChannelState {
+                checkpoint, inputs, ..
             } => {
-                if unaligned {
-                    return Err("an aligned checkpoint went unaligned".into());
+                let task = &mut self.tasks[t];
+                let pending = task.unaligned.take();
+                let Some(mut pending) = pending.filter(|p| p.checkpoint == checkpoint) else {
+                    return Err(format!(
+                        "channel state of {checkpoint}, not being snapshotted"
+                    ));
+                };
+                for (gate, batches) in inputs.into_iter().enumerate() {
+                    let channel = task.inputs[gate];
+                    push_channel_state(
+                        &mut pending.state,
+                        ChannelSide::Input,
+                        gate,
+                        channel,
+                        batches,
+                    );
                 }
-                self.snapshot(t, barrier);
-            }
-            BarrierAction::ChannelState { .. } => {
-                return Err("channel state of an aligned checkpoint".into())
+                let Unaligned {
+                    state,
+                    objects,
+                    shared,
+                    ..
+                } = pending;
+                self.upload(t, checkpoint, state, objects, shared);
             }
             BarrierAction::Abort { checkpoint, reason } => {
+                let task = &mut self.tasks[t];
+                if task
+                    .unaligned
+                    .as_ref()
+                    .is_some_and(|p| p.checkpoint == checkpoint)
+                {
+                    task.unaligned = None;
+                }
                 self.mail.push_back(ToCoordinator::Decline {
                     attempt: self.attempt(),
                     checkpoint,
@@ -369,8 +500,38 @@ impl Sim {
 
     /// The synchronous part of task `t`'s snapshot at `barrier`, which it
     /// then forwards; the asynchronous part is an upload in flight.
-    pub(super) fn snapshot(&mut self, t: usize, barrier: Barrier) {
+    pub(super) fn snapshot(&mut self, t: usize, barrier: Barrier, unaligned: bool) {
         let id = barrier.id;
+        let (mut state, objects, shared) = self.state_of(t, id);
+        if !unaligned {
+            self.forward(t, ChannelEvent::Barrier(barrier));
+            return self.upload(t, id, state, objects, shared);
+        }
+        // Ahead of the queued output, which becomes channel state.
+        for i in 0..self.tasks[t].outputs.len() {
+            let channel = self.tasks[t].outputs[i];
+            let sender = &mut self.channels[channel].sender;
+            let overtaken = sender.push_priority(ChannelEvent::Barrier(barrier));
+            push_channel_state(&mut state, ChannelSide::Output, i, channel, overtaken);
+        }
+        if self.tasks[t].handler.is_none() {
+            return self.upload(t, id, state, objects, shared);
+        }
+        // The input's channel state follows (or an abort).
+        self.tasks[t].unaligned = Some(Unaligned {
+            checkpoint: id,
+            state,
+            objects,
+            shared,
+        });
+    }
+
+    /// The synchronous part of task `t`'s snapshot for checkpoint `id`.
+    fn state_of(
+        &mut self,
+        t: usize,
+        id: CheckpointId,
+    ) -> (SubtaskState, Vec<(String, Vec<u8>)>, SharedBase) {
         let task = &mut self.tasks[t];
         let base = task
             .checkpointer
@@ -421,12 +582,23 @@ impl Sim {
                 state.operator.insert("txns".into(), encoded);
             }
         }
-        self.forward(t, ChannelEvent::Barrier(barrier));
+        (state, objects, shared)
+    }
+
+    /// Starts the asynchronous part of task `t`'s snapshot.
+    fn upload(
+        &mut self,
+        t: usize,
+        checkpoint: CheckpointId,
+        state: SubtaskState,
+        objects: Vec<(String, Vec<u8>)>,
+        shared: SharedBase,
+    ) {
         let fails = self.chance(self.faults.upload);
         self.ops.push(Op::Upload {
             attempt: self.attempt(),
             task: t,
-            checkpoint: id,
+            checkpoint,
             objects,
             shared,
             state: Box::new(state),
@@ -441,7 +613,10 @@ impl Sim {
         };
         match control {
             Control::Inject(barrier) => match self.tasks[t].role {
-                Role::Source { ended: false, .. } => self.snapshot(t, barrier),
+                Role::Source { ended: false, .. } => {
+                    let unaligned = barrier.options.alignment == Alignment::Unaligned;
+                    self.snapshot(t, barrier, unaligned)
+                }
                 _ => self.mail.push_back(ToCoordinator::Decline {
                     attempt: self.attempt(),
                     checkpoint: barrier.id,
