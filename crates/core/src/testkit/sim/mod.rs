@@ -22,6 +22,7 @@
 //! Every run is a function of its seed: `cargo xtask sim --seed S` replays
 //! a failure exactly, `--trace` showing every event of the driver.
 
+mod requests;
 mod storage;
 mod supervisor;
 mod task;
@@ -29,16 +30,16 @@ mod task;
 mod tests;
 
 use crate::channel::{CreditReceiver, CreditSender};
-use crate::checkpoint::coordinator::{CheckpointCoordinator, Now};
+use crate::checkpoint::coordinator::{CheckpointCoordinator, Now, RequestId};
 use crate::checkpoint::job_checkpoints::{
     BrokenRule, JobAction, JobCheckpoints, JobEvent, WriteFailure,
 };
 use crate::checkpoint::{Ack, CheckpointConfig, CheckpointMetrics, CompletedCheckpoint};
-use crate::event::{Alignment, ChannelEvent};
+use crate::event::{Alignment, ChannelEvent, CheckpointKind};
 use crate::ids::{Attempt, CheckpointId, SubtaskId};
 use crate::lifecycle::{JobLifecycle, LifeEvent};
 use crate::rng::SplitMix64;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::{Duration, Instant};
 use storage::{Op, Storage, WriteFault};
@@ -98,6 +99,22 @@ struct Faults {
     until: u64,
 }
 
+/// Manual requests of a run, and what their answers may name.
+#[derive(Default)]
+struct Requests {
+    /// Requests yet to make.
+    left: u32,
+    /// Virtual time of the next.
+    at: u64,
+    next: RequestId,
+    /// Made and not answered, with what they asked for.
+    open: BTreeMap<RequestId, CheckpointKind>,
+    /// Checkpoints that completed.
+    completed: BTreeSet<CheckpointId>,
+    /// Savepoints whose copy landed.
+    savepoints: BTreeSet<CheckpointId>,
+}
+
 /// How the job is checkpointed, drawn from the seed.
 struct Setup {
     alignment: Alignment,
@@ -143,6 +160,8 @@ enum Step {
     Tick,
     /// The supervisor takes a failure the coordinator reported.
     Supervisor,
+    /// A manual checkpoint or savepoint is asked for.
+    Request,
 }
 
 /// A driver recovered from `storage`, as a restarted process is.
@@ -199,6 +218,7 @@ struct Sim {
     shut_down: bool,
     /// `_metadata` writes that landed but reported a failure.
     unknown_outcomes: u64,
+    requests: Requests,
     /// Empty between attempts.
     tasks: Vec<Task>,
     channels: Vec<Channel>,
@@ -241,6 +261,7 @@ impl Sim {
             max_concurrent: 1 + usize::from(concurrent),
             broken,
         };
+        let (requests, requests_at) = (rng.next_below(4) as u32, rng.next_below(2_000));
         let base = Instant::now();
         let storage = Storage::default();
         let now = Now {
@@ -263,6 +284,11 @@ impl Sim {
             instance: 0,
             shut_down: false,
             unknown_outcomes: 0,
+            requests: Requests {
+                left: requests,
+                at: requests_at,
+                ..Requests::default()
+            },
             tasks: Vec::new(),
             channels: Vec::new(),
             mail: VecDeque::new(),
@@ -307,6 +333,9 @@ impl Sim {
         }
         self.check_output()?;
         self.check_leaks()?;
+        if let Some(request) = self.requests.open.keys().next() {
+            return Err(format!("request {request} was never answered"));
+        }
         Ok(self.report)
     }
 
@@ -381,6 +410,9 @@ impl Sim {
         if !self.failures.is_empty() {
             steps.push(Step::Supervisor);
         }
+        if self.can_request() {
+            steps.push(Step::Request);
+        }
         steps
     }
 
@@ -408,6 +440,7 @@ impl Sim {
                 self.complete(op)?;
             }
             Step::Tick => self.coordinate(JobEvent::Tick)?,
+            Step::Request => self.request()?,
             Step::Supervisor => {
                 let error = self.failures.pop_front().expect("a failure to take");
                 let attempt = None;
@@ -509,6 +542,7 @@ impl Sim {
                 }
                 self.coordinate(JobEvent::Deleted)
             }
+            Op::Savepoint { checkpoint, fails } => self.savepoint_written(*checkpoint, fails),
             Op::Upload { .. } => self.uploaded(op),
         }
     }
@@ -599,6 +633,7 @@ impl Sim {
             }
             JobAction::Completed(checkpoint) => {
                 self.report.completed += 1;
+                self.requests.completed.insert(checkpoint.id);
                 self.check_state_at_barrier(&checkpoint)?;
             }
             JobAction::NotifyComplete {
@@ -619,10 +654,9 @@ impl Sim {
             JobAction::FailJob(reason) => self.failures.push_back(reason),
             JobAction::Restore(latest) => self.loaded(latest)?,
             JobAction::ShutDown => self.shut_down = true,
-            JobAction::Resolve { .. } | JobAction::Rejected(_) => {}
-            JobAction::WriteSavepoint { .. } | JobAction::SavepointCompleted { .. } => {
-                return Err("no savepoint was asked for".into())
-            }
+            JobAction::Resolve { request, result } => self.resolved(request, result)?,
+            JobAction::WriteSavepoint { checkpoint, .. } => self.write_savepoint(checkpoint),
+            JobAction::Rejected(_) | JobAction::SavepointCompleted { .. } => {}
         }
         Ok(())
     }

@@ -73,6 +73,11 @@ pub(super) enum Op {
         checkpoints: Vec<CheckpointId>,
         paths: Vec<String>,
     },
+    /// A savepoint copied into its own directory.
+    Savepoint {
+        checkpoint: Box<CompletedCheckpoint>,
+        fails: bool,
+    },
     /// A subtask's asynchronous part: it writes `objects`, then tells its
     /// subtask the shared files it references and acknowledges.
     Upload {

@@ -159,6 +159,8 @@ impl Sim {
         self.channels.clear();
         self.mail.clear();
         self.failures.clear();
+        // Their clients lost the connection.
+        self.requests.open.clear();
         self.storing_id = false;
         self.driver = super::driver(&self.storage, &self.setup, self.now());
         self.life = lifecycle();

@@ -502,7 +502,7 @@ impl Sim {
     /// then forwards; the asynchronous part is an upload in flight.
     pub(super) fn snapshot(&mut self, t: usize, barrier: Barrier, unaligned: bool) {
         let id = barrier.id;
-        let (mut state, objects, shared) = self.state_of(t, id);
+        let (mut state, objects, shared) = self.state_of(t, id, barrier.options.kind);
         if !unaligned {
             self.forward(t, ChannelEvent::Barrier(barrier));
             return self.upload(t, id, state, objects, shared);
@@ -531,11 +531,10 @@ impl Sim {
         &mut self,
         t: usize,
         id: CheckpointId,
+        kind: CheckpointKind,
     ) -> (SubtaskState, Vec<(String, Vec<u8>)>, SharedBase) {
         let task = &mut self.tasks[t];
-        let base = task
-            .checkpointer
-            .started(id, CheckpointKind::Checkpoint, false, ());
+        let base = task.checkpointer.started(id, kind, false, ());
         let mut state = SubtaskState::default();
         let mut objects = Vec::new();
         let mut shared = SharedBase::new();
