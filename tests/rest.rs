@@ -267,6 +267,12 @@ fn checkpoints_savepoints_and_stop_over_http_restore_exactly_once() {
     );
     let latest = &stats["latest"]["completed"];
     assert_eq!(latest["id"].as_u64(), Some(ids[1]));
+    // Flink's web UI shows where the latest checkpoint is from this.
+    assert_eq!(
+        latest["external_path"], history[0]["external_path"],
+        "{latest}"
+    );
+    assert!(latest["external_path"].is_string(), "{latest}");
     for c in history {
         assert_eq!(c["status"], "COMPLETED");
         assert_eq!(c["is_savepoint"], false);
@@ -517,7 +523,12 @@ fn checkpoints_savepoints_and_stop_over_http_restore_exactly_once() {
         savepoint.display()
     );
     let stats = api.ok(&format!("/jobs/{jid}/checkpoints"));
-    assert_eq!(stats["latest"]["savepoint"]["checkpoint_type"], "SAVEPOINT");
+    let latest = &stats["latest"]["savepoint"];
+    assert_eq!(latest["checkpoint_type"], "SAVEPOINT");
+    let path = latest["external_path"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{latest}"));
+    assert!(local(path).starts_with(&elsewhere), "{path}");
 
     let (status, triggered) = api.post(
         &format!("/v1/jobs/{jid}/stop"),
