@@ -23,6 +23,7 @@ use tidemark_core::checkpoint::coordinator::{CheckpointCoordinator, Now, Request
 use tidemark_core::checkpoint::job_checkpoints::{
     JobAction, JobCheckpoints, JobEvent, Resolved, WriteFailure,
 };
+use tidemark_core::checkpoint::stats;
 use tidemark_core::checkpoint::store::CompletedCheckpointStore;
 use tidemark_core::checkpoint::{CheckpointFailure, CompletedCheckpoint};
 use tidemark_core::event::{Barrier, CheckpointKind};
@@ -255,6 +256,7 @@ impl CoordinatorActor {
             } => self.notify_abort(checkpoint, subtasks, reason),
             JobAction::EndInput(sources) => self.send_to(sources, || EndInput),
             JobAction::FailJob(reason) => self.supervisor.do_send(CheckpointingFailed(reason)),
+            JobAction::Stats(event) => stats::lock(&self.metrics.checkpoint_stats).apply(event),
             JobAction::Resolve { request, result } => self.resolve(request, result),
             JobAction::Restore(latest) => self.answer_restore(latest),
             JobAction::ShutDown => {

@@ -645,8 +645,7 @@ impl Boot {
             self.settings.alignment,
             next_id,
             crate::coordinator::now(),
-        )
-        .with_stats(self.metrics.checkpoint_stats.clone());
+        );
         core.record_graph(&self.graph);
         for hook in self.hooks {
             core.add_master_hook(hook);

@@ -10,7 +10,7 @@
 //! A rejected event changes nothing: `handle` validates the event before it
 //! looks at the clock, so an error never swallows actions that are due.
 
-use super::stats::{self, CheckpointStatsTracker, CheckpointType, SharedCheckpointStats};
+use super::stats::{CheckpointType, StatsEvent};
 use super::{Ack, CheckpointConfig, CheckpointFailure, CompletedCheckpoint, SubtaskState};
 use crate::event::{Alignment, Barrier, CheckpointKind, CheckpointOptions};
 use crate::graph::{Edge, JobGraph, OperatorSpec};
@@ -123,6 +123,8 @@ pub enum Action {
     },
     /// Consecutive failures exceeded the tolerable number.
     FailJob(String),
+    /// Record this in the checkpoint statistics, in order with the rest.
+    Stats(StatsEvent),
     /// Answer manual request `request`: the id of its completed checkpoint,
     /// or why it failed.
     Resolve {
@@ -262,8 +264,6 @@ pub struct CheckpointCoordinator {
     /// by uid, and channel state to edges.
     operators: Vec<OperatorSpec>,
     edges: Vec<Edge>,
-    /// What each checkpoint did, recorded as the protocol decides.
-    stats: SharedCheckpointStats,
 }
 
 impl CheckpointCoordinator {
@@ -295,20 +295,7 @@ impl CheckpointCoordinator {
             stop: None,
             operators: Vec::new(),
             edges: Vec::new(),
-            stats: CheckpointStatsTracker::shared(stats::DEFAULT_HISTORY),
         }
-    }
-
-    /// Records into `stats` instead of a tracker of its own: one that
-    /// outlives this coordinator, or that a reader already holds.
-    pub fn with_stats(mut self, stats: SharedCheckpointStats) -> Self {
-        self.stats = stats;
-        self
-    }
-
-    /// The statistics of this coordinator's checkpoints.
-    pub fn stats(&self) -> &SharedCheckpointStats {
-        &self.stats
     }
 
     /// The job's operators and edges, recorded in the metadata of every
@@ -422,7 +409,11 @@ impl CheckpointCoordinator {
                 } else if let Some(entry) = self.ended_mut(checkpoint) {
                     if let Ended::Abandoned(states) = mem::replace(entry, Ended::Failed) {
                         discard(checkpoint, states, &mut out);
-                        stats::lock(&self.stats).failed(checkpoint, now.unix_ms, reason);
+                        out.push(Action::Stats(StatsEvent::Failed {
+                            id: checkpoint,
+                            timestamp: now.unix_ms,
+                            reason,
+                        }));
                     }
                 }
             }
@@ -572,7 +563,7 @@ impl CheckpointCoordinator {
     fn ack(&mut self, now: Now, ack: Ack, out: &mut Vec<Action>) {
         match self.pending.get_mut(&ack.checkpoint) {
             Some(p) => {
-                stats::lock(&self.stats).acknowledged(&ack, now.unix_ms);
+                out.push(Action::Stats(StatsEvent::acknowledged(&ack, now.unix_ms)));
                 p.acks.insert(ack.subtask, ack.state);
                 self.finalize_if_acked(ack.checkpoint, out);
             }
@@ -611,11 +602,17 @@ impl CheckpointCoordinator {
             // moved on, so there is nobody to notify.
             if let Some(entry) = self.ended_mut(id) {
                 *entry = Ended::Completed;
-                stats::lock(&self.stats).completed(id, now.unix_ms);
+                out.push(Action::Stats(StatsEvent::Completed {
+                    id,
+                    timestamp: now.unix_ms,
+                }));
             }
             return;
         };
-        stats::lock(&self.stats).completed(id, now.unix_ms);
+        out.push(Action::Stats(StatsEvent::Completed {
+            id,
+            timestamp: now.unix_ms,
+        }));
         // Savepoints are the user's business, not a sign of the job's health.
         if p.kind == CheckpointKind::Checkpoint {
             self.consecutive_failures = 0;
@@ -670,7 +667,11 @@ impl CheckpointCoordinator {
             Ended::Abandoned(states)
         } else {
             discard(id, states, out);
-            stats::lock(&self.stats).failed(id, now.unix_ms, failure.to_string());
+            out.push(Action::Stats(StatsEvent::Failed {
+                id,
+                timestamp: now.unix_ms,
+                reason: failure.to_string(),
+            }));
             Ended::Failed
         };
         if matches!(ending, Ending::Failure | Ending::Subsumed) {
@@ -765,7 +766,12 @@ impl CheckpointCoordinator {
             }
             CheckpointKind::Checkpoint => CheckpointType::Checkpoint,
         };
-        stats::lock(&self.stats).pending(id, kind_stats, now.unix_ms, &self.subtasks);
+        out.push(Action::Stats(StatsEvent::Pending {
+            id,
+            kind: kind_stats,
+            timestamp: now.unix_ms,
+            subtasks: self.subtasks.clone(),
+        }));
         let (master_states, hook_failure) = match self.trigger_hooks(id) {
             Ok(states) => (states, None),
             Err(failure) => (BTreeMap::new(), Some(failure)),
@@ -980,6 +986,9 @@ mod tests {
         coordinator: CheckpointCoordinator,
         base: Instant,
         subtasks: u32,
+        /// What the coordinator reported to the statistics, applied as the
+        /// shell does.
+        stats: crate::checkpoint::stats::CheckpointStatsTracker,
     }
 
     impl Harness {
@@ -1003,6 +1012,7 @@ mod tests {
                 coordinator: CheckpointCoordinator::new(config, ids, alignment, next_id, now),
                 base,
                 subtasks,
+                stats: Default::default(),
             }
         }
 
@@ -1015,7 +1025,15 @@ mod tests {
 
         fn try_handle(&mut self, t: u64, event: Event) -> Result<Vec<Action>, CoordinatorError> {
             let now = self.at(t);
-            self.coordinator.handle(now, event)
+            let mut actions = self.coordinator.handle(now, event)?;
+            actions.retain(|action| match action {
+                Action::Stats(event) => {
+                    self.stats.apply(event.clone());
+                    false
+                }
+                _ => true,
+            });
+            Ok(actions)
         }
 
         fn handle(&mut self, t: u64, event: Event) -> Vec<Action> {
@@ -1047,10 +1065,10 @@ mod tests {
     /// completed, failed or abandoned, with each ack's time.
     mod stats {
         use super::*;
-        use crate::checkpoint::stats::{self, CheckpointStatus, CheckpointType};
+        use crate::checkpoint::stats::{CheckpointStatus, CheckpointType};
 
         fn entry(h: &Harness, id: u64) -> crate::checkpoint::stats::CheckpointStats {
-            stats::lock(h.coordinator.stats())
+            h.stats
                 .get(CheckpointId(id))
                 .cloned()
                 .expect("in the history")
@@ -1083,7 +1101,7 @@ mod tests {
             );
             let (last, s) = c.last_acknowledged().unwrap();
             assert_eq!((last, s.ack_timestamp), (subtask(0), UNIX_BASE + 1070));
-            assert_eq!(stats::lock(h.coordinator.stats()).counts().completed, 1);
+            assert_eq!(h.stats.counts().completed, 1);
         }
 
         #[test]
@@ -1110,7 +1128,7 @@ mod tests {
             h.tick(4000);
             h.tick(9000);
             assert_eq!(entry(&h, 4).status, CheckpointStatus::Failed, "expired");
-            let counts = stats::lock(h.coordinator.stats()).counts();
+            let counts = h.stats.counts();
             assert_eq!(
                 (
                     counts.total,
@@ -1134,7 +1152,7 @@ mod tests {
             h.coordinator.admit_manual(8, true).unwrap();
             h.handle(1400, manual(8, Savepoint));
             assert_eq!(entry(&h, 3).kind, CheckpointType::SyncSavepoint);
-            let tracker = stats::lock(h.coordinator.stats());
+            let tracker = &h.stats;
             assert_eq!(tracker.latest_savepoint().unwrap().id, CheckpointId(2));
             assert_eq!(tracker.latest_completed().unwrap().id, CheckpointId(1));
         }
@@ -2293,7 +2311,7 @@ mod tests {
                         Action::Discard { states, .. } => {
                             discarded.extend(states.iter().flat_map(|s| s.objects()).map(str::to_owned));
                         }
-                        Action::NotifyAbort { .. } | Action::FailJob(_) => {}
+                        Action::NotifyAbort { .. } | Action::FailJob(_) | Action::Stats(_) => {}
                     }
                 }
                 prop_assert!(h.coordinator.pending() <= max_concurrent);

@@ -20,7 +20,7 @@
 use super::coordinator::{Action, CheckpointCoordinator, CoordinatorError, Event, Now, RequestId};
 use super::input_end::InputEnd;
 use super::shared::SharedStateRegistry;
-use super::stats;
+use super::stats::StatsEvent;
 use super::store::CompletedCheckpointStore;
 use super::{Ack, CheckpointFailure, CompletedCheckpoint};
 use crate::event::{Barrier, CheckpointKind};
@@ -209,6 +209,8 @@ pub enum JobAction {
     EndInput(Vec<SubtaskId>),
     /// Checkpointing failed more often than tolerated.
     FailJob(String),
+    /// Record this in the checkpoint statistics (the REST API's), in order.
+    Stats(StatsEvent),
     /// Answer a manual request.
     Resolve {
         /// The request.
@@ -303,11 +305,6 @@ impl JobCheckpoints {
     #[cfg(any(test, feature = "testkit"))]
     pub fn break_rule(&mut self, rule: BrokenRule) {
         self.broken = rule;
-    }
-
-    /// The coordinator: its statistics and master hooks.
-    pub fn coordinator(&self) -> &CheckpointCoordinator {
-        &self.core
     }
 
     /// The retained checkpoints.
@@ -521,7 +518,11 @@ impl JobCheckpoints {
             Ok(location) => {
                 // Before it completes: the statistics of the latest
                 // completed checkpoint copy its entry then.
-                stats::lock(self.core.stats()).located(checkpoint, location);
+                let path = location;
+                out.push(JobAction::Stats(StatsEvent::Located {
+                    id: checkpoint,
+                    path,
+                }));
                 self.persisted(now, written, out)
             }
             Err(failure) => {
@@ -576,7 +577,10 @@ impl JobCheckpoints {
         };
         match result {
             Ok(location) => {
-                stats::lock(self.core.stats()).located(checkpoint, location.clone());
+                out.push(JobAction::Stats(StatsEvent::Located {
+                    id: checkpoint,
+                    path: location.clone(),
+                }));
                 out.push(JobAction::SavepointCompleted {
                     checkpoint,
                     location: location.clone(),
@@ -648,6 +652,7 @@ impl JobCheckpoints {
                 self.delete(Vec::new(), paths, out);
             }
             Action::FailJob(reason) => out.push(JobAction::FailJob(reason)),
+            Action::Stats(event) => out.push(JobAction::Stats(event)),
             Action::Resolve { request, .. } if request == FINAL_REQUEST => {}
             Action::Resolve { request, result } => {
                 let result = result.map(|checkpoint| Resolved {

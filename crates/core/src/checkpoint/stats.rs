@@ -326,6 +326,72 @@ pub struct CheckpointStatsTracker {
 /// A tracker the coordinator writes and the shells read from other threads.
 pub type SharedCheckpointStats = Arc<Mutex<CheckpointStatsTracker>>;
 
+/// What the checkpoint machines report to the statistics, in order with
+/// their other actions: the shell applies them ([`CheckpointStatsTracker::apply`]),
+/// so a machine never takes the lock that readers of the statistics share.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StatsEvent {
+    /// Checkpoint `id` was triggered; `subtasks` must acknowledge it.
+    Pending {
+        /// The checkpoint.
+        id: CheckpointId,
+        /// Checkpoint or savepoint.
+        kind: CheckpointType,
+        /// Trigger time, Unix milliseconds.
+        timestamp: u64,
+        /// Who must acknowledge.
+        subtasks: BTreeSet<SubtaskId>,
+    },
+    /// A subtask acknowledged.
+    Acknowledged {
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// The subtask.
+        subtask: SubtaskId,
+        /// What its acknowledgement measured.
+        stats: SubtaskStats,
+    },
+    /// The checkpoint is durable at `path`; reported before it completes.
+    Located {
+        /// The checkpoint.
+        id: CheckpointId,
+        /// Its location.
+        path: String,
+    },
+    /// The checkpoint completed.
+    Completed {
+        /// The checkpoint.
+        id: CheckpointId,
+        /// When, Unix milliseconds.
+        timestamp: u64,
+    },
+    /// The checkpoint failed.
+    Failed {
+        /// The checkpoint.
+        id: CheckpointId,
+        /// When, Unix milliseconds.
+        timestamp: u64,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl StatsEvent {
+    /// The statistics of `ack`, received at `timestamp`.
+    pub fn acknowledged(ack: &Ack, timestamp: u64) -> Self {
+        StatsEvent::Acknowledged {
+            checkpoint: ack.checkpoint,
+            subtask: ack.subtask,
+            stats: SubtaskStats {
+                ack_timestamp: timestamp,
+                metrics: ack.metrics,
+                state_size: ack.state.size(),
+                checkpointed_size: ack.state.bytes_written_by(ack.checkpoint),
+            },
+        }
+    }
+}
+
 /// Locks `stats`: every update leaves it consistent, so a panic elsewhere
 /// while it was held spoils nothing.
 pub fn lock(stats: &SharedCheckpointStats) -> MutexGuard<'_, CheckpointStatsTracker> {
@@ -404,19 +470,42 @@ impl CheckpointStatsTracker {
 
     /// A subtask acknowledged at `timestamp`.
     pub fn acknowledged(&mut self, ack: &Ack, timestamp: u64) {
-        let Some(entry) = self.entry_mut(ack.checkpoint) else {
+        self.apply(StatsEvent::acknowledged(ack, timestamp));
+    }
+
+    fn record_ack(&mut self, checkpoint: CheckpointId, subtask: SubtaskId, stats: SubtaskStats) {
+        let Some(entry) = self.entry_mut(checkpoint) else {
             return;
         };
-        if ack.metrics.unaligned && entry.kind == CheckpointType::Checkpoint {
+        if stats.metrics.unaligned && entry.kind == CheckpointType::Checkpoint {
             entry.kind = CheckpointType::UnalignedCheckpoint;
         }
-        if let Some(slot) = entry.subtask_mut(ack.subtask) {
-            *slot = Some(SubtaskStats {
-                ack_timestamp: timestamp,
-                metrics: ack.metrics,
-                state_size: ack.state.size(),
-                checkpointed_size: ack.state.bytes_written_by(ack.checkpoint),
-            });
+        if let Some(slot) = entry.subtask_mut(subtask) {
+            *slot = Some(stats);
+        }
+    }
+
+    /// Records what a machine reported.
+    pub fn apply(&mut self, event: StatsEvent) {
+        match event {
+            StatsEvent::Pending {
+                id,
+                kind,
+                timestamp,
+                subtasks,
+            } => self.pending(id, kind, timestamp, &subtasks),
+            StatsEvent::Acknowledged {
+                checkpoint,
+                subtask,
+                stats,
+            } => self.record_ack(checkpoint, subtask, stats),
+            StatsEvent::Located { id, path } => self.located(id, path),
+            StatsEvent::Completed { id, timestamp } => self.completed(id, timestamp),
+            StatsEvent::Failed {
+                id,
+                timestamp,
+                reason,
+            } => self.failed(id, timestamp, reason),
         }
     }
 

@@ -656,7 +656,8 @@ impl Sim {
             JobAction::ShutDown => self.shut_down = true,
             JobAction::Resolve { request, result } => self.resolved(request, result)?,
             JobAction::WriteSavepoint { checkpoint, .. } => self.write_savepoint(checkpoint),
-            JobAction::Rejected(_) | JobAction::SavepointCompleted { .. } => {}
+            JobAction::Rejected(_) | JobAction::SavepointCompleted { .. } | JobAction::Stats(_) => {
+            }
         }
         Ok(())
     }
