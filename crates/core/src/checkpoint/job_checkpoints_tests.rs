@@ -6,11 +6,10 @@ use super::job_checkpoints::{JobAction, JobCheckpoints, JobEvent, Resolved, Writ
 use super::store::CompletedCheckpointStore;
 use super::{
     Ack, CheckpointConfig, CheckpointFailure, CheckpointMetrics, CompletedCheckpoint,
-    KeyedStateHandle, NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
+    NativeFileHandle, StateHandle, SubtaskState,
 };
 use crate::event::{Alignment, CheckpointKind};
 use crate::ids::{Attempt, CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
-use crate::key_group::KeyGroupRange;
 use std::time::{Duration, Instant};
 
 fn subtask(i: u32) -> SubtaskId {
@@ -153,14 +152,7 @@ fn native(id: CheckpointId, shared: &[(&str, u64)]) -> SubtaskState {
         .map(|(name, by)| file(name, format!("shared/{name}"), *by))
         .collect();
     let private = vec![file("MANIFEST", format!("chk-{}/MANIFEST", id.0), id.0)];
-    SubtaskState {
-        keyed: Some(KeyedStateHandle::Native(NativeStateHandle {
-            key_groups: KeyGroupRange { start: 0, end: 128 },
-            shared,
-            private,
-        })),
-        ..SubtaskState::default()
-    }
+    crate::testkit::native(shared, private)
 }
 
 fn kinds(actions: &[JobAction]) -> Vec<&'static str> {

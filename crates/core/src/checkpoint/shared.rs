@@ -490,10 +490,9 @@ mod tests {
     use super::*;
     use crate::checkpoint::merging::MergingOptions;
     use crate::checkpoint::store::CompletedCheckpointStore;
-    use crate::checkpoint::{KeyedStateHandle, NativeStateHandle};
     use crate::ids::{OperatorId, SubtaskIndex};
-    use crate::key_group::KeyGroupRange;
     use crate::rng::SplitMix64;
+    use crate::testkit::native;
     use proptest::prelude::*;
 
     fn subtask() -> SubtaskId {
@@ -518,17 +517,6 @@ mod tests {
             handle,
             uploaded_by: CheckpointId(uploaded_by),
             instance: 7,
-        }
-    }
-
-    fn native(shared: Vec<NativeFileHandle>, private: Vec<NativeFileHandle>) -> SubtaskState {
-        SubtaskState {
-            keyed: Some(KeyedStateHandle::Native(NativeStateHandle {
-                key_groups: KeyGroupRange { start: 0, end: 128 },
-                shared,
-                private,
-            })),
-            ..SubtaskState::default()
         }
     }
 

@@ -23,6 +23,24 @@ pub fn checkpoint(id: u64) -> CompletedCheckpoint {
     }
 }
 
+/// RocksDB native keyed state of all key groups: `shared` files (counted
+/// by the registry) and `private` ones.
+pub fn native(
+    shared: Vec<crate::checkpoint::NativeFileHandle>,
+    private: Vec<crate::checkpoint::NativeFileHandle>,
+) -> SubtaskState {
+    SubtaskState {
+        keyed: Some(KeyedStateHandle::Native(
+            crate::checkpoint::NativeStateHandle {
+                key_groups: crate::key_group::KeyGroupRange { start: 0, end: 128 },
+                shared,
+                private,
+            },
+        )),
+        ..SubtaskState::default()
+    }
+}
+
 /// Keyed state of two subtasks as segments of one merged file holding
 /// `abcdef`, and channel state inline.
 pub fn merged() -> CompletedCheckpoint {

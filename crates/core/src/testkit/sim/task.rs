@@ -10,11 +10,10 @@ use crate::checkpoint::barrier::{BarrierAction, BarrierHandler, Polled};
 use crate::checkpoint::subtask::{SharedBase, SubtaskCheckpointer};
 use crate::checkpoint::{
     checksum, ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyedStateHandle,
-    NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
+    NativeFileHandle, StateHandle, SubtaskState,
 };
 use crate::event::{Alignment, Barrier, ChannelEvent, CheckpointKind};
 use crate::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
-use crate::key_group::KeyGroupRange;
 use crate::task::SOURCE_EXHAUSTED;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -569,11 +568,8 @@ impl Sim {
                     });
                     shared.insert(name, file);
                 }
-                state.keyed = Some(KeyedStateHandle::Native(NativeStateHandle {
-                    key_groups: KeyGroupRange { start: 0, end: 128 },
-                    shared: shared.values().cloned().collect(),
-                    private: Vec::new(),
-                }));
+                state.keyed =
+                    crate::testkit::native(shared.values().cloned().collect(), Vec::new()).keyed;
             }
             Role::Sink { open, pending, .. } => {
                 pending.insert(id, std::mem::take(open));
