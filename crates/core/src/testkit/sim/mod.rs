@@ -726,20 +726,16 @@ impl Sim {
     /// the newest retained ones in storage (what a new driver recovers)
     /// and those the driver retains.
     fn check_references(&self) -> Result<(), Failed> {
-        if let Some((checkpoint, path)) = self.storage.missing(self.setup.retain) {
+        let recoverable = self.storage.recoverable(self.setup.retain);
+        if let Some((checkpoint, path)) = self.storage.missing(recoverable) {
             return Err(format!("{checkpoint} references {path}, which was deleted"));
         }
-        for checkpoint in self.driver.store().retained() {
-            let states = checkpoint.subtasks.values();
-            let mut paths = states.flat_map(|s| s.handles().filter_map(|h| h.physical()));
-            if let Some(path) = paths.find(|path| !self.storage.objects.contains_key(*path)) {
-                let id = checkpoint.id;
-                return Err(format!(
-                    "retained {id} references {path}, which was deleted"
-                ));
-            }
+        match self.storage.missing(self.driver.store().retained()) {
+            Some((id, path)) => Err(format!(
+                "retained {id} references {path}, which was deleted"
+            )),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Once the job is over, every object left is one a checkpoint in

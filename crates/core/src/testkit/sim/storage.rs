@@ -22,17 +22,24 @@ impl Storage {
     /// whose metadata exists.
     pub fn recover(&self, retain: usize) -> CompletedCheckpointStore {
         let mut store = CompletedCheckpointStore::new(retain);
-        for checkpoint in self.metadata.values().rev().take(retain) {
+        for checkpoint in self.recoverable(retain) {
             store.add(checkpoint.clone());
         }
         store
     }
 
-    /// An object that one of the newest `retain` checkpoints (those a
-    /// restart may restore) references and that is gone.
-    pub fn missing(&self, retain: usize) -> Option<(CheckpointId, String)> {
-        let recoverable = self.metadata.values().rev().take(retain);
-        recoverable.into_iter().find_map(|checkpoint| {
+    /// The newest `retain` checkpoints in storage: those a restarted
+    /// driver recovers.
+    pub fn recoverable(&self, retain: usize) -> impl Iterator<Item = &CompletedCheckpoint> {
+        self.metadata.values().rev().take(retain)
+    }
+
+    /// An object that one of `checkpoints` references and that is gone.
+    pub fn missing<'a>(
+        &self,
+        checkpoints: impl IntoIterator<Item = &'a CompletedCheckpoint>,
+    ) -> Option<(CheckpointId, String)> {
+        checkpoints.into_iter().find_map(|checkpoint| {
             let states = checkpoint.subtasks.values();
             let mut paths = states.flat_map(|s| s.handles().filter_map(|h| h.physical()));
             paths
