@@ -22,6 +22,7 @@ use tidemark_core::checkpoint::{Ack, CompletedCheckpoint};
 use tidemark_core::event::Barrier;
 use tidemark_core::graph::JobGraph;
 use tidemark_core::ids::{Attempt, CheckpointId, JobId, OperatorId, SubtaskId};
+use tidemark_core::source::SplitBytes;
 use tidemark_core::time::TimeMarks;
 
 /// Nothing.
@@ -100,6 +101,13 @@ pub enum ToWorker {
     EndInput {
         subtask: SubtaskId,
     },
+    AddSplits {
+        subtask: SubtaskId,
+        splits: Vec<SplitBytes>,
+    },
+    NoMoreSplits {
+        subtask: SubtaskId,
+    },
     /// The attempt is over: stop its actors, answer `Stopped`.
     Cancel,
 }
@@ -142,6 +150,9 @@ pub enum FromWorker {
         reason: String,
     },
     Exhausted {
+        subtask: SubtaskId,
+    },
+    SplitRequested {
         subtask: SubtaskId,
     },
     Finished {

@@ -8,9 +8,10 @@
 use crate::messages::SubtaskHandle;
 use crate::messages::{
     AcknowledgeCheckpoint, DeclineCheckpoint, EndInput, NotifyCheckpointAborted,
-    NotifyCheckpointComplete, SourceExhausted, TriggerCheckpoint,
+    NotifyCheckpointComplete, SourceExhausted, SplitRequest, SubtaskFailed, TriggerCheckpoint,
 };
 use crate::metrics::{CheckpointCounters, JobMetrics};
+use crate::sources::{HostsSources, SourceHost};
 use crate::supervisor::{CheckpointingFailed, JobSupervisor};
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture,
@@ -122,6 +123,8 @@ struct Triggered {
 
 pub struct CoordinatorActor {
     core: JobCheckpoints,
+    /// The job's source coordinators.
+    sources: SourceHost,
     storage: CheckpointStorage,
     supervisor: Addr<JobSupervisor>,
     metrics: Arc<JobMetrics>,
@@ -166,6 +169,7 @@ impl CoordinatorActor {
         savepoints: Savepoints,
     ) -> Self {
         CoordinatorActor {
+            sources: SourceHost::default(),
             core: JobCheckpoints::new(core, store, max_space_amplification),
             storage,
             supervisor,
@@ -182,6 +186,11 @@ impl CoordinatorActor {
             next_request: 0,
             triggered: HashMap::new(),
         }
+    }
+
+    /// Hosts the job's source coordinators: see `sources`.
+    pub fn hosting(self, sources: SourceHost) -> Self {
+        CoordinatorActor { sources, ..self }
     }
 
     fn feed(&mut self, event: JobEvent, ctx: &mut Context<Self>) {
@@ -506,6 +515,7 @@ impl Handler<Deployed> for CoordinatorActor {
 
     fn handle(&mut self, msg: Deployed, ctx: &mut Context<Self>) {
         self.attempt = msg.attempt;
+        SourceHost::start(self, msg.attempt, &msg.sources, ctx);
         let sources = msg.sources.iter().map(|(id, _)| *id).collect();
         let subtasks = msg.subtasks.iter().map(|(id, _)| *id).collect();
         self.subtasks = msg.sources.into_iter().chain(msg.subtasks).collect();
@@ -627,6 +637,24 @@ impl Handler<DeclineCheckpoint> for CoordinatorActor {
             },
             ctx,
         );
+    }
+}
+
+impl HostsSources for CoordinatorActor {
+    fn sources(&mut self) -> &mut SourceHost {
+        &mut self.sources
+    }
+
+    fn source_failed(&mut self, failed: SubtaskFailed, _ctx: &mut Context<Self>) {
+        self.supervisor.do_send(failed);
+    }
+}
+
+impl Handler<SplitRequest> for CoordinatorActor {
+    type Result = ();
+
+    fn handle(&mut self, request: SplitRequest, ctx: &mut Context<Self>) {
+        SourceHost::request(self, request, ctx);
     }
 }
 

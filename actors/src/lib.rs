@@ -43,6 +43,7 @@ mod restore;
 pub mod runtime;
 pub mod sinks;
 mod snapshot;
+mod sources;
 mod subtask;
 mod supervisor;
 pub mod windows;

@@ -10,6 +10,7 @@ use tidemark_core::checkpoint::Ack;
 use tidemark_core::error::TaskError;
 use tidemark_core::event::{Barrier, ChannelEvent};
 use tidemark_core::ids::{Attempt, CheckpointId, SubtaskId};
+use tidemark_core::source::SplitBytes;
 
 /// Output endpoint → its producer subtask: room for `credits` more batches.
 #[derive(Message)]
@@ -161,6 +162,26 @@ pub struct SourceExhausted {
 #[rtype(result = "()")]
 pub struct EndInput;
 
+/// Split source subtask → the host of its source coordinator (through the
+/// supervisor): it holds no split; hand it one.
+#[derive(Clone, Copy, Debug, Message)]
+#[rtype(result = "()")]
+pub struct SplitRequest {
+    pub attempt: Attempt,
+    pub subtask: SubtaskId,
+}
+
+/// Source coordinator → split source subtask: read these splits too.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AddSplits(pub Vec<SplitBytes>);
+
+/// Source coordinator → split source subtask: no split will come; end once
+/// those held are read.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct NoMoreSplits;
+
 /// Job handle → supervisor.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -182,16 +203,21 @@ pub struct Kill {
 pub struct Reports {
     pub failed: Recipient<SubtaskFailed>,
     pub finished: Recipient<SubtaskFinished>,
+    pub split_requested: Recipient<SplitRequest>,
 }
 
 impl Reports {
     pub fn to<A>(addr: &Addr<A>) -> Self
     where
-        A: Actor<Context = Context<A>> + Handler<SubtaskFailed> + Handler<SubtaskFinished>,
+        A: Actor<Context = Context<A>>
+            + Handler<SubtaskFailed>
+            + Handler<SubtaskFinished>
+            + Handler<SplitRequest>,
     {
         Reports {
             failed: addr.clone().recipient(),
             finished: addr.clone().recipient(),
+            split_requested: addr.clone().recipient(),
         }
     }
 }
@@ -282,5 +308,20 @@ impl ToSubtask for NotifyCheckpointAborted {
 impl ToSubtask for EndInput {
     fn remote(self, subtask: SubtaskId) -> ToWorker {
         ToWorker::EndInput { subtask }
+    }
+}
+
+impl ToSubtask for AddSplits {
+    fn remote(self, subtask: SubtaskId) -> ToWorker {
+        ToWorker::AddSplits {
+            subtask,
+            splits: self.0,
+        }
+    }
+}
+
+impl ToSubtask for NoMoreSplits {
+    fn remote(self, subtask: SubtaskId) -> ToWorker {
+        ToWorker::NoMoreSplits { subtask }
     }
 }

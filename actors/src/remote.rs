@@ -7,7 +7,8 @@ use crate::control::worker_client::WorkerClient;
 use crate::control::{Command, Deploy, Empty, Event, FromWorker, ToWorker};
 use crate::coordinator::CoordinatorActor;
 use crate::messages::{
-    AcknowledgeCheckpoint, DeclineCheckpoint, SourceExhausted, Stop, SubtaskFailed, SubtaskFinished,
+    AcknowledgeCheckpoint, DeclineCheckpoint, SourceExhausted, SplitRequest, Stop, SubtaskFailed,
+    SubtaskFinished,
 };
 use crate::metrics::JobMetrics;
 use crate::runtime::JobError;
@@ -364,6 +365,9 @@ impl RemoteWorker {
                 if let Some(c) = coordinator {
                     c.do_send(SourceExhausted { attempt, subtask });
                 }
+            }
+            FromWorker::SplitRequested { subtask } => {
+                supervisor.do_send(SplitRequest { attempt, subtask })
             }
             FromWorker::Finished { subtask } => {
                 supervisor.do_send(SubtaskFinished { attempt, subtask })

@@ -81,6 +81,19 @@ impl Line for (u64, u64) {
     }
 }
 
+/// A text key, quoted as CSV quotes a field when it holds a comma, a
+/// quote or a line break.
+impl Line for (String, u64) {
+    fn line(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        let (key, count) = self;
+        if key.contains([',', '"', '\n', '\r']) {
+            write!(out, "\"{}\",{count}", key.replace('"', "\"\""))
+        } else {
+            write!(out, "{key},{count}")
+        }
+    }
+}
+
 /// Exactly-once files of lines (such as `key,count`), by two-phase commit. Records go
 /// to a hidden in-progress file; at a checkpoint barrier it is flushed,
 /// synced and renamed to a hidden pending name (pre-commit); when the

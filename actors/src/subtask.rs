@@ -11,10 +11,10 @@
 use crate::coordinator::now;
 use crate::endpoint::{InputEndpoint, OutputEndpoint};
 use crate::messages::{
-    AcknowledgeCheckpoint, CheckpointReports, Consumed, DeclineCheckpoint, Deliver,
-    DeliverPriority, EndInput, Kill, NotifyCheckpointAborted, NotifyCheckpointComplete,
-    OutputCredit, Produce, Push, PushPriority, Reports, SourceExhausted, Stop, SubtaskFailed,
-    SubtaskFinished, TriggerCheckpoint, Wire,
+    AcknowledgeCheckpoint, AddSplits, CheckpointReports, Consumed, DeclineCheckpoint, Deliver,
+    DeliverPriority, EndInput, Kill, NoMoreSplits, NotifyCheckpointAborted,
+    NotifyCheckpointComplete, OutputCredit, Produce, Push, PushPriority, Reports, SourceExhausted,
+    SplitRequest, Stop, SubtaskFailed, SubtaskFinished, TriggerCheckpoint, Wire,
 };
 use crate::metrics::{JobMetrics, SubtaskCounters};
 use crate::snapshot;
@@ -878,6 +878,12 @@ impl Handler<Produce> for SubtaskActor {
         self.counters.add_records_in(produced.records as u64);
         self.send_outgoing();
         self.forward_watermarks();
+        if produced.request_split {
+            self.reports.split_requested.do_send(SplitRequest {
+                attempt: self.attempt,
+                subtask: self.id,
+            });
+        }
         if produced.records == 0 && produced.status == SourceStatus::Running {
             // Nothing to read yet: ask again a little later rather than at
             // once, which would spin and starve the actors sharing this
@@ -975,6 +981,26 @@ impl Handler<NotifyCheckpointAborted> for SubtaskActor {
         let actions = self.handler.abort(id);
         self.apply(actions, ctx);
         self.drive(ctx);
+    }
+}
+
+impl Handler<AddSplits> for SubtaskActor {
+    type Result = ();
+
+    fn handle(&mut self, AddSplits(splits): AddSplits, ctx: &mut Context<Self>) {
+        if self.guarded(|task, _| task.add_splits(splits)).is_some() {
+            self.drive(ctx);
+        }
+    }
+}
+
+impl Handler<NoMoreSplits> for SubtaskActor {
+    type Result = ();
+
+    fn handle(&mut self, _: NoMoreSplits, ctx: &mut Context<Self>) {
+        if self.guarded(|task, _| task.no_more_splits()).is_some() {
+            self.drive(ctx);
+        }
     }
 }
 

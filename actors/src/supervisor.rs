@@ -13,13 +13,15 @@ use crate::coordinator::{
 };
 use crate::deploy::{stop_all, Hosted, Hosting};
 use crate::messages::{
-    Cancel, CheckpointReports, Kill, Reports, Stop, SubtaskFailed, SubtaskFinished, SubtaskHandle,
+    Cancel, CheckpointReports, Kill, Reports, SplitRequest, Stop, SubtaskFailed, SubtaskFinished,
+    SubtaskHandle,
 };
 use crate::metrics::{CheckpointCounters, JobMetrics};
 use crate::net::{self, LinkActor, WorkerAssignment, Workers};
 use crate::remote::{Pool, Reporting};
 use crate::restore::{load, restore_failure, transient, Loaded, LoadedFrom, Restored};
 use crate::runtime::{job_id, JobError, JobReport};
+use crate::sources::{HostsSources, SourceHost};
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, Recipient, System,
     WrapFuture,
@@ -93,6 +95,9 @@ pub struct JobSupervisor {
     outcome: Option<mpsc::Sender<Result<JobReport, JobError>>>,
     storage: Option<CheckpointStorage>,
     coordinator: Option<Addr<CoordinatorActor>>,
+    /// The job's source coordinators, unless the checkpoint coordinator
+    /// hosts them.
+    sources: SourceHost,
     subtasks: Vec<(SubtaskId, SubtaskHandle)>,
     /// Every actor of the current attempt.
     actors: Vec<Recipient<Stop>>,
@@ -141,6 +146,7 @@ impl JobSupervisor {
             restoring: None,
             pool,
             savepoint_dir,
+            sources: SourceHost::new(&job),
             job,
             arbiters,
             workers,
@@ -172,6 +178,7 @@ impl JobSupervisor {
             graph: self.job.graph.clone(),
             local_dir: self.job.config.local_dir().map(Path::to_path_buf),
             hooks: self.job.take_master_hooks(),
+            sources: std::mem::take(&mut self.sources),
             supervisor: ctx.address(),
             metrics: self.metrics.clone(),
             savepoint_dir: self.savepoint_dir.clone(),
@@ -206,6 +213,7 @@ impl JobSupervisor {
                 LifeAction::Announce(attempt) => {
                     let restore = self.restoring.take();
                     self.running(attempt, restore);
+                    SourceHost::start(self, attempt, &self.subtasks.clone(), ctx);
                 }
                 LifeAction::Restart {
                     attempt,
@@ -621,6 +629,7 @@ struct Boot {
     graph: JobGraph,
     local_dir: Option<PathBuf>,
     hooks: Vec<Box<dyn MasterHook>>,
+    sources: SourceHost,
     supervisor: Addr<JobSupervisor>,
     metrics: Arc<JobMetrics>,
     savepoint_dir: Option<CheckpointStorage>,
@@ -667,6 +676,7 @@ impl Boot {
                 started_from: from.filter(|f| !f.owned),
             },
         )
+        .hosting(self.sources)
         .start();
         Ok((coordinator, restore))
     }
@@ -804,6 +814,30 @@ impl Handler<WorkerDeployed> for JobSupervisor {
 
     fn handle(&mut self, WorkerDeployed(attempt): WorkerDeployed, ctx: &mut Context<Self>) {
         self.feed(LifeEvent::WorkerDeployed(attempt), ctx);
+    }
+}
+
+impl HostsSources for JobSupervisor {
+    fn sources(&mut self) -> &mut SourceHost {
+        &mut self.sources
+    }
+
+    fn source_failed(&mut self, failed: SubtaskFailed, ctx: &mut Context<Self>) {
+        ctx.notify(failed);
+    }
+}
+
+/// A split source subtask asks for a split: from the checkpoint
+/// coordinator, which hosts the source coordinators, or from this
+/// supervisor without one.
+impl Handler<SplitRequest> for JobSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, request: SplitRequest, ctx: &mut Context<Self>) {
+        match &self.coordinator {
+            Some(coordinator) => coordinator.do_send(request),
+            None => SourceHost::request(self, request, ctx),
+        }
     }
 }
 

@@ -1,13 +1,15 @@
 //! The wordcount topology: a deterministic generator of keyed records, a
 //! keyed count, and a sink of `(key, count)`.
 
-use crate::sinks::{files_or_discard, Output};
+use crate::sinks::{files_or_discard, Line, Output};
+use std::marker::PhantomData;
+use tidemark_connectors::files::{FileSource, FileSourceError, Format};
 use tidemark_core::job::JobConfig;
 use tidemark_core::rng::splitmix64;
 use tidemark_core::split::{Split, SplitPosition};
 use tidemark_core::{
-    AllKeys, Collector, Job, KeyedContext, KeyedProcessFunction, ReduceFunction, ReducingState,
-    Source, SourceContext, SourceStatus, StateRegistrar, UserError,
+    AllKeys, Collector, Job, Key, KeyedContext, KeyedProcessFunction, ReduceFunction,
+    ReducingState, Source, SourceContext, SourceStatus, StateRegistrar, Stream, UserError,
 };
 
 /// Record i of a generated input, a pure function of i: replaying an index
@@ -96,9 +98,10 @@ pub enum Emit {
 
 /// Counts records per key in keyed reducing state named `count`: adding
 /// needs no read, so with `Emit::Final` a RocksDB backend only writes.
-pub struct Counter {
+pub struct Counter<K = u64> {
     count: ReducingState<u64, Sum>,
     emit: Emit,
+    keys: PhantomData<fn(K)>,
 }
 
 /// Counts add up.
@@ -112,23 +115,24 @@ impl ReduceFunction<u64> for Sum {
     }
 }
 
-impl Counter {
+impl<K: Key> Counter<K> {
     /// Registers the `count` state; for the `process` factory of a keyed
     /// stream.
-    pub fn open(states: &mut StateRegistrar<'_, u64>, emit: Emit) -> Self {
+    pub fn open(states: &mut StateRegistrar<'_, K>, emit: Emit) -> Self {
         Counter {
             count: states.reducing("count", Sum),
             emit,
+            keys: PhantomData,
         }
     }
 }
 
-impl KeyedProcessFunction<u64, u64, (u64, u64)> for Counter {
+impl<K: Key> KeyedProcessFunction<K, K, (K, u64)> for Counter<K> {
     fn process(
         &mut self,
-        key: u64,
-        ctx: &mut KeyedContext<'_, u64>,
-        out: &mut Collector<'_, (u64, u64)>,
+        key: K,
+        ctx: &mut KeyedContext<'_, K>,
+        out: &mut Collector<'_, (K, u64)>,
     ) {
         let mut count = ctx.reducing(&self.count);
         count.add(1);
@@ -137,7 +141,7 @@ impl KeyedProcessFunction<u64, u64, (u64, u64)> for Counter {
         }
     }
 
-    fn end_of_input(&mut self, states: AllKeys<'_, u64>, out: &mut Collector<'_, (u64, u64)>) {
+    fn end_of_input(&mut self, states: AllKeys<'_, K>, out: &mut Collector<'_, (K, u64)>) {
         if self.emit == Emit::Final {
             for (key, count) in states.values(&self.count) {
                 out.collect((key, count));
@@ -150,7 +154,58 @@ impl KeyedProcessFunction<u64, u64, (u64, u64)> for Counter {
 /// follow: runs of it find each other's checkpoints.
 pub const JOB_NAME: &str = "wordcount";
 
-/// The wordcount topology's parameters: generator → count by key → sink.
+/// Where wordcount's records come from.
+#[derive(Clone)]
+pub enum Input {
+    /// The deterministic generator of `u64` keys (`--source gen`).
+    Generator,
+    /// Text lines, each split on whitespace into words: a word is a key.
+    Lines(FileSource<String>),
+    /// Records whose `key` field is the key (JSON lines, CSV).
+    Records(FileSource<KeyField>),
+}
+
+impl Input {
+    /// `gen`, or the URL of a file source (see `FileSource::from_url`).
+    pub fn from_url(url: &str) -> Result<Self, FileSourceError> {
+        if url == "gen" {
+            return Ok(Input::Generator);
+        }
+        let lines = FileSource::<String>::from_url(url)?;
+        Ok(match lines.options().format {
+            Format::Text => Input::Lines(lines),
+            Format::JsonLines | Format::Csv => Input::Records(FileSource::from_url(url)?),
+        })
+    }
+}
+
+impl std::fmt::Debug for Input {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Input::Generator => f.write_str("Generator"),
+            Input::Lines(_) => f.write_str("Lines"),
+            Input::Records(_) => f.write_str("Records"),
+        }
+    }
+}
+
+/// A record's `key` field, whatever its JSON or CSV type.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct KeyField {
+    key: serde_json::Value,
+}
+
+impl KeyField {
+    /// The key as text: a string as it is, anything else as JSON.
+    pub fn into_key(self) -> String {
+        match self.key {
+            serde_json::Value::String(key) => key,
+            other => other.to_string(),
+        }
+    }
+}
+
+/// The wordcount topology's parameters: source → count by key → sink.
 #[derive(Clone, Debug)]
 pub struct Wordcount {
     /// Records generated over all source subtasks.
@@ -163,6 +218,9 @@ pub struct Wordcount {
     pub emit: Emit,
     /// Directory of committed `key,count` files; `None` discards results.
     pub output: Option<Output>,
+    /// Where the records come from: the generator (of `records` records
+    /// with `keys` keys) or files.
+    pub input: Input,
 }
 
 impl Wordcount {
@@ -176,16 +234,44 @@ impl Wordcount {
             records,
             keys,
             seed,
-            emit,
             ..
         } = *self;
-        let counted = Job::builder(JOB_NAME)
-            .config(config)
-            .source("generator", move |ctx| {
-                Generator::new(records, keys, seed, ctx)
-            })
-            .uid("generator")
-            .key_by(|key: &u64| *key)
+        let builder = Job::builder(JOB_NAME).config(config);
+        match &self.input {
+            Input::Generator => self.count(
+                builder
+                    .source("generator", move |ctx| {
+                        Generator::new(records, keys, seed, ctx)
+                    })
+                    .uid("generator"),
+            ),
+            Input::Lines(files) => self.count(
+                builder
+                    .split_source("files", files.clone())
+                    .uid("files")
+                    .flat_map(|line: String| {
+                        line.split_whitespace()
+                            .map(str::to_owned)
+                            .collect::<Vec<_>>()
+                    }),
+            ),
+            Input::Records(files) => self.count(
+                builder
+                    .split_source("files", files.clone())
+                    .uid("files")
+                    .map(KeyField::into_key),
+            ),
+        }
+    }
+
+    /// Counts the keys of `keys` into the sink.
+    fn count<K: Key>(&self, keys: Stream<K>) -> Job
+    where
+        (K, u64): Line,
+    {
+        let emit = self.emit;
+        let counted = keys
+            .key_by(|key: &K| key.clone())
             .process("count", move |states| Counter::open(states, emit))
             .uid("count");
         files_or_discard(counted, self.output.as_ref())

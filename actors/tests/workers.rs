@@ -65,6 +65,35 @@ fn same_output(args: &[String], workers: &[String], context: &str) -> (RunReport
     (local, remote)
 }
 
+/// Splits of a file source travel to the subtasks on worker processes
+/// over the control plane, and a worker killed twice loses none.
+#[test]
+fn files_read_over_two_worker_processes_give_the_output_of_one_process() {
+    let input = tempfile::tempdir().unwrap();
+    for f in 0..6u64 {
+        let text: String = (0..3_000u64)
+            .map(|l| format!("w{} w{}\n", (f * 3_000 + l) % 701, l % 13))
+            .collect();
+        std::fs::write(input.path().join(format!("{f}.txt")), text).unwrap();
+    }
+    let args = vec![
+        "wordcount".to_string(),
+        format!(
+            "--source={}?format=text&split-size=10000",
+            input.path().display()
+        ),
+        "--parallelism=3".to_string(),
+        "--checkpoint-interval=100ms".to_string(),
+        "--records=18000".to_string(),
+        // Long enough (1.2 s) for both kills to land.
+        "--rate=15000".to_string(),
+    ];
+    let workers = ["--workers=2".to_string(), "--inject-failures=2".to_string()];
+    let (local, remote) = same_output(&args, &workers, "files over 2 workers");
+    assert_eq!(local.records_in, 18_000);
+    assert_eq!(remote.restarts, 2, "both kills landed");
+}
+
 #[test]
 fn topologies_over_two_and_three_worker_processes_give_the_output_of_one_process() {
     for topology in ["wordcount", "windows", "join"] {

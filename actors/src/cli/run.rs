@@ -13,7 +13,7 @@ use crate::remote::{Distributed, WorkerSet};
 use crate::runtime::{job_id, JobError, Runtime};
 use crate::sinks::{run_name, Output};
 use crate::windows::{Events, Windows};
-use crate::wordcount::{Emit, Wordcount};
+use crate::wordcount::{Emit, Input, Wordcount};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -103,6 +103,12 @@ pub struct RunArgs {
     /// whose names do not start with `.` or `_`.
     #[arg(long)]
     pub output: Option<PathBuf>,
+    /// Where the records come from (wordcount): `gen`, the generator, or
+    /// files: `DIR?format=text|jsonl|csv[&monitor-interval=1s]` with DIR a
+    /// path, `file://` or `s3://` URL. Text lines are split into words;
+    /// JSON lines and CSV rows are counted by their `key` field.
+    #[arg(long, default_value = "gen", value_name = "URL", value_parser = parse_source)]
+    pub source: Input,
     /// A YAML file of job settings, with Flink's keys (such as
     /// `execution.checkpointing.interval: 1 s`); the flags below win over
     /// it.
@@ -206,6 +212,10 @@ pub fn rebuild(recipe: &[u8]) -> Result<tidemark_core::job::Job, String> {
 
 /// `8081` is `127.0.0.1:8081`: nothing is exposed beyond this machine
 /// unless an address says so.
+fn parse_source(s: &str) -> Result<Input, String> {
+    Input::from_url(s).map_err(|e| e.to_string())
+}
+
 fn parse_http(s: &str) -> Result<std::net::SocketAddr, String> {
     if let Ok(port) = s.parse::<u16>() {
         return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
@@ -388,6 +398,7 @@ impl RunArgs {
                 seed: self.seed,
                 emit: self.emit,
                 output: output.clone(),
+                input: self.source.clone(),
             }
             .job(config),
             Topology::Windows => Windows {
@@ -425,6 +436,12 @@ impl RunArgs {
         };
         if let (Some(addr), None) = (self.http, &options.http_token_file) {
             crate::http::check_exposure(addr, None).map_err(|e| usage("--http", e.to_string()))?;
+        }
+        if self.topology != Topology::Wordcount && !matches!(self.source, Input::Generator) {
+            return Err(usage(
+                "--source",
+                "only wordcount reads files yet; windows and join read the generator".into(),
+            ));
         }
         let parallelism = config.parallelism;
         if let Some(subtask) = self.slow_subtask.filter(|s| *s >= parallelism) {

@@ -6,9 +6,9 @@ use crate::control::{Command, Deploy, Event, FromWorker, Progress, ToWorker};
 use crate::coordinator::RestoreFrom;
 use crate::deploy::{stop_all, Hosted, Hosting};
 use crate::messages::{
-    AcknowledgeCheckpoint, CheckpointReports, DeclineCheckpoint, EndInput, NotifyCheckpointAborted,
-    NotifyCheckpointComplete, Reports, SourceExhausted, Stop, SubtaskFailed, SubtaskFinished,
-    TriggerCheckpoint,
+    AcknowledgeCheckpoint, AddSplits, CheckpointReports, DeclineCheckpoint, EndInput, NoMoreSplits,
+    NotifyCheckpointAborted, NotifyCheckpointComplete, Reports, SourceExhausted, SplitRequest,
+    Stop, SubtaskFailed, SubtaskFinished, TriggerCheckpoint,
 };
 use crate::metrics::JobMetrics;
 use crate::net::{crossings, LinkEnd, LinkEnds, WorkerAssignment, Workers};
@@ -356,6 +356,19 @@ impl AttemptActor {
                     s.do_send(EndInput);
                 }
             }
+            ToWorker::AddSplits {
+                subtask: id,
+                splits,
+            } => {
+                if let Some(s) = subtask(self, id) {
+                    s.do_send(AddSplits(splits));
+                }
+            }
+            ToWorker::NoMoreSplits { subtask: id } => {
+                if let Some(s) = subtask(self, id) {
+                    s.do_send(NoMoreSplits);
+                }
+            }
             ToWorker::Cancel => self.stop(ctx),
         }
     }
@@ -582,6 +595,16 @@ impl Handler<DeclineCheckpoint> for AttemptActor {
             subtask: decline.subtask,
             checkpoint: decline.checkpoint,
             reason: decline.reason,
+        });
+    }
+}
+
+impl Handler<SplitRequest> for AttemptActor {
+    type Result = ();
+
+    fn handle(&mut self, request: SplitRequest, _ctx: &mut Context<Self>) {
+        self.send(FromWorker::SplitRequested {
+            subtask: request.subtask,
         });
     }
 }

@@ -7,7 +7,8 @@ use crate::graph::Partitioner;
 use crate::ids::{CheckpointId, OperatorId, SubtaskIndex};
 use crate::key_group::KeyGroupRange;
 use crate::operator::{Downstream, Outgoing};
-use crate::source::{Source, SourceStatus};
+use crate::source::reader::Reader;
+use crate::source::{SourceStatus, SplitBytes};
 use crate::split::SplitPosition;
 use crate::state::StateBackend;
 use crate::time::watermark::GeneratorState;
@@ -61,7 +62,8 @@ pub struct OutputContext {
 }
 
 pub use crate::checkpoint::entries::{
-    is_sink_entry, sink_entry, SINK, SOURCE_EXHAUSTED, SOURCE_POSITION, SOURCE_WATERMARK,
+    is_sink_entry, sink_entry, SINK, SOURCE_EXHAUSTED, SOURCE_POSITION, SOURCE_SPLITS,
+    SOURCE_WATERMARK,
 };
 pub use crate::state::snapshot::{
     KeyedSnapshot, NativeCheckpoint, NativeFile, RestoreState, TaskSnapshot,
@@ -139,6 +141,12 @@ pub trait Task: Send {
     /// `backpressured` source (its output waits for credit) is not idle.
     fn watermark_tick(&mut self, now: Millis, backpressured: bool);
 
+    /// Split sources: the source coordinator handed the subtask `splits`.
+    fn add_splits(&mut self, splits: Vec<SplitBytes>) -> Result<(), TaskError>;
+
+    /// Split sources: the source coordinator has no more splits for it.
+    fn no_more_splits(&mut self) -> Result<(), TaskError>;
+
     /// Sources: the watermark events due since the last call (after
     /// `produce`, a tick or the end of input), for the shell to send on every
     /// output channel after the batches already written out.
@@ -152,11 +160,13 @@ pub struct Produced {
     pub records: usize,
     /// Whether the source has more.
     pub status: SourceStatus,
+    /// A split source holds no split: ask its coordinator for one.
+    pub request_split: bool,
 }
 
 /// The head of a source subtask's chain.
 struct SourceHead<T> {
-    source: Box<dyn Source<T>>,
+    reader: Box<dyn Reader<T>>,
     buffer: Vec<T>,
     exhausted: bool,
     watermarks: SourceWatermarks<T>,
@@ -201,6 +211,10 @@ pub fn retain<I: Data>(owns: impl Fn(&I) -> bool + Send + Sync + 'static) -> Ret
     })
 }
 
+fn not_a_source() -> TaskError {
+    TaskError::Protocol("a subtask with input was asked to act as a source".into())
+}
+
 /// A chain fed by a source or by the subtask's input gate.
 pub struct ChainTask<T> {
     source: Option<SourceHead<T>>,
@@ -214,10 +228,10 @@ pub struct ChainTask<T> {
 impl<T> ChainTask<T> {
     /// A source subtask's chain: `source` feeding `next`. Its records have
     /// no timestamps: the end of its input emits the final watermark only.
-    pub fn source(source: Box<dyn Source<T>>, next: Box<dyn Downstream<T>>) -> Self {
+    pub fn source(reader: Box<dyn Reader<T>>, next: Box<dyn Downstream<T>>) -> Self {
         ChainTask {
             source: Some(SourceHead {
-                source,
+                reader,
                 buffer: Vec::new(),
                 exhausted: false,
                 watermarks: SourceWatermarks {
@@ -239,7 +253,7 @@ impl<T> ChainTask<T> {
     /// A source subtask's chain whose records carry event timestamps, with
     /// watermarks after `strategy`; the newest timestamp goes to `metrics`.
     pub fn source_with_watermarks(
-        source: Box<dyn Source<T>>,
+        reader: Box<dyn Reader<T>>,
         strategy: WatermarkStrategy,
         metrics: Arc<TimeMetrics>,
         next: Box<dyn Downstream<T>>,
@@ -247,7 +261,7 @@ impl<T> ChainTask<T> {
     where
         T: Timestamped,
     {
-        let mut task = Self::source(source, next);
+        let mut task = Self::source(reader, next);
         if let Some(head) = &mut task.source {
             head.watermarks = SourceWatermarks {
                 generator: WatermarkGenerator::new(strategy, GeneratorState::default()),
@@ -257,6 +271,10 @@ impl<T> ChainTask<T> {
             };
         }
         task
+    }
+
+    fn head(&mut self) -> Result<&mut SourceHead<T>, TaskError> {
+        self.source.as_mut().ok_or_else(not_a_source)
     }
 
     fn watermarks(&mut self) -> Option<&mut SourceWatermarks<T>> {
@@ -287,13 +305,12 @@ impl<T: Data> Task for ChainTask<T> {
         now: Millis,
         out: &mut Outgoing,
     ) -> Result<Produced, TaskError> {
-        let head = self.source.as_mut().ok_or_else(|| {
-            TaskError::Protocol("a subtask with input was asked to produce".into())
-        })?;
+        let head = self.source.as_mut().ok_or_else(not_a_source)?;
         let status = head
-            .source
+            .reader
             .read(&mut head.buffer, max)
             .map_err(TaskError::Source)?;
+        let request_split = head.reader.take_request();
         head.exhausted = status == SourceStatus::Finished;
         let records = head.buffer.len();
         let w = &mut head.watermarks;
@@ -312,7 +329,11 @@ impl<T: Data> Task for ChainTask<T> {
         }
         self.next.push_all(&mut head.buffer);
         self.next.flush(out)?;
-        Ok(Produced { records, status })
+        Ok(Produced {
+            records,
+            status,
+            request_split,
+        })
     }
 
     fn process(&mut self, input: usize, batch: Batch, out: &mut Outgoing) -> Result<(), TaskError> {
@@ -344,10 +365,7 @@ impl<T: Data> Task for ChainTask<T> {
                 TaskError::Protocol(format!("cannot encode a watermark state: {e}"))
             })?;
             snapshot.operator.insert(SOURCE_WATERMARK.into(), watermark);
-            let position = rmp_serde::to_vec(&head.source.position()).map_err(|e| {
-                TaskError::Protocol(format!("cannot encode a source position: {e}"))
-            })?;
-            snapshot.operator.insert(SOURCE_POSITION.into(), position);
+            head.reader.snapshot(&mut snapshot.operator)?;
             if head.exhausted {
                 snapshot
                     .operator
@@ -363,6 +381,9 @@ impl<T: Data> Task for ChainTask<T> {
     }
 
     fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
+        if let Some(head) = &mut self.source {
+            head.reader.restore(&state.operator)?;
+        }
         if let Some(w) = self.watermarks() {
             if let Some(bytes) = state.operator.get(SOURCE_WATERMARK) {
                 let restored = rmp_serde::from_slice(bytes).map_err(|e| {
@@ -403,6 +424,14 @@ impl<T: Data> Task for ChainTask<T> {
                 w.generator.on_tick(now, &mut w.due);
             }
         }
+    }
+
+    fn add_splits(&mut self, splits: Vec<SplitBytes>) -> Result<(), TaskError> {
+        self.head()?.reader.add_splits(splits)
+    }
+
+    fn no_more_splits(&mut self) -> Result<(), TaskError> {
+        self.head()?.reader.no_more_splits()
     }
 
     fn take_watermarks(&mut self, events: &mut Vec<WatermarkEvent>) {

@@ -352,20 +352,21 @@ enum Fence {
     Epoch(u64),
 }
 
-impl CheckpointStorage {
-    /// `url`: a plain path, `file://` path, `memory://` (an in-memory store
-    /// that lives as long as this value and its clones), `memory://NAME[/prefix]` (the
-    /// same store as every other open `memory://NAME` of this process), or
-    /// `s3://bucket/prefix`.
-    pub fn open(url: &str, job: JobId) -> Result<Self, StorageError> {
-        let storage = Self::open_directory(url, true)?;
-        storage.subdirectory(&job.to_string())
-    }
+/// A directory of an object store, as a URL names it: where checkpoints
+/// go, and where connectors read and write files.
+pub struct Location {
+    /// The store.
+    pub store: Arc<dyn ObjectStore>,
+    /// The directory within it.
+    pub prefix: Path,
+    /// The store's own URL, without the prefix.
+    pub store_url: String,
+}
 
-    /// The directory `url` itself (URLs as for `open`): a savepoint
-    /// directory, or where savepoint directories are made. Unless `create`,
-    /// a local directory must exist already.
-    pub fn open_directory(url: &str, create: bool) -> Result<Self, StorageError> {
+impl Location {
+    /// `url` as for [`CheckpointStorage::open`]. Unless `create`, a local
+    /// directory must exist already.
+    pub fn open(url: &str, create: bool) -> Result<Self, StorageError> {
         let invalid = |problem: String| StorageError::InvalidUrl {
             url: url.to_owned(),
             problem,
@@ -380,7 +381,7 @@ impl CheckpointStorage {
                 .map_err(|e| invalid(format!("bad prefix: {e}")))?;
             Ok(Some((name.to_owned(), prefix)))
         };
-        let (store, root, store_url): (Arc<dyn ObjectStore>, Path, String) =
+        let (store, prefix, store_url): (Arc<dyn ObjectStore>, Path, String) =
             if let Some((name, prefix)) = named("memory://")? {
                 (memory_store(&name), prefix, format!("memory://{name}"))
             } else if let Some((name, prefix)) = named("store://")? {
@@ -400,10 +401,37 @@ impl CheckpointStorage {
                 let dir = url.trim_end_matches('/');
                 (local_store(url, create)?, Path::default(), dir.to_owned())
             };
+        Ok(Location {
+            store,
+            prefix,
+            store_url,
+        })
+    }
+}
+
+impl CheckpointStorage {
+    /// `url`: a plain path, `file://` path, `memory://` (an in-memory store
+    /// that lives as long as this value and its clones), `memory://NAME[/prefix]` (the
+    /// same store as every other open `memory://NAME` of this process), or
+    /// `s3://bucket/prefix`.
+    pub fn open(url: &str, job: JobId) -> Result<Self, StorageError> {
+        let storage = Self::open_directory(url, true)?;
+        storage.subdirectory(&job.to_string())
+    }
+
+    /// The directory `url` itself (URLs as for `open`): a savepoint
+    /// directory, or where savepoint directories are made. Unless `create`,
+    /// a local directory must exist already.
+    pub fn open_directory(url: &str, create: bool) -> Result<Self, StorageError> {
+        let Location {
+            store,
+            prefix,
+            store_url,
+        } = Location::open(url, create)?;
         Ok(CheckpointStorage {
             store,
             url: store_url.into(),
-            job_dir: root,
+            job_dir: prefix,
             counters: Arc::default(),
             counter_exists: Arc::default(),
             fence: None,

@@ -4,6 +4,24 @@
 
 /// Operator-state entry of a source: its `SplitPosition`, MessagePack.
 pub const SOURCE_POSITION: &str = "source-position";
+use serde::{Deserialize, Serialize};
+
+/// A split as the runtime carries it between the source coordinator, the
+/// subtasks and checkpoints: its id, for the messages and errors that name
+/// it, and its MessagePack bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitBytes {
+    /// The split's `SourceSplit::split_id`.
+    pub id: String,
+    /// The split, MessagePack.
+    #[serde(with = "serde_bytes")]
+    pub bytes: Vec<u8>,
+}
+
+/// Operator-state entry of a split source's subtask: the splits it held,
+/// at their positions, as a MessagePack list of `SplitBytes`. A rescale
+/// deals the splits of all subtasks out again.
+pub const SOURCE_SPLITS: &str = "source-splits";
 /// Operator-state entry of a source that had read everything when the
 /// snapshot was taken: once a checkpoint holding it for every source
 /// completes, the input can end without anything left to replay.

@@ -3,7 +3,9 @@
 //! state object into the byte ranges of its key groups, so that the shell
 //! only has to read objects and hand out slices.
 
-use super::entries::{is_sink_entry, SOURCE_EXHAUSTED, SOURCE_POSITION, SOURCE_WATERMARK};
+use super::entries::{
+    is_sink_entry, SplitBytes, SOURCE_EXHAUSTED, SOURCE_POSITION, SOURCE_SPLITS, SOURCE_WATERMARK,
+};
 use super::{
     ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyGroupsStateHandle, KeyedStateHandle,
     NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
@@ -706,34 +708,34 @@ fn plan_of(
         .or_default()
 }
 
+/// A new subtask's operator state, and the sink transactions it adopts.
+type NewOperatorState = (BTreeMap<String, Vec<u8>>, Vec<(String, Vec<u8>)>);
+
 /// Each new subtask's operator state and the sink transactions it adopts.
 /// At the same parallelism every subtask keeps its own. Otherwise source
 /// positions are redistributed, a new source is exhausted if every old one
 /// was, subtask j keeps the sink transactions and other entries of old
 /// subtask j, and subtask 0 adopts the sink transactions of old subtasks
 /// beyond the new parallelism.
-#[allow(clippy::type_complexity)]
 fn operator_state(
     parallelism: u32,
     checkpointed: u32,
     states: &[(SubtaskIndex, &SubtaskState)],
-) -> Result<Vec<(BTreeMap<String, Vec<u8>>, Vec<(String, Vec<u8>)>)>, String> {
+) -> Result<Vec<NewOperatorState>, String> {
     let of = |j: u32| {
         states
             .iter()
             .find(|(i, _)| i.0 == j)
             .map(|(_, s)| &s.operator)
     };
-    let mut out: Vec<(BTreeMap<String, Vec<u8>>, Vec<(String, Vec<u8>)>)> = (0..parallelism)
+    let mut out: Vec<NewOperatorState> = (0..parallelism)
         .map(|j| (of(j).cloned().unwrap_or_default(), Vec::new()))
         .collect();
     if parallelism == checkpointed {
         return Ok(out);
     }
-    let is_source = states
-        .iter()
-        .any(|(_, s)| s.operator.contains_key(SOURCE_POSITION));
-    if is_source {
+    let holds = |entry: &str| states.iter().any(|(_, s)| s.operator.contains_key(entry));
+    if holds(SOURCE_POSITION) {
         let old = (0..checkpointed)
             .map(|j| match of(j).and_then(|o| o.get(SOURCE_POSITION)) {
                 None => Ok(SplitPosition::start(j)),
@@ -741,36 +743,40 @@ fn operator_state(
                     .map_err(|e| format!("a malformed source position: {e}")),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let exhausted =
-            (0..checkpointed).all(|j| of(j).is_some_and(|o| o.contains_key(SOURCE_EXHAUSTED)));
         for ((state, _), position) in out.iter_mut().zip(split::redistribute(&old, parallelism)) {
             let bytes = rmp_serde::to_vec(&position)
                 .map_err(|e| format!("cannot encode a source position: {e}"))?;
             state.insert(SOURCE_POSITION.into(), bytes);
+        }
+    }
+    if holds(SOURCE_SPLITS) {
+        deal_splits(&mut out, (0..checkpointed).filter_map(of))?;
+    }
+    if holds(SOURCE_POSITION) || holds(SOURCE_SPLITS) {
+        let exhausted =
+            (0..checkpointed).all(|j| of(j).is_some_and(|o| o.contains_key(SOURCE_EXHAUSTED)));
+        for (state, _) in &mut out {
             if exhausted {
                 state.insert(SOURCE_EXHAUSTED.into(), Vec::new());
             } else {
                 state.remove(SOURCE_EXHAUSTED);
             }
         }
-        if states
-            .iter()
-            .any(|(_, s)| s.operator.contains_key(SOURCE_WATERMARK))
-        {
-            // Every new subtask reads on from every old one's position, so it
-            // starts from the lowest of their watermark states.
-            let old = (0..checkpointed)
-                .map(|j| match of(j).and_then(|o| o.get(SOURCE_WATERMARK)) {
-                    None => Ok(GeneratorState::default()),
-                    Some(bytes) => rmp_serde::from_slice(bytes)
-                        .map_err(|e| format!("a malformed watermark state: {e}")),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let merged = rmp_serde::to_vec(&GeneratorState::merge_for_rescale(&old))
-                .map_err(|e| format!("cannot encode a watermark state: {e}"))?;
-            for (state, _) in &mut out {
-                state.insert(SOURCE_WATERMARK.into(), merged.clone());
-            }
+    }
+    if holds(SOURCE_WATERMARK) {
+        // Every new subtask reads on from every old one's position, so it
+        // starts from the lowest of their watermark states.
+        let old = (0..checkpointed)
+            .map(|j| match of(j).and_then(|o| o.get(SOURCE_WATERMARK)) {
+                None => Ok(GeneratorState::default()),
+                Some(bytes) => rmp_serde::from_slice(bytes)
+                    .map_err(|e| format!("a malformed watermark state: {e}")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let merged = rmp_serde::to_vec(&GeneratorState::merge_for_rescale(&old))
+            .map_err(|e| format!("cannot encode a watermark state: {e}"))?;
+        for (state, _) in &mut out {
+            state.insert(SOURCE_WATERMARK.into(), merged.clone());
         }
     }
     let removed = (parallelism..checkpointed)
@@ -779,6 +785,36 @@ fn operator_state(
         .map(|(e, t)| (e.clone(), t.clone()));
     out[0].1.extend(removed);
     Ok(out)
+}
+
+/// Deals the splits the old subtasks of a split source held, in their
+/// order, round robin to the new subtasks (as Flink redistributes a
+/// source's split state): each split, at its position, goes to exactly
+/// one.
+fn deal_splits<'a>(
+    out: &mut [NewOperatorState],
+    old: impl Iterator<Item = &'a BTreeMap<String, Vec<u8>>>,
+) -> Result<(), String> {
+    let subtasks = out.len();
+    let mut dealt: Vec<Vec<SplitBytes>> = vec![Vec::new(); subtasks];
+    let mut next = 0;
+    for state in old {
+        let Some(bytes) = state.get(SOURCE_SPLITS) else {
+            continue;
+        };
+        let splits: Vec<SplitBytes> =
+            rmp_serde::from_slice(bytes).map_err(|e| format!("malformed source splits: {e}"))?;
+        for split in splits {
+            dealt[next % subtasks].push(split);
+            next += 1;
+        }
+    }
+    for ((state, _), splits) in out.iter_mut().zip(dealt) {
+        let bytes =
+            rmp_serde::to_vec(&splits).map_err(|e| format!("cannot encode source splits: {e}"))?;
+        state.insert(SOURCE_SPLITS.into(), bytes);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1064,6 +1100,42 @@ mod tests {
         assert!(plans[&count(3)].operator.is_empty());
         assert!(plans.values().all(|p| p.adopted.is_empty()));
         assert!(plans[&source(3)].operator.contains_key(SOURCE_POSITION));
+    }
+
+    #[test]
+    fn a_rescale_deals_every_split_to_exactly_one_new_subtask() {
+        let split = |id: &str| SplitBytes {
+            id: id.into(),
+            bytes: id.as_bytes().to_vec(),
+        };
+        let held = [vec![split("a")], vec![split("b"), split("c")], vec![]];
+        let mut c = checkpoint(3);
+        for (i, splits) in held.iter().enumerate() {
+            let operator = BTreeMap::from([
+                (SOURCE_SPLITS.to_owned(), rmp_serde::to_vec(splits).unwrap()),
+                (SOURCE_EXHAUSTED.to_owned(), Vec::new()),
+            ]);
+            let state = SubtaskState {
+                operator,
+                ..SubtaskState::default()
+            };
+            c.subtasks.insert(source(i as u32), state);
+        }
+        let dealt = |p: u32| -> Vec<Vec<String>> {
+            let plans = plan(&c, &graph(p), false).unwrap();
+            (0..p)
+                .map(|j| {
+                    let operator = &plans[&source(j)].operator;
+                    assert!(operator.contains_key(SOURCE_EXHAUSTED), "every old one was");
+                    let splits: Vec<SplitBytes> =
+                        rmp_serde::from_slice(&operator[SOURCE_SPLITS]).unwrap();
+                    splits.into_iter().map(|s| s.id).collect()
+                })
+                .collect()
+        };
+        assert_eq!(dealt(2), [vec!["a", "c"], vec!["b"]]);
+        assert_eq!(dealt(4), [vec!["a"], vec!["b"], vec!["c"], vec![]]);
+        assert_eq!(dealt(3), [vec!["a"], vec!["b", "c"], vec![]], "kept as is");
     }
 
     #[test]

@@ -17,6 +17,8 @@ use crate::fault::{Fault, KillSchedule, SlowSubtask};
 use crate::graph::{GraphError, JobGraph, Partitioner};
 use crate::ids::OperatorId;
 use crate::restart::RestartStrategy;
+use crate::source::coordinator::{SharedSourceCoordinator, SourceCoordinator, SourceHook};
+use crate::source::splits::ErasedEnumerator;
 use crate::state::StateBackend;
 use crate::task::{Task, TaskContext};
 use std::sync::{Arc, Mutex};
@@ -192,6 +194,8 @@ pub struct Job {
     pub config: JobConfig,
     tasks: Vec<TaskFactory>,
     master_hooks: Vec<Box<dyn MasterHook>>,
+    /// The coordinators of its split sources, by operator.
+    source_coordinators: Vec<(OperatorId, SharedSourceCoordinator)>,
 }
 
 impl Job {
@@ -204,6 +208,7 @@ impl Job {
                 graph: JobGraph::default(),
                 tasks: Vec::new(),
                 master_hooks: Vec::new(),
+                split_enumerators: Vec::new(),
                 adaptive: Vec::new(),
                 sinks: Vec::new(),
             })),
@@ -213,6 +218,12 @@ impl Job {
     /// The master hooks, handed once to the checkpoint coordinator.
     pub fn take_master_hooks(&mut self) -> Vec<Box<dyn MasterHook>> {
         std::mem::take(&mut self.master_hooks)
+    }
+
+    /// The coordinators of its split sources, by operator; their master
+    /// hooks are among [`take_master_hooks`](Self::take_master_hooks).
+    pub fn source_coordinators(&self) -> &[(OperatorId, SharedSourceCoordinator)] {
+        &self.source_coordinators
     }
 
     /// What deploys a subtask of `operator`.
@@ -242,6 +253,8 @@ struct Building {
     graph: JobGraph,
     tasks: Vec<TaskFactory>,
     master_hooks: Vec<Box<dyn MasterHook>>,
+    /// The enumerators of its split sources, by operator.
+    split_enumerators: Vec<(OperatorId, Arc<dyn ErasedEnumerator>)>,
     /// Edges (by index) that are forward if both ends end up with one
     /// parallelism and rebalance otherwise, as Flink picks for a union or
     /// a connect: the parallelism may be set after the edge is made.
@@ -327,14 +340,28 @@ impl JobBuilder {
                     Partitioner::Rebalance
                 };
             }
+            let mut master_hooks = std::mem::take(&mut b.master_hooks);
+            let mut source_coordinators = Vec::new();
+            for (op, enumerator) in std::mem::take(&mut b.split_enumerators) {
+                let uid = &graph.operators[op.0 as usize].uid;
+                let coordinator = Arc::new(Mutex::new(SourceCoordinator::new(uid, enumerator)));
+                master_hooks.push(Box::new(SourceHook::new(coordinator.clone())));
+                source_coordinators.push((op, coordinator));
+            }
             Job {
                 name: b.name.clone(),
                 graph,
                 config: b.config.clone(),
                 tasks: std::mem::take(&mut b.tasks),
-                master_hooks: std::mem::take(&mut b.master_hooks),
+                master_hooks,
+                source_coordinators,
             }
         })
+    }
+
+    /// Registers the enumerator of the split source `op`.
+    fn add_split_enumerator(&self, op: OperatorId, enumerator: Arc<dyn ErasedEnumerator>) {
+        self.with(|b| b.split_enumerators.push((op, enumerator)));
     }
 
     /// Adds an operator whose subtasks `task` builds.

@@ -13,7 +13,9 @@ use crate::operator::{
     OutputTag, RecordWriter, Route, SideOutputs, SideRecord, SinkWriter, Stateless,
 };
 use crate::sink::{Sink, SinkContext};
-use crate::source::{Source, SourceContext};
+use crate::source::reader::{Indexed, Reader, SourceReader};
+use crate::source::splits::Erased;
+use crate::source::{Source, SourceContext, SplitSource};
 use crate::state::{Key, KeyedStateBackend, StateRegistrar};
 use crate::task::{
     decoder, retain, sink_entry, ChainTask, Decoder, OutputContext, Retain, Task, TaskContext,
@@ -116,6 +118,58 @@ pub(super) fn plain_route<T>(out: &OutputContext) -> Route<T> {
     }
 }
 
+/// Opens the [`Source`] `factory` builds at the subtask's position.
+fn indexed<T, S, F>(factory: F) -> impl Fn(&TaskContext) -> Box<dyn Reader<T>> + Send + Sync
+where
+    T: Data,
+    S: Source<T> + 'static,
+    F: Fn(SourceContext) -> S + Send + Sync + 'static,
+{
+    move |ctx| {
+        Box::new(Indexed(Box::new(factory(SourceContext {
+            subtask: ctx.subtask,
+            parallelism: ctx.parallelism,
+            start: ctx.source_position.clone(),
+        }))))
+    }
+}
+
+/// Builds a source subtask's task around the reader it reads from.
+trait BuildHead<T>:
+    Fn(Box<dyn Reader<T>>, &TaskContext, Box<dyn Downstream<T>>) -> Box<dyn Task>
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T, F> BuildHead<T> for F where
+    F: Fn(Box<dyn Reader<T>>, &TaskContext, Box<dyn Downstream<T>>) -> Box<dyn Task>
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// The head of a source whose records have no timestamps.
+fn plain_head<T: Data>(
+    reader: Box<dyn Reader<T>>,
+    _: &TaskContext,
+    next: Box<dyn Downstream<T>>,
+) -> Box<dyn Task> {
+    Box::new(ChainTask::source(reader, next))
+}
+
+/// The head of a source with watermarks after `strategy`.
+fn timestamped_head<T: Data + Timestamped>(strategy: WatermarkStrategy) -> impl BuildHead<T> {
+    move |reader, ctx, next| {
+        let metrics = ctx.time_metrics.clone();
+        Box::new(ChainTask::source_with_watermarks(
+            reader, strategy, metrics, next,
+        ))
+    }
+}
+
 /// The records an input takes as they are.
 fn same<T: Data>() -> Decoder<T> {
     decoder::<T, T>(|record| record)
@@ -130,9 +184,7 @@ impl JobBuilder {
         S: Source<T> + 'static,
         F: Fn(SourceContext) -> S + Send + Sync + 'static,
     {
-        self.source_task(name, factory, |source, _, next| {
-            Box::new(ChainTask::source(source, next))
-        })
+        self.source_task(name, indexed(factory), plain_head).1
     }
 
     /// Adds a source operator whose records carry event timestamps, with
@@ -150,40 +202,67 @@ impl JobBuilder {
         S: Source<T> + 'static,
         F: Fn(SourceContext) -> S + Send + Sync + 'static,
     {
-        self.source_task(name, factory, move |source, ctx, next| {
-            let metrics = ctx.time_metrics.clone();
-            Box::new(ChainTask::source_with_watermarks(
-                source, strategy, metrics, next,
-            ))
-        })
+        self.source_task(name, indexed(factory), timestamped_head(strategy))
+            .1
     }
 
-    /// A source operator whose subtasks `head` builds around the source
-    /// `factory` opens where the subtask resumes.
-    fn source_task<T, S, F, H>(&self, name: &str, factory: F, head: H) -> Stream<T>
+    /// Adds a split source (Flink's FLIP-27 `Source`): its enumerator runs
+    /// beside the checkpoint coordinator and hands the splits it discovers
+    /// to the subtasks, which read them.
+    pub fn split_source<T, S>(&self, name: &str, source: S) -> Stream<T>
     where
         T: Data,
-        S: Source<T> + 'static,
-        F: Fn(SourceContext) -> S + Send + Sync + 'static,
-        H: Fn(Box<dyn Source<T>>, &TaskContext, Box<dyn Downstream<T>>) -> Box<dyn Task>
-            + Send
-            + Sync
-            + 'static,
+        S: SplitSource<T>,
+    {
+        self.split_source_task(name, source, plain_head)
+    }
+
+    /// [`split_source`](Self::split_source) whose records carry event
+    /// timestamps, with watermarks after `strategy`.
+    pub fn split_source_with_watermarks<T, S>(
+        &self,
+        name: &str,
+        strategy: WatermarkStrategy,
+        source: S,
+    ) -> Stream<T>
+    where
+        T: Data + Timestamped,
+        S: SplitSource<T>,
+    {
+        self.split_source_task(name, source, timestamped_head(strategy))
+    }
+
+    fn split_source_task<T, S, H>(&self, name: &str, source: S, head: H) -> Stream<T>
+    where
+        T: Data,
+        S: SplitSource<T>,
+        H: BuildHead<T>,
+    {
+        let source = Arc::new(source);
+        let enumerator = Arc::new(Erased(source.clone()));
+        let reader = move |_: &TaskContext| -> Box<dyn Reader<T>> {
+            Box::new(SourceReader::new(source.clone()))
+        };
+        let (op, stream) = self.source_task(name, reader, head);
+        self.add_split_enumerator(op, enumerator);
+        stream
+    }
+
+    /// A source operator whose subtasks `head` builds around the reader
+    /// `reader` opens for the subtask.
+    fn source_task<T, R, H>(&self, name: &str, reader: R, head: H) -> (OperatorId, Stream<T>)
+    where
+        T: Data,
+        R: Fn(&TaskContext) -> Box<dyn Reader<T>> + Send + Sync + 'static,
+        H: BuildHead<T>,
     {
         let node = Node::new();
         let next = node.clone();
         let op = self.add_operator(
             name,
-            Arc::new(move |ctx| {
-                let source = factory(SourceContext {
-                    subtask: ctx.subtask,
-                    parallelism: ctx.parallelism,
-                    start: ctx.source_position.clone(),
-                });
-                head(Box::new(source), ctx, next.build(ctx))
-            }),
+            Arc::new(move |ctx| head(reader(ctx), ctx, next.build(ctx))),
         );
-        self.stream(op, node, None)
+        (op, self.stream(op, node, None))
     }
 
     pub(super) fn stream<T>(

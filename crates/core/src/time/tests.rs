@@ -416,7 +416,10 @@ fn source_task(
         parallelism: 1,
         start: None,
     };
-    let source = Box::new(Items::new(items.clone(), ctx));
+    let source = Box::new(crate::source::reader::Indexed(Box::new(Items::new(
+        items.clone(),
+        ctx,
+    ))));
     let writer = Box::new(RecordWriter::<Ev>::new(Route::Forward, 0, 1, 1 << 10));
     match strategy {
         Some(strategy) => {

@@ -1,7 +1,17 @@
-//! Sources. A source is replayable: it reads records by index as its
+//! Sources. A [`Source`] is replayable: it reads records by index as its
 //! [`Split`] assigns them, reports the split's position, and a subtask can
 //! open it at a position, which is how a restore rewinds it, at the same or
-//! another parallelism.
+//! another parallelism. A [`SplitSource`] reads splits that a coordinator
+//! discovers and hands out ([`splits`]).
+
+pub mod coordinator;
+pub mod reader;
+pub mod splits;
+
+pub use splits::{
+    BoxFuture, Discovery, DiscoveryFuture, SourceSplit, SplitBytes, SplitEnumerator, SplitReader,
+    SplitSource,
+};
 
 use crate::error::UserError;
 use crate::ids::SubtaskIndex;

@@ -1,0 +1,26 @@
+//! The runtime connectors do their IO on: a small pool of threads of its
+//! own, so that a slow listing or read never stalls the actor threads, and
+//! its object store clients live as long as the process.
+
+use std::future::Future;
+use std::sync::LazyLock;
+use tokio::runtime::Runtime;
+
+static IO: LazyLock<Runtime> = LazyLock::new(|| {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("tidemark-io")
+        .enable_all()
+        .build()
+        .expect("the connectors' IO runtime starts")
+});
+
+/// Runs `future` on the IO runtime; the result comes back through the
+/// returned future, which any runtime (or none) may await.
+pub(crate) fn spawn<F>(future: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    IO.spawn(future)
+}

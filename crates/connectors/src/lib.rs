@@ -1,0 +1,14 @@
+//! Connectors: where a job's records come from and go to outside it.
+//!
+//! - [`files`]: files on any object store (a local directory, `s3://`,
+//!   an in-memory or registered store), read by a split source: each file,
+//!   or byte range of a large one, is a split read exactly once across
+//!   failures, restarts and rescales.
+//!
+//! Each system is a cargo feature, so that an embedding that needs none
+//! compiles none of them.
+
+#[cfg(feature = "files")]
+pub mod files;
+#[cfg(feature = "files")]
+mod io;

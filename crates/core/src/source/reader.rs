@@ -1,0 +1,188 @@
+//! What a source subtask's head reads from: a [`Source`] opened at the
+//! subtask's position, or the splits of a split source that the source
+//! coordinator hands it ([`SourceReader`]), behind one interface.
+
+use super::splits::{SourceSplit, SplitBytes, SplitReader, SplitSource};
+use super::{Source, SourceStatus};
+use crate::checkpoint::entries::{SOURCE_POSITION, SOURCE_SPLITS};
+use crate::error::{TaskError, UserError};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+/// A source subtask's input, as its chain's head drives it.
+pub trait Reader<T>: Send {
+    /// Appends at most `max` records to `out`.
+    fn read(&mut self, out: &mut Vec<T>, max: usize) -> Result<SourceStatus, UserError>;
+
+    /// Writes its progress into the operator-state `entries` of a snapshot.
+    fn snapshot(&self, entries: &mut BTreeMap<String, Vec<u8>>) -> Result<(), TaskError>;
+
+    /// Before any read: resumes from the restored operator-state `entries`.
+    fn restore(&mut self, entries: &BTreeMap<String, Vec<u8>>) -> Result<(), TaskError>;
+
+    /// The source coordinator handed it `splits`.
+    fn add_splits(&mut self, splits: Vec<SplitBytes>) -> Result<(), TaskError>;
+
+    /// The source coordinator has no more splits for it.
+    fn no_more_splits(&mut self) -> Result<(), TaskError>;
+
+    /// Whether to ask the source coordinator for a split now; asked once
+    /// until splits come.
+    fn take_request(&mut self) -> bool;
+}
+
+/// A [`Source`]: it reads the indices of the subtask's residue class, from
+/// the position it was opened at.
+pub struct Indexed<T>(pub Box<dyn Source<T>>);
+
+impl<T> Reader<T> for Indexed<T> {
+    fn read(&mut self, out: &mut Vec<T>, max: usize) -> Result<SourceStatus, UserError> {
+        self.0.read(out, max)
+    }
+
+    fn snapshot(&self, entries: &mut BTreeMap<String, Vec<u8>>) -> Result<(), TaskError> {
+        let position = rmp_serde::to_vec(&self.0.position())
+            .map_err(|e| TaskError::Protocol(format!("cannot encode a source position: {e}")))?;
+        entries.insert(SOURCE_POSITION.into(), position);
+        Ok(())
+    }
+
+    /// The source was opened at the restored position already.
+    fn restore(&mut self, _entries: &BTreeMap<String, Vec<u8>>) -> Result<(), TaskError> {
+        Ok(())
+    }
+
+    fn add_splits(&mut self, _splits: Vec<SplitBytes>) -> Result<(), TaskError> {
+        Err(not_a_split_source())
+    }
+
+    fn no_more_splits(&mut self) -> Result<(), TaskError> {
+        Err(not_a_split_source())
+    }
+
+    fn take_request(&mut self) -> bool {
+        false
+    }
+}
+
+fn not_a_split_source() -> TaskError {
+    TaskError::Protocol("a source coordinator wrote to a source without splits".into())
+}
+
+/// The splits one subtask of a split source reads: those the coordinator
+/// handed it and those its restored state held. It reads them in turn, a
+/// batch from each, drops a split once read, and asks for another when it
+/// holds none; it ends when it holds none and the coordinator said that no
+/// more will come.
+pub struct SourceReader<T, S: SplitSource<T>> {
+    source: Arc<S>,
+    /// The splits being read, the next to read from first.
+    active: VecDeque<Box<dyn SplitReader<T, S::Split>>>,
+    /// It asked for a split and none came yet.
+    requested: bool,
+    /// It should ask now.
+    request: bool,
+    no_more_splits: bool,
+}
+
+impl<T, S: SplitSource<T>> SourceReader<T, S> {
+    /// A reader holding no split yet.
+    pub fn new(source: Arc<S>) -> Self {
+        SourceReader {
+            source,
+            active: VecDeque::new(),
+            requested: false,
+            request: false,
+            no_more_splits: false,
+        }
+    }
+
+    fn open(&mut self, splits: &[SplitBytes]) -> Result<(), TaskError> {
+        for split in splits {
+            let typed = split.decode().map_err(TaskError::Protocol)?;
+            let reader = self.source.open(typed).map_err(|e| {
+                TaskError::Source(format!("cannot open split {}: {e}", split.id).into())
+            })?;
+            self.active.push_back(reader);
+        }
+        Ok(())
+    }
+
+    /// The splits it holds, at the positions read up to.
+    pub fn splits(&self) -> Result<Vec<SplitBytes>, TaskError> {
+        self.active
+            .iter()
+            .map(|reader| {
+                SplitBytes::encode(&reader.split())
+                    .map_err(|e| TaskError::Protocol(format!("cannot encode a split: {e}")))
+            })
+            .collect()
+    }
+}
+
+impl<T, S: SplitSource<T>> Reader<T> for SourceReader<T, S> {
+    /// A batch from the next split that has records, each split asked at
+    /// most once.
+    fn read(&mut self, out: &mut Vec<T>, max: usize) -> Result<SourceStatus, UserError> {
+        let before = out.len();
+        for _ in 0..self.active.len() {
+            let Some(mut reader) = self.active.pop_front() else {
+                break;
+            };
+            let status = reader.read(out, max).map_err(|e| -> UserError {
+                format!("split {}: {e}", reader.split().split_id()).into()
+            })?;
+            if status == SourceStatus::Running {
+                self.active.push_back(reader);
+            }
+            if out.len() > before {
+                break;
+            }
+        }
+        if !self.active.is_empty() {
+            return Ok(SourceStatus::Running);
+        }
+        if self.no_more_splits {
+            return Ok(SourceStatus::Finished);
+        }
+        if !self.requested {
+            self.requested = true;
+            self.request = true;
+        }
+        Ok(SourceStatus::Running)
+    }
+
+    fn snapshot(&self, entries: &mut BTreeMap<String, Vec<u8>>) -> Result<(), TaskError> {
+        let splits = rmp_serde::to_vec(&self.splits()?)
+            .map_err(|e| TaskError::Protocol(format!("cannot encode source splits: {e}")))?;
+        entries.insert(SOURCE_SPLITS.into(), splits);
+        Ok(())
+    }
+
+    fn restore(&mut self, entries: &BTreeMap<String, Vec<u8>>) -> Result<(), TaskError> {
+        let Some(bytes) = entries.get(SOURCE_SPLITS) else {
+            return Ok(());
+        };
+        let splits: Vec<SplitBytes> = rmp_serde::from_slice(bytes)
+            .map_err(|e| TaskError::Protocol(format!("malformed source splits: {e}")))?;
+        self.open(&splits)
+    }
+
+    fn add_splits(&mut self, splits: Vec<SplitBytes>) -> Result<(), TaskError> {
+        self.requested = false;
+        self.open(&splits)
+    }
+
+    fn no_more_splits(&mut self) -> Result<(), TaskError> {
+        self.no_more_splits = true;
+        Ok(())
+    }
+
+    fn take_request(&mut self) -> bool {
+        std::mem::take(&mut self.request)
+    }
+}
+
+#[cfg(test)]
+#[path = "reader_tests.rs"]
+mod tests;
