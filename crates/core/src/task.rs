@@ -11,6 +11,7 @@ use crate::source::reader::Reader;
 use crate::source::{SourceStatus, SplitBytes};
 use crate::split::SplitPosition;
 use crate::state::StateBackend;
+use crate::time::split_watermarks::SplitWatermarks;
 use crate::time::watermark::GeneratorState;
 use crate::time::{
     Millis, TimeMetrics, Timestamped, WatermarkEvent, WatermarkGenerator, WatermarkStrategy,
@@ -178,6 +179,8 @@ struct SourceHead<T> {
 struct SourceWatermarks<T> {
     generator: WatermarkGenerator,
     timestamp_of: Option<fn(&T) -> u64>,
+    /// A split source's time per split, which the generator follows.
+    splits: Option<SplitWatermarks>,
     due: Vec<WatermarkEvent>,
     metrics: Arc<TimeMetrics>,
 }
@@ -240,6 +243,7 @@ impl<T> ChainTask<T> {
                         GeneratorState::default(),
                     ),
                     timestamp_of: None,
+                    splits: None,
                     due: Vec::new(),
                     metrics: Arc::default(),
                 },
@@ -261,11 +265,13 @@ impl<T> ChainTask<T> {
     where
         T: Timestamped,
     {
+        let splits = reader.held_splits().map(|_| SplitWatermarks::default());
         let mut task = Self::source(reader, next);
         if let Some(head) = &mut task.source {
             head.watermarks = SourceWatermarks {
                 generator: WatermarkGenerator::new(strategy, GeneratorState::default()),
                 timestamp_of: Some(T::timestamp),
+                splits,
                 due: Vec::new(),
                 metrics,
             };
@@ -319,7 +325,20 @@ impl<T: Data> Task for ChainTask<T> {
             if let Some(max) = max {
                 w.metrics.observe_timestamp(max);
             }
-            w.generator.on_records(max, now, &mut w.due);
+            match (&mut w.splits, head.reader.held_splits()) {
+                (Some(splits), Some((held, last))) => {
+                    let records = last.zip(max);
+                    let current = w.generator.state().max_timestamp;
+                    splits.on_read(&held, records, current, now);
+                    if records.is_some() {
+                        w.generator.on_activity(now, &mut w.due);
+                    }
+                    let idleness = w.generator.strategy().idleness;
+                    w.generator.follow(splits.combined(idleness, now));
+                    w.generator.on_tick(now, &mut w.due);
+                }
+                _ => w.generator.on_records(max, now, &mut w.due),
+            }
         }
         // As in Flink, a source that has read everything releases its
         // consumers' windows at once, before the checkpoint that ends its
@@ -421,6 +440,11 @@ impl<T: Data> Task for ChainTask<T> {
             if backpressured {
                 w.generator.on_backpressure(now);
             } else {
+                if let Some(splits) = &w.splits {
+                    // A split gone idle may let the others' time through.
+                    let idleness = w.generator.strategy().idleness;
+                    w.generator.follow(splits.combined(idleness, now));
+                }
                 w.generator.on_tick(now, &mut w.due);
             }
         }

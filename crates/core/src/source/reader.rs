@@ -2,7 +2,7 @@
 //! subtask's position, or the splits of a split source that the source
 //! coordinator hands it ([`SourceReader`]), behind one interface.
 
-use super::splits::{SourceSplit, SplitBytes, SplitReader, SplitSource};
+use super::splits::{SplitBytes, SplitReader, SplitSource};
 use super::{Source, SourceStatus};
 use crate::checkpoint::entries::{SOURCE_POSITION, SOURCE_SPLITS};
 use crate::error::{TaskError, UserError};
@@ -29,6 +29,12 @@ pub trait Reader<T>: Send {
     /// Whether to ask the source coordinator for a split now; asked once
     /// until splits come.
     fn take_request(&mut self) -> bool;
+
+    /// Split sources: the ids of the splits it holds, and of the one the
+    /// last read's records came from, for watermarks per split.
+    fn held_splits(&self) -> Option<(Vec<&str>, Option<&str>)> {
+        None
+    }
 }
 
 /// A [`Source`]: it reads the indices of the subtask's residue class, from
@@ -69,6 +75,9 @@ fn not_a_split_source() -> TaskError {
     TaskError::Protocol("a source coordinator wrote to a source without splits".into())
 }
 
+/// A split a subtask reads: its id, and its reader.
+type HeldSplit<T, S> = (String, Box<dyn SplitReader<T, S>>);
+
 /// The splits one subtask of a split source reads: those the coordinator
 /// handed it and those its restored state held. It reads them in turn, a
 /// batch from each, drops a split once read, and asks for another when it
@@ -76,8 +85,10 @@ fn not_a_split_source() -> TaskError {
 /// more will come.
 pub struct SourceReader<T, S: SplitSource<T>> {
     source: Arc<S>,
-    /// The splits being read, the next to read from first.
-    active: VecDeque<Box<dyn SplitReader<T, S::Split>>>,
+    /// The splits being read, by id, the next to read from first.
+    active: VecDeque<HeldSplit<T, S::Split>>,
+    /// The split the last read's records came from.
+    last: Option<String>,
     /// It asked for a split and none came yet.
     requested: bool,
     /// It should ask now.
@@ -91,6 +102,7 @@ impl<T, S: SplitSource<T>> SourceReader<T, S> {
         SourceReader {
             source,
             active: VecDeque::new(),
+            last: None,
             requested: false,
             request: false,
             no_more_splits: false,
@@ -103,7 +115,7 @@ impl<T, S: SplitSource<T>> SourceReader<T, S> {
             let reader = self.source.open(typed).map_err(|e| {
                 TaskError::Source(format!("cannot open split {}: {e}", split.id).into())
             })?;
-            self.active.push_back(reader);
+            self.active.push_back((split.id.clone(), reader));
         }
         Ok(())
     }
@@ -112,7 +124,7 @@ impl<T, S: SplitSource<T>> SourceReader<T, S> {
     pub fn splits(&self) -> Result<Vec<SplitBytes>, TaskError> {
         self.active
             .iter()
-            .map(|reader| {
+            .map(|(_, reader)| {
                 SplitBytes::encode(&reader.split())
                     .map_err(|e| TaskError::Protocol(format!("cannot encode a split: {e}")))
             })
@@ -125,17 +137,22 @@ impl<T, S: SplitSource<T>> Reader<T> for SourceReader<T, S> {
     /// most once.
     fn read(&mut self, out: &mut Vec<T>, max: usize) -> Result<SourceStatus, UserError> {
         let before = out.len();
+        self.last = None;
         for _ in 0..self.active.len() {
-            let Some(mut reader) = self.active.pop_front() else {
+            let Some((id, mut reader)) = self.active.pop_front() else {
                 break;
             };
-            let status = reader.read(out, max).map_err(|e| -> UserError {
-                format!("split {}: {e}", reader.split().split_id()).into()
-            })?;
-            if status == SourceStatus::Running {
-                self.active.push_back(reader);
+            let status = reader
+                .read(out, max)
+                .map_err(|e| -> UserError { format!("split {id}: {e}").into() })?;
+            let read = out.len() > before;
+            if read {
+                self.last = Some(id.clone());
             }
-            if out.len() > before {
+            if status == SourceStatus::Running {
+                self.active.push_back((id, reader));
+            }
+            if read {
                 break;
             }
         }
@@ -180,6 +197,11 @@ impl<T, S: SplitSource<T>> Reader<T> for SourceReader<T, S> {
 
     fn take_request(&mut self) -> bool {
         std::mem::take(&mut self.request)
+    }
+
+    fn held_splits(&self) -> Option<(Vec<&str>, Option<&str>)> {
+        let held = self.active.iter().map(|(id, _)| id.as_str()).collect();
+        Some((held, self.last.as_deref()))
     }
 }
 

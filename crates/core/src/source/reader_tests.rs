@@ -17,10 +17,10 @@ impl SourceSplit for Part {
     }
 }
 
-/// Named lists of numbers; each a split. Its enumerator is unused here.
-struct Lists(HashMap<String, Vec<u64>>);
+/// Named lists of records; each a split. Its enumerator is unused here.
+struct Lists<T>(HashMap<String, Vec<T>>);
 
-impl SplitEnumerator for Lists {
+impl<T: Clone + Send + Sync + 'static> SplitEnumerator for Lists<T> {
     type Split = Part;
     type State = ();
 
@@ -33,13 +33,13 @@ impl SplitEnumerator for Lists {
     }
 }
 
-struct PartReader {
+struct PartReader<T> {
     part: Part,
-    records: Vec<u64>,
+    records: Vec<T>,
 }
 
-impl SplitReader<u64, Part> for PartReader {
-    fn read(&mut self, out: &mut Vec<u64>, max: usize) -> Result<SourceStatus, UserError> {
+impl<T: Clone + Send> SplitReader<T, Part> for PartReader<T> {
+    fn read(&mut self, out: &mut Vec<T>, max: usize) -> Result<SourceStatus, UserError> {
         let end = (self.part.next + max).min(self.records.len());
         out.extend_from_slice(&self.records[self.part.next..end]);
         self.part.next = end;
@@ -55,8 +55,8 @@ impl SplitReader<u64, Part> for PartReader {
     }
 }
 
-impl SplitSource<u64> for Lists {
-    fn open(&self, part: Part) -> Result<Box<dyn SplitReader<u64, Part>>, UserError> {
+impl<T: Clone + Send + Sync + 'static> SplitSource<T> for Lists<T> {
+    fn open(&self, part: Part) -> Result<Box<dyn SplitReader<T, Part>>, UserError> {
         let records = self
             .0
             .get(&part.name)
@@ -66,7 +66,7 @@ impl SplitSource<u64> for Lists {
     }
 }
 
-fn source() -> Arc<Lists> {
+fn source() -> Arc<Lists<u64>> {
     Arc::new(Lists(HashMap::from([
         ("a".to_owned(), vec![1, 2, 3]),
         ("b".to_owned(), vec![10, 20]),
@@ -142,4 +142,61 @@ fn a_split_of_another_source_is_refused_with_its_id() {
         .unwrap_err()
         .to_string();
     assert_eq!(error, "source failed: cannot open split c: no list c");
+}
+
+/// A record at an event time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct At(u64);
+
+impl crate::time::Timestamped for At {
+    fn timestamp(&self) -> u64 {
+        self.0
+    }
+}
+
+#[test]
+fn reading_one_split_ahead_makes_no_record_of_another_late() {
+    use crate::operator::{RecordWriter, Route};
+    use crate::task::{ChainTask, Task};
+    use crate::time::{WatermarkEvent, WatermarkStrategy};
+    // A morning and an afternoon, read in turn two records at a time.
+    let lists = Lists(HashMap::from([
+        (
+            "morning".to_owned(),
+            (0..10).map(|i| At(1_000 + i)).collect(),
+        ),
+        (
+            "afternoon".to_owned(),
+            (0..10).map(|i| At(9_000 + i)).collect(),
+        ),
+    ]));
+    let reader = Box::new(SourceReader::new(Arc::new(lists)));
+    let writer = Box::new(RecordWriter::<At>::new(Route::Forward, 0, 1, 1 << 10));
+    let strategy = WatermarkStrategy::monotonous();
+    let mut task = ChainTask::source_with_watermarks(reader, strategy, Arc::default(), writer);
+    task.add_splits(vec![split("morning", 0), split("afternoon", 0)])
+        .unwrap();
+    let (mut watermark, mut events, mut read) = (None, Vec::new(), 0);
+    for now in 0..20 {
+        let mut out = Vec::new();
+        task.produce(2, now, &mut out).unwrap();
+        for (_, batch) in out {
+            for At(ts) in batch.into_records::<At>().unwrap() {
+                assert!(
+                    Some(ts) > watermark,
+                    "{ts} came after watermark {watermark:?}"
+                );
+                read += 1;
+            }
+        }
+        task.take_watermarks(&mut events);
+        for event in events.drain(..) {
+            if let WatermarkEvent::Watermark(w) = event {
+                watermark = Some(w);
+            }
+        }
+    }
+    assert_eq!(read, 20);
+    // Once both are read, the last record counts.
+    assert_eq!(watermark, Some(9_008));
 }

@@ -6,6 +6,7 @@
 //! and the interval join, are the job builder's (`crate::job`): they use
 //! keyed state, which is above time.
 
+pub mod split_watermarks;
 pub mod timers;
 pub mod watermark;
 pub mod window;

@@ -164,15 +164,27 @@ impl WatermarkGenerator {
         now: Millis,
         out: &mut Vec<WatermarkEvent>,
     ) {
-        if let Some(ts) = max_timestamp {
-            self.last_record_at = Some(now);
-            self.state.max_timestamp = self.state.max_timestamp.max(Some(ts));
-            if self.idle {
-                self.idle = false;
-                out.push(WatermarkEvent::Status(WatermarkStatus::Active));
-            }
+        if max_timestamp.is_some() {
+            self.on_activity(now, out);
         }
+        self.follow(max_timestamp);
         self.on_tick(now, out);
+    }
+
+    /// The subtask read records at `now`: it is not idle. Emits the return
+    /// to activity of an idle source.
+    pub fn on_activity(&mut self, now: Millis, out: &mut Vec<WatermarkEvent>) {
+        self.last_record_at = Some(now);
+        if self.idle {
+            self.idle = false;
+            out.push(WatermarkEvent::Status(WatermarkStatus::Active));
+        }
+    }
+
+    /// The watermark may follow timestamps up to `max_timestamp` (it never
+    /// goes back); emitted at the next tick or records.
+    pub fn follow(&mut self, max_timestamp: Option<u64>) {
+        self.state.max_timestamp = self.state.max_timestamp.max(max_timestamp);
     }
 
     /// The periodic check: the watermark if it advanced, and idleness.
