@@ -75,22 +75,35 @@ pub trait Line {
     fn line(&self, out: &mut dyn Write) -> std::io::Result<()>;
 }
 
-impl Line for (u64, u64) {
-    fn line(&self, out: &mut dyn Write) -> std::io::Result<()> {
-        write!(out, "{},{}", self.0, self.1)
+/// A key as a field of a [`Line`].
+pub trait Field {
+    /// Writes the field.
+    fn field(&self, out: &mut dyn Write) -> std::io::Result<()>;
+}
+
+impl Field for u64 {
+    fn field(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        write!(out, "{self}")
     }
 }
 
-/// A text key, quoted as CSV quotes a field when it holds a comma, a
-/// quote or a line break.
-impl Line for (String, u64) {
-    fn line(&self, out: &mut dyn Write) -> std::io::Result<()> {
-        let (key, count) = self;
-        if key.contains([',', '"', '\n', '\r']) {
-            write!(out, "\"{}\",{count}", key.replace('"', "\"\""))
+/// Quoted as CSV quotes a field when it holds a comma, a quote or a line
+/// break.
+impl Field for String {
+    fn field(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        if self.contains([',', '"', '\n', '\r']) {
+            write!(out, "\"{}\"", self.replace('"', "\"\""))
         } else {
-            write!(out, "{key},{count}")
+            out.write_all(self.as_bytes())
         }
+    }
+}
+
+/// `key,count`.
+impl<K: Field> Line for (K, u64) {
+    fn line(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        self.0.field(out)?;
+        write!(out, ",{}", self.1)
     }
 }
 

@@ -1,26 +1,28 @@
 //! The windows topology: a generator of timestamped keyed records with
-//! bounded disorder, a per-key window count in event time, and a sink of
+//! bounded disorder (or files of records with a `key` and a `ts`), a
+//! per-key window count in event time, and a sink of
 //! `key,window_start,window_end,count` lines.
 
-use crate::sinks::{files_or_discard, Line, Output};
-use crate::wordcount::{Generator, Records};
+use crate::sinks::{files_or_discard, Field, Line, Output};
+use crate::wordcount::{key_text, Generator, Input, Records};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tidemark_core::job::JobConfig;
 use tidemark_core::rng::splitmix64;
 use tidemark_core::time::{Count, TimeWindow, Timestamped, WatermarkStrategy, WindowAssigner};
 use tidemark_core::Job;
+use tidemark_core::{Key, KeyedStream};
 
-/// A generated record: a key and its event time.
+/// A record: a key and its event time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Event {
+pub struct Event<K = u64> {
     /// The key.
-    pub key: u64,
+    pub key: K,
     /// Event time, ms.
     pub timestamp: u64,
 }
 
-impl Timestamped for Event {
+impl<K> Timestamped for Event<K> {
     fn timestamp(&self) -> u64 {
         self.timestamp
     }
@@ -54,23 +56,48 @@ impl Records for Events {
     }
 }
 
+/// A record of a file: a `key` of any JSON or CSV type and its event time
+/// `ts`, in ms.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TimedKey {
+    key: serde_json::Value,
+    ts: u64,
+}
+
+impl Timestamped for TimedKey {
+    fn timestamp(&self) -> u64 {
+        self.ts
+    }
+}
+
+impl TimedKey {
+    /// The record with its key as text.
+    pub fn into_event(self) -> Event<String> {
+        Event {
+            key: key_text(self.key),
+            timestamp: self.ts,
+        }
+    }
+}
+
 /// One window's count, as the sink writes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WindowCount {
+pub struct WindowCount<K = u64> {
     /// The key.
-    pub key: u64,
+    pub key: K,
     /// The window.
     pub window: TimeWindow,
     /// Records of the key in it.
     pub count: u64,
 }
 
-impl Line for WindowCount {
+impl<K: Field> Line for WindowCount<K> {
     fn line(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        self.key.field(out)?;
         write!(
             out,
-            "{},{},{},{}",
-            self.key, self.window.start, self.window.end, self.count
+            ",{},{},{}",
+            self.window.start, self.window.end, self.count
         )
     }
 }
@@ -124,6 +151,10 @@ pub struct Windows {
     /// Directory of committed `key,window_start,window_end,count` files;
     /// `None` discards results.
     pub output: Option<Output>,
+    /// Where the records come from: the generator (of `records` records
+    /// made by `events`) or files of JSON lines or CSV with `key` and
+    /// `ts`, whose disorder is at most `events.max_disorder`.
+    pub input: Input,
 }
 
 impl Windows {
@@ -137,17 +168,33 @@ impl Windows {
         } = *self;
         let strategy =
             WatermarkStrategy::bounded_out_of_orderness(Duration::from_millis(events.max_disorder));
-        let counted = Job::builder(JOB_NAME)
-            .config(config)
-            .source_with_watermarks("generator", strategy, move |ctx| {
-                Generator::of(records, events, ctx)
-            })
-            .uid("generator")
-            .key_by(|event: &Event| event.key)
+        let builder = Job::builder(JOB_NAME).config(config);
+        match &self.input {
+            Input::Generator => self.count(
+                builder
+                    .source_with_watermarks("generator", strategy, move |ctx| {
+                        Generator::of(records, events, ctx)
+                    })
+                    .uid("generator")
+                    .key_by(|event: &Event| event.key),
+            ),
+            Input::Files(files) => self.count(
+                builder
+                    .split_source_with_watermarks("files", strategy, files.records::<TimedKey>())
+                    .uid("files")
+                    .map(TimedKey::into_event)
+                    .key_by(|event: &Event<String>| event.key.clone()),
+            ),
+        }
+    }
+
+    /// Counts the events of `keyed` per key and window into the sink.
+    fn count<K: Key + Field>(&self, keyed: KeyedStream<K, Event<K>>) -> Job {
+        let counted = keyed
             .window(self.window)
-            .aggregate("window", Count, |key, window, count, out| {
+            .aggregate("window", Count, |key: &K, window, count, out| {
                 out.collect(WindowCount {
-                    key: *key,
+                    key: key.clone(),
                     window: *window,
                     count,
                 })

@@ -154,28 +154,22 @@ impl<K: Key> KeyedProcessFunction<K, K, (K, u64)> for Counter<K> {
 /// follow: runs of it find each other's checkpoints.
 pub const JOB_NAME: &str = "wordcount";
 
-/// Where wordcount's records come from.
+/// Where a topology's records come from (`--source`).
 #[derive(Clone)]
 pub enum Input {
-    /// The deterministic generator of `u64` keys (`--source gen`).
+    /// The topology's deterministic generator (`gen`).
     Generator,
-    /// Text lines, each split on whitespace into words: a word is a key.
-    Lines(FileSource<String>),
-    /// Records whose `key` field is the key (JSON lines, CSV).
-    Records(FileSource<KeyField>),
+    /// Files, read as each topology reads them.
+    Files(FileSource<String>),
 }
 
 impl Input {
     /// `gen`, or the URL of a file source (see `FileSource::from_url`).
     pub fn from_url(url: &str) -> Result<Self, FileSourceError> {
-        if url == "gen" {
-            return Ok(Input::Generator);
+        match url {
+            "gen" => Ok(Input::Generator),
+            _ => Ok(Input::Files(FileSource::from_url(url)?)),
         }
-        let lines = FileSource::<String>::from_url(url)?;
-        Ok(match lines.options().format {
-            Format::Text => Input::Lines(lines),
-            Format::JsonLines | Format::Csv => Input::Records(FileSource::from_url(url)?),
-        })
     }
 }
 
@@ -183,8 +177,7 @@ impl std::fmt::Debug for Input {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Input::Generator => f.write_str("Generator"),
-            Input::Lines(_) => f.write_str("Lines"),
-            Input::Records(_) => f.write_str("Records"),
+            Input::Files(files) => write!(f, "Files({:?})", files.options()),
         }
     }
 }
@@ -196,12 +189,18 @@ pub struct KeyField {
 }
 
 impl KeyField {
-    /// The key as text: a string as it is, anything else as JSON.
+    /// The key as text.
     pub fn into_key(self) -> String {
-        match self.key {
-            serde_json::Value::String(key) => key,
-            other => other.to_string(),
-        }
+        key_text(self.key)
+    }
+}
+
+/// A key read from a file as text: a string as it is, anything else as
+/// JSON.
+pub fn key_text(key: serde_json::Value) -> String {
+    match key {
+        serde_json::Value::String(key) => key,
+        other => other.to_string(),
     }
 }
 
@@ -245,9 +244,9 @@ impl Wordcount {
                     })
                     .uid("generator"),
             ),
-            Input::Lines(files) => self.count(
+            Input::Files(lines) if lines.options().format == Format::Text => self.count(
                 builder
-                    .split_source("files", files.clone())
+                    .split_source("files", lines.clone())
                     .uid("files")
                     .flat_map(|line: String| {
                         line.split_whitespace()
@@ -255,9 +254,9 @@ impl Wordcount {
                             .collect::<Vec<_>>()
                     }),
             ),
-            Input::Records(files) => self.count(
+            Input::Files(files) => self.count(
                 builder
-                    .split_source("files", files.clone())
+                    .split_source("files", files.records::<KeyField>())
                     .uid("files")
                     .map(KeyField::into_key),
             ),

@@ -406,6 +406,7 @@ impl RunArgs {
                 events: events(),
                 window: self.window,
                 output: output.clone(),
+                input: self.source.clone(),
             }
             .job(config),
             Topology::Join => Join {
@@ -437,11 +438,23 @@ impl RunArgs {
         if let (Some(addr), None) = (self.http, &options.http_token_file) {
             crate::http::check_exposure(addr, None).map_err(|e| usage("--http", e.to_string()))?;
         }
-        if self.topology != Topology::Wordcount && !matches!(self.source, Input::Generator) {
-            return Err(usage(
-                "--source",
-                "only wordcount reads files yet; windows and join read the generator".into(),
-            ));
+        match (&self.source, self.topology) {
+            (Input::Files(_), Topology::Join) => {
+                return Err(usage(
+                    "--source",
+                    "join reads the generator only, for now; wordcount and windows read files"
+                        .into(),
+                ))
+            }
+            (Input::Files(files), Topology::Windows)
+                if files.options().format == tidemark_connectors::files::Format::Text =>
+            {
+                return Err(usage(
+                    "--source",
+                    "windows reads records with a key and a ts: format=jsonl or format=csv".into(),
+                ))
+            }
+            _ => {}
         }
         let parallelism = config.parallelism;
         if let Some(subtask) = self.slow_subtask.filter(|s| *s >= parallelism) {

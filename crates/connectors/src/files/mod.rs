@@ -108,14 +108,7 @@ pub struct FileSource<T> {
 
 impl<T> Clone for FileSource<T> {
     fn clone(&self) -> Self {
-        FileSource {
-            url: self.url.clone(),
-            store: self.store.clone(),
-            prefix: self.prefix.clone(),
-            options: self.options.clone(),
-            skipped: self.skipped.clone(),
-            records: PhantomData,
-        }
+        self.records()
     }
 }
 
@@ -208,6 +201,18 @@ impl<T> FileSource<T> {
     /// Its settings.
     pub fn options(&self) -> &FileOptions {
         &self.options
+    }
+
+    /// The same files, read as records `U`.
+    pub fn records<U>(&self) -> FileSource<U> {
+        FileSource {
+            url: self.url.clone(),
+            store: self.store.clone(),
+            prefix: self.prefix.clone(),
+            options: self.options.clone(),
+            skipped: self.skipped.clone(),
+            records: PhantomData,
+        }
     }
 }
 
