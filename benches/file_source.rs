@@ -1,7 +1,11 @@
 //! What reading files costs wordcount (p=2, 1,000,000 keys, no
-//! checkpoints, results discarded), side by side in one run: the generator
-//! against the same number of records as JSON lines (`{"key":K}`) in files
-//! on local disk, read by the split source.
+//! checkpoints, results discarded), side by side in one run:
+//!
+//! - the command line's generator (`u64` keys) against the same number of
+//!   records as JSON lines (`{"key":K}`) in files on local disk, read by
+//!   the split source (the keys are text then);
+//! - embedded, the same text keys from memory (`Items`) against from the
+//!   files, through the same steps: the cost of the file source alone.
 //!
 //! cargo bench --bench file_source
 //!
@@ -13,7 +17,13 @@ mod common;
 use common::{env_or, median};
 use std::io::Write;
 use std::path::Path;
+use std::sync::Arc;
+use tidemark::connectors::files::FileSource;
+use tidemark::source::Items;
 use tidemark_actors::cli::{self, RunArgs, RunReport};
+use tidemark_actors::prelude::*;
+use tidemark_actors::sinks::Discard;
+use tidemark_actors::wordcount::{Counter, Emit, KeyField};
 
 const KEYS: u64 = 1_000_000;
 const FILES: u64 = 8;
@@ -32,18 +42,35 @@ fn run(records: u64, extra: &[String]) -> RunReport {
     cli::run(&RunArgs::parse(args).expect("valid arguments")).expect("wordcount runs")
 }
 
-/// `records` JSON lines over `FILES` files, keys as the generator draws
-/// them.
+/// Key `i` as the generator draws it.
+fn key(i: u64) -> u64 {
+    tidemark::rng::splitmix64(i) % KEYS
+}
+
+/// `records` JSON lines over `FILES` files.
 fn write_json_lines(dir: &Path, records: u64) {
     for f in 0..FILES {
         let file = std::fs::File::create(dir.join(format!("{f}.jsonl"))).expect("a file");
         let mut out = std::io::BufWriter::new(file);
         for i in (f..records).step_by(FILES as usize) {
-            let key = tidemark::rng::splitmix64(i) % KEYS;
-            writeln!(out, "{{\"key\":{key}}}").expect("written");
+            writeln!(out, "{{\"key\":{}}}", key(i)).expect("written");
         }
         out.flush().expect("flushed");
     }
+}
+
+/// Counts the text keys of `keys` at p=2 into nothing: records/s.
+fn count(keys: tidemark::Stream<String>) -> f64 {
+    let report = keys
+        .key_by(|key: &String| key.clone())
+        .process("count", |states| Counter::open(states, Emit::Final))
+        .sink("discard", |_| Discard)
+        .build()
+        .run()
+        .expect("the job starts")
+        .wait()
+        .expect("the job runs");
+    report.throughput()
 }
 
 fn main() {
@@ -51,22 +78,43 @@ fn main() {
     let reps = env_or("TIDEMARK_BENCH_REPS", 3);
     let input = tempfile::tempdir().expect("a temporary directory");
     write_json_lines(input.path(), records);
-    let source = format!("--source={}?format=jsonl", input.path().display());
-    let (mut generator, mut files) = (vec![], vec![]);
+    let url = format!("{}?format=jsonl", input.path().display());
+    let texts: Arc<Vec<String>> = Arc::new((0..records).map(|i| key(i).to_string()).collect());
+    let (mut generator, mut files, mut memory, mut embedded) = (vec![], vec![], vec![], vec![]);
     for _ in 0..reps {
         generator.push(run(records, &[]).throughput_rps);
-        let report = run(records, std::slice::from_ref(&source));
+        let report = run(records, &[format!("--source={url}")]);
         assert_eq!(report.records_in, records, "every line read");
         files.push(report.throughput_rps);
+        let from = texts.clone();
+        memory.push(count(
+            Job::builder("in-memory")
+                .parallelism(2)
+                .source("keys", move |ctx| Items::new(from.clone(), ctx)),
+        ));
+        let source = FileSource::<KeyField>::from_url(&url).expect("the files");
+        embedded.push(count(
+            Job::builder("files")
+                .parallelism(2)
+                .split_source("files", source)
+                .map(KeyField::into_key),
+        ));
     }
     let (generator, files) = (median(generator), median(files));
+    let (memory, embedded) = (median(memory), median(embedded));
     println!(
         "wordcount p=2, {records} records, {KEYS} keys, no checkpoints, {reps} runs each (medians)"
     );
     println!(
-        "generator {:.2} M records/s, JSON lines files {:.2} M records/s, ratio {:.3}",
+        "command line: generator (u64 keys) {:.2} M records/s, JSON lines files (text keys) {:.2} M records/s, ratio {:.3}",
         generator / 1e6,
         files / 1e6,
         files / generator
+    );
+    println!(
+        "embedded, text keys: from memory {:.2} M records/s, from JSON lines files {:.2} M records/s, ratio {:.3}",
+        memory / 1e6,
+        embedded / 1e6,
+        embedded / memory
     );
 }

@@ -16,6 +16,7 @@
 //! neither RocksDB nor an HTTP client.
 
 pub use tidemark_actors as actors;
+pub use tidemark_connectors as connectors;
 pub use tidemark_core::*;
 /// RocksDB as the embedded store of keyed state (`rocksdb` feature).
 #[cfg(feature = "rocksdb")]
