@@ -115,6 +115,9 @@ pub struct SubtaskActor {
     limiter: Option<RateLimiter>,
     phase: Phase,
     produce_scheduled: bool,
+    /// A split source holds no split and waits for its coordinator: it is
+    /// not asked to produce until splits come or word that none will.
+    awaiting_splits: bool,
     drive_scheduled: bool,
     ns_per_record: u64,
     /// A slow subtask takes no input before then.
@@ -192,6 +195,7 @@ impl SubtaskActor {
                 .map(|rate| RateLimiter::new(rate, spec.records_per_batch, Instant::now())),
             phase: Phase::Waiting,
             produce_scheduled: false,
+            awaiting_splits: false,
             drive_scheduled: false,
             ns_per_record: spec.ns_per_record,
             resume_at: None,
@@ -338,7 +342,7 @@ impl SubtaskActor {
                 Phase::Waiting | Phase::Exhausted | Phase::Finished | Phase::Failed => return,
             }
             if self.is_source {
-                if !self.produce_scheduled {
+                if !self.produce_scheduled && !self.awaiting_splits {
                     self.produce_scheduled = true;
                     ctx.notify(Produce);
                 }
@@ -884,7 +888,11 @@ impl Handler<Produce> for SubtaskActor {
                 subtask: self.id,
             });
         }
-        if produced.records == 0 && produced.status == SourceStatus::Running {
+        self.awaiting_splits = produced.awaiting_splits;
+        if produced.records == 0
+            && produced.status == SourceStatus::Running
+            && !produced.awaiting_splits
+        {
             // Nothing to read yet: ask again a little later rather than at
             // once, which would spin and starve the actors sharing this
             // arbiter (their timers included).
@@ -988,6 +996,7 @@ impl Handler<AddSplits> for SubtaskActor {
     type Result = ();
 
     fn handle(&mut self, AddSplits(splits): AddSplits, ctx: &mut Context<Self>) {
+        self.awaiting_splits = false;
         if self.guarded(|task, _| task.add_splits(splits)).is_some() {
             self.drive(ctx);
         }
@@ -998,6 +1007,7 @@ impl Handler<NoMoreSplits> for SubtaskActor {
     type Result = ();
 
     fn handle(&mut self, _: NoMoreSplits, ctx: &mut Context<Self>) {
+        self.awaiting_splits = false;
         if self.guarded(|task, _| task.no_more_splits()).is_some() {
             self.drive(ctx);
         }

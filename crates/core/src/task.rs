@@ -163,6 +163,9 @@ pub struct Produced {
     pub status: SourceStatus,
     /// A split source holds no split: ask its coordinator for one.
     pub request_split: bool,
+    /// A split source holds no split and waits for its coordinator: there
+    /// is nothing to read until splits come, or word that none will.
+    pub awaiting_splits: bool,
 }
 
 /// The head of a source subtask's chain.
@@ -317,6 +320,7 @@ impl<T: Data> Task for ChainTask<T> {
             .read(&mut head.buffer, max)
             .map_err(TaskError::Source)?;
         let request_split = head.reader.take_request();
+        let awaiting_splits = head.reader.awaiting_splits();
         head.exhausted = status == SourceStatus::Finished;
         let records = head.buffer.len();
         let w = &mut head.watermarks;
@@ -352,6 +356,7 @@ impl<T: Data> Task for ChainTask<T> {
             records,
             status,
             request_split,
+            awaiting_splits,
         })
     }
 

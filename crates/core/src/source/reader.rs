@@ -30,6 +30,13 @@ pub trait Reader<T>: Send {
     /// until splits come.
     fn take_request(&mut self) -> bool;
 
+    /// Split sources: it holds no split and waits for the coordinator,
+    /// so nothing is to be read until splits come or it is told that none
+    /// will.
+    fn awaiting_splits(&self) -> bool {
+        false
+    }
+
     /// Split sources: the ids of the splits it holds, and of the one the
     /// last read's records came from, for watermarks per split.
     fn held_splits(&self) -> Option<(Vec<&str>, Option<&str>)> {
@@ -197,6 +204,10 @@ impl<T, S: SplitSource<T>> Reader<T> for SourceReader<T, S> {
 
     fn take_request(&mut self) -> bool {
         std::mem::take(&mut self.request)
+    }
+
+    fn awaiting_splits(&self) -> bool {
+        self.active.is_empty() && !self.no_more_splits
     }
 
     fn held_splits(&self) -> Option<(Vec<&str>, Option<&str>)> {
