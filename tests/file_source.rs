@@ -59,6 +59,25 @@ fn write_text(dir: &Path, batch: &str, files: usize, lines: usize) -> HashMap<St
     counts
 }
 
+/// A temporary root with the job's input and output directories in it.
+struct Dirs {
+    root: tempfile::TempDir,
+    input: PathBuf,
+    output: PathBuf,
+}
+
+fn dirs() -> Dirs {
+    let root = tempfile::tempdir().unwrap();
+    let (input, output) = (root.path().join("in"), root.path().join("out"));
+    std::fs::create_dir_all(&input).unwrap();
+    std::fs::create_dir_all(&output).unwrap();
+    Dirs {
+        root,
+        input,
+        output,
+    }
+}
+
 fn add(total: &mut HashMap<String, u64>, more: HashMap<String, u64>) {
     for (word, n) in more {
         *total.entry(word).or_insert(0) += n;
@@ -142,10 +161,11 @@ fn child_runs_the_job() {
 
 #[test]
 fn every_word_of_every_file_is_counted_once_across_injected_failures() {
-    let root = tempfile::tempdir().unwrap();
-    let (input, output) = (root.path().join("in"), root.path().join("out"));
-    std::fs::create_dir_all(&input).unwrap();
-    std::fs::create_dir_all(&output).unwrap();
+    let Dirs {
+        root,
+        input,
+        output,
+    } = dirs();
     let expected = write_text(&input, "a", 12, 4_000);
     let report = run(args(
         &input,
@@ -167,10 +187,11 @@ fn every_word_of_every_file_is_counted_once_across_injected_failures() {
 
 #[test]
 fn without_checkpoints_the_supervisor_hands_out_the_splits() {
-    let root = tempfile::tempdir().unwrap();
-    let (input, output) = (root.path().join("in"), root.path().join("out"));
-    std::fs::create_dir_all(&input).unwrap();
-    std::fs::create_dir_all(&output).unwrap();
+    let Dirs {
+        root,
+        input,
+        output,
+    } = dirs();
     let expected = write_text(&input, "a", 5, 1_000);
     let mut args = args(
         &input,
@@ -222,10 +243,11 @@ fn files_in_s3_are_counted_once_across_injected_failures() {
 
 #[test]
 fn json_lines_are_counted_by_their_key_field_across_injected_failures() {
-    let root = tempfile::tempdir().unwrap();
-    let (input, output) = (root.path().join("in"), root.path().join("out"));
-    std::fs::create_dir_all(&input).unwrap();
-    std::fs::create_dir_all(&output).unwrap();
+    let Dirs {
+        root,
+        input,
+        output,
+    } = dirs();
     let mut expected = HashMap::new();
     for f in 0..6 {
         let mut text = String::new();
@@ -293,10 +315,11 @@ fn timed_files(dir: &Path, csv: bool) -> HashMap<(String, u64), u64> {
 #[test]
 fn windows_over_files_of_other_times_count_every_record_once() {
     for (format, csv) in [("jsonl", false), ("csv", true)] {
-        let root = tempfile::tempdir().unwrap();
-        let (input, output) = (root.path().join("in"), root.path().join("out"));
-        std::fs::create_dir_all(&input).unwrap();
-        std::fs::create_dir_all(&output).unwrap();
+        let Dirs {
+            root,
+            input,
+            output,
+        } = dirs();
         let expected = timed_files(&input, csv);
         let report = run(vec![
             "windows".into(),
@@ -336,14 +359,12 @@ fn windows_over_files_of_other_times_count_every_record_once() {
 
 #[test]
 fn a_savepoint_of_a_file_source_at_p2_restores_at_p3_and_p1_exactly_once() {
-    let root = tempfile::tempdir().unwrap();
-    let (input, output, savepoints) = (
-        root.path().join("in"),
-        root.path().join("out"),
-        root.path().join("savepoints"),
-    );
-    std::fs::create_dir_all(&input).unwrap();
-    std::fs::create_dir_all(&output).unwrap();
+    let Dirs {
+        root,
+        input,
+        output,
+    } = dirs();
+    let savepoints = root.path().join("savepoints");
     let expected = write_text(&input, "a", 10, 4_000);
     let query = "format=text&split-size=30000";
     let stopped = run(args(
@@ -399,14 +420,12 @@ fn wait_for_updates(output: &Path, updates: u64, child: &mut std::process::Child
 
 #[test]
 fn a_continuous_file_source_reads_files_added_before_and_after_a_sigkill_once() {
-    let root = tempfile::tempdir().unwrap();
-    let (input, output, checkpoints) = (
-        root.path().join("in"),
-        root.path().join("out"),
-        root.path().join("checkpoints"),
-    );
-    std::fs::create_dir_all(&input).unwrap();
-    std::fs::create_dir_all(&output).unwrap();
+    let Dirs {
+        root,
+        input,
+        output,
+    } = dirs();
+    let checkpoints = root.path().join("checkpoints");
     let args = args(
         &input,
         "format=text&monitor-interval=50ms",
