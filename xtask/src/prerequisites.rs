@@ -6,7 +6,8 @@
 //! Chromium, which renders the web page headless so that its test checks
 //! the DOM the page's script builds, not just the HTML served; and Flink's
 //! own command line (PyPI's `apache-flink`, on a Java runtime), which a
-//! test points at the REST API as a Flink user would.
+//! test points at the REST API as a Flink user would; and PostgreSQL's
+//! server programs, which the PostgreSQL sink's tests run.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -42,6 +43,7 @@ enum Missing {
     Chromium,
     Java,
     FlinkCli,
+    Postgres,
 }
 
 impl Missing {
@@ -55,6 +57,7 @@ impl Missing {
             Missing::Chromium => "Chromium (the web page's test renders it headless)",
             Missing::Java => "a Java runtime (Flink's own command line, which a REST test drives)",
             Missing::FlinkCli => "Flink's command line, from PyPI (a REST test drives it)",
+            Missing::Postgres => "PostgreSQL's server (the PostgreSQL sink's tests run one)",
         }
     }
 
@@ -69,6 +72,7 @@ impl Missing {
             Missing::Moto | Missing::FlinkCli => &[],
             Missing::Chromium => &["chromium"],
             Missing::Java => &["default-jre-headless"],
+            Missing::Postgres => &["postgresql"],
         }
     }
 }
@@ -142,6 +146,9 @@ fn find_missing(purpose: Purpose) -> Vec<Missing> {
         }
         if !succeeds(Command::new("java").arg("-version")) {
             missing.push(Missing::Java);
+        }
+        if crate::postgres::bin_dir().is_none() {
+            missing.push(Missing::Postgres);
         }
         if !flink_cli().is_file() {
             if !missing.contains(&Missing::Pip)
@@ -264,7 +271,7 @@ fn install_debian(packages: &[&str], missing: &[Missing]) -> Result<(), String> 
     );
     let refuse = |why: &str| {
         format!(
-            "this machine lacks {}. {why} Install it, then run the command again:\n\n    sudo sh -c '{install}'\n\n(or, elsewhere than Debian or Ubuntu, your system's packages for a C++ compiler, libclang, Python 3 with pip, Chromium and a Java runtime; LIBCLANG_PATH names libclang's directory if it is not a system one)",
+            "this machine lacks {}. {why} Install it, then run the command again:\n\n    sudo sh -c '{install}'\n\n(or, elsewhere than Debian or Ubuntu, your system's packages for a C++ compiler, libclang, Python 3 with pip, Chromium, a Java runtime and PostgreSQL's server, PG_BIN naming its programs' directory if initdb is not on PATH; LIBCLANG_PATH names libclang's directory if it is not a system one)",
             list(missing)
         )
     };

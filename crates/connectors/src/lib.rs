@@ -4,11 +4,15 @@
 //!   an in-memory or registered store), read by a split source: each file,
 //!   or byte range of a large one, is a split read exactly once across
 //!   failures, restarts and rescales.
+//! - [`postgres`]: an exactly-once sink into a PostgreSQL table, by
+//!   two-phase commit (prepared transactions), in upsert or append mode.
 //!
 //! Each system is a cargo feature, so that an embedding that needs none
 //! compiles none of them.
 
 #[cfg(feature = "files")]
 pub mod files;
-#[cfg(feature = "files")]
+#[cfg(any(feature = "files", feature = "postgres"))]
 mod io;
+#[cfg(feature = "postgres")]
+pub mod postgres;

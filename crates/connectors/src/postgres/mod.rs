@@ -1,0 +1,371 @@
+//! An exactly-once sink into a PostgreSQL table, by two-phase commit, as
+//! Flink's JDBC sink with XA transactions.
+//!
+//! Each sink subtask writes the records since the last barrier into an
+//! open transaction; at the barrier of checkpoint `c` it runs `PREPARE
+//! TRANSACTION '{prefix}:{subtask}:{c}'` (durable, invisible), and when `c`
+//! completes `COMMIT PREPARED` on every transaction prepared up to `c`. A
+//! restore finds this sink's transactions in `pg_prepared_xacts`, commits
+//! those of the restored checkpoint and earlier and rolls back the newer
+//! ones, so the table holds each result exactly once after any failure.
+//!
+//! In upsert mode (`INSERT … ON CONFLICT … DO UPDATE`, the key as primary
+//! key) a prepared transaction keeps its rows locked until it commits, and
+//! a later write of the same key would wait for it while the barrier after
+//! that write waits for the write: the sink therefore holds the rows of the
+//! next transaction in memory, keyed, until the earlier one commits, and a
+//! barrier that comes first puts the held rows into the checkpoint instead
+//! of a transaction. Each key must be written by one sink subtask (the sink
+//! follows a keyed operator, as in every topology).
+
+#[cfg(test)]
+mod against_server;
+mod sink;
+mod transactions;
+
+pub use sink::PostgresSink;
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+use thiserror::Error;
+use tidemark_core::UserError;
+
+/// How rows go into the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `INSERT … ON CONFLICT (key) DO UPDATE`: the table holds the latest
+    /// row per key.
+    Upsert,
+    /// Plain `INSERT`: every record is a row.
+    Append,
+}
+
+/// A sink's settings, from a `postgres://` URL or the builder.
+#[derive(Clone)]
+pub struct PostgresOptions {
+    /// How to connect (host, port, user, database, …).
+    pub connection: tokio_postgres::Config,
+    /// Where the rows go, `name` or `schema.name`; created if absent.
+    pub table: Table,
+    /// How rows go in.
+    pub mode: Mode,
+    /// Names this sink's prepared transactions, and nothing else's: a
+    /// restore rolls back every newer transaction under it. Unique per job
+    /// writing into the database (default `tidemark-TABLE`).
+    pub transaction_prefix: String,
+}
+
+impl fmt::Debug for PostgresOptions {
+    /// Without the connection's password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresOptions")
+            .field("hosts", &self.connection.get_hosts())
+            .field("user", &self.connection.get_user())
+            .field("dbname", &self.connection.get_dbname())
+            .field("table", &self.table)
+            .field("mode", &self.mode)
+            .field("transaction_prefix", &self.transaction_prefix)
+            .finish()
+    }
+}
+
+/// What is wrong with a `postgres://` URL.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum PostgresUrlError {
+    /// Not `postgres://` or `postgresql://`.
+    #[error("`{0}` is not a postgres:// URL")]
+    Scheme(String),
+    /// No `table=` option.
+    #[error("a PostgreSQL sink needs `?table=NAME`")]
+    NoTable,
+    /// An option of ours with a value it cannot take.
+    #[error("`{key}={value}`: {problem}")]
+    Option {
+        key: String,
+        value: String,
+        problem: String,
+    },
+    /// What tokio-postgres refused in the rest of the URL.
+    #[error("{0}")]
+    Connection(String),
+}
+
+impl FromStr for PostgresOptions {
+    type Err = PostgresUrlError;
+
+    /// `postgres://USER[:PASSWORD]@HOST:PORT/DB?table=NAME[&mode=upsert|
+    /// append][&transaction-prefix=P]`; other query options
+    /// (`connect_timeout`, `application_name`, …) go to the connection.
+    fn from_str(url: &str) -> Result<Self, Self::Err> {
+        if !url.starts_with("postgres://") && !url.starts_with("postgresql://") {
+            return Err(PostgresUrlError::Scheme(url.to_owned()));
+        }
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let (mut table, mut mode, mut prefix) = (None, Mode::Upsert, None);
+        let mut rest = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let bad = |problem: &str| PostgresUrlError::Option {
+                key: key.to_owned(),
+                value: value.to_owned(),
+                problem: problem.to_owned(),
+            };
+            match key {
+                "table" => table = Some(value.parse::<Table>().map_err(|e| bad(&e))?),
+                "mode" => {
+                    mode = match value {
+                        "upsert" => Mode::Upsert,
+                        "append" => Mode::Append,
+                        _ => return Err(bad("the mode is upsert or append")),
+                    }
+                }
+                "transaction-prefix" => {
+                    prefix = Some(transaction_prefix(value).map_err(|e| bad(&e))?)
+                }
+                _ => rest.push(pair),
+            }
+        }
+        let table = table.ok_or(PostgresUrlError::NoTable)?;
+        let connection = match rest.is_empty() {
+            true => base.to_owned(),
+            false => format!("{base}?{}", rest.join("&")),
+        };
+        let connection = tokio_postgres::Config::from_str(&connection)
+            .map_err(|e| PostgresUrlError::Connection(with_sources(&e)))?;
+        Ok(PostgresOptions {
+            connection,
+            transaction_prefix: prefix.unwrap_or_else(|| format!("tidemark-{}", table.plain())),
+            table,
+            mode,
+        })
+    }
+}
+
+/// `error: its source: …`, since tokio-postgres says what is wrong in
+/// the source.
+fn with_sources(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text += &format!(": {cause}");
+        source = cause.source();
+    }
+    text
+}
+
+/// A transaction prefix leaves room in PostgreSQL's 200 bytes of a
+/// transaction's name for `:SUBTASK:CHECKPOINT`, and holds no `:`, so that
+/// no prefix's names are also another's.
+fn transaction_prefix(prefix: &str) -> Result<String, String> {
+    match prefix.len() {
+        1..=150
+            if prefix
+                .chars()
+                .all(|c| c.is_ascii_graphic() && !"':".contains(c)) =>
+        {
+            Ok(prefix.to_owned())
+        }
+        _ => Err("a prefix is 1 to 150 printable ASCII characters other than ' and :".into()),
+    }
+}
+
+/// A table's name, checked to be plain identifiers so that it can be
+/// quoted into statements.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Table {
+    schema: Option<String>,
+    name: String,
+}
+
+impl Table {
+    /// `"schema"."name"`, as statements name it.
+    fn quoted(&self) -> String {
+        match &self.schema {
+            Some(schema) => format!("\"{schema}\".\"{}\"", self.name),
+            None => format!("\"{}\"", self.name),
+        }
+    }
+
+    /// `schema.name`, as given.
+    fn plain(&self) -> String {
+        match &self.schema {
+            Some(schema) => format!("{schema}.{}", self.name),
+            None => self.name.clone(),
+        }
+    }
+}
+
+impl FromStr for Table {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let identifier = |part: &str| {
+            let mut chars = part.chars();
+            chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && part.len() <= 63
+        };
+        let (schema, name) = match s.split_once('.') {
+            Some((schema, name)) => (Some(schema), name),
+            None => (None, s),
+        };
+        if !identifier(name) || !schema.is_none_or(identifier) {
+            return Err(
+                "a table is NAME or SCHEMA.NAME, each letters, digits and _ (at most 63)".into(),
+            );
+        }
+        Ok(Table {
+            schema: schema.map(str::to_owned),
+            name: name.to_owned(),
+        })
+    }
+}
+
+/// A column's SQL type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SqlType {
+    /// `bigint`.
+    BigInt,
+    /// `text`.
+    Text,
+}
+
+impl SqlType {
+    fn name(self) -> &'static str {
+        match self {
+            SqlType::BigInt => "bigint",
+            SqlType::Text => "text",
+        }
+    }
+}
+
+/// A column of a [`Row`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Column {
+    /// Its name, as the record's field.
+    pub name: &'static str,
+    /// Its type.
+    pub sql_type: SqlType,
+}
+
+/// One field of a row.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Value {
+    /// A `bigint`.
+    BigInt(i64),
+    /// A `text`.
+    Text(String),
+}
+
+/// A record as a row of the table.
+pub trait Row: Send + 'static {
+    /// The columns, the key's first.
+    fn columns() -> Vec<Column>;
+    /// How many of the first columns are the key: the primary key in
+    /// upsert mode.
+    fn key_columns() -> usize;
+    /// Appends the record's fields, in the order of [`columns`](Row::columns).
+    fn values(&self, out: &mut Vec<Value>) -> Result<(), UserError>;
+}
+
+/// A field of a record as a column.
+pub trait SqlField {
+    /// Its type.
+    const SQL_TYPE: SqlType;
+    /// Its value.
+    fn value(&self) -> Result<Value, UserError>;
+}
+
+/// As `bigint`, refused past its range.
+impl SqlField for u64 {
+    const SQL_TYPE: SqlType = SqlType::BigInt;
+
+    fn value(&self) -> Result<Value, UserError> {
+        i64::try_from(*self)
+            .map(Value::BigInt)
+            .map_err(|_| format!("{self} does not fit PostgreSQL's bigint").into())
+    }
+}
+
+impl SqlField for String {
+    const SQL_TYPE: SqlType = SqlType::Text;
+
+    fn value(&self) -> Result<Value, UserError> {
+        Ok(Value::Text(self.clone()))
+    }
+}
+
+/// A count per key, as wordcount writes it: columns `key` and `count`.
+impl<K: SqlField + Send + 'static> Row for (K, u64) {
+    fn columns() -> Vec<Column> {
+        vec![
+            Column {
+                name: "key",
+                sql_type: K::SQL_TYPE,
+            },
+            Column {
+                name: "count",
+                sql_type: SqlType::BigInt,
+            },
+        ]
+    }
+
+    fn key_columns() -> usize {
+        1
+    }
+
+    fn values(&self, out: &mut Vec<Value>) -> Result<(), UserError> {
+        out.push(self.0.value()?);
+        out.push(self.1.value()?);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_names_the_table_the_mode_and_the_connection() {
+        let options: PostgresOptions =
+            "postgres://alice:secret@127.0.0.1:5433/shop?table=public.counts&mode=append&connect_timeout=5"
+                .parse()
+                .unwrap();
+        assert_eq!(options.table.quoted(), "\"public\".\"counts\"");
+        assert_eq!(options.mode, Mode::Append);
+        assert_eq!(options.transaction_prefix, "tidemark-public.counts");
+        assert_eq!(options.connection.get_user(), Some("alice"));
+        assert_eq!(options.connection.get_dbname(), Some("shop"));
+        assert_eq!(options.connection.get_ports(), [5433]);
+        assert_eq!(
+            options.connection.get_connect_timeout(),
+            Some(&std::time::Duration::from_secs(5))
+        );
+        assert!(!format!("{options:?}").contains("secret"));
+        let upsert: PostgresOptions = "postgresql://u@h/db?table=t&transaction-prefix=job-7"
+            .parse()
+            .unwrap();
+        assert_eq!(upsert.mode, Mode::Upsert);
+        assert_eq!(upsert.transaction_prefix, "job-7");
+    }
+
+    #[test]
+    fn bad_urls_say_what_is_wrong() {
+        let error = |url: &str| url.parse::<PostgresOptions>().unwrap_err().to_string();
+        assert_eq!(
+            error("mysql://h/db?table=t"),
+            "`mysql://h/db?table=t` is not a postgres:// URL"
+        );
+        assert_eq!(
+            error("postgres://h/db"),
+            "a PostgreSQL sink needs `?table=NAME`"
+        );
+        assert!(error("postgres://h/db?table=t;drop").contains("`table=t;drop`: a table is NAME"));
+        assert!(error("postgres://h/db?table=t&mode=merge").contains("upsert or append"));
+        assert!(error("postgres://h/db?table=t&transaction-prefix=a'b").contains("printable ASCII"));
+        assert!(error("postgres://h/db?table=t&bogus=1").contains("bogus"));
+    }
+}
