@@ -3,15 +3,16 @@
 //! apart (an interval join), and a sink of `key,left,right` lines naming
 //! each pair by its records' indices.
 
-use crate::sinks::{files_or_discard, Line, Output};
+use crate::sinks::{sink_into, Line, Target};
 use crate::windows::Events;
 use crate::wordcount::{Generator, Records};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
+use tidemark_connectors::postgres::{Column, Row, SqlField, SqlType, Value};
 use tidemark_core::job::JobConfig;
 use tidemark_core::rng::splitmix64;
 use tidemark_core::time::{Timestamped, WatermarkStrategy};
-use tidemark_core::Job;
+use tidemark_core::{Job, UserError};
 
 /// A generated record of one side: its index in its side's input, its key
 /// and its event time.
@@ -65,6 +66,29 @@ impl Line for Pair {
     }
 }
 
+/// Columns `key`, `left` and `right`, all three the key in upsert mode.
+impl Row for Pair {
+    fn columns() -> Vec<Column> {
+        ["key", "left", "right"]
+            .map(|name| Column {
+                name,
+                sql_type: SqlType::BigInt,
+            })
+            .into()
+    }
+
+    fn key_columns() -> usize {
+        3
+    }
+
+    fn values(&self, out: &mut Vec<Value>) -> Result<(), UserError> {
+        for field in [self.key, self.left, self.right] {
+            out.push(field.value()?);
+        }
+        Ok(())
+    }
+}
+
 /// The join job's name, from which its id and checkpoint directory follow.
 pub const JOB_NAME: &str = "join";
 
@@ -79,9 +103,8 @@ pub struct Join {
     pub events: Events,
     /// The most two joined records' timestamps differ by.
     pub interval: Duration,
-    /// Directory of committed `key,left,right` files; `None` discards
-    /// results.
-    pub output: Option<Output>,
+    /// Where the `(key, left, right)` results go.
+    pub sink: Target,
 }
 
 impl Join {
@@ -125,6 +148,6 @@ impl Join {
                 })
             })
             .uid("join");
-        files_or_discard(pairs, self.output.as_ref())
+        sink_into(pairs, &self.sink)
     }
 }

@@ -4,6 +4,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use tidemark_connectors::postgres::{PostgresOptions, PostgresSink, Row};
 use tidemark_core::ids::CheckpointId;
 use tidemark_core::{Data, Job, Sink, SinkContext, Stream, UserError};
 
@@ -41,18 +42,72 @@ impl Output {
     }
 }
 
-/// Ends `stream` in exactly-once files in `output` or, without a
-/// directory, in [`Discard`]: the example topologies' sinks.
-pub fn files_or_discard<T>(stream: Stream<T>, output: Option<&Output>) -> Job
+/// Where a topology's results go (`--sink`).
+#[derive(Clone, Debug, Default)]
+pub enum Target {
+    /// Nowhere: [`Discard`].
+    #[default]
+    Discard,
+    /// Exactly-once files of lines ([`FileSink`]).
+    Files(Output),
+    /// An exactly-once PostgreSQL table ([`PostgresSink`]).
+    Postgres(Arc<PostgresOptions>),
+}
+
+impl Target {
+    /// `discard`; `postgres://…?table=NAME[&mode=upsert|append]`; or a
+    /// directory of CSV files, a path or `file://DIR[?format=csv]`, named
+    /// after the run `run`.
+    pub fn from_url(url: &str, run: &str) -> Result<Self, String> {
+        if url == "discard" {
+            return Ok(Target::Discard);
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let options: PostgresOptions = url.parse().map_err(|e| format!("{e}"))?;
+            return Ok(Target::Postgres(Arc::new(options)));
+        }
+        if let Some((scheme, _)) = url.split_once("://").filter(|(s, _)| *s != "file") {
+            return Err(format!(
+                "a sink is discard, postgres://, file:// or a directory; {scheme}:// is not supported yet"
+            ));
+        }
+        let (path, query) = url.split_once('?').unwrap_or((url, ""));
+        match query {
+            "" | "format=csv" => {}
+            other => {
+                return Err(format!(
+                    "files are written as CSV (`format=csv`), not `{other}`"
+                ))
+            }
+        }
+        let dir = path.strip_prefix("file://").unwrap_or(path);
+        if dir.is_empty() {
+            return Err("a file sink needs a directory".into());
+        }
+        Ok(Target::Files(Output {
+            dir: dir.into(),
+            run: run.to_owned(),
+        }))
+    }
+}
+
+/// Ends `stream` in `target`: the example topologies' sinks.
+pub fn sink_into<T>(stream: Stream<T>, target: &Target) -> Job
 where
-    T: Data + Line,
+    T: Data + Line + Row,
 {
-    match output {
-        None => stream.sink("discard", |_| Discard),
-        Some(output) => {
+    match target {
+        Target::Discard => stream.sink("discard", |_| Discard),
+        Target::Files(output) => {
             let dir = Arc::new(output.dir.clone());
             let run = output.run.clone();
             stream.sink("files", move |ctx| FileSink::new(&dir, &run, ctx))
+        }
+        Target::Postgres(options) => {
+            let options = options.clone();
+            stream.sink("postgres", move |ctx| {
+                PostgresSink::new(options.clone(), ctx)
+            })
         }
     }
     .build()

@@ -3,14 +3,15 @@
 //! per-key window count in event time, and a sink of
 //! `key,window_start,window_end,count` lines.
 
-use crate::sinks::{files_or_discard, Field, Line, Output};
+use crate::sinks::{sink_into, Field, Line, Target};
 use crate::wordcount::{key_text, Generator, Input, Records};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
+use tidemark_connectors::postgres::{Column, Row, SqlField, SqlType, Value};
 use tidemark_core::job::JobConfig;
 use tidemark_core::rng::splitmix64;
 use tidemark_core::time::{Count, TimeWindow, Timestamped, WatermarkStrategy, WindowAssigner};
-use tidemark_core::Job;
+use tidemark_core::{Job, UserError};
 use tidemark_core::{Key, KeyedStream};
 
 /// A record: a key and its event time.
@@ -102,6 +103,32 @@ impl<K: Field> Line for WindowCount<K> {
     }
 }
 
+/// Columns `key`, `window_start`, `window_end` (the key in upsert mode)
+/// and `count`.
+impl<K: SqlField + Send + 'static> Row for WindowCount<K> {
+    fn columns() -> Vec<Column> {
+        let column = |name, sql_type| Column { name, sql_type };
+        vec![
+            column("key", K::SQL_TYPE),
+            column("window_start", SqlType::BigInt),
+            column("window_end", SqlType::BigInt),
+            column("count", SqlType::BigInt),
+        ]
+    }
+
+    fn key_columns() -> usize {
+        3
+    }
+
+    fn values(&self, out: &mut Vec<Value>) -> Result<(), UserError> {
+        out.push(self.key.value()?);
+        out.push(self.window.start.value()?);
+        out.push(self.window.end.value()?);
+        out.push(self.count.value()?);
+        Ok(())
+    }
+}
+
 /// The most sliding windows a record may belong to: each costs state and a
 /// firing.
 pub const MAX_WINDOWS_PER_RECORD: u128 = 1000;
@@ -148,9 +175,8 @@ pub struct Windows {
     pub events: Events,
     /// The windows.
     pub window: WindowAssigner,
-    /// Directory of committed `key,window_start,window_end,count` files;
-    /// `None` discards results.
-    pub output: Option<Output>,
+    /// Where the `(key, window_start, window_end, count)` results go.
+    pub sink: Target,
     /// Where the records come from: the generator (of `records` records
     /// made by `events`) or files of JSON lines or CSV with `key` and
     /// `ts`, whose disorder is at most `events.max_disorder`.
@@ -189,7 +215,7 @@ impl Windows {
     }
 
     /// Counts the events of `keyed` per key and window into the sink.
-    fn count<K: Key + Field>(&self, keyed: KeyedStream<K, Event<K>>) -> Job {
+    fn count<K: Key + Field + SqlField>(&self, keyed: KeyedStream<K, Event<K>>) -> Job {
         let counted = keyed
             .window(self.window)
             .aggregate("window", Count, |key: &K, window, count, out| {
@@ -200,7 +226,7 @@ impl Windows {
                 })
             })
             .uid("window");
-        files_or_discard(counted, self.output.as_ref())
+        sink_into(counted, &self.sink)
     }
 }
 

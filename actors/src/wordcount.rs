@@ -1,9 +1,10 @@
 //! The wordcount topology: a deterministic generator of keyed records, a
 //! keyed count, and a sink of `(key, count)`.
 
-use crate::sinks::{files_or_discard, Line, Output};
+use crate::sinks::{sink_into, Line, Target};
 use std::marker::PhantomData;
 use tidemark_connectors::files::{FileSource, FileSourceError, Format};
+use tidemark_connectors::postgres::Row;
 use tidemark_core::job::JobConfig;
 use tidemark_core::rng::splitmix64;
 use tidemark_core::split::{Split, SplitPosition};
@@ -215,8 +216,8 @@ pub struct Wordcount {
     pub seed: u64,
     /// What the count emits.
     pub emit: Emit,
-    /// Directory of committed `key,count` files; `None` discards results.
-    pub output: Option<Output>,
+    /// Where the `(key, count)` results go.
+    pub sink: Target,
     /// Where the records come from: the generator (of `records` records
     /// with `keys` keys) or files.
     pub input: Input,
@@ -224,10 +225,10 @@ pub struct Wordcount {
 
 impl Wordcount {
     /// The job, named [`JOB_NAME`], with operator uids `generator` and
-    /// `count` (what savepoints match). With an output directory, each call
-    /// names its files after a new run (from the current time), so that
-    /// processes writing into one directory do not collide; a restored sink
-    /// goes on with the run it was restored from.
+    /// `count` (what savepoints match). Into files, each run names its
+    /// files after itself (`Output::run`), so that processes writing into
+    /// one directory do not collide; a restored sink goes on with the run
+    /// it was restored from.
     pub fn job(&self, config: JobConfig) -> Job {
         let Wordcount {
             records,
@@ -266,13 +267,13 @@ impl Wordcount {
     /// Counts the keys of `keys` into the sink.
     fn count<K: Key>(&self, keys: Stream<K>) -> Job
     where
-        (K, u64): Line,
+        (K, u64): Line + Row,
     {
         let emit = self.emit;
         let counted = keys
             .key_by(|key: &K| key.clone())
             .process("count", move |states| Counter::open(states, emit))
             .uid("count");
-        files_or_discard(counted, self.output.as_ref())
+        sink_into(counted, &self.sink)
     }
 }

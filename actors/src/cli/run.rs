@@ -11,7 +11,7 @@ use crate::http::HttpToken;
 use crate::join::Join;
 use crate::remote::{Distributed, WorkerSet};
 use crate::runtime::{job_id, JobError, Runtime};
-use crate::sinks::{run_name, Output};
+use crate::sinks::{run_name, Output, Target};
 use crate::windows::{Events, Windows};
 use crate::wordcount::{Emit, Input, Wordcount};
 use clap::{Args, ValueEnum};
@@ -100,9 +100,16 @@ pub struct RunArgs {
     #[arg(long, default_value = "20ms", value_parser = crate::config::values::flag_duration)]
     pub interval: Duration,
     /// Directory for the results: committed files are those directly in it
-    /// whose names do not start with `.` or `_`.
-    #[arg(long)]
+    /// whose names do not start with `.` or `_` (`--sink DIR`).
+    #[arg(long, conflicts_with = "sink")]
     pub output: Option<PathBuf>,
+    /// Where the results go, exactly once: `discard`; a directory of CSV
+    /// files (a path or `file://DIR[?format=csv]`); or a PostgreSQL table,
+    /// `postgres://USER@HOST:PORT/DB?table=NAME[&mode=upsert|append]
+    /// [&transaction-prefix=P]` (two-phase commit: the server needs
+    /// `max_prepared_transactions` > 0).
+    #[arg(long, value_name = "URL", value_parser = parse_sink)]
+    pub sink: Option<String>,
     /// Where the records come from (wordcount): `gen`, the generator, or
     /// files: `DIR?format=text|jsonl|csv[&monitor-interval=1s]` with DIR a
     /// path, `file://` or `s3://` URL. Text lines are split into words;
@@ -212,6 +219,11 @@ pub fn rebuild(recipe: &[u8]) -> Result<tidemark_core::job::Job, String> {
 
 /// `8081` is `127.0.0.1:8081`: nothing is exposed beyond this machine
 /// unless an address says so.
+/// Checks a `--sink` URL; the run's name is filled in later.
+fn parse_sink(s: &str) -> Result<String, String> {
+    Target::from_url(s, "").map(|_| s.to_owned())
+}
+
 fn parse_source(s: &str) -> Result<Input, String> {
     Input::from_url(s).map_err(|e| e.to_string())
 }
@@ -387,17 +399,14 @@ impl RunArgs {
             events_per_ms: self.events_per_ms,
             max_disorder: u64::try_from(self.max_disorder.as_millis()).unwrap_or(u64::MAX),
         };
-        let output = self.output.clone().map(|dir| Output {
-            dir,
-            run: run.to_owned(),
-        });
+        let sink = self.target(run);
         match self.topology {
             Topology::Wordcount => Wordcount {
                 records: self.records,
                 keys: self.keys,
                 seed: self.seed,
                 emit: self.emit,
-                output: output.clone(),
+                sink: sink.clone(),
                 input: self.source.clone(),
             }
             .job(config),
@@ -405,7 +414,7 @@ impl RunArgs {
                 records: self.records,
                 events: events(),
                 window: self.window,
-                output: output.clone(),
+                sink: sink.clone(),
                 input: self.source.clone(),
             }
             .job(config),
@@ -413,9 +422,22 @@ impl RunArgs {
                 records: self.records,
                 events: events(),
                 interval: self.interval,
-                output: output.clone(),
+                sink,
             }
             .job(config),
+        }
+    }
+
+    /// Where the results go: `--sink`, or `--output`'s files; files are
+    /// named after `run`.
+    fn target(&self, run: &str) -> Target {
+        match (&self.sink, &self.output) {
+            (Some(url), _) => Target::from_url(url, run).expect("checked when parsed"),
+            (None, Some(dir)) => Target::Files(Output {
+                dir: dir.clone(),
+                run: run.to_owned(),
+            }),
+            (None, None) => Target::Discard,
         }
     }
 
@@ -565,9 +587,14 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
     // Read before anything is created or elected.
     let http_token = HttpToken::read_optional(settings.options.http_token_file.as_deref())
         .map_err(|e| settings.usage("http_token_file", e.to_string()))?;
-    if let Some(dir) = &args.output {
-        std::fs::create_dir_all(dir).map_err(|e| CliError::Usage {
-            argument: "--output".into(),
+    if let Target::Files(Output { dir, .. }) = args.target("") {
+        std::fs::create_dir_all(&dir).map_err(|e| CliError::Usage {
+            argument: if args.sink.is_some() {
+                "--sink"
+            } else {
+                "--output"
+            }
+            .into(),
             problem: format!("cannot use {} as the output directory: {e}", dir.display()),
         })?;
     }

@@ -290,6 +290,14 @@ impl SqlField for u64 {
     }
 }
 
+impl SqlField for i64 {
+    const SQL_TYPE: SqlType = SqlType::BigInt;
+
+    fn value(&self) -> Result<Value, UserError> {
+        Ok(Value::BigInt(*self))
+    }
+}
+
 impl SqlField for String {
     const SQL_TYPE: SqlType = SqlType::Text;
 
