@@ -88,7 +88,7 @@ impl Table {
             .runtime
             .block_on(self.client.query(
                 "SELECT gid FROM pg_prepared_xacts WHERE starts_with(gid, $1)",
-                &[&format!("tidemark-{}:", self.name)],
+                &[&format!("tidemark-postgres-{}:", self.name)],
             ))
             .unwrap();
         rows.iter().map(|r| r.get(0)).collect()

@@ -99,7 +99,7 @@ impl Reader {
             .runtime
             .block_on(self.client.query(
                 "SELECT gid FROM pg_prepared_xacts WHERE starts_with(gid, $1) ORDER BY gid",
-                &[&format!("tidemark-{table}:")],
+                &[&format!("tidemark-postgres-{table}:")],
             ))
             .unwrap();
         rows.iter().map(|r| r.get(0)).collect()
@@ -124,7 +124,10 @@ fn rows_appear_only_when_their_checkpoint_completes() {
     s.pre_commit(CheckpointId(1)).unwrap();
     write(&mut s, &[("a", 2)]);
     assert_eq!(reader.rows(table), expect(&[]));
-    assert_eq!(reader.prepared(table), [format!("tidemark-{table}:0:1")]);
+    assert_eq!(
+        reader.prepared(table),
+        [format!("tidemark-postgres-{table}:0:1")]
+    );
     s.commit(CheckpointId(1)).unwrap();
     assert_eq!(reader.rows(table), expect(&[("a", 1), ("b", 1)]));
     assert!(reader.prepared(table).is_empty());

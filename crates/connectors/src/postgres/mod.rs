@@ -6,8 +6,9 @@
 //! TRANSACTION '{prefix}:{subtask}:{c}'` (durable, invisible), and when `c`
 //! completes `COMMIT PREPARED` on every transaction prepared up to `c`. A
 //! restore finds this sink's transactions in `pg_prepared_xacts`, commits
-//! those of the restored checkpoint and earlier and rolls back the newer
-//! ones, so the table holds each result exactly once after any failure.
+//! those the restored checkpoint lists as prepared and not yet committed,
+//! and rolls back every other one, so the table holds each result exactly
+//! once after any failure.
 //!
 //! In upsert mode (`INSERT … ON CONFLICT … DO UPDATE`, the key as primary
 //! key) a prepared transaction keeps its rows locked until it commits, and
@@ -52,7 +53,7 @@ pub struct PostgresOptions {
     pub mode: Mode,
     /// Names this sink's prepared transactions, and nothing else's: a
     /// restore rolls back every newer transaction under it. Unique per job
-    /// writing into the database (default `tidemark-TABLE`).
+    /// writing into the server (default `tidemark-DB-TABLE`).
     pub transaction_prefix: String,
 }
 
@@ -73,8 +74,8 @@ impl fmt::Debug for PostgresOptions {
 /// What is wrong with a `postgres://` URL.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum PostgresUrlError {
-    /// Not `postgres://` or `postgresql://`.
-    #[error("`{0}` is not a postgres:// URL")]
+    /// Not `postgres://` or `postgresql://`: what came before `://`.
+    #[error("`{0}://…` is not a postgres:// URL")]
     Scheme(String),
     /// No `table=` option.
     #[error("a PostgreSQL sink needs `?table=NAME`")]
@@ -99,7 +100,9 @@ impl FromStr for PostgresOptions {
     /// (`connect_timeout`, `application_name`, …) go to the connection.
     fn from_str(url: &str) -> Result<Self, Self::Err> {
         if !url.starts_with("postgres://") && !url.starts_with("postgresql://") {
-            return Err(PostgresUrlError::Scheme(url.to_owned()));
+            // Not the URL: it may hold a password.
+            let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+            return Err(PostgresUrlError::Scheme(scheme.to_owned()));
         }
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let (mut table, mut mode, mut prefix) = (None, Mode::Upsert, None);
@@ -133,9 +136,25 @@ impl FromStr for PostgresOptions {
         };
         let connection = tokio_postgres::Config::from_str(&connection)
             .map_err(|e| PostgresUrlError::Connection(with_sources(&e)))?;
+        // Names of prepared transactions are the server's, not a
+        // database's.
+        let database = connection
+            .get_dbname()
+            .or(connection.get_user())
+            .unwrap_or("postgres");
+        let prefix = match prefix {
+            Some(prefix) => prefix,
+            None => transaction_prefix(&format!("tidemark-{database}-{}", table.plain())).map_err(
+                |e| PostgresUrlError::Option {
+                    key: "transaction-prefix".into(),
+                    value: String::new(),
+                    problem: format!("the default from the database's name: {e}"),
+                },
+            )?,
+        };
         Ok(PostgresOptions {
             connection,
-            transaction_prefix: prefix.unwrap_or_else(|| format!("tidemark-{}", table.plain())),
+            transaction_prefix: prefix,
             table,
             mode,
         })
@@ -162,11 +181,11 @@ fn transaction_prefix(prefix: &str) -> Result<String, String> {
         1..=150
             if prefix
                 .chars()
-                .all(|c| c.is_ascii_graphic() && !"':".contains(c)) =>
+                .all(|c| c.is_ascii_graphic() && !"':\\".contains(c)) =>
         {
             Ok(prefix.to_owned())
         }
-        _ => Err("a prefix is 1 to 150 printable ASCII characters other than ' and :".into()),
+        _ => Err("a prefix is 1 to 150 printable ASCII characters other than ', \\ and :".into()),
     }
 }
 
@@ -200,14 +219,6 @@ impl FromStr for Table {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let identifier = |part: &str| {
-            let mut chars = part.chars();
-            chars
-                .next()
-                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-                && part.len() <= 63
-        };
         let (schema, name) = match s.split_once('.') {
             Some((schema, name)) => (Some(schema), name),
             None => (None, s),
@@ -222,6 +233,36 @@ impl FromStr for Table {
             name: name.to_owned(),
         })
     }
+}
+
+/// A plain identifier, which statements may quote as it is.
+fn identifier(part: &str) -> bool {
+    let mut chars = part.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && part.len() <= 63
+}
+
+/// Checks what statements quote or name before the sink opens: the
+/// prefix (a public field, perhaps not from a URL) and a row's columns.
+fn check(options: &PostgresOptions, columns: &[Column], key: usize) -> Result<(), String> {
+    transaction_prefix(&options.transaction_prefix)
+        .map_err(|e| format!("transaction prefix `{}`: {e}", options.transaction_prefix))?;
+    if let Some(bad) = columns.iter().find(|c| !identifier(c.name)) {
+        return Err(format!(
+            "column `{}` is not letters, digits and _",
+            bad.name
+        ));
+    }
+    if columns.is_empty() || key == 0 || key > columns.len() {
+        return Err(format!(
+            "a row of {} columns with {key} key columns",
+            columns.len()
+        ));
+    }
+    Ok(())
 }
 
 /// A column's SQL type.
@@ -344,7 +385,7 @@ mod tests {
                 .unwrap();
         assert_eq!(options.table.quoted(), "\"public\".\"counts\"");
         assert_eq!(options.mode, Mode::Append);
-        assert_eq!(options.transaction_prefix, "tidemark-public.counts");
+        assert_eq!(options.transaction_prefix, "tidemark-shop-public.counts");
         assert_eq!(options.connection.get_user(), Some("alice"));
         assert_eq!(options.connection.get_dbname(), Some("shop"));
         assert_eq!(options.connection.get_ports(), [5433]);
@@ -364,8 +405,8 @@ mod tests {
     fn bad_urls_say_what_is_wrong() {
         let error = |url: &str| url.parse::<PostgresOptions>().unwrap_err().to_string();
         assert_eq!(
-            error("mysql://h/db?table=t"),
-            "`mysql://h/db?table=t` is not a postgres:// URL"
+            error("mysql://u:secret@h/db?table=t"),
+            "`mysql://…` is not a postgres:// URL"
         );
         assert_eq!(
             error("postgres://h/db"),
@@ -373,7 +414,10 @@ mod tests {
         );
         assert!(error("postgres://h/db?table=t;drop").contains("`table=t;drop`: a table is NAME"));
         assert!(error("postgres://h/db?table=t&mode=merge").contains("upsert or append"));
-        assert!(error("postgres://h/db?table=t&transaction-prefix=a'b").contains("printable ASCII"));
+        for prefix in ["a'b", "a:b", "a\\b", ""] {
+            let url = format!("postgres://h/db?table=t&transaction-prefix={prefix}");
+            assert!(error(&url).contains("printable ASCII"), "{prefix}");
+        }
         assert!(error("postgres://h/db?table=t&bogus=1").contains("bogus"));
     }
 }

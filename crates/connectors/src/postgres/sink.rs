@@ -80,6 +80,8 @@ impl<T: Row> PostgresSink<T> {
     fn open(&mut self) -> Result<(), UserError> {
         let options = self.options.clone();
         let (columns, key) = (self.columns.clone(), T::key_columns());
+        super::check(&options, &columns, key)
+            .map_err(|e| format!("PostgreSQL sink into {}: {e}", options.table.plain()))?;
         let opened = wait(async move {
             let writer = connect(&options.connection).await?;
             let committer = connect(&options.connection).await?;
@@ -137,9 +139,9 @@ impl<T: Row> PostgresSink<T> {
             .map_err(|e| self.failed(&format!("`{statement}` failed"), e))
     }
 
-    /// Commits or rolls back the prepared transactions this subtask
-    /// resolves after restoring `restored`.
-    fn resolve(&self, restored: Option<CheckpointId>) -> Result<(), UserError> {
+    /// Commits or rolls back the prepared transactions a restore of
+    /// `restored` resolves (see [`resolve`]).
+    fn resolve(&self, restored: Option<&Committable>) -> Result<(), UserError> {
         let committer = self.connections()?.committer.clone();
         let pattern = format!("{}:", self.options.transaction_prefix);
         let found = wait(async move {
@@ -152,9 +154,8 @@ impl<T: Row> PostgresSink<T> {
             Ok::<Vec<String>, tokio_postgres::Error>(rows.iter().map(|r| r.get(0)).collect())
         })?
         .map_err(|e| self.failed("cannot list prepared transactions", e))?;
-        for (name, resolution) in
-            resolve(&found, &self.options.transaction_prefix, self.ctx, restored)
-        {
+        let prefix = &self.options.transaction_prefix;
+        for (name, resolution) in resolve(&found, prefix, restored, self.ctx) {
             let verb = match resolution {
                 Resolution::Commit => "COMMIT",
                 Resolution::RollBack => "ROLLBACK",
@@ -164,7 +165,14 @@ impl<T: Row> PostgresSink<T> {
                 verb,
                 "resolving a prepared transaction at restore"
             );
-            self.commit_statement(format!("{verb} PREPARED '{name}'"))?;
+            let committer = self.connections()?.committer.clone();
+            let statement = format!("{verb} PREPARED '{name}'");
+            let run = statement.clone();
+            match wait(async move { committer.batch_execute(&run).await })? {
+                // Another subtask resolved it first.
+                Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => {}
+                done => done.map_err(|e| self.failed(&format!("`{statement}` failed"), e))?,
+            }
         }
         Ok(())
     }
@@ -177,7 +185,7 @@ impl<T: Row> PostgresSink<T> {
         }
         let mut rows = Rows::new(self.columns.len(), self.options.mode, T::key_columns());
         for mut row in held.chunks(self.columns.len()).map(<[Value]>::to_vec) {
-            rows.push(&mut row);
+            rows.push(&mut row)?;
         }
         let types: Vec<SqlType> = self.columns.iter().map(|c| c.sql_type).collect();
         let columns = rows.take_columns(&types)?;
@@ -196,7 +204,7 @@ impl<T: Row> Sink<T> for PostgresSink<T> {
     fn write(&mut self, records: &mut Vec<T>) -> Result<(), UserError> {
         for record in records.iter() {
             record.values(&mut self.row)?;
-            self.rows.push(&mut self.row);
+            self.rows.push(&mut self.row)?;
         }
         if self.transactions.may_write() && self.rows.len() >= BATCH {
             self.send()?;
@@ -236,7 +244,9 @@ impl<T: Row> Sink<T> for PostgresSink<T> {
             AtBarrier::Hold => self.rows.flat().to_vec(),
         };
         Ok(rmp_serde::to_vec(&Committable {
+            subtask: self.ctx.subtask.0,
             checkpoint: checkpoint.0,
+            prepared: self.transactions.prepared(),
             held,
         })?)
     }
@@ -257,15 +267,15 @@ impl<T: Row> Sink<T> for PostgresSink<T> {
             .map(rmp_serde::from_slice)
             .transpose()
             .map_err(|e| format!("a PostgreSQL sink's checkpointed state is not its own: {e}"))?;
-        self.resolve(committable.as_ref().map(|c| CheckpointId(c.checkpoint)))?;
+        self.resolve(committable.as_ref())?;
         self.commit_held(committable.map(|c| c.held).unwrap_or_default())
     }
 
-    /// A removed subtask's held rows; subtask 0, which adopts, resolved
-    /// its prepared transactions in `restore`.
+    /// The transactions and held rows of a subtask a rescale removed.
     fn adopt(&mut self, state: &[u8]) -> Result<(), UserError> {
         let committable: Committable = rmp_serde::from_slice(state)
             .map_err(|e| format!("a PostgreSQL sink's checkpointed state is not its own: {e}"))?;
+        self.resolve(Some(&committable))?;
         self.commit_held(committable.held)
     }
 }
@@ -330,6 +340,10 @@ impl Failure {
     }
 }
 
+/// Connects; a lock wait the sink never means to get into (a key written
+/// by two sink subtasks, a foreign prepared transaction) fails after a
+/// minute instead of hanging, unless the URL's `options` set
+/// `lock_timeout`.
 async fn connect(config: &tokio_postgres::Config) -> Result<Client, tokio_postgres::Error> {
     let (client, connection) = config.connect(NoTls).await?;
     tokio::spawn(async move {
@@ -337,6 +351,12 @@ async fn connect(config: &tokio_postgres::Config) -> Result<Client, tokio_postgr
             tracing::warn!(%error, "a PostgreSQL sink's connection failed");
         }
     });
+    if !config
+        .get_options()
+        .is_some_and(|o| o.contains("lock_timeout"))
+    {
+        client.batch_execute("SET lock_timeout = '60s'").await?;
+    }
     Ok(client)
 }
 

@@ -32,32 +32,41 @@ pub(crate) enum Resolution {
     RollBack,
 }
 
-/// Which of the prepared transactions `found` this restored subtask
-/// resolves, and how. Old subtask j's are resolved by new subtask j, or by
-/// subtask 0 (which adopts the state of the subtasks a rescale removed) when
-/// j is past the new parallelism, so each has one resolver. Those of the
-/// restored checkpoint and earlier were pre-committed in it and commit;
-/// newer ones roll back, their records are replayed. Without a restored
-/// checkpoint (a fresh start, or a subtask the checkpoint did not have)
-/// every one rolls back.
+/// Which of the prepared transactions `found` a restore of the state
+/// `restored` resolves, and how. Every transaction newer than the restored
+/// checkpoint rolls back, whoever prepared it (its records are replayed;
+/// two subtasks may both try, the loser finds it gone). Those of the old
+/// subtask that wrote the state, up to the checkpoint, commit if the
+/// checkpoint lists them, and roll back if not: an attempt that outlived
+/// its successor's restore prepared them. Old subtask j's are resolved by
+/// new subtask j, or by subtask 0 through the state it adopts when a
+/// rescale removed j. Without state (a fresh start, or a subtask the
+/// checkpoint did not have) subtask `ctx.subtask` rolls back its own
+/// index's, and subtask 0 those of indices past the parallelism: no
+/// checkpoint lists them.
 pub(crate) fn resolve<'a>(
     found: &'a [String],
     prefix: &str,
+    restored: Option<&Committable>,
     ctx: SinkContext,
-    restored: Option<CheckpointId>,
 ) -> Vec<(&'a str, Resolution)> {
-    let resolver = |old: u32| if old < ctx.parallelism { old } else { 0 };
+    let subtask = ctx.subtask.0;
     found
         .iter()
         .filter_map(|name| {
             let (old, checkpoint) = parse_name(prefix, name)?;
-            (resolver(old) == ctx.subtask.0).then(|| {
-                let resolution = match restored {
-                    Some(restored) if checkpoint <= restored => Resolution::Commit,
-                    _ => Resolution::RollBack,
-                };
-                (name.as_str(), resolution)
-            })
+            let resolution = match restored {
+                Some(r) if checkpoint.0 > r.checkpoint => Resolution::RollBack,
+                Some(r) if old == r.subtask && r.prepared.contains(&checkpoint.0) => {
+                    Resolution::Commit
+                }
+                Some(r) if old == r.subtask => Resolution::RollBack,
+                None if old == subtask || (subtask == 0 && old >= ctx.parallelism) => {
+                    Resolution::RollBack
+                }
+                _ => return None,
+            };
+            Some((name.as_str(), resolution))
         })
         .collect()
 }
@@ -126,6 +135,11 @@ impl Transactions {
         AtBarrier::Prepare(transaction_name(&self.prefix, self.subtask, checkpoint))
     }
 
+    /// The checkpoints of the transactions prepared and not yet committed.
+    pub(crate) fn prepared(&self) -> Vec<u64> {
+        self.prepared.iter().map(|c| c.0).collect()
+    }
+
     /// `checkpoint` completed: the prepared transactions to commit, those
     /// of it and every earlier one.
     pub(crate) fn completed(&mut self, checkpoint: CheckpointId) -> Vec<String> {
@@ -148,11 +162,16 @@ impl Transactions {
     }
 }
 
-/// What a sink subtask keeps in a checkpoint: which it is, so that a
-/// restore knows what to commit, and the rows it held back.
+/// What a sink subtask keeps in a checkpoint: what a restore commits, and
+/// the rows it held back.
 #[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Committable {
+    /// The sink subtask that wrote it.
+    pub subtask: u32,
     pub checkpoint: u64,
+    /// The checkpoints of its transactions prepared and not yet committed
+    /// at the barrier, this one's included.
+    pub prepared: Vec<u64>,
     /// Flat rows, as [`Rows`] keeps them.
     pub held: Vec<Value>,
 }
@@ -186,12 +205,19 @@ impl Rows {
         self.values.len() / self.arity
     }
 
-    /// Adds the row whose values end `row`, which it takes.
-    pub(crate) fn push(&mut self, row: &mut Vec<Value>) {
-        debug_assert_eq!(row.len(), self.arity, "a row of another arity");
+    /// Adds the row of the values in `row`, which it takes.
+    pub(crate) fn push(&mut self, row: &mut Vec<Value>) -> Result<(), String> {
+        if row.len() != self.arity {
+            let found = row.len();
+            row.clear();
+            return Err(format!(
+                "a row of {found} values for {} columns",
+                self.arity
+            ));
+        }
         let Some((key_columns, index)) = &mut self.keys else {
             self.values.append(row);
-            return;
+            return Ok(());
         };
         let at = *index
             .entry(row[..*key_columns].to_vec())
@@ -204,6 +230,7 @@ impl Rows {
                 *to = from;
             }
         }
+        Ok(())
     }
 
     /// Every row, flat, as a checkpoint holds them.
@@ -245,63 +272,89 @@ impl Rows {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidemark_core::ids::SubtaskIndex;
 
     fn ctx(subtask: u32, parallelism: u32) -> SinkContext {
         SinkContext {
-            subtask: SubtaskIndex(subtask),
+            subtask: tidemark_core::ids::SubtaskIndex(subtask),
             parallelism,
         }
     }
 
+    fn restored(subtask: u32, checkpoint: u64, prepared: &[u64]) -> Committable {
+        Committable {
+            subtask,
+            checkpoint,
+            prepared: prepared.to_vec(),
+            held: Vec::new(),
+        }
+    }
+
+    fn names(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
     #[test]
-    fn a_restore_commits_up_to_its_checkpoint_and_rolls_back_the_rest() {
-        let found: Vec<String> = [
+    fn a_restore_commits_what_its_checkpoint_lists_and_rolls_back_the_rest() {
+        let found = names(&[
             "t:0:4",
             "t:0:5",
             "t:0:6",
+            "t:1:5",
             "t:1:6",
             "other:0:1",
             "t:0:x",
             "t-2:0:1",
-        ]
-        .map(str::to_owned)
-        .into();
-        let resolved = resolve(&found, "t", ctx(0, 2), Some(CheckpointId(5)));
+        ]);
+        let r = restored(0, 5, &[4, 5]);
         assert_eq!(
-            resolved,
+            resolve(&found, "t", Some(&r), ctx(0, 2)),
             [
                 ("t:0:4", Resolution::Commit),
                 ("t:0:5", Resolution::Commit),
-                ("t:0:6", Resolution::RollBack)
+                ("t:0:6", Resolution::RollBack),
+                // Newer than the checkpoint: rolled back by whoever restores.
+                ("t:1:6", Resolution::RollBack),
             ]
         );
+        // Subtask 1's own up to the checkpoint are its own to resolve.
         assert_eq!(
-            resolve(&found, "t", ctx(1, 2), Some(CheckpointId(5))),
-            [("t:1:6", Resolution::RollBack)]
+            resolve(&found, "t", Some(&restored(1, 5, &[5])), ctx(1, 2)),
+            [
+                ("t:0:6", Resolution::RollBack),
+                ("t:1:5", Resolution::Commit),
+                ("t:1:6", Resolution::RollBack)
+            ]
         );
-        // A fresh start rolls back what an earlier run left prepared.
-        assert!(resolve(&found, "t", ctx(0, 2), None)
-            .iter()
-            .all(|(_, r)| *r == Resolution::RollBack));
+        // A fresh start rolls back what an earlier run left prepared, each
+        // subtask its own index's; subtask 0 those past the parallelism.
+        let fresh = |subtask, parallelism| -> Vec<&str> {
+            resolve(&found, "t", None, ctx(subtask, parallelism))
+                .into_iter()
+                .map(|(name, r)| {
+                    assert_eq!(r, Resolution::RollBack);
+                    name
+                })
+                .collect()
+        };
+        assert_eq!(fresh(0, 2), ["t:0:4", "t:0:5", "t:0:6"]);
+        assert_eq!(fresh(1, 2), ["t:1:5", "t:1:6"]);
+        assert_eq!(fresh(0, 1), ["t:0:4", "t:0:5", "t:0:6", "t:1:5", "t:1:6"]);
+        // A subtask a scale-up added leaves the others' alone.
+        assert!(fresh(2, 3).is_empty());
     }
 
     #[test]
-    fn every_old_subtask_has_exactly_one_resolver_at_any_parallelism() {
-        let found: Vec<String> = (0..5)
-            .map(|j| transaction_name("t", j, CheckpointId(3)))
-            .collect();
-        for parallelism in 1..=6 {
-            let mut resolved: Vec<&str> = (0..parallelism)
-                .flat_map(|i| resolve(&found, "t", ctx(i, parallelism), Some(CheckpointId(3))))
-                .map(|(name, resolution)| {
-                    assert_eq!(resolution, Resolution::Commit);
-                    name
-                })
-                .collect();
-            resolved.sort_unstable();
-            assert_eq!(resolved, found, "at parallelism {parallelism}");
-        }
+    fn a_transaction_the_checkpoint_does_not_list_rolls_back() {
+        // Prepared at checkpoint 3 by an attempt that outlived the restore
+        // that followed its failure; checkpoint 5 never saw it.
+        let found = names(&["t:0:3", "t:0:5"]);
+        assert_eq!(
+            resolve(&found, "t", Some(&restored(0, 5, &[5])), ctx(0, 1)),
+            [
+                ("t:0:3", Resolution::RollBack),
+                ("t:0:5", Resolution::Commit)
+            ]
+        );
     }
 
     #[test]
@@ -356,7 +409,7 @@ mod tests {
             vec![Value::Text(k.into()), Value::BigInt(w), Value::BigInt(c)]
         };
         for (k, w, c) in [("a", 0, 1), ("b", 0, 1), ("a", 0, 2), ("a", 1, 1)] {
-            rows.push(&mut row(k, w, c));
+            rows.push(&mut row(k, w, c)).unwrap();
         }
         assert_eq!(rows.len(), 3);
         let types = [SqlType::Text, SqlType::BigInt, SqlType::BigInt];
@@ -370,7 +423,7 @@ mod tests {
         );
         assert_eq!(rows.len(), 0);
         // The index went with the rows: a key seen before starts a row again.
-        rows.push(&mut row("a", 0, 3));
+        rows.push(&mut row("a", 0, 3)).unwrap();
         assert_eq!(rows.flat(), row("a", 0, 3));
         assert!(rows
             .take_columns(&[SqlType::BigInt, SqlType::BigInt, SqlType::BigInt])
@@ -382,7 +435,8 @@ mod tests {
     fn append_rows_keep_every_record() {
         let mut rows = Rows::new(2, Mode::Append, 1);
         for c in [1, 2] {
-            rows.push(&mut vec![Value::Text("a".into()), Value::BigInt(c)]);
+            rows.push(&mut vec![Value::Text("a".into()), Value::BigInt(c)])
+                .unwrap();
         }
         assert_eq!(rows.len(), 2);
     }
