@@ -5,8 +5,11 @@
 //! rescale, with no prepared transaction left.
 
 mod common;
+#[path = "common/postgres.rs"]
+mod postgres;
 
 use common::{completed_checkpoints, expected_counts, spawn_child_job};
+use postgres::{server, Table};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -16,82 +19,22 @@ const CHILD: &str = "TIDEMARK_POSTGRES_SINK_CHILD_ARGS";
 const RECORDS: u64 = 100_000;
 const KEYS: u64 = 1_000;
 
-/// The server's URL in `var`; `None` skips the test, unless
-/// `TIDEMARK_REQUIRE_POSTGRES` says the PostgreSQL cases must run.
-fn server(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(url) => Some(url),
-        Err(_) => {
-            let required =
-                std::env::var("TIDEMARK_REQUIRE_POSTGRES").is_ok_and(|v| !v.is_empty() && v != "0");
-            assert!(
-                !required,
-                "TIDEMARK_REQUIRE_POSTGRES is set but {var} is not"
-            );
-            eprintln!("skipped: {var} is not set (cargo xtask test sets it)");
-            None
-        }
-    }
-}
+/// The sink's table, and what the tests expect of it.
+struct Counts(Table);
 
-/// A client of the server, looking at `table` as a reader would.
-struct Table {
-    runtime: tokio::runtime::Runtime,
-    client: tokio_postgres::Client,
-    name: &'static str,
-}
-
-impl Table {
-    /// Drops what an earlier run of the test left of `name`.
+impl Counts {
     fn new(url: &str, name: &'static str) -> Self {
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        let client = runtime.block_on(async {
-            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            tokio::spawn(connection);
-            client
-        });
-        let table = Table {
-            runtime,
-            client,
-            name,
-        };
-        for gid in table.prepared() {
-            table.execute(&format!("ROLLBACK PREPARED '{gid}'"));
-        }
-        table.execute(&format!("DROP TABLE IF EXISTS {name}"));
-        table
+        Counts(Table::new(url, name))
     }
 
-    fn execute(&self, statement: &str) {
-        self.runtime
-            .block_on(self.client.batch_execute(statement))
-            .unwrap();
-    }
-
-    /// Committed `(key, count)` rows; none if the table is not there yet.
+    /// Committed `(key, count)` rows.
     fn rows(&self) -> Vec<(i64, i64)> {
-        let query = format!("SELECT key::bigint, count FROM {}", self.name);
-        match self.runtime.block_on(self.client.query(&query, &[])) {
-            Ok(rows) => rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
-            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
-                Vec::new()
-            }
-            Err(e) => panic!("{query}: {e:?}"),
-        }
+        let rows = self.0.rows("key, count");
+        rows.into_iter().map(|r| (r[0], r[1])).collect()
     }
 
-    /// This sink's prepared transactions.
     fn prepared(&self) -> Vec<String> {
-        let rows = self
-            .runtime
-            .block_on(self.client.query(
-                "SELECT gid FROM pg_prepared_xacts WHERE starts_with(gid, $1)",
-                &[&format!("tidemark-postgres-{}:", self.name)],
-            ))
-            .unwrap();
-        rows.iter().map(|r| r.get(0)).collect()
+        self.0.prepared()
     }
 
     /// In append mode every update is a row: each key's counts are
@@ -166,9 +109,9 @@ fn appended_updates_are_exactly_once_across_injected_failures() {
     let Some(url) = server("TIDEMARK_TEST_POSTGRES") else {
         return;
     };
-    let table = Table::new(&url, "wordcount_append");
+    let table = Counts::new(&url, "wordcount_append");
     let root = tempfile::tempdir().unwrap();
-    let mut args = args(&url, table.name, "append", 7, root.path());
+    let mut args = args(&url, &table.0.name, "append", 7, root.path());
     args.push("--inject-failures=3".into());
     let report = run(&args);
     assert!(report.restarts >= 1, "no failure was injected");
@@ -180,9 +123,9 @@ fn upserted_counts_are_final_across_injected_failures() {
     let Some(url) = server("TIDEMARK_TEST_POSTGRES") else {
         return;
     };
-    let table = Table::new(&url, "wordcount_upsert");
+    let table = Counts::new(&url, "wordcount_upsert");
     let root = tempfile::tempdir().unwrap();
-    let mut args = args(&url, table.name, "upsert", 8, root.path());
+    let mut args = args(&url, &table.0.name, "upsert", 8, root.path());
     args.push("--inject-failures=3".into());
     let report = run(&args);
     assert!(report.restarts >= 1, "no failure was injected");
@@ -203,7 +146,7 @@ fn a_fault_at_each_step_of_the_two_phase_commit_is_survived() {
         ("after-ack:2:1:1", "fault_after_ack"),
         ("sync-snapshot:2:1:0", "fault_sync_snapshot"),
     ] {
-        let table = Table::new(&url, name);
+        let table = Counts::new(&url, name);
         let root = tempfile::tempdir().unwrap();
         let mut args = args(&url, name, "append", 11, root.path());
         args.push(format!("--inject-fault={fault}"));
@@ -218,10 +161,10 @@ fn a_job_killed_with_sigkill_and_restored_from_latest_appends_each_update_once()
     let Some(url) = server("TIDEMARK_TEST_POSTGRES") else {
         return;
     };
-    let table = Table::new(&url, "wordcount_sigkill");
+    let table = Counts::new(&url, "wordcount_sigkill");
     let root = tempfile::tempdir().unwrap();
     let checkpoints = root.path().join("checkpoints");
-    let args = args(&url, table.name, "append", 9, &checkpoints);
+    let args = args(&url, &table.0.name, "append", 9, &checkpoints);
     let mut child = spawn_child_job(CHILD, &args);
     let deadline = Instant::now() + Duration::from_secs(60);
     // Killed with transactions committed, and likely some prepared.
@@ -251,7 +194,7 @@ fn a_rescaled_job_appends_each_update_once() {
         return;
     };
     for (parallelism, name) in [(3, "wordcount_rescale_up"), (1, "wordcount_rescale_down")] {
-        let table = Table::new(&url, name);
+        let table = Counts::new(&url, name);
         let root = tempfile::tempdir().unwrap();
         let args = args(&url, name, "append", 10, &root.path().join("checkpoints"));
         let stop = [
