@@ -3,6 +3,7 @@
 //! two-phase-commit sink: every update exactly once across injected
 //! failures, a fault at each step of a checkpoint, a SIGKILL and a
 //! rescale, with no prepared transaction left.
+#![cfg(feature = "postgres")]
 
 mod common;
 #[path = "common/postgres.rs"]

@@ -424,6 +424,7 @@ fn kills(seeds: std::ops::Range<u64>, extra: &[&str]) -> Vec<RunReport> {
 /// The windows of a tumbling, a sliding and a session spec appended to a
 /// PostgreSQL table under three seeded kills each: every window's row is
 /// committed exactly once with its count, none is left prepared.
+#[cfg(feature = "postgres")]
 #[test]
 fn windows_appended_to_postgres_are_exact_across_kills() {
     let Some(url) = postgres::server("TIDEMARK_TEST_POSTGRES") else {

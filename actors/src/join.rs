@@ -8,7 +8,7 @@ use crate::windows::Events;
 use crate::wordcount::{Generator, Records};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
-use tidemark_connectors::postgres::{Column, Row, SqlField, SqlType, Value};
+use tidemark_connectors::rows::{Column, Row, SqlField, SqlType, Value};
 use tidemark_core::job::JobConfig;
 use tidemark_core::rng::splitmix64;
 use tidemark_core::time::{Timestamped, WatermarkStrategy};

@@ -4,7 +4,9 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use tidemark_connectors::postgres::{PostgresOptions, PostgresSink, Row};
+#[cfg(feature = "postgres")]
+use tidemark_connectors::postgres::{PostgresOptions, PostgresSink};
+use tidemark_connectors::rows::Row;
 use tidemark_core::ids::CheckpointId;
 use tidemark_core::{Data, Job, Sink, SinkContext, Stream, UserError};
 
@@ -51,6 +53,7 @@ pub enum Target {
     /// Exactly-once files of lines ([`FileSink`]).
     Files(Output),
     /// An exactly-once PostgreSQL table ([`PostgresSink`]).
+    #[cfg(feature = "postgres")]
     Postgres(Arc<PostgresOptions>),
 }
 
@@ -63,8 +66,14 @@ impl Target {
             return Ok(Target::Discard);
         }
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let options: PostgresOptions = url.parse().map_err(|e| format!("{e}"))?;
-            return Ok(Target::Postgres(Arc::new(options)));
+            #[cfg(feature = "postgres")]
+            return Ok(Target::Postgres(Arc::new(
+                url.parse().map_err(|e| format!("{e}"))?,
+            )));
+            #[cfg(not(feature = "postgres"))]
+            return Err(
+                "this tidemark was built without PostgreSQL (cargo feature `postgres`)".into(),
+            );
         }
         if let Some((scheme, _)) = url.split_once("://").filter(|(s, _)| *s != "file") {
             return Err(format!(
@@ -103,6 +112,7 @@ where
             let run = output.run.clone();
             stream.sink("files", move |ctx| FileSink::new(&dir, &run, ctx))
         }
+        #[cfg(feature = "postgres")]
         Target::Postgres(options) => {
             let options = options.clone();
             stream.sink("postgres", move |ctx| {

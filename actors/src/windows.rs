@@ -7,7 +7,7 @@ use crate::sinks::{sink_into, Field, Line, Target};
 use crate::wordcount::{key_text, Generator, Input, Records};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
-use tidemark_connectors::postgres::{Column, Row, SqlField, SqlType, Value};
+use tidemark_connectors::rows::{Column, Row, SqlField, SqlType, Value};
 use tidemark_core::job::JobConfig;
 use tidemark_core::rng::splitmix64;
 use tidemark_core::time::{Count, TimeWindow, Timestamped, WatermarkStrategy, WindowAssigner};

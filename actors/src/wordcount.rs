@@ -4,7 +4,7 @@
 use crate::sinks::{sink_into, Line, Target};
 use std::marker::PhantomData;
 use tidemark_connectors::files::{FileSource, FileSourceError, Format};
-use tidemark_connectors::postgres::Row;
+use tidemark_connectors::rows::Row;
 use tidemark_core::job::JobConfig;
 use tidemark_core::rng::splitmix64;
 use tidemark_core::split::{Split, SplitPosition};

@@ -6,6 +6,7 @@
 //!   failures, restarts and rescales.
 //! - [`postgres`]: an exactly-once sink into a PostgreSQL table, by
 //!   two-phase commit (prepared transactions), in upsert or append mode.
+//! - [`rows`]: records as rows of a table, with every feature or none.
 //!
 //! Each system is a cargo feature, so that an embedding that needs none
 //! compiles none of them.
@@ -16,3 +17,4 @@ pub mod files;
 mod io;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod rows;

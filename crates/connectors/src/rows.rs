@@ -1,0 +1,116 @@
+//! Records as rows of a table, for the sinks that write tables: the
+//! columns a record type has and the values a record gives them. Apart from
+//! any one system's feature, so that code generic over its sink's records
+//! needs no database crate.
+
+use serde::{Deserialize, Serialize};
+use tidemark_core::UserError;
+
+/// A column's SQL type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SqlType {
+    /// `bigint`.
+    BigInt,
+    /// `text`.
+    Text,
+}
+
+impl SqlType {
+    /// Its name in SQL.
+    pub fn name(self) -> &'static str {
+        match self {
+            SqlType::BigInt => "bigint",
+            SqlType::Text => "text",
+        }
+    }
+}
+
+/// A column of a [`Row`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Column {
+    /// Its name, as the record's field.
+    pub name: &'static str,
+    /// Its type.
+    pub sql_type: SqlType,
+}
+
+/// One field of a row.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Value {
+    /// A `bigint`.
+    BigInt(i64),
+    /// A `text`.
+    Text(String),
+}
+
+/// A record as a row of the table.
+pub trait Row: Send + 'static {
+    /// The columns, the key's first.
+    fn columns() -> Vec<Column>;
+    /// How many of the first columns are the key: the primary key in
+    /// upsert mode.
+    fn key_columns() -> usize;
+    /// Appends the record's fields, in the order of [`columns`](Row::columns).
+    fn values(&self, out: &mut Vec<Value>) -> Result<(), UserError>;
+}
+
+/// A field of a record as a column.
+pub trait SqlField {
+    /// Its type.
+    const SQL_TYPE: SqlType;
+    /// Its value.
+    fn value(&self) -> Result<Value, UserError>;
+}
+
+/// As `bigint`, refused past its range.
+impl SqlField for u64 {
+    const SQL_TYPE: SqlType = SqlType::BigInt;
+
+    fn value(&self) -> Result<Value, UserError> {
+        i64::try_from(*self)
+            .map(Value::BigInt)
+            .map_err(|_| format!("{self} does not fit PostgreSQL's bigint").into())
+    }
+}
+
+impl SqlField for i64 {
+    const SQL_TYPE: SqlType = SqlType::BigInt;
+
+    fn value(&self) -> Result<Value, UserError> {
+        Ok(Value::BigInt(*self))
+    }
+}
+
+impl SqlField for String {
+    const SQL_TYPE: SqlType = SqlType::Text;
+
+    fn value(&self) -> Result<Value, UserError> {
+        Ok(Value::Text(self.clone()))
+    }
+}
+
+/// A count per key, as wordcount writes it: columns `key` and `count`.
+impl<K: SqlField + Send + 'static> Row for (K, u64) {
+    fn columns() -> Vec<Column> {
+        vec![
+            Column {
+                name: "key",
+                sql_type: K::SQL_TYPE,
+            },
+            Column {
+                name: "count",
+                sql_type: SqlType::BigInt,
+            },
+        ]
+    }
+
+    fn key_columns() -> usize {
+        1
+    }
+
+    fn values(&self, out: &mut Vec<Value>) -> Result<(), UserError> {
+        out.push(self.0.value()?);
+        out.push(self.1.value()?);
+        Ok(())
+    }
+}
