@@ -29,6 +29,7 @@ pub use sink::PostgresSink;
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 use thiserror::Error;
 
 /// How rows go into the table.
@@ -133,8 +134,17 @@ impl FromStr for PostgresOptions {
             true => base.to_owned(),
             false => format!("{base}?{}", rest.join("&")),
         };
-        let connection = tokio_postgres::Config::from_str(&connection)
+        let mut connection = tokio_postgres::Config::from_str(&connection)
             .map_err(|e| PostgresUrlError::Connection(with_sources(&e)))?;
+        // A subtask waits on the server: a server gone silent (a partition,
+        // a dead host) fails it within about a minute, not TCP's hours.
+        let given = |key: &str| rest.iter().any(|p| p.starts_with(&format!("{key}=")));
+        if !given("keepalives_idle") {
+            connection.keepalives_idle(Duration::from_secs(30));
+        }
+        if !given("tcp_user_timeout") {
+            connection.tcp_user_timeout(Duration::from_secs(60));
+        }
         // Names of prepared transactions are the server's, not a
         // database's.
         let database = connection
@@ -282,7 +292,15 @@ mod tests {
         assert_eq!(options.connection.get_ports(), [5433]);
         assert_eq!(
             options.connection.get_connect_timeout(),
-            Some(&std::time::Duration::from_secs(5))
+            Some(&Duration::from_secs(5))
+        );
+        assert_eq!(
+            options.connection.get_keepalives_idle(),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            options.connection.get_tcp_user_timeout(),
+            Some(&Duration::from_secs(60))
         );
         assert!(!format!("{options:?}").contains("secret"));
         let upsert: PostgresOptions = "postgresql://u@h/db?table=t&transaction-prefix=job-7"
