@@ -9,11 +9,10 @@ mod common;
 #[path = "common/postgres.rs"]
 mod postgres;
 
-use common::{completed_checkpoints, expected_counts, spawn_child_job};
+use common::expected_counts;
 use postgres::{server, Table};
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
 use tidemark_actors::cli::{self, RunArgs, RunReport};
 
 const CHILD: &str = "TIDEMARK_POSTGRES_SINK_CHILD_ARGS";
@@ -166,26 +165,9 @@ fn a_job_killed_with_sigkill_and_restored_from_latest_appends_each_update_once()
     let root = tempfile::tempdir().unwrap();
     let checkpoints = root.path().join("checkpoints");
     let args = args(&url, &table.0.name, "append", 9, &checkpoints);
-    let mut child = spawn_child_job(CHILD, &args);
-    let deadline = Instant::now() + Duration::from_secs(60);
     // Killed with transactions committed, and likely some prepared.
-    while completed_checkpoints(&checkpoints) < 2 || table.rows().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "nothing committed within a minute"
-        );
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the job ended before it was killed"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let mut resumed = args.clone();
-    resumed.push("--restore=latest".into());
-    let status = spawn_child_job(CHILD, &resumed).wait().unwrap();
-    assert!(status.success(), "the restored run failed");
+    let committed = || !table.rows().is_empty();
+    common::kill_when_committed_then_restore_latest(CHILD, &args, &checkpoints, committed, || {});
     table.assert_updates_exactly_once(9, "SIGKILL, then --restore latest");
 }
 

@@ -126,10 +126,23 @@ pub fn kill_then_restore_latest(
     checkpoints: &Path,
     after_kill: impl FnOnce(),
 ) {
+    let committed = || !committed_lines(output).is_empty();
+    kill_when_committed_then_restore_latest(var, args, checkpoints, committed, after_kill);
+}
+
+/// [`kill_then_restore_latest`] for a sink whose committed output
+/// `committed` tells apart (a table, say).
+pub fn kill_when_committed_then_restore_latest(
+    var: &str,
+    args: &[String],
+    checkpoints: &Path,
+    committed: impl Fn() -> bool,
+    after_kill: impl FnOnce(),
+) {
     use std::time::{Duration, Instant};
     let mut child = spawn_child_job(var, args);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while completed_checkpoints(checkpoints) == 0 || committed_lines(output).is_empty() {
+    while completed_checkpoints(checkpoints) == 0 || !committed() {
         assert!(
             Instant::now() < deadline,
             "no checkpoint completed within a minute"

@@ -154,11 +154,7 @@ impl Drop for PostgresServer {
 
 /// `program` as the `postgres` user when this is root, else as this user.
 fn as_server_user(program: &Path) -> Command {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|out| out.stdout.trim_ascii() == b"0");
-    if !root {
+    if !crate::prerequisites::is_root() {
         return Command::new(program);
     }
     let mut command = Command::new("runuser");

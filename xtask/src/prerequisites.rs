@@ -278,10 +278,7 @@ fn install_debian(packages: &[&str], missing: &[Missing]) -> Result<(), String> 
     if !succeeds(Command::new("apt-get").arg("--version")) {
         return Err(refuse("This is not a Debian-like system (no apt-get)."));
     }
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|out| out.stdout.trim_ascii() == b"0");
+    let root = is_root();
     let sudo = !root && succeeds(Command::new("sudo").args(["-n", "true"]));
     if !root && !sudo {
         return Err(refuse("Installing it needs root."));
@@ -320,6 +317,14 @@ fn install_debian(packages: &[&str], missing: &[Missing]) -> Result<(), String> 
         }
     }
     Ok(())
+}
+
+/// Whether this runs as root.
+pub fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
 }
 
 /// Makes sure cargo has `fmt` and `clippy`, which the test command's
