@@ -22,17 +22,19 @@ mod common;
 use common::splitmix64;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tidemark::checkpoint::CheckpointSettings;
+use tidemark::connectors::files::sink::{Encoder, FileSink, FileSinkConfig};
 use tidemark::fault::KillSchedule;
 use tidemark::operator::OutputTag;
 use tidemark::two_input::CoProcessFunction;
 use tidemark::JobBuilder;
 use tidemark_actors::prelude::*;
-use tidemark_actors::sinks::{run_name, FileSink, Line};
+use tidemark_actors::sinks::run_name;
 use tidemark_actors::wordcount::{Generator, Records};
 
 /// Numbered records over both halves.
@@ -115,16 +117,20 @@ enum Grouped {
     Final { group: u64, records: u64, sum: u64 },
 }
 
-impl Line for Grouped {
-    fn line(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
-        match self {
-            Grouped::Update { group, n } => write!(out, "{group},{n}"),
+/// Writes this test's records as lines of comma-separated fields.
+struct Lines;
+
+impl Encoder<Grouped> for Lines {
+    fn encode(&mut self, record: &Grouped, out: &mut Vec<u8>) -> Result<(), UserError> {
+        match record {
+            Grouped::Update { group, n } => writeln!(out, "{group},{n}")?,
             Grouped::Final {
                 group,
                 records,
                 sum,
-            } => write!(out, "{group},{records},{sum}"),
+            } => writeln!(out, "{group},{records},{sum}")?,
         }
+        Ok(())
     }
 }
 
@@ -170,12 +176,13 @@ enum Side {
     Mark(u64),
 }
 
-impl Line for Side {
-    fn line(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
-        match self {
-            Side::Seventh(rec) => write!(out, "s,{},{}", rec.index, rec.key),
-            Side::Mark(i) => write!(out, "m,{i}"),
+impl Encoder<Side> for Lines {
+    fn encode(&mut self, record: &Side, out: &mut Vec<u8>) -> Result<(), UserError> {
+        match record {
+            Side::Seventh(rec) => writeln!(out, "s,{},{}", rec.index, rec.key)?,
+            Side::Mark(i) => writeln!(out, "m,{i}")?,
         }
+        Ok(())
     }
 }
 
@@ -219,9 +226,13 @@ impl Outputs {
 }
 
 /// A file sink of each subtask into `dir`, in one run.
-fn files(dir: &Path) -> impl Fn(SinkContext) -> FileSink + Send + Sync {
-    let (dir, run) = (Arc::new(dir.to_owned()), run_name());
-    move |ctx| FileSink::new(&dir, &run, ctx)
+fn files<T: Send + 'static>(dir: &Path) -> impl Fn(SinkContext) -> FileSink<T> + Send + Sync
+where
+    Lines: Encoder<T>,
+{
+    let config = FileSinkConfig::from_url(dir.to_str().unwrap()).unwrap();
+    let run = run_name();
+    move |ctx| FileSink::with_encoder(&config, &run, ctx, Arc::new(|| Box::new(Lines)))
 }
 
 /// The job at `parallelism` (the two-input operator at one more), over the

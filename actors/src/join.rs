@@ -3,7 +3,7 @@
 //! apart (an interval join), and a sink of `key,left,right` lines naming
 //! each pair by its records' indices.
 
-use crate::sinks::{sink_into, Line, Target};
+use crate::sinks::{sink_into, Target};
 use crate::windows::Events;
 use crate::wordcount::{Generator, Records};
 use serde::{Deserialize, Serialize};
@@ -58,12 +58,6 @@ pub struct Pair {
     pub left: u64,
     /// The right record's index.
     pub right: u64,
-}
-
-impl Line for Pair {
-    fn line(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
-        write!(out, "{},{},{}", self.key, self.left, self.right)
-    }
 }
 
 /// Columns `key`, `left` and `right`, all three the key in upsert mode.

@@ -3,7 +3,7 @@
 //! per-key window count in event time, and a sink of
 //! `key,window_start,window_end,count` lines.
 
-use crate::sinks::{sink_into, Field, Line, Target};
+use crate::sinks::{sink_into, Target};
 use crate::wordcount::{key_text, Generator, Input, Records};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -90,17 +90,6 @@ pub struct WindowCount<K = u64> {
     pub window: TimeWindow,
     /// Records of the key in it.
     pub count: u64,
-}
-
-impl<K: Field> Line for WindowCount<K> {
-    fn line(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
-        self.key.field(out)?;
-        write!(
-            out,
-            ",{},{},{}",
-            self.window.start, self.window.end, self.count
-        )
-    }
 }
 
 /// Columns `key`, `window_start`, `window_end` (the key in upsert mode)
@@ -215,7 +204,7 @@ impl Windows {
     }
 
     /// Counts the events of `keyed` per key and window into the sink.
-    fn count<K: Key + Field + SqlField>(&self, keyed: KeyedStream<K, Event<K>>) -> Job {
+    fn count<K: Key + SqlField>(&self, keyed: KeyedStream<K, Event<K>>) -> Job {
         let counted = keyed
             .window(self.window)
             .aggregate("window", Count, |key: &K, window, count, out| {

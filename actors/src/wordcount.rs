@@ -1,7 +1,7 @@
 //! The wordcount topology: a deterministic generator of keyed records, a
 //! keyed count, and a sink of `(key, count)`.
 
-use crate::sinks::{sink_into, Line, Target};
+use crate::sinks::{sink_into, Target};
 use std::marker::PhantomData;
 use tidemark_connectors::files::{FileSource, FileSourceError, Format};
 use tidemark_connectors::rows::Row;
@@ -267,7 +267,7 @@ impl Wordcount {
     /// Counts the keys of `keys` into the sink.
     fn count<K: Key>(&self, keys: Stream<K>) -> Job
     where
-        (K, u64): Line + Row,
+        (K, u64): Row,
     {
         let emit = self.emit;
         let counted = keys

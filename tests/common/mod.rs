@@ -179,9 +179,21 @@ pub fn completed_checkpoints(dir: &Path) -> usize {
 /// With `--emit updates`, exactly once means every key's counts are exactly
 /// 1..=c(key): no duplicate, no gap, no stranger.
 pub fn assert_updates_exactly_once(dir: &Path, records: u64, keys: u64, seed: u64, context: &str) {
+    assert_counts_exactly_once(committed(dir), records, keys, seed, context);
+}
+
+/// [`assert_updates_exactly_once`] over the `(key, count)` updates of any
+/// sink.
+pub fn assert_counts_exactly_once(
+    updates: Vec<(u64, u64)>,
+    records: u64,
+    keys: u64,
+    seed: u64,
+    context: &str,
+) {
     let expected = expected_counts(records, keys, seed);
     let mut seen: HashMap<u64, Vec<u64>> = HashMap::new();
-    for (k, c) in committed(dir) {
+    for (k, c) in updates {
         seen.entry(k).or_default().push(c);
     }
     assert_eq!(seen.len(), expected.len(), "{context}: keys in the output");

@@ -11,7 +11,7 @@ use crate::http::HttpToken;
 use crate::join::Join;
 use crate::remote::{Distributed, WorkerSet};
 use crate::runtime::{job_id, JobError, Runtime};
-use crate::sinks::{run_name, Output, Target};
+use crate::sinks::{run_name, Target};
 use crate::windows::{Events, Windows};
 use crate::wordcount::{Emit, Input, Wordcount};
 use clap::{Args, ValueEnum};
@@ -99,12 +99,15 @@ pub struct RunArgs {
     /// The most the timestamps of two joined records differ by (join).
     #[arg(long, default_value = "20ms", value_parser = crate::config::values::flag_duration)]
     pub interval: Duration,
-    /// Directory for the results: committed files are those directly in it
-    /// whose names do not start with `.` or `_` (`--sink DIR`).
-    #[arg(long, conflicts_with = "sink")]
+    /// Directory for the results as CSV files: committed files are those
+    /// directly in it whose names do not start with `.` or `_` (`--sink DIR`).
+    #[arg(long, conflicts_with = "sink", value_parser = parse_output)]
     pub output: Option<PathBuf>,
-    /// Where the results go, exactly once: `discard`; a directory of CSV
-    /// files (a path or `file://DIR[?format=csv]`); or a PostgreSQL table,
+    /// Where the results go, exactly once: `discard`; a directory of files
+    /// (a path, `file://DIR` or `s3://BUCKET/PREFIX`, with
+    /// `?format=csv|jsonl[&header=true][&bucket=dt=%Y-%m-%d/hour=%H]
+    /// [&roll-size=BYTES][&roll-interval=1m][&part-size=BYTES]`); or a
+    /// PostgreSQL table,
     /// `postgres://USER@HOST:PORT/DB?table=NAME[&mode=upsert|append]
     /// [&transaction-prefix=P]` (two-phase commit: the server needs
     /// `max_prepared_transactions` > 0).
@@ -222,6 +225,11 @@ pub fn rebuild(recipe: &[u8]) -> Result<tidemark_core::job::Job, String> {
 /// Checks a `--sink` URL; the run's name is filled in later.
 fn parse_sink(s: &str) -> Result<String, String> {
     Target::from_url(s, "").map(|_| s.to_owned())
+}
+
+/// Checks (and creates) an `--output` directory.
+fn parse_output(s: &str) -> Result<PathBuf, String> {
+    Target::from_url(s, "").map(|_| s.into())
 }
 
 fn parse_source(s: &str) -> Result<Input, String> {
@@ -433,10 +441,9 @@ impl RunArgs {
     fn target(&self, run: &str) -> Target {
         match (&self.sink, &self.output) {
             (Some(url), _) => Target::from_url(url, run).expect("checked when parsed"),
-            (None, Some(dir)) => Target::Files(Output {
-                dir: dir.clone(),
-                run: run.to_owned(),
-            }),
+            (None, Some(dir)) => {
+                Target::from_url(&dir.to_string_lossy(), run).expect("checked when parsed")
+            }
             (None, None) => Target::Discard,
         }
     }
@@ -587,17 +594,6 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
     // Read before anything is created or elected.
     let http_token = HttpToken::read_optional(settings.options.http_token_file.as_deref())
         .map_err(|e| settings.usage("http_token_file", e.to_string()))?;
-    if let Target::Files(Output { dir, .. }) = args.target("") {
-        std::fs::create_dir_all(&dir).map_err(|e| CliError::Usage {
-            argument: if args.sink.is_some() {
-                "--sink"
-            } else {
-                "--output"
-            }
-            .into(),
-            problem: format!("cannot use {} as the output directory: {e}", dir.display()),
-        })?;
-    }
     let Some(lease) = settings.options.leader_lease.clone() else {
         return run_job(args, &settings, config, http_token, None);
     };

@@ -24,3 +24,14 @@ where
 {
     IO.spawn(future)
 }
+
+/// Runs `future` on the IO runtime and waits for it: sinks' calls are
+/// synchronous.
+pub(crate) fn wait<F>(future: F) -> Result<F::Output, tidemark_core::UserError>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    futures::executor::block_on(spawn(future))
+        .map_err(|e| format!("a connector's IO task failed: {e}").into())
+}

@@ -30,6 +30,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
+use object_store::multipart::MultipartStore;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use std::collections::HashMap;
@@ -235,11 +236,14 @@ pub fn unregister_store(name: &str) {
         .remove(name);
 }
 
+/// A store, and its multipart uploads where they can be resumed.
+type StoreAndMultipart = (Arc<dyn ObjectStore>, Option<Arc<dyn MultipartStore>>);
+
 /// The store `bucket` on S3, with the client's settings from the usual
 /// `AWS_*` environment variables (credentials, region, `AWS_ENDPOINT_URL`
 /// and `AWS_ALLOW_HTTP` for a local server).
 #[cfg(feature = "s3")]
-fn s3_store(url: &str, bucket: &str) -> Result<Arc<dyn ObjectStore>, StorageError> {
+fn s3_store(url: &str, bucket: &str) -> Result<StoreAndMultipart, StorageError> {
     let store = object_store::aws::AmazonS3Builder::from_env()
         .with_bucket_name(bucket)
         .build()
@@ -247,11 +251,12 @@ fn s3_store(url: &str, bucket: &str) -> Result<Arc<dyn ObjectStore>, StorageErro
             url: url.to_owned(),
             source: e.into(),
         })?;
-    Ok(Arc::new(store))
+    let store = Arc::new(store);
+    Ok((store.clone(), Some(store)))
 }
 
 #[cfg(not(feature = "s3"))]
-fn s3_store(url: &str, _bucket: &str) -> Result<Arc<dyn ObjectStore>, StorageError> {
+fn s3_store(url: &str, _bucket: &str) -> Result<StoreAndMultipart, StorageError> {
     Err(StorageError::InvalidUrl {
         url: url.to_owned(),
         problem: "this build of Tidemark has no S3 client; build it with the `s3` feature".into(),
@@ -361,6 +366,9 @@ pub struct Location {
     pub prefix: Path,
     /// The store's own URL, without the prefix.
     pub store_url: String,
+    /// The same store's multipart uploads, where they can be resumed by id
+    /// (S3, memory): what an exactly-once file sink keeps pending.
+    pub multipart: Option<Arc<dyn MultipartStore>>,
 }
 
 impl Location {
@@ -381,9 +389,11 @@ impl Location {
                 .map_err(|e| invalid(format!("bad prefix: {e}")))?;
             Ok(Some((name.to_owned(), prefix)))
         };
-        let (store, prefix, store_url): (Arc<dyn ObjectStore>, Path, String) =
+        let (store, prefix, store_url, multipart): (Arc<dyn ObjectStore>, Path, String, _) =
             if let Some((name, prefix)) = named("memory://")? {
-                (memory_store(&name), prefix, format!("memory://{name}"))
+                let store = memory_store(&name);
+                let multipart: Arc<dyn MultipartStore> = store.clone();
+                (store, prefix, format!("memory://{name}"), Some(multipart))
             } else if let Some((name, prefix)) = named("store://")? {
                 let store = REGISTERED_STORES
                     .lock()
@@ -391,20 +401,27 @@ impl Location {
                     .get(&name)
                     .cloned()
                     .ok_or_else(|| invalid(format!("no store is registered as {name:?}")))?;
-                (store, prefix, format!("store://{name}"))
+                (store, prefix, format!("store://{name}"), None)
             } else if let Some((bucket, prefix)) = named("s3://")? {
                 if bucket.is_empty() {
                     return Err(invalid("no bucket name".into()));
                 }
-                (s3_store(url, &bucket)?, prefix, format!("s3://{bucket}"))
+                let (store, multipart) = s3_store(url, &bucket)?;
+                (store, prefix, format!("s3://{bucket}"), multipart)
             } else {
                 let dir = url.trim_end_matches('/');
-                (local_store(url, create)?, Path::default(), dir.to_owned())
+                (
+                    local_store(url, create)?,
+                    Path::default(),
+                    dir.to_owned(),
+                    None,
+                )
             };
         Ok(Location {
             store,
             prefix,
             store_url,
+            multipart,
         })
     }
 }
@@ -427,6 +444,7 @@ impl CheckpointStorage {
             store,
             prefix,
             store_url,
+            ..
         } = Location::open(url, create)?;
         Ok(CheckpointStorage {
             store,

@@ -1,6 +1,6 @@
-//! A split source of the files under a directory of any object store, as
-//! Flink's `FileSource`: newline-delimited JSON, CSV with a header, or
-//! plain text lines.
+//! Files on any object store. Read by a split source of the files under a
+//! directory, as Flink's `FileSource`: newline-delimited JSON, CSV with a
+//! header, or plain text lines. Written exactly once by [`sink::FileSink`].
 //!
 //! A split is a byte range of a file, aligned to its lines (a whole file
 //! if it is smaller than the split size); its position is the offset of the
@@ -13,6 +13,7 @@
 mod enumerator;
 mod lines;
 mod reader;
+pub mod sink;
 
 pub use enumerator::SeenFiles;
 

@@ -8,7 +8,7 @@ use super::transactions::{
     resolve, AtBarrier, ColumnValues, Committable, Resolution, Rows, Transactions,
 };
 use super::{Column, Mode, PostgresOptions, Row, SqlType, Value};
-use std::future::Future;
+use crate::io::wait;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use tidemark_core::ids::CheckpointId;
@@ -278,17 +278,6 @@ impl<T: Row> Sink<T> for PostgresSink<T> {
         self.resolve(Some(&committable))?;
         self.commit_held(committable.held)
     }
-}
-
-/// Runs `future` on the connectors' runtime and waits for it: the sink's
-/// calls are synchronous.
-fn wait<F>(future: F) -> Result<F::Output, UserError>
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    futures::executor::block_on(crate::io::spawn(future))
-        .map_err(|e| format!("the PostgreSQL sink's IO task failed: {e}").into())
 }
 
 /// `HOST:PORT/DB`, as errors name the server.

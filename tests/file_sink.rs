@@ -1,0 +1,209 @@
+//! The exactly-once file sink end to end: wordcount's updates into S3
+//! (moto) and into time buckets of a local directory, across injected
+//! failures and a SIGKILL, checked from the committed files alone; and
+//! nothing in progress left behind: no hidden file, no upload record, no
+//! multipart upload the server still holds open.
+
+mod common;
+#[path = "common/storage.rs"]
+mod storage;
+
+use common::assert_counts_exactly_once;
+use futures::TryStreamExt;
+use object_store::ObjectStoreExt;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use tidemark::storage::Location;
+use tidemark_actors::cli::RunReport;
+
+const RECORDS: u64 = 100_000;
+const KEYS: u64 = 1_000;
+const SEED: u64 = 7;
+
+fn args(sink: &str, checkpoints: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "wordcount".to_string(),
+        format!("--records={RECORDS}"),
+        format!("--keys={KEYS}"),
+        format!("--seed={SEED}"),
+        "--parallelism=2".into(),
+        "--rate=400000".into(),
+        "--emit=updates".into(),
+        "--checkpoint-interval=100ms".into(),
+        format!("--checkpoint-dir={}", checkpoints.display()),
+        format!("--sink={sink}"),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn run(args: Vec<String>) -> RunReport {
+    common::run_overriding(args, &[]).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Every object under `url` with its text, by path relative to it.
+fn objects(url: &str) -> Vec<(String, String)> {
+    let Location { store, prefix, .. } = Location::open(url, false).unwrap();
+    storage::block_on(async {
+        let listed: Vec<_> = store.list(Some(&prefix)).try_collect().await.unwrap();
+        let mut out = Vec::new();
+        for meta in listed {
+            // Upload records come and go while the job runs.
+            let Ok(got) = store.get(&meta.location).await else {
+                continue;
+            };
+            let bytes = got.bytes().await.unwrap();
+            let relative: Vec<String> = meta
+                .location
+                .prefix_match(&prefix)
+                .unwrap()
+                .map(|p| p.as_ref().to_owned())
+                .collect();
+            out.push((
+                relative.join("/"),
+                String::from_utf8(bytes.to_vec()).unwrap(),
+            ));
+        }
+        out
+    })
+}
+
+/// Whether a relative path is hidden from readers (`.` or `_`).
+fn hidden(path: &str) -> bool {
+    path.split('/').any(|c| c.starts_with(['.', '_']))
+}
+
+/// The `(key, count)` of every committed JSON line under `url`.
+fn committed_json(url: &str) -> Vec<(u64, u64)> {
+    objects(url)
+        .into_iter()
+        .filter(|(path, _)| !hidden(path))
+        .flat_map(|(_, text)| {
+            text.lines()
+                .map(|line| {
+                    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+                    (v["key"].as_u64().unwrap(), v["count"].as_u64().unwrap())
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The multipart uploads moto holds open under `url`'s key prefix, asked
+/// without a signature (moto does not check them).
+fn open_multipart_uploads(url: &str) -> usize {
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").expect("the S3 tests' server");
+    let address = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let (bucket, prefix) = url.strip_prefix("s3://").unwrap().split_once('/').unwrap();
+    let mut stream = TcpStream::connect(address).unwrap();
+    write!(
+        stream,
+        "GET /{bucket}?uploads&prefix={prefix}/ HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response.matches("<UploadId>").count()
+}
+
+/// Nothing in progress is left under the S3 directory `url`.
+fn assert_nothing_pending_in_s3(url: &str, context: &str) {
+    let hidden: Vec<String> = objects(url)
+        .into_iter()
+        .map(|(path, _)| path)
+        .filter(|path| hidden(path))
+        .collect();
+    assert!(hidden.is_empty(), "{context}: left behind: {hidden:?}");
+    assert_eq!(open_multipart_uploads(url), 0, "{context}: open uploads");
+}
+
+#[test]
+fn updates_into_s3_are_committed_once_across_injected_failures() {
+    let Some(s3) = storage::TestStorage::s3("file_sink") else {
+        return;
+    };
+    let out = format!("{}/out", s3.url);
+    let checkpoints = tempfile::tempdir().unwrap();
+    let sink = format!("{out}?format=jsonl&roll-size=30000");
+    let report = run(args(&sink, checkpoints.path(), &["--inject-failures=3"]));
+    assert!(report.restarts >= 1, "no failure was injected");
+    let context = "jsonl into S3, injected failures";
+    assert_counts_exactly_once(committed_json(&out), RECORDS, KEYS, SEED, context);
+    assert_nothing_pending_in_s3(&out, context);
+}
+
+#[test]
+fn a_job_killed_while_writing_into_s3_commits_once_after_its_restore() {
+    let Some(s3) = storage::TestStorage::s3("file_sink_kill") else {
+        return;
+    };
+    let out = format!("{}/out", s3.url);
+    let checkpoints = tempfile::tempdir().unwrap();
+    let args = args(&format!("{out}?format=jsonl"), checkpoints.path(), &[]);
+    let committed = || !committed_json(&out).is_empty();
+    common::kill_when_committed_then_restore_latest(
+        "TIDEMARK_FILE_SINK_CHILD",
+        &args,
+        checkpoints.path(),
+        committed,
+        || {},
+    );
+    let context = "jsonl into S3, SIGKILL and --restore latest";
+    assert_counts_exactly_once(committed_json(&out), RECORDS, KEYS, SEED, context);
+    assert_nothing_pending_in_s3(&out, context);
+}
+
+/// Run by the SIGKILL test as the job's process.
+#[test]
+fn child_runs_the_job() {
+    common::run_child_job("TIDEMARK_FILE_SINK_CHILD");
+}
+
+/// Every file under `dir`, by path relative to it, with its text.
+fn files(dir: &Path, under: &str, out: &mut Vec<(String, String)>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = format!("{under}{}", entry.file_name().to_string_lossy());
+        if entry.file_type().unwrap().is_dir() {
+            files(&entry.path(), &format!("{name}/"), out);
+        } else {
+            out.push((name, std::fs::read_to_string(entry.path()).unwrap()));
+        }
+    }
+}
+
+#[test]
+fn csv_in_local_time_buckets_is_committed_once_across_injected_failures() {
+    let (out, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let sink = format!(
+        "file://{}?format=csv&header=true&bucket=dt=%Y-%m-%d/hour=%H&roll-interval=50ms",
+        out.path().display()
+    );
+    let report = run(args(&sink, checkpoints.path(), &["--inject-failures=3"]));
+    assert!(report.restarts >= 1, "no failure was injected");
+    let mut written = Vec::new();
+    files(out.path(), "", &mut written);
+    let left: Vec<&String> = written
+        .iter()
+        .map(|(p, _)| p)
+        .filter(|p| hidden(p))
+        .collect();
+    assert!(left.is_empty(), "uncommitted files left: {left:?}");
+    let mut counts = Vec::new();
+    for (path, text) in &written {
+        assert!(path.starts_with("dt="), "{path} is not in a time bucket");
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next(),
+            Some("key,count"),
+            "{path} starts with its header"
+        );
+        for line in lines {
+            let (key, count) = line.split_once(',').unwrap();
+            counts.push((key.parse().unwrap(), count.parse().unwrap()));
+        }
+    }
+    assert_counts_exactly_once(counts, RECORDS, KEYS, SEED, "csv in time buckets");
+}
