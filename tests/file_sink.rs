@@ -14,7 +14,9 @@ use object_store::ObjectStoreExt;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
+use std::time::Duration;
 use tidemark::storage::Location;
+use tidemark_actors::cli::cleanup::{cleanup, CleanupArgs};
 use tidemark_actors::cli::RunReport;
 
 const RECORDS: u64 = 100_000;
@@ -143,16 +145,37 @@ fn a_job_killed_while_writing_into_s3_commits_once_after_its_restore() {
     let checkpoints = tempfile::tempdir().unwrap();
     let args = args(&format!("{out}?format=jsonl"), checkpoints.path(), &[]);
     let committed = || !committed_json(&out).is_empty();
+    let cleanup = |dry_run| {
+        cleanup(&CleanupArgs {
+            checkpoint_dir: checkpoints.path().to_str().unwrap().into(),
+            job: tidemark_actors::wordcount::JOB_NAME.into(),
+            dry_run,
+            grace: Duration::ZERO,
+            ignore_corrupted_metadata: false,
+            sink: Some(out.clone()),
+        })
+        .unwrap()
+    };
     common::kill_when_committed_then_restore_latest(
         "TIDEMARK_FILE_SINK_CHILD",
         &args,
         checkpoints.path(),
         committed,
-        || {},
+        || {
+            let open = open_multipart_uploads(&out);
+            cleanup(true);
+            assert_eq!(
+                open_multipart_uploads(&out),
+                open,
+                "a dry run aborts nothing"
+            );
+        },
     );
     let context = "jsonl into S3, SIGKILL and --restore latest";
     assert_counts_exactly_once(committed_json(&out), RECORDS, KEYS, SEED, context);
     assert_nothing_pending_in_s3(&out, context);
+    let sweep = cleanup(false);
+    assert_eq!((sweep.stale_uploads.len(), sweep.kept_uploads), (0, 0));
 }
 
 /// Run by the SIGKILL test as the job's process.

@@ -10,6 +10,10 @@
 //! listed or deleted from. A sweep that deletes holds the directory's lease
 //! while it does: it is refused while a run of the job is alive, and no run
 //! starts during it.
+//!
+//! With `--sink`, the multipart uploads a file sink's directory holds open
+//! are swept too: those older than the grace period that no retained
+//! checkpoint pre-committed (a run killed while writing) are aborted.
 
 use crate::cli::{block_on, CliError};
 use crate::config::values;
@@ -19,8 +23,11 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+use tidemark_connectors::files::sink::{
+    pending_uploads, FileSinkConfig, FileSinkError, OpenUpload,
+};
 use tidemark_core::checkpoint::lease::LeaseOptions;
-use tidemark_core::checkpoint::CompletedCheckpoint;
+use tidemark_core::checkpoint::{entries, CompletedCheckpoint};
 use tidemark_storage::lease::{Lease, LEASES};
 use tidemark_storage::{CheckpointStorage, StorageError, StoredObject, COUNTER};
 
@@ -45,6 +52,10 @@ pub struct CleanupArgs {
     /// Without it, such metadata stops the cleanup.
     #[arg(long)]
     pub ignore_corrupted_metadata: bool,
+    /// A file sink's directory (as given to `run --sink`) whose open
+    /// multipart uploads are swept as well.
+    #[arg(long, value_name = "URL")]
+    pub sink: Option<String>,
 }
 
 /// An unreferenced object, and how long ago it was last written.
@@ -71,6 +82,12 @@ pub struct Sweep {
     pub young: Vec<Orphan>,
     /// Corrupted metadata swept under `--ignore-corrupted-metadata`.
     pub corrupted: Vec<String>,
+    /// The `--sink` directory's open uploads older than the grace period
+    /// that no retained checkpoint pre-committed: aborted, unless
+    /// `dry_run`.
+    pub stale_uploads: Vec<OpenUpload>,
+    /// Its other open uploads: young, or pre-committed.
+    pub kept_uploads: usize,
     /// Whether the orphans were only listed.
     pub dry_run: bool,
 }
@@ -110,6 +127,32 @@ fn plan(
     (old, young)
 }
 
+/// Splits a sink directory's open uploads into those to abort and how many
+/// to keep: young ones (a running job's) and those a retained checkpoint
+/// pre-committed, which its restore completes.
+fn plan_uploads(
+    uploads: Vec<OpenUpload>,
+    retained: &[CompletedCheckpoint],
+    grace: Duration,
+    now: SystemTime,
+) -> (Vec<OpenUpload>, usize) {
+    let pre_committed: BTreeSet<String> = retained
+        .iter()
+        .flat_map(|c| c.subtasks.values())
+        .filter_map(|state| state.operator.get(entries::SINK))
+        .filter_map(|state| pending_uploads(state))
+        .flatten()
+        .collect();
+    let total = uploads.len();
+    let stale: Vec<OpenUpload> = uploads
+        .into_iter()
+        .filter(|u| !pre_committed.contains(&u.id))
+        .filter(|u| now.duration_since(u.since).unwrap_or_default() >= grace)
+        .collect();
+    let kept = total - stale.len();
+    (stale, kept)
+}
+
 /// Lists the job directory and reads every checkpoint's metadata listed
 /// there. A checkpoint subsumed during the scan makes its objects look
 /// unreferenced while its successor's metadata may not have been listed, so
@@ -145,7 +188,7 @@ async fn scan(
 /// have changed it in between.
 async fn sweep(storage: &CheckpointStorage, args: &CleanupArgs) -> Result<Sweep, CliError> {
     let planned = sweep_with(storage, args, false).await?;
-    if args.dry_run || planned.orphans.is_empty() {
+    if args.dry_run || (planned.orphans.is_empty() && planned.stale_uploads.is_empty()) {
         return Ok(planned);
     }
     let lease = Arc::new(Lease::acquire(storage, &LeaseOptions::default()).await?);
@@ -161,6 +204,23 @@ async fn sweep_with(
 ) -> Result<Sweep, CliError> {
     let (objects, retained, corrupted) = scan(storage, args.ignore_corrupted_metadata).await?;
     let (orphans, young) = plan(objects, &retained, args.grace, SystemTime::now());
+    let (stale_uploads, kept_uploads) = match &args.sink {
+        Some(url) => {
+            let sink = FileSinkConfig::from_url(url).map_err(|e| CliError::Usage {
+                argument: "--sink".into(),
+                problem: e.to_string(),
+            })?;
+            let open = sink.open_uploads().await.map_err(sink_failed)?;
+            let (stale, kept) = plan_uploads(open, &retained, args.grace, SystemTime::now());
+            if delete {
+                for upload in &stale {
+                    sink.abort(upload).await.map_err(sink_failed)?;
+                }
+            }
+            (stale, kept)
+        }
+        None => (Vec::new(), 0),
+    };
     if delete {
         let paths = orphans.iter().map(|o| o.path.clone()).collect();
         let failed = storage.delete_many(paths).await?;
@@ -176,8 +236,17 @@ async fn sweep_with(
         orphans,
         young,
         corrupted,
+        stale_uploads,
+        kept_uploads,
         dry_run: args.dry_run,
     })
+}
+
+fn sink_failed(e: FileSinkError) -> CliError {
+    CliError::Usage {
+        argument: "--sink".into(),
+        problem: e.to_string(),
+    }
 }
 
 /// Sweeps the job's directory in the checkpoint storage, or with
@@ -202,12 +271,23 @@ impl fmt::Display for Sweep {
             let age = humantime::format_duration(Duration::from_secs(orphan.age.as_secs()));
             writeln!(f, "{}\t{} bytes\t{age} old", orphan.path, orphan.size)?;
         }
+        for upload in &self.stale_uploads {
+            writeln!(f, "upload {}\tof {}", upload.id, upload.path)?;
+        }
         let bytes: u64 = self.orphans.iter().map(|o| o.size).sum();
-        let verb = if self.dry_run {
-            "would delete"
+        let (verb, abort) = if self.dry_run {
+            ("would delete", "would abort")
         } else {
-            "deleted"
+            ("deleted", "aborted")
         };
+        if !self.stale_uploads.is_empty() || self.kept_uploads > 0 {
+            writeln!(
+                f,
+                "sink: {abort} {} open uploads; kept {} young or pre-committed",
+                self.stale_uploads.len(),
+                self.kept_uploads
+            )?;
+        }
         write!(
             f,
             "{}: {verb} {} orphans ({bytes} bytes); kept {} unreferenced objects younger than the grace period",
@@ -295,5 +375,45 @@ mod tests {
         let (old, young) = plan(vec![ahead], &[], HOUR, now);
         assert!(old.is_empty());
         assert_eq!(young[0].age, Duration::ZERO);
+    }
+
+    #[test]
+    fn uploads_are_stale_when_old_and_not_pre_committed() {
+        use tidemark_core::{Sink, SinkContext};
+        let url = format!("memory://cleanup-uploads-{}/out", std::process::id());
+        let _hold = tidemark_storage::Location::open(&url, true).unwrap();
+        let config = FileSinkConfig::from_url(&format!("{url}?part-size=1")).unwrap();
+        let ctx = SinkContext {
+            subtask: SubtaskIndex(0),
+            parallelism: 1,
+        };
+        let mut sink = tidemark_connectors::files::sink::FileSink::new(&config, "r", ctx);
+        sink.write(&mut vec![(1u64, 1u64)]).unwrap();
+        let state = sink.pre_commit(CheckpointId(1)).unwrap();
+        sink.write(&mut vec![(2u64, 2u64)]).unwrap();
+        let open = block_on(config.open_uploads()).unwrap().unwrap();
+        assert_eq!(open.len(), 2);
+
+        let mut retained = checkpoint(1, &[]);
+        let mut subtask = SubtaskState::default();
+        subtask.operator.insert(entries::SINK.into(), state);
+        retained.subtasks.insert(
+            SubtaskId {
+                operator: OperatorId(3),
+                index: SubtaskIndex(0),
+            },
+            subtask,
+        );
+        let later = SystemTime::now() + 2 * HOUR;
+        let (stale, kept) = plan_uploads(open.clone(), &[retained.clone()], HOUR, later);
+        assert_eq!(
+            stale,
+            [open[1].clone()],
+            "the one no checkpoint pre-committed"
+        );
+        assert_eq!(kept, 1);
+        let (stale, kept) = plan_uploads(open, &[retained], HOUR, SystemTime::now());
+        assert!(stale.is_empty(), "young uploads may be a running job's");
+        assert_eq!(kept, 2);
     }
 }

@@ -25,7 +25,7 @@ mod tests;
 
 pub use encode::{Csv, Encoder, EncoderFactory, JsonLines};
 pub use parts::RollPolicy;
-pub use staging::{abort, open_uploads, OpenUpload, UPLOADS};
+pub use staging::{OpenUpload, UPLOADS};
 
 use super::Format;
 use crate::rows::Row;
@@ -86,6 +86,14 @@ pub enum FileSinkError {
     /// The directory's store cannot be opened.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// The directory's store failed.
+    #[error("file sink {url}: {source}")]
+    Store {
+        /// The sink's directory.
+        url: String,
+        /// What failed.
+        source: object_store::Error,
+    },
 }
 
 /// Where and how a file sink writes: its directory, opened, and its
@@ -225,6 +233,45 @@ impl FileSinkConfig {
     pub fn url(&self) -> &str {
         &self.url
     }
+
+    /// The multipart uploads the directory holds open (none in a local
+    /// one): those of running jobs, those a checkpoint pre-committed, and
+    /// those a dead run left, which readers never see but the store keeps
+    /// (and bills) until they are aborted.
+    pub async fn open_uploads(&self) -> Result<Vec<OpenUpload>, FileSinkError> {
+        self.dir
+            .open_uploads("")
+            .await
+            .map_err(|source| self.store_error(source))
+    }
+
+    /// Aborts `upload` and forgets it.
+    pub async fn abort(&self, upload: &OpenUpload) -> Result<(), FileSinkError> {
+        self.dir
+            .abort(upload)
+            .await
+            .map_err(|source| self.store_error(source))
+    }
+
+    fn store_error(&self, source: object_store::Error) -> FileSinkError {
+        FileSinkError::Store {
+            url: self.url.clone(),
+            source,
+        }
+    }
+}
+
+/// The ids of the uploads a file sink's checkpointed `state` pre-committed,
+/// which its restore will complete; `None` if `state` is not a file sink's.
+pub fn pending_uploads(state: &[u8]) -> Option<Vec<String>> {
+    let state: PartsState<Pending> = rmp_serde::from_slice(state).ok()?;
+    Some(
+        state
+            .pending
+            .into_iter()
+            .filter_map(|(_, p)| p.upload.map(|u| u.id))
+            .collect(),
+    )
 }
 
 /// A `strftime` pattern that names buckets: every item known, and no

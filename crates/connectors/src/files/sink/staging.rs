@@ -246,24 +246,80 @@ impl Directory {
                 }
                 Ok(found.len())
             }
-            Directory::Objects {
-                store,
-                multipart,
-                prefix,
-            } => {
-                let (store, multipart) = (store.clone(), multipart.clone());
-                let records = child(prefix, &format!("{UPLOADS}/"));
-                let prefix = prefix.clone();
+            Directory::Objects { .. } => {
+                let dir = self.clone();
                 wait(async move {
-                    let mine = open_uploads(&store, &records, &name).await?;
-                    for (record, open) in &mine {
-                        abort(&store, &multipart, &prefix, record, open).await?;
+                    let mine = dir.open_uploads(&name).await?;
+                    for upload in &mine {
+                        dir.abort(upload).await?;
                     }
                     Ok::<_, object_store::Error>(mine.len())
                 })?
                 .map_err(|e| format!("cannot abort the uploads left by run {run}: {e}").into())
             }
         }
+    }
+
+    /// The uploads held open in this directory (none in a local one) for
+    /// part files whose names start with `name`, found by their records.
+    /// A record deleted while they are read (its upload just completed) is
+    /// skipped.
+    pub async fn open_uploads(&self, name: &str) -> Result<Vec<OpenUpload>, object_store::Error> {
+        let Directory::Objects { store, prefix, .. } = self else {
+            return Ok(Vec::new());
+        };
+        let listed: Vec<_> = store
+            .list(Some(&child(prefix, UPLOADS)))
+            .try_collect()
+            .await?;
+        let mut out = Vec::new();
+        for meta in listed {
+            if !meta
+                .location
+                .filename()
+                .is_some_and(|f| f.starts_with(name))
+            {
+                continue;
+            }
+            let bytes = match store.get(&meta.location).await {
+                Ok(got) => got.bytes().await?,
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            let body: RecordBody =
+                serde_json::from_slice(&bytes).map_err(|e| object_store::Error::Generic {
+                    store: "tidemark",
+                    source: format!("{} is not an upload record: {e}", meta.location).into(),
+                })?;
+            out.push(OpenUpload {
+                path: body.path,
+                id: body.id,
+                since: meta.last_modified.into(),
+                record: meta.location,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Aborts `upload` and deletes its record. An upload completed or
+    /// aborted before is not an error.
+    pub async fn abort(&self, upload: &OpenUpload) -> Result<(), object_store::Error> {
+        let Directory::Objects {
+            store,
+            multipart,
+            prefix,
+        } = self
+        else {
+            return Ok(());
+        };
+        match multipart
+            .abort_multipart(&child(prefix, &upload.path), &upload.id)
+            .await
+        {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        delete_if_exists(store, &upload.record).await
     }
 
     fn describe(&self) -> String {
@@ -275,64 +331,23 @@ impl Directory {
 }
 
 /// What an upload's record holds.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Serialize, Deserialize)]
+struct RecordBody {
+    path: String,
+    id: String,
+}
+
+/// A multipart upload a sink directory holds open, found by its record.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OpenUpload {
-    /// The file's path, relative to the sink's directory.
+    /// The part file's path, relative to the sink's directory.
     pub path: String,
-    /// The upload's id.
+    /// The store's id of the upload.
     pub id: String,
-}
-
-/// The records of open uploads under `records` (`DIR/_tidemark-uploads/`)
-/// of the part files whose names start with `name`, with what each holds.
-/// A record deleted while they are read (its upload just completed) is
-/// skipped.
-pub async fn open_uploads(
-    store: &Arc<dyn ObjectStore>,
-    records: &Path,
-    name: &str,
-) -> Result<Vec<(Path, OpenUpload)>, object_store::Error> {
-    let listed: Vec<_> = store.list(Some(records)).try_collect().await?;
-    let mut out = Vec::new();
-    for meta in listed {
-        if !meta
-            .location
-            .filename()
-            .is_some_and(|f| f.starts_with(name))
-        {
-            continue;
-        }
-        let bytes = match store.get(&meta.location).await {
-            Ok(got) => got.bytes().await?,
-            Err(object_store::Error::NotFound { .. }) => continue,
-            Err(e) => return Err(e),
-        };
-        let open = serde_json::from_slice(&bytes).map_err(|e| object_store::Error::Generic {
-            store: "tidemark",
-            source: format!("{} is not an upload record: {e}", meta.location).into(),
-        })?;
-        out.push((meta.location, open));
-    }
-    Ok(out)
-}
-
-/// Aborts the upload `open` of the sink directory `prefix` and deletes its
-/// `record`. An upload completed or aborted before is not an error.
-pub async fn abort(
-    store: &Arc<dyn ObjectStore>,
-    multipart: &Arc<dyn MultipartStore>,
-    prefix: &Path,
-    record: &Path,
-    open: &OpenUpload,
-) -> Result<(), object_store::Error> {
-    match multipart
-        .abort_multipart(&child(prefix, &open.path), &open.id)
-        .await
-    {
-        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-        Err(e) => return Err(e),
-    }
-    delete_if_exists(store, record).await
+    /// When its record was written: when the upload began.
+    pub since: std::time::SystemTime,
+    /// Where its record is.
+    pub record: Path,
 }
 
 /// Creates the upload of `at` (`relative` in the sink's directory) and
@@ -345,11 +360,11 @@ async fn create_upload(
     record: &Path,
 ) -> Result<String, object_store::Error> {
     let id = multipart.create_multipart(at).await?;
-    let open = OpenUpload {
+    let body = RecordBody {
         path: relative.to_owned(),
         id: id.clone(),
     };
-    let bytes = serde_json::to_vec(&open).expect("an upload record serializes");
+    let bytes = serde_json::to_vec(&body).expect("an upload record serializes");
     store.put(record, Bytes::from(bytes).into()).await?;
     Ok(id)
 }

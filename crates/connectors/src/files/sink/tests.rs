@@ -249,3 +249,27 @@ fn time_buckets_follow_the_pattern() {
         "{names:?}"
     );
 }
+
+#[test]
+fn the_uploads_a_crashed_run_left_are_listed_and_aborted() {
+    let url = format!("memory://sink-leftovers-{}/out", std::process::id());
+    let _hold = Location::open(&url, true).unwrap();
+    let config = config(&url, "format=csv&part-size=4");
+    let mut crashed = sink(&config, "r");
+    crashed.write(&mut vec![(1, 1)]).unwrap();
+    let state = crashed.pre_commit(CheckpointId(1)).unwrap();
+    crashed.write(&mut vec![(2, 2)]).unwrap();
+    drop(crashed);
+    let open = futures::executor::block_on(config.open_uploads()).unwrap();
+    let paths: Vec<&str> = open.iter().map(|u| u.path.as_str()).collect();
+    assert_eq!(paths, ["part-0-r-0.csv", "part-0-r-1.csv"]);
+    assert_eq!(
+        pending_uploads(&state).unwrap(),
+        [open[0].id.clone()],
+        "the checkpoint names the upload it pre-committed"
+    );
+    futures::executor::block_on(config.abort(&open[1])).unwrap();
+    let left = futures::executor::block_on(config.open_uploads()).unwrap();
+    assert_eq!(left, [open[0].clone()]);
+    assert_eq!(pending_uploads(b"\x93not a sink"), None);
+}
