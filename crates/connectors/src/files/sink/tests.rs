@@ -116,7 +116,7 @@ fn a_restore_commits_its_checkpoint_and_aborts_the_rest() {
         );
         assert_eq!(
             listing(&config),
-            [first.clone()],
+            std::slice::from_ref(&first),
             "{url}: only the restored checkpoint's file"
         );
         // The restored sink goes on in the run and numbering it was restored from.
