@@ -384,12 +384,12 @@ impl<T: Data> Task for ChainTask<T> {
         out: &mut Outgoing,
     ) -> Result<TaskSnapshot, TaskError> {
         let mut snapshot = TaskSnapshot::default();
-        if let Some(head) = &self.source {
+        if let Some(head) = &mut self.source {
             let watermark = rmp_serde::to_vec(&head.watermarks.generator.state()).map_err(|e| {
                 TaskError::Protocol(format!("cannot encode a watermark state: {e}"))
             })?;
             snapshot.operator.insert(SOURCE_WATERMARK.into(), watermark);
-            head.reader.snapshot(&mut snapshot.operator)?;
+            head.reader.snapshot(checkpoint, &mut snapshot.operator)?;
             if head.exhausted {
                 snapshot
                     .operator
@@ -401,6 +401,11 @@ impl<T: Data> Task for ChainTask<T> {
     }
 
     fn notify_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError> {
+        if let Some(head) = &mut self.source {
+            head.reader
+                .notify_complete(checkpoint)
+                .map_err(TaskError::Source)?;
+        }
         self.next.notify_complete(checkpoint)
     }
 

@@ -6,6 +6,7 @@ use super::splits::{SplitBytes, SplitReader, SplitSource};
 use super::{Source, SourceStatus};
 use crate::checkpoint::entries::{SOURCE_POSITION, SOURCE_SPLITS};
 use crate::error::{TaskError, UserError};
+use crate::ids::CheckpointId;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
@@ -14,8 +15,19 @@ pub trait Reader<T>: Send {
     /// Appends at most `max` records to `out`.
     fn read(&mut self, out: &mut Vec<T>, max: usize) -> Result<SourceStatus, UserError>;
 
-    /// Writes its progress into the operator-state `entries` of a snapshot.
-    fn snapshot(&self, entries: &mut BTreeMap<String, Vec<u8>>) -> Result<(), TaskError>;
+    /// Writes its progress at `checkpoint` into the operator-state
+    /// `entries` of a snapshot.
+    fn snapshot(
+        &mut self,
+        checkpoint: CheckpointId,
+        entries: &mut BTreeMap<String, Vec<u8>>,
+    ) -> Result<(), TaskError>;
+
+    /// `checkpoint` completed: a split source learns the positions its
+    /// snapshot held (Kafka commits them back as the group's offsets).
+    fn notify_complete(&mut self, _checkpoint: CheckpointId) -> Result<(), UserError> {
+        Ok(())
+    }
 
     /// Before any read: resumes from the restored operator-state `entries`.
     fn restore(&mut self, entries: &BTreeMap<String, Vec<u8>>) -> Result<(), TaskError>;
@@ -53,7 +65,11 @@ impl<T> Reader<T> for Indexed<T> {
         self.0.read(out, max)
     }
 
-    fn snapshot(&self, entries: &mut BTreeMap<String, Vec<u8>>) -> Result<(), TaskError> {
+    fn snapshot(
+        &mut self,
+        _checkpoint: CheckpointId,
+        entries: &mut BTreeMap<String, Vec<u8>>,
+    ) -> Result<(), TaskError> {
         let position = rmp_serde::to_vec(&self.0.position())
             .map_err(|e| TaskError::Protocol(format!("cannot encode a source position: {e}")))?;
         entries.insert(SOURCE_POSITION.into(), position);
@@ -82,6 +98,9 @@ fn not_a_split_source() -> TaskError {
     TaskError::Protocol("a source coordinator wrote to a source without splits".into())
 }
 
+/// How many checkpoints' positions a reader keeps for their completion.
+const MAX_PENDING_SNAPSHOTS: usize = 16;
+
 /// A split a subtask reads: its id, and its reader.
 type HeldSplit<T, S> = (String, Box<dyn SplitReader<T, S>>);
 
@@ -96,6 +115,9 @@ pub struct SourceReader<T, S: SplitSource<T>> {
     active: VecDeque<HeldSplit<T, S::Split>>,
     /// The split the last read's records came from.
     last: Option<String>,
+    /// The positions each pending checkpoint's snapshot held, oldest
+    /// first, for [`SplitSource::checkpoint_complete`].
+    snapshots: VecDeque<(CheckpointId, Vec<S::Split>)>,
     /// It asked for a split and none came yet.
     requested: bool,
     /// It should ask now.
@@ -110,6 +132,7 @@ impl<T, S: SplitSource<T>> SourceReader<T, S> {
             source,
             active: VecDeque::new(),
             last: None,
+            snapshots: VecDeque::new(),
             requested: false,
             request: false,
             no_more_splits: false,
@@ -176,10 +199,35 @@ impl<T, S: SplitSource<T>> Reader<T> for SourceReader<T, S> {
         Ok(SourceStatus::Running)
     }
 
-    fn snapshot(&self, entries: &mut BTreeMap<String, Vec<u8>>) -> Result<(), TaskError> {
+    fn snapshot(
+        &mut self,
+        checkpoint: CheckpointId,
+        entries: &mut BTreeMap<String, Vec<u8>>,
+    ) -> Result<(), TaskError> {
         let splits = rmp_serde::to_vec(&self.splits()?)
             .map_err(|e| TaskError::Protocol(format!("cannot encode source splits: {e}")))?;
         entries.insert(SOURCE_SPLITS.into(), splits);
+        // Checkpoints that never complete must not pile up.
+        while self.snapshots.len() >= MAX_PENDING_SNAPSHOTS {
+            self.snapshots.pop_front();
+        }
+        let held = self.active.iter().map(|(_, reader)| reader.split());
+        self.snapshots.push_back((checkpoint, held.collect()));
+        Ok(())
+    }
+
+    /// Hands the source the positions of `checkpoint`'s snapshot; those of
+    /// older checkpoints are superseded.
+    fn notify_complete(&mut self, checkpoint: CheckpointId) -> Result<(), UserError> {
+        while let Some((taken, splits)) = self.snapshots.pop_front() {
+            if taken == checkpoint {
+                return self.source.checkpoint_complete(&splits);
+            }
+            if taken > checkpoint {
+                self.snapshots.push_front((taken, splits));
+                break;
+            }
+        }
         Ok(())
     }
 

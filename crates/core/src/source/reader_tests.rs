@@ -17,8 +17,9 @@ impl SourceSplit for Part {
     }
 }
 
-/// Named lists of records; each a split. Its enumerator is unused here.
-struct Lists<T>(HashMap<String, Vec<T>>);
+/// Named lists of records; each a split, and the positions of each
+/// completed checkpoint it was told of. Its enumerator is unused here.
+struct Lists<T>(HashMap<String, Vec<T>>, std::sync::Mutex<Vec<Vec<Part>>>);
 
 impl<T: Clone + Send + Sync + 'static> SplitEnumerator for Lists<T> {
     type Split = Part;
@@ -64,13 +65,21 @@ impl<T: Clone + Send + Sync + 'static> SplitSource<T> for Lists<T> {
             .clone();
         Ok(Box::new(PartReader { part, records }))
     }
+
+    fn checkpoint_complete(&self, splits: &[Part]) -> Result<(), UserError> {
+        self.1.lock().unwrap().push(splits.to_vec());
+        Ok(())
+    }
 }
 
 fn source() -> Arc<Lists<u64>> {
-    Arc::new(Lists(HashMap::from([
-        ("a".to_owned(), vec![1, 2, 3]),
-        ("b".to_owned(), vec![10, 20]),
-    ])))
+    Arc::new(Lists(
+        HashMap::from([
+            ("a".to_owned(), vec![1, 2, 3]),
+            ("b".to_owned(), vec![10, 20]),
+        ]),
+        Default::default(),
+    ))
 }
 
 fn split(name: &str, next: usize) -> SplitBytes {
@@ -102,6 +111,31 @@ fn reads_its_splits_in_turn_asks_once_when_empty_and_ends_when_told() {
 }
 
 #[test]
+fn a_completed_checkpoint_hands_the_source_the_positions_its_snapshot_held() {
+    let lists = source();
+    let mut reader = SourceReader::new(lists.clone());
+    reader.add_splits(vec![split("a", 0)]).unwrap();
+    let part = |next| Part {
+        name: "a".into(),
+        next,
+    };
+    let mut out = Vec::new();
+    for (checkpoint, read) in [(1, 1), (2, 1), (3, 0)] {
+        reader.read(&mut out, read).unwrap();
+        reader
+            .snapshot(CheckpointId(checkpoint), &mut BTreeMap::new())
+            .unwrap();
+    }
+    // 1 is superseded by 2, whose positions are not those read since.
+    reader.read(&mut out, 1).unwrap();
+    reader.notify_complete(CheckpointId(2)).unwrap();
+    reader.notify_complete(CheckpointId(1)).unwrap();
+    assert_eq!(*lists.1.lock().unwrap(), [vec![part(2)]]);
+    reader.notify_complete(CheckpointId(3)).unwrap();
+    assert_eq!(*lists.1.lock().unwrap(), [vec![part(2)], vec![part(2)]]);
+}
+
+#[test]
 fn a_restored_reader_resumes_each_split_after_the_records_read() {
     let mut reader = SourceReader::new(source());
     reader
@@ -110,7 +144,7 @@ fn a_restored_reader_resumes_each_split_after_the_records_read() {
     let mut out = Vec::new();
     reader.read(&mut out, 2).unwrap();
     let mut entries = BTreeMap::new();
-    reader.snapshot(&mut entries).unwrap();
+    reader.snapshot(CheckpointId(1), &mut entries).unwrap();
     assert_eq!(reader.splits().unwrap(), [split("b", 0), split("a", 2)]);
 
     let mut restored = SourceReader::new(source());
@@ -160,16 +194,19 @@ fn reading_one_split_ahead_makes_no_record_of_another_late() {
     use crate::task::{ChainTask, Task};
     use crate::time::{WatermarkEvent, WatermarkStrategy};
     // A morning and an afternoon, read in turn two records at a time.
-    let lists = Lists(HashMap::from([
-        (
-            "morning".to_owned(),
-            (0..10).map(|i| At(1_000 + i)).collect(),
-        ),
-        (
-            "afternoon".to_owned(),
-            (0..10).map(|i| At(9_000 + i)).collect(),
-        ),
-    ]));
+    let lists = Lists(
+        HashMap::from([
+            (
+                "morning".to_owned(),
+                (0..10).map(|i| At(1_000 + i)).collect(),
+            ),
+            (
+                "afternoon".to_owned(),
+                (0..10).map(|i| At(9_000 + i)).collect(),
+            ),
+        ]),
+        Default::default(),
+    );
     let reader = Box::new(SourceReader::new(Arc::new(lists)));
     let writer = Box::new(RecordWriter::<At>::new(Route::Forward, 0, 1, 1 << 10));
     let strategy = WatermarkStrategy::monotonous();

@@ -84,6 +84,13 @@ pub trait SplitReader<T, S>: Send {
 pub trait SplitSource<T>: SplitEnumerator {
     /// A reader of `split` from its position.
     fn open(&self, split: Self::Split) -> Result<Box<dyn SplitReader<T, Self::Split>>, UserError>;
+
+    /// A checkpoint in which a subtask held `splits`, at these positions,
+    /// completed: as Flink's Kafka source, a source may publish them
+    /// (for monitoring only: restores read positions from checkpoints).
+    fn checkpoint_complete(&self, _splits: &[Self::Split]) -> Result<(), UserError> {
+        Ok(())
+    }
 }
 
 impl SplitBytes {
