@@ -230,3 +230,34 @@ fn csv_in_local_time_buckets_is_committed_once_across_injected_failures() {
     }
     assert_counts_exactly_once(counts, RECORDS, KEYS, SEED, "csv in time buckets");
 }
+
+#[test]
+fn updates_into_parquet_files_are_committed_once_across_injected_failures() {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let (out, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let sink = format!("{}?format=parquet", out.path().display());
+    let report = run(args(&sink, checkpoints.path(), &["--inject-failures=3"]));
+    assert!(report.restarts >= 1, "no failure was injected");
+    common::assert_no_uncommitted_files(out.path(), "parquet");
+    let mut counts = Vec::new();
+    for entry in std::fs::read_dir(out.path()).unwrap() {
+        let file = std::fs::File::open(entry.unwrap().path()).unwrap();
+        let reader = ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+        assert_eq!(
+            reader.metadata().num_row_groups(),
+            1,
+            "one row group per file"
+        );
+        for batch in reader.build().unwrap() {
+            let batch = batch.unwrap();
+            let keys = batch.column(0).as_primitive::<Int64Type>();
+            let values = batch.column(1).as_primitive::<Int64Type>();
+            for (key, count) in keys.values().iter().zip(values.values()) {
+                counts.push((*key as u64, *count as u64));
+            }
+        }
+    }
+    assert_counts_exactly_once(counts, RECORDS, KEYS, SEED, "parquet files");
+}

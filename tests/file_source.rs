@@ -283,6 +283,48 @@ fn json_lines_are_counted_by_their_key_field_across_injected_failures() {
     assert_updates_exactly_once(&output, &expected, "JSON lines, two failures");
 }
 
+#[test]
+fn parquet_files_a_job_wrote_are_counted_by_another_across_injected_failures() {
+    let Dirs {
+        root,
+        input,
+        output,
+    } = dirs();
+    let (records, keys, seed) = (20_000, 300, 11);
+    // The first job writes its (key, count) updates as Parquet, one row
+    // group per file: key k appears in c(k) rows.
+    run(vec![
+        "wordcount".into(),
+        format!("--records={records}"),
+        format!("--keys={keys}"),
+        format!("--seed={seed}"),
+        "--emit=updates".into(),
+        "--checkpoint-interval=50ms".into(),
+        format!("--checkpoint-dir={}", root.path().join("first").display()),
+        format!("--sink={}?format=parquet&roll-size=16000", input.display()),
+    ]);
+    let files = std::fs::read_dir(&input).unwrap().count();
+    assert!(files > 2, "only {files} Parquet files");
+    let expected: HashMap<String, u64> = common::expected_counts(records, keys, seed)
+        .into_iter()
+        .map(|(key, count)| (key.to_string(), count))
+        .collect();
+    let report = run(args(
+        &input,
+        "format=parquet",
+        &output,
+        &root.path().join("checkpoints"),
+        &[
+            "--parallelism=3".into(),
+            format!("--records={}", expected.values().sum::<u64>()),
+            "--rate=40000".into(),
+            "--inject-failures=2".into(),
+        ],
+    ));
+    assert_eq!(report.restarts, 2);
+    assert_updates_exactly_once(&output, &expected, "Parquet, two failures");
+}
+
 /// Files of `{key, ts}` records, each file its own span of event time
 /// with up to 40 ms of disorder, as JSON lines or CSV; and the count of
 /// each (key, 1 s window).

@@ -2,6 +2,8 @@
 
 use std::sync::{Arc, Mutex};
 use tidemark_connectors::files::sink::{FileSink, FileSinkConfig};
+#[cfg(feature = "kafka")]
+use tidemark_connectors::kafka::{KafkaSink, KafkaSinkOptions};
 #[cfg(feature = "postgres")]
 use tidemark_connectors::postgres::{PostgresOptions, PostgresSink};
 use tidemark_connectors::rows::Row;
@@ -42,10 +44,14 @@ pub enum Target {
     /// An exactly-once PostgreSQL table ([`PostgresSink`]).
     #[cfg(feature = "postgres")]
     Postgres(Arc<PostgresOptions>),
+    /// A Kafka topic, at least or exactly once ([`KafkaSink`]).
+    #[cfg(feature = "kafka")]
+    Kafka(Arc<KafkaSinkOptions>),
 }
 
 impl Target {
-    /// `discard`; `postgres://…?table=NAME[&mode=upsert|append]`; or a
+    /// `discard`; `postgres://…?table=NAME[&mode=upsert|append]`;
+    /// `kafka://HOST:PORT/TOPIC[?delivery=exactly-once]`; or a
     /// directory of files (a path, `file://`, `s3://` or `memory://`, with
     /// [`FileSinkConfig::from_url`]'s options), named after the run `run`.
     pub fn from_url(url: &str, run: &str) -> Result<Self, String> {
@@ -62,12 +68,20 @@ impl Target {
                 "this tidemark was built without PostgreSQL (cargo feature `postgres`)".into(),
             );
         }
+        if url.starts_with("kafka://") {
+            #[cfg(feature = "kafka")]
+            return Ok(Target::Kafka(Arc::new(
+                KafkaSinkOptions::from_url(url).map_err(|e| e.to_string())?,
+            )));
+            #[cfg(not(feature = "kafka"))]
+            return Err("this tidemark was built without Kafka (cargo feature `kafka`)".into());
+        }
         if let Some((scheme, _)) = url
             .split_once("://")
             .filter(|(s, _)| !["file", "s3", "memory"].contains(s))
         {
             return Err(format!(
-                "a sink is discard, postgres://, a directory, file://, s3:// or memory://; {scheme}:// is not supported yet"
+                "a sink is discard, postgres://, kafka://, a directory, file://, s3:// or memory://; {scheme}:// is not supported yet"
             ));
         }
         Ok(Target::Files(Output {
@@ -94,6 +108,11 @@ where
             stream.sink("postgres", move |ctx| {
                 PostgresSink::new(options.clone(), ctx)
             })
+        }
+        #[cfg(feature = "kafka")]
+        Target::Kafka(options) => {
+            let options = options.clone();
+            stream.sink("kafka", move |ctx| KafkaSink::new(options.clone(), ctx))
         }
     }
     .build()

@@ -200,6 +200,14 @@ impl Windows {
                     .map(TimedKey::into_event)
                     .key_by(|event: &Event<String>| event.key.clone()),
             ),
+            #[cfg(feature = "kafka")]
+            Input::Kafka(topic) => self.count(
+                builder
+                    .split_source_with_watermarks("kafka", strategy, topic.records::<TimedKey>())
+                    .uid("kafka")
+                    .map(TimedKey::into_event)
+                    .key_by(|event: &Event<String>| event.key.clone()),
+            ),
         }
     }
 

@@ -3,7 +3,9 @@
 
 use crate::sinks::{sink_into, Target};
 use std::marker::PhantomData;
-use tidemark_connectors::files::{FileSource, FileSourceError, Format};
+use tidemark_connectors::files::{FileSource, Format};
+#[cfg(feature = "kafka")]
+use tidemark_connectors::kafka::{KafkaSource, ValueFormat};
 use tidemark_connectors::rows::Row;
 use tidemark_core::job::JobConfig;
 use tidemark_core::rng::splitmix64;
@@ -162,14 +164,38 @@ pub enum Input {
     Generator,
     /// Files, read as each topology reads them.
     Files(FileSource<String>),
+    /// A Kafka topic, whose values each topology reads as it reads files.
+    #[cfg(feature = "kafka")]
+    Kafka(KafkaSource<String>),
 }
 
 impl Input {
-    /// `gen`, or the URL of a file source (see `FileSource::from_url`).
-    pub fn from_url(url: &str) -> Result<Self, FileSourceError> {
-        match url {
-            "gen" => Ok(Input::Generator),
-            _ => Ok(Input::Files(FileSource::from_url(url)?)),
+    /// `gen`, a Kafka topic (see `KafkaSource::from_url`) or the URL of a
+    /// file source (see `FileSource::from_url`).
+    pub fn from_url(url: &str) -> Result<Self, String> {
+        if url == "gen" {
+            return Ok(Input::Generator);
+        }
+        if url.starts_with("kafka://") {
+            #[cfg(feature = "kafka")]
+            return KafkaSource::from_url(url)
+                .map(Input::Kafka)
+                .map_err(|e| e.to_string());
+            #[cfg(not(feature = "kafka"))]
+            return Err("this tidemark was built without Kafka (cargo feature `kafka`)".into());
+        }
+        FileSource::from_url(url)
+            .map(Input::Files)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Whether its records are text lines rather than records with fields.
+    pub fn is_text(&self) -> bool {
+        match self {
+            Input::Generator => false,
+            Input::Files(files) => files.options().format == Format::Text,
+            #[cfg(feature = "kafka")]
+            Input::Kafka(topic) => topic.options().format == ValueFormat::Text,
         }
     }
 }
@@ -179,8 +205,15 @@ impl std::fmt::Debug for Input {
         match self {
             Input::Generator => f.write_str("Generator"),
             Input::Files(files) => write!(f, "Files({:?})", files.options()),
+            #[cfg(feature = "kafka")]
+            Input::Kafka(topic) => write!(f, "Kafka({:?})", topic.options()),
         }
     }
+}
+
+/// A text line's words: wordcount's keys.
+fn split_words(line: String) -> Vec<String> {
+    line.split_whitespace().map(str::to_owned).collect()
 }
 
 /// A record's `key` field, whatever its JSON or CSV type.
@@ -249,16 +282,26 @@ impl Wordcount {
                 builder
                     .split_source("files", lines.clone())
                     .uid("files")
-                    .flat_map(|line: String| {
-                        line.split_whitespace()
-                            .map(str::to_owned)
-                            .collect::<Vec<_>>()
-                    }),
+                    .flat_map(split_words),
             ),
             Input::Files(files) => self.count(
                 builder
                     .split_source("files", files.records::<KeyField>())
                     .uid("files")
+                    .map(KeyField::into_key),
+            ),
+            #[cfg(feature = "kafka")]
+            Input::Kafka(lines) if lines.options().format == ValueFormat::Text => self.count(
+                builder
+                    .split_source("kafka", lines.clone())
+                    .uid("kafka")
+                    .flat_map(split_words),
+            ),
+            #[cfg(feature = "kafka")]
+            Input::Kafka(topic) => self.count(
+                builder
+                    .split_source("kafka", topic.records::<KeyField>())
+                    .uid("kafka")
                     .map(KeyField::into_key),
             ),
         }

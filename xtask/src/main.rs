@@ -10,13 +10,15 @@
 //!   --release -p tidemark-actors`.
 //! - `cargo xtask test ARGS`: check formatting, lints (default features
 //!   and none, as a heap-only embedding builds) and docs with warnings
-//!   denied; start a local S3 server (moto) and PostgreSQL servers on
-//!   free loopback ports, point the S3 and PostgreSQL test cases at them,
+//!   denied; start a local S3 server (moto), PostgreSQL servers and a
+//!   Kafka-API broker (nisshi, installed once with `cargo install`) on free
+//!   loopback ports, point the S3, PostgreSQL and Kafka test cases at them,
 //!   `cargo test --workspace ARGS`, stop the servers.
 //! - `cargo xtask sim [--seeds N] [--seed S] [--trace]`: the deterministic
 //!   simulator of whole jobs over seeds `0..N` (10,000 by default), or
 //!   seed `S` alone, `--trace` printing its events.
 
+mod kafka;
 mod postgres;
 mod prerequisites;
 mod s3;
@@ -29,12 +31,13 @@ const USAGE: &str = "usage: cargo xtask setup | run [ARGS...] | test [ARGS...]
 
   setup   install what the build and the tests need (a C++ compiler,
           libclang for RocksDB's bindings, moto's S3 server, PostgreSQL,
-          Chromium, Flink's command line and a Java runtime)
+          the Kafka-API broker nisshi, Chromium, Flink's command line and
+          a Java runtime)
   run     tidemark run ARGS (cargo run --release -p tidemark-actors -- run ARGS)
   test    cargo fmt --check, cargo clippy and cargo doc with warnings
           denied, then cargo test --workspace ARGS, with the S3 cases
-          against a local moto server and the PostgreSQL cases against
-          local PostgreSQL servers
+          against a local moto server, the PostgreSQL cases against
+          local PostgreSQL servers and the Kafka cases against nisshi
   sim     the deterministic simulator of whole jobs over seeds 0..N
           (10,000 by default) or seed S alone; --trace prints its events";
 
@@ -45,7 +48,9 @@ fn main() -> ExitCode {
         None => ("", &[][..]),
     };
     let result = match command {
-        "setup" => prerequisites::ensure(prerequisites::Purpose::Test).map(|()| ExitCode::SUCCESS),
+        "setup" => prerequisites::ensure(prerequisites::Purpose::Test)
+            .and_then(|()| kafka::nisshi())
+            .map(|_| ExitCode::SUCCESS),
         "run" => run(rest),
         "test" => test(rest),
         "sim" => sim(rest),
@@ -84,19 +89,22 @@ fn test(args: &[String]) -> Result<ExitCode, String> {
             return Ok(code);
         }
     }
+    let nisshi = kafka::nisshi()?;
     let server = s3::MotoServer::start()?;
     let postgres = postgres::Servers::start()?;
+    let broker = kafka::KafkaBroker::start(&nisshi)?;
     let mut cargo = cargo();
     cargo.args(["test", "--workspace"]).args(args);
     server.configure(&mut cargo);
     postgres.configure(&mut cargo);
+    broker.configure(&mut cargo);
     // Installed above: the page's test and Flink's command line's must not
     // skip.
     cargo.env("TIDEMARK_REQUIRE_CHROMIUM", "1");
     cargo.env("TIDEMARK_REQUIRE_FLINK_CLI", "1");
     cargo.env("TIDEMARK_FLINK_CLI", prerequisites::flink_cli());
     let code = status(cargo);
-    drop((server, postgres));
+    drop((server, postgres, broker));
     code
 }
 

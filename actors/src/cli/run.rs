@@ -103,20 +103,25 @@ pub struct RunArgs {
     /// directly in it whose names do not start with `.` or `_` (`--sink DIR`).
     #[arg(long, conflicts_with = "sink", value_parser = parse_output)]
     pub output: Option<PathBuf>,
-    /// Where the results go, exactly once: `discard`; a directory of files
+    /// Where the results go: `discard`; exactly once, a directory of files
     /// (a path, `file://DIR` or `s3://BUCKET/PREFIX`, with
-    /// `?format=csv|jsonl[&header=true][&bucket=dt=%Y-%m-%d/hour=%H]
+    /// `?format=csv|jsonl|parquet[&header=true][&bucket=dt=%Y-%m-%d/hour=%H]
     /// [&roll-size=BYTES][&roll-interval=1m][&part-size=BYTES]`); or a
     /// PostgreSQL table,
     /// `postgres://USER@HOST:PORT/DB?table=NAME[&mode=upsert|append]
     /// [&transaction-prefix=P]` (two-phase commit: the server needs
-    /// `max_prepared_transactions` > 0).
+    /// `max_prepared_transactions` > 0); or a Kafka topic,
+    /// `kafka://HOST:PORT/TOPIC[?delivery=at-least-once|exactly-once]`
+    /// (rows as JSON values keyed by their key).
     #[arg(long, value_name = "URL", value_parser = parse_sink)]
     pub sink: Option<String>,
-    /// Where the records come from (wordcount): `gen`, the generator, or
-    /// files: `DIR?format=text|jsonl|csv[&monitor-interval=1s]` with DIR a
-    /// path, `file://` or `s3://` URL. Text lines are split into words;
-    /// JSON lines and CSV rows are counted by their `key` field.
+    /// Where the records come from (wordcount, windows): `gen`, the
+    /// generator; files, `DIR?format=text|jsonl|csv|parquet
+    /// [&monitor-interval=1s]` with DIR a path, `file://` or `s3://` URL;
+    /// or a Kafka topic, `kafka://HOST:PORT/TOPIC[?format=json|text]
+    /// [&start=earliest|latest][&bounded=latest]`. Text lines are split
+    /// into words; records are counted by their `key` field, and windows
+    /// take event time from `ts` (Kafka: the record's timestamp if absent).
     #[arg(long, default_value = "gen", value_name = "URL", value_parser = parse_source)]
     pub source: Input,
     /// A YAML file of job settings, with Flink's keys (such as
@@ -233,7 +238,7 @@ fn parse_output(s: &str) -> Result<PathBuf, String> {
 }
 
 fn parse_source(s: &str) -> Result<Input, String> {
-    Input::from_url(s).map_err(|e| e.to_string())
+    Input::from_url(s)
 }
 
 fn parse_http(s: &str) -> Result<std::net::SocketAddr, String> {
@@ -467,20 +472,19 @@ impl RunArgs {
         if let (Some(addr), None) = (self.http, &options.http_token_file) {
             crate::http::check_exposure(addr, None).map_err(|e| usage("--http", e.to_string()))?;
         }
-        match (&self.source, self.topology) {
-            (Input::Files(_), Topology::Join) => {
+        let generated = matches!(self.source, Input::Generator);
+        match self.topology {
+            Topology::Join if !generated => {
                 return Err(usage(
                     "--source",
-                    "join reads the generator only, for now; wordcount and windows read files"
+                    "join reads the generator only, for now; wordcount and windows read files and Kafka"
                         .into(),
                 ))
             }
-            (Input::Files(files), Topology::Windows)
-                if files.options().format == tidemark_connectors::files::Format::Text =>
-            {
+            Topology::Windows if self.source.is_text() => {
                 return Err(usage(
                     "--source",
-                    "windows reads records with a key and a ts: format=jsonl or format=csv".into(),
+                    "windows reads records with a key and a ts: files of format=jsonl, csv or parquet, or Kafka's JSON values".into(),
                 ))
             }
             _ => {}

@@ -114,3 +114,70 @@ impl<K: SqlField + Send + 'static> Row for (K, u64) {
         Ok(())
     }
 }
+
+/// Rows as JSON objects keyed by column name (`{"key":"a","count":3}`):
+/// the lines of JSON-lines files and the values of Kafka records.
+#[cfg(any(feature = "files", feature = "kafka"))]
+pub struct JsonObjects {
+    /// Each column's name as a JSON string and a colon: `"key":`.
+    names: Vec<String>,
+    keys: usize,
+    values: Vec<Value>,
+}
+
+#[cfg(any(feature = "files", feature = "kafka"))]
+impl JsonObjects {
+    /// For records `T`.
+    pub fn new<T: Row>() -> Self {
+        let names = T::columns()
+            .iter()
+            .map(|c| format!("{}:", serde_json::Value::from(c.name)))
+            .collect();
+        JsonObjects {
+            names,
+            keys: T::key_columns(),
+            values: Vec::new(),
+        }
+    }
+
+    /// Appends `record` as an object.
+    pub fn write<T: Row>(&mut self, record: &T, out: &mut Vec<u8>) -> Result<(), UserError> {
+        use std::io::Write;
+        self.values.clear();
+        record.values(&mut self.values)?;
+        out.push(b'{');
+        for (i, (name, value)) in self.names.iter().zip(&self.values).enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(name.as_bytes());
+            match value {
+                Value::BigInt(n) => write!(out, "{n}")?,
+                Value::Text(s) => serde_json::to_writer(&mut *out, s)?,
+            }
+        }
+        out.push(b'}');
+        Ok(())
+    }
+
+    /// Appends the key of the record written last: one key column as its
+    /// text, several as a JSON array.
+    pub fn write_key(&self, out: &mut Vec<u8>) -> Result<(), UserError> {
+        let keys = &self.values[..self.keys.min(self.values.len())];
+        match keys {
+            [Value::Text(text)] => out.extend_from_slice(text.as_bytes()),
+            [Value::BigInt(n)] => out.extend_from_slice(n.to_string().as_bytes()),
+            several => {
+                let json: Vec<serde_json::Value> = several
+                    .iter()
+                    .map(|value| match value {
+                        Value::BigInt(n) => (*n).into(),
+                        Value::Text(s) => s.as_str().into(),
+                    })
+                    .collect();
+                serde_json::to_writer(&mut *out, &json)?;
+            }
+        }
+        Ok(())
+    }
+}

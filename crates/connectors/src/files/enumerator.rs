@@ -1,12 +1,13 @@
 //! Finding the files of a file source: a listing of its directory, against
 //! the files already found.
 
-use super::FileSplit;
+use super::{FileSplit, Format, OnError};
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tidemark_core::source::Discovery;
@@ -55,6 +56,9 @@ pub(super) struct Listing {
     pub prefix: Path,
     pub split_size: u64,
     pub late_files: Duration,
+    pub format: Format,
+    pub on_error: OnError,
+    pub skipped: Arc<AtomicU64>,
 }
 
 impl Listing {
@@ -81,6 +85,10 @@ impl Listing {
         let mut splits = Vec::new();
         for (modified, path, size) in new {
             seen.recent.insert(path.clone(), modified);
+            if self.format == Format::Parquet {
+                splits.extend(self.row_groups(&path, size).await?);
+                continue;
+            }
             let mut start = 0;
             while start < size {
                 let end = start.saturating_add(self.split_size).min(size);
@@ -90,6 +98,7 @@ impl Listing {
                     start,
                     end,
                     offset: start,
+                    row_group: None,
                 });
                 start = end;
             }
@@ -99,6 +108,40 @@ impl Listing {
             splits,
             state: seen,
         })
+    }
+
+    /// The row groups of a Parquet file; none, counted as skipped, for a
+    /// file that is not Parquet when the source skips what it cannot read.
+    async fn row_groups(
+        &self,
+        path: &str,
+        size: u64,
+    ) -> Result<Vec<FileSplit>, object_store::Error> {
+        match self.parquet_row_groups(path, size).await {
+            Ok(splits) => Ok(splits),
+            Err(reason) if self.on_error == OnError::Skip => {
+                self.skipped.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(file = path, %reason, "skipped a file that is not Parquet");
+                Ok(Vec::new())
+            }
+            Err(reason) => Err(object_store::Error::Generic {
+                store: "parquet",
+                source: format!("{path} is not a Parquet file: {reason}").into(),
+            }),
+        }
+    }
+
+    #[cfg(feature = "parquet")]
+    async fn parquet_row_groups(&self, path: &str, size: u64) -> Result<Vec<FileSplit>, String> {
+        let location = Path::parse(path).map_err(|e| e.to_string())?;
+        super::parquet::row_groups(self.store.clone(), &location, size)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    #[cfg(not(feature = "parquet"))]
+    async fn parquet_row_groups(&self, _: &str, _: u64) -> Result<Vec<FileSplit>, String> {
+        Err("this build reads no Parquet (cargo feature `parquet`)".into())
     }
 
     /// A file or directory under the prefix whose name starts with `.` or

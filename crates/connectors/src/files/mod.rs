@@ -12,6 +12,8 @@
 
 mod enumerator;
 mod lines;
+#[cfg(feature = "parquet")]
+mod parquet;
 mod reader;
 pub mod sink;
 
@@ -41,6 +43,9 @@ pub enum Format {
     /// Each line after the header is a row, its fields named by the
     /// header's. Quoted fields must not hold a newline.
     Csv,
+    /// Parquet (feature `parquet`): a split per row group, its columns
+    /// the record's fields.
+    Parquet,
 }
 
 /// What a line that is not a record does.
@@ -123,6 +128,12 @@ impl<T> FileSource<T> {
                 problem: "the split size must be at least one byte".into(),
             });
         }
+        if options.format == Format::Parquet && cfg!(not(feature = "parquet")) {
+            return Err(FileSourceError::Option {
+                url: dir.to_owned(),
+                problem: "format=parquet needs the `parquet` feature of tidemark-connectors".into(),
+            });
+        }
         let Location { store, prefix, .. } = Location::open(dir, false)?;
         Ok(FileSource {
             url: dir.to_owned(),
@@ -157,15 +168,10 @@ impl<T> FileSource<T> {
                         "text" => Format::Text,
                         "jsonl" | "json" => Format::JsonLines,
                         "csv" => Format::Csv,
-                        "parquet" => {
-                            return Err(problem(
-                                "format=parquet is not supported yet; use text, jsonl or csv"
-                                    .into(),
-                            ))
-                        }
+                        "parquet" => Format::Parquet,
                         other => {
                             return Err(problem(format!(
-                                "format={other}: expected text, jsonl or csv"
+                                "format={other}: expected text, jsonl, csv or parquet"
                             )))
                         }
                     }
@@ -217,7 +223,8 @@ impl<T> FileSource<T> {
     }
 }
 
-/// A byte range of a file, read up to `offset`.
+/// A byte range of a line file, or a row group of a Parquet file, read up
+/// to `offset`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileSplit {
     /// The file's path within its store.
@@ -231,11 +238,18 @@ pub struct FileSplit {
     pub end: u64,
     /// Where the next line to read starts (`start` before the first).
     pub offset: u64,
+    /// A Parquet file's row group: then `start..end` and `offset` count
+    /// its rows, not bytes.
+    #[serde(default)]
+    pub row_group: Option<usize>,
 }
 
 impl SourceSplit for FileSplit {
     fn split_id(&self) -> String {
-        format!("{}@{}", self.path, self.start)
+        match self.row_group {
+            Some(group) => format!("{}#{group}", self.path),
+            None => format!("{}@{}", self.path, self.start),
+        }
     }
 }
 
@@ -249,6 +263,9 @@ impl<T: Send + 'static> SplitEnumerator for FileSource<T> {
             prefix: self.prefix.clone(),
             split_size: self.options.split_size,
             late_files: self.options.late_files,
+            format: self.options.format,
+            on_error: self.options.on_error,
+            skipped: self.skipped.clone(),
         };
         let url = self.url.clone();
         Box::pin(async move {
@@ -266,6 +283,15 @@ impl<T: Send + 'static> SplitEnumerator for FileSource<T> {
 
 impl<T: DeserializeOwned + Send + 'static> SplitSource<T> for FileSource<T> {
     fn open(&self, split: FileSplit) -> Result<Box<dyn SplitReader<T, FileSplit>>, UserError> {
+        #[cfg(feature = "parquet")]
+        if split.row_group.is_some() {
+            return Ok(Box::new(parquet::ParquetSplitReader::open(
+                self.store.clone(),
+                split,
+                self.options.on_error,
+                self.skipped.clone(),
+            )?));
+        }
         Ok(Box::new(reader::FileSplitReader::open(
             self.store.clone(),
             split,

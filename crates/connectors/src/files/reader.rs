@@ -180,6 +180,7 @@ fn decode<T: DeserializeOwned>(
                 .map(Some)
                 .map_err(|e| format!("not a CSV record: {e}"))
         }
+        Format::Parquet => unreachable!("the file source refuses Parquet"),
     }
 }
 

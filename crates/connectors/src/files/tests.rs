@@ -107,6 +107,14 @@ async fn a_split_reopened_at_its_position_reads_exactly_the_rest() {
 async fn a_continuous_source_finds_only_new_files_and_forgets_old_names() {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "1.jsonl", &events(0, 1));
+    // Stamped well before any listing's time, whatever the clock's grain.
+    let earlier = std::time::SystemTime::now() - Duration::from_secs(5);
+    std::fs::File::options()
+        .write(true)
+        .open(dir.path().join("1.jsonl"))
+        .unwrap()
+        .set_modified(earlier)
+        .unwrap();
     let source = source::<Event>(dir.path(), "format=jsonl&monitor-interval=1s&late-files=0s");
     let first = discover(&source, SeenFiles::default()).await;
     assert_eq!(first.splits.len(), 1);
@@ -195,7 +203,7 @@ fn bad_urls_are_refused_naming_the_option() {
             .unwrap()
             .to_string()
     };
-    assert!(error("format=xml").ends_with("format=xml: expected text, jsonl or csv"));
+    assert!(error("format=xml").ends_with("format=xml: expected text, jsonl, csv or parquet"));
     assert!(error("split-size=0").ends_with("split-size=0: expected bytes > 0"));
     assert!(error("monitor-interval=soon").contains("monitor-interval=soon"));
     assert!(error("colour=red").ends_with("unknown option \"colour\""));
@@ -204,4 +212,68 @@ fn bad_urls_are_refused_naming_the_option() {
         .unwrap()
         .to_string();
     assert!(missing.contains("/no/such/dir"), "{missing}");
+}
+
+/// A Parquet file of `Event`s `from..to` in row groups of `group` rows.
+#[cfg(feature = "parquet")]
+fn write_parquet(dir: &std::path::Path, name: &str, from: u64, to: u64, group: usize) {
+    use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+    let keys: StringArray = (from..to).map(|i| Some(format!("k{}", i % 5))).collect();
+    let ts = Int64Array::from_iter_values((from..to).map(|i| i as i64));
+    let batch = RecordBatch::try_from_iter([
+        ("key", Arc::new(keys) as ArrayRef),
+        ("ts", Arc::new(ts) as ArrayRef),
+    ])
+    .unwrap();
+    let properties = ::parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_row_count(Some(group))
+        .build();
+    let file = std::fs::File::create(dir.join(name)).unwrap();
+    let mut writer =
+        ::parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(properties)).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+}
+
+#[cfg(feature = "parquet")]
+#[tokio::test]
+async fn a_parquet_row_group_is_a_split_reopened_at_its_row() {
+    let dir = tempfile::tempdir().unwrap();
+    write_parquet(dir.path(), "a.parquet", 0, 25, 10);
+    let source: FileSource<Event> = source(dir.path(), "format=parquet");
+    let splits = discover(&source, SeenFiles::default()).await.splits;
+    let rows: Vec<(Option<usize>, u64)> = splits.iter().map(|s| (s.row_group, s.end)).collect();
+    assert_eq!(rows, [(Some(0), 10), (Some(1), 10), (Some(2), 5)]);
+    // Read 4 rows of the second group, then reopen where the reader stood.
+    let (first, at) = read(&source, splits[1].clone(), 4).unwrap();
+    assert_eq!(at.offset, 4);
+    let (rest, end) = read(&source, at, usize::MAX).unwrap();
+    let ts: Vec<u64> = first.iter().chain(&rest).map(|e| e.ts).collect();
+    assert_eq!(ts, (10..20).collect::<Vec<_>>());
+    assert_eq!(end.offset, 10);
+    assert_eq!(
+        rest[0],
+        Event {
+            key: "k4".into(),
+            ts: 14
+        }
+    );
+}
+
+#[cfg(feature = "parquet")]
+#[tokio::test]
+async fn a_file_that_is_not_parquet_fails_naming_it_or_is_skipped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    write_parquet(dir.path(), "good.parquet", 0, 5, 10);
+    let bytes = std::fs::read(dir.path().join("good.parquet")).unwrap();
+    std::fs::write(dir.path().join("cut.parquet"), &bytes[..bytes.len() / 2]).unwrap();
+    let failing: FileSource<Event> = source(dir.path(), "format=parquet");
+    let Err(err) = failing.discover(SeenFiles::default()).await else {
+        panic!("a cut Parquet file was listed");
+    };
+    assert!(err.to_string().contains("cut.parquet"), "{err}");
+    let skipping: FileSource<Event> = source(dir.path(), "format=parquet&on-error=skip");
+    let splits = discover(&skipping, SeenFiles::default()).await.splits;
+    assert_eq!(splits.len(), 1);
+    assert_eq!(skipping.skipped(), 1);
 }

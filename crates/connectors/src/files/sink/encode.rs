@@ -1,16 +1,29 @@
-//! How records become the lines of a part file: CSV and JSON lines, from
+//! How records become the bytes of a part file: CSV and JSON lines, from
 //! a record's [`Row`] columns, or any encoding a job brings.
 
-use crate::rows::{Column, Row, Value};
+use crate::rows::{Column, JsonObjects, Row, Value};
 use std::io::Write;
 use std::sync::Arc;
 use tidemark_core::UserError;
 
-/// Writes records into a part file, as Flink's `Encoder`. One encoder
-/// serves one part file, so it may begin each file with a header.
+/// Writes records into a part file, as Flink's `Encoder` (a row format)
+/// or `BulkWriter` (a columnar one, which holds rows back until the file
+/// ends). One encoder serves one part file, so it may begin each file
+/// with a header.
 pub trait Encoder<T>: Send {
-    /// Appends `record`, with its line end, to `out`.
+    /// Appends `record`, with its line end, to `out`, or holds it back.
     fn encode(&mut self, record: &T, out: &mut Vec<u8>) -> Result<(), UserError>;
+
+    /// About how many bytes the records held back take: they count
+    /// toward the roll size.
+    fn held(&self) -> u64 {
+        0
+    }
+
+    /// The file ends: appends what was held back, and any footer.
+    fn finish(&mut self, _out: &mut Vec<u8>) -> Result<(), UserError> {
+        Ok(())
+    }
 }
 
 /// Makes the encoder of each new part file.
@@ -60,42 +73,19 @@ impl<T: Row> Encoder<T> for Csv {
 }
 
 /// Records as JSON objects, one per line, keyed by column name.
-pub struct JsonLines {
-    /// Each column's name as a JSON string and a colon: `"key":`.
-    names: Vec<String>,
-    values: Vec<Value>,
-}
+pub struct JsonLines(JsonObjects);
 
 impl JsonLines {
     /// For records `T`.
     pub fn new<T: Row>() -> Self {
-        let names = T::columns()
-            .iter()
-            .map(|c| format!("{}:", serde_json::Value::from(c.name)))
-            .collect();
-        JsonLines {
-            names,
-            values: Vec::new(),
-        }
+        JsonLines(JsonObjects::new::<T>())
     }
 }
 
 impl<T: Row> Encoder<T> for JsonLines {
     fn encode(&mut self, record: &T, out: &mut Vec<u8>) -> Result<(), UserError> {
-        self.values.clear();
-        record.values(&mut self.values)?;
-        out.push(b'{');
-        for (i, (name, value)) in self.names.iter().zip(&self.values).enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            out.extend_from_slice(name.as_bytes());
-            match value {
-                Value::BigInt(n) => write!(out, "{n}")?,
-                Value::Text(s) => serde_json::to_writer(&mut *out, s)?,
-            }
-        }
-        out.extend_from_slice(b"}\n");
+        self.0.write(record, out)?;
+        out.push(b'\n');
         Ok(())
     }
 }

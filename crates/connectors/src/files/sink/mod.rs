@@ -1,7 +1,7 @@
 //! An exactly-once sink of files into a local directory or any object
 //! store with multipart uploads (`s3://`, `memory://`), as Flink's
-//! `FileSink`: CSV or JSON lines, in buckets, rolled by size, time and
-//! checkpoint.
+//! `FileSink`: CSV, JSON lines or Parquet, in buckets, rolled by size, time
+//! and checkpoint.
 //!
 //! Records go to the open part file of their bucket (a subdirectory such
 //! as `dt=2026-12-04/hour=19`). A file rolls when it reaches the roll size,
@@ -18,12 +18,16 @@
 //! what it writes again replaces its twin instead of adding to it.
 
 mod encode;
+#[cfg(feature = "parquet")]
+mod parquet;
 mod parts;
 mod staging;
 #[cfg(test)]
 mod tests;
 
 pub use encode::{Csv, Encoder, EncoderFactory, JsonLines};
+#[cfg(feature = "parquet")]
+pub use parquet::Parquet;
 pub use parts::RollPolicy;
 pub use staging::{OpenUpload, UPLOADS};
 
@@ -42,7 +46,7 @@ use tidemark_storage::{Location, StorageError};
 /// A file sink's settings that a URL or the builder give.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileSinkOptions {
-    /// CSV or JSON lines.
+    /// CSV, JSON lines or Parquet (one row group per file).
     pub format: Format,
     /// CSV only: begin each file with a line of column names.
     pub header: bool,
@@ -173,7 +177,7 @@ impl FileSinkConfig {
     }
 
     /// A sink from a URL with its options as query parameters:
-    /// `DIR?format=csv|jsonl[&header=true][&bucket=PATTERN]`
+    /// `DIR?format=csv|jsonl|parquet[&header=true][&bucket=PATTERN]`
     /// `[&roll-size=BYTES][&roll-interval=1m][&part-size=BYTES]`.
     pub fn from_url(url: &str) -> Result<Self, FileSinkError> {
         let (dir, query) = url.split_once('?').unwrap_or((url, ""));
@@ -198,8 +202,11 @@ impl FileSinkConfig {
                     options.format = match value {
                         "csv" => Format::Csv,
                         "jsonl" | "json" => Format::JsonLines,
+                        "parquet" => Format::Parquet,
                         other => {
-                            return Err(problem(format!("format={other}: expected csv or jsonl")))
+                            return Err(problem(format!(
+                                "format={other}: expected csv, jsonl or parquet"
+                            )))
                         }
                     }
                 }
@@ -327,6 +334,8 @@ impl<T: Row> FileSink<T> {
         let header = config.options.header;
         let encoder: EncoderFactory<T> = match config.options.format {
             Format::JsonLines => Arc::new(|| Box::new(JsonLines::new::<T>())),
+            #[cfg(feature = "parquet")]
+            Format::Parquet => Arc::new(|| Box::new(Parquet::new::<T>())),
             _ => Arc::new(move || Box::new(Csv::new::<T>(header))),
         };
         Self::with_encoder(config, run, ctx, encoder)
@@ -360,6 +369,7 @@ impl<T: Send + 'static> FileSink<T> {
     fn suffix(&self) -> &'static str {
         match self.options.format {
             Format::JsonLines => ".jsonl",
+            Format::Parquet => ".parquet",
             _ => ".csv",
         }
     }
@@ -399,9 +409,9 @@ impl<T: Send + 'static> FileSink<T> {
             Directory::Objects { .. } => self.options.part_size,
         };
         let file = self.parts.open_file(bucket).expect("just opened");
-        let before = file.buffer.len();
+        let before = file.buffer.len() as u64 + file.encoder.held();
         file.encoder.encode(record, &mut file.buffer)?;
-        let grew = (file.buffer.len() - before) as u64;
+        let grew = (file.buffer.len() as u64 + file.encoder.held()).saturating_sub(before);
         if file.buffer.len() >= part_size {
             let bytes = std::mem::take(&mut file.buffer);
             self.dir.append(&mut file.stage, &file.path, bytes)?;
@@ -414,17 +424,23 @@ impl<T: Send + 'static> FileSink<T> {
 
     fn roll(&mut self, bucket: &str) -> Result<(), UserError> {
         if let Some(file) = self.parts.roll(bucket) {
-            let pending = self.dir.seal(file.stage, &file.path, file.buffer)?;
-            self.parts.sealed(pending);
+            self.seal(file)?;
         }
         Ok(())
     }
 
     fn roll_all(&mut self) -> Result<(), UserError> {
         for file in self.parts.roll_all() {
-            let pending = self.dir.seal(file.stage, &file.path, file.buffer)?;
-            self.parts.sealed(pending);
+            self.seal(file)?;
         }
+        Ok(())
+    }
+
+    /// Ends `file`'s encoding and makes it pending.
+    fn seal(&mut self, mut file: OpenFile<T>) -> Result<(), UserError> {
+        file.encoder.finish(&mut file.buffer)?;
+        let pending = self.dir.seal(file.stage, &file.path, file.buffer)?;
+        self.parts.sealed(pending);
         Ok(())
     }
 

@@ -201,7 +201,7 @@ fn a_rescale_commits_what_a_removed_subtask_pre_committed() {
 fn bad_settings_and_foreign_state_are_errors_naming_them() {
     let error = |url: &str| FileSinkConfig::from_url(url).unwrap_err().to_string();
     assert!(error("/tmp/x?format=text").contains("format=text"));
-    assert!(error("/tmp/x?format=parquet").contains("format=parquet"));
+    assert!(error("/tmp/x?format=avro").contains("format=avro"));
     assert!(error("/tmp/x?bucket=%Q").contains("bucket=%Q"));
     assert!(error("/tmp/x?bucket=../up").contains("\"..\""));
     assert!(error("/tmp/x?roll-size=0").contains("roll-size=0"));
@@ -272,4 +272,37 @@ fn the_uploads_a_crashed_run_left_are_listed_and_aborted() {
     let left = futures::executor::block_on(config.open_uploads()).unwrap();
     assert_eq!(left, [open[0].clone()]);
     assert_eq!(pending_uploads(b"\x93not a sink"), None);
+}
+
+#[cfg(feature = "parquet")]
+#[test]
+fn parquet_files_are_committed_whole_and_roll_by_their_held_rows() {
+    use ::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let url = format!("memory://sink-parquet-{}/out", std::process::id());
+    let _hold = Location::open(&url, true).unwrap();
+    // Two 16-byte rows reach the roll size.
+    let config = config(&url, "format=parquet&roll-size=32");
+    let mut s = sink(&config, "r");
+    s.write(&mut (0..3).map(|i| (i, i * 10)).collect()).unwrap();
+    s.pre_commit(CheckpointId(1)).unwrap();
+    s.commit(CheckpointId(1)).unwrap();
+    let Location { store, prefix, .. } = Location::open(&url, false).unwrap();
+    let mut rows = Vec::new();
+    for name in ["part-0-r-0.parquet", "part-0-r-1.parquet"] {
+        let bytes = futures::executor::block_on(async {
+            store
+                .get(&prefix.clone().join(name))
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap()
+        });
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).unwrap();
+        assert_eq!(reader.metadata().num_row_groups(), 1, "{name}");
+        for batch in reader.build().unwrap() {
+            rows.push(batch.unwrap().num_rows());
+        }
+    }
+    assert_eq!(rows, [2, 1]);
 }

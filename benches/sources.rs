@@ -1,0 +1,152 @@
+//! What each source reads per second at p=2 into a discarding sink (no
+//! checkpoints), side by side in one run, records `{"key": K}` with K a
+//! `u64`:
+//!
+//! - from memory (`Items`): the runtime's own cost;
+//! - JSON lines files and Parquet files (one `key` column, row groups of
+//!   1,000,000 rows) on local disk, read by the file source;
+//! - a Kafka topic of two partitions, when `TIDEMARK_TEST_KAFKA` names a
+//!   broker (`cargo xtask test` starts one; so may you), read by the Kafka
+//!   source bounded at its end.
+//!
+//! cargo bench --bench sources
+//!
+//! `TIDEMARK_BENCH_RECORDS` (default 10,000,000), `TIDEMARK_BENCH_KAFKA_RECORDS`
+//! (default 2,000,000) and `TIDEMARK_BENCH_REPS` (default 3) change the size.
+
+mod common;
+
+use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+use common::{env_or, median};
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use tidemark::connectors::files::FileSource;
+use tidemark::connectors::kafka::{testkit, KafkaSource};
+use tidemark::source::{Items, SplitSource};
+use tidemark_actors::prelude::*;
+use tidemark_actors::sinks::Discard;
+
+const FILES: u64 = 8;
+const ROW_GROUP: usize = 1_000_000;
+
+/// A record of every source.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+struct Keyed {
+    key: u64,
+}
+
+fn key(i: u64) -> u64 {
+    tidemark::rng::splitmix64(i) % 1_000_000
+}
+
+fn write_json_lines(dir: &Path, records: u64) {
+    for f in 0..FILES {
+        let file = std::fs::File::create(dir.join(format!("{f}.jsonl"))).expect("a file");
+        let mut out = std::io::BufWriter::new(file);
+        for i in (f..records).step_by(FILES as usize) {
+            writeln!(out, "{{\"key\":{}}}", key(i)).expect("written");
+        }
+        out.flush().expect("flushed");
+    }
+}
+
+fn write_parquet(dir: &Path, records: u64) {
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_row_count(Some(ROW_GROUP))
+        .build();
+    for f in 0..FILES {
+        let keys: Vec<i64> = (f..records)
+            .step_by(FILES as usize)
+            .map(|i| key(i) as i64)
+            .collect();
+        let column: ArrayRef = Arc::new(Int64Array::from(keys));
+        let batch = RecordBatch::try_from_iter([("key", column)]).expect("a batch");
+        let file = std::fs::File::create(dir.join(format!("{f}.parquet"))).expect("a file");
+        let mut writer =
+            parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props.clone()))
+                .expect("a writer");
+        writer.write(&batch).expect("written");
+        writer.close().expect("closed");
+    }
+}
+
+/// Reads `source` at p=2 into nothing: records/s.
+fn read<S: SplitSource<Keyed>>(name: &str, source: S) -> f64 {
+    read_job(Job::builder(name).parallelism(2).split_source(name, source))
+}
+
+fn read_job(records: tidemark::Stream<Keyed>) -> f64 {
+    let report = records
+        .sink("discard", |_| Discard)
+        .build()
+        .run()
+        .expect("the job starts")
+        .wait()
+        .expect("the job runs");
+    report.throughput()
+}
+
+fn main() {
+    let records = env_or("TIDEMARK_BENCH_RECORDS", 10_000_000);
+    let kafka_records = env_or("TIDEMARK_BENCH_KAFKA_RECORDS", 2_000_000);
+    let reps = env_or("TIDEMARK_BENCH_REPS", 3);
+    let (jsonl, parquet) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_json_lines(jsonl.path(), records);
+    write_parquet(parquet.path(), records);
+    let jsonl = format!("{}?format=jsonl", jsonl.path().display());
+    let parquet = format!("{}?format=parquet", parquet.path().display());
+    let items: Arc<Vec<Keyed>> = Arc::new((0..records).map(|i| Keyed { key: key(i) }).collect());
+    let kafka = testkit::broker().map(|brokers| {
+        let topic = testkit::topic(&brokers, "bench", 2);
+        let values: Vec<(i32, String)> = (0..kafka_records)
+            .map(|i| ((i % 2) as i32, format!("{{\"key\":{}}}", key(i))))
+            .collect();
+        testkit::produce(&brokers, &topic, &values);
+        format!("kafka://{brokers}/{topic}?bounded=latest")
+    });
+    let (mut memory, mut lines, mut columns, mut topic) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..reps {
+        let from = items.clone();
+        memory.push(read_job(
+            Job::builder("memory")
+                .parallelism(2)
+                .source("memory", move |ctx| Items::new(from.clone(), ctx)),
+        ));
+        lines.push(read(
+            "jsonl",
+            FileSource::<Keyed>::from_url(&jsonl).unwrap(),
+        ));
+        columns.push(read(
+            "parquet",
+            FileSource::<Keyed>::from_url(&parquet).unwrap(),
+        ));
+        if let Some(url) = &kafka {
+            topic.push(read("kafka", KafkaSource::<Keyed>::from_url(url).unwrap()));
+        }
+    }
+    let memory = median(memory);
+    println!(
+        "sources p=2 into discard, {records} records, no checkpoints, {reps} runs each (medians)"
+    );
+    println!("from memory {:.2} M records/s", memory / 1e6);
+    for (name, rates) in [("JSON lines files", lines), ("Parquet files", columns)] {
+        let rate = median(rates);
+        println!(
+            "{name} {:.2} M records/s, {:.3} of memory",
+            rate / 1e6,
+            rate / memory
+        );
+    }
+    match kafka {
+        Some(_) => {
+            let rate = median(topic);
+            println!(
+                "Kafka topic ({kafka_records} records, 2 partitions) {:.2} M records/s, {:.3} of memory",
+                rate / 1e6,
+                rate / memory
+            );
+        }
+        None => println!("Kafka: skipped (TIDEMARK_TEST_KAFKA is not set)"),
+    }
+}

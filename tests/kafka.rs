@@ -1,0 +1,166 @@
+//! Wordcount from a Kafka topic, against a real Kafka-API broker (`cargo
+//! xtask test` starts nisshi and sets `TIDEMARK_TEST_KAFKA`): the source
+//! counts every record exactly once into exactly-once files across
+//! injected failures, a SIGKILL and rescales from a savepoint, and the
+//! exactly-once Kafka sink gives a `read_committed` consumer every update
+//! once.
+//!
+//! The Kafka sink's recovery is tested call by call against the broker in
+//! `crates/connectors/src/kafka/against_broker.rs`, not here through whole
+//! jobs that fail: nisshi 0.7's transactions do not hold up under them
+//! (see docs/connectors.md).
+#![cfg(feature = "kafka")]
+
+mod common;
+
+use common::{assert_counts_exactly_once, assert_updates_exactly_once};
+use std::path::Path;
+use tidemark_actors::cli::{self, RunArgs, RunReport};
+use tidemark_connectors::kafka::testkit::{broker, produce, read_committed, topic};
+
+const CHILD: &str = "TIDEMARK_KAFKA_CHILD_ARGS";
+const RECORDS: u64 = 20_000;
+const KEYS: u64 = 200;
+const PARTITIONS: i32 = 3;
+
+/// A topic of the generator's keys for `seed`, as JSON values
+/// `{"key": K}`, spread over the partitions in turn.
+fn input(brokers: &str, seed: u64) -> String {
+    let name = topic(brokers, "wordcount-in", PARTITIONS);
+    let records: Vec<(i32, String)> = (0..RECORDS)
+        .map(|i| {
+            let key = common::splitmix64(seed.wrapping_add(i)) % KEYS;
+            (
+                (i % PARTITIONS as u64) as i32,
+                format!(r#"{{"key":{key}}}"#),
+            )
+        })
+        .collect();
+    produce(brokers, &name, &records);
+    name
+}
+
+/// The `(key, count)` updates a `read_committed` consumer sees.
+fn updates(brokers: &str, output: &str) -> Vec<(u64, u64)> {
+    read_committed(brokers, output, 1)
+        .into_iter()
+        .map(|v| {
+            let key = v["key"].as_str().expect("keys are text").parse().unwrap();
+            (key, v["count"].as_u64().unwrap())
+        })
+        .collect()
+}
+
+/// The exactly-once sink into `topic`.
+fn into_topic(brokers: &str, topic: &str) -> String {
+    format!("kafka://{brokers}/{topic}?delivery=exactly-once")
+}
+
+/// Wordcount of the keys in `input`, updates into `sink`.
+fn args(brokers: &str, input: &str, sink: &str, checkpoints: &Path) -> Vec<String> {
+    vec![
+        "wordcount".to_string(),
+        "--parallelism=2".into(),
+        // What --inject-failures spreads its kills over.
+        format!("--records={RECORDS}"),
+        // Slow enough (about 1 s) that several checkpoints fall inside.
+        "--rate=20000".into(),
+        "--emit=updates".into(),
+        "--checkpoint-interval=50ms".into(),
+        format!("--checkpoint-dir={}", checkpoints.display()),
+        format!("--source=kafka://{brokers}/{input}?bounded=latest"),
+        format!("--sink={sink}"),
+    ]
+}
+
+fn run(args: &[String]) -> RunReport {
+    let context = format!("{args:?}");
+    cli::run(&RunArgs::parse(args).unwrap()).unwrap_or_else(|e| panic!("{context}: {e}"))
+}
+
+/// The child's entry point; a no-op when the test runs normally.
+#[test]
+fn child_runs_the_job() {
+    common::run_child_job(CHILD);
+}
+
+/// Wordcount of topic `input` into files under `root/out`, checkpoints
+/// under `root/NAME`.
+fn into_files(brokers: &str, input: &str, root: &Path, checkpoints: &str) -> Vec<String> {
+    let output = root.join("out");
+    std::fs::create_dir_all(&output).unwrap();
+    args(
+        brokers,
+        input,
+        &output.display().to_string(),
+        &root.join(checkpoints),
+    )
+}
+
+#[test]
+fn every_record_is_counted_once_into_files_across_injected_failures() {
+    let Some(brokers) = broker() else { return };
+    let input = input(&brokers, 3);
+    let root = tempfile::tempdir().unwrap();
+    let mut args = into_files(&brokers, &input, root.path(), "checkpoints");
+    args.push("--inject-failures=2".into());
+    let report = run(&args);
+    assert!(report.restarts >= 1, "no failure was injected");
+    assert_updates_exactly_once(&root.path().join("out"), RECORDS, KEYS, 3, "2 failures");
+}
+
+#[test]
+fn a_kafka_source_killed_with_sigkill_counts_each_record_once_into_files() {
+    let Some(brokers) = broker() else { return };
+    let input = input(&brokers, 7);
+    let root = tempfile::tempdir().unwrap();
+    let args = into_files(&brokers, &input, root.path(), "checkpoints");
+    let (output, checkpoints) = (root.path().join("out"), root.path().join("checkpoints"));
+    common::kill_then_restore_latest(CHILD, &args, &output, &checkpoints, || {});
+    assert_updates_exactly_once(&output, RECORDS, KEYS, 7, "SIGKILL");
+}
+
+#[test]
+fn a_kafka_source_rescaled_from_a_savepoint_reads_each_record_once() {
+    let Some(brokers) = broker() else { return };
+    for parallelism in [3, 1] {
+        let input = input(&brokers, 5);
+        let root = tempfile::tempdir().unwrap();
+        let args = into_files(&brokers, &input, root.path(), "checkpoints");
+        let savepoints = root.path().join("savepoints");
+        let stop = [
+            format!("--savepoint-dir={}", savepoints.display()),
+            "--stop-with-savepoint-after=300ms".into(),
+        ];
+        let stopped = common::run_overriding(args.clone(), &stop).unwrap();
+        assert!(stopped.records_in < RECORDS, "the job stopped early");
+        let savepoint = stopped.savepoint.expect("the savepoint completed");
+        let restore = [
+            format!("--parallelism={parallelism}"),
+            format!("--restore={savepoint}"),
+            format!(
+                "--checkpoint-dir={}",
+                root.path().join("restored").display()
+            ),
+        ];
+        let context = format!("p=2 → {parallelism}");
+        common::run_overriding(args, &restore).unwrap_or_else(|e| panic!("{context}: {e}"));
+        assert_updates_exactly_once(&root.path().join("out"), RECORDS, KEYS, 5, &context);
+    }
+}
+
+#[test]
+fn the_exactly_once_sink_gives_a_read_committed_consumer_every_update_once() {
+    let Some(brokers) = broker() else { return };
+    let input = input(&brokers, 8);
+    let output = topic(&brokers, "wordcount-out", 1);
+    let root = tempfile::tempdir().unwrap();
+    let args = args(
+        &brokers,
+        &input,
+        &into_topic(&brokers, &output),
+        root.path(),
+    );
+    run(&args);
+    assert_counts_exactly_once(updates(&brokers, &output), RECORDS, KEYS, 8, "no failure");
+}
