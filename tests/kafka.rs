@@ -13,9 +13,8 @@
 
 mod common;
 
-use common::{assert_counts_exactly_once, assert_updates_exactly_once};
+use common::{assert_counts_exactly_once, assert_updates_exactly_once, run};
 use std::path::Path;
-use tidemark_actors::cli::{self, RunArgs, RunReport};
 use tidemark_connectors::kafka::testkit::{broker, produce, read_committed, topic};
 
 const CHILD: &str = "TIDEMARK_KAFKA_CHILD_ARGS";
@@ -71,11 +70,6 @@ fn args(brokers: &str, input: &str, sink: &str, checkpoints: &Path) -> Vec<Strin
         format!("--source=kafka://{brokers}/{input}?bounded=latest"),
         format!("--sink={sink}"),
     ]
-}
-
-fn run(args: &[String]) -> RunReport {
-    let context = format!("{args:?}");
-    cli::run(&RunArgs::parse(args).unwrap()).unwrap_or_else(|e| panic!("{context}: {e}"))
 }
 
 /// The child's entry point; a no-op when the test runs normally.

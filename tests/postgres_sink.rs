@@ -9,11 +9,11 @@ mod common;
 #[path = "common/postgres.rs"]
 mod postgres;
 
-use common::expected_counts;
+use common::{expected_counts, run};
 use postgres::{server, Table};
 use std::collections::HashMap;
 use std::path::Path;
-use tidemark_actors::cli::{self, RunArgs, RunReport};
+use tidemark_actors::cli::{self, RunArgs};
 
 const CHILD: &str = "TIDEMARK_POSTGRES_SINK_CHILD_ARGS";
 const RECORDS: u64 = 100_000;
@@ -91,11 +91,6 @@ fn args(url: &str, table: &str, mode: &str, seed: u64, checkpoints: &Path) -> Ve
         format!("--checkpoint-dir={}", checkpoints.display()),
         format!("--sink={url}?table={table}&mode={mode}"),
     ]
-}
-
-fn run(args: &[String]) -> RunReport {
-    let context = format!("{args:?}");
-    cli::run(&RunArgs::parse(args).unwrap()).unwrap_or_else(|e| panic!("{context}: {e}"))
 }
 
 /// The child's entry point; a no-op when the test runs normally.

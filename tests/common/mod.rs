@@ -26,6 +26,13 @@ pub fn expected_counts(records: u64, keys: u64, seed: u64) -> HashMap<u64, u64> 
     counts
 }
 
+/// Runs `tidemark run` with `args` to its successful end; a failure
+/// panics naming the arguments.
+pub fn run(args: &[String]) -> tidemark_actors::cli::RunReport {
+    let context = format!("{args:?}");
+    run_overriding(args.to_vec(), &[]).unwrap_or_else(|e| panic!("{context}: {e}"))
+}
+
 /// Runs `tidemark run` with `args`, each argument of `extra` replacing the
 /// one of the same name.
 pub fn run_overriding(
