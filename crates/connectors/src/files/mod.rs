@@ -302,5 +302,22 @@ impl<T: DeserializeOwned + Send + 'static> SplitSource<T> for FileSource<T> {
     }
 }
 
+/// The next chunk a split's fetch task sent, `None` while none has come:
+/// a failed fetch, or one gone without a word, is an error naming the file.
+fn received<F>(
+    fetched: &mut tokio::sync::mpsc::Receiver<Result<F, String>>,
+    path: &str,
+) -> Result<Option<F>, UserError> {
+    use tokio::sync::mpsc::error::TryRecvError;
+    match fetched.try_recv() {
+        Ok(Ok(chunk)) => Ok(Some(chunk)),
+        Ok(Err(e)) => Err(format!("cannot read {path}: {e}").into()),
+        Err(TryRecvError::Empty) => Ok(None),
+        Err(TryRecvError::Disconnected) => {
+            Err(format!("reading {path} stopped unexpectedly").into())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tidemark_core::source::{SourceStatus, SplitReader};
 use tidemark_core::UserError;
-use tokio::sync::mpsc::{self, error::TryRecvError};
+use tokio::sync::mpsc;
 
 /// Rows per record batch read.
 const BATCH: usize = 8192;
@@ -110,14 +110,13 @@ pub(super) async fn row_groups(
 
 enum Fetched {
     Batch(RecordBatch),
-    Failed(String),
     End,
 }
 
 /// The reader of one row group.
 pub(super) struct ParquetSplitReader<T> {
     split: FileSplit,
-    fetched: mpsc::Receiver<Fetched>,
+    fetched: mpsc::Receiver<Result<Fetched, String>>,
     decoded: VecDeque<T>,
     on_error: OnError,
     skipped: Arc<AtomicU64>,
@@ -197,16 +196,10 @@ impl<T: DeserializeOwned + Send> SplitReader<T, FileSplit> for ParquetSplitReade
             if self.ended {
                 return Ok(SourceStatus::Finished);
             }
-            match self.fetched.try_recv() {
-                Ok(Fetched::Batch(batch)) => self.decode(&batch)?,
-                Ok(Fetched::End) => self.ended = true,
-                Ok(Fetched::Failed(e)) => {
-                    return Err(format!("cannot read {}: {e}", self.split.path).into())
-                }
-                Err(TryRecvError::Empty) => return Ok(SourceStatus::Running),
-                Err(TryRecvError::Disconnected) => {
-                    return Err(format!("reading {} stopped unexpectedly", self.split.path).into())
-                }
+            match super::received(&mut self.fetched, &self.split.path)? {
+                Some(Fetched::Batch(batch)) => self.decode(&batch)?,
+                Some(Fetched::End) => self.ended = true,
+                None => return Ok(SourceStatus::Running),
             }
         }
     }
@@ -226,7 +219,12 @@ struct Read {
 
 /// Streams `read`'s batches into `sender` until the group ends or the
 /// reader is gone.
-async fn fetch(store: Arc<dyn ObjectStore>, path: Path, read: Read, sender: mpsc::Sender<Fetched>) {
+async fn fetch(
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    read: Read,
+    sender: mpsc::Sender<Result<Fetched, String>>,
+) {
     let opened = async {
         let file = StoreFile {
             store,
@@ -243,19 +241,16 @@ async fn fetch(store: Arc<dyn ObjectStore>, path: Path, read: Read, sender: mpsc
     let mut stream = match opened.await {
         Ok(stream) => stream,
         Err(e) => {
-            let _ = sender.send(Fetched::Failed(e.to_string())).await;
+            let _ = sender.send(Err(e.to_string())).await;
             return;
         }
     };
     while let Some(batch) = stream.next().await {
-        let fetched = match batch {
-            Ok(batch) => Fetched::Batch(batch),
-            Err(e) => Fetched::Failed(e.to_string()),
-        };
-        let failed = matches!(fetched, Fetched::Failed(_));
+        let fetched = batch.map(Fetched::Batch).map_err(|e| e.to_string());
+        let failed = fetched.is_err();
         if sender.send(fetched).await.is_err() || failed {
             return;
         }
     }
-    let _ = sender.send(Fetched::End).await;
+    let _ = sender.send(Ok(Fetched::End)).await;
 }

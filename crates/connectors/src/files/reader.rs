@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tidemark_core::source::{SourceStatus, SplitReader};
 use tidemark_core::UserError;
-use tokio::sync::mpsc::{self, error::TryRecvError};
+use tokio::sync::mpsc;
 
 /// Bytes fetched per request within the split.
 const CHUNK: u64 = 4 << 20;
@@ -29,14 +29,13 @@ enum Fetched {
     /// A CSV file's first line, before any bytes.
     Header(Bytes),
     Bytes(Bytes),
-    Failed(String),
 }
 
 /// The reader of one [`FileSplit`].
 pub(super) struct FileSplitReader<T> {
     split: FileSplit,
     lines: Lines,
-    fetched: mpsc::Receiver<Fetched>,
+    fetched: mpsc::Receiver<Result<Fetched, String>>,
     format: Format,
     header: Option<csv::StringRecord>,
     on_error: OnError,
@@ -128,21 +127,15 @@ impl<T: DeserializeOwned> SplitReader<T, FileSplit> for FileSplitReader<T> {
             if read >= max {
                 return Ok(SourceStatus::Running);
             }
-            match self.fetched.try_recv() {
-                Ok(Fetched::Bytes(bytes)) => self.lines.push(&bytes),
-                Ok(Fetched::Header(line)) => {
+            match super::received(&mut self.fetched, &self.split.path)? {
+                Some(Fetched::Bytes(bytes)) => self.lines.push(&bytes),
+                Some(Fetched::Header(line)) => {
                     let line = line.strip_suffix(b"\r").unwrap_or(&line);
                     let header = csv_record(line)
                         .map_err(|e| format!("{}: a malformed CSV header: {e}", self.split.path))?;
                     self.header = Some(header);
                 }
-                Ok(Fetched::Failed(e)) => {
-                    return Err(format!("cannot read {}: {e}", self.split.path).into())
-                }
-                Err(TryRecvError::Empty) => return Ok(SourceStatus::Running),
-                Err(TryRecvError::Disconnected) => {
-                    return Err(format!("reading {} stopped unexpectedly", self.split.path).into())
-                }
+                None => return Ok(SourceStatus::Running),
             }
         }
     }
@@ -211,11 +204,13 @@ async fn fetch(
     store: Arc<dyn ObjectStore>,
     path: Path,
     range: Fetch,
-    sender: mpsc::Sender<Fetched>,
+    sender: mpsc::Sender<Result<Fetched, String>>,
 ) {
     if range.header {
-        let first = header(store.as_ref(), &path, range.size).await;
-        let failed = matches!(first, Fetched::Failed(_));
+        let first = header(store.as_ref(), &path, range.size)
+            .await
+            .map(Fetched::Header);
+        let failed = first.is_err();
         if sender.send(first).await.is_err() || failed {
             return;
         }
@@ -228,11 +223,12 @@ async fn fetch(
             TAIL
         };
         let to = at.saturating_add(step).min(range.size);
-        let fetched = match store.get_range(&path, at..to).await {
-            Ok(bytes) => Fetched::Bytes(bytes),
-            Err(e) => Fetched::Failed(e.to_string()),
-        };
-        let failed = matches!(fetched, Fetched::Failed(_));
+        let fetched = store
+            .get_range(&path, at..to)
+            .await
+            .map(Fetched::Bytes)
+            .map_err(|e| e.to_string());
+        let failed = fetched.is_err();
         if sender.send(fetched).await.is_err() || failed {
             return;
         }
@@ -242,26 +238,26 @@ async fn fetch(
 
 /// The first line of a file of `size` bytes, read `TAIL` bytes at a time
 /// up to `MAX_HEADER`.
-async fn header(store: &dyn ObjectStore, path: &Path, size: u64) -> Fetched {
+async fn header(store: &dyn ObjectStore, path: &Path, size: u64) -> Result<Bytes, String> {
     let mut line = Vec::new();
     let mut at = 0;
     while at < size.min(MAX_HEADER) {
         let to = (at + TAIL).min(size).min(MAX_HEADER);
         let bytes = match store.get_range(path, at..to).await {
             Ok(bytes) => bytes,
-            Err(e) => return Fetched::Failed(e.to_string()),
+            Err(e) => return Err(e.to_string()),
         };
         if let Some(end) = bytes.iter().position(|&b| b == b'\n') {
             line.extend_from_slice(&bytes[..end]);
-            return Fetched::Header(line.into());
+            return Ok(line.into());
         }
         line.extend_from_slice(&bytes);
         at = to;
     }
     if size <= MAX_HEADER {
-        Fetched::Header(line.into())
+        Ok(line.into())
     } else {
-        Fetched::Failed(format!(
+        Err(format!(
             "no CSV header line in its first {MAX_HEADER} bytes"
         ))
     }
