@@ -176,7 +176,7 @@ fn every_word_of_every_file_is_counted_once_across_injected_failures() {
             "--parallelism=2".into(),
             // The kills are spread over the lines read, and reading them
             // takes long enough for every kill to land.
-            "--records=48000".into(),
+            "--records=24000".into(),
             "--rate=40000".into(),
             "--inject-failures=3".into(),
         ],
@@ -325,11 +325,11 @@ fn parquet_files_a_job_wrote_are_counted_by_another_across_injected_failures() {
     assert_updates_exactly_once(&output, &expected, "Parquet, two failures");
 }
 
-/// Files of `{key, ts}` records, each file its own span of event time
-/// with up to 40 ms of disorder, as JSON lines or CSV; and the count of
-/// each (key, 1 s window).
-fn timed_files(dir: &Path, csv: bool) -> HashMap<(String, u64), u64> {
-    let mut windows = HashMap::new();
+/// Writes 4 files of `{key, ts}` records made from `seed`, file f spanning
+/// event time from `f * span` ms with up to 40 ms of disorder, as JSON
+/// lines or CSV; returns the records.
+fn timed_files(dir: &Path, csv: bool, seed: u64, span: u64) -> Vec<(String, u64)> {
+    let mut records = Vec::new();
     for f in 0..4u64 {
         let mut text = if csv {
             "ts,key\n".to_string()
@@ -337,21 +337,19 @@ fn timed_files(dir: &Path, csv: bool) -> HashMap<(String, u64), u64> {
             String::new()
         };
         for i in 0..6_000u64 {
-            let r = common::splitmix64(f * 6_000 + i);
-            let ts = (f * 50_000 + i * 3).saturating_sub(r % 41);
+            let r = common::splitmix64(seed + f * 6_000 + i);
+            let ts = (f * span + i * span / 6_000).saturating_sub(r % 41);
             let key = format!("k{}", r % 37);
-            *windows
-                .entry((key.clone(), ts / 1_000 * 1_000))
-                .or_insert(0) += 1;
             text.push_str(&match csv {
                 true => format!("{ts},{key}\n"),
                 false => format!("{{\"key\":\"{key}\",\"ts\":{ts}}}\n"),
             });
+            records.push((key, ts));
         }
         let name = format!("{f}.{}", if csv { "csv" } else { "jsonl" });
         std::fs::write(dir.join(name), text).unwrap();
     }
-    windows
+    records
 }
 
 #[test]
@@ -362,7 +360,10 @@ fn windows_over_files_of_other_times_count_every_record_once() {
             input,
             output,
         } = dirs();
-        let expected = timed_files(&input, csv);
+        let mut expected = HashMap::new();
+        for (key, ts) in timed_files(&input, csv, 0, 50_000) {
+            *expected.entry((key, ts / 1_000 * 1_000)).or_insert(0) += 1;
+        }
         let report = run(vec![
             "windows".into(),
             format!(
@@ -397,6 +398,72 @@ fn windows_over_files_of_other_times_count_every_record_once() {
         // disorder came late, across the kills.
         assert_eq!(got, expected, "{format}");
     }
+}
+
+/// Every pair of a left and a right record of one key at most `interval`
+/// ms apart, bounds included, as `key,left ts,right ts` lines, sorted.
+fn expected_pairs(left: &[(String, u64)], right: &[(String, u64)], interval: u64) -> Vec<String> {
+    let mut right_by_key: HashMap<&str, Vec<u64>> = HashMap::new();
+    for (key, ts) in right {
+        right_by_key.entry(key).or_default().push(*ts);
+    }
+    let mut pairs = Vec::new();
+    for (key, ts) in left {
+        for r in right_by_key.get(key.as_str()).into_iter().flatten() {
+            if r.abs_diff(*ts) <= interval {
+                pairs.push(format!("{key},{ts},{r}"));
+            }
+        }
+    }
+    pairs.sort_unstable();
+    pairs
+}
+
+#[test]
+fn a_join_of_two_file_sources_emits_every_pair_once_across_injected_failures() {
+    let Dirs {
+        root,
+        input,
+        output,
+    } = dirs();
+    let right_input = root.path().join("right");
+    std::fs::create_dir_all(&right_input).unwrap();
+    let left = timed_files(&input, false, 0, 9_000);
+    let right = timed_files(&right_input, true, 1 << 40, 9_000);
+    let expected = expected_pairs(&left, &right, 30);
+    assert!(expected.len() > 5_000, "{} pairs", expected.len());
+    let report = run(vec![
+        "join".into(),
+        format!("--source={}?format=jsonl&split-size=40000", input.display()),
+        format!("--right-source={}?format=csv", right_input.display()),
+        "--interval=30ms".into(),
+        "--max-disorder=40ms".into(),
+        "--parallelism=2".into(),
+        "--checkpoint-interval=50ms".into(),
+        format!(
+            "--checkpoint-dir={}",
+            root.path().join("checkpoints").display()
+        ),
+        format!("--output={}", output.display()),
+        "--records=24000".into(),
+        "--rate=20000".into(),
+        "--inject-failures=2".into(),
+    ]);
+    assert_eq!(report.restarts, 2);
+    let mut got: Vec<String> = committed_lines(&output)
+        .into_iter()
+        .map(|(_, line)| line)
+        .collect();
+    got.sort_unstable();
+    // Each pair once: no record of either side came late or twice, across
+    // the kills.
+    assert!(
+        got == expected,
+        "{} pairs, expected {}",
+        got.len(),
+        expected.len()
+    );
+    common::assert_no_uncommitted_files(&output, "join");
 }
 
 #[test]

@@ -1,18 +1,19 @@
-//! The join topology: two generators of timestamped keyed records, *left*
-//! and *right*, joined on equal keys and timestamps at most an interval
-//! apart (an interval join), and a sink of `key,left,right` lines naming
-//! each pair by its records' indices.
+//! The join topology: two inputs of timestamped keyed records, *left* and
+//! *right*, joined on equal keys and timestamps at most an interval apart
+//! (an interval join), and a sink of `key,left,right` lines. Two generators
+//! name each pair by its records' indices; files or Kafka records, which
+//! have none, by their event times.
 
 use crate::sinks::{sink_into, Target};
-use crate::windows::Events;
-use crate::wordcount::{Generator, Records};
+use crate::windows::{timed_events, Event, Events};
+use crate::wordcount::{Generator, Input, Records};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tidemark_connectors::rows::{Column, Row, SqlField, SqlType, Value};
 use tidemark_core::job::JobConfig;
 use tidemark_core::rng::splitmix64;
 use tidemark_core::time::{Timestamped, WatermarkStrategy};
-use tidemark_core::{Job, UserError};
+use tidemark_core::{Job, Key, KeyedStream, UserError};
 
 /// A generated record of one side: its index in its side's input, its key
 /// and its event time.
@@ -50,25 +51,27 @@ impl Records for Side {
 }
 
 /// A joined pair, as the sink writes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Pair {
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pair<K = u64> {
     /// The key both records have.
-    pub key: u64,
-    /// The left record's index.
+    pub key: K,
+    /// The left record's index, or its event time when a side is not
+    /// generated.
     pub left: u64,
-    /// The right record's index.
+    /// The right record's index, or its event time when a side is not
+    /// generated.
     pub right: u64,
 }
 
 /// Columns `key`, `left` and `right`, all three the key in upsert mode.
-impl Row for Pair {
+impl<K: SqlField + Send + 'static> Row for Pair<K> {
     fn columns() -> Vec<Column> {
-        ["key", "left", "right"]
-            .map(|name| Column {
-                name,
-                sql_type: SqlType::BigInt,
-            })
-            .into()
+        let column = |name, sql_type| Column { name, sql_type };
+        vec![
+            column("key", K::SQL_TYPE),
+            column("left", SqlType::BigInt),
+            column("right", SqlType::BigInt),
+        ]
     }
 
     fn key_columns() -> usize {
@@ -76,9 +79,9 @@ impl Row for Pair {
     }
 
     fn values(&self, out: &mut Vec<Value>) -> Result<(), UserError> {
-        for field in [self.key, self.left, self.right] {
-            out.push(field.value()?);
-        }
+        out.push(self.key.value()?);
+        out.push(self.left.value()?);
+        out.push(self.right.value()?);
         Ok(())
     }
 }
@@ -86,19 +89,24 @@ impl Row for Pair {
 /// The join job's name, from which its id and checkpoint directory follow.
 pub const JOB_NAME: &str = "join";
 
-/// The join topology's parameters: two generators → interval join by key →
+/// The join topology's parameters: two inputs → interval join by key →
 /// sink.
 #[derive(Clone, Debug)]
 pub struct Join {
-    /// Records each side generates over all its source subtasks.
+    /// Records each generated side makes over all its source subtasks.
     pub records: u64,
-    /// How the left side's records are made; the right side's are made
-    /// alike with the seed `splitmix64(seed)`.
+    /// How a generated left side's records are made; a generated right
+    /// side's are made alike with the seed `splitmix64(seed)`. Files and
+    /// Kafka records have a disorder of at most `events.max_disorder`.
     pub events: Events,
     /// The most two joined records' timestamps differ by.
     pub interval: Duration,
     /// Where the `(key, left, right)` results go.
     pub sink: Target,
+    /// Where the left side's records come from.
+    pub left: Input,
+    /// Where the right side's records come from.
+    pub right: Input,
 }
 
 impl Join {
@@ -110,37 +118,71 @@ impl Join {
         }
     }
 
-    /// The job, named [`JOB_NAME`], with operator uids `left`, `right` and
-    /// `join` (what savepoints match). Sources use bounded out-of-orderness
-    /// of the generators' disorder, so no record is late.
+    /// The job, named [`JOB_NAME`], with operator uids `join` and, for its
+    /// sources (what savepoints match), `left` and `right` when generated,
+    /// else `left-files`, `right-kafka` and so on. Sources use bounded
+    /// out-of-orderness of `events.max_disorder`, so no record is late.
+    /// When both sides are generated, pairs name their records' indices
+    /// and keys are numbers; otherwise pairs name event times and keys are
+    /// text.
     pub fn job(&self, config: JobConfig) -> Job {
         let Join {
-            records,
-            events,
-            interval,
-            ..
+            records, events, ..
         } = *self;
         let strategy =
             WatermarkStrategy::bounded_out_of_orderness(Duration::from_millis(events.max_disorder));
-        let job = Job::builder(JOB_NAME).config(config);
-        let side = |name: &str, events: Events| {
-            job.source_with_watermarks(name, strategy, move |ctx| {
-                Generator::of(records, Side(events), ctx)
-            })
-            .uid(name)
-            .key_by(|record: &Indexed| record.key)
+        let builder = Job::builder(JOB_NAME).config(config);
+        let generated = |name: &str, events: Events| {
+            builder
+                .source_with_watermarks(name, strategy, move |ctx| {
+                    Generator::of(records, Side(events), ctx)
+                })
+                .uid(name)
         };
-        let (left, right) = (side("left", events), side("right", Self::right(events)));
+        let read = |input: &Input, name: &str, events: Events| {
+            timed_events(&builder, input, &format!("{name}-"), strategy).unwrap_or_else(|| {
+                generated(name, events)
+                    .map(|record: Indexed| Event {
+                        key: record.key.to_string(),
+                        timestamp: record.timestamp,
+                    })
+                    .key_by(|event: &Event<String>| event.key.clone())
+            })
+        };
+        if let (Input::Generator, Input::Generator) = (&self.left, &self.right) {
+            let side = |name, events| generated(name, events).key_by(|record: &Indexed| record.key);
+            let (left, right) = (side("left", events), side("right", Self::right(events)));
+            return self.pairs(left, right, |a, b| Pair {
+                key: a.key,
+                left: a.index,
+                right: b.index,
+            });
+        }
+        let left = read(&self.left, "left", events);
+        let right = read(&self.right, "right", Self::right(events));
+        self.pairs(left, right, |a, b| Pair {
+            key: a.key.clone(),
+            left: a.timestamp,
+            right: b.timestamp,
+        })
+    }
+
+    /// Joins `left` and `right` into the sink, each pair as `pair` makes
+    /// it.
+    fn pairs<K, T>(
+        &self,
+        left: KeyedStream<K, T>,
+        right: KeyedStream<K, T>,
+        pair: fn(&T, &T) -> Pair<K>,
+    ) -> Job
+    where
+        K: Key + SqlField,
+        T: tidemark_core::Data + Timestamped,
+    {
         let pairs = left
             .interval_join(right)
-            .between(interval, interval)
-            .process("join", |a: &Indexed, b: &Indexed, out| {
-                out.collect(Pair {
-                    key: a.key,
-                    left: a.index,
-                    right: b.index,
-                })
-            })
+            .between(self.interval, self.interval)
+            .process("join", move |a: &T, b: &T, out| out.collect(pair(a, b)))
             .uid("join");
         sink_into(pairs, &self.sink)
     }

@@ -8,6 +8,7 @@ use crate::wordcount::{key_text, Generator, Input, Records};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tidemark_connectors::rows::{Column, Row, SqlField, SqlType, Value};
+use tidemark_core::job::JobBuilder;
 use tidemark_core::job::JobConfig;
 use tidemark_core::rng::splitmix64;
 use tidemark_core::time::{Count, TimeWindow, Timestamped, WatermarkStrategy, WindowAssigner};
@@ -55,6 +56,40 @@ impl Records for Events {
             timestamp: (i / self.events_per_ms).saturating_sub(lag),
         }
     }
+}
+
+/// The records of a file or Kafka `input`, with fields `key` and `ts`, as
+/// events keyed by their key as text, from a source whose name and uid are
+/// `prefix` and the input's kind (`files`, `kafka`): what savepoints match.
+/// `None` for the generator, whose records are made otherwise.
+pub fn timed_events(
+    builder: &JobBuilder,
+    input: &Input,
+    prefix: &str,
+    strategy: WatermarkStrategy,
+) -> Option<KeyedStream<String, Event<String>>> {
+    let source = |kind: &str| format!("{prefix}{kind}");
+    let records = match input {
+        Input::Generator => return None,
+        Input::Files(files) => {
+            let name = source("files");
+            builder
+                .split_source_with_watermarks(&name, strategy, files.records::<TimedKey>())
+                .uid(&name)
+        }
+        #[cfg(feature = "kafka")]
+        Input::Kafka(topic) => {
+            let name = source("kafka");
+            builder
+                .split_source_with_watermarks(&name, strategy, topic.records::<TimedKey>())
+                .uid(&name)
+        }
+    };
+    Some(
+        records
+            .map(TimedKey::into_event)
+            .key_by(|event: &Event<String>| event.key.clone()),
+    )
 }
 
 /// A record of a file: a `key` of any JSON or CSV type and its event time
@@ -184,29 +219,15 @@ impl Windows {
         let strategy =
             WatermarkStrategy::bounded_out_of_orderness(Duration::from_millis(events.max_disorder));
         let builder = Job::builder(JOB_NAME).config(config);
-        match &self.input {
-            Input::Generator => self.count(
+        match timed_events(&builder, &self.input, "", strategy) {
+            Some(keyed) => self.count(keyed),
+            None => self.count(
                 builder
                     .source_with_watermarks("generator", strategy, move |ctx| {
                         Generator::of(records, events, ctx)
                     })
                     .uid("generator")
                     .key_by(|event: &Event| event.key),
-            ),
-            Input::Files(files) => self.count(
-                builder
-                    .split_source_with_watermarks("files", strategy, files.records::<TimedKey>())
-                    .uid("files")
-                    .map(TimedKey::into_event)
-                    .key_by(|event: &Event<String>| event.key.clone()),
-            ),
-            #[cfg(feature = "kafka")]
-            Input::Kafka(topic) => self.count(
-                builder
-                    .split_source_with_watermarks("kafka", strategy, topic.records::<TimedKey>())
-                    .uid("kafka")
-                    .map(TimedKey::into_event)
-                    .key_by(|event: &Event<String>| event.key.clone()),
             ),
         }
     }

@@ -115,15 +115,19 @@ pub struct RunArgs {
     /// (rows as JSON values keyed by their key).
     #[arg(long, value_name = "URL", value_parser = parse_sink)]
     pub sink: Option<String>,
-    /// Where the records come from (wordcount, windows): `gen`, the
+    /// Where the records come from (join: its left side): `gen`, the
     /// generator; files, `DIR?format=text|jsonl|csv|parquet
     /// [&monitor-interval=1s]` with DIR a path, `file://` or `s3://` URL;
     /// or a Kafka topic, `kafka://HOST:PORT/TOPIC[?format=json|text]
     /// [&start=earliest|latest][&bounded=latest]`. Text lines are split
     /// into words; records are counted by their `key` field, and windows
-    /// take event time from `ts` (Kafka: the record's timestamp if absent).
+    /// and join take event time from `ts` (Kafka: the record's timestamp
+    /// if absent).
     #[arg(long, default_value = "gen", value_name = "URL", value_parser = parse_source)]
     pub source: Input,
+    /// Where the join's right side's records come from, as `--source`.
+    #[arg(long, default_value = "gen", value_name = "URL", value_parser = parse_source)]
+    pub right_source: Input,
     /// A YAML file of job settings, with Flink's keys (such as
     /// `execution.checkpointing.interval: 1 s`); the flags below win over
     /// it.
@@ -436,6 +440,8 @@ impl RunArgs {
                 events: events(),
                 interval: self.interval,
                 sink,
+                left: self.source.clone(),
+                right: self.right_source.clone(),
             }
             .job(config),
         }
@@ -472,20 +478,24 @@ impl RunArgs {
         if let (Some(addr), None) = (self.http, &options.http_token_file) {
             crate::http::check_exposure(addr, None).map_err(|e| usage("--http", e.to_string()))?;
         }
-        let generated = matches!(self.source, Input::Generator);
+        let records = "reads records with a key and a ts: files of format=jsonl, csv or parquet, or Kafka's JSON values";
         match self.topology {
-            Topology::Join if !generated => {
+            Topology::Wordcount | Topology::Windows
+                if !matches!(self.right_source, Input::Generator) =>
+            {
                 return Err(usage(
-                    "--source",
-                    "join reads the generator only, for now; wordcount and windows read files and Kafka"
-                        .into(),
+                    "--right-source",
+                    "only join has a second input".into(),
                 ))
             }
-            Topology::Windows if self.source.is_text() => {
+            Topology::Windows | Topology::Join if self.source.is_text() => {
                 return Err(usage(
                     "--source",
-                    "windows reads records with a key and a ts: files of format=jsonl, csv or parquet, or Kafka's JSON values".into(),
+                    format!("{} {records}", self.topology.job_name()),
                 ))
+            }
+            Topology::Join if self.right_source.is_text() => {
+                return Err(usage("--right-source", format!("join {records}")))
             }
             _ => {}
         }
