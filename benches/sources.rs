@@ -7,7 +7,9 @@
 //!   1,000,000 rows) on local disk, read by the file source;
 //! - a Kafka topic of two partitions, when `TIDEMARK_TEST_KAFKA` names a
 //!   broker (`cargo xtask test` starts one; so may you), read by the Kafka
-//!   source bounded at its end.
+//!   source bounded at its end; and, as the baseline, by one plain
+//!   librdkafka consumer of both partitions (`testkit::read_committed`,
+//!   which parses each value as JSON) in the same process.
 //!
 //! cargo bench --bench sources
 //!
@@ -21,6 +23,7 @@ use common::{env_or, median};
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 use tidemark::connectors::files::FileSource;
 use tidemark::connectors::kafka::{testkit, KafkaSource};
 use tidemark::source::{Items, SplitSource};
@@ -103,9 +106,10 @@ fn main() {
             .map(|i| ((i % 2) as i32, format!("{{\"key\":{}}}", key(i))))
             .collect();
         testkit::produce(&brokers, &topic, &values);
-        format!("kafka://{brokers}/{topic}?bounded=latest")
+        (brokers, topic)
     });
-    let (mut memory, mut lines, mut columns, mut topic) = (vec![], vec![], vec![], vec![]);
+    let (mut memory, mut lines, mut columns) = (vec![], vec![], vec![]);
+    let (mut topic, mut consumer) = (vec![], vec![]);
     for _ in 0..reps {
         let from = items.clone();
         memory.push(read_job(
@@ -121,8 +125,13 @@ fn main() {
             "parquet",
             FileSource::<Keyed>::from_url(&parquet).unwrap(),
         ));
-        if let Some(url) = &kafka {
-            topic.push(read("kafka", KafkaSource::<Keyed>::from_url(url).unwrap()));
+        if let Some((brokers, name)) = &kafka {
+            let url = format!("kafka://{brokers}/{name}?bounded=latest");
+            topic.push(read("kafka", KafkaSource::<Keyed>::from_url(&url).unwrap()));
+            let start = Instant::now();
+            let read = testkit::read_committed(brokers, name, 2).len();
+            assert_eq!(read as u64, kafka_records, "the plain consumer's records");
+            consumer.push(read as f64 / start.elapsed().as_secs_f64());
         }
     }
     let memory = median(memory);
@@ -140,11 +149,14 @@ fn main() {
     }
     match kafka {
         Some(_) => {
-            let rate = median(topic);
+            let (rate, plain) = (median(topic), median(consumer));
             println!(
-                "Kafka topic ({kafka_records} records, 2 partitions) {:.2} M records/s, {:.3} of memory",
+                "Kafka topic ({kafka_records} records, 2 partitions) {:.2} M records/s, {:.3} of memory; \
+                 a plain consumer {:.2} M records/s, the source {:.3} of it",
                 rate / 1e6,
-                rate / memory
+                rate / memory,
+                plain / 1e6,
+                rate / plain
             );
         }
         None => println!("Kafka: skipped (TIDEMARK_TEST_KAFKA is not set)"),
