@@ -325,9 +325,9 @@ fn parquet_files_a_job_wrote_are_counted_by_another_across_injected_failures() {
     assert_updates_exactly_once(&output, &expected, "Parquet, two failures");
 }
 
-/// Writes 4 files of `{key, ts}` records made from `seed`, file f spanning
-/// event time from `f * span` ms with up to 40 ms of disorder, as JSON
-/// lines or CSV; returns the records.
+/// Writes 4 files of 6,000 `common::timed_records` each, file f spanning
+/// event time from `f * span` ms, as JSON lines or CSV; returns the
+/// records.
 fn timed_files(dir: &Path, csv: bool, seed: u64, span: u64) -> Vec<(String, u64)> {
     let mut records = Vec::new();
     for f in 0..4u64 {
@@ -336,10 +336,7 @@ fn timed_files(dir: &Path, csv: bool, seed: u64, span: u64) -> Vec<(String, u64)
         } else {
             String::new()
         };
-        for i in 0..6_000u64 {
-            let r = common::splitmix64(seed + f * 6_000 + i);
-            let ts = (f * span + i * span / 6_000).saturating_sub(r % 41);
-            let key = format!("k{}", r % 37);
+        for (key, ts) in common::timed_records(seed + f * 6_000, 6_000, f * span, span) {
             text.push_str(&match csv {
                 true => format!("{ts},{key}\n"),
                 false => format!("{{\"key\":\"{key}\",\"ts\":{ts}}}\n"),
@@ -400,25 +397,6 @@ fn windows_over_files_of_other_times_count_every_record_once() {
     }
 }
 
-/// Every pair of a left and a right record of one key at most `interval`
-/// ms apart, bounds included, as `key,left ts,right ts` lines, sorted.
-fn expected_pairs(left: &[(String, u64)], right: &[(String, u64)], interval: u64) -> Vec<String> {
-    let mut right_by_key: HashMap<&str, Vec<u64>> = HashMap::new();
-    for (key, ts) in right {
-        right_by_key.entry(key).or_default().push(*ts);
-    }
-    let mut pairs = Vec::new();
-    for (key, ts) in left {
-        for r in right_by_key.get(key.as_str()).into_iter().flatten() {
-            if r.abs_diff(*ts) <= interval {
-                pairs.push(format!("{key},{ts},{r}"));
-            }
-        }
-    }
-    pairs.sort_unstable();
-    pairs
-}
-
 #[test]
 fn a_join_of_two_file_sources_emits_every_pair_once_across_injected_failures() {
     let Dirs {
@@ -430,7 +408,7 @@ fn a_join_of_two_file_sources_emits_every_pair_once_across_injected_failures() {
     std::fs::create_dir_all(&right_input).unwrap();
     let left = timed_files(&input, false, 0, 9_000);
     let right = timed_files(&right_input, true, 1 << 40, 9_000);
-    let expected = expected_pairs(&left, &right, 30);
+    let expected = common::expected_pairs(&left, &right, 30);
     assert!(expected.len() > 5_000, "{} pairs", expected.len());
     let report = run(vec![
         "join".into(),
@@ -450,11 +428,7 @@ fn a_join_of_two_file_sources_emits_every_pair_once_across_injected_failures() {
         "--inject-failures=2".into(),
     ]);
     assert_eq!(report.restarts, 2);
-    let mut got: Vec<String> = committed_lines(&output)
-        .into_iter()
-        .map(|(_, line)| line)
-        .collect();
-    got.sort_unstable();
+    let got = common::committed_pairs(&output);
     // Each pair once: no record of either side came late or twice, across
     // the kills.
     assert!(

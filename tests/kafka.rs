@@ -3,7 +3,7 @@
 //! counts every record exactly once into exactly-once files across
 //! injected failures, a SIGKILL and rescales from a savepoint, and the
 //! exactly-once Kafka sink gives a `read_committed` consumer every update
-//! once.
+//! once. Join reads a topic on one side and files on the other.
 //!
 //! The Kafka sink's recovery is tested call by call against the broker in
 //! `crates/connectors/src/kafka/against_broker.rs`, not here through whole
@@ -157,4 +157,58 @@ fn the_exactly_once_sink_gives_a_read_committed_consumer_every_update_once() {
     );
     run(&args);
     assert_counts_exactly_once(updates(&brokers, &output), RECORDS, KEYS, 8, "no failure");
+}
+
+#[test]
+fn a_join_of_a_topic_and_files_emits_every_pair_once_across_injected_failures() {
+    let Some(brokers) = broker() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let (files, output) = (root.path().join("right"), root.path().join("out"));
+    std::fs::create_dir_all(&files).unwrap();
+    std::fs::create_dir_all(&output).unwrap();
+    // Each partition's records rise in event time, up to 40 ms early.
+    let left = common::timed_records(11, RECORDS, 0, 10_000);
+    let name = topic(&brokers, "join-left", PARTITIONS);
+    let values: Vec<(i32, String)> = left
+        .iter()
+        .enumerate()
+        .map(|(i, (key, ts))| {
+            let value = format!(r#"{{"key":"{key}","ts":{ts}}}"#);
+            ((i % PARTITIONS as usize) as i32, value)
+        })
+        .collect();
+    produce(&brokers, &name, &values);
+    let right = common::timed_records(1 << 40, RECORDS, 0, 10_000);
+    let csv: String = right
+        .iter()
+        .map(|(key, ts)| format!("{key},{ts}\n"))
+        .collect();
+    std::fs::write(files.join("right.csv"), format!("key,ts\n{csv}")).unwrap();
+    let expected = common::expected_pairs(&left, &right, 30);
+    let report = run(&[
+        "join".to_string(),
+        format!("--source=kafka://{brokers}/{name}?bounded=latest"),
+        format!("--right-source={}?format=csv", files.display()),
+        "--interval=30ms".into(),
+        "--max-disorder=40ms".into(),
+        "--parallelism=2".into(),
+        format!("--records={RECORDS}"),
+        "--rate=20000".into(),
+        "--checkpoint-interval=50ms".into(),
+        format!(
+            "--checkpoint-dir={}",
+            root.path().join("checkpoints").display()
+        ),
+        format!("--output={}", output.display()),
+        "--inject-failures=2".into(),
+    ]);
+    assert!(report.restarts >= 1, "no failure was injected");
+    let got = common::committed_pairs(&output);
+    assert!(
+        got == expected,
+        "{} pairs, expected {}",
+        got.len(),
+        expected.len()
+    );
+    common::assert_no_uncommitted_files(&output, "join of a topic and files");
 }

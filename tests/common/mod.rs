@@ -16,6 +16,52 @@ pub fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// `count` records `(key, ts)` made from `seed`: keys `k0`..`k36`, event
+/// times rising from `start` over `span` ms, each up to 40 ms early.
+pub fn timed_records(seed: u64, count: u64, start: u64, span: u64) -> Vec<(String, u64)> {
+    (0..count)
+        .map(|i| {
+            let r = splitmix64(seed + i);
+            let ts = (start + i * span / count).saturating_sub(r % 41);
+            (format!("k{}", r % 37), ts)
+        })
+        .collect()
+}
+
+/// Every pair of a left and a right record of one key at most `interval`
+/// ms apart, bounds included, as join's `key,left ts,right ts` lines,
+/// sorted.
+pub fn expected_pairs(
+    left: &[(String, u64)],
+    right: &[(String, u64)],
+    interval: u64,
+) -> Vec<String> {
+    let mut right_by_key: HashMap<&str, Vec<u64>> = HashMap::new();
+    for (key, ts) in right {
+        right_by_key.entry(key).or_default().push(*ts);
+    }
+    let mut pairs = Vec::new();
+    for (key, ts) in left {
+        for r in right_by_key.get(key.as_str()).into_iter().flatten() {
+            if r.abs_diff(*ts) <= interval {
+                pairs.push(format!("{key},{ts},{r}"));
+            }
+        }
+    }
+    pairs.sort_unstable();
+    pairs
+}
+
+/// Join's committed lines under `dir`, sorted.
+pub fn committed_pairs(dir: &Path) -> Vec<String> {
+    let mut pairs: Vec<String> = committed_lines(dir)
+        .into_iter()
+        .map(|(_, line)| line)
+        .collect();
+    pairs.sort_unstable();
+    pairs
+}
+
 pub fn expected_counts(records: u64, keys: u64, seed: u64) -> HashMap<u64, u64> {
     let mut counts = HashMap::new();
     for i in 0..records {
