@@ -2,7 +2,9 @@
 //! checkpoints), side by side in one run, records `{"key": K}` with K a
 //! `u64`:
 //!
-//! - from memory (`Items`): the runtime's own cost;
+//! - from memory (`Items`, an index source): the runtime's own cost;
+//! - the generator (`Generator`, a split source of a split per subtask)
+//!   of the same records: what splits cost against an index source;
 //! - JSON lines files and Parquet files (one `key` column, row groups of
 //!   1,000,000 rows) on local disk, read by the file source;
 //! - a Kafka topic of two partitions, when `TIDEMARK_TEST_KAFKA` names a
@@ -29,6 +31,7 @@ use tidemark::connectors::kafka::{testkit, KafkaSource};
 use tidemark::source::{Items, SplitSource};
 use tidemark_actors::prelude::*;
 use tidemark_actors::sinks::Discard;
+use tidemark_actors::wordcount::{Generator, Records};
 
 const FILES: u64 = 8;
 const ROW_GROUP: usize = 1_000_000;
@@ -41,6 +44,17 @@ struct Keyed {
 
 fn key(i: u64) -> u64 {
     tidemark::rng::splitmix64(i) % 1_000_000
+}
+
+/// The records again, made by the generator.
+#[derive(Clone, Copy)]
+struct Made;
+
+impl Records for Made {
+    type Record = Keyed;
+    fn record(&self, i: u64) -> Keyed {
+        Keyed { key: key(i) }
+    }
 }
 
 fn write_json_lines(dir: &Path, records: u64) {
@@ -108,7 +122,8 @@ fn main() {
         testkit::produce(&brokers, &topic, &values);
         (brokers, topic)
     });
-    let (mut memory, mut lines, mut columns) = (vec![], vec![], vec![]);
+    let (mut memory, mut generated) = (vec![], vec![]);
+    let (mut lines, mut columns) = (vec![], vec![]);
     let (mut topic, mut consumer) = (vec![], vec![]);
     for _ in 0..reps {
         let from = items.clone();
@@ -117,6 +132,7 @@ fn main() {
                 .parallelism(2)
                 .source("memory", move |ctx| Items::new(from.clone(), ctx)),
         ));
+        generated.push(read("generator", Generator::of(records, Made)));
         lines.push(read(
             "jsonl",
             FileSource::<Keyed>::from_url(&jsonl).unwrap(),
@@ -139,7 +155,11 @@ fn main() {
         "sources p=2 into discard, {records} records, no checkpoints, {reps} runs each (medians)"
     );
     println!("from memory {:.2} M records/s", memory / 1e6);
-    for (name, rates) in [("JSON lines files", lines), ("Parquet files", columns)] {
+    for (name, rates) in [
+        ("the generator", generated),
+        ("JSON lines files", lines),
+        ("Parquet files", columns),
+    ] {
         let rate = median(rates);
         println!(
             "{name} {:.2} M records/s, {:.3} of memory",

@@ -12,26 +12,6 @@ use tidemark_actors::prelude::*;
 use tidemark_actors::runtime::Runtime;
 use tidemark_actors::wordcount::{Counter, Emit, Generator};
 
-/// Counts what the source has read.
-struct Counted {
-    inner: Generator,
-    read: Arc<AtomicU64>,
-}
-
-impl Source<u64> for Counted {
-    fn read(&mut self, out: &mut Vec<u64>, max: usize) -> Result<SourceStatus, UserError> {
-        let before = out.len();
-        let status = self.inner.read(out, max)?;
-        self.read
-            .fetch_add((out.len() - before) as u64, Ordering::SeqCst);
-        Ok(status)
-    }
-
-    fn position(&self) -> tidemark::split::SplitPosition {
-        self.inner.position()
-    }
-}
-
 /// Takes 100× longer per record than the source, and records the most
 /// records ever read but not yet written.
 struct Slow {
@@ -99,9 +79,11 @@ fn slow_sink_is_held_within_credits(runtime: Runtime) {
     let (sink_written, sink_max) = (written.clone(), max_in_flight.clone());
     let job = Job::builder("slow-sink")
         .config(config)
-        .source("generator", move |ctx| Counted {
-            inner: Generator::new(records, 1_000, 0, ctx),
-            read: source_read.clone(),
+        .split_source("generator", Generator::new(records, 1_000, 0))
+        // Chained to the source: counts what it has read.
+        .map(move |key: u64| {
+            source_read.fetch_add(1, Ordering::SeqCst);
+            key
         })
         .key_by(|k: &u64| *k)
         .process("count", |states| Counter::open(states, Emit::Updates))

@@ -67,7 +67,7 @@ fn manual_checkpoints_resolve_and_master_hooks_see_trigger_and_restore() {
                 ..CheckpointConfig::default()
             },
         ))
-        .source("generator", |ctx| Generator::new(10_000_000, 100, 0, ctx))
+        .split_source("generator", Generator::new(10_000_000, 100, 0))
         .key_by(|k: &u64| *k)
         .process("count", |states| Counter::open(states, Emit::Final))
         .sink("discard", |_| Discard)
@@ -135,7 +135,7 @@ fn failures_beyond_the_tolerable_number_fail_the_job_over_with_the_reason() {
                 ..CheckpointConfig::default()
             },
         ))
-        .source("generator", |ctx| Generator::new(10_000_000, 100, 0, ctx))
+        .split_source("generator", Generator::new(10_000_000, 100, 0))
         .key_by(|k: &u64| *k)
         .process("count", |states| Counter::open(states, Emit::Updates))
         .sink("slow", |_| Slow)
@@ -170,7 +170,7 @@ fn settings_that_would_lose_savepoints_or_never_checkpoint_deploy_nothing() {
     ] {
         let refused = Job::builder("refused")
             .checkpointing(settings.clone())
-            .source("generator", |ctx| Generator::new(1000, 10, 0, ctx))
+            .split_source("generator", Generator::new(1000, 10, 0))
             .sink("discard", |_| Discard)
             .build()
             .run();

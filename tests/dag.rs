@@ -240,9 +240,10 @@ where
 fn job(seed: u64, parallelism: u32, outputs: &Outputs) -> JobBuilder {
     let job = Job::builder("dag").parallelism(parallelism);
     let half = |parity| {
-        job.source(&format!("half-{parity}"), move |ctx| {
-            Generator::of(RECORDS / 2, Half { parity }, ctx)
-        })
+        job.split_source(
+            &format!("half-{parity}"),
+            Generator::of(RECORDS / 2, Half { parity }),
+        )
         .uid(&format!("half-{parity}"))
     };
     let (evens, odds) = (half(0), half(1));
@@ -276,7 +277,7 @@ fn job(seed: u64, parallelism: u32, outputs: &Outputs) -> JobBuilder {
         .filter(|g: &Grouped| matches!(g, Grouped::Final { .. }))
         .sink("finals", files(outputs.finals.path()));
     let marks = job
-        .source("marks", |ctx| Generator::of(MARKS, Marks, ctx))
+        .split_source("marks", Generator::of(MARKS, Marks))
         .uid("marks");
     side.connect(marks)
         .process("tag", Tag)

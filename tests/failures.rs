@@ -11,7 +11,7 @@ use tidemark_actors::JobError;
 fn a_panic_in_user_code_fails_the_job_with_its_message() {
     let result = Job::builder("panics")
         .parallelism(2)
-        .source("generator", |ctx| Generator::new(100_000, 1_000, 0, ctx))
+        .split_source("generator", Generator::new(100_000, 1_000, 0))
         .map(|k: u64| {
             assert!(k != 999, "key 999 is cursed");
             k
@@ -46,7 +46,7 @@ impl Sink<u64> for Failing {
 fn a_sink_error_fails_the_job_and_names_the_subtask() {
     let err = Job::builder("sink-error")
         .parallelism(1)
-        .source("generator", |ctx| Generator::new(10, 10, 0, ctx))
+        .split_source("generator", Generator::new(10, 10, 0))
         .sink("failing", |_| Failing)
         .build()
         .run()
@@ -64,7 +64,7 @@ fn cancel_ends_a_running_job() {
     let handle = Job::builder("endless")
         .parallelism(2)
         .source_rate(1000.0)
-        .source("generator", |ctx| Generator::new(u64::MAX, 10, 0, ctx))
+        .split_source("generator", Generator::new(u64::MAX, 10, 0))
         .sink("discard", |_| Discard)
         .build()
         .run()
@@ -80,7 +80,7 @@ fn cancel_ends_a_running_job() {
 #[test]
 fn an_invalid_graph_is_refused_before_anything_runs() {
     let err = Job::builder("bad")
-        .source("generator", |ctx| Generator::new(10, 10, 0, ctx))
+        .split_source("generator", Generator::new(10, 10, 0))
         .parallelism(200)
         .sink("discard", |_| Discard)
         .build()

@@ -134,9 +134,7 @@ impl Join {
         let builder = Job::builder(JOB_NAME).config(config);
         let generated = |name: &str, events: Events| {
             builder
-                .source_with_watermarks(name, strategy, move |ctx| {
-                    Generator::of(records, Side(events), ctx)
-                })
+                .split_source_with_watermarks(name, strategy, Generator::of(records, Side(events)))
                 .uid(name)
         };
         let read = |input: &Input, name: &str, events: Events| {

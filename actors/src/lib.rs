@@ -15,7 +15,7 @@
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let report = Job::builder("lengths")
-//!     .source("numbers", |ctx: SourceContext| tidemark_actors::wordcount::Generator::new(1000, 10, 0, ctx))
+//!     .split_source("numbers", tidemark_actors::wordcount::Generator::new(1000, 10, 0))
 //!     .map(|key: u64| key * 2)
 //!     .sink("print", |_| tidemark_actors::sinks::Discard)
 //!     .build()

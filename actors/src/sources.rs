@@ -129,10 +129,10 @@ impl SourceHost {
         let host = act.sources();
         let attempt = host.attempt;
         match action {
-            SourceAction::Discover { state } => {
+            SourceAction::Discover { state, parallelism } => {
                 let discovery = lock(&host.coordinators[&source])
                     .enumerator()
-                    .discover(&state);
+                    .discover(&state, parallelism);
                 ctx.spawn(discovery.into_actor(act).map(move |found, act, ctx| {
                     if act.sources().attempt != attempt {
                         return;

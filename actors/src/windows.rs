@@ -223,9 +223,11 @@ impl Windows {
             Some(keyed) => self.count(keyed),
             None => self.count(
                 builder
-                    .source_with_watermarks("generator", strategy, move |ctx| {
-                        Generator::of(records, events, ctx)
-                    })
+                    .split_source_with_watermarks(
+                        "generator",
+                        strategy,
+                        Generator::of(records, events),
+                    )
                     .uid("generator")
                     .key_by(|event: &Event| event.key),
             ),

@@ -2,17 +2,21 @@
 //! keyed count, and a sink of `(key, count)`.
 
 use crate::sinks::{sink_into, Target};
+use serde::{Deserialize, Serialize};
 use std::marker::PhantomData;
+use std::time::Duration;
 use tidemark_connectors::files::{FileSource, Format};
 #[cfg(feature = "kafka")]
 use tidemark_connectors::kafka::{KafkaSource, ValueFormat};
 use tidemark_connectors::rows::Row;
 use tidemark_core::job::JobConfig;
 use tidemark_core::rng::splitmix64;
-use tidemark_core::split::{Split, SplitPosition};
+use tidemark_core::source::{
+    Discovery, DiscoveryFuture, SourceSplit, SplitEnumerator, SplitReader, SplitSource,
+};
 use tidemark_core::{
     AllKeys, Collector, Job, Key, KeyedContext, KeyedProcessFunction, ReduceFunction,
-    ReducingState, Source, SourceContext, SourceStatus, StateRegistrar, Stream, UserError,
+    ReducingState, SourceStatus, StateRegistrar, Stream, UserError,
 };
 
 /// Record i of a generated input, a pure function of i: replaying an index
@@ -40,53 +44,138 @@ impl Records for Keys {
     }
 }
 
-/// Emits records 0..N as its split assigns them (source subtask j of P:
-/// i mod P == j, in increasing i, on a fresh start).
+/// A generated input as a split source: record i of `0..records`, made by
+/// `make`, is in split i mod W, W being the source's parallelism when the
+/// job first starts. Split r goes to subtask r, which reads its indices in
+/// increasing order: what each subtask read before sources had splits,
+/// byte for byte. A restore at another parallelism deals the W splits out
+/// again, as Kafka's partitions; beyond W, subtasks read nothing (as
+/// Flink's `NumberSequenceSource`). A run restored from a checkpoint of a
+/// run that made fewer records goes on to its own `records` (splits of the
+/// rest, again by i mod W); a split goes to the end its run gave it.
+#[derive(Clone, Copy, Debug)]
 pub struct Generator<R = Keys> {
     records: u64,
     make: R,
-    split: Split,
 }
 
 impl Generator {
-    /// Source subtask `ctx` of wordcount's records `0..records`, with keys
-    /// in `0..keys` (`keys` must not be 0), starting where `ctx` says: at
-    /// the beginning, or at a restored position.
-    pub fn new(records: u64, keys: u64, seed: u64, ctx: SourceContext) -> Self {
-        Generator::of(records, Keys { keys, seed }, ctx)
+    /// Wordcount's records `0..records`, with keys in `0..keys` (`keys`
+    /// must not be 0).
+    pub fn new(records: u64, keys: u64, seed: u64) -> Self {
+        Generator::of(records, Keys { keys, seed })
     }
 }
 
 impl<R: Records> Generator<R> {
-    /// Source subtask `ctx` of records `0..records` made by `make`.
-    pub fn of(records: u64, make: R, ctx: SourceContext) -> Self {
-        Generator {
-            records,
-            make,
-            split: ctx.split(),
-        }
+    /// Records `0..records` made by `make`.
+    pub fn of(records: u64, make: R) -> Self {
+        Generator { records, make }
     }
 }
 
-impl<R: Records> Source<R::Record> for Generator<R> {
+/// A generator's split: the indices i ≡ `residue` (mod `width`) from
+/// `next` on, below `end`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GeneratedSplit {
+    residue: u32,
+    width: u32,
+    next: u64,
+    end: u64,
+}
+
+impl SourceSplit for GeneratedSplit {
+    fn split_id(&self) -> String {
+        format!("{}/{}@{}", self.residue, self.width, self.end)
+    }
+}
+
+/// What a generator's splits cover: the indices below `records`, split
+/// `width` ways.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Made {
+    width: u32,
+    records: u64,
+}
+
+impl<R: Records + Clone + Sync> SplitEnumerator for Generator<R> {
+    type Split = GeneratedSplit;
+    type State = Made;
+
+    /// The splits of the indices from what `made` covers up to `records`.
+    fn discover(&self, made: Made, parallelism: u32) -> DiscoveryFuture<GeneratedSplit, Made> {
+        let width = match made.width {
+            0 => parallelism.max(1),
+            width => width,
+        };
+        let step = u64::from(width);
+        let splits = (0..width)
+            .map(|residue| GeneratedSplit {
+                residue,
+                width,
+                // The first index of the residue class from `made.records`.
+                next: made.records + (u64::from(residue) + step - made.records % step) % step,
+                end: self.records,
+            })
+            .filter(|split| split.next < split.end)
+            .collect();
+        let state = Made {
+            width,
+            records: made.records.max(self.records),
+        };
+        Box::pin(std::future::ready(Ok(Discovery { splits, state })))
+    }
+
+    fn monitor_interval(&self) -> Option<Duration> {
+        None
+    }
+
+    fn discovers_on_restore(&self) -> bool {
+        true
+    }
+
+    fn owner(&self, split: &GeneratedSplit, _parallelism: u32) -> Option<u32> {
+        Some(split.residue)
+    }
+}
+
+impl<R: Records + Clone + Sync> SplitSource<R::Record> for Generator<R> {
+    fn open(
+        &self,
+        split: GeneratedSplit,
+    ) -> Result<Box<dyn SplitReader<R::Record, GeneratedSplit>>, UserError> {
+        Ok(Box::new(Generated {
+            make: self.make.clone(),
+            split,
+        }))
+    }
+}
+
+/// Reads one split of a [`Generator`].
+struct Generated<R> {
+    make: R,
+    split: GeneratedSplit,
+}
+
+impl<R: Records> SplitReader<R::Record, GeneratedSplit> for Generated<R> {
     fn read(&mut self, out: &mut Vec<R::Record>, max: usize) -> Result<SourceStatus, UserError> {
+        let step = u64::from(self.split.width);
         for _ in 0..max {
-            let i = self.split.peek();
-            if i >= self.records {
-                return Ok(SourceStatus::Finished);
+            if self.split.next >= self.split.end {
+                break;
             }
-            out.push(self.make.record(i));
-            self.split.advance();
+            out.push(self.make.record(self.split.next));
+            self.split.next = self.split.next.saturating_add(step);
         }
-        Ok(if self.split.peek() >= self.records {
+        Ok(if self.split.next >= self.split.end {
             SourceStatus::Finished
         } else {
             SourceStatus::Running
         })
     }
 
-    fn position(&self) -> SplitPosition {
-        self.split.position().clone()
+    fn split(&self) -> GeneratedSplit {
+        self.split.clone()
     }
 }
 
@@ -273,9 +362,7 @@ impl Wordcount {
         match &self.input {
             Input::Generator => self.count(
                 builder
-                    .source("generator", move |ctx| {
-                        Generator::new(records, keys, seed, ctx)
-                    })
+                    .split_source("generator", Generator::new(records, keys, seed))
                     .uid("generator"),
             ),
             Input::Files(lines) if lines.options().format == Format::Text => self.count(
@@ -318,5 +405,85 @@ impl Wordcount {
             .process("count", move |states| Counter::open(states, emit))
             .uid("count");
         sink_into(counted, &self.sink)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::task::{Context, Poll, Waker};
+
+    /// Record i is i.
+    #[derive(Clone, Copy)]
+    struct Index;
+
+    impl Records for Index {
+        type Record = u64;
+        fn record(&self, i: u64) -> u64 {
+            i
+        }
+    }
+
+    fn discover(records: u64, made: Made, parallelism: u32) -> (Vec<GeneratedSplit>, Made) {
+        let mut future = Generator::of(records, Index).discover(made, parallelism);
+        let Poll::Ready(Ok(found)) = future
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        else {
+            panic!("the generator discovers at once");
+        };
+        (found.splits, found.state)
+    }
+
+    /// Each split's records, read 3 at a time.
+    fn read(splits: &[GeneratedSplit]) -> Vec<Vec<u64>> {
+        splits
+            .iter()
+            .map(|split| {
+                let mut reader = Generator::of(u64::MAX, Index).open(split.clone()).unwrap();
+                let mut out = Vec::new();
+                while reader.read(&mut out, 3).unwrap() == SourceStatus::Running {}
+                out
+            })
+            .collect()
+    }
+
+    #[test]
+    fn split_r_of_the_first_parallelism_holds_the_indices_of_residue_r() {
+        let (splits, made) = discover(10, Made::default(), 3);
+        assert_eq!(
+            read(&splits),
+            [vec![0, 3, 6, 9], vec![1, 4, 7], vec![2, 5, 8]]
+        );
+        let source = Generator::of(10, Index);
+        let owners: Vec<_> = splits.iter().map(|s| source.owner(s, 3)).collect();
+        assert_eq!(owners, [Some(0), Some(1), Some(2)]);
+        assert_eq!(
+            made,
+            Made {
+                width: 3,
+                records: 10
+            }
+        );
+    }
+
+    #[test]
+    fn a_longer_run_makes_splits_of_the_rest_only_and_a_shorter_none() {
+        let made = Made {
+            width: 3,
+            records: 10,
+        };
+        // Restored at another parallelism: still split the first run's way.
+        let (splits, after) = discover(20, made, 2);
+        assert_eq!(
+            read(&splits),
+            [vec![12, 15, 18], vec![10, 13, 16, 19], vec![11, 14, 17]]
+        );
+        assert_eq!(after.records, 20);
+        for records in [5, 10] {
+            let (splits, after) = discover(records, made, 3);
+            assert!(splits.is_empty(), "{records}: {splits:?}");
+            assert_eq!(after, made);
+        }
     }
 }

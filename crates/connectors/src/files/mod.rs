@@ -257,7 +257,11 @@ impl<T: Send + 'static> SplitEnumerator for FileSource<T> {
     type Split = FileSplit;
     type State = SeenFiles;
 
-    fn discover(&self, seen: SeenFiles) -> DiscoveryFuture<FileSplit, SeenFiles> {
+    fn discover(
+        &self,
+        seen: SeenFiles,
+        _parallelism: u32,
+    ) -> DiscoveryFuture<FileSplit, SeenFiles> {
         let listing = enumerator::Listing {
             store: self.store.clone(),
             prefix: self.prefix.clone(),

@@ -30,7 +30,7 @@ async fn discover<T: Send + 'static>(
     source: &FileSource<T>,
     seen: SeenFiles,
 ) -> Discovery<FileSplit, SeenFiles> {
-    source.discover(seen).await.unwrap()
+    source.discover(seen, 2).await.unwrap()
 }
 
 /// Reads `split` to its end, or `limit` records; the records and where
@@ -268,7 +268,7 @@ async fn a_file_that_is_not_parquet_fails_naming_it_or_is_skipped_and_counted() 
     let bytes = std::fs::read(dir.path().join("good.parquet")).unwrap();
     std::fs::write(dir.path().join("cut.parquet"), &bytes[..bytes.len() / 2]).unwrap();
     let failing: FileSource<Event> = source(dir.path(), "format=parquet");
-    let Err(err) = failing.discover(SeenFiles::default()).await else {
+    let Err(err) = failing.discover(SeenFiles::default(), 2).await else {
         panic!("a cut Parquet file was listed");
     };
     assert!(err.to_string().contains("cut.parquet"), "{err}");

@@ -47,7 +47,8 @@ fn partitions_are_splits_read_from_their_offsets_to_a_bounded_end() {
     produce(&brokers, &topic, &records);
     let url = format!("kafka://{brokers}/{topic}?bounded=latest");
     let source = KafkaSource::<serde_json::Value>::from_url(&url).unwrap();
-    let found = futures::executor::block_on(source.discover(KnownPartitions::default())).unwrap();
+    let found =
+        futures::executor::block_on(source.discover(KnownPartitions::default(), 2)).unwrap();
     assert_eq!(found.state.partitions.len(), 3);
     assert_eq!(source.monitor_interval(), None, "bounded: one discovery");
     let mut keys = Vec::new();
@@ -82,7 +83,7 @@ fn a_topic_that_does_not_exist_fails_the_discovery_naming_it() {
     let Some(brokers) = broker() else { return };
     let source =
         KafkaSource::<String>::from_url(&format!("kafka://{brokers}/no-such-topic")).unwrap();
-    let error = futures::executor::block_on(source.discover(KnownPartitions::default()))
+    let error = futures::executor::block_on(source.discover(KnownPartitions::default(), 2))
         .err()
         .expect("no topic")
         .to_string();

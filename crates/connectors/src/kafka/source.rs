@@ -206,7 +206,11 @@ impl<T: Send + 'static> SplitEnumerator for KafkaSource<T> {
     type Split = KafkaSplit;
     type State = KnownPartitions;
 
-    fn discover(&self, known: KnownPartitions) -> DiscoveryFuture<KafkaSplit, KnownPartitions> {
+    fn discover(
+        &self,
+        known: KnownPartitions,
+        _parallelism: u32,
+    ) -> DiscoveryFuture<KafkaSplit, KnownPartitions> {
         let source = self.records::<()>();
         Box::pin(async move {
             crate::io::spawn_blocking(move || source.find_partitions(known))

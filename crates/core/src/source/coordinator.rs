@@ -65,6 +65,8 @@ pub enum SourceAction {
     Discover {
         /// The enumerator's state.
         state: Vec<u8>,
+        /// The source's parallelism in this attempt.
+        parallelism: u32,
     },
     /// Come back with `DiscoveryDue` after the wait.
     DiscoverAfter(Duration),
@@ -184,6 +186,10 @@ impl SourceCoordinator {
                 self.discovering = false;
                 let unassigned = std::mem::take(&mut self.state.unassigned);
                 self.place(unassigned, &mut out)?;
+                if self.restored.is_some() && self.enumerator.discovers_on_restore() {
+                    // Requests wait for this discovery, not for no more.
+                    self.state.discovered_all = false;
+                }
                 if !self.state.discovered_all {
                     self.discover(&mut out);
                 }
@@ -213,6 +219,7 @@ impl SourceCoordinator {
             self.discovering = true;
             out.push(SourceAction::Discover {
                 state: self.state.enumerator.clone(),
+                parallelism: self.parallelism,
             });
         }
     }

@@ -22,13 +22,18 @@ impl SourceSplit for Entry {
 struct Listing {
     listing: Arc<Mutex<Vec<Entry>>>,
     monitor: Option<Duration>,
+    rediscover: bool,
 }
 
 impl SplitEnumerator for Listing {
     type Split = Entry;
     type State = BTreeSet<String>;
 
-    fn discover(&self, mut seen: BTreeSet<String>) -> DiscoveryFuture<Entry, BTreeSet<String>> {
+    fn discover(
+        &self,
+        mut seen: BTreeSet<String>,
+        _: u32,
+    ) -> DiscoveryFuture<Entry, BTreeSet<String>> {
         let splits: Vec<Entry> = self
             .listing
             .lock()
@@ -50,6 +55,10 @@ impl SplitEnumerator for Listing {
     fn owner(&self, split: &Entry, _parallelism: u32) -> Option<u32> {
         split.pin
     }
+
+    fn discovers_on_restore(&self) -> bool {
+        self.rediscover
+    }
 }
 
 fn entry(name: &str) -> Entry {
@@ -66,10 +75,15 @@ struct Fixture {
 
 impl Fixture {
     fn new(monitor: Option<Duration>, entries: &[Entry]) -> Self {
+        Self::listing(monitor, entries, false)
+    }
+
+    fn listing(monitor: Option<Duration>, entries: &[Entry], rediscover: bool) -> Self {
         let listing = Arc::new(Mutex::new(entries.to_vec()));
         let enumerator = Arc::new(Erased(Arc::new(Listing {
             listing: listing.clone(),
             monitor,
+            rediscover,
         })));
         Fixture {
             listing,
@@ -85,9 +99,10 @@ impl Fixture {
         while let Some(event) = events.pop_front() {
             for action in self.coordinator.handle(event).unwrap() {
                 match action {
-                    SourceAction::Discover { state } => {
+                    SourceAction::Discover { state, parallelism } => {
                         let (splits, state) =
-                            run(self.coordinator.enumerator().discover(&state)).unwrap();
+                            run(self.coordinator.enumerator().discover(&state, parallelism))
+                                .unwrap();
                         events.push_back(SourceEvent::Discovered { splits, state });
                     }
                     other => out.push(other),
@@ -142,13 +157,18 @@ fn requests_before_the_first_discovery_are_served_by_it_in_order() {
         .coordinator
         .handle(SourceEvent::Started { parallelism: 2 })
         .unwrap();
-    let [SourceAction::Discover { state }] = started.as_slice() else {
+    // The enumerator learns how many readers there are.
+    let [SourceAction::Discover {
+        state,
+        parallelism: 2,
+    }] = started.as_slice()
+    else {
         panic!("{started:?}");
     };
     assert_eq!(f.request(1), []);
     assert_eq!(f.request(0), []);
     assert_eq!(f.request(1), [], "a second request is not queued twice");
-    let (splits, state) = run(f.coordinator.enumerator().discover(state)).unwrap();
+    let (splits, state) = run(f.coordinator.enumerator().discover(state, 2)).unwrap();
     assert_eq!(
         f.step(SourceEvent::Discovered { splits, state }),
         [assign(1, &["a"]), SourceAction::NoMoreSplits { subtask: 0 }]
@@ -210,6 +230,26 @@ fn a_restore_hands_out_again_exactly_what_the_checkpoint_had_not_handed_out() {
     assert_eq!(f.request(2), [assign(2, &["b"])]);
     assert_eq!(f.request(0), [assign(0, &["c"])]);
     assert_eq!(f.request(1), [SourceAction::NoMoreSplits { subtask: 1 }]);
+}
+
+#[test]
+fn only_a_source_that_asks_for_it_discovers_again_after_a_restore() {
+    for rediscover in [false, true] {
+        let mut f = Fixture::listing(None, &[entry("a")], rediscover);
+        f.step(SourceEvent::Started { parallelism: 1 });
+        assert_eq!(f.request(0), [assign(0, &["a"])]);
+        assert_eq!(f.request(0), [SourceAction::NoMoreSplits { subtask: 0 }]);
+        // The final checkpoint: the source had discovered all.
+        let checkpoint = f.coordinator.snapshot().unwrap();
+        f.listing.lock().unwrap().push(entry("b"));
+        f.coordinator.restore(Some(&checkpoint)).unwrap();
+        f.step(SourceEvent::Started { parallelism: 1 });
+        let expected = match rediscover {
+            true => assign(0, &["b"]),
+            false => SourceAction::NoMoreSplits { subtask: 0 },
+        };
+        assert_eq!(f.request(0), [expected], "rediscover: {rediscover}");
+    }
 }
 
 #[test]

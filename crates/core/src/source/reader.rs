@@ -76,9 +76,13 @@ impl<T> Reader<T> for Indexed<T> {
         Ok(())
     }
 
-    /// The source was opened at the restored position already.
-    fn restore(&mut self, _entries: &BTreeMap<String, Vec<u8>>) -> Result<(), TaskError> {
-        Ok(())
+    /// The source was opened at the restored position already; state of a
+    /// split source under its uid would be read again from the start.
+    fn restore(&mut self, entries: &BTreeMap<String, Vec<u8>>) -> Result<(), TaskError> {
+        match entries.contains_key(SOURCE_SPLITS) {
+            true => Err(foreign_state("splits of a split source", "an index source")),
+            false => Ok(()),
+        }
     }
 
     fn add_splits(&mut self, _splits: Vec<SplitBytes>) -> Result<(), TaskError> {
@@ -92,6 +96,16 @@ impl<T> Reader<T> for Indexed<T> {
     fn take_request(&mut self) -> bool {
         false
     }
+}
+
+/// A restored source state of the other kind than the source's: resuming
+/// from it would read everything again.
+fn foreign_state(held: &str, source: &str) -> TaskError {
+    TaskError::Protocol(format!(
+        "the restored state of this source holds {held}, written by another kind of source than \
+         this {source} (an older build's generator, or another source under the same uid); \
+         it cannot resume from it"
+    ))
 }
 
 fn not_a_split_source() -> TaskError {
@@ -232,6 +246,9 @@ impl<T, S: SplitSource<T>> Reader<T> for SourceReader<T, S> {
     }
 
     fn restore(&mut self, entries: &BTreeMap<String, Vec<u8>>) -> Result<(), TaskError> {
+        if entries.contains_key(SOURCE_POSITION) {
+            return Err(foreign_state("an index source's position", "split source"));
+        }
         let Some(bytes) = entries.get(SOURCE_SPLITS) else {
             return Ok(());
         };

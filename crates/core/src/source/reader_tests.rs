@@ -25,7 +25,7 @@ impl<T: Clone + Send + Sync + 'static> SplitEnumerator for Lists<T> {
     type Split = Part;
     type State = ();
 
-    fn discover(&self, _: ()) -> DiscoveryFuture<Part, ()> {
+    fn discover(&self, _: (), _: u32) -> DiscoveryFuture<Part, ()> {
         unreachable!("readers do not discover")
     }
 
@@ -176,6 +176,34 @@ fn a_split_of_another_source_is_refused_with_its_id() {
         .unwrap_err()
         .to_string();
     assert_eq!(error, "source failed: cannot open split c: no list c");
+}
+
+#[test]
+fn state_of_the_other_kind_of_source_is_refused_not_read_again() {
+    let mut reader = SourceReader::new(source());
+    reader.add_splits(vec![split("a", 0)]).unwrap();
+    let mut splits = BTreeMap::new();
+    reader.snapshot(CheckpointId(1), &mut splits).unwrap();
+    let items = std::sync::Arc::new(vec![1u64, 2, 3]);
+    let ctx = crate::source::SourceContext {
+        subtask: crate::ids::SubtaskIndex(0),
+        parallelism: 1,
+        start: None,
+    };
+    let mut indexed = Indexed::<u64>(Box::new(crate::source::Items::new(items, ctx)));
+    let error = indexed.restore(&splits).unwrap_err().to_string();
+    assert!(error.contains("holds splits of a split source"), "{error}");
+
+    let mut position = BTreeMap::new();
+    indexed.snapshot(CheckpointId(1), &mut position).unwrap();
+    let error = SourceReader::new(source())
+        .restore(&position)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("holds an index source's position"),
+        "{error}"
+    );
 }
 
 /// A record at an event time.

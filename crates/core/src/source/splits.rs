@@ -50,15 +50,29 @@ pub trait SplitEnumerator: Send + Sync + 'static {
     /// What it remembers between discoveries; keep it bounded.
     type State: Serialize + DeserializeOwned + Default + Send + 'static;
 
-    /// Looks for splits that `state` does not know yet. The IO runs in the
-    /// future; the coordinator applies its outcome at once, so the state a
-    /// checkpoint holds and the splits handed out always agree.
-    fn discover(&self, state: Self::State) -> DiscoveryFuture<Self::Split, Self::State>;
+    /// Looks for splits that `state` does not know yet, for `parallelism`
+    /// reader subtasks (as Flink's `currentParallelism`, for a source that
+    /// makes a split per reader). The IO runs in the future; the
+    /// coordinator applies its outcome at once, so the state a checkpoint
+    /// holds and the splits handed out always agree.
+    fn discover(
+        &self,
+        state: Self::State,
+        parallelism: u32,
+    ) -> DiscoveryFuture<Self::Split, Self::State>;
 
     /// How long after a discovery to look again; `None` for a bounded
     /// source, which discovers once and then tells every subtask that no
     /// more splits will come (Flink's `signalNoMoreSplits`).
     fn monitor_interval(&self) -> Option<Duration>;
+
+    /// Whether a bounded source discovers again when an attempt starts
+    /// from a checkpoint in which it had discovered all: a generator whose
+    /// run asks for more records than the checkpoint's run made. Files and
+    /// Kafka do not: bounded is what their first discovery found.
+    fn discovers_on_restore(&self) -> bool {
+        false
+    }
 
     /// The subtask of `parallelism` a split must go to (as Kafka pins a
     /// partition to a reader), or `None` for whichever subtask asks first.
@@ -113,9 +127,11 @@ impl SplitBytes {
 /// which knows no source's types.
 pub trait ErasedEnumerator: Send + Sync {
     /// [`SplitEnumerator::discover`] from encoded state.
-    fn discover(&self, state: &[u8]) -> ErasedDiscovery;
+    fn discover(&self, state: &[u8], parallelism: u32) -> ErasedDiscovery;
     /// [`SplitEnumerator::monitor_interval`].
     fn monitor_interval(&self) -> Option<Duration>;
+    /// [`SplitEnumerator::discovers_on_restore`].
+    fn discovers_on_restore(&self) -> bool;
     /// [`SplitEnumerator::owner`] of an encoded split.
     fn owner(&self, split: &SplitBytes, parallelism: u32) -> Result<Option<u32>, String>;
     /// The encoded state of an enumerator that has discovered nothing.
@@ -126,7 +142,7 @@ pub trait ErasedEnumerator: Send + Sync {
 pub struct Erased<E>(pub std::sync::Arc<E>);
 
 impl<E: SplitEnumerator> ErasedEnumerator for Erased<E> {
-    fn discover(&self, state: &[u8]) -> ErasedDiscovery {
+    fn discover(&self, state: &[u8], parallelism: u32) -> ErasedDiscovery {
         let state: E::State = match rmp_serde::from_slice(state) {
             Ok(state) => state,
             Err(e) => {
@@ -134,7 +150,7 @@ impl<E: SplitEnumerator> ErasedEnumerator for Erased<E> {
                 return Box::pin(std::future::ready(Err(error)));
             }
         };
-        let discovery = self.0.discover(state);
+        let discovery = self.0.discover(state, parallelism);
         Box::pin(async move {
             let Discovery { splits, state } = discovery.await?;
             let splits = splits
@@ -147,6 +163,10 @@ impl<E: SplitEnumerator> ErasedEnumerator for Erased<E> {
 
     fn monitor_interval(&self) -> Option<Duration> {
         self.0.monitor_interval()
+    }
+
+    fn discovers_on_restore(&self) -> bool {
+        self.0.discovers_on_restore()
     }
 
     fn owner(&self, split: &SplitBytes, parallelism: u32) -> Result<Option<u32>, String> {
