@@ -4,7 +4,9 @@
 //!
 //! - from memory (`Items`, an index source): the runtime's own cost;
 //! - the generator (`Generator`, a split source of a split per subtask)
-//!   of the same records: what splits cost against an index source;
+//!   of the same records, and the same generator as an index source (a
+//!   `Source` on `Split`, as the generator was before it had splits): what
+//!   splits cost;
 //! - JSON lines files and Parquet files (one `key` column, row groups of
 //!   1,000,000 rows) on local disk, read by the file source;
 //! - a Kafka topic of two partitions, when `TIDEMARK_TEST_KAFKA` names a
@@ -29,6 +31,7 @@ use std::time::Instant;
 use tidemark::connectors::files::FileSource;
 use tidemark::connectors::kafka::{testkit, KafkaSource};
 use tidemark::source::{Items, SplitSource};
+use tidemark::split::{Split, SplitPosition};
 use tidemark_actors::prelude::*;
 use tidemark_actors::sinks::Discard;
 use tidemark_actors::wordcount::{Generator, Records};
@@ -44,6 +47,34 @@ struct Keyed {
 
 fn key(i: u64) -> u64 {
     tidemark::rng::splitmix64(i) % 1_000_000
+}
+
+/// The generator as an index source: subtask j of P makes the records
+/// i ≡ j (mod P).
+struct Indexed {
+    records: u64,
+    split: Split,
+}
+
+impl Source<Keyed> for Indexed {
+    fn read(&mut self, out: &mut Vec<Keyed>, max: usize) -> Result<SourceStatus, UserError> {
+        for _ in 0..max {
+            let i = self.split.peek();
+            if i >= self.records {
+                break;
+            }
+            out.push(Made.record(i));
+            self.split.advance();
+        }
+        Ok(match self.split.peek() >= self.records {
+            true => SourceStatus::Finished,
+            false => SourceStatus::Running,
+        })
+    }
+
+    fn position(&self) -> SplitPosition {
+        self.split.position().clone()
+    }
 }
 
 /// The records again, made by the generator.
@@ -122,7 +153,7 @@ fn main() {
         testkit::produce(&brokers, &topic, &values);
         (brokers, topic)
     });
-    let (mut memory, mut generated) = (vec![], vec![]);
+    let (mut memory, mut generated, mut indexed) = (vec![], vec![], vec![]);
     let (mut lines, mut columns) = (vec![], vec![]);
     let (mut topic, mut consumer) = (vec![], vec![]);
     for _ in 0..reps {
@@ -133,6 +164,13 @@ fn main() {
                 .source("memory", move |ctx| Items::new(from.clone(), ctx)),
         ));
         generated.push(read("generator", Generator::of(records, Made)));
+        indexed.push(read_job(Job::builder("indexed").parallelism(2).source(
+            "indexed",
+            move |ctx| Indexed {
+                records,
+                split: ctx.split(),
+            },
+        )));
         lines.push(read(
             "jsonl",
             FileSource::<Keyed>::from_url(&jsonl).unwrap(),
@@ -156,7 +194,8 @@ fn main() {
     );
     println!("from memory {:.2} M records/s", memory / 1e6);
     for (name, rates) in [
-        ("the generator", generated),
+        ("the generator as an index source", indexed),
+        ("the generator as a split source", generated),
         ("JSON lines files", lines),
         ("Parquet files", columns),
     ] {
