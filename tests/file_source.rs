@@ -361,25 +361,15 @@ fn windows_over_files_of_other_times_count_every_record_once() {
         for (key, ts) in timed_files(&input, csv, 0, 50_000) {
             *expected.entry((key, ts / 1_000 * 1_000)).or_insert(0) += 1;
         }
-        let report = run(vec![
-            "windows".into(),
+        let mut args = common::event_time_args("windows", root.path(), &output, 24_000);
+        args.extend([
             format!(
                 "--source={}?format={format}&split-size=40000",
                 input.display()
             ),
             "--window=tumbling:1s".into(),
-            "--max-disorder=40ms".into(),
-            "--parallelism=2".into(),
-            "--checkpoint-interval=50ms".into(),
-            format!(
-                "--checkpoint-dir={}",
-                root.path().join("checkpoints").display()
-            ),
-            format!("--output={}", output.display()),
-            "--records=24000".into(),
-            "--rate=20000".into(),
-            "--inject-failures=2".into(),
         ]);
+        let report = run(args);
         assert_eq!(report.restarts, 2, "{format}");
         let mut got = HashMap::new();
         for (_, line) in committed_lines(&output) {
@@ -410,34 +400,17 @@ fn a_join_of_two_file_sources_emits_every_pair_once_across_injected_failures() {
     let right = timed_files(&right_input, true, 1 << 40, 9_000);
     let expected = common::expected_pairs(&left, &right, 30);
     assert!(expected.len() > 5_000, "{} pairs", expected.len());
-    let report = run(vec![
-        "join".into(),
+    let mut args = common::event_time_args("join", root.path(), &output, 24_000);
+    args.extend([
         format!("--source={}?format=jsonl&split-size=40000", input.display()),
         format!("--right-source={}?format=csv", right_input.display()),
         "--interval=30ms".into(),
-        "--max-disorder=40ms".into(),
-        "--parallelism=2".into(),
-        "--checkpoint-interval=50ms".into(),
-        format!(
-            "--checkpoint-dir={}",
-            root.path().join("checkpoints").display()
-        ),
-        format!("--output={}", output.display()),
-        "--records=24000".into(),
-        "--rate=20000".into(),
-        "--inject-failures=2".into(),
     ]);
+    let report = run(args);
     assert_eq!(report.restarts, 2);
-    let got = common::committed_pairs(&output);
     // Each pair once: no record of either side came late or twice, across
     // the kills.
-    assert!(
-        got == expected,
-        "{} pairs, expected {}",
-        got.len(),
-        expected.len()
-    );
-    common::assert_no_uncommitted_files(&output, "join");
+    common::assert_pairs_exactly_once(&output, &expected, "join of two file sources");
 }
 
 #[test]

@@ -185,30 +185,13 @@ fn a_join_of_a_topic_and_files_emits_every_pair_once_across_injected_failures() 
         .collect();
     std::fs::write(files.join("right.csv"), format!("key,ts\n{csv}")).unwrap();
     let expected = common::expected_pairs(&left, &right, 30);
-    let report = run(&[
-        "join".to_string(),
+    let mut args = common::event_time_args("join", root.path(), &output, RECORDS);
+    args.extend([
         format!("--source=kafka://{brokers}/{name}?bounded=latest"),
         format!("--right-source={}?format=csv", files.display()),
         "--interval=30ms".into(),
-        "--max-disorder=40ms".into(),
-        "--parallelism=2".into(),
-        format!("--records={RECORDS}"),
-        "--rate=20000".into(),
-        "--checkpoint-interval=50ms".into(),
-        format!(
-            "--checkpoint-dir={}",
-            root.path().join("checkpoints").display()
-        ),
-        format!("--output={}", output.display()),
-        "--inject-failures=2".into(),
     ]);
+    let report = run(&args);
     assert!(report.restarts >= 1, "no failure was injected");
-    let got = common::committed_pairs(&output);
-    assert!(
-        got == expected,
-        "{} pairs, expected {}",
-        got.len(),
-        expected.len()
-    );
-    common::assert_no_uncommitted_files(&output, "join of a topic and files");
+    common::assert_pairs_exactly_once(&output, &expected, "join of a topic and files");
 }

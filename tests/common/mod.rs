@@ -52,14 +52,39 @@ pub fn expected_pairs(
     pairs
 }
 
-/// Join's committed lines under `dir`, sorted.
-pub fn committed_pairs(dir: &Path) -> Vec<String> {
-    let mut pairs: Vec<String> = committed_lines(dir)
+/// The arguments of `topology` over records with event times up to 40 ms
+/// early, at p=2 with checkpoints under `root/checkpoints` every 50 ms,
+/// output into `output`, and two failures injected over `records`
+/// records; `sources` and the topology's own flags come after.
+pub fn event_time_args(topology: &str, root: &Path, output: &Path, records: u64) -> Vec<String> {
+    vec![
+        topology.to_owned(),
+        "--max-disorder=40ms".into(),
+        "--parallelism=2".into(),
+        "--checkpoint-interval=50ms".into(),
+        format!("--checkpoint-dir={}", root.join("checkpoints").display()),
+        format!("--output={}", output.display()),
+        format!("--records={records}"),
+        "--rate=20000".into(),
+        "--inject-failures=2".into(),
+    ]
+}
+
+/// Join's committed lines under `output` are `expected`, each once, and
+/// nothing uncommitted is left.
+pub fn assert_pairs_exactly_once(output: &Path, expected: &[String], context: &str) {
+    let mut got: Vec<String> = committed_lines(output)
         .into_iter()
         .map(|(_, line)| line)
         .collect();
-    pairs.sort_unstable();
-    pairs
+    got.sort_unstable();
+    assert!(
+        got == expected,
+        "{context}: {} pairs, expected {}",
+        got.len(),
+        expected.len()
+    );
+    assert_no_uncommitted_files(output, context);
 }
 
 pub fn expected_counts(records: u64, keys: u64, seed: u64) -> HashMap<u64, u64> {
