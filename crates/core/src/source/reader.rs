@@ -80,7 +80,7 @@ impl<T> Reader<T> for Indexed<T> {
     /// split source under its uid would be read again from the start.
     fn restore(&mut self, entries: &BTreeMap<String, Vec<u8>>) -> Result<(), TaskError> {
         match entries.contains_key(SOURCE_SPLITS) {
-            true => Err(foreign_state("splits of a split source", "an index source")),
+            true => Err(foreign_state("splits of a split source", "index source")),
             false => Ok(()),
         }
     }
