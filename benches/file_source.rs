@@ -14,9 +14,7 @@
 
 mod common;
 
-use common::{env_or, median};
-use std::io::Write;
-use std::path::Path;
+use common::{env_or, key, median, write_json_lines};
 use std::sync::Arc;
 use tidemark::connectors::files::FileSource;
 use tidemark::source::Items;
@@ -26,7 +24,6 @@ use tidemark_actors::sinks::Discard;
 use tidemark_actors::wordcount::{Counter, Emit, KeyField};
 
 const KEYS: u64 = 1_000_000;
-const FILES: u64 = 8;
 
 fn run(records: u64, extra: &[String]) -> RunReport {
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -40,23 +37,6 @@ fn run(records: u64, extra: &[String]) -> RunReport {
     ];
     args.extend_from_slice(extra);
     cli::run(&RunArgs::parse(args).expect("valid arguments")).expect("wordcount runs")
-}
-
-/// Key `i` as the generator draws it.
-fn key(i: u64) -> u64 {
-    tidemark::rng::splitmix64(i) % KEYS
-}
-
-/// `records` JSON lines over `FILES` files.
-fn write_json_lines(dir: &Path, records: u64) {
-    for f in 0..FILES {
-        let file = std::fs::File::create(dir.join(format!("{f}.jsonl"))).expect("a file");
-        let mut out = std::io::BufWriter::new(file);
-        for i in (f..records).step_by(FILES as usize) {
-            writeln!(out, "{{\"key\":{}}}", key(i)).expect("written");
-        }
-        out.flush().expect("flushed");
-    }
 }
 
 /// Counts the text keys of `keys` at p=2 into nothing: records/s.

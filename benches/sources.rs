@@ -23,8 +23,7 @@
 mod common;
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch};
-use common::{env_or, median};
-use std::io::Write;
+use common::{env_or, key, median, write_json_lines};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,6 +35,7 @@ use tidemark_actors::prelude::*;
 use tidemark_actors::sinks::Discard;
 use tidemark_actors::wordcount::{Generator, Records};
 
+/// Parquet files, as many as `common::write_json_lines` writes.
 const FILES: u64 = 8;
 const ROW_GROUP: usize = 1_000_000;
 
@@ -43,10 +43,6 @@ const ROW_GROUP: usize = 1_000_000;
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 struct Keyed {
     key: u64,
-}
-
-fn key(i: u64) -> u64 {
-    tidemark::rng::splitmix64(i) % 1_000_000
 }
 
 /// The generator as an index source: subtask j of P makes the records
@@ -85,17 +81,6 @@ impl Records for Made {
     type Record = Keyed;
     fn record(&self, i: u64) -> Keyed {
         Keyed { key: key(i) }
-    }
-}
-
-fn write_json_lines(dir: &Path, records: u64) {
-    for f in 0..FILES {
-        let file = std::fs::File::create(dir.join(format!("{f}.jsonl"))).expect("a file");
-        let mut out = std::io::BufWriter::new(file);
-        for i in (f..records).step_by(FILES as usize) {
-            writeln!(out, "{{\"key\":{}}}", key(i)).expect("written");
-        }
-        out.flush().expect("flushed");
     }
 }
 

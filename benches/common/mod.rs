@@ -110,3 +110,25 @@ pub fn child_runs() -> bool {
     println!("{}", peak_rss_mib());
     true
 }
+
+/// The keys of the source benches' records: record i has
+/// `splitmix64(i) % 1,000,000`, as the generator draws them.
+#[allow(dead_code)]
+pub fn key(i: u64) -> u64 {
+    tidemark::rng::splitmix64(i) % 1_000_000
+}
+
+/// Writes `records` JSON lines `{"key": K}` of [`key`] into 8 files in
+/// `dir`, record i into file i mod 8.
+#[allow(dead_code)]
+pub fn write_json_lines(dir: &std::path::Path, records: u64) {
+    use std::io::Write;
+    for f in 0..8 {
+        let file = std::fs::File::create(dir.join(format!("{f}.jsonl"))).expect("a file");
+        let mut out = std::io::BufWriter::new(file);
+        for i in (f..records).step_by(8) {
+            writeln!(out, "{{\"key\":{}}}", key(i)).expect("written");
+        }
+        out.flush().expect("flushed");
+    }
+}
