@@ -14,13 +14,12 @@
 
 mod common;
 
-use common::{env_or, key, median, write_json_lines};
+use common::{env_or, into_discard, key, median, write_json_lines};
 use std::sync::Arc;
 use tidemark::connectors::files::FileSource;
 use tidemark::source::Items;
 use tidemark_actors::cli::{self, RunArgs, RunReport};
 use tidemark_actors::prelude::*;
-use tidemark_actors::sinks::Discard;
 use tidemark_actors::wordcount::{Counter, Emit, KeyField};
 
 const KEYS: u64 = 1_000_000;
@@ -41,16 +40,10 @@ fn run(records: u64, extra: &[String]) -> RunReport {
 
 /// Counts the text keys of `keys` at p=2 into nothing: records/s.
 fn count(keys: tidemark::Stream<String>) -> f64 {
-    let report = keys
-        .key_by(|key: &String| key.clone())
-        .process("count", |states| Counter::open(states, Emit::Final))
-        .sink("discard", |_| Discard)
-        .build()
-        .run()
-        .expect("the job starts")
-        .wait()
-        .expect("the job runs");
-    report.throughput()
+    into_discard(
+        keys.key_by(|key: &String| key.clone())
+            .process("count", |states| Counter::open(states, Emit::Final)),
+    )
 }
 
 fn main() {

@@ -23,7 +23,7 @@
 mod common;
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch};
-use common::{env_or, key, median, write_json_lines};
+use common::{env_or, into_discard, key, median, write_json_lines};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,7 +32,6 @@ use tidemark::connectors::kafka::{testkit, KafkaSource};
 use tidemark::source::{Items, SplitSource};
 use tidemark::split::{Split, SplitPosition};
 use tidemark_actors::prelude::*;
-use tidemark_actors::sinks::Discard;
 use tidemark_actors::wordcount::{Generator, Records};
 
 /// Parquet files, as many as `common::write_json_lines` writes.
@@ -106,18 +105,7 @@ fn write_parquet(dir: &Path, records: u64) {
 
 /// Reads `source` at p=2 into nothing: records/s.
 fn read<S: SplitSource<Keyed>>(name: &str, source: S) -> f64 {
-    read_job(Job::builder(name).parallelism(2).split_source(name, source))
-}
-
-fn read_job(records: tidemark::Stream<Keyed>) -> f64 {
-    let report = records
-        .sink("discard", |_| Discard)
-        .build()
-        .run()
-        .expect("the job starts")
-        .wait()
-        .expect("the job runs");
-    report.throughput()
+    into_discard(Job::builder(name).parallelism(2).split_source(name, source))
 }
 
 fn main() {
@@ -143,13 +131,13 @@ fn main() {
     let (mut topic, mut consumer) = (vec![], vec![]);
     for _ in 0..reps {
         let from = items.clone();
-        memory.push(read_job(
+        memory.push(into_discard(
             Job::builder("memory")
                 .parallelism(2)
                 .source("memory", move |ctx| Items::new(from.clone(), ctx)),
         ));
         generated.push(read("generator", Generator::of(records, Made)));
-        indexed.push(read_job(Job::builder("indexed").parallelism(2).source(
+        indexed.push(into_discard(Job::builder("indexed").parallelism(2).source(
             "indexed",
             move |ctx| Indexed {
                 records,

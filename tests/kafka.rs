@@ -121,24 +121,8 @@ fn a_kafka_source_rescaled_from_a_savepoint_reads_each_record_once() {
         let input = input(&brokers, 5);
         let root = tempfile::tempdir().unwrap();
         let args = into_files(&brokers, &input, root.path(), "checkpoints");
-        let savepoints = root.path().join("savepoints");
-        let stop = [
-            format!("--savepoint-dir={}", savepoints.display()),
-            "--stop-with-savepoint-after=300ms".into(),
-        ];
-        let stopped = common::run_overriding(args.clone(), &stop).unwrap();
-        assert!(stopped.records_in < RECORDS, "the job stopped early");
-        let savepoint = stopped.savepoint.expect("the savepoint completed");
-        let restore = [
-            format!("--parallelism={parallelism}"),
-            format!("--restore={savepoint}"),
-            format!(
-                "--checkpoint-dir={}",
-                root.path().join("restored").display()
-            ),
-        ];
+        common::rescale_from_savepoint(&args, &[], root.path(), parallelism, RECORDS);
         let context = format!("p=2 → {parallelism}");
-        common::run_overriding(args, &restore).unwrap_or_else(|e| panic!("{context}: {e}"));
         assert_updates_exactly_once(&root.path().join("out"), RECORDS, KEYS, 5, &context);
     }
 }

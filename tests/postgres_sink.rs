@@ -175,28 +175,9 @@ fn a_rescaled_job_appends_each_update_once() {
         let table = Counts::new(&url, name);
         let root = tempfile::tempdir().unwrap();
         let args = args(&url, name, "append", 10, &root.path().join("checkpoints"));
-        let stop = [
-            // Slow enough (1 s) that the savepoint falls inside the run.
-            "--rate=100000".to_string(),
-            format!(
-                "--savepoint-dir={}",
-                root.path().join("savepoints").display()
-            ),
-            "--stop-with-savepoint-after=300ms".into(),
-        ];
-        let stopped = common::run_overriding(args.clone(), &stop).unwrap();
-        assert!(stopped.records_in < RECORDS, "the job stopped early");
-        let savepoint = stopped.savepoint.expect("the savepoint completed");
-        let restore = [
-            format!("--parallelism={parallelism}"),
-            format!("--restore={savepoint}"),
-            format!(
-                "--checkpoint-dir={}",
-                root.path().join("restored").display()
-            ),
-        ];
-        common::run_overriding(args, &restore)
-            .unwrap_or_else(|e| panic!("p=2 → {parallelism}: {e}"));
+        // Slow enough (1 s) that the savepoint falls inside the run.
+        let slow = ["--rate=100000".to_string()];
+        common::rescale_from_savepoint(&args, &slow, root.path(), parallelism, RECORDS);
         table.assert_updates_exactly_once(10, &format!("p=2 → {parallelism}"));
     }
 }

@@ -111,6 +111,20 @@ pub fn child_runs() -> bool {
     true
 }
 
+/// Runs `stream` into a discarding sink to its end: records/s.
+#[allow(dead_code)]
+pub fn into_discard<T: tidemark::Data>(stream: tidemark::Stream<T>) -> f64 {
+    use tidemark_actors::prelude::*;
+    stream
+        .sink("discard", |_| tidemark_actors::sinks::Discard)
+        .build()
+        .run()
+        .expect("the job starts")
+        .wait()
+        .expect("the job runs")
+        .throughput()
+}
+
 /// The keys of the source benches' records: record i has
 /// `splitmix64(i) % 1,000,000`, as the generator draws them.
 #[allow(dead_code)]

@@ -52,6 +52,32 @@ pub fn expected_pairs(
     pairs
 }
 
+/// Runs `args` (and `stop`) until a savepoint under `root/savepoints` 300
+/// ms in, before all `records` were read, then restores it at
+/// `parallelism`, with checkpoints under `root/restored`, to the end.
+pub fn rescale_from_savepoint(
+    args: &[String],
+    stop: &[String],
+    root: &Path,
+    parallelism: u32,
+    records: u64,
+) {
+    let mut stop = stop.to_vec();
+    stop.extend([
+        format!("--savepoint-dir={}", root.join("savepoints").display()),
+        "--stop-with-savepoint-after=300ms".into(),
+    ]);
+    let stopped = run_overriding(args.to_vec(), &stop).unwrap();
+    assert!(stopped.records_in < records, "the job stopped early");
+    let savepoint = stopped.savepoint.expect("the savepoint completed");
+    let restore = [
+        format!("--parallelism={parallelism}"),
+        format!("--restore={savepoint}"),
+        format!("--checkpoint-dir={}", root.join("restored").display()),
+    ];
+    run_overriding(args.to_vec(), &restore).unwrap_or_else(|e| panic!("p=2 → {parallelism}: {e}"));
+}
+
 /// The arguments of `topology` over records with event times up to 40 ms
 /// early, at p=2 with checkpoints under `root/checkpoints` every 50 ms,
 /// output into `output`, and two failures injected over `records`
