@@ -11,7 +11,7 @@
 mod common;
 
 use common::{env_or, median};
-use tidemark_actors::cli::{self, RunArgs, RunReport};
+use tidemark_cli::{self as cli, RunArgs, RunReport};
 
 fn run(records: u64, keys: u64, extra: &[&str]) -> RunReport {
     let dir = tempfile::tempdir().expect("a temporary directory");

@@ -18,9 +18,9 @@ use common::{env_or, into_discard, key, median, write_json_lines};
 use std::sync::Arc;
 use tidemark::connectors::files::FileSource;
 use tidemark::source::Items;
-use tidemark_actors::cli::{self, RunArgs, RunReport};
 use tidemark_actors::prelude::*;
-use tidemark_actors::wordcount::{Counter, Emit, KeyField};
+use tidemark_cli::topologies::wordcount::{Counter, Emit, KeyField};
+use tidemark_cli::{self as cli, RunArgs, RunReport};
 
 const KEYS: u64 = 1_000_000;
 

@@ -20,7 +20,7 @@ mod common;
 
 use common::env_or;
 use std::path::{Path, PathBuf};
-use tidemark_actors::cli::{self, RunArgs, RunReport};
+use tidemark_cli::{self as cli, RunArgs, RunReport};
 
 fn run(args: Vec<String>) -> RunReport {
     let mut all = vec!["wordcount".to_string(), "--parallelism=2".to_string()];

@@ -26,7 +26,7 @@ mod common;
 
 use common::{env_or, median};
 use std::process::Command;
-use tidemark_actors::cli::{self, RunArgs};
+use tidemark_cli::{self as cli, RunArgs};
 
 const CHILD: &str = "TIDEMARK_BENCH_CHILD";
 

@@ -13,7 +13,7 @@
 mod common;
 
 use common::env_or;
-use tidemark_actors::cli::{self, RunArgs, RunReport};
+use tidemark_cli::{self as cli, RunArgs, RunReport};
 
 fn run(keys: u64, records: u64, extra: &[&str]) -> RunReport {
     let dir = tempfile::tempdir().expect("a temporary directory");

@@ -16,7 +16,7 @@ mod common;
 use common::{env_or, median};
 use std::collections::HashMap;
 use std::time::Instant;
-use tidemark_actors::cli::{self, RunArgs};
+use tidemark_cli::{self as cli, RunArgs};
 
 const KEYS: u64 = 100_000;
 const BATCH: usize = 8192;

@@ -10,7 +10,7 @@
 mod common;
 
 use common::{env_or, median};
-use tidemark_actors::cli::{self, RunArgs, RunReport};
+use tidemark_cli::{self as cli, RunArgs, RunReport};
 
 fn run(args: Vec<String>) -> RunReport {
     cli::run(&RunArgs::parse(args).expect("valid arguments")).expect("wordcount runs")

@@ -32,7 +32,7 @@ use tidemark::connectors::kafka::{testkit, KafkaSource};
 use tidemark::source::{Items, SplitSource};
 use tidemark::split::{Split, SplitPosition};
 use tidemark_actors::prelude::*;
-use tidemark_actors::wordcount::{Generator, Records};
+use tidemark_cli::topologies::wordcount::{Generator, Records};
 
 /// Parquet files, as many as `common::write_json_lines` writes.
 const FILES: u64 = 8;

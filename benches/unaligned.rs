@@ -13,7 +13,7 @@
 mod common;
 
 use common::{env_or, median};
-use tidemark_actors::cli::{self, RunArgs, RunReport};
+use tidemark_cli::{self as cli, RunArgs, RunReport};
 
 fn run(records: u64, slow_ns: u64, mode: &str) -> RunReport {
     let dir = tempfile::tempdir().expect("a temporary directory");

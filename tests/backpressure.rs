@@ -10,7 +10,7 @@ use tidemark::job::JobConfig;
 use tidemark::BatchLimits;
 use tidemark_actors::prelude::*;
 use tidemark_actors::runtime::Runtime;
-use tidemark_actors::wordcount::{Counter, Emit, Generator};
+use tidemark_cli::topologies::wordcount::{Counter, Emit, Generator};
 
 /// Takes 100× longer per record than the source, and records the most
 /// records ever read but not yet written.

@@ -10,8 +10,8 @@ use tidemark::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use tidemark::MasterHook;
 use tidemark_actors::prelude::*;
 use tidemark_actors::sinks::Discard;
-use tidemark_actors::wordcount::{Counter, Emit, Generator};
 use tidemark_actors::JobError;
+use tidemark_cli::topologies::wordcount::{Counter, Emit, Generator};
 
 fn settings(dir: &std::path::Path, config: CheckpointConfig) -> CheckpointSettings {
     CheckpointSettings {

@@ -17,7 +17,7 @@
 //! checked line for line against what this file computes from the input's
 //! definition.
 
-mod common;
+use tidemark_testkit as common;
 
 use common::splitmix64;
 use serde::{Deserialize, Serialize};
@@ -34,8 +34,8 @@ use tidemark::operator::OutputTag;
 use tidemark::two_input::CoProcessFunction;
 use tidemark::JobBuilder;
 use tidemark_actors::prelude::*;
-use tidemark_actors::sinks::run_name;
-use tidemark_actors::wordcount::{Generator, Records};
+use tidemark_cli::sinks::run_name;
+use tidemark_cli::topologies::wordcount::{Generator, Records};
 
 /// Numbered records over both halves.
 const RECORDS: u64 = 40_000;

@@ -2,9 +2,8 @@
 //! hold what its checkpoint recorded fails the restore naming the object,
 //! and `--restore latest` falls back to the retained checkpoint before it.
 
-mod common;
-#[path = "common/storage.rs"]
-mod storage;
+use tidemark_testkit as common;
+use tidemark_testkit::storage;
 
 use common::expected_counts;
 use std::collections::HashMap;
@@ -12,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use storage::{job_dir, open, retained};
 use tidemark::storage::faults::{FaultPlan, FaultyStore};
-use tidemark_actors::cli::{CliError, RunReport};
+use tidemark_cli::{CliError, RunReport};
 
 const RECORDS: u64 = 200_000;
 const KEYS: u64 = 5_000;

@@ -1,9 +1,8 @@
 //! End-to-end exactly-once: wordcount with `--emit updates` under injected
 //! failures, checked from the committed files alone.
 
-mod common;
-#[path = "common/storage.rs"]
-mod storage;
+use tidemark_testkit as common;
+use tidemark_testkit::storage;
 
 use common::assert_updates_exactly_once;
 use std::path::Path;
@@ -12,7 +11,7 @@ use storage::{
 };
 use tidemark::ids::{OperatorId, SubtaskId, SubtaskIndex};
 use tidemark::storage::CheckpointStorage;
-use tidemark_actors::cli::RunReport;
+use tidemark_cli::RunReport;
 
 const RECORDS: u64 = 300_000;
 const KEYS: u64 = 2_000;

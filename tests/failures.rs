@@ -4,8 +4,8 @@ use std::time::Duration;
 use tidemark::TaskError;
 use tidemark_actors::prelude::*;
 use tidemark_actors::sinks::Discard;
-use tidemark_actors::wordcount::Generator;
 use tidemark_actors::JobError;
+use tidemark_cli::topologies::wordcount::Generator;
 
 #[test]
 fn a_panic_in_user_code_fails_the_job_with_its_message() {

@@ -4,9 +4,8 @@
 //! nothing in progress left behind: no hidden file, no upload record, no
 //! multipart upload the server still holds open.
 
-mod common;
-#[path = "common/storage.rs"]
-mod storage;
+use tidemark_testkit as common;
+use tidemark_testkit::storage;
 
 use common::assert_counts_exactly_once;
 use futures::TryStreamExt;
@@ -16,8 +15,8 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
 use tidemark::storage::Location;
-use tidemark_actors::cli::cleanup::{cleanup, CleanupArgs};
-use tidemark_actors::cli::RunReport;
+use tidemark_cli::cleanup::{cleanup, CleanupArgs};
+use tidemark_cli::RunReport;
 
 const RECORDS: u64 = 100_000;
 const KEYS: u64 = 1_000;
@@ -148,7 +147,7 @@ fn a_job_killed_while_writing_into_s3_commits_once_after_its_restore() {
     let cleanup = |dry_run| {
         cleanup(&CleanupArgs {
             checkpoint_dir: checkpoints.path().to_str().unwrap().into(),
-            job: tidemark_actors::wordcount::JOB_NAME.into(),
+            job: tidemark_cli::topologies::wordcount::JOB_NAME.into(),
             dry_run,
             grace: Duration::ZERO,
             ignore_corrupted_metadata: false,

@@ -3,15 +3,14 @@
 //! failures, a rescale from a savepoint, and a SIGKILL of a job that keeps
 //! finding new files; event-time windows over files of other times.
 
-mod common;
-#[path = "common/storage.rs"]
-mod storage;
+use tidemark_testkit as common;
+use tidemark_testkit::storage;
 
 use common::{committed_lines, copy_tree, spawn_child_job};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tidemark_actors::cli::{self, RunArgs, RunReport};
+use tidemark_cli::{self as cli, RunArgs, RunReport};
 
 const CHILD: &str = "TIDEMARK_FILE_SOURCE_CHILD_ARGS";
 const WORDS_PER_LINE: usize = 6;

@@ -2,15 +2,14 @@
 //! holds after a chain of checkpoints, restores from each retained one, and
 //! what an aborted checkpoint leaves behind.
 
-mod common;
-#[path = "common/storage.rs"]
-mod storage;
+use tidemark_testkit as common;
+use tidemark_testkit::storage;
 
 use common::{assert_updates_exactly_once, copy_tree, expected_counts};
 use std::collections::HashMap;
 use std::path::Path;
 use storage::{assert_storage_is_exactly_the_retained_checkpoints, job_dir, open, retained};
-use tidemark_actors::cli::{self, RunArgs, RunReport};
+use tidemark_cli::{self as cli, RunArgs, RunReport};
 
 const RECORDS: u64 = 400_000;
 /// Enough keys that a checkpoint changes a small part of them: universal

@@ -8,17 +8,16 @@
 //! `--restore latest`; and across a savepoint taken at p=2 while records
 //! wait in the join's buffers, restored at p=1 and p=3.
 
-mod common;
-#[path = "common/storage.rs"]
-mod storage;
+use tidemark_testkit as common;
+use tidemark_testkit::storage;
 
 use common::{copy_tree, splitmix64};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use tidemark::storage::CheckpointStorage;
-use tidemark_actors::cli::{RunReport, Topology};
 use tidemark_actors::runtime::job_id;
+use tidemark_cli::{RunReport, Topology};
 
 /// One join job's inputs and interval.
 #[derive(Clone, Copy, Debug)]

@@ -11,7 +11,7 @@
 //! (see docs/connectors.md).
 #![cfg(feature = "kafka")]
 
-mod common;
+use tidemark_testkit as common;
 
 use common::{assert_counts_exactly_once, assert_updates_exactly_once, run};
 use std::path::Path;

@@ -5,15 +5,14 @@
 //! rescale, with no prepared transaction left.
 #![cfg(feature = "postgres")]
 
-mod common;
-#[path = "common/postgres.rs"]
-mod postgres;
+use tidemark_testkit as common;
+use tidemark_testkit::postgres;
 
 use common::{expected_counts, run};
 use postgres::{server, Table};
 use std::collections::HashMap;
 use std::path::Path;
-use tidemark_actors::cli::{self, RunArgs};
+use tidemark_cli::{self as cli, RunArgs};
 
 const CHILD: &str = "TIDEMARK_POSTGRES_SINK_CHILD_ARGS";
 const RECORDS: u64 = 100_000;

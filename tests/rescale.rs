@@ -6,14 +6,13 @@
 //! key group at its new owner with its count, every record read exactly once
 //! by the redistributed sources, and every pre-committed file committed once.
 
-mod common;
-#[path = "common/storage.rs"]
-mod storage;
+use tidemark_testkit as common;
+use tidemark_testkit::storage;
 
 use common::{assert_updates_exactly_once, copy_tree};
 use std::path::{Path, PathBuf};
 use tidemark::storage::{CheckpointStorage, METADATA};
-use tidemark_actors::cli::{self, RunArgs, RunReport};
+use tidemark_cli::{self as cli, RunArgs, RunReport};
 
 const RECORDS: u64 = 200_000;
 const KEYS: u64 = 1_000;

@@ -4,14 +4,14 @@
 //! running, Prometheus metrics that parse, the requests Flink's own
 //! command line sends, and the page rendered in headless Chromium.
 
-mod common;
+use tidemark_testkit as common;
 
 use common::assert_updates_exactly_once;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tidemark_actors::cli::{self, CliError, RunArgs, RunReport};
+use tidemark_cli::{self as cli, CliError, RunArgs, RunReport};
 
 const RECORDS: u64 = 400_000;
 const KEYS: u64 = 1_000;
@@ -896,7 +896,7 @@ fn chromium() -> Option<PathBuf> {
 /// and what they say once it is gone.
 #[test]
 fn the_command_line_clients_take_a_savepoint_list_checkpoints_and_stop() {
-    use tidemark_actors::cli::client::{self, CheckpointsArgs, Connect, SavepointArgs};
+    use tidemark_cli::client::{self, CheckpointsArgs, Connect, SavepointArgs};
     let dirs = dirs();
     let running = start(wordcount(
         &dirs,

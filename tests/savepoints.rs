@@ -2,9 +2,8 @@
 //! checkpoint directory, restore from a copy anywhere, and keep the
 //! committed output exactly once across a stop and a restore.
 
-mod common;
-#[path = "common/storage.rs"]
-mod storage;
+use tidemark_testkit as common;
+use tidemark_testkit::storage;
 
 use common::{assert_updates_exactly_once, copy_tree};
 use std::collections::BTreeSet;
@@ -14,7 +13,7 @@ use tidemark::checkpoint::metadata;
 use tidemark::checkpoint::{CompletedCheckpoint, SnapshotFormat};
 use tidemark::event::CheckpointKind;
 use tidemark::storage::{CheckpointStorage, METADATA};
-use tidemark_actors::cli::{self, RunArgs, RunReport};
+use tidemark_cli::{self as cli, RunArgs, RunReport};
 
 const RECORDS: u64 = 300_000;
 const KEYS: u64 = 2_000;

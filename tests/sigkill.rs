@@ -2,7 +2,7 @@
 //! `--restore latest`: the committed output is exactly once. The process is
 //! this test binary itself, re-run as a child that runs the job.
 
-mod common;
+use tidemark_testkit as common;
 
 use common::assert_updates_exactly_once;
 use std::path::Path;

@@ -7,19 +7,17 @@
 //! the process and `--restore latest`, and across a savepoint taken at p=2
 //! while windows are open and restored at p=1 and p=3.
 
-mod common;
-#[path = "common/postgres.rs"]
-mod postgres;
-#[path = "common/storage.rs"]
-mod storage;
+use tidemark_testkit as common;
+use tidemark_testkit::postgres;
+use tidemark_testkit::storage;
 
 use common::{copy_tree, splitmix64};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use tidemark::storage::CheckpointStorage;
-use tidemark_actors::cli::{RunReport, Topology};
 use tidemark_actors::runtime::job_id;
+use tidemark_cli::{RunReport, Topology};
 
 /// Window lengths in ms.
 #[derive(Clone, Copy, Debug)]

@@ -1,12 +1,12 @@
 //! Wordcount's committed output against counts computed here, independently
 //! of the runtime, from the generator's definition.
 
-mod common;
+use tidemark_testkit as common;
 
 use common::{assert_updates_exactly_once, committed, expected_counts};
 use std::collections::HashMap;
 use std::path::Path;
-use tidemark_actors::cli::{self, RunArgs};
+use tidemark_cli::{self as cli, RunArgs};
 
 fn args(
     records: u64,

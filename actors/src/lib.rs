@@ -2,8 +2,9 @@
 //! Tidemark's actix shells. This crate owns everything that needs threads,
 //! mailboxes or a clock: the subtask, channel-endpoint and job-supervisor
 //! actors, the runtime that spreads them over a pool of arbiters, the job
-//! handle, the example topologies and the `tidemark` command line. Every
-//! decision of the protocols lives in the core crate, `tidemark`; the actors
+//! handle, worker processes, REST and metrics. The `tidemark` command line
+//! and its example topologies are the `tidemark-cli` crate. Every
+//! decision of the protocols lives in the core crate, `tidemark-core`; the actors
 //! feed its state machines and carry out what they return.
 //!
 //! Features `rocksdb` and `s3` (both default) forward to the core crate's:
@@ -14,9 +15,10 @@
 //! use tidemark_actors::prelude::*;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let report = Job::builder("lengths")
-//!     .split_source("numbers", tidemark_actors::wordcount::Generator::new(1000, 10, 0))
-//!     .map(|key: u64| key * 2)
+//! let numbers = std::sync::Arc::new((0..1000u64).collect::<Vec<_>>());
+//! let report = Job::builder("doubles")
+//!     .source("numbers", move |ctx| tidemark_core::source::Items::new(numbers.clone(), ctx))
+//!     .map(|n: u64| n * 2)
 //!     .sink("print", |_| tidemark_actors::sinks::Discard)
 //!     .build()
 //!     .run()?
@@ -26,15 +28,12 @@
 //! ```
 
 mod channels;
-pub mod cli;
-pub mod config;
 mod control;
 mod coordinator;
 mod deploy;
 pub mod election;
 mod endpoint;
 pub mod http;
-pub mod join;
 mod messages;
 pub mod metrics;
 mod net;
@@ -46,8 +45,6 @@ mod snapshot;
 mod sources;
 mod subtask;
 mod supervisor;
-pub mod windows;
-pub mod wordcount;
 pub mod worker;
 
 pub use remote::{Distributed, WorkerSet};

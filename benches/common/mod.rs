@@ -81,7 +81,7 @@ pub fn run_in_child(args: &[String]) -> ChildRun {
 #[allow(dead_code)]
 pub fn child_runs() -> bool {
     if std::env::args().nth(1).as_deref() == Some("worker") {
-        use tidemark_actors::cli::{worker, Cli, Command};
+        use tidemark_cli::{worker, Cli, Command};
         let Command::Worker(args) = Cli::try_parse_from(std::env::args())
             .expect("worker arguments")
             .command
@@ -101,8 +101,8 @@ pub fn child_runs() -> bool {
     if args.iter().any(|a| a == "--state=rocksdb") {
         args.push(format!("--state-dir={}", state.path().display()));
     }
-    let args = tidemark_actors::cli::RunArgs::parse(args).expect("valid arguments");
-    let report = tidemark_actors::cli::run(&args).expect("the job runs");
+    let args = tidemark_cli::RunArgs::parse(args).expect("valid arguments");
+    let report = tidemark_cli::run(&args).expect("the job runs");
     println!(
         "{}",
         serde_json::to_string(&report).expect("a report serializes")

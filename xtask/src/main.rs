@@ -7,7 +7,7 @@
 //!
 //! - `cargo xtask setup`: install the build's and the tests' prerequisites.
 //! - `cargo xtask run ARGS`: `tidemark run ARGS`, built with `cargo run
-//!   --release -p tidemark-actors`.
+//!   --release -p tidemark-cli`.
 //! - `cargo xtask test ARGS`: check formatting, lints (default features
 //!   and none, as a heap-only embedding builds) and docs with warnings
 //!   denied; start a local S3 server (moto), PostgreSQL servers and a
@@ -33,7 +33,7 @@ const USAGE: &str = "usage: cargo xtask setup | run [ARGS...] | test [ARGS...]
           libclang for RocksDB's bindings, moto's S3 server, PostgreSQL,
           the Kafka-API broker nisshi, Chromium, Flink's command line and
           a Java runtime)
-  run     tidemark run ARGS (cargo run --release -p tidemark-actors -- run ARGS)
+  run     tidemark run ARGS (cargo run --release -p tidemark-cli -- run ARGS)
   test    cargo fmt --check, cargo clippy and cargo doc with warnings
           denied, then cargo test --workspace ARGS, with the S3 cases
           against a local moto server, the PostgreSQL cases against
@@ -70,7 +70,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     announce_first_build("release", "the release build", 30);
     let mut cargo = cargo();
     cargo
-        .args(["run", "--release", "-p", "tidemark-actors", "--", "run"])
+        .args(["run", "--release", "-p", "tidemark-cli", "--", "run"])
         .args(args);
     status(cargo)
 }

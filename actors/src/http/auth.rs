@@ -109,10 +109,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Refuses to serve on `addr` beyond loopback without a token.
-pub(crate) fn check_exposure(
-    addr: SocketAddr,
-    token: Option<&HttpToken>,
-) -> Result<(), HttpTokenError> {
+pub fn check_exposure(addr: SocketAddr, token: Option<&HttpToken>) -> Result<(), HttpTokenError> {
     match (addr.ip().is_loopback(), token) {
         (false, None) => Err(HttpTokenError::Unauthenticated(addr)),
         _ => Ok(()),

@@ -29,7 +29,7 @@ use tidemark_core::ids::{JobId, OperatorId};
 use tidemark_core::job::Job;
 use tidemark_core::key_group::key_hash;
 
-pub(crate) use auth::check_exposure;
+pub use auth::check_exposure;
 pub use auth::{HttpToken, HttpTokenError};
 pub(crate) use operations::Operations;
 

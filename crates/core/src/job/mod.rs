@@ -40,7 +40,7 @@ pub type TaskFactory = Arc<dyn Fn(&TaskContext) -> Box<dyn Task> + Send + Sync>;
 /// Runtime settings that belong to the job rather than to one operator.
 ///
 /// `JobConfig::default()` runs without checkpoints; the setters build the
-/// rest in a few lines, and `tidemark_actors::config::load` reads the same
+/// rest in a few lines, and `tidemark_cli::config::load` reads the same
 /// settings from a Flink-style YAML file:
 ///
 /// ```

@@ -6,19 +6,19 @@ use super::leader::Leadership;
 use super::report::{Finished, RunReport};
 use super::{Cli, CliError, Command};
 use crate::config::{ConfigFile, Options, Origins, RestoreArg};
-use crate::election::ElectionError;
-use crate::http::HttpToken;
-use crate::join::Join;
-use crate::remote::{Distributed, WorkerSet};
-use crate::runtime::{job_id, JobError, Runtime};
 use crate::sinks::{run_name, Target};
-use crate::windows::{Events, Windows};
-use crate::wordcount::{Emit, Input, Wordcount};
+use crate::topologies::join::Join;
+use crate::topologies::windows::{Events, Windows};
+use crate::topologies::wordcount::{Emit, Input, Wordcount};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tidemark_actors::election::ElectionError;
+use tidemark_actors::http::HttpToken;
+use tidemark_actors::runtime::{job_id, JobError, Runtime};
+use tidemark_actors::{Distributed, WorkerSet};
 use tidemark_core::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
 use tidemark_core::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use tidemark_core::job::JobConfig;
@@ -42,9 +42,9 @@ impl Topology {
     /// The job's name, which also names its checkpoint directory.
     pub fn job_name(self) -> &'static str {
         match self {
-            Topology::Wordcount => crate::wordcount::JOB_NAME,
-            Topology::Windows => crate::windows::JOB_NAME,
-            Topology::Join => crate::join::JOB_NAME,
+            Topology::Wordcount => crate::topologies::wordcount::JOB_NAME,
+            Topology::Windows => crate::topologies::windows::JOB_NAME,
+            Topology::Join => crate::topologies::join::JOB_NAME,
         }
     }
 
@@ -94,7 +94,7 @@ pub struct RunArgs {
     pub max_disorder: Duration,
     /// The windows (windows): tumbling:SIZE, sliding:SIZE/SLIDE or
     /// session:GAP.
-    #[arg(long, default_value = "tumbling:1s", value_parser = crate::windows::parse_window)]
+    #[arg(long, default_value = "tumbling:1s", value_parser = crate::topologies::windows::parse_window)]
     pub window: WindowAssigner,
     /// The most the timestamps of two joined records differ by (join).
     #[arg(long, default_value = "20ms", value_parser = crate::config::values::flag_duration)]
@@ -215,7 +215,7 @@ struct Recipe {
     config: Option<String>,
 }
 
-/// Rebuilds the job of a `run` recipe (a worker's [`crate::worker::Rebuild`]).
+/// Rebuilds the job of a `run` recipe (a worker's [`tidemark_actors::worker::Rebuild`]).
 pub fn rebuild(recipe: &[u8]) -> Result<tidemark_core::job::Job, String> {
     let recipe: Recipe =
         rmp_serde::from_slice(recipe).map_err(|e| format!("the recipe does not decode: {e}"))?;
@@ -476,7 +476,8 @@ impl RunArgs {
             problem,
         };
         if let (Some(addr), None) = (self.http, &options.http_token_file) {
-            crate::http::check_exposure(addr, None).map_err(|e| usage("--http", e.to_string()))?;
+            tidemark_actors::http::check_exposure(addr, None)
+                .map_err(|e| usage("--http", e.to_string()))?;
         }
         let records = "reads records with a key and a ts: files of format=jsonl, csv or parquet, or Kafka's JSON values";
         match self.topology {

@@ -3,11 +3,11 @@
 
 use super::Topology;
 use crate::config::Mode;
-use crate::metrics::{JobMetrics, Samples};
-use crate::runtime::JobReport;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use tidemark_actors::metrics::{JobMetrics, Samples};
+use tidemark_actors::runtime::JobReport;
 use tidemark_core::channel::ChannelConfig;
 use tidemark_core::ids::OperatorId;
 use tidemark_storage::{CheckpointStorage, StorageCounters};

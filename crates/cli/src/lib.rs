@@ -1,25 +1,30 @@
 //! The `tidemark` command line: one module per command, and what they
-//! share: parsing, errors and their exit codes, a runtime for storage IO.
+//! share: parsing, errors and their exit codes, a runtime for storage IO;
+//! the example topologies that `tidemark run` runs, and where they write.
+//! The runtime itself is `tidemark-actors`; this crate only drives it.
 
 pub mod cleanup;
 pub mod client;
+pub mod config;
 pub mod inspect;
 mod leader;
 mod progress;
 mod report;
 mod run;
+pub mod sinks;
+pub mod topologies;
 pub mod worker;
 
 pub use report::{LastMax, Percentiles, RunReport};
 pub use run::{rebuild, run, RunArgs, Topology};
 
 use crate::config::ConfigError;
-use crate::runtime::JobError;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use thiserror::Error;
+use tidemark_actors::runtime::JobError;
 use tidemark_storage::StorageError;
 
 /// The command line.
@@ -133,7 +138,7 @@ pub enum CliError {
     },
     /// Leader election refused this driver, or it lost the leadership.
     #[error(transparent)]
-    Election(#[from] crate::election::ElectionError),
+    Election(#[from] tidemark_actors::election::ElectionError),
     /// No async runtime for storage IO.
     #[error("cannot start an async runtime: {0}")]
     Runtime(String),
@@ -145,7 +150,7 @@ impl CliError {
         match self {
             CliError::Usage { .. } | CliError::Config(_) => 2,
             // A standby of a job that ran to its end has nothing to do.
-            CliError::Election(crate::election::ElectionError::Finished { .. }) => 0,
+            CliError::Election(tidemark_actors::election::ElectionError::Finished { .. }) => 0,
             _ => 1,
         }
     }

@@ -1,6 +1,5 @@
 //! The PostgreSQL server `cargo xtask test` starts, as the tests that
 //! write into it see it: one table and its sink's prepared transactions.
-#![allow(dead_code)]
 
 /// The server's URL in `var`; `None` skips the test, unless
 /// `TIDEMARK_REQUIRE_POSTGRES` says the PostgreSQL cases must run.

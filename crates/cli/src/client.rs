@@ -4,11 +4,11 @@
 //! as well.
 
 use super::CliError;
-use crate::http::HttpToken;
 use clap::Args;
 use serde_json::{json, Value};
 use std::fmt::Write;
 use std::time::{Duration, Instant};
+use tidemark_actors::http::HttpToken;
 
 /// Where the job is.
 #[derive(Clone, Debug, Args)]

@@ -15,14 +15,14 @@
 //! are swept too: those older than the grace period that no retained
 //! checkpoint pre-committed (a run killed while writing) are aborted.
 
-use crate::cli::{block_on, CliError};
 use crate::config::values;
-use crate::runtime::job_id;
+use crate::{block_on, CliError};
 use clap::Args;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+use tidemark_actors::runtime::job_id;
 use tidemark_connectors::files::sink::{
     pending_uploads, FileSinkConfig, FileSinkError, OpenUpload,
 };
@@ -38,7 +38,7 @@ pub struct CleanupArgs {
     #[arg(long)]
     pub checkpoint_dir: String,
     /// Name of the job whose directory is swept.
-    #[arg(long, default_value = crate::wordcount::JOB_NAME)]
+    #[arg(long, default_value = crate::topologies::wordcount::JOB_NAME)]
     pub job: String,
     /// List the orphans without deleting them.
     #[arg(long)]

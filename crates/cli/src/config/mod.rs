@@ -10,8 +10,8 @@
 //! An embedding application reads a file into the embedding API's settings:
 //!
 //! ```no_run
-//! # fn main() -> Result<(), tidemark_actors::config::ConfigError> {
-//! let config = tidemark_actors::config::load("tidemark.yaml")?;
+//! # fn main() -> Result<(), tidemark_cli::config::ConfigError> {
+//! let config = tidemark_cli::config::load("tidemark.yaml")?;
 //! // Job::builder("words").config(config) ...
 //! # Ok(()) }
 //! ```
@@ -24,7 +24,7 @@ mod keys;
 mod options;
 #[cfg(test)]
 mod tests;
-pub(crate) mod values;
+pub mod values;
 
 pub use options::{CheckpointInterval, Mode, Options, Refusal, RestoreArg, StateKind};
 
@@ -154,7 +154,7 @@ impl Origins {
 
     /// How to change a setting: the flag, and the key too if a file is in
     /// use.
-    pub(crate) fn suggest(&self, flag: &str, key: &str) -> String {
+    pub fn suggest(&self, flag: &str, key: &str) -> String {
         match self.file {
             Some(_) => format!("{flag} or {key}"),
             None => flag.to_owned(),
@@ -162,7 +162,7 @@ impl Origins {
     }
 
     /// A refused option of a file as an error naming its key.
-    pub(crate) fn refused(&self, refusal: Refusal) -> ConfigError {
+    pub fn refused(&self, refusal: Refusal) -> ConfigError {
         let at = self
             .set
             .get(refusal.option)

@@ -4,11 +4,11 @@
 
 use super::CliError;
 use crate::config::Options;
-use crate::election::{ElectionError, LeaseElection};
-use crate::runtime::JobControl;
 use futures::future::Either;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
+use tidemark_actors::election::{ElectionError, LeaseElection};
+use tidemark_actors::runtime::JobControl;
 use tokio::sync::oneshot;
 
 /// This driver's leadership, from the moment it leads.

@@ -1,8 +1,8 @@
 //! `tidemark inspect PATH`: what a checkpoint's or savepoint's `_metadata`
 //! holds, for people or (`--json`) for programs. Only `_metadata` is read.
 
-use crate::cli::{block_on, CliError};
 use crate::config::values::snapshot_dir;
+use crate::{block_on, CliError};
 use clap::Args;
 use serde::Serialize;
 use std::collections::BTreeMap;

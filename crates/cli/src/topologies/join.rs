@@ -5,8 +5,8 @@
 //! have none, by their event times.
 
 use crate::sinks::{sink_into, Target};
-use crate::windows::{timed_events, Event, Events};
-use crate::wordcount::{Generator, Input, Records};
+use crate::topologies::windows::{timed_events, Event, Events};
+use crate::topologies::wordcount::{Generator, Input, Records};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tidemark_connectors::rows::{Column, Row, SqlField, SqlType, Value};

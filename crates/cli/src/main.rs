@@ -2,7 +2,7 @@
 //! checkpoint or savepoint, `cleanup` a job's checkpoint directory, and
 //! `savepoint`, `stop` and `checkpoints` against a running job.
 
-use tidemark_actors::cli::{self, cleanup, client, inspect, Cli, Command};
+use tidemark_cli::{cleanup, client, inspect, worker, Cli, Command};
 
 fn main() {
     tracing_subscriber::fmt()
@@ -17,7 +17,7 @@ fn main() {
         .init();
     let Cli { command } = Cli::try_parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit());
     let outcome = match command {
-        Command::Run(args) => cli::run(&args).map(|report| {
+        Command::Run(args) => tidemark_cli::run(&args).map(|report| {
             if args.json {
                 print_json(&report);
             } else {
@@ -36,7 +36,7 @@ fn main() {
         Command::Stop(args) => client::savepoint(&args, true)
             .map(|location| println!("Savepoint completed. Path: {location}")),
         Command::Checkpoints(args) => client::checkpoints(&args).map(|table| print!("{table}")),
-        Command::Worker(args) => cli::worker::worker(&args),
+        Command::Worker(args) => worker::worker(&args),
         Command::Cleanup(args) => cleanup::cleanup(&args).map(|sweep| println!("{sweep}")),
         Command::Inspect(args) => inspect::inspect(&args).map(|inspection| {
             if args.json {

@@ -4,7 +4,7 @@
 //! `key,window_start,window_end,count` lines.
 
 use crate::sinks::{sink_into, Target};
-use crate::wordcount::{key_text, Generator, Input, Records};
+use crate::topologies::wordcount::{key_text, Generator, Input, Records};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tidemark_connectors::rows::{Column, Row, SqlField, SqlType, Value};

@@ -2,12 +2,12 @@
 //! checkpoint, rewritten in place twice a second; nothing when standard
 //! error is not a terminal.
 
-use crate::metrics::JobMetrics;
 use std::io::{IsTerminal, Write};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use tidemark_actors::metrics::JobMetrics;
 use tidemark_core::checkpoint::stats;
 
 /// Prints until dropped.

@@ -260,7 +260,7 @@ pub fn flag_interval(s: &str) -> Result<CheckpointInterval, String> {
 }
 
 /// The directory `path` names: itself, or the one its `_metadata` is in.
-pub(crate) fn snapshot_dir(path: &str) -> &str {
+pub fn snapshot_dir(path: &str) -> &str {
     let dir = path.trim_end_matches('/');
     dir.strip_suffix(METADATA)
         .unwrap_or(dir)

@@ -1,6 +1,6 @@
 use super::keys::KEYS;
 use super::*;
-use crate::cli::RunArgs;
+use crate::RunArgs;
 use std::time::Duration;
 use tidemark_core::checkpoint::CheckpointSettings;
 use tidemark_core::election::ElectionTiming;
@@ -869,7 +869,7 @@ mod properties {
             let _ = values::multiplier(&text);
             let _ = values::amplification(&text);
             let _ = values::restore(&text);
-            let _ = crate::windows::parse_window(&text);
+            let _ = crate::topologies::windows::parse_window(&text);
         }
     }
 }

@@ -8,8 +8,7 @@
 //!   the same server over HTTP: a standby takes over a SIGKILLed leader's
 //!   job exactly once, and a finished job is not run again.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use tidemark_testkit as common;
 
 use http::{Request, Response, StatusCode};
 use k8s_openapi::api::coordination::v1::Lease;

@@ -2,15 +2,14 @@
 //! the same output as in one process, and exactly once when a worker
 //! process is SIGKILLed at random moments (and relaunched).
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use tidemark_testkit as common;
 
 use common::{assert_updates_exactly_once, committed_lines};
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use tidemark_actors::cli::{run, CliError, RunArgs, RunReport};
+use tidemark_cli::{run, CliError, RunArgs, RunReport};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tidemark");
 

@@ -590,7 +590,7 @@ fn a_bad_configuration_file_exits_2_naming_the_key_and_the_file() {
 #[test]
 fn the_kubernetes_example_runs_commands_the_binary_accepts() {
     use saphyr::{LoadableYamlNode, Yaml};
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/kubernetes");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/kubernetes");
     let load = |name: &str| {
         Yaml::load_from_str(&std::fs::read_to_string(dir.join(name)).unwrap()).unwrap()
     };
@@ -625,7 +625,7 @@ fn the_kubernetes_example_runs_commands_the_binary_accepts() {
     let driver = args(job);
     for command in [&worker, &driver] {
         let argv = std::iter::once("tidemark".to_string()).chain(command.iter().cloned());
-        if let Err(e) = tidemark_actors::cli::Cli::try_parse_from(argv) {
+        if let Err(e) = tidemark_cli::Cli::try_parse_from(argv) {
             panic!("{command:?}: {e}");
         }
     }
@@ -809,7 +809,7 @@ fn injected_failures_log_one_line_each_and_the_report_sums_restart_waits() {
 #[test]
 fn the_readme_features_and_not_yet_agree_with_the_commands() {
     let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
             .unwrap();
     let opening = readme.split("\n## ").next().unwrap();
     let (features, not_yet) = opening

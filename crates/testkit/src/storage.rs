@@ -2,8 +2,6 @@
 //! what storage holds after the run against what the retained checkpoints'
 //! metadata references, listed through object_store so that the same checks
 //! hold on every store.
-// Each test crate that includes this module uses a part of it.
-#![allow(dead_code)]
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -12,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tidemark::checkpoint::CompletedCheckpoint;
-use tidemark::storage::CheckpointStorage;
-use tidemark_actors::cli::Topology;
 use tidemark_actors::runtime::job_id;
+use tidemark_cli::Topology;
+use tidemark_core::checkpoint::CompletedCheckpoint;
+use tidemark_storage::CheckpointStorage;
 
 /// `s3://bucket/prefix` under which S3 test runs keep their checkpoints,
 /// with the client's settings in the usual `AWS_*` variables.
@@ -180,8 +178,8 @@ pub fn retained_objects(
             .iter()
             .map(|c| CheckpointStorage::metadata_path(c.id)),
     );
-    referenced.insert(tidemark::storage::COUNTER.into());
-    let leases = block_on(storage.list(tidemark::storage::lease::LEASES)).unwrap();
+    referenced.insert(tidemark_storage::COUNTER.into());
+    let leases = block_on(storage.list(tidemark_storage::lease::LEASES)).unwrap();
     assert_eq!(leases.len(), 1, "one lease, the newest run's: {leases:?}");
     referenced.extend(leases);
     (checkpoints, referenced)

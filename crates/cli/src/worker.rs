@@ -2,10 +2,10 @@
 //! --workers` launches or `--worker-addrs` names.
 
 use super::CliError;
-use crate::worker::{self, WorkerOptions};
 use clap::Args;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use tidemark_actors::worker::{self, WorkerOptions};
 
 /// Arguments of `tidemark worker`.
 #[derive(Debug, Args)]

@@ -2,7 +2,12 @@
 //! topologies against, computed here from the generators' definitions,
 //! independently of the runtime; and the output, checkpoint and child
 //! process helpers they share. Each test binary uses a part of it.
-#![allow(dead_code)]
+//!
+//! The test kit of the whole product: the facade's end-to-end tests and the
+//! command line's tests depend on it, instead of including its files.
+
+pub mod postgres;
+pub mod storage;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -125,7 +130,7 @@ pub fn expected_counts(records: u64, keys: u64, seed: u64) -> HashMap<u64, u64> 
 
 /// Runs `tidemark run` with `args` to its successful end; a failure
 /// panics naming the arguments.
-pub fn run(args: &[String]) -> tidemark_actors::cli::RunReport {
+pub fn run(args: &[String]) -> tidemark_cli::RunReport {
     let context = format!("{args:?}");
     run_overriding(args.to_vec(), &[]).unwrap_or_else(|e| panic!("{context}: {e}"))
 }
@@ -135,11 +140,11 @@ pub fn run(args: &[String]) -> tidemark_actors::cli::RunReport {
 pub fn run_overriding(
     mut args: Vec<String>,
     extra: &[String],
-) -> Result<tidemark_actors::cli::RunReport, tidemark_actors::cli::CliError> {
+) -> Result<tidemark_cli::RunReport, tidemark_cli::CliError> {
     let name = |arg: &str| arg.split('=').next().unwrap_or_default().to_owned();
     args.retain(|a| !extra.iter().any(|e| name(e) == name(a)));
     args.extend_from_slice(extra);
-    tidemark_actors::cli::run(&tidemark_actors::cli::RunArgs::parse(&args).unwrap())
+    tidemark_cli::run(&tidemark_cli::RunArgs::parse(&args).unwrap())
 }
 
 /// Runs `base` (a topology and its flags) with its checkpoints under
@@ -150,7 +155,7 @@ pub fn run_in(
     checkpoints: &Path,
     output: &Path,
     extra: &[String],
-) -> Result<tidemark_actors::cli::RunReport, tidemark_actors::cli::CliError> {
+) -> Result<tidemark_cli::RunReport, tidemark_cli::CliError> {
     let mut args: Vec<String> = base.iter().map(|s| s.to_string()).collect();
     args.push(format!("--checkpoint-dir={}", checkpoints.display()));
     args.push(format!("--output={}", output.display()));
@@ -204,8 +209,8 @@ pub fn assert_no_uncommitted_files(dir: &Path, context: &str) {
 pub fn run_child_job(var: &str) {
     if let Ok(args) = std::env::var(var) {
         let args: Vec<String> = args.split('\n').map(str::to_owned).collect();
-        let args = tidemark_actors::cli::RunArgs::parse(args).unwrap();
-        tidemark_actors::cli::run(&args).unwrap();
+        let args = tidemark_cli::RunArgs::parse(args).unwrap();
+        tidemark_cli::run(&args).unwrap();
     }
 }
 
@@ -333,7 +338,7 @@ pub fn copy_tree(from: &Path, to: &Path) {
 
 /// Bytes crossed TCP links between workers if, and only if, the run was
 /// spread over more than one (`--local-workers`).
-pub fn assert_links_used(report: &tidemark_actors::cli::RunReport, workers: u32, context: &str) {
+pub fn assert_links_used(report: &tidemark_cli::RunReport, workers: u32, context: &str) {
     assert_eq!(
         report.link_bytes_sent > 0,
         workers > 1,
