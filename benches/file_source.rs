@@ -17,7 +17,7 @@ mod common;
 use common::{env_or, into_discard, key, median, write_json_lines};
 use std::sync::Arc;
 use tidemark::connectors::files::FileSource;
-use tidemark::source::Items;
+use tidemark::dataflow::source::Items;
 use tidemark_actors::prelude::*;
 use tidemark_cli::topologies::wordcount::{Counter, Emit, KeyField};
 use tidemark_cli::{self as cli, RunArgs, RunReport};

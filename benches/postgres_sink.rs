@@ -50,7 +50,7 @@ fn updates(records: u64) -> [Vec<(i64, i64)>; 2] {
     let mut counts: HashMap<u64, i64> = HashMap::new();
     let mut out = [Vec::new(), Vec::new()];
     for i in 0..records {
-        let key = tidemark::rng::splitmix64(i) % KEYS;
+        let key = tidemark::model::rng::splitmix64(i) % KEYS;
         let count = counts.entry(key).or_insert(0);
         *count += 1;
         out[(key % 2) as usize].push((key as i64, *count));

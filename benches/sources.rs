@@ -29,8 +29,8 @@ use std::sync::Arc;
 use std::time::Instant;
 use tidemark::connectors::files::FileSource;
 use tidemark::connectors::kafka::{testkit, KafkaSource};
-use tidemark::source::{Items, SplitSource};
-use tidemark::split::{Split, SplitPosition};
+use tidemark::dataflow::source::{Items, SplitSource};
+use tidemark::model::split::{Split, SplitPosition};
 use tidemark_actors::prelude::*;
 use tidemark_cli::topologies::wordcount::{Generator, Records};
 

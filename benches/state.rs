@@ -16,11 +16,11 @@ mod common;
 
 use common::env_or;
 use std::time::Instant;
-use tidemark::ids::{CheckpointId, SubtaskIndex};
-use tidemark::key_group::KeyGroupRange;
-use tidemark::rng::splitmix64;
+use tidemark::dataflow::task::KeyedSnapshot;
+use tidemark::model::ids::{CheckpointId, SubtaskIndex};
+use tidemark::model::key_group::KeyGroupRange;
+use tidemark::model::rng::splitmix64;
 use tidemark::state::{KeyedStateBackend, StateBackend};
-use tidemark::task::KeyedSnapshot;
 use tidemark::{KeyedContext, StateRegistrar};
 
 #[derive(Clone, Copy)]

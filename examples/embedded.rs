@@ -4,7 +4,7 @@
 //! cargo run --example embedded
 
 use std::sync::{Arc, Mutex};
-use tidemark::source::Items;
+use tidemark::dataflow::source::Items;
 use tidemark_actors::prelude::*;
 use tidemark_actors::sinks::Collect;
 

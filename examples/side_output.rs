@@ -9,8 +9,8 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use tidemark::operator::OutputTag;
-use tidemark::source::Items;
+use tidemark::dataflow::operator::OutputTag;
+use tidemark::dataflow::source::Items;
 use tidemark_actors::prelude::*;
 use tidemark_actors::sinks::Collect;
 

@@ -9,9 +9,9 @@
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tidemark::source::Items;
+use tidemark::dataflow::source::Items;
+use tidemark::dataflow::two_input::KeyedCoProcessFunction;
 use tidemark::time::{Timestamped, WatermarkStrategy};
-use tidemark::two_input::KeyedCoProcessFunction;
 use tidemark_actors::prelude::*;
 use tidemark_actors::sinks::Collect;
 

@@ -5,7 +5,7 @@
 //! cargo run --example union
 
 use std::sync::{Arc, Mutex};
-use tidemark::source::Items;
+use tidemark::dataflow::source::Items;
 use tidemark_actors::prelude::*;
 use tidemark_actors::sinks::Collect;
 

@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tidemark::channel::ChannelConfig;
 use tidemark::job::JobConfig;
+use tidemark::model::channel::ChannelConfig;
 use tidemark::BatchLimits;
 use tidemark_actors::prelude::*;
 use tidemark_actors::runtime::Runtime;

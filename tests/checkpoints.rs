@@ -4,9 +4,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings};
-use tidemark::event::CheckpointKind;
-use tidemark::fault::{Fault, FaultPoint};
-use tidemark::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
+use tidemark::cluster::fault::{Fault, FaultPoint};
+use tidemark::model::event::CheckpointKind;
+use tidemark::model::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use tidemark::MasterHook;
 use tidemark_actors::prelude::*;
 use tidemark_actors::sinks::Discard;
@@ -125,7 +125,7 @@ fn failures_beyond_the_tolerable_number_fail_the_job_over_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let result = Job::builder("expiring")
         .parallelism(2)
-        .restart(tidemark::restart::RestartStrategy::None)
+        .restart(tidemark::cluster::restart::RestartStrategy::None)
         .checkpointing(settings(
             dir.path(),
             CheckpointConfig {

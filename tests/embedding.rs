@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use tidemark::source::Items;
+use tidemark::dataflow::source::Items;
 use tidemark::MapState;
 use tidemark_actors::prelude::*;
 use tidemark_actors::sinks::Collect;

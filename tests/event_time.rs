@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tidemark::source::Items;
+use tidemark::dataflow::source::Items;
 use tidemark::time::{Count, TimeWindow, Timestamped, WatermarkStrategy, WindowAssigner};
 use tidemark::BatchLimits;
 use tidemark_actors::prelude::*;
@@ -210,8 +210,8 @@ impl Source<Ev> for HoldOpen {
         })
     }
 
-    fn position(&self) -> tidemark::split::SplitPosition {
-        tidemark::split::SplitPosition::start(0)
+    fn position(&self) -> tidemark::model::split::SplitPosition {
+        tidemark::model::split::SplitPosition::start(0)
     }
 }
 

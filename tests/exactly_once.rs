@@ -9,7 +9,7 @@ use std::path::Path;
 use storage::{
     assert_storage_is_exactly_the_retained_checkpoints, block_on, retained, TestStorage,
 };
-use tidemark::ids::{OperatorId, SubtaskId, SubtaskIndex};
+use tidemark::model::ids::{OperatorId, SubtaskId, SubtaskIndex};
 use tidemark::storage::CheckpointStorage;
 use tidemark_cli::RunReport;
 

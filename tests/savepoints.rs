@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use storage::{assert_storage_is_exactly_the_retained_checkpoints, block_on, open};
 use tidemark::checkpoint::metadata;
 use tidemark::checkpoint::{CompletedCheckpoint, SnapshotFormat};
-use tidemark::event::CheckpointKind;
+use tidemark::model::event::CheckpointKind;
 use tidemark::storage::{CheckpointStorage, METADATA};
 use tidemark_cli::{self as cli, RunArgs, RunReport};
 

@@ -11,9 +11,9 @@ use actix::{Actor, Addr, Recipient};
 use actix_rt::ArbiterHandle;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use tidemark_core::channel::ChannelConfig;
-use tidemark_core::graph::JobGraph;
-use tidemark_core::ids::{Attempt, SubtaskId};
+use tidemark_core::model::channel::ChannelConfig;
+use tidemark_core::model::graph::JobGraph;
+use tidemark_core::model::ids::{Attempt, SubtaskId};
 
 /// The endpoints of an attempt, by subtask, in the order of its outputs and
 /// of its input gate; the ends of its links, by the worker they belong

@@ -17,12 +17,12 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
-use tidemark_core::attempts::RunAttempt;
 use tidemark_core::checkpoint::{Ack, CompletedCheckpoint};
-use tidemark_core::event::Barrier;
-use tidemark_core::graph::JobGraph;
-use tidemark_core::ids::{Attempt, CheckpointId, JobId, OperatorId, SubtaskId};
-use tidemark_core::source::SplitBytes;
+use tidemark_core::cluster::attempts::RunAttempt;
+use tidemark_core::dataflow::source::SplitBytes;
+use tidemark_core::model::event::Barrier;
+use tidemark_core::model::graph::JobGraph;
+use tidemark_core::model::ids::{Attempt, CheckpointId, JobId, OperatorId, SubtaskId};
 use tidemark_core::time::TimeMarks;
 
 /// Nothing.

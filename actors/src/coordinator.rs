@@ -27,8 +27,8 @@ use tidemark_core::checkpoint::job_checkpoints::{
 use tidemark_core::checkpoint::stats;
 use tidemark_core::checkpoint::store::CompletedCheckpointStore;
 use tidemark_core::checkpoint::{CheckpointFailure, CompletedCheckpoint};
-use tidemark_core::event::{Barrier, CheckpointKind};
-use tidemark_core::ids::{Attempt, CheckpointId, JobId, SubtaskId};
+use tidemark_core::model::event::{Barrier, CheckpointKind};
+use tidemark_core::model::ids::{Attempt, CheckpointId, JobId, SubtaskId};
 use tidemark_storage::savepoint;
 use tidemark_storage::{CheckpointStorage, StorageError};
 use tokio::sync::oneshot;

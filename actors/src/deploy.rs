@@ -18,12 +18,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tidemark_core::checkpoint::ChannelSide;
-use tidemark_core::error::TaskError;
-use tidemark_core::ids::{Attempt, SubtaskId};
+use tidemark_core::dataflow::error::TaskError;
+use tidemark_core::dataflow::task::{OutputContext, TaskContext};
 use tidemark_core::job::Job;
-use tidemark_core::key_group::KeyGroupRange;
-use tidemark_core::split::SplitPosition;
-use tidemark_core::task::{OutputContext, TaskContext};
+use tidemark_core::model::ids::{Attempt, SubtaskId};
+use tidemark_core::model::key_group::KeyGroupRange;
+use tidemark_core::model::split::SplitPosition;
 use tidemark_storage::CheckpointStorage;
 
 /// What starting the subtasks of an attempt that one process hosts needs.

@@ -1,5 +1,5 @@
 //! Leader election of a job's drivers over a Kubernetes `Lease`
-//! (`coordination.k8s.io/v1`): the IO around [`tidemark_core::election`]'s
+//! (`coordination.k8s.io/v1`): the IO around [`tidemark_core::cluster::election`]'s
 //! rules. Every write replaces the version it read, so the API server's
 //! optimistic concurrency decides races; a job that ran to its end marks
 //! the Lease with [`FINISHED`] so that a standby does not run it again.
@@ -11,7 +11,7 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use std::time::Duration;
 use thiserror::Error;
-use tidemark_core::election::{ElectionTiming, Elector, LeaderRecord, Next};
+use tidemark_core::cluster::election::{ElectionTiming, Elector, LeaderRecord, Next};
 use tidemark_storage::lease::now_ms;
 use tokio::time::Instant;
 

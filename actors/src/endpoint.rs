@@ -18,11 +18,11 @@ use crate::net::LinkSender;
 use crate::subtask::SubtaskActor;
 use actix::{Actor, ActorContext, Addr, Context, Handler, Recipient};
 use std::sync::Arc;
-use tidemark_core::batch::Batch;
-use tidemark_core::channel::{CreditReceiver, CreditSender};
-use tidemark_core::error::TaskError;
-use tidemark_core::event::{Alignment, ChannelEvent};
-use tidemark_core::ids::{Attempt, ChannelId};
+use tidemark_core::dataflow::error::TaskError;
+use tidemark_core::model::batch::Batch;
+use tidemark_core::model::channel::{CreditReceiver, CreditSender};
+use tidemark_core::model::event::{Alignment, ChannelEvent};
+use tidemark_core::model::ids::{Attempt, ChannelId};
 
 /// Where an output endpoint sends what credit releases.
 pub enum InputPeer {

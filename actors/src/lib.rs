@@ -17,7 +17,7 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let numbers = std::sync::Arc::new((0..1000u64).collect::<Vec<_>>());
 //! let report = Job::builder("doubles")
-//!     .source("numbers", move |ctx| tidemark_core::source::Items::new(numbers.clone(), ctx))
+//!     .source("numbers", move |ctx| tidemark_core::dataflow::source::Items::new(numbers.clone(), ctx))
 //!     .map(|n: u64| n * 2)
 //!     .sink("print", |_| tidemark_actors::sinks::Discard)
 //!     .build()

@@ -5,12 +5,12 @@ use crate::endpoint::{InputEndpoint, OutputEndpoint, OutputPeer};
 use crate::remote::Commands;
 use crate::subtask::SubtaskActor;
 use actix::{Actor, Addr, Context, Handler, Message, Recipient};
-use tidemark_core::batch::Batch;
 use tidemark_core::checkpoint::Ack;
-use tidemark_core::error::TaskError;
-use tidemark_core::event::{Barrier, ChannelEvent};
-use tidemark_core::ids::{Attempt, CheckpointId, SubtaskId};
-use tidemark_core::source::SplitBytes;
+use tidemark_core::dataflow::error::TaskError;
+use tidemark_core::dataflow::source::SplitBytes;
+use tidemark_core::model::batch::Batch;
+use tidemark_core::model::event::{Barrier, ChannelEvent};
+use tidemark_core::model::ids::{Attempt, CheckpointId, SubtaskId};
 
 /// Output endpoint → its producer subtask: room for `credits` more batches.
 #[derive(Message)]

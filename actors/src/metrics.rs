@@ -8,8 +8,8 @@ use std::time::Duration;
 use tidemark_core::checkpoint::shared::Space;
 use tidemark_core::checkpoint::stats::{CheckpointStatsTracker, SharedCheckpointStats};
 use tidemark_core::checkpoint::{CompletedCheckpoint, StateHandle, SubtaskState};
-use tidemark_core::ids::{ChannelId, OperatorId, SubtaskId};
-use tidemark_core::rng::SplitMix64;
+use tidemark_core::model::ids::{ChannelId, OperatorId, SubtaskId};
+use tidemark_core::model::rng::SplitMix64;
 use tidemark_core::time::TimeMetrics;
 
 /// High-water marks of one channel, against the credits that bound them.
@@ -351,7 +351,7 @@ impl CheckpointCounters {
     /// from reading until every subtask was built.
     pub fn record_restore(
         &self,
-        checkpoint: tidemark_core::ids::CheckpointId,
+        checkpoint: tidemark_core::model::ids::CheckpointId,
         bytes: u64,
         took: std::time::Duration,
     ) {

@@ -1,5 +1,5 @@
 //! The data plane between workers: one TCP link per pair of workers, its
-//! frames (`tidemark_core::wire`) multiplexing every channel between them.
+//! frames (`tidemark_core::cluster::wire`) multiplexing every channel between them.
 //!
 //! A link's writer sends only what output endpoints released against
 //! credit and the credits input endpoints grant, so its queue, the socket
@@ -24,12 +24,12 @@ use actix::{
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tidemark_core::attempts::RunAttempt;
-use tidemark_core::error::TaskError;
-use tidemark_core::event::ChannelEvent;
-use tidemark_core::graph::JobGraph;
-use tidemark_core::ids::{Attempt, ChannelId, SubtaskId};
-use tidemark_core::wire::{self, Frame, FrameDecoder, Hello, Inbound, WireError};
+use tidemark_core::cluster::attempts::RunAttempt;
+use tidemark_core::cluster::wire::{self, Frame, FrameDecoder, Hello, Inbound, WireError};
+use tidemark_core::dataflow::error::TaskError;
+use tidemark_core::model::event::ChannelEvent;
+use tidemark_core::model::graph::JobGraph;
+use tidemark_core::model::ids::{Attempt, ChannelId, SubtaskId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 

@@ -9,15 +9,15 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
-use tidemark_core::batch::{Batch, EncodedBatch};
 use tidemark_core::checkpoint::restore::{self, RestoreError, RestoreFailure};
 use tidemark_core::checkpoint::subtask::SharedBase;
 use tidemark_core::checkpoint::{
     ends_input, ChannelState, NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
 };
-use tidemark_core::graph::JobGraph;
-use tidemark_core::ids::{CheckpointId, SubtaskId};
-use tidemark_core::task::RestoreState;
+use tidemark_core::dataflow::task::RestoreState;
+use tidemark_core::model::batch::{Batch, EncodedBatch};
+use tidemark_core::model::graph::JobGraph;
+use tidemark_core::model::ids::{CheckpointId, SubtaskId};
 use tidemark_storage::{CheckpointStorage, ReadError, StorageError};
 
 /// What a subtask resumes from.

@@ -19,11 +19,11 @@ use tidemark_core::checkpoint::lease::LeaseOptions;
 use tidemark_core::checkpoint::restore::RestoreError;
 use tidemark_core::checkpoint::stats::{self, CheckpointStatsTracker};
 use tidemark_core::checkpoint::{CheckpointFailure, SettingsError};
-use tidemark_core::error::TaskError;
-use tidemark_core::event::CheckpointKind;
-use tidemark_core::graph::GraphError;
-use tidemark_core::ids::{CheckpointId, JobId, SubtaskId};
+use tidemark_core::dataflow::error::TaskError;
 use tidemark_core::job::{Job, JobConfigError};
+use tidemark_core::model::event::CheckpointKind;
+use tidemark_core::model::graph::GraphError;
+use tidemark_core::model::ids::{CheckpointId, JobId, SubtaskId};
 use tidemark_storage::lease::{Lease, LeaseError};
 use tidemark_storage::savepoint::SavepointError;
 use tidemark_storage::{CheckpointStorage, StorageError};
@@ -288,7 +288,7 @@ impl JobHandle {
 /// A job's id follows from its name, so that a restarted process finds the
 /// checkpoints of the same job in the checkpoint directory.
 pub fn job_id(name: &str) -> JobId {
-    JobId(tidemark_core::key_group::key_hash(name))
+    JobId(tidemark_core::model::key_group::key_hash(name))
 }
 
 /// Deploys jobs; `threads` arbiters run their actors.

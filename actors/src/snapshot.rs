@@ -23,7 +23,6 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
-use tidemark_core::batch::{Batch, EncodedBatch};
 use tidemark_core::checkpoint::merging::UploadLimits;
 use tidemark_core::checkpoint::merging::{MergePlan, Placement, StateLayout};
 use tidemark_core::checkpoint::subtask::SharedBase;
@@ -31,9 +30,10 @@ use tidemark_core::checkpoint::{
     ChannelSide, ChannelState, ChannelStateHandle, Checksum, KeyGroupsStateHandle,
     KeyedStateHandle, NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
 };
-use tidemark_core::ids::{CheckpointId, SubtaskId};
-use tidemark_core::rng::unique_token;
-use tidemark_core::task::{KeyedSnapshot, NativeCheckpoint, TaskSnapshot};
+use tidemark_core::dataflow::task::{KeyedSnapshot, NativeCheckpoint, TaskSnapshot};
+use tidemark_core::model::batch::{Batch, EncodedBatch};
+use tidemark_core::model::ids::{CheckpointId, SubtaskId};
+use tidemark_core::model::rng::unique_token;
 use tidemark_storage::upload::ObjectWriter;
 use tidemark_storage::CheckpointStorage;
 use tokio::sync::mpsc;
@@ -715,7 +715,7 @@ pub async fn delete_all(storage: &CheckpointStorage, paths: Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidemark_core::ids::JobId;
+    use tidemark_core::model::ids::JobId;
 
     /// The encoding of key groups 10, 11 and 12 by an encoder that stopped
     /// (it panicked) after sending `sent`.

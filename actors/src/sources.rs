@@ -1,4 +1,4 @@
-//! The shell of a job's source coordinators (`tidemark_core::source::
+//! The shell of a job's source coordinators (`tidemark_core::dataflow::source::
 //! coordinator`): it feeds them the subtasks' split requests and the
 //! discoveries it runs, and sends the splits they hand out.
 //!
@@ -12,12 +12,12 @@
 use crate::messages::{AddSplits, NoMoreSplits, SplitRequest, SubtaskFailed, SubtaskHandle};
 use actix::{Actor, ActorFutureExt, AsyncContext, Context, WrapFuture};
 use std::collections::HashMap;
-use tidemark_core::error::TaskError;
-use tidemark_core::ids::{Attempt, OperatorId, SubtaskId, SubtaskIndex};
-use tidemark_core::job::Job;
-use tidemark_core::source::coordinator::{
+use tidemark_core::dataflow::error::TaskError;
+use tidemark_core::dataflow::source::coordinator::{
     lock, SharedSourceCoordinator, SourceAction, SourceEvent,
 };
+use tidemark_core::job::Job;
+use tidemark_core::model::ids::{Attempt, OperatorId, SubtaskId, SubtaskIndex};
 
 /// An actor hosting a [`SourceHost`].
 pub trait HostsSources: Actor<Context = Context<Self>> {

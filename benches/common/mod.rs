@@ -129,7 +129,7 @@ pub fn into_discard<T: tidemark::Data>(stream: tidemark::Stream<T>) -> f64 {
 /// `splitmix64(i) % 1,000,000`, as the generator draws them.
 #[allow(dead_code)]
 pub fn key(i: u64) -> u64 {
-    tidemark::rng::splitmix64(i) % 1_000_000
+    tidemark::model::rng::splitmix64(i) % 1_000_000
 }
 
 /// Writes `records` JSON lines `{"key": K}` of [`key`] into 8 files in

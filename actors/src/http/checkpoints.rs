@@ -8,8 +8,8 @@ use serde_json::{json, Value};
 use tidemark_core::checkpoint::stats::{
     self, CheckpointStats, CheckpointStatus, OperatorStats, StatsSummary, SubtaskStats, Totals,
 };
-use tidemark_core::event::Alignment;
-use tidemark_core::ids::CheckpointId;
+use tidemark_core::model::event::Alignment;
+use tidemark_core::model::ids::CheckpointId;
 
 pub(super) fn routes(config: &mut web::ServiceConfig) {
     config

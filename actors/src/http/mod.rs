@@ -25,9 +25,9 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tidemark_core::checkpoint::CheckpointSettings;
-use tidemark_core::ids::{JobId, OperatorId};
 use tidemark_core::job::Job;
-use tidemark_core::key_group::key_hash;
+use tidemark_core::model::ids::{JobId, OperatorId};
+use tidemark_core::model::key_group::key_hash;
 
 pub use auth::check_exposure;
 pub use auth::{HttpToken, HttpTokenError};

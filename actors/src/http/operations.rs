@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
-use tidemark_core::event::CheckpointKind;
-use tidemark_core::rng::SplitMix64;
+use tidemark_core::model::event::CheckpointKind;
+use tidemark_core::model::rng::SplitMix64;
 use tidemark_storage::{check_savepoint_dir, CheckpointStorage};
 
 /// Operations remembered: a client polls within seconds, so only the
@@ -540,7 +540,7 @@ mod tests {
 
     fn savepoint() -> Result<Savepoint, String> {
         Ok(Savepoint {
-            id: tidemark_core::ids::CheckpointId(1),
+            id: tidemark_core::model::ids::CheckpointId(1),
             location: "sp".into(),
         })
     }

@@ -4,7 +4,7 @@
 use super::*;
 use actix::System;
 use std::io::Write;
-use tidemark_core::ids::{JobId, OperatorId, SubtaskIndex};
+use tidemark_core::model::ids::{JobId, OperatorId, SubtaskIndex};
 
 const JOB: JobId = JobId(7);
 const ATTEMPT: Attempt = Attempt(3);

@@ -305,8 +305,8 @@ mod tests {
     use tidemark_core::checkpoint::{
         KeyGroupsStateHandle, KeyedStateHandle, StateHandle, SubtaskState,
     };
-    use tidemark_core::event::CheckpointKind;
-    use tidemark_core::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
+    use tidemark_core::model::event::CheckpointKind;
+    use tidemark_core::model::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 
     const HOUR: Duration = Duration::from_secs(3600);
 
@@ -341,7 +341,7 @@ mod tests {
             format: Default::default(),
             operators: Vec::new(),
             edges: Vec::new(),
-            key_hash: tidemark_core::key_hash::KEY_HASH_VERSION,
+            key_hash: tidemark_core::model::key_hash::KEY_HASH_VERSION,
             timestamp: 0,
             subtasks: subtasks.collect(),
             master_states: BTreeMap::new(),

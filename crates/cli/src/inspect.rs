@@ -11,8 +11,8 @@ use tidemark_core::checkpoint::{
     metadata, ChannelSide, CompletedCheckpoint, KeyedStateHandle, SnapshotFormat, StateHandle,
     SubtaskState,
 };
-use tidemark_core::event::CheckpointKind;
-use tidemark_core::task::SOURCE_WATERMARK;
+use tidemark_core::dataflow::task::SOURCE_WATERMARK;
+use tidemark_core::model::event::CheckpointKind;
 use tidemark_core::time::watermark::GeneratorState;
 use tidemark_storage::{CheckpointStorage, METADATA};
 

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tidemark_actors::metrics::{JobMetrics, Samples};
 use tidemark_actors::runtime::JobReport;
-use tidemark_core::channel::ChannelConfig;
-use tidemark_core::ids::OperatorId;
+use tidemark_core::model::channel::ChannelConfig;
+use tidemark_core::model::ids::OperatorId;
 use tidemark_storage::{CheckpointStorage, StorageCounters};
 
 /// The `--json` report.

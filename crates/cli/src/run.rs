@@ -19,10 +19,10 @@ use tidemark_actors::election::ElectionError;
 use tidemark_actors::http::HttpToken;
 use tidemark_actors::runtime::{job_id, JobError, Runtime};
 use tidemark_actors::{Distributed, WorkerSet};
-use tidemark_core::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
-use tidemark_core::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
+use tidemark_core::cluster::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
+use tidemark_core::cluster::restart::RestartStrategy;
 use tidemark_core::job::JobConfig;
-use tidemark_core::restart::RestartStrategy;
+use tidemark_core::model::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use tidemark_core::time::WindowAssigner;
 use tidemark_storage::{check_savepoint_dir, StorageError, METADATA};
 

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tidemark_actors::election::{ElectionError, LeaseElection, FINISHED};
-use tidemark_core::election::ElectionTiming;
+use tidemark_core::cluster::election::ElectionTiming;
 use tokio::time::Instant;
 
 const PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/jobs/leases";

@@ -55,13 +55,13 @@ use ::rocksdb::{
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tidemark_core::key_group::KeyGroupRange;
+use tidemark_core::dataflow::task::NativeFile;
+use tidemark_core::model::key_group::KeyGroupRange;
 use tidemark_core::state::store::{
     group_prefix, ColumnFamily, Cursor, Database, EmbeddedStore, MergeFunction, SortedWrites,
     Write, MAX_KEY_GROUPS,
 };
 use tidemark_core::state::{StateBackend, StateError};
-use tidemark_core::task::NativeFile;
 
 /// Memtable size per column family.
 const WRITE_BUFFER_BYTES: usize = 64 << 20;
@@ -190,7 +190,7 @@ impl EmbeddedStore for RocksDb {
             read: ReadOptions::default(),
             write,
             dir,
-            instance: tidemark_core::rng::unique_token(),
+            instance: tidemark_core::model::rng::unique_token(),
         };
         if native.is_some() {
             let default = open.cf(DEFAULT_COLUMN_FAMILY_NAME);

@@ -3,11 +3,11 @@
 //! merge operands, and the working directory's lifetime.
 
 use std::collections::BTreeMap;
-use tidemark_core::ids::CheckpointId;
-use tidemark_core::key_group::{key_group_of, KeyGroupRange};
-use tidemark_core::rng::splitmix64;
+use tidemark_core::dataflow::task::{KeyedSnapshot, NativeCheckpoint, RestoreState};
+use tidemark_core::model::ids::CheckpointId;
+use tidemark_core::model::key_group::{key_group_of, KeyGroupRange};
+use tidemark_core::model::rng::splitmix64;
 use tidemark_core::state::*;
-use tidemark_core::task::{KeyedSnapshot, NativeCheckpoint, RestoreState};
 use tidemark_core::testkit::state::*;
 use tidemark_rocksdb::RocksDb;
 

@@ -20,7 +20,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
-use tidemark_core::rng::SplitMix64;
+use tidemark_core::model::rng::SplitMix64;
 
 /// What a [`FaultyStore`] does wrong, and how often. Probabilities are per
 /// operation, from 0 to 1.

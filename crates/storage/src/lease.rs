@@ -163,7 +163,10 @@ pub fn now_ms() -> u64 {
 
 /// A name no other run has: host, process and a token of this run's.
 pub fn run_identity(host: &str, pid: u32) -> String {
-    format!("{host}:{pid}:{:016x}", tidemark_core::rng::unique_token())
+    format!(
+        "{host}:{pid}:{:016x}",
+        tidemark_core::model::rng::unique_token()
+    )
 }
 
 /// This machine's name, as a lease records it (in a pod, the pod's name).
@@ -366,7 +369,7 @@ fn encode(holder: &Holder) -> Bytes {
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use tidemark_core::ids::JobId;
+    use tidemark_core::model::ids::JobId;
 
     fn holder(renewed_ms: u64) -> Holder {
         Holder {

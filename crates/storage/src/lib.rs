@@ -45,7 +45,7 @@ use tidemark_core::checkpoint::{
     stays_inside, CheckpointSettings, CompletedCheckpoint, HandleMismatch, SettingsError,
     StateHandle,
 };
-use tidemark_core::ids::{CheckpointId, JobId};
+use tidemark_core::model::ids::{CheckpointId, JobId};
 
 /// The metadata file of a checkpoint or savepoint directory.
 pub const METADATA: &str = "_metadata";

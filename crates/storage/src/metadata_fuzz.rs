@@ -42,11 +42,11 @@ use tidemark_core::checkpoint::{
     KeyGroupsStateHandle, KeyedStateHandle, NativeFileHandle, NativeStateHandle, SnapshotFormat,
     StateHandle, SubtaskState,
 };
-use tidemark_core::event::CheckpointKind;
-use tidemark_core::graph::{Edge, JobGraph, OperatorSpec, Partitioner};
-use tidemark_core::ids::{CheckpointId, JobId, OperatorId, SubtaskId, SubtaskIndex};
-use tidemark_core::key_group::KeyGroupRange;
-use tidemark_core::task::{SINK, SOURCE_EXHAUSTED, SOURCE_POSITION, SOURCE_WATERMARK};
+use tidemark_core::dataflow::task::{SINK, SOURCE_EXHAUSTED, SOURCE_POSITION, SOURCE_WATERMARK};
+use tidemark_core::model::event::CheckpointKind;
+use tidemark_core::model::graph::{Edge, JobGraph, OperatorSpec, Partitioner};
+use tidemark_core::model::ids::{CheckpointId, JobId, OperatorId, SubtaskId, SubtaskIndex};
+use tidemark_core::model::key_group::KeyGroupRange;
 
 // ---------------------------------------------------------------------------
 // Allocation measure
@@ -457,7 +457,7 @@ fn sample() -> CompletedCheckpoint {
         format: SnapshotFormat::JobDirectory,
         operators: graph.operators.clone(),
         edges: graph.edges.clone(),
-        key_hash: tidemark_core::key_hash::KEY_HASH_VERSION,
+        key_hash: tidemark_core::model::key_hash::KEY_HASH_VERSION,
         timestamp: 1_700_000_000_000,
         subtasks,
         master_states: BTreeMap::from([("hook".to_owned(), vec![4, 5])]),
@@ -840,7 +840,7 @@ fn operator_state() -> impl Strategy<Value = BTreeMap<String, Vec<u8>>> {
         (
             Just(SOURCE_POSITION),
             prop_oneof![0..1000u64, (u64::MAX - 400)..=u64::MAX, any::<u64>()].prop_map(|next| {
-                rmp_serde::to_vec(&tidemark_core::split::SplitPosition {
+                rmp_serde::to_vec(&tidemark_core::model::split::SplitPosition {
                     next,
                     read_before: Vec::new(),
                 })
@@ -995,7 +995,7 @@ fn checkpoint(job: &Job) -> impl Strategy<Value = CompletedCheckpoint> {
                 operators(&job, parallelism),
                 edges(&job),
                 mostly(
-                    Just(tidemark_core::key_hash::KEY_HASH_VERSION),
+                    Just(tidemark_core::model::key_hash::KEY_HASH_VERSION),
                     any::<u32>(),
                 ),
                 select(vec![

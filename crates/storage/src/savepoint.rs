@@ -9,7 +9,7 @@ use tidemark_core::checkpoint::savepoint::{
     check_references, directory_name, relocate, EscapingReference,
 };
 use tidemark_core::checkpoint::{CompletedCheckpoint, SnapshotFormat};
-use tidemark_core::ids::JobId;
+use tidemark_core::model::ids::JobId;
 
 /// Objects copied at once.
 const PARALLEL_COPIES: usize = 4;

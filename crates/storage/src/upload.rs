@@ -235,7 +235,7 @@ impl Drop for ObjectWriter<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidemark_core::ids::JobId;
+    use tidemark_core::model::ids::JobId;
 
     fn limits() -> UploadLimits {
         UploadLimits {

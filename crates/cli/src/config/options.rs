@@ -12,11 +12,11 @@ use std::time::Duration;
 use tidemark_core::checkpoint::lease::LeaseOptions;
 use tidemark_core::checkpoint::merging::UploadLimits;
 use tidemark_core::checkpoint::{CheckpointSettings, Restore, RestoreMode};
-use tidemark_core::election::ElectionTiming;
-use tidemark_core::event::Alignment;
-use tidemark_core::ids::CheckpointId;
+use tidemark_core::cluster::election::ElectionTiming;
+use tidemark_core::cluster::restart::RestartStrategy;
 use tidemark_core::job::JobConfig;
-use tidemark_core::restart::RestartStrategy;
+use tidemark_core::model::event::Alignment;
+use tidemark_core::model::ids::CheckpointId;
 use tidemark_core::StateBackend;
 
 /// `--mode`: whether barriers wait for each other.
@@ -455,7 +455,7 @@ impl Options {
                 return refuse("leader_identity", election());
             }
         } else {
-            use tidemark_core::election::TimingError;
+            use tidemark_core::cluster::election::TimingError;
             match self.election_timing().validate() {
                 Err(e @ TimingError::WholeSeconds(_)) => {
                     return refuse("leader_lease_duration", e.to_string())

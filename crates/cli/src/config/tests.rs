@@ -3,8 +3,8 @@ use super::*;
 use crate::RunArgs;
 use std::time::Duration;
 use tidemark_core::checkpoint::CheckpointSettings;
-use tidemark_core::election::ElectionTiming;
-use tidemark_core::restart::RestartStrategy;
+use tidemark_core::cluster::election::ElectionTiming;
+use tidemark_core::cluster::restart::RestartStrategy;
 
 /// The settings `yaml` makes over the defaults, unchecked, for comparing.
 fn from_file(yaml: &str) -> String {
@@ -536,7 +536,7 @@ fn load_refuses_settings_that_do_not_work_together_naming_the_key() {
     let restore = load(&path).unwrap().checkpointing.unwrap().restore;
     assert_eq!(
         restore,
-        tidemark_core::checkpoint::Restore::Checkpoint(tidemark_core::ids::CheckpointId(7))
+        tidemark_core::checkpoint::Restore::Checkpoint(tidemark_core::model::ids::CheckpointId(7))
     );
 }
 
@@ -787,8 +787,12 @@ fn the_most_every_option_accepts_runs_into_no_overflow() {
             "{restart}: {delay:?}"
         );
     }
-    let mut limiter = tidemark_core::rate::RateLimiter::new(config.source_rate.unwrap(), 1, now);
-    assert_eq!(limiter.acquire(1, now), Err(tidemark_core::rate::MAX_WAIT));
+    let mut limiter =
+        tidemark_core::dataflow::rate::RateLimiter::new(config.source_rate.unwrap(), 1, now);
+    assert_eq!(
+        limiter.acquire(1, now),
+        Err(tidemark_core::dataflow::rate::MAX_WAIT)
+    );
 }
 
 mod properties {

@@ -9,8 +9,8 @@ use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tidemark_core::checkpoint::RestoreMode;
-use tidemark_core::ids::CheckpointId;
-use tidemark_core::key_group::DEFAULT_MAX_PARALLELISM;
+use tidemark_core::model::ids::CheckpointId;
+use tidemark_core::model::key_group::DEFAULT_MAX_PARALLELISM;
 use tidemark_storage::METADATA;
 
 /// The longest duration any setting takes: a year. Settings such as the

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tidemark_connectors::rows::{Column, Row, SqlField, SqlType, Value};
 use tidemark_core::job::JobConfig;
-use tidemark_core::rng::splitmix64;
+use tidemark_core::model::rng::splitmix64;
 use tidemark_core::time::{Timestamped, WatermarkStrategy};
 use tidemark_core::{Job, Key, KeyedStream, UserError};
 

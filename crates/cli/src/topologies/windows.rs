@@ -10,7 +10,7 @@ use std::time::Duration;
 use tidemark_connectors::rows::{Column, Row, SqlField, SqlType, Value};
 use tidemark_core::job::JobBuilder;
 use tidemark_core::job::JobConfig;
-use tidemark_core::rng::splitmix64;
+use tidemark_core::model::rng::splitmix64;
 use tidemark_core::time::{Count, TimeWindow, Timestamped, WatermarkStrategy, WindowAssigner};
 use tidemark_core::{Job, UserError};
 use tidemark_core::{Key, KeyedStream};

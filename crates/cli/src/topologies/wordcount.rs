@@ -9,11 +9,11 @@ use tidemark_connectors::files::{FileSource, Format};
 #[cfg(feature = "kafka")]
 use tidemark_connectors::kafka::{KafkaSource, ValueFormat};
 use tidemark_connectors::rows::Row;
-use tidemark_core::job::JobConfig;
-use tidemark_core::rng::splitmix64;
-use tidemark_core::source::{
+use tidemark_core::dataflow::source::{
     Discovery, DiscoveryFuture, SourceSplit, SplitEnumerator, SplitReader, SplitSource,
 };
+use tidemark_core::job::JobConfig;
+use tidemark_core::model::rng::splitmix64;
 use tidemark_core::{
     AllKeys, Collector, Job, Key, KeyedContext, KeyedProcessFunction, ReduceFunction,
     ReducingState, SourceStatus, StateRegistrar, Stream, UserError,

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tidemark_core::source::Discovery;
+use tidemark_core::dataflow::source::Discovery;
 
 /// The files a file source has found, kept bounded: every file modified
 /// before `horizon` counts as found, and those modified at or after it are

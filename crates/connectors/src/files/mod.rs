@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
-use tidemark_core::source::{
+use tidemark_core::dataflow::source::{
     DiscoveryFuture, SourceSplit, SplitEnumerator, SplitReader, SplitSource,
 };
 use tidemark_core::UserError;

@@ -21,7 +21,7 @@ use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tidemark_core::source::{SourceStatus, SplitReader};
+use tidemark_core::dataflow::source::{SourceStatus, SplitReader};
 use tidemark_core::UserError;
 use tokio::sync::mpsc;
 

@@ -11,7 +11,7 @@ use serde::de::{DeserializeOwned, IntoDeserializer};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tidemark_core::source::{SourceStatus, SplitReader};
+use tidemark_core::dataflow::source::{SourceStatus, SplitReader};
 use tidemark_core::UserError;
 use tokio::sync::mpsc;
 

@@ -2,7 +2,7 @@ use super::*;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::time::Instant;
-use tidemark_core::source::{Discovery, SourceStatus};
+use tidemark_core::dataflow::source::{Discovery, SourceStatus};
 
 #[derive(Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord, Clone)]
 struct Event {

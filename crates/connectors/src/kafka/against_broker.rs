@@ -7,8 +7,8 @@ use super::testkit::{broker, produce, read_committed, topic};
 use super::*;
 use std::sync::Arc;
 use std::time::Instant;
-use tidemark_core::ids::{CheckpointId, SubtaskIndex};
-use tidemark_core::source::{SourceStatus, SplitEnumerator, SplitSource};
+use tidemark_core::dataflow::source::{SourceStatus, SplitEnumerator, SplitSource};
+use tidemark_core::model::ids::{CheckpointId, SubtaskIndex};
 use tidemark_core::{Sink, SinkContext};
 
 fn counts(rows: &[(&str, u64)]) -> Vec<serde_json::Value> {

@@ -18,7 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use tidemark_core::ids::CheckpointId;
+use tidemark_core::model::ids::CheckpointId;
 use tidemark_core::UserError;
 
 /// One Kafka record, as the sink sends it.

@@ -14,7 +14,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tidemark_core::ids::CheckpointId;
+use tidemark_core::model::ids::CheckpointId;
 use tidemark_core::{Sink, SinkContext, UserError};
 
 /// What the sink promises.
@@ -296,7 +296,7 @@ fn new_run() -> u32 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let mixed = tidemark_core::rng::splitmix64(nanos as u64);
+    let mixed = tidemark_core::model::rng::splitmix64(nanos as u64);
     ((mixed >> 33) as u32).max(1)
 }
 

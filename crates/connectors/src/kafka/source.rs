@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tidemark_core::source::{
+use tidemark_core::dataflow::source::{
     Discovery, DiscoveryFuture, SourceSplit, SourceStatus, SplitEnumerator, SplitReader,
     SplitSource,
 };

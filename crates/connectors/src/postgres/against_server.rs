@@ -4,7 +4,7 @@
 
 use super::*;
 use std::sync::Arc;
-use tidemark_core::ids::{CheckpointId, SubtaskIndex};
+use tidemark_core::model::ids::{CheckpointId, SubtaskIndex};
 use tidemark_core::{Sink, SinkContext};
 
 /// The server's URL in `var`; `None` skips the test, unless

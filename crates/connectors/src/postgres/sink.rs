@@ -11,7 +11,7 @@ use super::{Column, Mode, PostgresOptions, Row, SqlType, Value};
 use crate::io::wait;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use tidemark_core::ids::CheckpointId;
+use tidemark_core::model::ids::CheckpointId;
 use tidemark_core::{Sink, SinkContext, UserError};
 use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;

@@ -4,7 +4,7 @@
 use super::{Mode, SqlType, Value};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
-use tidemark_core::ids::CheckpointId;
+use tidemark_core::model::ids::CheckpointId;
 use tidemark_core::SinkContext;
 
 /// The name of the transaction `subtask` prepares at `checkpoint`'s
@@ -275,7 +275,7 @@ mod tests {
 
     fn ctx(subtask: u32, parallelism: u32) -> SinkContext {
         SinkContext {
-            subtask: tidemark_core::ids::SubtaskIndex(subtask),
+            subtask: tidemark_core::model::ids::SubtaskIndex(subtask),
             parallelism,
         }
     }

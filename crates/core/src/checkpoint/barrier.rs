@@ -21,10 +21,10 @@
 //! until its barrier (or its end) is delivered. The handler records copies:
 //! the batches themselves are still processed as usual, after the snapshot.
 
-use crate::batch::Batch;
-use crate::event::{Alignment, Barrier, ChannelEvent};
-use crate::gate::{Input, InputGate};
-use crate::ids::CheckpointId;
+use crate::model::batch::Batch;
+use crate::model::event::{Alignment, Barrier, ChannelEvent};
+use crate::model::gate::{Input, InputGate};
+use crate::model::ids::CheckpointId;
 use crate::time::{WatermarkEvent, WatermarkValve};
 use std::time::{Duration, Instant};
 
@@ -582,7 +582,7 @@ fn all_delivered(delivered: &[bool], ended: &[bool]) -> bool {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::event::{CheckpointKind, CheckpointOptions};
+    use crate::model::event::{CheckpointKind, CheckpointOptions};
     use proptest::prelude::*;
     use proptest::sample::Index;
     use std::collections::{BTreeMap, BTreeSet, VecDeque};

@@ -12,9 +12,9 @@
 
 use super::stats::{CheckpointType, StatsEvent};
 use super::{Ack, CheckpointConfig, CheckpointFailure, CompletedCheckpoint, SubtaskState};
-use crate::event::{Alignment, Barrier, CheckpointKind, CheckpointOptions};
-use crate::graph::{Edge, JobGraph, OperatorSpec};
-use crate::ids::{CheckpointId, SubtaskId};
+use crate::model::event::{Alignment, Barrier, CheckpointKind, CheckpointOptions};
+use crate::model::graph::{Edge, JobGraph, OperatorSpec};
+use crate::model::ids::{CheckpointId, SubtaskId};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::mem;
 use std::time::Instant;
@@ -589,7 +589,7 @@ impl CheckpointCoordinator {
             format: Default::default(),
             operators: self.operators.clone(),
             edges: self.edges.clone(),
-            key_hash: crate::key_hash::KEY_HASH_VERSION,
+            key_hash: crate::model::key_hash::KEY_HASH_VERSION,
             timestamp: p.timestamp,
             subtasks: p.acks.clone(),
             master_states: mem::take(&mut p.master_states),
@@ -862,7 +862,7 @@ mod tests {
     use crate::checkpoint::{
         CheckpointMetrics, KeyGroupsStateHandle, KeyedStateHandle, StateHandle,
     };
-    use crate::ids::{OperatorId, SubtaskIndex};
+    use crate::model::ids::{OperatorId, SubtaskIndex};
     use proptest::prelude::*;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
@@ -950,7 +950,7 @@ mod tests {
             format: Default::default(),
             operators: Vec::new(),
             edges: Vec::new(),
-            key_hash: crate::key_hash::KEY_HASH_VERSION,
+            key_hash: crate::model::key_hash::KEY_HASH_VERSION,
             timestamp: UNIX_BASE + at,
             subtasks: (0..subtasks).map(|i| (subtask(i), state(id, i))).collect(),
             master_states: BTreeMap::new(),
@@ -2132,7 +2132,7 @@ mod tests {
     #[test]
     fn every_checkpoint_records_the_jobs_operators() {
         let mut h = Harness::new(config(), 1);
-        let mut graph = crate::graph::JobGraph::default();
+        let mut graph = crate::model::graph::JobGraph::default();
         graph.add_operator("count", 1);
         h.coordinator.record_graph(&graph);
         h.tick(1000);

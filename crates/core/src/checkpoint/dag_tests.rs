@@ -6,10 +6,10 @@
 
 use super::barrier::tests::values;
 use super::barrier::{BarrierAction, BarrierHandler, Polled};
-use crate::batch::Batch;
-use crate::event::{Alignment, Barrier, ChannelEvent, CheckpointKind, CheckpointOptions};
-use crate::graph::{Edge, JobGraph, Partitioner};
-use crate::ids::{ChannelId, CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
+use crate::model::batch::Batch;
+use crate::model::event::{Alignment, Barrier, ChannelEvent, CheckpointKind, CheckpointOptions};
+use crate::model::graph::{Edge, JobGraph, Partitioner};
+use crate::model::ids::{ChannelId, CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use crate::time::WatermarkEvent;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

@@ -18,7 +18,7 @@
 //! usual.
 
 use super::{ends_input, CompletedCheckpoint};
-use crate::ids::{Attempt, SubtaskId};
+use crate::model::ids::{Attempt, SubtaskId};
 use std::collections::BTreeSet;
 
 /// Decides when a checkpointed job takes its final checkpoint and when its
@@ -119,7 +119,7 @@ mod tests {
     use super::*;
     use crate::checkpoint::entries::SOURCE_EXHAUSTED;
     use crate::checkpoint::SubtaskState;
-    use crate::ids::{OperatorId, SubtaskIndex};
+    use crate::model::ids::{OperatorId, SubtaskIndex};
     use crate::testkit::checkpoint;
     use std::collections::BTreeMap;
 

@@ -23,8 +23,8 @@ use super::shared::SharedStateRegistry;
 use super::stats::StatsEvent;
 use super::store::CompletedCheckpointStore;
 use super::{Ack, CheckpointFailure, CompletedCheckpoint};
-use crate::event::{Barrier, CheckpointKind};
-use crate::ids::{Attempt, CheckpointId, SubtaskId};
+use crate::model::event::{Barrier, CheckpointKind};
+use crate::model::ids::{Attempt, CheckpointId, SubtaskId};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What the shell tells [`JobCheckpoints`]: messages of the job and the

@@ -8,8 +8,8 @@ use super::{
     Ack, CheckpointConfig, CheckpointFailure, CheckpointMetrics, CompletedCheckpoint,
     NativeFileHandle, StateHandle, SubtaskState,
 };
-use crate::event::{Alignment, CheckpointKind};
-use crate::ids::{Attempt, CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
+use crate::model::event::{Alignment, CheckpointKind};
+use crate::model::ids::{Attempt, CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use std::time::{Duration, Instant};
 
 fn subtask(i: u32) -> SubtaskId {
@@ -321,7 +321,7 @@ fn the_final_checkpoint_ends_the_input_once_it_completes() {
     let mut exhausted = SubtaskState::default();
     exhausted
         .operator
-        .insert(crate::task::SOURCE_EXHAUSTED.into(), Vec::new());
+        .insert(crate::dataflow::task::SOURCE_EXHAUSTED.into(), Vec::new());
     job.ack(1, SOURCE, CheckpointId(1), exhausted);
     job.ack(1, SINK, CheckpointId(1), SubtaskState::default());
     let actions = job.written(CheckpointId(1));

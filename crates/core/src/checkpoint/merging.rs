@@ -27,7 +27,7 @@
 //! reach.
 
 use super::StateHandle;
-use crate::ids::{CheckpointId, SubtaskId};
+use crate::model::ids::{CheckpointId, SubtaskId};
 
 /// How a snapshot's objects are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -273,7 +273,7 @@ impl Default for UploadLimits {
 mod tests {
     use super::*;
     use crate::checkpoint::HandleMismatch;
-    use crate::ids::{OperatorId, SubtaskIndex};
+    use crate::model::ids::{OperatorId, SubtaskIndex};
 
     const KIB: u64 = 1024;
     const MIB: u64 = 1024 * KIB;

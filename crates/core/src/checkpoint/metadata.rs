@@ -62,8 +62,8 @@ pub fn decode(bytes: &[u8]) -> Result<CompletedCheckpoint, MetadataError> {
 mod tests {
     use super::*;
     use crate::checkpoint::{StateHandle, SubtaskState};
-    use crate::event::CheckpointKind;
-    use crate::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
+    use crate::model::event::CheckpointKind;
+    use crate::model::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
     use std::collections::BTreeMap;
 
     fn sample() -> CompletedCheckpoint {
@@ -84,7 +84,7 @@ mod tests {
             format: Default::default(),
             operators: Vec::new(),
             edges: Vec::new(),
-            key_hash: crate::key_hash::KEY_HASH_VERSION,
+            key_hash: crate::model::key_hash::KEY_HASH_VERSION,
             timestamp: 17,
             subtasks: BTreeMap::from([(
                 SubtaskId {

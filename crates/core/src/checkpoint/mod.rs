@@ -43,11 +43,11 @@ mod dag_tests;
 #[cfg(test)]
 mod job_checkpoints_tests;
 
-use crate::batch::Batch;
-use crate::event::{Alignment, CheckpointKind};
-use crate::graph::{Edge, OperatorSpec};
-use crate::ids::{CheckpointId, SubtaskId};
-use crate::key_group::KeyGroupRange;
+use crate::model::batch::Batch;
+use crate::model::event::{Alignment, CheckpointKind};
+use crate::model::graph::{Edge, OperatorSpec};
+use crate::model::ids::{CheckpointId, SubtaskId};
+use crate::model::key_group::KeyGroupRange;
 use bytes::Bytes;
 use entries::SOURCE_EXHAUSTED;
 use serde::{Deserialize, Serialize};
@@ -905,7 +905,7 @@ pub struct CompletedCheckpoint {
     #[serde(default)]
     pub edges: Vec<Edge>,
     /// The key hash its key groups were assigned with
-    /// ([`KEY_HASH_VERSION`](crate::key_hash::KEY_HASH_VERSION)); 0 before
+    /// ([`KEY_HASH_VERSION`](crate::model::key_hash::KEY_HASH_VERSION)); 0 before
     /// key hashing was stable. A restore refuses keyed state of another.
     #[serde(default)]
     pub key_hash: u32,
@@ -1011,8 +1011,8 @@ mod tests {
     #[test]
     fn input_ends_only_when_every_source_was_exhausted_in_the_checkpoint() {
         let source = |i| SubtaskId {
-            operator: crate::ids::OperatorId(0),
-            index: crate::ids::SubtaskIndex(i),
+            operator: crate::model::ids::OperatorId(0),
+            index: crate::model::ids::SubtaskIndex(i),
         };
         let exhausted = SubtaskState {
             operator: BTreeMap::from([(SOURCE_EXHAUSTED.to_owned(), Vec::new())]),

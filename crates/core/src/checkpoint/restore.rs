@@ -10,11 +10,11 @@ use super::{
     ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyGroupsStateHandle, KeyedStateHandle,
     NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
 };
-use crate::graph::{Edge, JobGraph, OperatorSpec, Partitioner};
-use crate::ids::{CheckpointId, KeyGroup, OperatorId, SubtaskId, SubtaskIndex};
-use crate::key_group::{subtask_for_key_group, KeyGroupRange};
-use crate::key_hash::KEY_HASH_VERSION;
-use crate::split::{self, SplitPosition};
+use crate::model::graph::{Edge, JobGraph, OperatorSpec, Partitioner};
+use crate::model::ids::{CheckpointId, KeyGroup, OperatorId, SubtaskId, SubtaskIndex};
+use crate::model::key_group::{subtask_for_key_group, KeyGroupRange};
+use crate::model::key_hash::KEY_HASH_VERSION;
+use crate::model::split::{self, SplitPosition};
 use crate::time::watermark::GeneratorState;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -862,8 +862,8 @@ mod tests {
     use super::*;
     use crate::checkpoint::entries::SINK;
     use crate::checkpoint::SubtaskState;
-    use crate::event::CheckpointKind;
-    use crate::ids::{CheckpointId, SubtaskIndex};
+    use crate::model::event::CheckpointKind;
+    use crate::model::ids::{CheckpointId, SubtaskIndex};
 
     fn graph(p: u32) -> JobGraph {
         let mut g = JobGraph::default();
@@ -911,7 +911,7 @@ mod tests {
             format: Default::default(),
             operators: Vec::new(),
             edges: Vec::new(),
-            key_hash: crate::key_hash::KEY_HASH_VERSION,
+            key_hash: crate::model::key_hash::KEY_HASH_VERSION,
             timestamp: 0,
             subtasks,
             master_states: BTreeMap::new(),
@@ -982,7 +982,7 @@ mod tests {
                 assert_eq!(read.len(), 128, "{old} -> {new}");
                 for (g, (group, path, range)) in read.into_iter().enumerate() {
                     assert_eq!(group, KeyGroup(g as u32));
-                    let was = crate::key_group::subtask_for_key_group(128, old, group);
+                    let was = crate::model::key_group::subtask_for_key_group(128, old, group);
                     assert_eq!(path, format!("chk-1/count-{}", was.0));
                     let first = KeyGroupRange::for_subtask(128, old, was).start;
                     let at = u64::from(group.0 - first) * 10;
@@ -1503,7 +1503,7 @@ mod tests {
         CompletedCheckpoint {
             operators: join_graph(2, 2, 2).operators,
             edges: join_graph(2, 2, 2).edges,
-            key_hash: crate::key_hash::KEY_HASH_VERSION,
+            key_hash: crate::model::key_hash::KEY_HASH_VERSION,
             subtasks,
             ..checkpoint(0)
         }

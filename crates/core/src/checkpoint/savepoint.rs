@@ -11,7 +11,7 @@
 //! files and no cleanup deletes them.
 
 use super::{stays_inside, CompletedCheckpoint, SnapshotFormat, StateHandle};
-use crate::ids::{CheckpointId, JobId};
+use crate::model::ids::{CheckpointId, JobId};
 use thiserror::Error;
 
 /// A reference in metadata that leaves its directory.

@@ -38,7 +38,7 @@
 //! referencing it are subsumed.
 
 use super::{CompletedCheckpoint, NativeFileHandle, SharedKey, StateHandle, SubtaskState};
-use crate::ids::{CheckpointId, SubtaskId};
+use crate::model::ids::{CheckpointId, SubtaskId};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Retained checkpoints referencing something, and the checkpoints that
@@ -490,8 +490,8 @@ mod tests {
     use super::*;
     use crate::checkpoint::merging::MergingOptions;
     use crate::checkpoint::store::CompletedCheckpointStore;
-    use crate::ids::{OperatorId, SubtaskIndex};
-    use crate::rng::SplitMix64;
+    use crate::model::ids::{OperatorId, SubtaskIndex};
+    use crate::model::rng::SplitMix64;
     use crate::testkit::native;
     use proptest::prelude::*;
 

@@ -5,7 +5,7 @@
 //! figures follow the protocol's own decisions; the shells only read it.
 
 use super::{Ack, CheckpointMetrics};
-use crate::ids::{CheckpointId, OperatorId, SubtaskId};
+use crate::model::ids::{CheckpointId, OperatorId, SubtaskId};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -198,7 +198,7 @@ impl CheckpointStats {
                 o.subtasks.iter().enumerate().filter_map(move |(i, s)| {
                     let id = SubtaskId {
                         operator: o.operator,
-                        index: crate::ids::SubtaskIndex(i as u32),
+                        index: crate::model::ids::SubtaskIndex(i as u32),
                     };
                     s.as_ref().map(|s| (id, s))
                 })
@@ -639,7 +639,7 @@ impl CheckpointStatsTracker {
 mod tests {
     use super::*;
     use crate::checkpoint::SubtaskState;
-    use crate::ids::SubtaskIndex;
+    use crate::model::ids::SubtaskIndex;
     use std::time::Duration;
 
     fn subtask(operator: u32, index: u32) -> SubtaskId {

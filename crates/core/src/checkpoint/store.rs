@@ -41,7 +41,7 @@ impl CompletedCheckpointStore {
 
     /// Forgets checkpoint `id` (one whose state turned out damaged) without
     /// subsuming anything: its objects stay for inspection and cleanup.
-    pub fn remove(&mut self, id: crate::ids::CheckpointId) {
+    pub fn remove(&mut self, id: crate::model::ids::CheckpointId) {
         self.checkpoints.retain(|c| c.id != id);
     }
 
@@ -54,7 +54,7 @@ impl CompletedCheckpointStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::CheckpointId;
+    use crate::model::ids::CheckpointId;
     use crate::testkit::checkpoint;
 
     #[test]

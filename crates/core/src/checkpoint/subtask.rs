@@ -20,8 +20,8 @@
 //! asynchronous part with, so that it keeps the one map of them.
 
 use super::NativeFileHandle;
-use crate::event::CheckpointKind;
-use crate::ids::CheckpointId;
+use crate::model::event::CheckpointKind;
+use crate::model::ids::CheckpointId;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 

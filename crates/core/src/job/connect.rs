@@ -4,13 +4,15 @@
 use super::join::{IntervalJoin, JoinFunction};
 use super::stream::{hash_route, owned, plain_route, KeyOf, Node, Sides, Stream};
 use super::KeyedStream;
-use crate::batch::Data;
-use crate::graph::Partitioner;
-use crate::operator::{Collector, Stateless};
+use crate::dataflow::operator::{Collector, Stateless};
+use crate::dataflow::task::{decoder, TaskContext};
+use crate::dataflow::two_input::{
+    CoProcessFunction, Either, KeyedCoProcessFunction, Sides as Dispatch,
+};
+use crate::model::batch::Data;
+use crate::model::graph::Partitioner;
 use crate::state::{Key, StateRegistrar};
-use crate::task::{decoder, TaskContext};
 use crate::time::Timestamped;
-use crate::two_input::{CoProcessFunction, Either, KeyedCoProcessFunction, Sides as Dispatch};
 use std::sync::Arc;
 use std::time::Duration;
 

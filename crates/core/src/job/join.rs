@@ -15,10 +15,10 @@
 //! rescale as any keyed state does. A record behind the watermark is late
 //! and dropped (counted), as in Flink.
 
-use crate::operator::Collector;
+use crate::dataflow::operator::Collector;
+use crate::dataflow::two_input::KeyedCoProcessFunction;
 use crate::state::{AllKeys, Key, KeyedContext, StateRegistrar, ValueState};
 use crate::time::{TimeMetrics, Timestamped};
-use crate::two_input::KeyedCoProcessFunction;
 use crate::Data;
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;

@@ -9,18 +9,20 @@
 //! shares, so that sources, streams and sinks can be added in any order; a
 //! stream read twice fans out (every reader gets every record).
 
-use crate::batch::BatchLimits;
-use crate::channel::ChannelConfig;
 use crate::checkpoint::coordinator::MasterHook;
 use crate::checkpoint::CheckpointSettings;
-use crate::fault::{Fault, KillSchedule, SlowSubtask};
-use crate::graph::{GraphError, JobGraph, Partitioner};
-use crate::ids::OperatorId;
-use crate::restart::RestartStrategy;
-use crate::source::coordinator::{SharedSourceCoordinator, SourceCoordinator, SourceHook};
-use crate::source::splits::ErasedEnumerator;
+use crate::cluster::fault::{Fault, KillSchedule, SlowSubtask};
+use crate::cluster::restart::RestartStrategy;
+use crate::dataflow::source::coordinator::{
+    SharedSourceCoordinator, SourceCoordinator, SourceHook,
+};
+use crate::dataflow::source::splits::ErasedEnumerator;
+use crate::dataflow::task::{Task, TaskContext};
+use crate::model::batch::BatchLimits;
+use crate::model::channel::ChannelConfig;
+use crate::model::graph::{GraphError, JobGraph, Partitioner};
+use crate::model::ids::OperatorId;
 use crate::state::StateBackend;
-use crate::task::{Task, TaskContext};
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
@@ -47,7 +49,7 @@ pub type TaskFactory = Arc<dyn Fn(&TaskContext) -> Box<dyn Task> + Send + Sync>;
 /// use std::time::Duration;
 /// use tidemark_core::checkpoint::CheckpointSettings;
 /// use tidemark_core::job::JobConfig;
-/// use tidemark_core::restart::RestartStrategy;
+/// use tidemark_core::cluster::restart::RestartStrategy;
 ///
 /// let config = JobConfig::default()
 ///     .parallelism(4)

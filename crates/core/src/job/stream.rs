@@ -4,22 +4,22 @@
 //! step that reads it.
 
 use super::{JobBuilder, TaskFactory};
-use crate::batch::Data;
-use crate::graph::{Edge, Partitioner};
-use crate::ids::OperatorId;
-use crate::key_group::key_group_of;
-use crate::operator::{
+use crate::dataflow::operator::{
     Collector, Downstream, KeyedFunctionFactory, KeyedProcess, KeyedProcessFunction, Output,
     OutputTag, RecordWriter, Route, SideOutputs, SideRecord, SinkWriter, Stateless,
 };
-use crate::sink::{Sink, SinkContext};
-use crate::source::reader::{Indexed, Reader, SourceReader};
-use crate::source::splits::Erased;
-use crate::source::{Source, SourceContext, SplitSource};
-use crate::state::{Key, KeyedStateBackend, StateRegistrar};
-use crate::task::{
+use crate::dataflow::sink::{Sink, SinkContext};
+use crate::dataflow::source::reader::{Indexed, Reader, SourceReader};
+use crate::dataflow::source::splits::Erased;
+use crate::dataflow::source::{Source, SourceContext, SplitSource};
+use crate::dataflow::task::{
     decoder, retain, sink_entry, ChainTask, Decoder, OutputContext, Retain, Task, TaskContext,
 };
+use crate::model::batch::Data;
+use crate::model::graph::{Edge, Partitioner};
+use crate::model::ids::OperatorId;
+use crate::model::key_group::key_group_of;
+use crate::state::{Key, KeyedStateBackend, StateRegistrar};
 use crate::time::{Timestamped, WatermarkStrategy};
 use std::sync::{Arc, Mutex};
 
@@ -368,7 +368,7 @@ impl<T: Data> Stream<T> {
         )
     }
 
-    fn with_operator(self, f: impl FnOnce(&mut crate::graph::OperatorSpec)) -> Self {
+    fn with_operator(self, f: impl FnOnce(&mut crate::model::graph::OperatorSpec)) -> Self {
         let (job, part) = self.chained();
         job.with(|b| f(b.graph.operator_mut(part.op)));
         Stream {

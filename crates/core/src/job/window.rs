@@ -3,8 +3,8 @@
 
 use super::window_operator::{LateData, WindowOperator, WindowSettings};
 use super::{KeyedStream, Stream};
-use crate::batch::Data;
-use crate::operator::Collector;
+use crate::dataflow::operator::Collector;
+use crate::model::batch::Data;
 use crate::state::Key;
 use crate::time::{AggregateFunction, TimeWindow, Timestamped, WindowAssigner};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! Above `time`, whose windows and assigners it uses, so that time stays
 //! below state and the operators.
 
-use crate::operator::{Collector, KeyedProcessFunction};
+use crate::dataflow::operator::{Collector, KeyedProcessFunction};
 use crate::state::{Key, KeyedContext, StateRegistrar, ValueState};
 use crate::time::window::{AggregateFunction, TimeWindow, WindowAssigner};
 use crate::time::{TimeDomain, Timestamped};

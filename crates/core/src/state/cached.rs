@@ -23,9 +23,9 @@ use super::store::{
     MAX_KEY_GROUPS,
 };
 use super::{Key, KeySlot, Reduce, ReduceFunction, StateError};
-use crate::batch::Data;
-use crate::ids::{CheckpointId, KeyGroup};
-use crate::key_group::KeyGroupRange;
+use crate::model::batch::Data;
+use crate::model::ids::{CheckpointId, KeyGroup};
+use crate::model::key_group::KeyGroupRange;
 use hashbrown::{hash_table, HashTable};
 use std::any::Any;
 use std::fmt::Debug;

@@ -21,9 +21,9 @@
 
 use super::snapshot::RestoreState;
 use super::{Key, StateError};
-use crate::batch::Data;
-use crate::ids::KeyGroup;
-use crate::key_group::{key_hash, KeyGroupRange};
+use crate::model::batch::Data;
+use crate::model::ids::KeyGroup;
+use crate::model::key_group::{key_hash, KeyGroupRange};
 use hashbrown::HashTable;
 use std::any::Any;
 use std::sync::{Arc, Mutex, Weak};

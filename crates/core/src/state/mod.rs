@@ -22,9 +22,9 @@ use self::cached::CachedValue;
 use self::heap::{table_hash, GroupTable};
 use hashbrown::hash_table;
 
-use crate::batch::Data;
-use crate::ids::{CheckpointId, KeyGroup};
-use crate::key_group::{key_group_for_hash, key_hash, KeyGroupRange};
+use crate::model::batch::Data;
+use crate::model::ids::{CheckpointId, KeyGroup};
+use crate::model::key_group::{key_group_for_hash, key_hash, KeyGroupRange};
 use crate::time::timers::{KeyTimers, TimeCounters, TimeDomain};
 use crate::time::Millis;
 use snapshot::{KeyedSnapshot, RestoreState};

@@ -3,8 +3,8 @@
 
 use super::HeapSnapshot;
 use crate::checkpoint::ChannelState;
-use crate::ids::KeyGroup;
-use crate::key_group::KeyGroupRange;
+use crate::model::ids::KeyGroup;
+use crate::model::key_group::KeyGroupRange;
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -13,8 +13,8 @@
 
 use super::snapshot::NativeFile;
 use super::StateError;
-use crate::ids::CheckpointId;
-use crate::key_group::KeyGroupRange;
+use crate::model::ids::CheckpointId;
+use crate::model::key_group::KeyGroupRange;
 use serde::Serialize;
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};

@@ -1,5 +1,5 @@
 use super::*;
-use crate::key_group::key_group_of;
+use crate::model::key_group::key_group_of;
 use crate::testkit::state::*;
 
 /// The embedded-store backend over sorted maps.

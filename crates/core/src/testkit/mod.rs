@@ -4,8 +4,8 @@
 use crate::checkpoint::{
     CompletedCheckpoint, KeyGroupsStateHandle, KeyedStateHandle, StateHandle, SubtaskState,
 };
-use crate::event::CheckpointKind;
-use crate::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
+use crate::model::event::CheckpointKind;
+use crate::model::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use std::collections::BTreeMap;
 
 /// A completed checkpoint with no state, for storage tests.
@@ -16,7 +16,7 @@ pub fn checkpoint(id: u64) -> CompletedCheckpoint {
         format: Default::default(),
         operators: Vec::new(),
         edges: Vec::new(),
-        key_hash: crate::key_hash::KEY_HASH_VERSION,
+        key_hash: crate::model::key_hash::KEY_HASH_VERSION,
         timestamp: id,
         subtasks: BTreeMap::new(),
         master_states: BTreeMap::new(),
@@ -32,7 +32,7 @@ pub fn native(
     SubtaskState {
         keyed: Some(KeyedStateHandle::Native(
             crate::checkpoint::NativeStateHandle {
-                key_groups: crate::key_group::KeyGroupRange { start: 0, end: 128 },
+                key_groups: crate::model::key_group::KeyGroupRange { start: 0, end: 128 },
                 shared,
                 private,
             },

@@ -1,14 +1,14 @@
 //! Keyed-state fixtures: the behaviour every backend must have, run by the
 //! heap's tests here and by the embedded stores' tests in their crates.
 
-use crate::batch::Data;
-use crate::ids::SubtaskIndex;
-use crate::key_group::KeyGroupRange;
-use crate::rng::splitmix64;
+use crate::dataflow::task::RestoreState;
+use crate::model::batch::Data;
+use crate::model::ids::SubtaskIndex;
+use crate::model::key_group::KeyGroupRange;
+use crate::model::rng::splitmix64;
 use crate::state::{
     AllKeys, Key, KeyedContext, KeyedStateBackend, SingleValue, StateBackend, StateRegistrar,
 };
-use crate::task::RestoreState;
 use std::collections::BTreeMap;
 
 /// The max parallelism of the fixtures: 128 key groups.

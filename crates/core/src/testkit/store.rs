@@ -4,13 +4,13 @@
 //! (whose own tests, in `tidemark-rocksdb`, hold it to the same behaviour).
 //! A native checkpoint is one file, `families`, of the maps.
 
-use crate::ids::KeyGroup;
-use crate::key_group::KeyGroupRange;
+use crate::dataflow::task::NativeFile;
+use crate::model::ids::KeyGroup;
+use crate::model::key_group::KeyGroupRange;
 use crate::state::store::{
     ColumnFamily, Cursor, Database, EmbeddedStore, MergeFunction, SortedWrites, Write,
 };
 use crate::state::StateError;
-use crate::task::NativeFile;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};

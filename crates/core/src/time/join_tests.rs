@@ -5,15 +5,15 @@
 //! the middle of a stream.
 
 use super::TimeMetrics;
-use crate::ids::{CheckpointId, SubtaskIndex};
-use crate::job::join::{IntervalJoin, JoinFunction};
-use crate::key_group::KeyGroupRange;
-use crate::operator::{
+use crate::dataflow::operator::{
     Collector, Downstream, KeyedFunctionFactory, KeyedProcess, Output, RecordWriter, Route, Step,
 };
+use crate::dataflow::task::{KeyedSnapshot, RestoreState, TaskSnapshot};
+use crate::dataflow::two_input::{Either, Sides};
+use crate::job::join::{IntervalJoin, JoinFunction};
+use crate::model::ids::{CheckpointId, SubtaskIndex};
+use crate::model::key_group::KeyGroupRange;
 use crate::state::{KeyedStateBackend, StateBackend};
-use crate::task::{KeyedSnapshot, RestoreState, TaskSnapshot};
-use crate::two_input::{Either, Sides};
 use bytes::Bytes;
 use std::sync::Arc;
 

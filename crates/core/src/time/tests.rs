@@ -3,16 +3,16 @@
 //! windows fire, merge and treat late records.
 
 use super::*;
-use crate::batch::Data;
-use crate::ids::{CheckpointId, KeyGroup, SubtaskIndex};
-use crate::job::window_operator::{WindowOperator, WindowSettings};
-use crate::key_group::{key_group_of, KeyGroupRange};
-use crate::operator::{
+use crate::dataflow::operator::{
     Collector, Downstream, KeyedFunctionFactory, KeyedProcess, KeyedProcessFunction, Outgoing,
     Output, RecordWriter, Route, Step,
 };
+use crate::dataflow::task::{KeyedSnapshot, RestoreState, TaskSnapshot};
+use crate::job::window_operator::{WindowOperator, WindowSettings};
+use crate::model::batch::Data;
+use crate::model::ids::{CheckpointId, KeyGroup, SubtaskIndex};
+use crate::model::key_group::{key_group_of, KeyGroupRange};
 use crate::state::{KeyedContext, KeyedStateBackend, StateBackend};
-use crate::task::{KeyedSnapshot, RestoreState, TaskSnapshot};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -408,18 +408,17 @@ fn processing_time_windows_follow_the_clock() {
 fn source_task(
     items: &Arc<Vec<Ev>>,
     strategy: Option<WatermarkStrategy>,
-) -> crate::task::ChainTask<Ev> {
-    use crate::source::{Items, SourceContext};
-    use crate::task::ChainTask;
+) -> crate::dataflow::task::ChainTask<Ev> {
+    use crate::dataflow::source::{Items, SourceContext};
+    use crate::dataflow::task::ChainTask;
     let ctx = SourceContext {
         subtask: SubtaskIndex(0),
         parallelism: 1,
         start: None,
     };
-    let source = Box::new(crate::source::reader::Indexed(Box::new(Items::new(
-        items.clone(),
-        ctx,
-    ))));
+    let source = Box::new(crate::dataflow::source::reader::Indexed(Box::new(
+        Items::new(items.clone(), ctx),
+    )));
     let writer = Box::new(RecordWriter::<Ev>::new(Route::Forward, 0, 1, 1 << 10));
     match strategy {
         Some(strategy) => {
@@ -431,7 +430,7 @@ fn source_task(
 
 #[test]
 fn a_restored_source_sends_its_watermark_again_and_every_source_ends_with_the_final_one() {
-    use crate::task::Task;
+    use crate::dataflow::task::Task;
     let items = Arc::new(vec![ev(1, 100), ev(2, 300), ev(3, 200), ev(4, 400)]);
     let strategy = WatermarkStrategy::bounded_out_of_orderness(Duration::from_millis(50));
     let mut task = source_task(&items, Some(strategy));
@@ -458,7 +457,10 @@ fn a_restored_source_sends_its_watermark_again_and_every_source_ends_with_the_fi
     let mut plain = source_task(&items, None);
     assert_eq!(plain.watermark_interval(), None);
     let produced = plain.produce(10, 0, &mut Vec::new()).unwrap();
-    assert_eq!(produced.status, crate::source::SourceStatus::Finished);
+    assert_eq!(
+        produced.status,
+        crate::dataflow::source::SourceStatus::Finished
+    );
     events.clear();
     plain.take_watermarks(&mut events);
     assert_eq!(events, [WatermarkEvent::Watermark(u64::MAX)]);

@@ -3,27 +3,9 @@
 //! `StatusWatermarkValve`), never decreasing.
 
 use super::Millis;
+pub use crate::model::event::{WatermarkEvent, WatermarkStatus};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
-
-/// Whether a channel's watermark holds back the subtasks downstream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum WatermarkStatus {
-    /// The producer has had no records for its idle timeout: consumers take
-    /// the minimum over their other channels.
-    Idle,
-    /// The producer has records again.
-    Active,
-}
-
-/// What a generator or a valve emits downstream, in order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WatermarkEvent {
-    /// No record with a timestamp at or below this one follows.
-    Watermark(u64),
-    /// The producer went idle or active.
-    Status(WatermarkStatus),
-}
 
 /// How a source derives watermarks from the timestamps it reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

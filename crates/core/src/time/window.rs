@@ -5,7 +5,7 @@
 //! window is special to checkpoints, rescaling or either backend.
 
 use super::timers::TimeDomain;
-use crate::batch::Data;
+use crate::model::batch::Data;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 

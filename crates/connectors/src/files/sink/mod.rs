@@ -39,7 +39,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use thiserror::Error;
-use tidemark_core::ids::CheckpointId;
+use tidemark_core::model::ids::CheckpointId;
 use tidemark_core::{Sink, SinkContext, UserError};
 use tidemark_storage::{Location, StorageError};
 

@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use tidemark_core::ids::CheckpointId;
+use tidemark_core::model::ids::CheckpointId;
 
 /// When an open part file is sealed before the next barrier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

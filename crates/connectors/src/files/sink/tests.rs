@@ -4,7 +4,7 @@
 use super::*;
 use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
-use tidemark_core::ids::SubtaskIndex;
+use tidemark_core::model::ids::SubtaskIndex;
 
 fn ctx(subtask: u32) -> SinkContext {
     SinkContext {

@@ -29,16 +29,16 @@ mod task;
 #[cfg(test)]
 mod tests;
 
-use crate::channel::{CreditReceiver, CreditSender};
 use crate::checkpoint::coordinator::{CheckpointCoordinator, Now, RequestId};
 use crate::checkpoint::job_checkpoints::{
     BrokenRule, JobAction, JobCheckpoints, JobEvent, WriteFailure,
 };
 use crate::checkpoint::{Ack, CheckpointConfig, CheckpointMetrics, CompletedCheckpoint};
-use crate::event::{Alignment, ChannelEvent, CheckpointKind};
-use crate::ids::{Attempt, CheckpointId, SubtaskId};
-use crate::lifecycle::{JobLifecycle, LifeEvent};
-use crate::rng::SplitMix64;
+use crate::cluster::lifecycle::{JobLifecycle, LifeEvent};
+use crate::model::channel::{CreditReceiver, CreditSender};
+use crate::model::event::{Alignment, ChannelEvent, CheckpointKind};
+use crate::model::ids::{Attempt, CheckpointId, SubtaskId};
+use crate::model::rng::SplitMix64;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::{Duration, Instant};

@@ -7,7 +7,7 @@ use super::{Failed, Sim};
 use crate::checkpoint::coordinator::RequestId;
 use crate::checkpoint::job_checkpoints::{JobEvent, Resolved};
 use crate::checkpoint::{CheckpointFailure, CompletedCheckpoint};
-use crate::event::CheckpointKind;
+use crate::model::event::CheckpointKind;
 
 impl Sim {
     /// Whether a request may be made now: some are left and an attempt

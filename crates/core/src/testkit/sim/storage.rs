@@ -5,7 +5,7 @@
 use crate::checkpoint::store::CompletedCheckpointStore;
 use crate::checkpoint::subtask::SharedBase;
 use crate::checkpoint::{CompletedCheckpoint, SubtaskState};
-use crate::ids::{Attempt, CheckpointId};
+use crate::model::ids::{Attempt, CheckpointId};
 use std::collections::BTreeMap;
 
 /// Objects, `_metadata` files and the id counter, as a real store keeps

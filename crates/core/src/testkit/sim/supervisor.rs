@@ -5,12 +5,12 @@
 use super::storage::{Op, WriteFault};
 use super::task::{self, Role, Task, CHANNELS, SINK, SOURCES};
 use super::{Channel, Failed, Sim};
-use crate::channel::{CreditReceiver, CreditSender};
 use crate::checkpoint::job_checkpoints::JobEvent;
 use crate::checkpoint::{ends_input, CompletedCheckpoint};
-use crate::ids::Attempt;
-use crate::lifecycle::{JobLifecycle, LifeAction, LifeEvent, Outcome, Phase};
-use crate::restart::RestartStrategy;
+use crate::cluster::lifecycle::{JobLifecycle, LifeAction, LifeEvent, Outcome, Phase};
+use crate::cluster::restart::RestartStrategy;
+use crate::model::channel::{CreditReceiver, CreditSender};
+use crate::model::ids::Attempt;
 use std::time::Duration;
 
 /// Restarts never run out: every failure injected is one the job must
@@ -100,7 +100,7 @@ impl Sim {
                 let sender = &mut self.channels[task.outputs[output]].sender;
                 batches
                     .into_iter()
-                    .for_each(|b| sender.push(crate::event::ChannelEvent::Batch(b)));
+                    .for_each(|b| sender.push(crate::model::event::ChannelEvent::Batch(b)));
             }
         }
         if let Role::Sink { pending, .. } = &mut self.tasks[SINK].role {

@@ -5,16 +5,16 @@
 
 use super::storage::{Op, Storage};
 use super::{Failed, Sim, ToCoordinator};
-use crate::batch::Batch;
 use crate::checkpoint::barrier::{BarrierAction, BarrierHandler, Polled};
 use crate::checkpoint::subtask::{SharedBase, SubtaskCheckpointer};
 use crate::checkpoint::{
     checksum, ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyedStateHandle,
     NativeFileHandle, StateHandle, SubtaskState,
 };
-use crate::event::{Alignment, Barrier, ChannelEvent, CheckpointKind};
-use crate::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
-use crate::task::SOURCE_EXHAUSTED;
+use crate::dataflow::task::SOURCE_EXHAUSTED;
+use crate::model::batch::Batch;
+use crate::model::event::{Alignment, Barrier, ChannelEvent, CheckpointKind};
+use crate::model::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 pub(super) const SOURCES: usize = 2;
@@ -34,7 +34,7 @@ pub(super) const FINAL_TXN: u64 = u64::MAX;
 
 /// The key of source `source`'s record `i`.
 pub(super) fn key_of(source: usize, i: u64) -> u64 {
-    crate::rng::splitmix64(((source as u64) << 32) | i) % KEYS
+    crate::model::rng::splitmix64(((source as u64) << 32) | i) % KEYS
 }
 
 /// The counter a key goes to.
@@ -222,7 +222,7 @@ fn push_channel_state(
     });
 }
 
-fn encode_batches<T: crate::batch::Data>(batches: Vec<Batch>) -> Vec<u8> {
+fn encode_batches<T: crate::model::batch::Data>(batches: Vec<Batch>) -> Vec<u8> {
     let records: Vec<Vec<T>> = batches
         .into_iter()
         .map(|b| b.into_records().expect("records of the channel's type"))

@@ -3,11 +3,11 @@
 //! a record writer (partitioning into output channels) or a sink. Only whole
 //! batches cross channels; inside a chain records are passed one by one.
 
-use crate::batch::{Batch, Data};
-use crate::error::TaskError;
-use crate::ids::{CheckpointId, KeyGroup};
-use crate::key_group::subtask_for_key_group;
-use crate::sink::Sink;
+use crate::dataflow::error::TaskError;
+use crate::dataflow::sink::Sink;
+use crate::model::batch::{Batch, Data};
+use crate::model::ids::{CheckpointId, KeyGroup};
+use crate::model::key_group::subtask_for_key_group;
 use crate::state::snapshot::{RestoreState, TaskSnapshot};
 use crate::state::timers::TimerService;
 use crate::state::{
@@ -784,7 +784,7 @@ impl<T: Send> Step for SinkWriter<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key_group::key_group_of;
+    use crate::model::key_group::key_group_of;
 
     fn records(out: Outgoing) -> Vec<(usize, Vec<u64>)> {
         out.into_iter()
@@ -817,10 +817,10 @@ mod tests {
         w.end_of_input(&mut out).unwrap();
         for (channel, keys) in records(out) {
             for k in keys {
-                let owner = crate::key_group::KeyGroupRange::for_subtask(
+                let owner = crate::model::key_group::KeyGroupRange::for_subtask(
                     128,
                     3,
-                    crate::ids::SubtaskIndex(channel as u32),
+                    crate::model::ids::SubtaskIndex(channel as u32),
                 );
                 assert!(owner.contains(key_group_of(&k, 128)));
             }
@@ -852,8 +852,11 @@ mod tests {
             store: Arc::new(crate::testkit::store::MemoryStore::new(local_dir)),
             cache_entries: crate::state::StateBackend::DEFAULT_CACHE_ENTRIES,
         };
-        let range =
-            crate::key_group::KeyGroupRange::for_subtask(128, 1, crate::ids::SubtaskIndex(0));
+        let range = crate::model::key_group::KeyGroupRange::for_subtask(
+            128,
+            1,
+            crate::model::ids::SubtaskIndex(0),
+        );
         let states = KeyedStateBackend::new(&config, "op-1-0", range, 128);
         let factory: KeyedFunctionFactory<u64, u64, (u64, u64)> =
             Arc::new(|states| Box::new(Count(states.value("count"))));

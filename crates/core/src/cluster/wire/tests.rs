@@ -1,6 +1,6 @@
 use super::*;
-use crate::channel::{CreditReceiver, CreditSender};
-use crate::event::{Alignment, CheckpointKind, CheckpointOptions};
+use crate::model::channel::{CreditReceiver, CreditSender};
+use crate::model::event::{Alignment, CheckpointKind, CheckpointOptions};
 use proptest::prelude::*;
 
 fn channel() -> ChannelId {

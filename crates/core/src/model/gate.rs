@@ -4,9 +4,9 @@
 //! blocked and what the queues hold for a checkpoint; the gate only honours
 //! and answers that.
 
-use crate::batch::Batch;
-use crate::event::ChannelEvent;
-use crate::ids::CheckpointId;
+use crate::model::batch::Batch;
+use crate::model::event::ChannelEvent;
+use crate::model::ids::CheckpointId;
 use std::collections::VecDeque;
 
 /// What the gate gives out, and where it came from.
@@ -124,7 +124,7 @@ impl InputGate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Alignment, Barrier, CheckpointKind, CheckpointOptions};
+    use crate::model::event::{Alignment, Barrier, CheckpointKind, CheckpointOptions};
 
     fn batch(n: u64) -> Batch {
         Batch::new(vec![n])

@@ -1,5 +1,5 @@
 use super::*;
-use crate::source::splits::{DiscoveryFuture, SourceSplit, SplitEnumerator};
+use crate::dataflow::source::splits::{DiscoveryFuture, SourceSplit, SplitEnumerator};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -185,12 +185,12 @@ fn state_of_the_other_kind_of_source_is_refused_not_read_again() {
     let mut splits = BTreeMap::new();
     reader.snapshot(CheckpointId(1), &mut splits).unwrap();
     let items = std::sync::Arc::new(vec![1u64, 2, 3]);
-    let ctx = crate::source::SourceContext {
-        subtask: crate::ids::SubtaskIndex(0),
+    let ctx = crate::dataflow::source::SourceContext {
+        subtask: crate::model::ids::SubtaskIndex(0),
         parallelism: 1,
         start: None,
     };
-    let mut indexed = Indexed::<u64>(Box::new(crate::source::Items::new(items, ctx)));
+    let mut indexed = Indexed::<u64>(Box::new(crate::dataflow::source::Items::new(items, ctx)));
     let error = indexed.restore(&splits).unwrap_err().to_string();
     assert!(error.contains("holds splits of a split source"), "{error}");
 
@@ -218,8 +218,8 @@ impl crate::time::Timestamped for At {
 
 #[test]
 fn reading_one_split_ahead_makes_no_record_of_another_late() {
-    use crate::operator::{RecordWriter, Route};
-    use crate::task::{ChainTask, Task};
+    use crate::dataflow::operator::{RecordWriter, Route};
+    use crate::dataflow::task::{ChainTask, Task};
     use crate::time::{WatermarkEvent, WatermarkStrategy};
     // A morning and an afternoon, read in turn two records at a time.
     let lists = Lists(

@@ -1,5 +1,5 @@
 use super::*;
-use crate::source::splits::{
+use crate::dataflow::source::splits::{
     BoxFuture, Discovery, DiscoveryFuture, Erased, SourceSplit, SplitEnumerator,
 };
 use std::collections::BTreeSet;

@@ -1,15 +1,15 @@
 //! The type-erased body of a subtask: a source or an input, followed by its
 //! operator chain. The subtask actor drives it without knowing record types.
 
-use crate::batch::{Batch, BatchLimits, Data};
-use crate::error::TaskError;
-use crate::graph::Partitioner;
-use crate::ids::{CheckpointId, OperatorId, SubtaskIndex};
-use crate::key_group::KeyGroupRange;
-use crate::operator::{Downstream, Outgoing};
-use crate::source::reader::Reader;
-use crate::source::{SourceStatus, SplitBytes};
-use crate::split::SplitPosition;
+use crate::dataflow::error::TaskError;
+use crate::dataflow::operator::{Downstream, Outgoing};
+use crate::dataflow::source::reader::Reader;
+use crate::dataflow::source::{SourceStatus, SplitBytes};
+use crate::model::batch::{Batch, BatchLimits, Data};
+use crate::model::graph::Partitioner;
+use crate::model::ids::{CheckpointId, OperatorId, SubtaskIndex};
+use crate::model::key_group::KeyGroupRange;
+use crate::model::split::SplitPosition;
 use crate::state::StateBackend;
 use crate::time::split_watermarks::SplitWatermarks;
 use crate::time::watermark::GeneratorState;

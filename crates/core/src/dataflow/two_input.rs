@@ -4,7 +4,7 @@
 //! timers, snapshots, restore — serves it unchanged: the keyed function over
 //! `Either<L, R>` dispatches to `process_left` and `process_right`.
 
-use crate::operator::{Collector, KeyedProcessFunction};
+use crate::dataflow::operator::{Collector, KeyedProcessFunction};
 use crate::state::{AllKeys, Key, KeyedContext};
 use serde::{Deserialize, Serialize};
 

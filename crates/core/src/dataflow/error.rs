@@ -1,7 +1,7 @@
 //! Errors of running a task. User code reports its own errors as
 //! `UserError`; the runtime wraps them with the place they came from.
 
-use crate::batch::BatchError;
+use crate::model::batch::BatchError;
 use crate::state::StateError;
 use thiserror::Error;
 

@@ -10,8 +10,8 @@
 //! channels are laid out the same way. Both orders are part of the
 //! checkpoint format: channel state names a channel by its position there.
 
-use crate::ids::{ChannelId, OperatorId, SubtaskId, SubtaskIndex};
-use crate::key_group::DEFAULT_MAX_PARALLELISM;
+use crate::model::ids::{ChannelId, OperatorId, SubtaskId, SubtaskIndex};
+use crate::model::key_group::DEFAULT_MAX_PARALLELISM;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 

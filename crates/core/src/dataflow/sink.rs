@@ -4,8 +4,8 @@
 //! restore commits what the restored checkpoint pre-committed and aborts
 //! everything newer. The defaults suit sinks without transactions.
 
-use crate::error::UserError;
-use crate::ids::{CheckpointId, SubtaskIndex};
+use crate::dataflow::error::UserError;
+use crate::model::ids::{CheckpointId, SubtaskIndex};
 
 /// Which sink subtask a sink is opened for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

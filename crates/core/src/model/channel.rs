@@ -7,8 +7,8 @@
 //! endpoint, and output endpoint → input endpoint. Both keep their queued
 //! events in the open, so that an unaligned checkpoint can take them.
 
-use crate::batch::Batch;
-use crate::event::ChannelEvent;
+use crate::model::batch::Batch;
+use crate::model::event::ChannelEvent;
 use std::collections::VecDeque;
 use thiserror::Error;
 
@@ -205,8 +205,8 @@ fn queued_batches(queue: &VecDeque<ChannelEvent>) -> Vec<Batch> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::Batch;
-    use crate::ids::CheckpointId;
+    use crate::model::batch::Batch;
+    use crate::model::ids::CheckpointId;
 
     fn batch(n: u64) -> ChannelEvent {
         ChannelEvent::Batch(Batch::new(vec![n]))
@@ -288,7 +288,7 @@ mod tests {
     }
 
     fn barrier() -> ChannelEvent {
-        use crate::event::{Alignment, Barrier, CheckpointKind, CheckpointOptions};
+        use crate::model::event::{Alignment, Barrier, CheckpointKind, CheckpointOptions};
         ChannelEvent::Barrier(Barrier {
             id: CheckpointId(7),
             timestamp: 0,

@@ -2,8 +2,8 @@
 //! schedule of subtask kills spread over a run, and targeted faults at the
 //! steps of a checkpoint that tests must survive.
 
-use crate::ids::{CheckpointId, SubtaskId};
-use crate::rng::SplitMix64;
+use crate::model::ids::{CheckpointId, SubtaskId};
+use crate::model::rng::SplitMix64;
 
 /// Where a targeted fault strikes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -7,7 +7,7 @@
 //! at the barrier, and a restore at any parallelism deals them out again.
 
 pub use crate::checkpoint::entries::SplitBytes;
-use crate::error::UserError;
+use crate::dataflow::error::UserError;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::future::Future;

@@ -19,10 +19,12 @@
 //! once (its records as rmp-serde, as in channel state) and is decoded by
 //! the consumer's operator, which alone knows the record type.
 
-use crate::attempts::RunAttempt;
-use crate::batch::{Batch, EncodedBatch};
-use crate::event::{Barrier, ChannelEvent};
-use crate::ids::{Attempt, ChannelId, CheckpointId, JobId, OperatorId, SubtaskId, SubtaskIndex};
+use crate::cluster::attempts::RunAttempt;
+use crate::model::batch::{Batch, EncodedBatch};
+use crate::model::event::{Barrier, ChannelEvent};
+use crate::model::ids::{
+    Attempt, ChannelId, CheckpointId, JobId, OperatorId, SubtaskId, SubtaskIndex,
+};
 use crate::time::WatermarkStatus;
 use std::collections::HashMap;
 use thiserror::Error;

@@ -19,8 +19,8 @@
 //! - A restart whose state failed to load with a transient storage error
 //!   restarts again; any other load error fails the job.
 
-use crate::ids::Attempt;
-use crate::restart::RestartStrategy;
+use crate::cluster::restart::RestartStrategy;
+use crate::model::ids::Attempt;
 use std::time::Duration;
 
 /// Where the run stands.

@@ -3,9 +3,8 @@
 //! unless the unaligned protocol moves it there on purpose. Watermarks travel
 //! the same way, so a watermark never overtakes the records it follows.
 
-use crate::batch::Batch;
-use crate::ids::CheckpointId;
-use crate::time::{WatermarkEvent, WatermarkStatus};
+use crate::model::batch::Batch;
+use crate::model::ids::CheckpointId;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -88,4 +87,23 @@ impl ChannelEvent {
     pub fn is_batch(&self) -> bool {
         matches!(self, ChannelEvent::Batch(_))
     }
+}
+
+/// Whether a channel's watermark holds back the subtasks downstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WatermarkStatus {
+    /// The producer has had no records for its idle timeout: consumers take
+    /// the minimum over their other channels.
+    Idle,
+    /// The producer has records again.
+    Active,
+}
+
+/// What a generator or a valve emits downstream, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatermarkEvent {
+    /// No record with a timestamp at or below this one follows.
+    Watermark(u64),
+    /// The producer went idle or active.
+    Status(WatermarkStatus),
 }

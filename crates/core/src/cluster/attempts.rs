@@ -1,7 +1,7 @@
 //! Which attempt a worker process hosts: the rule that keeps a stale
 //! driver's deployment from displacing a newer one.
 
-use crate::ids::{Attempt, JobId};
+use crate::model::ids::{Attempt, JobId};
 
 /// One attempt of one run of a job. Attempts count from 0 in every run,
 /// and a run that took the job directory over holds a newer lease epoch:

@@ -3,8 +3,8 @@
 //! key group always belongs to exactly one subtask and rescaling moves whole
 //! key groups.
 
-use crate::ids::{KeyGroup, SubtaskIndex};
-use crate::key_hash::stable_hash;
+use crate::model::ids::{KeyGroup, SubtaskIndex};
+use crate::model::key_hash::stable_hash;
 use serde::{Deserialize, Serialize};
 
 /// Flink's default upper bound for rescaling.
@@ -76,7 +76,7 @@ pub fn subtask_for_key_group(
 }
 
 /// Hash of a key: a stable function of its value, the same in every
-/// process, platform and build ([`crate::key_hash`]). State tables reuse
+/// process, platform and build ([`crate::model::key_hash`]). State tables reuse
 /// it, so a record's key is hashed once per operator.
 #[inline]
 pub fn key_hash<K: Serialize + ?Sized>(key: &K) -> u64 {

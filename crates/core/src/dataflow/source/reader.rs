@@ -5,8 +5,8 @@
 use super::splits::{SplitBytes, SplitReader, SplitSource};
 use super::{Source, SourceStatus};
 use crate::checkpoint::entries::{SOURCE_POSITION, SOURCE_SPLITS};
-use crate::error::{TaskError, UserError};
-use crate::ids::CheckpointId;
+use crate::dataflow::error::{TaskError, UserError};
+use crate::model::ids::CheckpointId;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 

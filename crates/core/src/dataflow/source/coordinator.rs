@@ -13,8 +13,8 @@
 
 use super::splits::{ErasedEnumerator, SplitBytes};
 use crate::checkpoint::coordinator::MasterHook;
-use crate::error::UserError;
-use crate::ids::CheckpointId;
+use crate::dataflow::error::UserError;
+use crate::model::ids::CheckpointId;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -13,9 +13,9 @@ pub use splits::{
     SplitSource,
 };
 
-use crate::error::UserError;
-use crate::ids::SubtaskIndex;
-use crate::split::{Split, SplitPosition};
+use crate::dataflow::error::UserError;
+use crate::model::ids::SubtaskIndex;
+use crate::model::split::{Split, SplitPosition};
 
 /// Where a source subtask starts.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,7 +111,7 @@ mod tests {
     fn items_split_by_subtask_and_resume_at_an_offset() {
         let items = Arc::new((0..10).collect::<Vec<u32>>());
         let ctx = |subtask, start| SourceContext {
-            subtask: crate::ids::SubtaskIndex(subtask),
+            subtask: crate::model::ids::SubtaskIndex(subtask),
             parallelism: 3,
             start,
         };
