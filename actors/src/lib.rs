@@ -33,6 +33,7 @@ mod coordinator;
 mod deploy;
 pub mod election;
 mod endpoint;
+mod hooks;
 pub mod http;
 pub mod join;
 mod messages;
