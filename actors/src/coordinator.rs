@@ -1,10 +1,11 @@
 //! The coordinator actor: the shell of the core's `JobCheckpoints`. It owns
-//! the timer, checkpoint storage and the subtasks' addresses, feeds the
-//! core every message with the current time, carries out the IO it asks
-//! for and feeds back the outcomes; every decision is the core's. It
-//! outlives the attempts of a job: the supervisor tells it which subtasks
-//! are current.
+//! the timer, checkpoint storage, the master hooks and the subtasks'
+//! addresses, feeds the core every message with the current time, carries
+//! out the IO and runs the user code it asks for and feeds back the
+//! outcomes; every decision is the core's. It outlives the attempts of a
+//! job: the supervisor tells it which subtasks are current.
 
+use crate::hooks::MasterHooks;
 use crate::messages::SubtaskHandle;
 use crate::messages::{
     AcknowledgeCheckpoint, DeclineCheckpoint, EndInput, NotifyCheckpointAborted,
@@ -20,7 +21,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use tidemark_core::checkpoint::coordinator::{CheckpointCoordinator, Now, RequestId};
+use tidemark_core::checkpoint::coordinator::{CheckpointCoordinator, HookError, Now, RequestId};
 use tidemark_core::checkpoint::job_checkpoints::{
     JobAction, JobCheckpoints, JobEvent, Resolved, WriteFailure,
 };
@@ -70,7 +71,7 @@ pub struct RestoreFrom {
 /// are restored from it on the way.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct LatestCheckpoint(pub oneshot::Sender<Result<Option<RestoreFrom>, String>>);
+pub struct LatestCheckpoint(pub oneshot::Sender<Result<Option<RestoreFrom>, HookError>>);
 
 /// The job is over: abandon pending checkpoints and answer once their state
 /// is deleted.
@@ -123,6 +124,8 @@ struct Triggered {
 
 pub struct CoordinatorActor {
     core: JobCheckpoints,
+    /// Run when the core asks for their states and on every restore.
+    hooks: MasterHooks,
     /// The job's source coordinators.
     sources: SourceHost,
     storage: CheckpointStorage,
@@ -132,7 +135,7 @@ pub struct CoordinatorActor {
     /// Every subtask of the running attempt, sources included.
     subtasks: HashMap<SubtaskId, SubtaskHandle>,
     shutdown_replies: Vec<oneshot::Sender<()>>,
-    restore_replies: VecDeque<oneshot::Sender<Result<Option<RestoreFrom>, String>>>,
+    restore_replies: VecDeque<oneshot::Sender<Result<Option<RestoreFrom>, HookError>>>,
     savepoints: Savepoints,
     timer: Option<SpawnHandle>,
     requests: HashMap<RequestId, TriggerReply>,
@@ -170,6 +173,7 @@ impl CoordinatorActor {
     ) -> Self {
         CoordinatorActor {
             sources: SourceHost::default(),
+            hooks: MasterHooks::default(),
             core: JobCheckpoints::new(core, store, max_space_amplification),
             storage,
             supervisor,
@@ -193,9 +197,22 @@ impl CoordinatorActor {
         CoordinatorActor { sources, ..self }
     }
 
+    /// Runs the job's master hooks, restored already if the job resumes
+    /// from a checkpoint; the core awaits them (`await_master_hooks`).
+    pub fn with_master_hooks(self, hooks: MasterHooks) -> Self {
+        CoordinatorActor { hooks, ..self }
+    }
+
+    /// Feeds `event`, then the outcomes of the actions carried out at once,
+    /// in the same turn: no message, hence no split handed out, comes
+    /// between the master hooks' snapshot and the id counter write that
+    /// holds the mailbox until the barrier goes out.
     fn feed(&mut self, event: JobEvent, ctx: &mut Context<Self>) {
-        for action in self.core.handle(now(), event) {
-            self.carry_out(action, ctx);
+        let mut events = VecDeque::from([event]);
+        while let Some(event) = events.pop_front() {
+            for action in self.core.handle(now(), event) {
+                events.extend(self.carry_out(action, ctx));
+            }
         }
         self.rearm(ctx);
     }
@@ -225,9 +242,14 @@ impl CoordinatorActor {
         }
     }
 
-    /// Carries out one action of the core, feeding back its outcome.
-    fn carry_out(&mut self, action: JobAction, ctx: &mut Context<Self>) {
+    /// Carries out one action of the core, feeding back its outcome later
+    /// or, for the master hooks, returning it.
+    fn carry_out(&mut self, action: JobAction, ctx: &mut Context<Self>) -> Option<JobEvent> {
         match action {
+            JobAction::TriggerHooks(checkpoint) => {
+                let result = self.hooks.trigger(checkpoint);
+                return Some(JobEvent::HooksTriggered { checkpoint, result });
+            }
             JobAction::StoreNextId { barrier, next_id } => {
                 self.store_next_id(barrier, next_id, ctx)
             }
@@ -277,6 +299,7 @@ impl CoordinatorActor {
                 tracing::warn!(error = %e, "checkpoint coordinator rejected a message")
             }
         }
+        None
     }
 
     /// Persists the id counter, the mailbox held meanwhile: counter writes
@@ -485,7 +508,10 @@ impl CoordinatorActor {
             None => self.savepoints.started_from.clone(),
         };
         let restored = match &from {
-            Some(from) => self.core.restore(&from.checkpoint),
+            Some(from) => {
+                self.core.restore(&from.checkpoint);
+                self.hooks.restore(&from.checkpoint)
+            }
             None => Ok(()),
         };
         let _ = reply.send(restored.map(|()| from));

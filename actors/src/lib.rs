@@ -33,6 +33,7 @@ mod coordinator;
 mod deploy;
 pub mod election;
 mod endpoint;
+mod hooks;
 pub mod http;
 mod messages;
 pub mod metrics;

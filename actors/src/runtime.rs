@@ -15,6 +15,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use thiserror::Error;
+use tidemark_core::checkpoint::coordinator::HookError;
 use tidemark_core::checkpoint::lease::LeaseOptions;
 use tidemark_core::checkpoint::restore::RestoreError;
 use tidemark_core::checkpoint::stats::{self, CheckpointStatsTracker};
@@ -83,8 +84,8 @@ pub enum JobError {
     #[error("checkpointing failed: {0}")]
     Checkpointing(String),
     /// A master hook's `restore` failed, at the start or at a failover.
-    #[error("a master hook failed to restore: {0}")]
-    MasterHook(String),
+    #[error(transparent)]
+    MasterHook(#[from] HookError),
     /// The restart strategy allows no more restarts.
     #[error("gave up after {restarts} restarts; last failure: {last}")]
     RestartsExhausted {

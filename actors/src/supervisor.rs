@@ -12,6 +12,7 @@ use crate::coordinator::{
     TriggerManual, TriggerReply,
 };
 use crate::deploy::{stop_all, Hosted, Hosting};
+use crate::hooks::MasterHooks;
 use crate::messages::{
     Cancel, CheckpointReports, Kill, Reports, SplitRequest, Stop, SubtaskFailed, SubtaskFinished,
     SubtaskHandle,
@@ -656,12 +657,13 @@ impl Boot {
             crate::coordinator::now(),
         );
         core.record_graph(&self.graph);
-        for hook in self.hooks {
-            core.add_master_hook(hook);
+        let mut hooks = MasterHooks::new(self.hooks);
+        if !hooks.is_empty() {
+            core.await_master_hooks();
         }
         if let Some(from) = &from {
-            core.restore(&from.checkpoint)
-                .map_err(JobError::MasterHook)?;
+            core.restore(&from.checkpoint);
+            hooks.restore(&from.checkpoint)?;
         }
         let coordinator = CoordinatorActor::new(
             core,
@@ -677,6 +679,7 @@ impl Boot {
             },
         )
         .hosting(self.sources)
+        .with_master_hooks(hooks)
         .start();
         Ok((coordinator, restore))
     }

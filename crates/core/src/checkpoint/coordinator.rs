@@ -2,10 +2,12 @@
 //! sans-IO state machine: it decides when a checkpoint starts, collects the
 //! subtasks' acknowledgements, and decides when each checkpoint completes,
 //! fails or is subsumed. The shell feeds it events with the current time and
-//! carries out the actions it returns — persist the id counter, send barriers
-//! and notifications, write `_metadata`, delete discarded state — and arms a
-//! timer at [`CheckpointCoordinator::poll_timeout`] after every call. It owns
-//! no clock, timer, storage or channel.
+//! carries out the actions it returns — run the master hooks, persist the id
+//! counter, send barriers and notifications, write `_metadata`, delete
+//! discarded state — and arms a timer at
+//! [`CheckpointCoordinator::poll_timeout`] after every call. It owns no clock,
+//! timer, storage, channel or user code: the master hooks run in the shell,
+//! which reports their states back with [`Event::HooksTriggered`].
 //!
 //! A rejected event changes nothing: `handle` validates the event before it
 //! looks at the clock, so an error never swallows actions that are due.
@@ -82,11 +84,23 @@ pub enum Event {
         /// Why, for the failures reported.
         reason: String,
     },
+    /// The shell ran the master hooks an `Action::TriggerHooks` asked for.
+    /// Dropped if the checkpoint ended meanwhile.
+    HooksTriggered {
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// Each hook's state by its name (a hook that returned none is
+        /// absent), or the first hook's failure.
+        result: Result<BTreeMap<String, Vec<u8>>, HookError>,
+    },
 }
 
 /// What the shell must do, in order.
 #[derive(Debug, PartialEq)]
 pub enum Action {
+    /// Run every master hook's `trigger` for this checkpoint and feed back
+    /// `Event::HooksTriggered`; its barriers wait for it.
+    TriggerHooks(CheckpointId),
     /// Persist the id counter (`next_id` = barrier.id + 1) then tell every
     /// source subtask to inject this barrier.
     Trigger {
@@ -170,10 +184,52 @@ pub enum CoordinatorError {
         /// The checkpoint named.
         checkpoint: CheckpointId,
     },
+    /// An ack or decline of a checkpoint whose barriers have not gone out.
+    #[error("{subtask} reported on checkpoint {checkpoint} before its barrier went out")]
+    BeforeBarrier {
+        /// The checkpoint named.
+        checkpoint: CheckpointId,
+        /// The subtask that sent it.
+        subtask: SubtaskId,
+    },
+    /// Master hooks' states for a checkpoint that never asked for them, or
+    /// whose barriers went out already.
+    #[error("checkpoint {checkpoint} is not waiting for its master hooks")]
+    NotAwaitingHooks {
+        /// The checkpoint named.
+        checkpoint: CheckpointId,
+    },
 }
 
-/// User code run by the coordinator on trigger and on restore (Flink's
-/// `MasterTriggerRestoreHook`).
+/// A master hook's error, as the shell reports it.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HookError {
+    /// `trigger` failed: the checkpoint fails before any barrier goes out.
+    #[error("master hook {hook} failed on {checkpoint}: {reason}")]
+    Trigger {
+        /// The hook's name.
+        hook: String,
+        /// The checkpoint triggered.
+        checkpoint: CheckpointId,
+        /// The hook's error.
+        reason: String,
+    },
+    /// `restore` failed: so does the restore.
+    #[error("master hook {hook} failed to restore {checkpoint}: {reason}")]
+    Restore {
+        /// The hook's name.
+        hook: String,
+        /// The checkpoint restored.
+        checkpoint: CheckpointId,
+        /// The hook's error.
+        reason: String,
+    },
+}
+
+/// User code run on trigger and on restore (Flink's
+/// `MasterTriggerRestoreHook`), by the coordinator's shell: never inside
+/// [`CheckpointCoordinator::handle`], which asks for it with
+/// `Action::TriggerHooks`.
 pub trait MasterHook: Send {
     /// Keys the hook's state in `CompletedCheckpoint::master_states`.
     fn name(&self) -> &str;
@@ -196,6 +252,9 @@ struct PendingCheckpoint {
     request: Option<RequestId>,
     acks: BTreeMap<SubtaskId, SubtaskState>,
     master_states: BTreeMap<String, Vec<u8>>,
+    /// Its barriers wait for the master hooks' states: nobody has heard of
+    /// it but the shell.
+    awaiting_hooks: bool,
     /// Every ack is in and `Finalize` went out: the shell is persisting it,
     /// so it no longer expires.
     finalizing: bool,
@@ -214,6 +273,8 @@ enum Ended {
 
 /// Where a checkpoint stands for a message about it, as of `now`.
 enum Status<'a> {
+    /// Triggered, its barriers waiting for the master hooks.
+    AwaitingHooks,
     /// Triggered, waiting for acks, not expired.
     Open(&'a PendingCheckpoint),
     /// Every expected subtask acked it: finalizing, completed, or abandoned
@@ -226,10 +287,10 @@ enum Status<'a> {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Ending {
-    /// Decline, timeout or failed persist: the subtasks are told, and it
-    /// counts against the tolerable failures.
+    /// Decline, timeout or failed persist: the subtasks are told (if its
+    /// barriers went out), and it counts against the tolerable failures.
     Failure,
-    /// A master hook failed before any barrier went out: nobody to tell.
+    /// A master hook failed, so no barrier went out: nobody to tell.
     HookFailure,
     /// A newer checkpoint completed: not a failure.
     Subsumed,
@@ -243,12 +304,13 @@ pub struct CheckpointCoordinator {
     subtasks: BTreeSet<SubtaskId>,
     alignment: Alignment,
     next_id: CheckpointId,
-    hooks: Vec<Box<dyn MasterHook>>,
+    /// Every checkpoint's barriers wait for the master hooks' states.
+    master_hooks: bool,
     /// Pending and finalizing checkpoints, iterated in id order so that the
     /// actions of one call come out in a deterministic order.
     pending: BTreeMap<CheckpointId, PendingCheckpoint>,
     /// Manual requests waiting for a free slot, FIFO. Non-empty only while
-    /// every slot is taken.
+    /// every slot is taken or a checkpoint awaits its master hooks.
     queued: VecDeque<(RequestId, CheckpointKind)>,
     ended: VecDeque<(CheckpointId, Ended)>,
     consecutive_failures: u32,
@@ -285,7 +347,7 @@ impl CheckpointCoordinator {
             subtasks: subtasks.into_iter().collect(),
             alignment,
             next_id,
-            hooks: Vec::new(),
+            master_hooks: false,
             pending: BTreeMap::new(),
             queued: VecDeque::new(),
             ended: VecDeque::new(),
@@ -347,31 +409,19 @@ impl CheckpointCoordinator {
         });
     }
 
-    /// Hooks run in the order they were added. A hook replaces an earlier one
-    /// of the same name, since their states are keyed by name.
-    pub fn add_master_hook(&mut self, hook: Box<dyn MasterHook>) {
-        self.hooks.retain(|h| h.name() != hook.name());
-        self.hooks.push(hook);
+    /// The job has master hooks: from now on every checkpoint asks for
+    /// their states with `Action::TriggerHooks` and sends its barriers only
+    /// once they are in. Without, no round trip delays the barriers.
+    pub fn await_master_hooks(&mut self) {
+        self.master_hooks = true;
     }
 
     /// Resumes from `checkpoint`: ids go on after its id, so that nothing
     /// named after a checkpoint id (sink files) of the run it came from is
-    /// written again, and every hook's `restore` is called with the state it
-    /// returned for that checkpoint (None if it returned none), stopping at
-    /// the first error.
-    pub fn restore(&mut self, checkpoint: &CompletedCheckpoint) -> Result<(), String> {
+    /// written again. The shell restores the master hooks from its
+    /// `master_states`.
+    pub fn restore(&mut self, checkpoint: &CompletedCheckpoint) {
         self.next_id = self.next_id.max(CheckpointId(checkpoint.id.0 + 1));
-        for hook in &mut self.hooks {
-            let state = checkpoint.master_states.get(hook.name()).map(Vec::as_slice);
-            hook.restore(checkpoint.id, state).map_err(|e| {
-                format!(
-                    "master hook {} failed to restore {}: {e}",
-                    hook.name(),
-                    checkpoint.id
-                )
-            })?;
-        }
-        Ok(())
     }
 
     /// Applies `event` at `now` and returns what the shell must do, in
@@ -418,6 +468,9 @@ impl CheckpointCoordinator {
                 }
             }
             Event::AbortAll { reason } => self.abort_all(now, reason, &mut out),
+            Event::HooksTriggered { checkpoint, result } => {
+                self.hooks_triggered(now, checkpoint, result, &mut out)
+            }
         }
         self.trigger_queued(now, &mut out);
         if tick {
@@ -430,9 +483,7 @@ impl CheckpointCoordinator {
     /// (if a slot is free) or the earliest pending expiry. It may lie in the
     /// past: tick at once.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let periodic = (self.pending.len() < self.config.max_concurrent)
-            .then(|| self.periodic_due())
-            .flatten();
+        let periodic = self.may_trigger().then(|| self.periodic_due()).flatten();
         let expiry = self
             .pending
             .values()
@@ -469,6 +520,10 @@ impl CheckpointCoordinator {
                         subtask,
                     }),
                     Status::Failed => Ok(()),
+                    Status::AwaitingHooks => Err(CoordinatorError::BeforeBarrier {
+                        checkpoint,
+                        subtask,
+                    }),
                     _ if !self.subtasks.contains(&subtask) => {
                         Err(CoordinatorError::UnknownSubtask {
                             checkpoint,
@@ -495,6 +550,10 @@ impl CheckpointCoordinator {
                         checkpoint,
                         subtask,
                     }),
+                    Status::AwaitingHooks => Err(CoordinatorError::BeforeBarrier {
+                        checkpoint,
+                        subtask,
+                    }),
                     Status::Open(_) if !self.subtasks.contains(&subtask) => {
                         Err(CoordinatorError::UnknownSubtask {
                             checkpoint,
@@ -515,12 +574,29 @@ impl CheckpointCoordinator {
                     })
                 }
             }
-            Event::Tick | Event::Trigger { .. } | Event::AbortAll { .. } => Ok(()),
+            Event::HooksTriggered { checkpoint, .. } if !self.hooks_expected(*checkpoint) => {
+                Err(CoordinatorError::NotAwaitingHooks {
+                    checkpoint: *checkpoint,
+                })
+            }
+            Event::HooksTriggered { .. }
+            | Event::Tick
+            | Event::Trigger { .. }
+            | Event::AbortAll { .. } => Ok(()),
+        }
+    }
+
+    /// The master hooks' states of `id` are awaited, or late: it ended.
+    fn hooks_expected(&self, id: CheckpointId) -> bool {
+        match self.pending.get(&id) {
+            Some(p) => p.awaiting_hooks,
+            None => self.ended_entry(id).is_some(),
         }
     }
 
     fn status(&self, checkpoint: CheckpointId, now: Instant) -> Status<'_> {
         match self.pending.get(&checkpoint) {
+            Some(p) if p.awaiting_hooks => Status::AwaitingHooks,
             Some(p) if p.finalizing => Status::AllAcked,
             Some(p) if self.expired(p, now) => Status::Failed,
             Some(p) => Status::Open(p),
@@ -578,7 +654,7 @@ impl CheckpointCoordinator {
         let Some(p) = self.pending.get_mut(&id) else {
             return;
         };
-        if p.acks.len() < self.subtasks.len() {
+        if p.awaiting_hooks || p.acks.len() < self.subtasks.len() {
             return;
         }
         p.finalizing = true;
@@ -674,7 +750,8 @@ impl CheckpointCoordinator {
             }));
             Ended::Failed
         };
-        if matches!(ending, Ending::Failure | Ending::Subsumed) {
+        // Before its barriers, nobody but the shell has heard of it.
+        if !p.awaiting_hooks && matches!(ending, Ending::Failure | Ending::Subsumed) {
             out.push(Action::NotifyAbort {
                 checkpoint: id,
                 reason: failure.clone(),
@@ -719,8 +796,15 @@ impl CheckpointCoordinator {
         self.last_end = None;
     }
 
+    /// A slot is free and no checkpoint awaits its master hooks: one at a
+    /// time, so that barriers and counter writes go out in id order.
+    fn may_trigger(&self) -> bool {
+        self.pending.len() < self.config.max_concurrent
+            && !self.pending.values().any(|p| p.awaiting_hooks)
+    }
+
     fn trigger_queued(&mut self, now: Now, out: &mut Vec<Action>) {
-        while self.pending.len() < self.config.max_concurrent {
+        while self.may_trigger() {
             let Some((request, kind)) = self.queued.pop_front() else {
                 break;
             };
@@ -730,7 +814,7 @@ impl CheckpointCoordinator {
 
     fn trigger_periodic(&mut self, now: Now, out: &mut Vec<Action>) {
         let due = self.periodic_due().is_some_and(|due| due <= now.instant);
-        if due && self.pending.len() < self.config.max_concurrent {
+        if due && self.may_trigger() {
             self.periodic_from = now.instant;
             self.trigger(now, CheckpointKind::Checkpoint, None, out);
         }
@@ -748,6 +832,8 @@ impl CheckpointCoordinator {
         }
     }
 
+    /// Starts checkpoint `next_id`: its master hooks first, if the job has
+    /// any, else its barriers at once.
     fn trigger(
         &mut self,
         now: Now,
@@ -772,10 +858,6 @@ impl CheckpointCoordinator {
             timestamp: now.unix_ms,
             subtasks: self.subtasks.clone(),
         }));
-        let (master_states, hook_failure) = match self.trigger_hooks(id) {
-            Ok(states) => (states, None),
-            Err(failure) => (BTreeMap::new(), Some(failure)),
-        };
         self.pending.insert(
             id,
             PendingCheckpoint {
@@ -784,51 +866,66 @@ impl CheckpointCoordinator {
                 triggered: now.instant,
                 request,
                 acks: BTreeMap::new(),
-                master_states,
+                master_states: BTreeMap::new(),
+                awaiting_hooks: self.master_hooks,
                 finalizing: false,
             },
         );
-        if let Some(failure) = hook_failure {
-            self.end(now, id, failure, Ending::HookFailure, out);
-            return;
+        if self.master_hooks {
+            out.push(Action::TriggerHooks(id));
+        } else {
+            self.send_barriers(id, out);
         }
-        let alignment = match kind {
+    }
+
+    /// The master hooks' states of `id` are in, and its barriers go out; or
+    /// a hook failed, and so does the checkpoint, before any barrier.
+    fn hooks_triggered(
+        &mut self,
+        now: Now,
+        id: CheckpointId,
+        result: Result<BTreeMap<String, Vec<u8>>, HookError>,
+        out: &mut Vec<Action>,
+    ) {
+        // Ended meanwhile: expired or aborted.
+        let Some(p) = self.pending.get_mut(&id) else {
+            return;
+        };
+        match result {
+            Ok(states) => {
+                p.master_states = states;
+                p.awaiting_hooks = false;
+                self.send_barriers(id, out);
+            }
+            Err(e) => {
+                let failure = CheckpointFailure::NotTriggered(e.to_string());
+                self.end(now, id, failure, Ending::HookFailure, out);
+            }
+        }
+    }
+
+    fn send_barriers(&mut self, id: CheckpointId, out: &mut Vec<Action>) {
+        let Some(p) = self.pending.get(&id) else {
+            return;
+        };
+        let alignment = match p.kind {
             CheckpointKind::Savepoint => Alignment::Aligned,
             CheckpointKind::Checkpoint => self.alignment,
         };
         out.push(Action::Trigger {
             barrier: Barrier {
                 id,
-                timestamp: now.unix_ms,
-                options: CheckpointOptions { kind, alignment },
+                timestamp: p.timestamp,
+                options: CheckpointOptions {
+                    kind: p.kind,
+                    alignment,
+                },
             },
             next_id: self.next_id,
-            suspend: stops,
+            suspend: p.request.is_some() && p.request == self.stop,
         });
         // A job without subtasks has nobody to wait for.
         self.finalize_if_acked(id, out);
-    }
-
-    fn trigger_hooks(
-        &mut self,
-        id: CheckpointId,
-    ) -> Result<BTreeMap<String, Vec<u8>>, CheckpointFailure> {
-        let mut states = BTreeMap::new();
-        for hook in &mut self.hooks {
-            match hook.trigger(id) {
-                Ok(Some(state)) => {
-                    states.insert(hook.name().to_owned(), state);
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    return Err(CheckpointFailure::NotTriggered(format!(
-                        "master hook {} failed on {id}: {e}",
-                        hook.name()
-                    )))
-                }
-            }
-        }
-        Ok(states)
     }
 
     fn record_ended(&mut self, id: CheckpointId, ended: Ended) {
@@ -864,7 +961,6 @@ mod tests {
     };
     use crate::model::ids::{OperatorId, SubtaskIndex};
     use proptest::prelude::*;
-    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     use CheckpointKind::{Checkpoint, Savepoint};
@@ -1984,149 +2080,172 @@ mod tests {
         ));
     }
 
-    /// Records what the coordinator asked of it, for the test to read back.
-    struct RecordingHook {
-        name: &'static str,
-        state: Option<&'static str>,
-        fail: bool,
-        log: Arc<Mutex<Vec<String>>>,
-    }
+    /// The master hooks as the shell runs them: the coordinator only sees
+    /// their states or failure come back.
+    mod master_hooks {
+        use super::*;
+        use crate::checkpoint::stats::CheckpointStatus;
 
-    impl RecordingHook {
-        fn boxed(
-            name: &'static str,
-            state: Option<&'static str>,
-            fail: bool,
-            log: &Arc<Mutex<Vec<String>>>,
-        ) -> Box<Self> {
-            Box::new(RecordingHook {
-                name,
-                state,
-                fail,
-                log: Arc::clone(log),
-            })
-        }
-    }
-
-    impl MasterHook for RecordingHook {
-        fn name(&self) -> &str {
-            self.name
+        /// A coordinator whose job has master hooks.
+        fn hooked(config: CheckpointConfig, subtasks: u32) -> Harness {
+            let mut h = Harness::new(config, subtasks);
+            h.coordinator.await_master_hooks();
+            h
         }
 
-        fn trigger(&mut self, checkpoint: CheckpointId) -> Result<Option<Vec<u8>>, String> {
-            self.log
-                .lock()
-                .unwrap()
-                .push(format!("{} trigger {checkpoint}", self.name));
-            if self.fail {
-                return Err("broker down".into());
+        fn states(states: &[(&str, &str)]) -> BTreeMap<String, Vec<u8>> {
+            states
+                .iter()
+                .map(|(hook, state)| ((*hook).to_owned(), state.as_bytes().to_vec()))
+                .collect()
+        }
+
+        fn hooks_in(id: u64, hook_states: &[(&str, &str)]) -> Event {
+            Event::HooksTriggered {
+                checkpoint: CheckpointId(id),
+                result: Ok(states(hook_states)),
             }
-            Ok(self.state.map(|s| format!("{s}@{checkpoint}").into_bytes()))
         }
 
-        fn restore(
-            &mut self,
-            checkpoint: CheckpointId,
-            state: Option<&[u8]>,
-        ) -> Result<(), String> {
-            let state = state.map(|s| String::from_utf8_lossy(s).into_owned());
-            self.log
-                .lock()
-                .unwrap()
-                .push(format!("{} restore {checkpoint} {state:?}", self.name));
-            if self.fail {
-                return Err("broker down".into());
+        fn hook_failed(id: u64) -> Event {
+            Event::HooksTriggered {
+                checkpoint: CheckpointId(id),
+                result: Err(HookError::Trigger {
+                    hook: "kafka".into(),
+                    checkpoint: CheckpointId(id),
+                    reason: "broker down".into(),
+                }),
             }
-            Ok(())
+        }
+
+        fn trigger_hooks(id: u64) -> Action {
+            Action::TriggerHooks(CheckpointId(id))
+        }
+
+        #[test]
+        fn barriers_go_out_only_once_the_hooks_states_are_in() {
+            let config = CheckpointConfig {
+                max_concurrent: 2,
+                ..config()
+            };
+            let mut h = hooked(config, 2);
+            assert_eq!(h.tick(1000), vec![trigger_hooks(1)]);
+            assert!(matches!(
+                h.try_handle(1010, ack(1, 0)),
+                Err(CoordinatorError::BeforeBarrier { .. })
+            ));
+            assert_eq!(
+                h.poll_timeout(),
+                Some(61_000),
+                "no periodic trigger while a checkpoint awaits its hooks, only its expiry"
+            );
+            assert_eq!(
+                h.handle(1020, manual(7, Checkpoint)),
+                vec![],
+                "a free slot, but the request waits behind the hooks"
+            );
+            assert_eq!(
+                h.handle(1050, hooks_in(1, &[("kafka", "offsets")])),
+                vec![checkpoint(1, 1000), trigger_hooks(2)],
+                "the barrier carries the trigger time; then the queued request starts"
+            );
+            assert_eq!(
+                h.try_handle(1060, hooks_in(1, &[])),
+                Err(CoordinatorError::NotAwaitingHooks {
+                    checkpoint: CheckpointId(1)
+                })
+            );
+            assert_eq!(
+                h.try_handle(1060, hooks_in(9, &[])),
+                Err(CoordinatorError::NotAwaitingHooks {
+                    checkpoint: CheckpointId(9)
+                })
+            );
+            let completed = finalized(h.ack_all(1100, 1));
+            assert_eq!(completed.master_states, states(&[("kafka", "offsets")]));
+        }
+
+        #[test]
+        fn a_failing_hook_fails_the_checkpoint_before_any_barrier() {
+            let config = CheckpointConfig {
+                tolerable_failures: 0,
+                interval: None,
+                ..config()
+            };
+            let mut h = hooked(config, 1);
+            assert_eq!(h.handle(100, manual(3, Checkpoint)), vec![trigger_hooks(1)]);
+            let failure = CheckpointFailure::NotTriggered(
+                "master hook kafka failed on chk-1: broker down".into(),
+            );
+            assert_eq!(
+                h.handle(120, hook_failed(1)),
+                vec![
+                    Action::Resolve {
+                        request: 3,
+                        result: Err(failure.clone())
+                    },
+                    Action::FailJob(format!(
+                        "1 consecutive checkpoint failures exceed the tolerable 0: {failure}"
+                    )),
+                ],
+                "no barrier, and no abort for subtasks that never heard of it"
+            );
+            assert_eq!(h.coordinator.pending(), 0);
+            assert_eq!(h.coordinator.next_id(), CheckpointId(2), "the id is spent");
+            let stats = h.stats.get(CheckpointId(1)).expect("in the history");
+            assert_eq!(
+                (stats.status, stats.failure.clone()),
+                (CheckpointStatus::Failed, Some(failure.to_string()))
+            );
+        }
+
+        #[test]
+        fn a_late_answer_of_the_hooks_is_dropped() {
+            let config = CheckpointConfig {
+                timeout: ms(500),
+                ..config()
+            };
+            let mut h = hooked(config, 1);
+            assert_eq!(h.tick(1000), vec![trigger_hooks(1)]);
+            assert_eq!(h.tick(1500), vec![], "expired, and nobody to tell");
+            assert_eq!(
+                h.stats.get(CheckpointId(1)).map(|c| c.status),
+                Some(CheckpointStatus::Failed)
+            );
+            assert_eq!(h.handle(1600, hooks_in(1, &[("kafka", "offsets")])), vec![]);
+            assert_eq!(h.tick(2000), vec![trigger_hooks(2)]);
+            let abort = Event::AbortAll {
+                reason: "restart".into(),
+            };
+            assert_eq!(h.handle(2100, abort), vec![]);
+            assert_eq!(h.handle(2200, hook_failed(2)), vec![]);
+            assert_eq!(h.coordinator.pending(), 0);
+        }
+
+        #[test]
+        fn a_job_without_subtasks_finalizes_once_the_hooks_states_are_in() {
+            let mut h = hooked(config(), 0);
+            assert_eq!(h.tick(1000), vec![trigger_hooks(1)]);
+            let completed = CompletedCheckpoint {
+                master_states: states(&[("audit", "seen")]),
+                ..completed(1, 1000, 0)
+            };
+            assert_eq!(
+                h.handle(1010, hooks_in(1, &[("audit", "seen")])),
+                vec![checkpoint(1, 1000), Action::Finalize(completed)]
+            );
         }
     }
 
     #[test]
-    fn master_hook_state_is_in_the_completed_checkpoint_and_restored_from_it() {
-        let log = Arc::new(Mutex::new(Vec::new()));
+    fn a_restore_resumes_ids_after_the_restored_checkpoint() {
         let mut h = Harness::new(config(), 1);
-        h.coordinator
-            .add_master_hook(RecordingHook::boxed("kafka", Some("offsets"), false, &log));
-        h.coordinator
-            .add_master_hook(RecordingHook::boxed("audit", None, false, &log));
-        h.tick(1000);
-        assert_eq!(
-            *log.lock().unwrap(),
-            ["kafka trigger chk-1", "audit trigger chk-1"]
-        );
-        let completed = finalized(h.ack_all(1100, 1));
-        assert_eq!(
-            completed.master_states,
-            BTreeMap::from([("kafka".to_owned(), b"offsets@chk-1".to_vec())])
-        );
-        log.lock().unwrap().clear();
-        assert_eq!(h.coordinator.restore(&completed), Ok(()));
-        assert_eq!(
-            *log.lock().unwrap(),
-            [
-                "kafka restore chk-1 Some(\"offsets@chk-1\")",
-                "audit restore chk-1 None"
-            ]
-        );
+        h.coordinator.restore(&completed(1, 0, 1));
         assert_eq!(h.coordinator.next_id(), CheckpointId(2));
-        let older_run = CompletedCheckpoint {
-            id: CheckpointId(41),
-            ..completed.clone()
-        };
-        assert_eq!(h.coordinator.restore(&older_run), Ok(()));
-        assert_eq!(
-            h.coordinator.next_id(),
-            CheckpointId(42),
-            "ids go on after the restored checkpoint's"
-        );
-    }
-
-    #[test]
-    fn a_hook_replaces_an_earlier_one_of_the_same_name() {
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let mut h = Harness::new(config(), 1);
-        h.coordinator
-            .add_master_hook(RecordingHook::boxed("kafka", Some("old"), false, &log));
-        h.coordinator
-            .add_master_hook(RecordingHook::boxed("kafka", Some("new"), false, &log));
-        h.tick(1000);
-        assert_eq!(*log.lock().unwrap(), ["kafka trigger chk-1"]);
-        let completed = finalized(h.ack_all(1100, 1));
-        assert_eq!(completed.master_states["kafka"], b"new@chk-1");
-    }
-
-    #[test]
-    fn a_failing_master_hook_declines_the_checkpoint_before_any_barrier() {
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let config = CheckpointConfig {
-            tolerable_failures: 0,
-            interval: None,
-            ..config()
-        };
-        let mut h = Harness::new(config, 1);
-        h.coordinator
-            .add_master_hook(RecordingHook::boxed("kafka", Some("offsets"), true, &log));
-        let failure = CheckpointFailure::NotTriggered(
-            "master hook kafka failed on chk-1: broker down".into(),
-        );
-        assert_eq!(
-            h.handle(100, manual(3, Checkpoint)),
-            vec![
-                Action::Resolve {
-                    request: 3,
-                    result: Err(failure.clone())
-                },
-                Action::FailJob(format!(
-                    "1 consecutive checkpoint failures exceed the tolerable 0: {failure}"
-                )),
-            ]
-        );
-        assert_eq!(h.coordinator.pending(), 0);
-        assert_eq!(h.coordinator.next_id(), CheckpointId(2), "the id is spent");
-        assert_eq!(
-            h.coordinator.restore(&completed(1, 0, 1)),
-            Err("master hook kafka failed to restore chk-1: broker down".into())
-        );
+        h.coordinator.restore(&completed(41, 0, 1));
+        assert_eq!(h.coordinator.next_id(), CheckpointId(42));
+        h.coordinator.restore(&completed(7, 0, 1));
+        assert_eq!(h.coordinator.next_id(), CheckpointId(42), "never back");
     }
 
     #[test]
@@ -2159,6 +2278,7 @@ mod tests {
         Persisted(usize),
         PersistFailed(usize),
         AbortAll,
+        HooksTriggered { pick: usize, fails: bool },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -2172,6 +2292,8 @@ mod tests {
             3 => any::<usize>().prop_map(Op::Persisted),
             1 => any::<usize>().prop_map(Op::PersistFailed),
             1 => Just(Op::AbortAll),
+            3 => (any::<usize>(), proptest::bool::weighted(0.2))
+                .prop_map(|(pick, fails)| Op::HooksTriggered { pick, fails }),
         ]
     }
 
@@ -2211,11 +2333,18 @@ mod tests {
         #[test]
         fn random_event_sequences_keep_the_invariants(
             config in random_config(),
+            hooked in any::<bool>(),
             ops in proptest::collection::vec(op(), 1..200),
         ) {
             const SUBTASKS: u32 = 2;
             let max_concurrent = config.max_concurrent;
             let mut h = Harness::with(config, SUBTASKS, Alignment::Unaligned, CheckpointId(5));
+            if hooked {
+                h.coordinator.await_master_hooks();
+            }
+            // The states a checkpoint's hooks return: its id.
+            let hook_states = |id: CheckpointId| BTreeMap::from([("hook".to_owned(), id.0.to_le_bytes().to_vec())]);
+            let mut hooking: Vec<CheckpointId> = Vec::new();
             let mut t = 0;
             let mut requests = 0;
             let mut triggered: Vec<CheckpointId> = Vec::new();
@@ -2249,6 +2378,15 @@ mod tests {
                         reason: "random".into(),
                     },
                     Op::AbortAll => Event::AbortAll { reason: "random".into() },
+                    Op::HooksTriggered { pick: p, fails } => {
+                        let checkpoint = pick(&hooking, p);
+                        let result = if fails {
+                            Err(HookError::Trigger { hook: "hook".into(), checkpoint, reason: "random".into() })
+                        } else {
+                            Ok(hook_states(checkpoint))
+                        };
+                        Event::HooksTriggered { checkpoint, result }
+                    }
                 };
                 let infallible = matches!(event, Event::Tick | Event::Trigger { .. } | Event::AbortAll { .. });
                 // The shell reports one outcome per finalized checkpoint, and
@@ -2267,6 +2405,10 @@ mod tests {
                     Event::Persisted(id) => Some(*id),
                     _ => None,
                 };
+                let hooks_in = match &event {
+                    Event::HooksTriggered { checkpoint, result: Ok(_) } => Some(*checkpoint),
+                    _ => None,
+                };
                 let actions = match h.try_handle(t, event) {
                     Ok(actions) => actions,
                     Err(e) => {
@@ -2277,7 +2419,15 @@ mod tests {
                 persisted.extend(persisting);
                 for action in actions {
                     match action {
+                        Action::TriggerHooks(id) => {
+                            prop_assert!(hooked);
+                            prop_assert!(hooking.last().is_none_or(|last| *last < id));
+                            hooking.push(id);
+                        }
                         Action::Trigger { barrier, next_id, .. } => {
+                            // With hooks, a barrier goes out in the very step
+                            // its hooks' states came in.
+                            prop_assert!(!hooked || hooks_in == Some(barrier.id));
                             prop_assert!(triggered.last().is_none_or(|last| *last < barrier.id));
                             prop_assert_eq!(next_id, CheckpointId(barrier.id.0 + 1));
                             if barrier.options.kind == Savepoint {
@@ -2288,6 +2438,9 @@ mod tests {
                         Action::Finalize(c) => {
                             prop_assert!(triggered.contains(&c.id));
                             prop_assert_eq!(c.subtasks.len(), SUBTASKS as usize);
+                            if hooked {
+                                prop_assert_eq!(&c.master_states, &hook_states(c.id));
+                            }
                             prop_assert!(finalized.insert(c.id, c).is_none(), "finalized twice");
                         }
                         Action::NotifyComplete(id) => {
@@ -2315,7 +2468,12 @@ mod tests {
                     }
                 }
                 prop_assert!(h.coordinator.pending() <= max_concurrent);
-                prop_assert!(h.coordinator.queued.is_empty() || h.coordinator.pending() == max_concurrent);
+                let awaiting_hooks = h.coordinator.pending.values().any(|p| p.awaiting_hooks);
+                prop_assert!(
+                    h.coordinator.queued.is_empty()
+                        || h.coordinator.pending() == max_concurrent
+                        || awaiting_hooks
+                );
                 // poll_timeout is the earliest moment a Tick has work.
                 if h.poll_timeout().is_none_or(|at| at > t) {
                     prop_assert_eq!(h.handle(t, Event::Tick), vec![]);

@@ -7,6 +7,8 @@
 //! notifications lives here, where a deterministic test and the simulator
 //! drive it step by step:
 //!
+//! - a checkpoint's barriers go out only once its master hooks' states are
+//!   in, and not at all if a hook failed;
 //! - the id counter is stored before a barrier goes out;
 //! - a checkpoint's shared files are registered before its `_metadata` is
 //!   written, and it completes (notifies, commits sinks) only after;
@@ -17,7 +19,9 @@
 //!   in flight, so a checkpoint that completes during a restart is the one
 //!   restored.
 
-use super::coordinator::{Action, CheckpointCoordinator, CoordinatorError, Event, Now, RequestId};
+use super::coordinator::{
+    Action, CheckpointCoordinator, CoordinatorError, Event, HookError, Now, RequestId,
+};
 use super::input_end::InputEnd;
 use super::shared::SharedStateRegistry;
 use super::stats::StatsEvent;
@@ -94,6 +98,13 @@ pub enum JobEvent {
         /// The source.
         source: SubtaskId,
     },
+    /// The outcome of [`JobAction::TriggerHooks`].
+    HooksTriggered {
+        /// The checkpoint whose barriers wait for it.
+        checkpoint: CheckpointId,
+        /// Each hook's state by its name, or the first hook's failure.
+        result: Result<BTreeMap<String, Vec<u8>>, HookError>,
+    },
     /// The outcome of [`JobAction::StoreNextId`].
     IdStored {
         /// The checkpoint whose barrier waits for it.
@@ -142,6 +153,11 @@ pub struct Resolved {
 /// What the shell must do, in order.
 #[derive(Debug, PartialEq)]
 pub enum JobAction {
+    /// Run every master hook's `trigger` for this checkpoint and feed back
+    /// [`JobEvent::HooksTriggered`] before anything else: a source
+    /// coordinator's hook snapshots which splits are handed out, so none
+    /// may go out between its snapshot and the barrier.
+    TriggerHooks(CheckpointId),
     /// Persist the id counter, then feed back [`JobEvent::IdStored`];
     /// nothing else may be stored or sent until then.
     StoreNextId {
@@ -220,8 +236,8 @@ pub enum JobAction {
     },
     /// Answer one [`JobEvent::RestoreWanted`]: the newest retained
     /// checkpoint, or `None` (the shell falls back to what the job started
-    /// from). Its master hooks are not restored yet: see
-    /// [`JobCheckpoints::restore`].
+    /// from). The shell restores the master hooks from the checkpoint it
+    /// resumes from and calls [`JobCheckpoints::restore`].
     Restore(Option<CompletedCheckpoint>),
     /// Answer the [`JobEvent::Shutdown`]: nothing is written or deleted any
     /// more.
@@ -322,9 +338,9 @@ impl JobCheckpoints {
         self.finalizing.contains_key(&id)
     }
 
-    /// Resumes the master hooks and the id counter from `checkpoint`, the
-    /// one a [`JobAction::Restore`] led the shell to.
-    pub fn restore(&mut self, checkpoint: &CompletedCheckpoint) -> Result<(), String> {
+    /// Resumes the id counter from `checkpoint`, the one a
+    /// [`JobAction::Restore`] led the shell to.
+    pub fn restore(&mut self, checkpoint: &CompletedCheckpoint) {
         self.core.restore(checkpoint)
     }
 
@@ -381,6 +397,9 @@ impl JobCheckpoints {
                 if self.input_end.source_exhausted(attempt, source) {
                     out.push(JobAction::EndInput(vec![source]));
                 }
+            }
+            JobEvent::HooksTriggered { checkpoint, result } => {
+                self.feed(now, Event::HooksTriggered { checkpoint, result }, &mut out)
             }
             JobEvent::IdStored { checkpoint, result } => {
                 self.id_stored(now, checkpoint, result, &mut out)
@@ -627,6 +646,7 @@ impl JobCheckpoints {
 
     fn apply(&mut self, now: Now, action: Action, out: &mut Vec<JobAction>) {
         match action {
+            Action::TriggerHooks(checkpoint) => out.push(JobAction::TriggerHooks(checkpoint)),
             Action::Trigger {
                 barrier,
                 next_id,

@@ -1,7 +1,7 @@
 //! The ordering rules of [`JobCheckpoints`], step by step on a fake clock:
 //! what may be stored, sent, deleted or answered before which outcome.
 
-use super::coordinator::{CheckpointCoordinator, Now};
+use super::coordinator::{CheckpointCoordinator, HookError, Now};
 use super::job_checkpoints::{JobAction, JobCheckpoints, JobEvent, Resolved, WriteFailure};
 use super::store::CompletedCheckpointStore;
 use super::{
@@ -10,6 +10,7 @@ use super::{
 };
 use crate::model::event::{Alignment, CheckpointKind};
 use crate::model::ids::{Attempt, CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 fn subtask(i: u32) -> SubtaskId {
@@ -35,6 +36,15 @@ impl Job {
     }
 
     fn retaining(store: CompletedCheckpointStore) -> Self {
+        Self::build(store, false)
+    }
+
+    /// A job with master hooks, which the shell runs.
+    fn hooked() -> Self {
+        Self::build(CompletedCheckpointStore::new(1), true)
+    }
+
+    fn build(store: CompletedCheckpointStore, hooked: bool) -> Self {
         let base = Instant::now();
         let config = CheckpointConfig {
             interval: Some(Duration::from_secs(1)),
@@ -49,8 +59,11 @@ impl Job {
             unix_ms: 0,
         };
         let subtasks = vec![subtask(SOURCE), subtask(SINK)];
-        let core =
+        let mut core =
             CheckpointCoordinator::new(config, subtasks, Alignment::Aligned, CheckpointId(1), now);
+        if hooked {
+            core.await_master_hooks();
+        }
         let mut job = Job {
             machine: JobCheckpoints::new(core, store, 2.0),
             base,
@@ -159,6 +172,7 @@ fn kinds(actions: &[JobAction]) -> Vec<&'static str> {
     actions
         .iter()
         .map(|a| match a {
+            JobAction::TriggerHooks(_) => "trigger hooks",
             JobAction::StoreNextId { .. } => "store id",
             JobAction::InjectBarrier { .. } => "inject",
             JobAction::WriteMetadata(_) => "write metadata",
@@ -196,6 +210,40 @@ fn a_barrier_goes_out_only_after_its_id_counter_is_stored() {
         panic!("{sent:?}")
     };
     assert_eq!(sources, &[subtask(SOURCE)]);
+}
+
+#[test]
+fn the_counter_and_the_barrier_wait_for_the_master_hooks_states() {
+    let mut job = Job::hooked();
+    assert_eq!(job.tick(), [JobAction::TriggerHooks(CheckpointId(1))]);
+    let states = BTreeMap::from([("source:words".to_owned(), vec![7])]);
+    let stored = job.handle(JobEvent::HooksTriggered {
+        checkpoint: CheckpointId(1),
+        result: Ok(states.clone()),
+    });
+    assert_eq!(kinds(&stored), ["store id"]);
+    let sent = job.handle(JobEvent::IdStored {
+        checkpoint: CheckpointId(1),
+        result: Ok(()),
+    });
+    assert_eq!(kinds(&sent), ["inject"]);
+    assert_eq!(job.acked(CheckpointId(1), &[]).master_states, states);
+}
+
+#[test]
+fn a_failing_master_hook_fails_the_checkpoint_with_nothing_stored_or_sent() {
+    let mut job = Job::hooked();
+    job.tick();
+    let actions = job.handle(JobEvent::HooksTriggered {
+        checkpoint: CheckpointId(1),
+        result: Err(HookError::Trigger {
+            hook: "source:words".into(),
+            checkpoint: CheckpointId(1),
+            reason: "listing failed".into(),
+        }),
+    });
+    // No tolerable failures: the job fails, and no subtask heard of it.
+    assert_eq!(kinds(&actions), ["fail job"]);
 }
 
 #[test]

@@ -217,7 +217,8 @@ impl Job {
         }
     }
 
-    /// The master hooks, handed once to the checkpoint coordinator.
+    /// The master hooks, handed once to the coordinator actor, which runs
+    /// them when the checkpoint coordinator asks.
     pub fn take_master_hooks(&mut self) -> Vec<Box<dyn MasterHook>> {
         std::mem::take(&mut self.master_hooks)
     }
@@ -298,7 +299,8 @@ impl JobBuilder {
         self.configure(|c| c.channels(channels))
     }
 
-    /// Code the checkpoint coordinator runs on every trigger and restore.
+    /// Code run on every checkpoint's trigger, before its barriers go out,
+    /// and on every restore.
     pub fn master_hook(self, hook: impl MasterHook + 'static) -> Self {
         self.with(|b| b.master_hooks.push(Box::new(hook)));
         self

@@ -292,9 +292,9 @@ impl SourceCoordinator {
     }
 }
 
-/// A source coordinator shared by the checkpoint coordinator, which
-/// snapshots and restores it as a master hook, and the shell that feeds it
-/// requests and discoveries: both on the coordinator's thread, in turn.
+/// A source coordinator shared by its master hook, which snapshots and
+/// restores it, and the shell that feeds it requests and discoveries: the
+/// coordinator actor runs both on its thread, in turn.
 pub type SharedSourceCoordinator = Arc<Mutex<SourceCoordinator>>;
 
 /// The name of source `uid`'s state among a checkpoint's master states.

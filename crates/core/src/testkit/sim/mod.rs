@@ -614,6 +614,11 @@ impl Sim {
             }
         };
         match action {
+            // The simulated job has no master hooks, hence no states.
+            JobAction::TriggerHooks(checkpoint) => self.coordinate(JobEvent::HooksTriggered {
+                checkpoint,
+                result: Ok(Default::default()),
+            })?,
             JobAction::StoreNextId { barrier, next_id } => {
                 self.storing_id = true;
                 let fails = self.chance(self.faults.store_id);
