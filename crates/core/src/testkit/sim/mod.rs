@@ -4,8 +4,9 @@
 //! thread, under a virtual clock, with a seeded scheduler choosing which
 //! message, timer or storage completion happens next, storage faults
 //! (failed writes, a `_metadata` write that lands but times out, failed
-//! uploads) and kills of a subtask or of the whole driver (power loss: the
-//! calls in flight are lost) at any step.
+//! uploads, failed deletions) and kills of a subtask, of a worker (the
+//! subtasks it hosts, their uploads half written) or of the whole driver
+//! (power loss: the calls in flight are lost) at any step.
 //!
 //! The job: two sources read 100 records each into two keyed counters,
 //! which emit each key's running count into a sink that commits in two
@@ -17,7 +18,9 @@
 //! of exactly the records its sources had read, with what its channel
 //! state holds in flight). At the end: the committed
 //! output is exactly `(key, 1..=n)` for every key's `n` records, whatever
-//! failed; and once faults stop, the job finishes.
+//! failed; and once faults stop, the job finishes. A seed may stop the job
+//! with a savepoint: a new run resumes from the savepoint's own copy and
+//! the output of both runs together is exactly once.
 //!
 //! Every run is a function of its seed: `cargo xtask sim --seed S` replays
 //! a failure exactly, `--trace` showing every event of the driver.
@@ -33,6 +36,7 @@ use crate::checkpoint::coordinator::{CheckpointCoordinator, Now, RequestId};
 use crate::checkpoint::job_checkpoints::{
     BrokenRule, JobAction, JobCheckpoints, JobEvent, WriteFailure,
 };
+use crate::checkpoint::store::CompletedCheckpointStore;
 use crate::checkpoint::{Ack, CheckpointConfig, CheckpointMetrics, CompletedCheckpoint};
 use crate::cluster::lifecycle::{JobLifecycle, LifeEvent};
 use crate::model::channel::{CreditReceiver, CreditSender};
@@ -85,6 +89,10 @@ pub struct Report {
     pub faults: u64,
     /// Power losses of the driver.
     pub driver_kills: u64,
+    /// Workers killed with the subtasks they host.
+    pub worker_kills: u64,
+    /// Stops with a savepoint that a new run resumed from.
+    pub stops: u64,
 }
 
 /// The faults of one run, drawn from its seed.
@@ -95,8 +103,11 @@ struct Faults {
     store_id: f64,
     metadata: f64,
     upload: f64,
+    delete: f64,
     /// Faults stop after this step.
     until: u64,
+    /// The tasks each of two workers hosts, killed together.
+    workers: [Vec<usize>; 2],
 }
 
 /// Manual requests of a run, and what their answers may name.
@@ -109,6 +120,8 @@ struct Requests {
     next: RequestId,
     /// Made and not answered, with what they asked for.
     open: BTreeMap<RequestId, CheckpointKind>,
+    /// Stops with a savepoint, until answered.
+    stops: BTreeSet<RequestId>,
     /// Checkpoints that completed.
     completed: BTreeSet<CheckpointId>,
     /// Savepoints whose copy landed.
@@ -164,8 +177,13 @@ enum Step {
     Request,
 }
 
-/// A driver recovered from `storage`, as a restarted process is.
-fn driver(storage: &Storage, setup: &Setup, now: Now) -> JobCheckpoints {
+/// A driver over the checkpoints `store` retains.
+fn driver(
+    storage: &Storage,
+    store: CompletedCheckpointStore,
+    setup: &Setup,
+    now: Now,
+) -> JobCheckpoints {
     let config = CheckpointConfig {
         interval: Some(Duration::from_millis(20)),
         timeout: setup.timeout,
@@ -177,7 +195,7 @@ fn driver(storage: &Storage, setup: &Setup, now: Now) -> JobCheckpoints {
     let subtasks = (0..=SINK).map(task::subtask_id).collect();
     let next_id = storage.next_id.unwrap_or(CheckpointId(1));
     let core = CheckpointCoordinator::new(config, subtasks, setup.alignment, next_id, now);
-    let mut driver = JobCheckpoints::new(core, storage.recover(setup.retain), 2.0);
+    let mut driver = JobCheckpoints::new(core, store, 2.0);
     driver.break_rule(setup.broken);
     driver
 }
@@ -210,14 +228,23 @@ struct Sim {
     loaded: Option<Option<CompletedCheckpoint>>,
     /// It restored a checkpoint that ended the input.
     input_ended: bool,
-    /// Failures the coordinator reported to the supervisor, untaken.
-    failures: VecDeque<String>,
+    /// Failures reported to the supervisor, untaken: the coordinator's
+    /// (`None`: of the current attempt) and lost workers'.
+    failures: VecDeque<(Option<Attempt>, String)>,
     /// Deployments so far: tells each one's files apart.
     instance: u64,
     /// The coordinator answered the job's shutdown.
     shut_down: bool,
     /// `_metadata` writes that landed but reported a failure.
     unknown_outcomes: u64,
+    /// Objects the run knowingly left: failed deletions, the uploads of
+    /// killed workers.
+    garbage: BTreeSet<String>,
+    /// The savepoint that stopped the job, for the next run to resume.
+    stopped: Option<CheckpointId>,
+    /// What this run restores when the job retains nothing: the savepoint
+    /// it resumed from.
+    started_from: Option<CompletedCheckpoint>,
     requests: Requests,
     /// Empty between attempts.
     tasks: Vec<Task>,
@@ -237,16 +264,21 @@ impl Sim {
     fn new(seed: u64, broken: BrokenRule) -> Sim {
         let mut rng = SplitMix64::new(seed);
         let mut pick = |choices: &[f64]| choices[rng.next_below(choices.len() as u64) as usize];
-        let faults = Faults {
+        let mut faults = Faults {
             kill: pick(&[0.0, 0.002, 0.01]),
             kills: pick(&[0.0, 1.0, 3.0]) as u32,
             store_id: pick(&[0.0, 0.05]),
             metadata: pick(&[0.0, 0.1, 0.3]),
             upload: pick(&[0.0, 0.02]),
+            delete: pick(&[0.0, 0.1, 0.5]),
             until: 200 + pick(&[0.0, 1_000.0, 3_000.0, 6_000.0]) as u64,
+            workers: Default::default(),
         };
         // Short enough that some checkpoints expire behind backpressure.
         let timeout = Duration::from_millis(pick(&[300.0, 3_000.0]) as u64);
+        for t in 0..=SINK {
+            faults.workers[rng.next_below(2) as usize].push(t);
+        }
         let alignment = match rng.next_below(3) {
             0 => Alignment::Aligned,
             1 => Alignment::Unaligned,
@@ -268,7 +300,7 @@ impl Sim {
             instant: base,
             unix_ms: 0,
         };
-        let driver = driver(&storage, &setup, now);
+        let driver = driver(&storage, storage.recover(setup.retain), &setup, now);
         Sim {
             rng,
             faults,
@@ -284,6 +316,9 @@ impl Sim {
             instance: 0,
             shut_down: false,
             unknown_outcomes: 0,
+            garbage: BTreeSet::new(),
+            stopped: None,
+            started_from: None,
             requests: Requests {
                 left: requests,
                 at: requests_at,
@@ -320,16 +355,21 @@ impl Sim {
 
     fn run_to_end(&mut self) -> Result<Report, Failed> {
         self.coordinate(JobEvent::RestoreWanted)?;
-        while !self.finished() {
-            if self.report.steps >= self.faults.until + QUIET_STEPS {
-                return Err(format!(
-                    "no progress: not finished {QUIET_STEPS} steps after faults stopped"
-                ));
+        loop {
+            while !self.finished() {
+                if self.report.steps >= self.faults.until + QUIET_STEPS {
+                    return Err(format!(
+                        "no progress: not finished {QUIET_STEPS} steps after faults stopped"
+                    ));
+                }
+                self.report.steps += 1;
+                self.t += self.rng.next_below(3);
+                self.step()?;
+                self.check_references()?;
             }
-            self.report.steps += 1;
-            self.t += self.rng.next_below(3);
-            self.step()?;
-            self.check_references()?;
+            if !self.resume()? {
+                break;
+            }
         }
         self.check_output()?;
         self.check_leaks()?;
@@ -347,13 +387,21 @@ impl Sim {
 
     fn step(&mut self) -> Result<(), Failed> {
         if self.kills_now() {
-            return if self.rng.next_below(3) == 0 {
-                self.kill_driver()
-            } else {
-                self.supervise(LifeEvent::Failed {
+            let kill = self.rng.next_below(3);
+            if self.trace {
+                let killed = ["the driver", "a worker", "a subtask"][kill as usize];
+                eprintln!(
+                    "step {} at {} ms: {killed} is killed",
+                    self.report.steps, self.t
+                );
+            }
+            return match kill {
+                0 => self.kill_driver(),
+                1 => self.kill_worker(),
+                _ => self.supervise(LifeEvent::Failed {
                     attempt: Some(self.attempt()),
                     error: "a subtask was killed".into(),
-                })
+                }),
             };
         }
         let steps = self.possible();
@@ -380,7 +428,12 @@ impl Sim {
         let mut steps = Vec::new();
         if !self.tasks.is_empty() {
             steps.extend((0..SOURCES).filter(|&s| self.can_emit(s)).map(Step::Emit));
-            for (c, channel) in self.channels.iter().enumerate() {
+            // A killed worker's links carry nothing more.
+            let linked = self.channels.iter().enumerate().filter(|(c, _)| {
+                let (from, (to, _)) = (task::channel_source(*c), task::channel_target(*c));
+                !self.tasks[from].dead && !self.tasks[to].dead
+            });
+            for (c, channel) in linked {
                 if !channel.sender.is_empty() {
                     steps.push(Step::Transmit(c));
                 }
@@ -388,14 +441,12 @@ impl Sim {
                     steps.push(Step::Deliver(c));
                 }
             }
-            let room = (SOURCES..=SINK).filter(|&t| self.has_room(t));
+            let live = |t: &usize| !self.tasks[*t].dead;
+            let room = (SOURCES..=SINK).filter(live).filter(|&t| self.has_room(t));
             steps.extend(room.map(Step::Process));
-            let mail = self
-                .tasks
-                .iter()
-                .enumerate()
-                .filter(|(_, t)| !t.mail.is_empty());
-            steps.extend(mail.map(|(t, _)| Step::Mail(t)));
+            let mail = (0..=SINK).filter(live);
+            let mail = mail.filter(|&t| !self.tasks[t].mail.is_empty());
+            steps.extend(mail.map(Step::Mail));
         }
         if !self.storing_id {
             if !self.mail.is_empty() {
@@ -442,8 +493,7 @@ impl Sim {
             Step::Tick => self.coordinate(JobEvent::Tick)?,
             Step::Request => self.request()?,
             Step::Supervisor => {
-                let error = self.failures.pop_front().expect("a failure to take");
-                let attempt = None;
+                let (attempt, error) = self.failures.pop_front().expect("a failure to take");
                 self.supervise(LifeEvent::Failed { attempt, error })?;
             }
         }
@@ -533,18 +583,33 @@ impl Sim {
                     result,
                 })
             }
-            Op::Delete { checkpoints, paths } => {
-                for id in checkpoints {
-                    self.storage.metadata.remove(&id);
-                }
-                for path in paths {
-                    self.storage.objects.remove(&path);
-                }
-                self.coordinate(JobEvent::Deleted)
-            }
+            Op::Delete { checkpoints, paths } => self.deleted(checkpoints, paths),
             Op::Savepoint { checkpoint, fails } => self.savepoint_written(*checkpoint, fails),
             Op::Upload { .. } => self.uploaded(op),
         }
+    }
+
+    /// A deletion ends, each of its deletes failed or not: as the
+    /// coordinator actor, it goes on past a failed one (a `_metadata` that
+    /// was not deleted included) and reports it done.
+    fn deleted(
+        &mut self,
+        checkpoints: Vec<CheckpointId>,
+        paths: Vec<String>,
+    ) -> Result<(), Failed> {
+        for id in checkpoints {
+            if !self.chance(self.faults.delete) {
+                self.storage.metadata.remove(&id);
+            }
+        }
+        for path in paths {
+            if self.chance(self.faults.delete) {
+                self.garbage.insert(path);
+            } else {
+                self.storage.objects.remove(&path);
+            }
+        }
+        self.coordinate(JobEvent::Deleted)
     }
 
     fn uploaded(&mut self, op: Op) -> Result<(), Failed> {
@@ -630,8 +695,12 @@ impl Sim {
                 });
             }
             JobAction::InjectBarrier {
-                sources, barrier, ..
-            } => to(&mut self.tasks, sources, &|| Control::Inject(barrier)),
+                sources,
+                barrier,
+                suspend,
+            } => to(&mut self.tasks, sources, &|| {
+                Control::Inject(barrier, suspend)
+            }),
             JobAction::WriteMetadata(checkpoint) => self.write_metadata(checkpoint),
             JobAction::Delete { checkpoints, paths } => {
                 self.ops.push(Op::Delete { checkpoints, paths })
@@ -656,7 +725,7 @@ impl Sim {
                 ..
             } => to(&mut self.tasks, subtasks, &|| Control::Abort(checkpoint)),
             JobAction::EndInput(sources) => to(&mut self.tasks, sources, &|| Control::EndInput),
-            JobAction::FailJob(reason) => self.failures.push_back(reason),
+            JobAction::FailJob(reason) => self.failures.push_back((None, reason)),
             JobAction::Restore(latest) => self.loaded(latest)?,
             JobAction::ShutDown => self.shut_down = true,
             JobAction::Resolve { request, result } => self.resolved(request, result)?,
@@ -688,8 +757,9 @@ impl Sim {
     /// `checkpoint`'s counters hold the counts of exactly the records its
     /// sources had read at its barrier, read back from storage.
     fn check_state_at_barrier(&self, checkpoint: &CompletedCheckpoint) -> Result<(), Failed> {
+        let storage = self.storage.holding(checkpoint);
         let tasks = (0..=SINK)
-            .map(|t| Task::restored(t, Some(checkpoint), &self.storage, 0))
+            .map(|t| Task::restored(t, Some(checkpoint), storage, 0))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("{} does not restore: {e}", checkpoint.id))?;
         let mut expected = vec![BTreeMap::new(); COUNTERS];
@@ -744,9 +814,10 @@ impl Sim {
     }
 
     /// Once the job is over, every object left is one a checkpoint in
-    /// storage references, unless the run lost track of some: a power loss
-    /// (objects of calls in flight) or a `_metadata` write of unknown
-    /// outcome (kept, since the checkpoint may exist).
+    /// storage references or garbage the run knowingly left, unless it lost
+    /// track of some: a power loss (objects of calls in flight) or a
+    /// `_metadata` write of unknown outcome (kept, since the checkpoint may
+    /// exist).
     fn check_leaks(&self) -> Result<(), Failed> {
         if self.report.driver_kills > 0 || self.unknown_outcomes > 0 {
             return Ok(());
@@ -762,7 +833,7 @@ impl Sim {
             .storage
             .objects
             .keys()
-            .filter(|path| !referenced.contains(path.as_str()))
+            .filter(|path| !referenced.contains(path.as_str()) && !self.garbage.contains(*path))
             .collect();
         if leaked.is_empty() {
             Ok(())

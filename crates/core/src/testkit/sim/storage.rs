@@ -4,7 +4,7 @@
 
 use crate::checkpoint::store::CompletedCheckpointStore;
 use crate::checkpoint::subtask::SharedBase;
-use crate::checkpoint::{CompletedCheckpoint, SubtaskState};
+use crate::checkpoint::{CompletedCheckpoint, SnapshotFormat, SubtaskState};
 use crate::model::ids::{Attempt, CheckpointId};
 use std::collections::BTreeMap;
 
@@ -15,6 +15,15 @@ pub(super) struct Storage {
     pub objects: BTreeMap<String, Vec<u8>>,
     pub metadata: BTreeMap<CheckpointId, CompletedCheckpoint>,
     pub next_id: Option<CheckpointId>,
+    /// Savepoints whose copy landed, each in a directory of its own.
+    pub savepoints: BTreeMap<CheckpointId, Savepoint>,
+}
+
+/// A self-contained savepoint: its relocated metadata and the objects of
+/// its directory, which nothing of the job's deletes.
+pub(super) struct Savepoint {
+    pub checkpoint: CompletedCheckpoint,
+    pub directory: Storage,
 }
 
 impl Storage {
@@ -46,6 +55,18 @@ impl Storage {
                 .find(|path| !self.objects.contains_key(*path))
                 .map(|path| (checkpoint.id, path.to_owned()))
         })
+    }
+
+    /// Where `checkpoint`'s objects are: a savepoint's in its own
+    /// directory.
+    pub fn holding(&self, checkpoint: &CompletedCheckpoint) -> &Storage {
+        match checkpoint.format {
+            SnapshotFormat::JobDirectory => self,
+            SnapshotFormat::SelfContained => self
+                .savepoints
+                .get(&checkpoint.id)
+                .map_or(self, |s| &s.directory),
+        }
     }
 
     pub fn read(&self, path: &str) -> Result<&[u8], String> {

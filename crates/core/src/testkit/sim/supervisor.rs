@@ -1,11 +1,13 @@
 //! The simulated supervisor: the core's [`JobLifecycle`] decides which
 //! attempt runs, when it restarts and when the job is over; this carries
-//! out its actions as the supervisor actor does, and kills the driver.
+//! out its actions as the supervisor actor does, kills workers and the
+//! driver, and starts the run that resumes from a stopping savepoint.
 
 use super::storage::{Op, WriteFault};
 use super::task::{self, Role, Task, CHANNELS, SINK, SOURCES};
 use super::{Channel, Failed, Sim};
 use crate::checkpoint::job_checkpoints::JobEvent;
+use crate::checkpoint::store::CompletedCheckpointStore;
 use crate::checkpoint::{ends_input, CompletedCheckpoint};
 use crate::cluster::lifecycle::{JobLifecycle, LifeAction, LifeEvent, Outcome, Phase};
 use crate::cluster::restart::RestartStrategy;
@@ -53,7 +55,7 @@ impl Sim {
     /// The driver answered which checkpoint to restore: the load of the
     /// attempt booting or restarting is done.
     pub(super) fn loaded(&mut self, latest: Option<CompletedCheckpoint>) -> Result<(), Failed> {
-        self.loaded = Some(latest);
+        self.loaded = Some(latest.or_else(|| self.started_from.clone()));
         match self.life.phase() {
             Phase::Booting => self.supervise(LifeEvent::Booted),
             Phase::Restarting { attempt } => self.supervise(LifeEvent::Loaded {
@@ -90,8 +92,11 @@ impl Sim {
         }
         self.instance += 1;
         let instance = self.instance;
+        let storage = from
+            .as_ref()
+            .map_or(&self.storage, |c| self.storage.holding(c));
         self.tasks = (0..=SINK)
-            .map(|t| Task::restored(t, from.as_ref(), &self.storage, instance))
+            .map(|t| Task::restored(t, from.as_ref(), storage, instance))
             .collect::<Result<_, _>>()?;
         self.channels = (0..CHANNELS).map(|_| channel()).collect();
         // What an unaligned checkpoint captured goes out again first.
@@ -162,9 +167,84 @@ impl Sim {
         // Their clients lost the connection.
         self.requests.open.clear();
         self.storing_id = false;
-        self.driver = super::driver(&self.storage, &self.setup, self.now());
+        let store = self.restarted_store();
+        self.driver = super::driver(&self.storage, store, &self.setup, self.now());
         self.life = lifecycle();
         self.coordinate(JobEvent::RestoreWanted)
+    }
+
+    /// What a restarted driver retains: the newest checkpoints of the job
+    /// directory (`--restore latest`). A run resumed from a savepoint
+    /// resumes from it again until a checkpoint of its own is newer:
+    /// `latest` would find the stopped run's checkpoints, older than the
+    /// savepoint whose output the sink committed, and duplicate it.
+    fn restarted_store(&self) -> CompletedCheckpointStore {
+        let newest = self.storage.metadata.keys().next_back();
+        match &self.started_from {
+            Some(from) if newest.is_none_or(|id| *id < from.id) => {
+                CompletedCheckpointStore::new(self.setup.retain)
+            }
+            _ => self.storage.recover(self.setup.retain),
+        }
+    }
+
+    /// A worker process dies with the subtasks it hosts: they stop where
+    /// they are, their uploads in flight end half written (garbage nobody
+    /// acknowledges), and the supervisor hears of it later.
+    pub(super) fn kill_worker(&mut self) -> Result<(), Failed> {
+        self.report.worker_kills += 1;
+        let w = self.rng.next_below(2) as usize;
+        let hosted = self.faults.workers[w].clone();
+        for &t in &hosted {
+            self.tasks[t].dead = true;
+            self.tasks[t].mail.clear();
+        }
+        for op in std::mem::take(&mut self.ops) {
+            match op {
+                Op::Upload {
+                    task,
+                    objects,
+                    fails,
+                    ..
+                } if hosted.contains(&task) => {
+                    let written = if fails {
+                        0
+                    } else {
+                        self.rng.next_below(objects.len() as u64 + 1) as usize
+                    };
+                    for (path, bytes) in objects.into_iter().take(written) {
+                        self.garbage.insert(path.clone());
+                        self.storage.objects.insert(path, bytes);
+                    }
+                }
+                op => self.ops.push(op),
+            }
+        }
+        let lost = (Some(self.attempt()), format!("worker {w} was lost"));
+        self.failures.push_back(lost);
+        Ok(())
+    }
+
+    /// After a stop with a savepoint, a new run of the job resumes from it
+    /// (`--restore DIR`, which the run never claims): its driver retains
+    /// nothing yet. Returns whether a run started.
+    pub(super) fn resume(&mut self) -> Result<bool, Failed> {
+        let Some(id) = self.stopped.take() else {
+            return Ok(false);
+        };
+        self.report.stops += 1;
+        let savepoint = self
+            .storage
+            .savepoints
+            .get(&id)
+            .ok_or("no savepoint to resume")?;
+        self.started_from = Some(savepoint.checkpoint.clone());
+        let store = CompletedCheckpointStore::new(self.setup.retain);
+        self.driver = super::driver(&self.storage, store, &self.setup, self.now());
+        self.life = lifecycle();
+        self.shut_down = false;
+        self.coordinate(JobEvent::RestoreWanted)?;
+        Ok(true)
     }
 }
 

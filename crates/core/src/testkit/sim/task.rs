@@ -9,7 +9,7 @@ use crate::checkpoint::barrier::{BarrierAction, BarrierHandler, Polled};
 use crate::checkpoint::subtask::{SharedBase, SubtaskCheckpointer};
 use crate::checkpoint::{
     checksum, ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyedStateHandle,
-    NativeFileHandle, StateHandle, SubtaskState,
+    NativeFileHandle, SnapshotFormat, StateHandle, SubtaskState,
 };
 use crate::dataflow::task::SOURCE_EXHAUSTED;
 use crate::model::batch::Batch;
@@ -65,7 +65,8 @@ pub(super) fn index_of(id: SubtaskId) -> usize {
 
 /// A message of the coordinator for a subtask.
 pub(super) enum Control {
-    Inject(Barrier),
+    /// Inject the barrier; `true`: emit nothing after it (a stop).
+    Inject(Barrier, bool),
     Complete(CheckpointId, BTreeSet<String>),
     Abort(CheckpointId),
     EndInput,
@@ -99,6 +100,8 @@ pub(super) struct Task {
     pub mail: VecDeque<Control>,
     /// It reported itself finished to the supervisor.
     pub finished: bool,
+    /// Its worker was killed: it does nothing more.
+    pub dead: bool,
     /// An unaligned snapshot waiting for its input channel state.
     pub unaligned: Option<Unaligned>,
     /// Output channel state to send again first, by output.
@@ -117,6 +120,8 @@ impl Task {
     ) -> Result<Task, String> {
         let state = from.and_then(|c| c.subtasks.get(&subtask_id(index)));
         let operator = |name: &str| state.and_then(|s| s.operator.get(name));
+        // A savepoint is never the job's own: no snapshot builds on it.
+        let owned = from.is_some_and(|c| c.format == SnapshotFormat::JobDirectory);
         let mut base = SharedBase::new();
         let role = match index {
             i if i < SOURCES => Role::Source {
@@ -134,7 +139,9 @@ impl Task {
                     for file in &native.shared {
                         let path = file.handle.physical().unwrap_or_default();
                         counts.extend(decode::<Vec<Count>>(storage.read(path)?)?);
-                        base.insert(file.name.clone(), file.clone());
+                        if owned {
+                            base.insert(file.name.clone(), file.clone());
+                        }
                     }
                 }
                 Role::Counter { counts }
@@ -172,6 +179,7 @@ impl Task {
             checkpointer: SubtaskCheckpointer::new(true, base),
             mail: VecDeque::new(),
             finished: false,
+            dead: false,
             unaligned: None,
             replay,
             instance,
@@ -289,6 +297,15 @@ fn wiring(index: usize) -> (Vec<usize>, Vec<usize>) {
 /// Channels of the job.
 pub(super) const CHANNELS: usize = SOURCES * COUNTERS + COUNTERS;
 
+/// The channel's sending task.
+pub(super) fn channel_source(channel: usize) -> usize {
+    if channel < SOURCES * COUNTERS {
+        channel / COUNTERS
+    } else {
+        SOURCES + channel - SOURCES * COUNTERS
+    }
+}
+
 /// The channel's receiving task and its gate channel there.
 pub(super) fn channel_target(channel: usize) -> (usize, usize) {
     if channel < SOURCES * COUNTERS {
@@ -300,9 +317,13 @@ pub(super) fn channel_target(channel: usize) -> (usize, usize) {
 
 impl Sim {
     /// Whether source `s` has something to do: records to emit with room
-    /// for them, or its exhaustion to report.
+    /// for them, or its exhaustion to report; not after the barrier of a
+    /// stopping savepoint.
     pub(super) fn can_emit(&self, s: usize) -> bool {
         let task = &self.tasks[s];
+        if task.dead || task.checkpointer.suspended() {
+            return false;
+        }
         let Role::Source {
             offset,
             reported,
@@ -420,7 +441,7 @@ impl Sim {
         match action {
             BarrierAction::Snapshot {
                 barrier, unaligned, ..
-            } => self.snapshot(t, barrier, unaligned),
+            } => self.snapshot(t, barrier, unaligned, false),
             BarrierAction::ChannelState {
                 checkpoint, inputs, ..
             } => {
@@ -499,9 +520,10 @@ impl Sim {
 
     /// The synchronous part of task `t`'s snapshot at `barrier`, which it
     /// then forwards; the asynchronous part is an upload in flight.
-    pub(super) fn snapshot(&mut self, t: usize, barrier: Barrier, unaligned: bool) {
+    /// `suspend`: the source emits nothing after it.
+    pub(super) fn snapshot(&mut self, t: usize, barrier: Barrier, unaligned: bool, suspend: bool) {
         let id = barrier.id;
-        let (mut state, objects, shared) = self.state_of(t, id, barrier.options.kind);
+        let (mut state, objects, shared) = self.state_of(t, id, barrier.options.kind, suspend);
         if !unaligned {
             self.forward(t, ChannelEvent::Barrier(barrier));
             return self.upload(t, id, state, objects, shared);
@@ -531,9 +553,10 @@ impl Sim {
         t: usize,
         id: CheckpointId,
         kind: CheckpointKind,
+        suspend: bool,
     ) -> (SubtaskState, Vec<(String, Vec<u8>)>, SharedBase) {
         let task = &mut self.tasks[t];
-        let base = task.checkpointer.started(id, kind, false, ());
+        let base = task.checkpointer.started(id, kind, suspend, ());
         let mut state = SubtaskState::default();
         let mut objects = Vec::new();
         let mut shared = SharedBase::new();
@@ -607,10 +630,10 @@ impl Sim {
             return Ok(());
         };
         match control {
-            Control::Inject(barrier) => match self.tasks[t].role {
+            Control::Inject(barrier, suspend) => match self.tasks[t].role {
                 Role::Source { ended: false, .. } => {
                     let unaligned = barrier.options.alignment == Alignment::Unaligned;
-                    self.snapshot(t, barrier, unaligned)
+                    self.snapshot(t, barrier, unaligned, suspend)
                 }
                 _ => self.mail.push_back(ToCoordinator::Decline {
                     attempt: self.attempt(),

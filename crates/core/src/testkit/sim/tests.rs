@@ -50,6 +50,8 @@ fn run_all(seeds: Range<u64>, broken: BrokenRule) -> (Report, Vec<Failure>) {
                 total.restores += report.restores;
                 total.faults += report.faults;
                 total.driver_kills += report.driver_kills;
+                total.worker_kills += report.worker_kills;
+                total.stops += report.stops;
             }
             Err(failure) => failures.push(failure),
         }
@@ -64,8 +66,15 @@ fn every_seed_keeps_every_invariant() {
     let (total, failures) = run_all(seeds.clone(), BrokenRule::None);
     println!(
         "simulated seeds {seeds:?}: {} steps, {} checkpoints completed, {} restores, \
-         {} faults injected ({} power losses of the driver)",
-        total.steps, total.completed, total.restores, total.faults, total.driver_kills
+         {} faults injected ({} power losses of the driver, {} workers killed), \
+         {} stops with a savepoint resumed",
+        total.steps,
+        total.completed,
+        total.restores,
+        total.faults,
+        total.driver_kills,
+        total.worker_kills,
+        total.stops
     );
     for failure in failures.iter().take(5) {
         println!(
@@ -77,6 +86,7 @@ fn every_seed_keeps_every_invariant() {
     // The runs did what they are for.
     if seeds.end - seeds.start >= 100 {
         assert!(total.restores > 0 && total.faults > 0 && total.completed > 0);
+        assert!(total.worker_kills > 0 && total.stops > 0);
     }
 }
 
