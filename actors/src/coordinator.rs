@@ -5,22 +5,24 @@
 //! outlives the attempts of a job: the supervisor tells it which subtasks
 //! are current.
 
-use crate::messages::SubtaskHandle;
+use crate::clock::now;
 use crate::messages::{
-    AcknowledgeCheckpoint, DeclineCheckpoint, EndInput, NotifyCheckpointAborted,
-    NotifyCheckpointComplete, SourceExhausted, SplitRequest, SubtaskFailed, TriggerCheckpoint,
+    AcknowledgeCheckpoint, CheckpointingFailed, DeclineCheckpoint, EndInput,
+    NotifyCheckpointAborted, NotifyCheckpointComplete, SourceExhausted, SplitRequest,
+    SubtaskFailed, TriggerCheckpoint,
 };
 use crate::metrics::{CheckpointCounters, JobMetrics};
 use crate::sources::{HostsSources, SourceHost};
-use crate::supervisor::{CheckpointingFailed, JobSupervisor};
+use crate::subtask::SubtaskHandle;
 use actix::{
-    Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture,
+    Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, Recipient, SpawnHandle,
+    WrapFuture,
 };
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use tidemark_core::checkpoint::coordinator::{CheckpointCoordinator, Now, RequestId};
+use std::time::Instant;
+use tidemark_core::checkpoint::coordinator::{CheckpointCoordinator, RequestId};
 use tidemark_core::checkpoint::job_checkpoints::{
     JobAction, JobCheckpoints, JobEvent, Resolved, WriteFailure,
 };
@@ -126,7 +128,10 @@ pub struct CoordinatorActor {
     /// The job's source coordinators.
     sources: SourceHost,
     storage: CheckpointStorage,
-    supervisor: Addr<JobSupervisor>,
+    /// The job's supervisor, which fails the job over.
+    supervisor: Recipient<CheckpointingFailed>,
+    /// The job's supervisor, for failures of the sources it hosts.
+    failures: Recipient<SubtaskFailed>,
     metrics: Arc<JobMetrics>,
     attempt: Attempt,
     /// Every subtask of the running attempt, sources included.
@@ -147,32 +152,25 @@ pub struct CoordinatorActor {
     switched: HashSet<CheckpointId>,
 }
 
-/// The clock the shells hand to the core: monotonic for timers, wall time
-/// for barrier timestamps.
-pub(crate) fn now() -> Now {
-    Now {
-        instant: Instant::now(),
-        unix_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64),
-    }
-}
-
 impl CoordinatorActor {
-    pub fn new(
+    pub fn new<S>(
         core: CheckpointCoordinator,
         storage: CheckpointStorage,
         store: CompletedCheckpointStore,
-        supervisor: Addr<JobSupervisor>,
+        supervisor: Addr<S>,
         metrics: Arc<JobMetrics>,
         max_space_amplification: f64,
         savepoints: Savepoints,
-    ) -> Self {
+    ) -> Self
+    where
+        S: Actor<Context = Context<S>> + Handler<CheckpointingFailed> + Handler<SubtaskFailed>,
+    {
         CoordinatorActor {
             sources: SourceHost::default(),
             core: JobCheckpoints::new(core, store, max_space_amplification),
             storage,
-            supervisor,
+            failures: supervisor.clone().recipient(),
+            supervisor: supervisor.recipient(),
             metrics,
             attempt: Attempt(0),
             subtasks: HashMap::new(),
@@ -646,7 +644,7 @@ impl HostsSources for CoordinatorActor {
     }
 
     fn source_failed(&mut self, failed: SubtaskFailed, _ctx: &mut Context<Self>) {
-        self.supervisor.do_send(failed);
+        self.failures.do_send(failed);
     }
 }
 

@@ -4,12 +4,12 @@
 //! hosts, whoever placed it there.
 
 use crate::channels::{Channels, Wiring};
-use crate::messages::{CheckpointReports, Reports, Stop, Wire};
+use crate::job::JobError;
+use crate::messages::{CheckpointReports, Reports, Stop};
 use crate::metrics::JobMetrics;
 use crate::net::{LinkActor, LinkEnds, Workers};
 use crate::restore::Restored;
-use crate::runtime::JobError;
-use crate::subtask::{panic_message, Checkpointing, SubtaskActor, SubtaskSpec};
+use crate::subtask::{panic_message, Checkpointing, SubtaskActor, SubtaskSpec, Wire};
 use actix::{Actor, Addr, Recipient};
 use actix_rt::ArbiterHandle;
 use std::collections::HashMap;

@@ -28,12 +28,14 @@
 //! ```
 
 mod channels;
+mod clock;
 mod control;
 mod coordinator;
 mod deploy;
 pub mod election;
 mod endpoint;
 pub mod http;
+mod job;
 mod messages;
 pub mod metrics;
 mod net;

@@ -3,7 +3,7 @@
 //! the subtasks' RocksDB instances.
 
 use crate::coordinator::RestoreFrom;
-use crate::runtime::JobError;
+use crate::job::JobError;
 use futures::stream::{self, StreamExt};
 use std::collections::HashMap;
 use std::path::Path;

@@ -9,7 +9,8 @@
 //! never both or neither. A job without checkpoints has no coordinator
 //! actor; its supervisor hosts them.
 
-use crate::messages::{AddSplits, NoMoreSplits, SplitRequest, SubtaskFailed, SubtaskHandle};
+use crate::messages::{AddSplits, NoMoreSplits, SplitRequest, SubtaskFailed};
+use crate::subtask::SubtaskHandle;
 use actix::{Actor, ActorFutureExt, AsyncContext, Context, WrapFuture};
 use std::collections::HashMap;
 use tidemark_core::error::TaskError;

@@ -5,6 +5,7 @@ use super::{AwaitLink, Claim, Rebuild, Release, WorkerHost};
 use crate::control::{Command, Deploy, Event, FromWorker, Progress, ToWorker};
 use crate::coordinator::RestoreFrom;
 use crate::deploy::{stop_all, Hosted, Hosting};
+use crate::job::job_id;
 use crate::messages::{
     AcknowledgeCheckpoint, AddSplits, CheckpointReports, DeclineCheckpoint, EndInput, NoMoreSplits,
     NotifyCheckpointAborted, NotifyCheckpointComplete, Reports, SourceExhausted, SplitRequest,
@@ -13,7 +14,6 @@ use crate::messages::{
 use crate::metrics::JobMetrics;
 use crate::net::{crossings, LinkEnd, LinkEnds, WorkerAssignment, Workers};
 use crate::restore::{load, Restored};
-use crate::runtime::job_id;
 use crate::subtask::SubtaskActor;
 use actix::{
     Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, Recipient,
