@@ -2,13 +2,13 @@
 //! sized to the cores, so that a job can be embedded in any application,
 //! async or not, and a handle to wait for it or cancel it.
 
+use crate::cluster::remote::{Distributed, Pool};
+use crate::cluster::supervisor::{Hosts, JobSupervisor};
+pub use crate::cluster::supervisor::{JobControl, Savepoint};
+use crate::dataflow::net::{WorkerAssignment, Workers};
 use crate::http::{self, HttpToken, JobStatus, JobView};
 pub use crate::job::{job_id, JobError, JobReport};
 use crate::metrics::JobMetrics;
-use crate::net::{WorkerAssignment, Workers};
-use crate::remote::{Distributed, Pool};
-use crate::supervisor::{Hosts, JobSupervisor};
-pub use crate::supervisor::{JobControl, Savepoint};
 use actix::{Actor, Addr, Arbiter, System};
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};

@@ -14,8 +14,8 @@ mod operations;
 mod page;
 mod prometheus;
 
+use crate::cluster::supervisor::JobControl;
 use crate::metrics::JobMetrics;
-use crate::supervisor::JobControl;
 use actix_web::dev::ServerHandle;
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, App, HttpResponse, ResponseError};

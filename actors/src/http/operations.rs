@@ -5,7 +5,7 @@
 //! stop` poll the savepoint's.
 
 use super::{ApiError, JobView};
-use crate::supervisor::{finished, Answer, Savepoint};
+use crate::cluster::supervisor::{finished, Answer, Savepoint};
 use actix_web::http::header;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};

@@ -10,7 +10,8 @@
 
 use crate::clock::now;
 use crate::control::Commands;
-use crate::endpoint::{InputEndpoint, OutputEndpoint};
+use crate::dataflow::endpoint::{InputEndpoint, OutputEndpoint};
+use crate::dataflow::snapshot;
 use crate::messages::{
     AcknowledgeCheckpoint, AddSplits, CheckpointReports, Consumed, DeclineCheckpoint, Deliver,
     DeliverPriority, EndInput, Kill, NoMoreSplits, NotifyCheckpointAborted,
@@ -18,7 +19,6 @@ use crate::messages::{
     SplitRequest, Stop, SubtaskFailed, SubtaskFinished, ToSubtask, TriggerCheckpoint,
 };
 use crate::metrics::{JobMetrics, SubtaskCounters};
-use crate::snapshot;
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
 use futures::future::{AbortHandle, AbortRegistration, Abortable, Either};
 use std::future::Future;

@@ -2,11 +2,13 @@
 //! arbiter and an input endpoint on the consumer's for every channel, and a
 //! TCP link between every pair of workers that a channel crosses.
 
-use crate::endpoint::{ConnectUpstream, InputEndpoint, InputPeer, OutputEndpoint, OutputPeer};
+use crate::dataflow::endpoint::{
+    ConnectUpstream, InputEndpoint, InputPeer, OutputEndpoint, OutputPeer,
+};
+use crate::dataflow::net::{LinkActor, LinkEnds, Routes, Workers};
+use crate::dataflow::subtask::SubtaskActor;
 use crate::messages::{Stop, SubtaskFailed};
 use crate::metrics::JobMetrics;
-use crate::net::{LinkActor, LinkEnds, Routes, Workers};
-use crate::subtask::SubtaskActor;
 use actix::{Actor, Addr, Recipient};
 use actix_rt::ArbiterHandle;
 use std::collections::{BTreeMap, HashMap};

@@ -6,23 +6,23 @@
 //! restored from the latest completed checkpoint. Messages of an older
 //! attempt are recognised by their attempt number and dropped.
 
-use crate::control::{Deploy, RestoreSpec};
-use crate::coordinator::{
+use crate::checkpoint::coordinator::{
     AbortPending, Completed, CoordinatorActor, Deployed, LatestCheckpoint, RestoreFrom, Savepoints,
     Shutdown, TriggerManual, TriggerReply,
 };
-use crate::deploy::{stop_all, Hosted, Hosting};
+use crate::checkpoint::restore::{load, restore_failure, transient, Loaded, LoadedFrom, Restored};
+use crate::cluster::deploy::{stop_all, Hosted, Hosting};
+use crate::cluster::remote::{Pool, Reporting};
+use crate::control::{Deploy, RestoreSpec};
+use crate::dataflow::net::{self, LinkActor, WorkerAssignment, Workers};
+use crate::dataflow::sources::{HostsSources, SourceHost};
+use crate::dataflow::subtask::SubtaskHandle;
 use crate::job::{job_id, JobError, JobReport};
 use crate::messages::{
     Cancel, CheckpointReports, CheckpointingFailed, Kill, Reports, SplitRequest, Stop,
     SubtaskFailed, SubtaskFinished, WorkerDeployed,
 };
 use crate::metrics::{CheckpointCounters, JobMetrics};
-use crate::net::{self, LinkActor, WorkerAssignment, Workers};
-use crate::remote::{Pool, Reporting};
-use crate::restore::{load, restore_failure, transient, Loaded, LoadedFrom, Restored};
-use crate::sources::{HostsSources, SourceHost};
-use crate::subtask::SubtaskHandle;
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, Recipient, System,
     WrapFuture,
@@ -442,7 +442,7 @@ impl JobSupervisor {
     fn deploy_remote(
         &mut self,
         me: Addr<Self>,
-        from: Option<crate::coordinator::RestoreFrom>,
+        from: Option<crate::checkpoint::coordinator::RestoreFrom>,
     ) -> usize {
         let pool = self.pool.as_ref().expect("the pool is back");
         let placement = WorkerAssignment::new(pool.count());

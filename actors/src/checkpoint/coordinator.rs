@@ -6,14 +6,14 @@
 //! are current.
 
 use crate::clock::now;
+use crate::dataflow::sources::{HostsSources, SourceHost};
+use crate::dataflow::subtask::SubtaskHandle;
 use crate::messages::{
     AcknowledgeCheckpoint, CheckpointingFailed, DeclineCheckpoint, EndInput,
     NotifyCheckpointAborted, NotifyCheckpointComplete, SourceExhausted, SplitRequest,
     SubtaskFailed, TriggerCheckpoint,
 };
 use crate::metrics::{CheckpointCounters, JobMetrics};
-use crate::sources::{HostsSources, SourceHost};
-use crate::subtask::SubtaskHandle;
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, Recipient, SpawnHandle,
     WrapFuture,
@@ -214,7 +214,7 @@ impl CoordinatorActor {
     fn send_to<M>(&self, subtasks: impl IntoIterator<Item = SubtaskId>, message: impl Fn() -> M)
     where
         M: crate::messages::ToSubtask,
-        crate::subtask::SubtaskActor: Handler<M>,
+        crate::dataflow::subtask::SubtaskActor: Handler<M>,
     {
         for id in subtasks {
             if let Some(handle) = self.subtasks.get(&id) {

@@ -5,16 +5,16 @@
 //! can take the batches they hold.
 //!
 //! The two endpoints of a channel talk by actor messages when they share a
-//! worker, and over the workers' TCP link (`crate::net`) when they do not;
-//! either way only batches the receiver granted credit for leave the
-//! output endpoint.
+//! worker, and over the workers' TCP link (`net`) when they do not; either
+//! way only batches the receiver granted credit for leave the output
+//! endpoint.
 
+use crate::dataflow::net::LinkSender;
 use crate::messages::{
     Consumed, Credit, Deliver, DeliverPriority, OutputCredit, Push, PushPriority, Stop,
     SubtaskFailed, Transfer,
 };
 use crate::metrics::ChannelGauge;
-use crate::net::LinkSender;
 use actix::{Actor, ActorContext, Addr, Context, Handler, Message, Recipient};
 use std::sync::Arc;
 use tidemark_core::batch::Batch;
