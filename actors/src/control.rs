@@ -24,6 +24,39 @@ use tidemark_core::model::event::Barrier;
 use tidemark_core::model::graph::JobGraph;
 use tidemark_core::model::ids::{Attempt, CheckpointId, JobId, OperatorId, SubtaskId};
 use tidemark_core::time::TimeMarks;
+use tokio::sync::mpsc;
+
+/// The line a worker prints first on stdout, then its control address.
+pub const LISTENING: &str = "tidemark worker listening on ";
+
+/// How often each end of a control call checks the other is there.
+pub(crate) const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The largest control message: a deployment carries the checkpoint it
+/// restores, an acknowledgement a subtask's state handles (and inline
+/// state), both above gRPC's default 4 MiB for large jobs.
+pub(crate) const MAX_CONTROL_MESSAGE: usize = 1 << 30;
+
+/// Commands for one worker's subtasks in the current attempt, in order:
+/// the driver's end of the attempt's call.
+#[derive(Clone)]
+pub struct Commands {
+    sender: mpsc::UnboundedSender<Command>,
+    run: RunAttempt,
+}
+
+impl Commands {
+    /// The commands of `run`'s call, and where the call takes them from.
+    pub fn channel(run: RunAttempt) -> (Commands, mpsc::UnboundedReceiver<Command>) {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        (Commands { sender, run }, receiver)
+    }
+
+    /// Queues `command`; a call that ended ended with its attempt.
+    pub fn send(&self, command: ToWorker) {
+        let _ = self.sender.send(command.envelope(self.run));
+    }
+}
 
 /// Nothing.
 #[derive(Clone, PartialEq, prost::Message)]

@@ -27,28 +27,20 @@
 //! # Ok(()) }
 //! ```
 
-mod channels;
+mod checkpoint;
+mod clock;
+mod cluster;
 mod control;
-mod coordinator;
-mod deploy;
-pub mod election;
-mod endpoint;
-mod hooks;
+mod dataflow;
 pub mod http;
+mod job;
 mod messages;
 pub mod metrics;
-mod net;
-mod remote;
-mod restore;
 pub mod runtime;
 pub mod sinks;
-mod snapshot;
-mod sources;
-mod subtask;
-mod supervisor;
-pub mod worker;
 
-pub use remote::{Distributed, WorkerSet};
+pub use cluster::remote::{Distributed, WorkerSet};
+pub use cluster::{election, worker};
 pub use runtime::{JobControl, JobError, JobHandle, JobReport, RunJob, Runtime, Savepoint};
 
 /// What an embedding application needs in scope.

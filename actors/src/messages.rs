@@ -1,9 +1,6 @@
 //! Messages between the actors of a running job.
 
 use crate::control::ToWorker;
-use crate::endpoint::{InputEndpoint, OutputEndpoint, OutputPeer};
-use crate::remote::Commands;
-use crate::subtask::SubtaskActor;
 use actix::{Actor, Addr, Context, Handler, Message, Recipient};
 use tidemark_core::checkpoint::Ack;
 use tidemark_core::dataflow::error::TaskError;
@@ -63,19 +60,6 @@ pub struct DeliverPriority {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Consumed;
-
-/// Closes the cycle between an input endpoint and its sender.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct ConnectUpstream(pub OutputPeer);
-
-/// Supervisor → subtask: its endpoints exist; start.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Wire {
-    pub outputs: Vec<Addr<OutputEndpoint>>,
-    pub inputs: Vec<Addr<InputEndpoint>>,
-}
 
 /// Source subtask → itself: read the next batch.
 #[derive(Message)]
@@ -187,6 +171,17 @@ pub struct NoMoreSplits;
 #[rtype(result = "()")]
 pub struct Cancel;
 
+/// Coordinator → supervisor: checkpoints failed more often than tolerated.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CheckpointingFailed(pub String);
+
+/// A worker process started its share of the attempt: records flow once
+/// every worker has.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WorkerDeployed(pub Attempt);
+
 /// Supervisor → subtask: fail now, as a crash would (failure injection).
 #[derive(Clone, Copy, Debug, Message)]
 #[rtype(result = "()")]
@@ -247,33 +242,9 @@ impl CheckpointReports {
     }
 }
 
-/// A subtask of the current attempt as the coordinator and the supervisor
-/// reach it: an actor of this process, or one on a worker process, through
-/// that worker's ordered commands.
-#[derive(Clone)]
-pub enum SubtaskHandle {
-    Local(Addr<SubtaskActor>),
-    Remote {
-        subtask: SubtaskId,
-        commands: Commands,
-    },
-}
-
 /// A message for a subtask, and the command it is for one on a worker.
 pub trait ToSubtask: Message<Result = ()> + Send + 'static {
     fn remote(self, subtask: SubtaskId) -> ToWorker;
-}
-
-impl SubtaskHandle {
-    pub fn send<M: ToSubtask>(&self, message: M)
-    where
-        SubtaskActor: Handler<M>,
-    {
-        match self {
-            SubtaskHandle::Local(addr) => addr.do_send(message),
-            SubtaskHandle::Remote { subtask, commands } => commands.send(message.remote(*subtask)),
-        }
-    }
 }
 
 impl ToSubtask for TriggerCheckpoint {

@@ -2,120 +2,25 @@
 //! sized to the cores, so that a job can be embedded in any application,
 //! async or not, and a handle to wait for it or cancel it.
 
-use crate::coordinator::{Completed, TriggerManual};
-use crate::http::{self, HttpToken, HttpTokenError, JobStatus, JobView};
-use crate::messages::Cancel;
+use crate::cluster::remote::{Distributed, Pool};
+use crate::cluster::supervisor::{Hosts, JobSupervisor};
+pub use crate::cluster::supervisor::{JobControl, Savepoint};
+use crate::dataflow::net::{WorkerAssignment, Workers};
+use crate::http::{self, HttpToken, JobStatus, JobView};
+pub use crate::job::{job_id, JobError, JobReport};
 use crate::metrics::JobMetrics;
-use crate::net::{WorkerAssignment, Workers};
-use crate::remote::{Distributed, Pool};
-use crate::supervisor::{Hosts, JobSupervisor, StopWithSavepoint, TriggerCheckpointRequest};
 use actix::{Actor, Addr, Arbiter, System};
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::Duration;
-use thiserror::Error;
-use tidemark_core::checkpoint::coordinator::HookError;
 use tidemark_core::checkpoint::lease::LeaseOptions;
-use tidemark_core::checkpoint::restore::RestoreError;
 use tidemark_core::checkpoint::stats::{self, CheckpointStatsTracker};
-use tidemark_core::checkpoint::{CheckpointFailure, SettingsError};
-use tidemark_core::dataflow::error::TaskError;
-use tidemark_core::job::{Job, JobConfigError};
+use tidemark_core::checkpoint::CheckpointFailure;
+use tidemark_core::job::Job;
 use tidemark_core::model::event::CheckpointKind;
-use tidemark_core::model::graph::GraphError;
-use tidemark_core::model::ids::{CheckpointId, JobId, SubtaskId};
-use tidemark_storage::lease::{Lease, LeaseError};
-use tidemark_storage::savepoint::SavepointError;
-use tidemark_storage::{CheckpointStorage, StorageError};
-
-/// Why a job could not start or did not finish: from [`Runtime::run`]
-/// before anything is deployed, or from [`JobHandle::wait`].
-#[derive(Debug, Error)]
-pub enum JobError {
-    /// The job graph does not validate; nothing was deployed.
-    #[error("invalid job: {0}")]
-    InvalidJob(#[from] GraphError),
-    /// A job setting is out of range; nothing was deployed.
-    #[error("invalid job settings: {0}")]
-    InvalidConfig(#[from] JobConfigError),
-    /// The checkpoint settings do not validate; nothing was deployed.
-    #[error("invalid checkpointing: {0}")]
-    InvalidCheckpointing(#[from] SettingsError),
-    /// A subtask failed. Without checkpointing this ends the job at once;
-    /// with it the job restarts, and this comes back inside
-    /// [`JobError::RestartsExhausted`].
-    #[error("subtask {subtask} failed: {error}")]
-    TaskFailed {
-        /// The subtask that failed.
-        subtask: SubtaskId,
-        /// Its error, a panic included.
-        error: TaskError,
-    },
-    /// [`JobHandle::cancel`] ended the job.
-    #[error("the job was cancelled")]
-    Cancelled,
-    /// An injected fault names a subtask the job graph does not have;
-    /// nothing was deployed.
-    #[error("a fault is aimed at {0}, which the job does not have")]
-    UnknownFaultTarget(SubtaskId),
-    /// Another run holds the job directory, or it could not be leased;
-    /// nothing was deployed.
-    #[error(transparent)]
-    Lease(#[from] LeaseError),
-    /// The REST API would be exposed without a token.
-    #[error(transparent)]
-    Http(#[from] HttpTokenError),
-    /// Checkpoint or savepoint storage could not be opened or read, when
-    /// the job started or when it restored; the job does not restart.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// The checkpoint or savepoint to restore from does not fit the job or
-    /// is malformed; the job does not restart.
-    #[error("cannot restore: {0}")]
-    Restore(#[from] RestoreError),
-    /// The savepoint or checkpoint to restore from has no `_metadata`, is
-    /// not self-contained, or references objects outside its directory.
-    #[error(transparent)]
-    Savepoint(#[from] SavepointError),
-    /// Consecutive checkpoint failures exceeded the tolerable number: the
-    /// job failed over, and comes back inside
-    /// [`JobError::RestartsExhausted`] once no restart is left.
-    #[error("checkpointing failed: {0}")]
-    Checkpointing(String),
-    /// A master hook's `restore` failed, at the start or at a failover.
-    #[error(transparent)]
-    MasterHook(#[from] HookError),
-    /// The restart strategy allows no more restarts.
-    #[error("gave up after {restarts} restarts; last failure: {last}")]
-    RestartsExhausted {
-        /// Restarts done before giving up.
-        restarts: u32,
-        /// The failure that no restart followed.
-        last: Box<JobError>,
-    },
-    /// The runtime itself broke: its thread could not start or panicked,
-    /// the coordinator vanished, or a restore could not write its local
-    /// files (downloaded database files).
-    #[error("the runtime failed: {0}")]
-    Runtime(String),
-}
-
-/// What a finished job reports.
-#[derive(Clone, Debug)]
-pub struct JobReport {
-    /// Records read by all sources.
-    pub records_in: u64,
-    /// From the job's start (restore included) to its end.
-    pub elapsed: Duration,
-}
-
-impl JobReport {
-    /// `records_in` per second of `elapsed`.
-    pub fn throughput(&self) -> f64 {
-        self.records_in as f64 / self.elapsed.as_secs_f64().max(1e-9)
-    }
-}
+use tidemark_core::model::ids::{CheckpointId, SubtaskId};
+use tidemark_storage::lease::Lease;
+use tidemark_storage::CheckpointStorage;
 
 /// A running job, from [`Runtime::run`] or [`RunJob::run`]: wait for it,
 /// cancel it, trigger checkpoints, read its live metrics. Dropping the
@@ -129,96 +34,6 @@ pub struct JobHandle {
     http: Option<SocketAddr>,
     /// What the REST API serves, if it runs.
     view: Option<Arc<JobView>>,
-}
-
-/// A completed savepoint (or checkpoint, triggered by hand).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Savepoint {
-    /// Its checkpoint id, from the same counter as the job's checkpoints.
-    pub id: CheckpointId,
-    /// Its directory, a path or URL: what `--restore` takes.
-    pub location: String,
-}
-
-/// Triggers checkpoints and savepoints of a running job, from any thread
-/// that is not driving an async runtime; each call blocks until the
-/// checkpoint completed or failed.
-#[derive(Clone)]
-pub struct JobControl {
-    supervisor: Addr<JobSupervisor>,
-}
-
-impl JobControl {
-    /// Triggers a checkpoint or savepoint now and blocks until it completed
-    /// (for a savepoint: was copied into its directory) or failed. Fails
-    /// with [`CheckpointFailure::NotTriggered`] when the job runs without
-    /// checkpointing or has ended.
-    pub fn trigger_checkpoint(
-        &self,
-        kind: CheckpointKind,
-    ) -> Result<CheckpointId, CheckpointFailure> {
-        Ok(Self::answer(self.request(kind, false, None))?.id)
-    }
-
-    /// A savepoint into the job's savepoint directory; the job goes on.
-    pub fn trigger_savepoint(&self) -> Result<Savepoint, CheckpointFailure> {
-        Self::answer(self.request(CheckpointKind::Savepoint, false, None))
-    }
-
-    /// A savepoint, then the sinks commit it and the job ends: `wait`
-    /// returns once it has. If the savepoint fails, the job goes on.
-    pub fn stop_with_savepoint(&self) -> Result<Savepoint, CheckpointFailure> {
-        Self::answer(self.request(CheckpointKind::Savepoint, true, None))
-    }
-
-    /// Asks for a checkpoint or savepoint (`stop`: one that ends the job,
-    /// into `target` if given) without waiting: the answer comes on the
-    /// receiver.
-    pub(crate) fn request(
-        &self,
-        kind: CheckpointKind,
-        stop: bool,
-        target: Option<CheckpointStorage>,
-    ) -> Answer {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        if stop {
-            self.supervisor.do_send(StopWithSavepoint { target, reply });
-        } else {
-            self.supervisor
-                .do_send(TriggerCheckpointRequest(TriggerManual {
-                    kind,
-                    stop,
-                    target,
-                    reply,
-                }));
-        }
-        answer
-    }
-
-    /// Ends the job, as [`JobHandle::cancel`].
-    pub fn cancel(&self) {
-        self.supervisor.do_send(Cancel);
-    }
-
-    fn answer(answer: Answer) -> Result<Savepoint, CheckpointFailure> {
-        finished(answer.blocking_recv())
-    }
-}
-
-/// The answer to a manual trigger, on its way.
-pub(crate) type Answer = tokio::sync::oneshot::Receiver<Result<Completed, CheckpointFailure>>;
-
-/// What an [`Answer`] that arrived means: a reply dropped unanswered is a
-/// job that ended.
-pub(crate) fn finished(
-    answer: Result<Result<Completed, CheckpointFailure>, tokio::sync::oneshot::error::RecvError>,
-) -> Result<Savepoint, CheckpointFailure> {
-    let completed = answer
-        .unwrap_or_else(|_| Err(CheckpointFailure::NotTriggered("the job has ended".into())))?;
-    Ok(Savepoint {
-        id: completed.id,
-        location: completed.location,
-    })
 }
 
 impl JobHandle {
@@ -284,12 +99,6 @@ impl JobHandle {
     pub fn storage(&self) -> Option<&CheckpointStorage> {
         self.storage.as_ref()
     }
-}
-
-/// A job's id follows from its name, so that a restarted process finds the
-/// checkpoints of the same job in the checkpoint directory.
-pub fn job_id(name: &str) -> JobId {
-    JobId(tidemark_core::model::key_group::key_hash(name))
 }
 
 /// Deploys jobs; `threads` arbiters run their actors.

@@ -7,32 +7,14 @@
 //! browser asks for, so that the page works too. The check runs before any
 //! handler, so a refused request reads and creates nothing.
 
+use crate::job::HttpTokenError;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 /// The secret every request to an exposed REST API must present.
 #[derive(Clone)]
 pub struct HttpToken(Arc<str>);
-
-/// Why a token cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum HttpTokenError {
-    /// The file could not be read.
-    #[error("cannot read the REST API's token from {}: {source}", path.display())]
-    Read {
-        /// The token file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// Empty, or not printable ASCII without spaces (it must fit a header).
-    #[error("the REST API's token {0}: expected one line of printable ASCII without spaces")]
-    Malformed(String),
-    /// An address beyond loopback and no token.
-    #[error("the REST API on {0} would answer anyone who can reach it: give it a token (--http-token-file, rest.auth.token-file), or bind a loopback address")]
-    Unauthenticated(SocketAddr),
-}
 
 impl std::fmt::Debug for HttpToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

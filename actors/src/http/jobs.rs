@@ -34,8 +34,7 @@ pub(super) async fn sample_history(view: Arc<JobView>) {
     loop {
         ticks.tick().await;
         let running = view.status().0 == JobStatus::Running;
-        view.metrics
-            .sample_history(crate::coordinator::now().unix_ms);
+        view.metrics.sample_history(crate::clock::now().unix_ms);
         if !running {
             return;
         }
@@ -83,7 +82,7 @@ impl JobView {
     /// Start, end (-1 while running) and duration, Unix milliseconds.
     fn times(&self) -> (u64, i64, u64) {
         let (_, end) = self.status();
-        let now = crate::coordinator::now().unix_ms;
+        let now = crate::clock::now().unix_ms;
         let until = end.unwrap_or(now);
         (
             self.start_ms,
@@ -195,7 +194,7 @@ async fn job(view: web::Data<JobView>, path: web::Path<String>) -> Result<HttpRe
             "optimizer_properties": {},
         })).collect::<Vec<_>>(),
     });
-    body["now"] = json!(crate::coordinator::now().unix_ms);
+    body["now"] = json!(crate::clock::now().unix_ms);
     body["vertices"] = json!(vertices);
     body["restarts"] = json!(view
         .metrics

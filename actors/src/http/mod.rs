@@ -14,8 +14,8 @@ mod operations;
 mod page;
 mod prometheus;
 
+use crate::cluster::supervisor::JobControl;
 use crate::metrics::JobMetrics;
-use crate::runtime::JobControl;
 use actix_web::dev::ServerHandle;
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, App, HttpResponse, ResponseError};
@@ -29,8 +29,9 @@ use tidemark_core::job::Job;
 use tidemark_core::model::ids::{JobId, OperatorId};
 use tidemark_core::model::key_group::key_hash;
 
+pub use crate::job::HttpTokenError;
 pub use auth::check_exposure;
-pub use auth::{HttpToken, HttpTokenError};
+pub use auth::HttpToken;
 pub(crate) use operations::Operations;
 
 /// How long a finished job's server stays up for clients that triggered
@@ -98,7 +99,7 @@ impl JobView {
             jid: flink_job_id(id),
             job: id,
             name: job.name.clone(),
-            start_ms: crate::coordinator::now().unix_ms,
+            start_ms: crate::clock::now().unix_ms,
             vertices: graph
                 .operators
                 .iter()
@@ -133,7 +134,7 @@ impl JobView {
     /// until [`JobView::shutdown`].
     pub(crate) fn ended(&self, status: JobStatus) {
         let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
-        ended.get_or_insert((status, crate::coordinator::now().unix_ms));
+        ended.get_or_insert((status, crate::clock::now().unix_ms));
     }
 
     /// Waits (at most [`LINGER`]) until every operation a client triggered

@@ -5,7 +5,7 @@
 //! stop` poll the savepoint's.
 
 use super::{ApiError, JobView};
-use crate::runtime::{finished, Savepoint};
+use crate::cluster::supervisor::{finished, Answer, Savepoint};
 use actix_web::http::header;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -331,7 +331,7 @@ impl JobView {
         kind: Kind,
         trigger_id: Option<String>,
         ends_job: bool,
-        answer: impl FnOnce() -> Result<crate::runtime::Answer, ApiError>,
+        answer: impl FnOnce() -> Result<Answer, ApiError>,
     ) -> Result<HttpResponse, ApiError> {
         if let Some(id) = &trigger_id {
             super::check_flink_id(id, "trigger id")?;

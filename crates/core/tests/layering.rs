@@ -3,8 +3,8 @@
 //! stack), and the storage and RocksDB crates each bring only their own;
 //! and the core's modules, read from its sources, import in no cycle.
 
-use std::collections::BTreeSet;
 use std::process::Command;
+use tidemark_core::testkit::layering::{assert_no_import_cycle, module_dependencies};
 
 /// The crates `package` depends on when built (normal edges), by name.
 fn normal_dependencies(package: &str) -> Vec<String> {
@@ -91,73 +91,10 @@ fn storage_and_rocksdb_bring_only_their_own_io() {
     );
 }
 
-/// The top-level modules of the core each file under `src/` uses through
-/// `crate::…` paths, outside comments and test modules.
-fn module_dependencies() -> std::collections::BTreeMap<String, BTreeSet<String>> {
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = vec![src.clone()];
-    let mut uses = std::collections::BTreeMap::<String, BTreeSet<String>>::new();
-    while let Some(path) = files.pop() {
-        if path.is_dir() {
-            files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
-            continue;
-        }
-        let relative = path
-            .strip_prefix(&src)
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        let module = relative.split(['/', '.']).next().unwrap().to_owned();
-        let test_only = relative.contains("tests") || module == "testkit";
-        if test_only || module == "lib" || !relative.ends_with(".rs") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).unwrap();
-        let code = text.split("#[cfg(test)]\nmod tests {").next().unwrap();
-        let used = uses.entry(module.clone()).or_default();
-        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
-            for (at, _) in line.match_indices("crate::") {
-                let name: String = line[at + 7..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                    .collect();
-                if !name.is_empty() && name != module {
-                    used.insert(name);
-                }
-            }
-        }
-    }
-    uses
-}
-
-/// A module that reaches itself through others, with the path, if any.
-fn cycle(uses: &std::collections::BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
-    for start in uses.keys() {
-        let mut paths = vec![vec![start.clone()]];
-        let mut seen = BTreeSet::new();
-        while let Some(path) = paths.pop() {
-            let last = path.last().unwrap();
-            for next in uses.get(last).into_iter().flatten() {
-                if next == start {
-                    return Some([path.clone(), vec![next.clone()]].concat());
-                }
-                if seen.insert(next.clone()) {
-                    paths.push([path.clone(), vec![next.clone()]].concat());
-                }
-            }
-        }
-    }
-    None
-}
-
 #[test]
 fn the_cores_modules_form_no_import_cycle() {
-    let uses = module_dependencies();
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let uses = module_dependencies(&src, "crate::");
     assert!(uses.contains_key("checkpoint") && uses["job"].contains("dataflow"));
-    if let Some(cycle) = cycle(&uses) {
-        panic!(
-            "the core's modules import in a cycle: {}",
-            cycle.join(" -> ")
-        );
-    }
+    assert_no_import_cycle("the core's modules", &uses);
 }

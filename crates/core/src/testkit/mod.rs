@@ -80,6 +80,7 @@ fn subtask(index: u32) -> SubtaskId {
         index: SubtaskIndex(index),
     }
 }
+pub mod layering;
 pub mod sim;
 pub mod state;
 pub mod store;

@@ -4,19 +4,19 @@
 //! reports back, and the worker's death as a failure of the attempt.
 
 use crate::control::worker_client::WorkerClient;
-use crate::control::{Command, Deploy, Empty, Event, FromWorker, ToWorker};
-use crate::coordinator::CoordinatorActor;
+use crate::control::{
+    Command, Commands, Deploy, Empty, Event, FromWorker, ToWorker, KEEPALIVE, LISTENING,
+    MAX_CONTROL_MESSAGE,
+};
+use crate::job::JobError;
 use crate::messages::{
-    AcknowledgeCheckpoint, DeclineCheckpoint, SourceExhausted, SplitRequest, Stop, SubtaskFailed,
-    SubtaskFinished,
+    AcknowledgeCheckpoint, CheckpointReports, DeclineCheckpoint, Reports, SourceExhausted,
+    SplitRequest, Stop, SubtaskFailed, SubtaskFinished, WorkerDeployed,
 };
 use crate::metrics::JobMetrics;
-use crate::runtime::JobError;
-use crate::supervisor::{JobSupervisor, WorkerDeployed};
-use crate::worker::{KEEPALIVE, MAX_CONTROL_MESSAGE};
 use actix::{
-    Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, ResponseFuture,
-    StreamHandler, WrapFuture,
+    Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, Recipient,
+    ResponseFuture, StreamHandler, WrapFuture,
 };
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -40,9 +40,6 @@ const INFO_TIMEOUT: Duration = Duration::from_secs(5);
 /// on: this long without a word from it, it is lost even though its
 /// connection stands (hung, stopped, or restoring state for longer).
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// The line a worker prints first on stdout, then its control address.
-pub const LISTENING: &str = "tidemark worker listening on ";
 
 /// The worker processes of a job.
 #[derive(Clone, Debug)]
@@ -79,20 +76,6 @@ impl WorkerSet {
             WorkerSet::Launch { count, .. } => *count,
             WorkerSet::Addresses(addresses) => addresses.len() as u32,
         }
-    }
-}
-
-/// Commands for one worker's subtasks in the current attempt, in order.
-#[derive(Clone)]
-pub struct Commands {
-    sender: mpsc::UnboundedSender<Command>,
-    run: RunAttempt,
-}
-
-impl Commands {
-    /// Queues `command`; a call that ended ended with its attempt.
-    pub fn send(&self, command: ToWorker) {
-        let _ = self.sender.send(command.envelope(self.run));
     }
 }
 
@@ -225,8 +208,7 @@ impl Pool {
         run: RunAttempt,
         reporting: Reporting,
     ) -> (Commands, Addr<RemoteWorker>) {
-        let (sender, receiver) = mpsc::unbounded_channel();
-        let commands = Commands { sender, run };
+        let (commands, receiver) = Commands::channel(run);
         commands.send(ToWorker::Deploy(Box::new(deploy)));
         let client = self.peers[index as usize]
             .client
@@ -285,11 +267,13 @@ async fn launch(
     Ok((child, address))
 }
 
-/// Where a worker's reports go on the driver.
+/// Where a worker's reports go on the driver: its subtasks' where a local
+/// subtask's go, and its deployment to the supervisor.
 #[derive(Clone)]
 pub struct Reporting {
-    pub supervisor: Addr<JobSupervisor>,
-    pub coordinator: Option<Addr<CoordinatorActor>>,
+    pub reports: Reports,
+    pub deployed: Recipient<WorkerDeployed>,
+    pub checkpoints: Option<CheckpointReports>,
     pub metrics: Arc<JobMetrics>,
     /// The subtask a lost worker fails the attempt in the name of.
     pub blame: SubtaskId,
@@ -315,7 +299,7 @@ pub struct RemoteWorker {
 impl RemoteWorker {
     fn lost(&mut self, problem: String, ctx: &mut Context<Self>) {
         if !self.stopped {
-            self.reporting.supervisor.do_send(SubtaskFailed {
+            self.reporting.reports.failed.do_send(SubtaskFailed {
                 attempt: self.attempt,
                 subtask: self.reporting.blame,
                 error: TaskError::Remote(format!("worker {}: {problem}", self.index)),
@@ -335,16 +319,18 @@ impl RemoteWorker {
     fn report(&mut self, event: FromWorker, ctx: &mut Context<Self>) {
         let attempt = self.attempt;
         let Reporting {
-            supervisor,
-            coordinator,
+            reports,
+            deployed,
+            checkpoints,
             metrics,
             ..
         } = &self.reporting;
         match event {
-            FromWorker::Deployed => supervisor.do_send(WorkerDeployed(attempt)),
+            FromWorker::Deployed => deployed.do_send(WorkerDeployed(attempt)),
             FromWorker::Acknowledged(ack) => {
-                if let Some(c) = coordinator {
-                    c.do_send(AcknowledgeCheckpoint { attempt, ack: *ack });
+                if let Some(c) = checkpoints {
+                    c.acknowledged
+                        .do_send(AcknowledgeCheckpoint { attempt, ack: *ack });
                 }
             }
             FromWorker::Declined {
@@ -352,8 +338,8 @@ impl RemoteWorker {
                 checkpoint,
                 reason,
             } => {
-                if let Some(c) = coordinator {
-                    c.do_send(DeclineCheckpoint {
+                if let Some(c) = checkpoints {
+                    c.declined.do_send(DeclineCheckpoint {
                         attempt,
                         checkpoint,
                         subtask,
@@ -362,17 +348,17 @@ impl RemoteWorker {
                 }
             }
             FromWorker::Exhausted { subtask } => {
-                if let Some(c) = coordinator {
-                    c.do_send(SourceExhausted { attempt, subtask });
+                if let Some(c) = checkpoints {
+                    c.exhausted.do_send(SourceExhausted { attempt, subtask });
                 }
             }
-            FromWorker::SplitRequested { subtask } => {
-                supervisor.do_send(SplitRequest { attempt, subtask })
-            }
-            FromWorker::Finished { subtask } => {
-                supervisor.do_send(SubtaskFinished { attempt, subtask })
-            }
-            FromWorker::Failed { subtask, error } => supervisor.do_send(SubtaskFailed {
+            FromWorker::SplitRequested { subtask } => reports
+                .split_requested
+                .do_send(SplitRequest { attempt, subtask }),
+            FromWorker::Finished { subtask } => reports
+                .finished
+                .do_send(SubtaskFinished { attempt, subtask }),
+            FromWorker::Failed { subtask, error } => reports.failed.do_send(SubtaskFailed {
                 attempt,
                 subtask,
                 error: TaskError::Remote(error),

@@ -5,18 +5,17 @@
 //! can take the batches they hold.
 //!
 //! The two endpoints of a channel talk by actor messages when they share a
-//! worker, and over the workers' TCP link (`crate::net`) when they do not;
-//! either way only batches the receiver granted credit for leave the
-//! output endpoint.
+//! worker, and over the workers' TCP link (`net`) when they do not; either
+//! way only batches the receiver granted credit for leave the output
+//! endpoint.
 
+use crate::dataflow::net::LinkSender;
 use crate::messages::{
-    ConnectUpstream, Consumed, Credit, Deliver, DeliverPriority, OutputCredit, Push, PushPriority,
-    Stop, SubtaskFailed, Transfer,
+    Consumed, Credit, Deliver, DeliverPriority, OutputCredit, Push, PushPriority, Stop,
+    SubtaskFailed, Transfer,
 };
 use crate::metrics::ChannelGauge;
-use crate::net::LinkSender;
-use crate::subtask::SubtaskActor;
-use actix::{Actor, ActorContext, Addr, Context, Handler, Recipient};
+use actix::{Actor, ActorContext, Addr, Context, Handler, Message, Recipient};
 use std::sync::Arc;
 use tidemark_core::dataflow::error::TaskError;
 use tidemark_core::model::batch::Batch;
@@ -47,6 +46,11 @@ pub enum OutputPeer {
     },
 }
 
+/// Closes the cycle between an input endpoint and its sender.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ConnectUpstream(pub OutputPeer);
+
 impl OutputPeer {
     fn grant(&self, credits: u32) {
         match self {
@@ -57,7 +61,7 @@ impl OutputPeer {
 }
 
 pub struct OutputEndpoint {
-    producer: Addr<SubtaskActor>,
+    producer: Recipient<OutputCredit>,
     /// Index of this channel among the producer's outputs.
     producer_channel: usize,
     downstream: InputPeer,
@@ -68,7 +72,7 @@ pub struct OutputEndpoint {
 
 impl OutputEndpoint {
     pub fn new(
-        producer: Addr<SubtaskActor>,
+        producer: Recipient<OutputCredit>,
         producer_channel: usize,
         downstream: InputPeer,
         gauge: Arc<ChannelGauge>,
@@ -149,7 +153,10 @@ impl Handler<Credit> for OutputEndpoint {
 pub struct InputEndpoint {
     channel: ChannelId,
     attempt: Attempt,
-    consumer: Addr<SubtaskActor>,
+    consumer: Recipient<Deliver>,
+    /// The consumer again, for the unaligned barriers that overtake what
+    /// this endpoint holds.
+    overtaking: Recipient<DeliverPriority>,
     /// Index of this channel in the consumer's input gate.
     consumer_channel: usize,
     upstream: Option<OutputPeer>,
@@ -159,19 +166,23 @@ pub struct InputEndpoint {
 }
 
 impl InputEndpoint {
-    pub fn new(
+    pub fn new<C>(
         channel: ChannelId,
         attempt: Attempt,
-        consumer: Addr<SubtaskActor>,
+        consumer: Addr<C>,
         consumer_channel: usize,
         prefetch: u32,
         gauge: Arc<ChannelGauge>,
         failures: Recipient<SubtaskFailed>,
-    ) -> Self {
+    ) -> Self
+    where
+        C: Actor<Context = Context<C>> + Handler<Deliver> + Handler<DeliverPriority>,
+    {
         InputEndpoint {
             channel,
             attempt,
-            consumer,
+            overtaking: consumer.clone().recipient(),
+            consumer: consumer.recipient(),
             consumer_channel,
             upstream: None,
             receiver: CreditReceiver::new(gauge.input_credits, prefetch),
@@ -218,7 +229,7 @@ impl Handler<Transfer> for InputEndpoint {
     fn handle(&mut self, Transfer(event): Transfer, _ctx: &mut Context<Self>) {
         if let ChannelEvent::Barrier(barrier) = &event {
             if barrier.options.alignment == Alignment::Unaligned {
-                return self.consumer.do_send(DeliverPriority {
+                return self.overtaking.do_send(DeliverPriority {
                     channel: self.consumer_channel,
                     barrier: *barrier,
                     overtaken: self.receiver.overtaken(),

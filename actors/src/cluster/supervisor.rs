@@ -6,23 +6,24 @@
 //! restored from the latest completed checkpoint. Messages of an older
 //! attempt are recognised by their attempt number and dropped.
 
-use crate::control::{Deploy, RestoreSpec};
-use crate::coordinator::{
-    AbortPending, CoordinatorActor, Deployed, LatestCheckpoint, RestoreFrom, Savepoints, Shutdown,
-    TriggerManual, TriggerReply,
+use crate::checkpoint::coordinator::{
+    AbortPending, Completed, CoordinatorActor, Deployed, LatestCheckpoint, RestoreFrom, Savepoints,
+    Shutdown, TriggerManual, TriggerReply,
 };
-use crate::deploy::{stop_all, Hosted, Hosting};
-use crate::hooks::MasterHooks;
+use crate::checkpoint::hooks::MasterHooks;
+use crate::checkpoint::restore::{load, restore_failure, transient, Loaded, LoadedFrom, Restored};
+use crate::cluster::deploy::{stop_all, Hosted, Hosting};
+use crate::cluster::remote::{Pool, Reporting};
+use crate::control::{Deploy, RestoreSpec};
+use crate::dataflow::net::{self, LinkActor, WorkerAssignment, Workers};
+use crate::dataflow::sources::{HostsSources, SourceHost};
+use crate::dataflow::subtask::SubtaskHandle;
+use crate::job::{job_id, JobError, JobReport};
 use crate::messages::{
-    Cancel, CheckpointReports, Kill, Reports, SplitRequest, Stop, SubtaskFailed, SubtaskFinished,
-    SubtaskHandle,
+    Cancel, CheckpointReports, CheckpointingFailed, Kill, Reports, SplitRequest, Stop,
+    SubtaskFailed, SubtaskFinished, WorkerDeployed,
 };
 use crate::metrics::{CheckpointCounters, JobMetrics};
-use crate::net::{self, LinkActor, WorkerAssignment, Workers};
-use crate::remote::{Pool, Reporting};
-use crate::restore::{load, restore_failure, transient, Loaded, LoadedFrom, Restored};
-use crate::runtime::{job_id, JobError, JobReport};
-use crate::sources::{HostsSources, SourceHost};
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, Recipient, System,
     WrapFuture,
@@ -46,16 +47,11 @@ use tidemark_core::cluster::lifecycle::{JobLifecycle, LifeAction, LifeEvent, Out
 use tidemark_core::job::Job;
 use tidemark_core::model::event::CheckpointKind;
 use tidemark_core::model::graph::JobGraph;
-use tidemark_core::model::ids::{Attempt, JobId, SubtaskId};
+use tidemark_core::model::ids::{Attempt, CheckpointId, JobId, SubtaskId};
 use tidemark_core::MasterHook;
 use tidemark_storage::savepoint::{self, SavepointError};
 use tidemark_storage::CheckpointStorage;
 use tokio::sync::oneshot;
-
-/// Coordinator → supervisor: checkpoints failed more often than tolerated.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct CheckpointingFailed(pub String);
 
 /// Job handle → supervisor → coordinator.
 #[derive(Message)]
@@ -71,6 +67,96 @@ pub struct StopWithSavepoint {
     /// Where the savepoint goes instead of the job's savepoint directory.
     pub target: Option<CheckpointStorage>,
     pub reply: TriggerReply,
+}
+
+/// A completed savepoint (or checkpoint, triggered by hand).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Savepoint {
+    /// Its checkpoint id, from the same counter as the job's checkpoints.
+    pub id: CheckpointId,
+    /// Its directory, a path or URL: what `--restore` takes.
+    pub location: String,
+}
+
+/// Triggers checkpoints and savepoints of a running job, from any thread
+/// that is not driving an async runtime; each call blocks until the
+/// checkpoint completed or failed.
+#[derive(Clone)]
+pub struct JobControl {
+    pub(crate) supervisor: Addr<JobSupervisor>,
+}
+
+impl JobControl {
+    /// Triggers a checkpoint or savepoint now and blocks until it completed
+    /// (for a savepoint: was copied into its directory) or failed. Fails
+    /// with [`CheckpointFailure::NotTriggered`] when the job runs without
+    /// checkpointing or has ended.
+    pub fn trigger_checkpoint(
+        &self,
+        kind: CheckpointKind,
+    ) -> Result<CheckpointId, CheckpointFailure> {
+        Ok(Self::answer(self.request(kind, false, None))?.id)
+    }
+
+    /// A savepoint into the job's savepoint directory; the job goes on.
+    pub fn trigger_savepoint(&self) -> Result<Savepoint, CheckpointFailure> {
+        Self::answer(self.request(CheckpointKind::Savepoint, false, None))
+    }
+
+    /// A savepoint, then the sinks commit it and the job ends: `wait`
+    /// returns once it has. If the savepoint fails, the job goes on.
+    pub fn stop_with_savepoint(&self) -> Result<Savepoint, CheckpointFailure> {
+        Self::answer(self.request(CheckpointKind::Savepoint, true, None))
+    }
+
+    /// Asks for a checkpoint or savepoint (`stop`: one that ends the job,
+    /// into `target` if given) without waiting: the answer comes on the
+    /// receiver.
+    pub(crate) fn request(
+        &self,
+        kind: CheckpointKind,
+        stop: bool,
+        target: Option<CheckpointStorage>,
+    ) -> Answer {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if stop {
+            self.supervisor.do_send(StopWithSavepoint { target, reply });
+        } else {
+            self.supervisor
+                .do_send(TriggerCheckpointRequest(TriggerManual {
+                    kind,
+                    stop,
+                    target,
+                    reply,
+                }));
+        }
+        answer
+    }
+
+    /// Ends the job, as [`JobHandle::cancel`](crate::runtime::JobHandle::cancel).
+    pub fn cancel(&self) {
+        self.supervisor.do_send(Cancel);
+    }
+
+    fn answer(answer: Answer) -> Result<Savepoint, CheckpointFailure> {
+        finished(answer.blocking_recv())
+    }
+}
+
+/// The answer to a manual trigger, on its way.
+pub(crate) type Answer = tokio::sync::oneshot::Receiver<Result<Completed, CheckpointFailure>>;
+
+/// What an [`Answer`] that arrived means: a reply dropped unanswered is a
+/// job that ended.
+pub(crate) fn finished(
+    answer: Result<Result<Completed, CheckpointFailure>, tokio::sync::oneshot::error::RecvError>,
+) -> Result<Savepoint, CheckpointFailure> {
+    let completed = answer
+        .unwrap_or_else(|_| Err(CheckpointFailure::NotTriggered("the job has ended".into())))?;
+    Ok(Savepoint {
+        id: completed.id,
+        location: completed.location,
+    })
 }
 
 pub struct JobSupervisor {
@@ -134,10 +220,9 @@ impl JobSupervisor {
         savepoint_dir: Option<CheckpointStorage>,
     ) -> Self {
         JobSupervisor {
-            epoch: storage.as_ref().map_or_else(
-                || crate::coordinator::now().unix_ms,
-                CheckpointStorage::epoch,
-            ),
+            epoch: storage
+                .as_ref()
+                .map_or_else(|| crate::clock::now().unix_ms, CheckpointStorage::epoch),
             distributed: pool.is_some(),
             life: JobLifecycle::new(
                 job.config.restart,
@@ -183,7 +268,7 @@ impl JobSupervisor {
             supervisor: ctx.address(),
             metrics: self.metrics.clone(),
             savepoint_dir: self.savepoint_dir.clone(),
-            job: crate::runtime::job_id(&self.job.name),
+            job: crate::job::job_id(&self.job.name),
             local: !self.distributed,
         };
         ctx.spawn(
@@ -307,7 +392,7 @@ impl JobSupervisor {
             );
             stats::lock(&self.metrics.checkpoint_stats).restored(RestoredStats {
                 id: from.checkpoint,
-                timestamp: crate::coordinator::now().unix_ms,
+                timestamp: crate::clock::now().unix_ms,
                 is_savepoint: from.is_savepoint,
                 external_path: Some(from.location),
             });
@@ -358,7 +443,7 @@ impl JobSupervisor {
     fn deploy_remote(
         &mut self,
         me: Addr<Self>,
-        from: Option<crate::coordinator::RestoreFrom>,
+        from: Option<crate::checkpoint::coordinator::RestoreFrom>,
     ) -> usize {
         let pool = self.pool.as_ref().expect("the pool is back");
         let placement = WorkerAssignment::new(pool.count());
@@ -390,8 +475,9 @@ impl JobSupervisor {
                 restore: restore.clone(),
             };
             let reporting = Reporting {
-                supervisor: me.clone(),
-                coordinator: self.coordinator.clone(),
+                reports: Reports::to(&me),
+                deployed: me.clone().recipient(),
+                checkpoints: self.coordinator.as_ref().map(CheckpointReports::to),
                 metrics: self.metrics.clone(),
                 blame,
             };
@@ -654,7 +740,7 @@ impl Boot {
             subtasks,
             self.settings.alignment,
             next_id,
-            crate::coordinator::now(),
+            crate::clock::now(),
         );
         core.record_graph(&self.graph);
         let mut hooks = MasterHooks::new(self.hooks);
@@ -805,12 +891,6 @@ impl Handler<SubtaskFinished> for JobSupervisor {
         self.feed(LifeEvent::SubtaskFinished(msg.attempt), ctx);
     }
 }
-
-/// A worker process started its share of the attempt: records flow once
-/// every worker has.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct WorkerDeployed(pub Attempt);
 
 impl Handler<WorkerDeployed> for JobSupervisor {
     type Result = ();

@@ -2,11 +2,13 @@
 //! arbiter and an input endpoint on the consumer's for every channel, and a
 //! TCP link between every pair of workers that a channel crosses.
 
-use crate::endpoint::{InputEndpoint, InputPeer, OutputEndpoint, OutputPeer};
-use crate::messages::{ConnectUpstream, Stop, SubtaskFailed};
+use crate::dataflow::endpoint::{
+    ConnectUpstream, InputEndpoint, InputPeer, OutputEndpoint, OutputPeer,
+};
+use crate::dataflow::net::{LinkActor, LinkEnds, Routes, Workers};
+use crate::dataflow::subtask::SubtaskActor;
+use crate::messages::{Stop, SubtaskFailed};
 use crate::metrics::JobMetrics;
-use crate::net::{LinkActor, LinkEnds, Routes, Workers};
-use crate::subtask::SubtaskActor;
 use actix::{Actor, Addr, Recipient};
 use actix_rt::ArbiterHandle;
 use std::collections::{BTreeMap, HashMap};
@@ -106,7 +108,7 @@ impl Wiring<'_> {
                             .entry(pair)
                             .or_default()
                             .inputs
-                            .insert(channel, ie.clone());
+                            .insert(channel, ie.clone().recipient());
                     }
                     ie
                 });
@@ -122,7 +124,7 @@ impl Wiring<'_> {
                             unreachable!("a channel within a worker has both ends here")
                         }
                     };
-                    let producer = producer.clone();
+                    let producer = producer.clone().recipient();
                     let oe =
                         OutputEndpoint::start_in_arbiter((self.arbiter)(channel.from), move |_| {
                             OutputEndpoint::new(producer, k, downstream, gauge)
@@ -137,7 +139,7 @@ impl Wiring<'_> {
                             .entry(pair)
                             .or_default()
                             .outputs
-                            .insert(channel, oe.clone());
+                            .insert(channel, oe.clone().recipient());
                     }
                     oe
                 });

@@ -14,12 +14,10 @@
 //! their own, so that a slow subtask never holds up the credits, batches
 //! and unaligned barriers of the other channels between its workers.
 
-use crate::endpoint::{InputEndpoint, OutputEndpoint};
 use crate::messages::{Credit, Stop, SubtaskFailed, Transfer};
 use crate::metrics::JobMetrics;
 use actix::{
-    Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, Recipient,
-    WrapFuture,
+    Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, Recipient, WrapFuture,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
@@ -131,9 +129,9 @@ impl LinkSender {
 #[derive(Default)]
 pub struct Routes {
     /// Input endpoints of the channels whose consumer is on this side.
-    pub inputs: HashMap<ChannelId, Addr<InputEndpoint>>,
+    pub inputs: HashMap<ChannelId, Recipient<Transfer>>,
     /// Output endpoints of the channels whose producer is on this side.
-    pub outputs: HashMap<ChannelId, Addr<OutputEndpoint>>,
+    pub outputs: HashMap<ChannelId, Recipient<Credit>>,
 }
 
 /// One end of a link, before its actor starts: the socket, what was read

@@ -9,7 +9,8 @@
 //! never both or neither. A job without checkpoints has no coordinator
 //! actor; its supervisor hosts them.
 
-use crate::messages::{AddSplits, NoMoreSplits, SplitRequest, SubtaskFailed, SubtaskHandle};
+use crate::dataflow::subtask::SubtaskHandle;
+use crate::messages::{AddSplits, NoMoreSplits, SplitRequest, SubtaskFailed};
 use actix::{Actor, ActorFutureExt, AsyncContext, Context, WrapFuture};
 use std::collections::HashMap;
 use tidemark_core::dataflow::error::TaskError;
@@ -167,7 +168,7 @@ impl SourceHost {
     fn send<M>(&self, source: OperatorId, subtask: u32, message: M)
     where
         M: crate::messages::ToSubtask,
-        crate::subtask::SubtaskActor: actix::Handler<M>,
+        crate::dataflow::subtask::SubtaskActor: actix::Handler<M>,
     {
         let id = SubtaskId {
             operator: source,

@@ -3,13 +3,13 @@
 //! the in-flight batches it replays; the same for every subtask a process
 //! hosts, whoever placed it there.
 
-use crate::channels::{Channels, Wiring};
-use crate::messages::{CheckpointReports, Reports, Stop, Wire};
+use crate::checkpoint::restore::Restored;
+use crate::dataflow::channels::{Channels, Wiring};
+use crate::dataflow::net::{LinkActor, LinkEnds, Workers};
+use crate::dataflow::subtask::{panic_message, Checkpointing, SubtaskActor, SubtaskSpec, Wire};
+use crate::job::JobError;
+use crate::messages::{CheckpointReports, Reports, Stop};
 use crate::metrics::JobMetrics;
-use crate::net::{LinkActor, LinkEnds, Workers};
-use crate::restore::Restored;
-use crate::runtime::JobError;
-use crate::subtask::{panic_message, Checkpointing, SubtaskActor, SubtaskSpec};
 use actix::{Actor, Addr, Recipient};
 use actix_rt::ArbiterHandle;
 use std::collections::HashMap;

@@ -2,8 +2,8 @@
 //! cut into key groups per subtask, and native checkpoints downloaded for
 //! the subtasks' RocksDB instances.
 
-use crate::coordinator::RestoreFrom;
-use crate::runtime::JobError;
+use crate::checkpoint::coordinator::RestoreFrom;
+use crate::job::JobError;
 use futures::stream::{self, StreamExt};
 use std::collections::HashMap;
 use std::path::Path;

@@ -14,9 +14,10 @@
 mod attempt;
 
 use crate::control::worker_server::{Worker, WorkerServer};
-use crate::control::{Command, Empty, Event, WorkerInfo};
+use crate::control::{
+    Command, Empty, Event, WorkerInfo, KEEPALIVE, LISTENING, MAX_CONTROL_MESSAGE,
+};
 use crate::messages::Stop;
-use crate::remote::LISTENING;
 use actix::{
     Actor, ActorFutureExt, Addr, Arbiter, Context, Handler, Message, ResponseActFuture, WrapFuture,
 };
@@ -182,14 +183,6 @@ async fn hello(
     let stream = stream.into_std().map_err(|e| e.to_string())?;
     Ok(((hello.run(), hello.from), stream, read))
 }
-
-/// How often each end of a control call checks the other is there.
-pub(crate) const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// The largest control message: a deployment carries the checkpoint it
-/// restores, an acknowledgement a subtask's state handles (and inline
-/// state), both above gRPC's default 4 MiB for large jobs.
-pub(crate) const MAX_CONTROL_MESSAGE: usize = 1 << 30;
 
 /// How long a peer has to send its hello once connected.
 const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

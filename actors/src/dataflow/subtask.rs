@@ -8,16 +8,17 @@
 //! `catch_unwind`: a panic becomes a failure message to the supervisor
 //! instead of a dead mailbox.
 
-use crate::coordinator::now;
-use crate::endpoint::{InputEndpoint, OutputEndpoint};
+use crate::clock::now;
+use crate::control::Commands;
+use crate::dataflow::endpoint::{InputEndpoint, OutputEndpoint};
+use crate::dataflow::snapshot;
 use crate::messages::{
     AcknowledgeCheckpoint, AddSplits, CheckpointReports, Consumed, DeclineCheckpoint, Deliver,
     DeliverPriority, EndInput, Kill, NoMoreSplits, NotifyCheckpointAborted,
     NotifyCheckpointComplete, OutputCredit, Produce, Push, PushPriority, Reports, SourceExhausted,
-    SplitRequest, Stop, SubtaskFailed, SubtaskFinished, TriggerCheckpoint, Wire,
+    SplitRequest, Stop, SubtaskFailed, SubtaskFinished, ToSubtask, TriggerCheckpoint,
 };
 use crate::metrics::{JobMetrics, SubtaskCounters};
-use crate::snapshot;
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
 use futures::future::{AbortHandle, AbortRegistration, Abortable, Either};
 use std::future::Future;
@@ -770,6 +771,38 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 
 impl Actor for SubtaskActor {
     type Context = Context<Self>;
+}
+
+/// A subtask of the current attempt as the coordinator and the supervisor
+/// reach it: an actor of this process, or one on a worker process, through
+/// that worker's ordered commands.
+#[derive(Clone)]
+pub enum SubtaskHandle {
+    Local(Addr<SubtaskActor>),
+    Remote {
+        subtask: SubtaskId,
+        commands: Commands,
+    },
+}
+
+impl SubtaskHandle {
+    pub fn send<M: ToSubtask>(&self, message: M)
+    where
+        SubtaskActor: Handler<M>,
+    {
+        match self {
+            SubtaskHandle::Local(addr) => addr.do_send(message),
+            SubtaskHandle::Remote { subtask, commands } => commands.send(message.remote(*subtask)),
+        }
+    }
+}
+
+/// Supervisor → subtask: its endpoints exist; start.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Wire {
+    pub outputs: Vec<Addr<OutputEndpoint>>,
+    pub inputs: Vec<Addr<InputEndpoint>>,
 }
 
 impl Handler<Wire> for SubtaskActor {

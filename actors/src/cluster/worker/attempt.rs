@@ -2,19 +2,19 @@
 //! its deployment to its stop.
 
 use super::{AwaitLink, Claim, Rebuild, Release, WorkerHost};
+use crate::checkpoint::coordinator::RestoreFrom;
+use crate::checkpoint::restore::{load, Restored};
+use crate::cluster::deploy::{stop_all, Hosted, Hosting};
 use crate::control::{Command, Deploy, Event, FromWorker, Progress, ToWorker};
-use crate::coordinator::RestoreFrom;
-use crate::deploy::{stop_all, Hosted, Hosting};
+use crate::dataflow::net::{crossings, LinkEnd, LinkEnds, WorkerAssignment, Workers};
+use crate::dataflow::subtask::SubtaskActor;
+use crate::job::job_id;
 use crate::messages::{
     AcknowledgeCheckpoint, AddSplits, CheckpointReports, DeclineCheckpoint, EndInput, NoMoreSplits,
     NotifyCheckpointAborted, NotifyCheckpointComplete, Reports, SourceExhausted, SplitRequest,
     Stop, SubtaskFailed, SubtaskFinished, TriggerCheckpoint,
 };
 use crate::metrics::JobMetrics;
-use crate::net::{crossings, LinkEnd, LinkEnds, WorkerAssignment, Workers};
-use crate::restore::{load, Restored};
-use crate::runtime::job_id;
-use crate::subtask::SubtaskActor;
 use actix::{
     Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, Recipient,
     ResponseActFuture, SpawnHandle, StreamHandler, WrapFuture,

@@ -5,23 +5,25 @@
 //! outcomes; every decision is the core's. It outlives the attempts of a
 //! job: the supervisor tells it which subtasks are current.
 
-use crate::hooks::MasterHooks;
-use crate::messages::SubtaskHandle;
+use crate::checkpoint::hooks::MasterHooks;
+use crate::clock::now;
+use crate::dataflow::sources::{HostsSources, SourceHost};
+use crate::dataflow::subtask::SubtaskHandle;
 use crate::messages::{
-    AcknowledgeCheckpoint, DeclineCheckpoint, EndInput, NotifyCheckpointAborted,
-    NotifyCheckpointComplete, SourceExhausted, SplitRequest, SubtaskFailed, TriggerCheckpoint,
+    AcknowledgeCheckpoint, CheckpointingFailed, DeclineCheckpoint, EndInput,
+    NotifyCheckpointAborted, NotifyCheckpointComplete, SourceExhausted, SplitRequest,
+    SubtaskFailed, TriggerCheckpoint,
 };
 use crate::metrics::{CheckpointCounters, JobMetrics};
-use crate::sources::{HostsSources, SourceHost};
-use crate::supervisor::{CheckpointingFailed, JobSupervisor};
 use actix::{
-    Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture,
+    Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, Recipient, SpawnHandle,
+    WrapFuture,
 };
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use tidemark_core::checkpoint::coordinator::{CheckpointCoordinator, HookError, Now, RequestId};
+use std::time::Instant;
+use tidemark_core::checkpoint::coordinator::{CheckpointCoordinator, HookError, RequestId};
 use tidemark_core::checkpoint::job_checkpoints::{
     JobAction, JobCheckpoints, JobEvent, Resolved, WriteFailure,
 };
@@ -129,7 +131,10 @@ pub struct CoordinatorActor {
     /// The job's source coordinators.
     sources: SourceHost,
     storage: CheckpointStorage,
-    supervisor: Addr<JobSupervisor>,
+    /// The job's supervisor, which fails the job over.
+    supervisor: Recipient<CheckpointingFailed>,
+    /// The job's supervisor, for failures of the sources it hosts.
+    failures: Recipient<SubtaskFailed>,
     metrics: Arc<JobMetrics>,
     attempt: Attempt,
     /// Every subtask of the running attempt, sources included.
@@ -150,33 +155,26 @@ pub struct CoordinatorActor {
     switched: HashSet<CheckpointId>,
 }
 
-/// The clock the shells hand to the core: monotonic for timers, wall time
-/// for barrier timestamps.
-pub(crate) fn now() -> Now {
-    Now {
-        instant: Instant::now(),
-        unix_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64),
-    }
-}
-
 impl CoordinatorActor {
-    pub fn new(
+    pub fn new<S>(
         core: CheckpointCoordinator,
         storage: CheckpointStorage,
         store: CompletedCheckpointStore,
-        supervisor: Addr<JobSupervisor>,
+        supervisor: Addr<S>,
         metrics: Arc<JobMetrics>,
         max_space_amplification: f64,
         savepoints: Savepoints,
-    ) -> Self {
+    ) -> Self
+    where
+        S: Actor<Context = Context<S>> + Handler<CheckpointingFailed> + Handler<SubtaskFailed>,
+    {
         CoordinatorActor {
             sources: SourceHost::default(),
             hooks: MasterHooks::default(),
             core: JobCheckpoints::new(core, store, max_space_amplification),
             storage,
-            supervisor,
+            failures: supervisor.clone().recipient(),
+            supervisor: supervisor.recipient(),
             metrics,
             attempt: Attempt(0),
             subtasks: HashMap::new(),
@@ -233,7 +231,7 @@ impl CoordinatorActor {
     fn send_to<M>(&self, subtasks: impl IntoIterator<Item = SubtaskId>, message: impl Fn() -> M)
     where
         M: crate::messages::ToSubtask,
-        crate::subtask::SubtaskActor: Handler<M>,
+        crate::dataflow::subtask::SubtaskActor: Handler<M>,
     {
         for id in subtasks {
             if let Some(handle) = self.subtasks.get(&id) {
@@ -672,7 +670,7 @@ impl HostsSources for CoordinatorActor {
     }
 
     fn source_failed(&mut self, failed: SubtaskFailed, _ctx: &mut Context<Self>) {
-        self.supervisor.do_send(failed);
+        self.failures.do_send(failed);
     }
 }
 
