@@ -23,11 +23,7 @@ impl KeyedProcessFunction<String, String, (String, u64)> for WordCount {
         *ctx.value(&self.count).get_or_default() += 1;
     }
 
-    fn end_of_input(
-        &mut self,
-        states: AllKeys<'_, String>,
-        out: &mut Collector<'_, (String, u64)>,
-    ) {
+    fn end_input(&mut self, states: AllKeys<'_, String>, out: &mut Collector<'_, (String, u64)>) {
         for (word, count) in states.values(&self.count) {
             out.collect((word, count));
         }

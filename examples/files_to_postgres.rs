@@ -12,8 +12,8 @@
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
-use tidemark::checkpoint::CheckpointSettings;
-use tidemark::connectors::files::{FileOptions, FileSource, Format};
+use tidemark::checkpoint::CheckpointConfig;
+use tidemark::connectors::files::{FileSource, FileSourceOptions, Format};
 use tidemark::connectors::postgres::{
     Column, PostgresOptions, PostgresSink, Row, SqlField, SqlType, Value,
 };
@@ -71,9 +71,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let clicks = FileSource::<String>::new(
         dir,
-        FileOptions {
+        FileSourceOptions {
             format: Format::JsonLines,
-            ..FileOptions::default()
+            ..FileSourceOptions::default()
         },
     )?
     .records::<Click>();
@@ -83,7 +83,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let report = Job::builder("files-to-postgres")
         .parallelism(2)
         .checkpointing(
-            CheckpointSettings::new(checkpoints.display().to_string())
+            CheckpointConfig::new(checkpoints.display().to_string())
                 .interval(Duration::from_secs(1)),
         )
         .split_source_with_watermarks(

@@ -83,11 +83,7 @@ impl KeyedProcessFunction<String, Balance, (String, i64)> for Regions {
             .insert(b.account, b.balance);
     }
 
-    fn end_of_input(
-        &mut self,
-        states: AllKeys<'_, String>,
-        out: &mut Collector<'_, (String, i64)>,
-    ) {
+    fn end_input(&mut self, states: AllKeys<'_, String>, out: &mut Collector<'_, (String, i64)>) {
         for (region, accounts) in states.values(&self.latest) {
             out.collect((region, accounts.values().sum()));
         }

@@ -6,7 +6,7 @@
 //! machines, the job model and builder, time, keyed state), checkpoint
 //! storage over `object_store` ([`storage`], `tidemark-storage`) and the
 //! actix runtime that runs jobs (`tidemark-actors`, with its prelude).
-//! Paths such as `tidemark::checkpoint::CheckpointSettings` are the core's.
+//! Paths such as `tidemark::checkpoint::CheckpointConfig` are the core's.
 //!
 //! Features, both on by default: `rocksdb` (the RocksDB state backend,
 //! which compiles RocksDB's C++) and `s3` (`s3://` checkpoint storage, with

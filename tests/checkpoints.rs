@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tidemark::checkpoint::{CheckpointConfig, CheckpointSettings};
+use tidemark::checkpoint::{CheckpointConfig, CheckpointPolicy};
 use tidemark::cluster::fault::{Fault, FaultPoint};
 use tidemark::model::event::CheckpointKind;
 use tidemark::model::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
@@ -13,10 +13,10 @@ use tidemark_actors::sinks::Discard;
 use tidemark_actors::JobError;
 use tidemark_cli::topologies::wordcount::{Counter, Emit, Generator};
 
-fn settings(dir: &std::path::Path, config: CheckpointConfig) -> CheckpointSettings {
-    CheckpointSettings {
-        config,
-        ..CheckpointSettings::new(dir.to_str().unwrap())
+fn settings(dir: &std::path::Path, policy: CheckpointPolicy) -> CheckpointConfig {
+    CheckpointConfig {
+        policy,
+        ..CheckpointConfig::new(dir.to_str().unwrap())
     }
 }
 
@@ -62,9 +62,9 @@ fn manual_checkpoints_resolve_and_master_hooks_see_trigger_and_restore() {
         .master_hook(hook.clone())
         .checkpointing(settings(
             dir.path(),
-            CheckpointConfig {
+            CheckpointPolicy {
                 interval: None,
-                ..CheckpointConfig::default()
+                ..CheckpointPolicy::default()
             },
         ))
         .split_source("generator", Generator::new(10_000_000, 100, 0))
@@ -128,11 +128,11 @@ fn failures_beyond_the_tolerable_number_fail_the_job_over_with_the_reason() {
         .restart(tidemark::cluster::restart::RestartStrategy::None)
         .checkpointing(settings(
             dir.path(),
-            CheckpointConfig {
+            CheckpointPolicy {
                 interval: Some(Duration::from_millis(10)),
                 timeout: Duration::from_micros(200),
                 tolerable_failures: 1,
-                ..CheckpointConfig::default()
+                ..CheckpointPolicy::default()
             },
         ))
         .split_source("generator", Generator::new(10_000_000, 100, 0))
@@ -164,9 +164,9 @@ fn settings_that_would_lose_savepoints_or_never_checkpoint_deploy_nothing() {
     let url = dir.path().to_str().unwrap();
     let job_dir = format!("{url}/{}", tidemark_actors::runtime::job_id("refused"));
     for settings in [
-        CheckpointSettings::new(url).savepoint_dir(format!("{job_dir}/savepoints")),
-        CheckpointSettings::new(url).retain(0),
-        CheckpointSettings::new(url).max_concurrent(0),
+        CheckpointConfig::new(url).savepoint_dir(format!("{job_dir}/savepoints")),
+        CheckpointConfig::new(url).retain(0),
+        CheckpointConfig::new(url).max_concurrent(0),
     ] {
         let refused = Job::builder("refused")
             .checkpointing(settings.clone())

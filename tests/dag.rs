@@ -27,7 +27,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tidemark::checkpoint::CheckpointSettings;
+use tidemark::checkpoint::CheckpointConfig;
 use tidemark::cluster::fault::KillSchedule;
 use tidemark::connectors::files::sink::{Encoder, FileSink, FileSinkConfig};
 use tidemark::dataflow::operator::OutputTag;
@@ -157,7 +157,7 @@ impl KeyedProcessFunction<u64, (u64, u64), Grouped> for Group {
         });
     }
 
-    fn end_of_input(&mut self, states: AllKeys<'_, u64>, out: &mut Collector<'_, Grouped>) {
+    fn end_input(&mut self, states: AllKeys<'_, u64>, out: &mut Collector<'_, Grouped>) {
         for (group, (records, sum)) in states.values(&self.seen) {
             out.collect(Grouped::Final {
                 group,
@@ -390,7 +390,7 @@ fn killed(seed: u64) -> (u64, bool) {
         tempfile::tempdir().unwrap(),
         tempfile::tempdir().unwrap(),
     );
-    let mut settings = CheckpointSettings::new(checkpoints.path().to_str().unwrap())
+    let mut settings = CheckpointConfig::new(checkpoints.path().to_str().unwrap())
         .interval(Duration::from_millis(50));
     if seed % 2 == 1 {
         settings = settings.unaligned();

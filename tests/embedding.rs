@@ -47,11 +47,7 @@ impl KeyedProcessFunction<String, String, (String, u64)> for Stats {
             .or_default() += 1;
     }
 
-    fn end_of_input(
-        &mut self,
-        states: AllKeys<'_, String>,
-        out: &mut Collector<'_, (String, u64)>,
-    ) {
+    fn end_input(&mut self, states: AllKeys<'_, String>, out: &mut Collector<'_, (String, u64)>) {
         for (word, count) in states.values(&self.count) {
             out.collect((word, count));
         }

@@ -131,7 +131,7 @@ pub enum ToWorker {
         subtask: SubtaskId,
         checkpoint: CheckpointId,
     },
-    EndInput {
+    EndOfData {
         subtask: SubtaskId,
     },
     AddSplits {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use thiserror::Error;
 use tidemark_core::checkpoint::coordinator::HookError;
 use tidemark_core::checkpoint::restore::RestoreError;
-use tidemark_core::checkpoint::SettingsError;
+use tidemark_core::checkpoint::CheckpointConfigError;
 use tidemark_core::dataflow::error::TaskError;
 use tidemark_core::job::JobConfigError;
 use tidemark_core::model::graph::GraphError;
@@ -35,7 +35,7 @@ pub enum JobError {
     InvalidConfig(#[from] JobConfigError),
     /// The checkpoint settings do not validate; nothing was deployed.
     #[error("invalid checkpointing: {0}")]
-    InvalidCheckpointing(#[from] SettingsError),
+    InvalidCheckpointing(#[from] CheckpointConfigError),
     /// A subtask failed. Without checkpointing this ends the job at once;
     /// with it the job restarts, and this comes back inside
     /// [`JobError::RestartsExhausted`].

@@ -144,7 +144,7 @@ pub struct SourceExhausted {
 /// offset completed; end the output.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct EndInput;
+pub struct EndOfData;
 
 /// Split source subtask → the host of its source coordinator (through the
 /// supervisor): it holds no split; hand it one.
@@ -276,9 +276,9 @@ impl ToSubtask for NotifyCheckpointAborted {
     }
 }
 
-impl ToSubtask for EndInput {
+impl ToSubtask for EndOfData {
     fn remote(self, subtask: SubtaskId) -> ToWorker {
-        ToWorker::EndInput { subtask }
+        ToWorker::EndOfData { subtask }
     }
 }
 

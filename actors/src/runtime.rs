@@ -13,7 +13,7 @@ use actix::{Actor, Addr, Arbiter, System};
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use tidemark_core::checkpoint::lease::LeaseOptions;
+use tidemark_core::checkpoint::lease::LeaseConfig;
 use tidemark_core::checkpoint::stats::{self, CheckpointStatsTracker};
 use tidemark_core::checkpoint::CheckpointFailure;
 use tidemark_core::job::Job;
@@ -270,7 +270,7 @@ struct JobThread {
     storage: Option<CheckpointStorage>,
     savepoint_dir: Option<CheckpointStorage>,
     /// How the run leases its job directory, when it checkpoints.
-    lease: Option<LeaseOptions>,
+    lease: Option<LeaseConfig>,
     view: Option<Arc<JobView>>,
     /// The supervisor once it runs, or why nothing was deployed.
     started: mpsc::Sender<Result<Addr<JobSupervisor>, JobError>>,

@@ -10,7 +10,7 @@ use crate::clock::now;
 use crate::dataflow::sources::{HostsSources, SourceHost};
 use crate::dataflow::subtask::SubtaskHandle;
 use crate::messages::{
-    AcknowledgeCheckpoint, CheckpointingFailed, DeclineCheckpoint, EndInput,
+    AcknowledgeCheckpoint, CheckpointingFailed, DeclineCheckpoint, EndOfData,
     NotifyCheckpointAborted, NotifyCheckpointComplete, SourceExhausted, SplitRequest,
     SubtaskFailed, TriggerCheckpoint,
 };
@@ -283,7 +283,7 @@ impl CoordinatorActor {
                 subtasks,
                 reason,
             } => self.notify_abort(checkpoint, subtasks, reason),
-            JobAction::EndInput(sources) => self.send_to(sources, || EndInput),
+            JobAction::EndOfData(sources) => self.send_to(sources, || EndOfData),
             JobAction::FailJob(reason) => self.supervisor.do_send(CheckpointingFailed(reason)),
             JobAction::Stats(event) => stats::lock(&self.metrics.checkpoint_stats).apply(event),
             JobAction::Resolve { request, result } => self.resolve(request, result),

@@ -40,7 +40,7 @@ use tidemark_core::checkpoint::restore::RestoreCandidates;
 use tidemark_core::checkpoint::savepoint::check_references;
 use tidemark_core::checkpoint::stats::{self, RestoredStats};
 use tidemark_core::checkpoint::store::CompletedCheckpointStore;
-use tidemark_core::checkpoint::{CheckpointFailure, CheckpointSettings, Restore, RestoreMode};
+use tidemark_core::checkpoint::{CheckpointConfig, CheckpointFailure, Restore, RestoreMode};
 use tidemark_core::cluster::attempts::RunAttempt;
 use tidemark_core::cluster::fault::KillSchedule;
 use tidemark_core::cluster::lifecycle::{JobLifecycle, LifeAction, LifeEvent, Outcome};
@@ -712,7 +712,7 @@ impl JobSupervisor {
 /// from storage, and the state to start from.
 struct Boot {
     storage: CheckpointStorage,
-    settings: CheckpointSettings,
+    settings: CheckpointConfig,
     graph: JobGraph,
     local_dir: Option<PathBuf>,
     hooks: Vec<Box<dyn MasterHook>>,
@@ -736,7 +736,7 @@ impl Boot {
         let (from, restore) = self.load_newest(&mut store, candidates).await?;
         let subtasks: Vec<SubtaskId> = self.graph.subtasks().collect();
         let mut core = CheckpointCoordinator::new(
-            self.settings.config.clone(),
+            self.settings.policy.clone(),
             subtasks,
             self.settings.alignment,
             next_id,
@@ -776,7 +776,7 @@ impl Boot {
     /// from other runs' leftovers.
     async fn candidates(&self) -> Result<(CompletedCheckpointStore, Vec<RestoreFrom>), JobError> {
         let (storage, settings) = (&self.storage, &self.settings);
-        let retain = settings.config.retain;
+        let retain = settings.policy.retain;
         let mut store = CompletedCheckpointStore::new(retain);
         let candidates = match &settings.restore {
             Restore::Fresh => Vec::new(),

@@ -14,7 +14,7 @@ use crate::dataflow::endpoint::{InputEndpoint, OutputEndpoint};
 use crate::dataflow::snapshot;
 use crate::messages::{
     AcknowledgeCheckpoint, AddSplits, CheckpointReports, Consumed, DeclineCheckpoint, Deliver,
-    DeliverPriority, EndInput, Kill, NoMoreSplits, NotifyCheckpointAborted,
+    DeliverPriority, EndOfData, Kill, NoMoreSplits, NotifyCheckpointAborted,
     NotifyCheckpointComplete, OutputCredit, Produce, Push, PushPriority, Reports, SourceExhausted,
     SplitRequest, Stop, SubtaskFailed, SubtaskFinished, ToSubtask, TriggerCheckpoint,
 };
@@ -463,7 +463,7 @@ impl SubtaskActor {
                     }
                     self.broadcast_event(ChannelEvent::CancelMarker(checkpoint));
                 }
-                BarrierAction::EndOfInput => self.end_of_input(),
+                BarrierAction::EndInput => self.end_input(),
             }
         }
         self.arm_timer(ctx);
@@ -589,8 +589,8 @@ impl SubtaskActor {
         }))
     }
 
-    fn end_of_input(&mut self) {
-        if self.guarded(|task, out| task.end_of_input(out)).is_some() {
+    fn end_input(&mut self) {
+        if self.guarded(|task, out| task.end_input(out)).is_some() {
             self.send_outgoing();
             self.forward_watermarks();
             self.broadcast_event(ChannelEvent::EndOfPartition);
@@ -944,7 +944,7 @@ impl Handler<Produce> for SubtaskActor {
                         subtask: self.id,
                     });
                 }
-                None => self.end_of_input(),
+                None => self.end_input(),
             }
         }
         self.drive(ctx);
@@ -1047,13 +1047,13 @@ impl Handler<NoMoreSplits> for SubtaskActor {
     }
 }
 
-impl Handler<EndInput> for SubtaskActor {
+impl Handler<EndOfData> for SubtaskActor {
     type Result = ();
 
-    fn handle(&mut self, _: EndInput, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: EndOfData, ctx: &mut Context<Self>) {
         if self.phase == Phase::Exhausted {
             self.phase = Phase::Running;
-            self.end_of_input();
+            self.end_input();
             self.drive(ctx);
         }
     }

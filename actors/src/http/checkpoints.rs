@@ -221,29 +221,29 @@ async fn settings(
             "checkpointing is not enabled for this job",
         ));
     };
-    let config = &settings.config;
+    let policy = &settings.policy;
     let aligned_timeout = match settings.alignment {
         Alignment::AlignedWithTimeout(t) => millis(t),
         _ => 0,
     };
     Ok(HttpResponse::Ok().json(json!({
         "mode": "exactly_once",
-        "interval": config.interval.map_or(i64::MAX, |i| millis(i) as i64),
-        "timeout": millis(config.timeout),
-        "min_pause": millis(config.min_pause),
-        "max_concurrent": config.max_concurrent,
+        "interval": policy.interval.map_or(i64::MAX, |i| millis(i) as i64),
+        "timeout": millis(policy.timeout),
+        "min_pause": millis(policy.min_pause),
+        "max_concurrent": policy.max_concurrent,
         "externalization": { "enabled": true, "delete_on_cancellation": false },
         "state_backend": view.state_backend,
         "checkpoint_storage": settings.storage_url,
         "savepoint_directory": settings.savepoint_dir,
         "unaligned_checkpoints": !matches!(settings.alignment, Alignment::Aligned),
-        "tolerable_failed_checkpoints": config.tolerable_failures,
+        "tolerable_failed_checkpoints": policy.tolerable_failures,
         "aligned_checkpoint_timeout": aligned_timeout,
         "checkpoints_after_tasks_finish": true,
         "state_changelog_enabled": false,
         "changelog_periodic_materialization_interval": -1,
         "changelog_storage": "memory",
-        "retained_checkpoints": config.retain,
+        "retained_checkpoints": policy.retain,
         "incremental": settings.incremental,
         "history": settings.history,
     })))

@@ -24,7 +24,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
-use tidemark_core::checkpoint::CheckpointSettings;
+use tidemark_core::checkpoint::CheckpointConfig;
 use tidemark_core::job::Job;
 use tidemark_core::model::ids::{JobId, OperatorId};
 use tidemark_core::model::key_group::key_hash;
@@ -85,7 +85,7 @@ pub(crate) struct JobView {
     vertices: Vec<Vertex>,
     metrics: Arc<JobMetrics>,
     control: OnceLock<JobControl>,
-    checkpointing: Option<CheckpointSettings>,
+    checkpointing: Option<CheckpointConfig>,
     state_backend: &'static str,
     ended: Mutex<Option<(JobStatus, u64)>>,
     operations: Operations,

@@ -261,7 +261,7 @@ fn check_format(format: Option<&str>) -> Result<(), ApiError> {
 
 impl JobView {
     /// The job's checkpointing, which every trigger needs.
-    fn checkpointing(&self) -> Result<&tidemark_core::checkpoint::CheckpointSettings, ApiError> {
+    fn checkpointing(&self) -> Result<&tidemark_core::checkpoint::CheckpointConfig, ApiError> {
         self.checkpointing.as_ref().ok_or_else(|| {
             ApiError::new(
                 StatusCode::CONFLICT,

@@ -26,7 +26,7 @@ use tidemark_actors::runtime::job_id;
 use tidemark_connectors::files::sink::{
     pending_uploads, FileSinkConfig, FileSinkError, OpenUpload,
 };
-use tidemark_core::checkpoint::lease::LeaseOptions;
+use tidemark_core::checkpoint::lease::LeaseConfig;
 use tidemark_core::checkpoint::{entries, CompletedCheckpoint};
 use tidemark_storage::lease::{Lease, LEASES};
 use tidemark_storage::{CheckpointStorage, StorageError, StoredObject, COUNTER};
@@ -191,7 +191,7 @@ async fn sweep(storage: &CheckpointStorage, args: &CleanupArgs) -> Result<Sweep,
     if args.dry_run || (planned.orphans.is_empty() && planned.stale_uploads.is_empty()) {
         return Ok(planned);
     }
-    let lease = Arc::new(Lease::acquire(storage, &LeaseOptions::default()).await?);
+    let lease = Arc::new(Lease::acquire(storage, &LeaseConfig::default()).await?);
     let swept = sweep_with(&storage.fenced(lease.clone()), args, true).await;
     lease.release().await?;
     swept

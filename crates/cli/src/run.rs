@@ -278,13 +278,13 @@ fn parse_fault(s: &str) -> Result<Fault, String> {
     })
 }
 
-/// The job settings a run uses, and where each came from.
-struct Settings {
+/// The options a run uses, and where each came from.
+struct RunOptions {
     options: Options,
     origins: Origins,
 }
 
-impl Settings {
+impl RunOptions {
     fn usage(&self, option: &str, problem: String) -> CliError {
         CliError::Usage {
             argument: self.origins.name(option),
@@ -310,18 +310,18 @@ impl RunArgs {
 
     /// The flags given, over the `--config` file, over the defaults;
     /// refused if they do not work together.
-    fn settings(&self) -> Result<Settings, CliError> {
+    fn settings(&self) -> Result<RunOptions, CliError> {
         self.settings_from(self.config.as_ref().map(ConfigFile::read).transpose()?)
     }
 
     /// The flags given, over `file`, over the defaults.
-    fn settings_from(&self, file: Option<ConfigFile>) -> Result<Settings, CliError> {
+    fn settings_from(&self, file: Option<ConfigFile>) -> Result<RunOptions, CliError> {
         let mut options = self.options.clone();
         let origins = match file {
             Some(file) => file.apply(&mut options, |id| self.given.contains(id))?,
             None => Origins::default(),
         };
-        let settings = Settings { options, origins };
+        let settings = RunOptions { options, origins };
         // A setting of the file is refused as `load` refuses it, naming the
         // file, line and key; one of the flags by its flag.
         settings
@@ -334,7 +334,7 @@ impl RunArgs {
         Ok(settings)
     }
 
-    fn job_config(&self, settings: &Settings) -> JobConfig {
+    fn job_config(&self, settings: &RunOptions) -> JobConfig {
         let mut options = settings.options.clone();
         // Each injected failure costs a restart the default must allow.
         options.max_restarts.get_or_insert(
@@ -469,7 +469,7 @@ impl RunArgs {
 
     /// What the job's settings cannot check alone: the run's own flags
     /// against them, and paths against the job's directory.
-    fn validate(&self, settings: &Settings, config: &JobConfig) -> Result<(), CliError> {
+    fn validate(&self, settings: &RunOptions, config: &JobConfig) -> Result<(), CliError> {
         let options = &settings.options;
         let usage = |argument: &str, problem: String| CliError::Usage {
             argument: argument.to_owned(),
@@ -636,7 +636,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
 /// an election.
 fn run_job(
     args: &RunArgs,
-    settings: &Settings,
+    settings: &RunOptions,
     config: JobConfig,
     http_token: Option<HttpToken>,
     leadership: Option<&Leadership>,

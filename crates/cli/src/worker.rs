@@ -5,7 +5,7 @@ use super::CliError;
 use clap::Args;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use tidemark_actors::worker::{self, WorkerOptions};
+use tidemark_actors::worker::{self, WorkerConfig};
 
 /// Arguments of `tidemark worker`.
 #[derive(Debug, Args)]
@@ -31,7 +31,7 @@ pub struct WorkerArgs {
 
 /// Serves until shut down.
 pub fn worker(args: &WorkerArgs) -> Result<(), CliError> {
-    let options = WorkerOptions {
+    let options = WorkerConfig {
         control: args.listen,
         data: args.data,
         advertise: args.advertise.clone(),

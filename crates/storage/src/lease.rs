@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use thiserror::Error;
-use tidemark_core::checkpoint::lease::LeaseOptions;
+use tidemark_core::checkpoint::lease::LeaseConfig;
 
 /// The directory of leases, relative to the job directory.
 pub const LEASES: &str = "_leases";
@@ -210,7 +210,7 @@ impl Lease {
     /// objects are deleted once the new one is written.
     pub async fn acquire(
         storage: &CheckpointStorage,
-        options: &LeaseOptions,
+        options: &LeaseConfig,
     ) -> Result<Lease, LeaseError> {
         let storage = storage.unfenced();
         let mut epochs: Vec<u64> = storage
@@ -440,19 +440,19 @@ mod tests {
     #[tokio::test]
     async fn a_second_lease_is_refused_naming_the_holder_and_a_taken_over_one_is_fenced() {
         let storage = CheckpointStorage::open("memory://", JobId(3)).unwrap();
-        let first = Lease::acquire(&storage, &LeaseOptions::default())
+        let first = Lease::acquire(&storage, &LeaseConfig::default())
             .await
             .unwrap();
         first.renew().await.unwrap();
-        let err = Lease::acquire(&storage, &LeaseOptions::default())
+        let err = Lease::acquire(&storage, &LeaseConfig::default())
             .await
             .unwrap_err();
         assert!(matches!(err, LeaseError::Held { ref holder, .. } if **holder == first.holder()));
         assert!(err.to_string().contains(&first.holder().run), "{err}");
 
-        let take_over = LeaseOptions {
+        let take_over = LeaseConfig {
             take_over: true,
-            ..LeaseOptions::default()
+            ..LeaseConfig::default()
         };
         let second = Lease::acquire(&storage, &take_over).await.unwrap();
         assert_eq!(second.holder().epoch, first.holder().epoch + 1);
@@ -471,7 +471,7 @@ mod tests {
         );
 
         second.release().await.unwrap();
-        let third = Lease::acquire(&storage, &LeaseOptions::default())
+        let third = Lease::acquire(&storage, &LeaseConfig::default())
             .await
             .unwrap();
         assert_eq!(third.holder().epoch, second.holder().epoch + 1);
@@ -480,7 +480,7 @@ mod tests {
     #[tokio::test]
     async fn a_lease_not_renewed_for_half_its_time_to_live_is_fenced() {
         let storage = CheckpointStorage::open("memory://", JobId(3)).unwrap();
-        let options = LeaseOptions {
+        let options = LeaseConfig {
             ttl: Duration::ZERO,
             take_over: false,
         };
@@ -501,7 +501,7 @@ mod tests {
             storage.put(path, Bytes::from_static(b"x")).await.unwrap();
         }
         let first = Arc::new(
-            Lease::acquire(&storage, &LeaseOptions::default())
+            Lease::acquire(&storage, &LeaseConfig::default())
                 .await
                 .unwrap(),
         );
@@ -509,9 +509,9 @@ mod tests {
         let (kept, gone) = paths.split_at(10);
         let failed = fenced.delete_many(gone.to_vec()).await.unwrap();
         assert!(failed.is_empty(), "{failed:?}");
-        let take_over = LeaseOptions {
+        let take_over = LeaseConfig {
             take_over: true,
-            ..LeaseOptions::default()
+            ..LeaseConfig::default()
         };
         let _second = Lease::acquire(&storage, &take_over).await.unwrap();
         let err = fenced.delete_many(kept.to_vec()).await.unwrap_err();

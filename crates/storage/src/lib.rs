@@ -42,7 +42,7 @@ use tidemark_core::checkpoint::metadata::{self, MetadataError};
 use tidemark_core::checkpoint::restore::RestoreFailure;
 use tidemark_core::checkpoint::store::CompletedCheckpointStore;
 use tidemark_core::checkpoint::{
-    stays_inside, CheckpointSettings, CompletedCheckpoint, HandleMismatch, SettingsError,
+    stays_inside, CheckpointConfig, CheckpointConfigError, CompletedCheckpoint, HandleMismatch,
     StateHandle,
 };
 use tidemark_core::model::ids::{CheckpointId, JobId};
@@ -289,11 +289,14 @@ fn local_store(url: &str, create: bool) -> Result<Arc<dyn ObjectStore>, StorageE
 /// storage, where retention and cleanup would delete its savepoints. The
 /// job's directory is where [`CheckpointStorage::open`] puts it; nothing is
 /// opened.
-pub fn check_savepoint_dir(settings: &CheckpointSettings, job: JobId) -> Result<(), SettingsError> {
+pub fn check_savepoint_dir(
+    settings: &CheckpointConfig,
+    job: JobId,
+) -> Result<(), CheckpointConfigError> {
     let job_dir = format!("{}/{job}", settings.storage_url.trim_end_matches('/'));
     match &settings.savepoint_dir {
         Some(dir) if lies_inside(dir, &job_dir) => {
-            Err(SettingsError::SavepointsInsideCheckpoints {
+            Err(CheckpointConfigError::SavepointsInsideCheckpoints {
                 savepoint_dir: dir.clone(),
                 job_dir,
             })
@@ -935,7 +938,7 @@ mod tests {
     fn a_savepoint_directory_inside_the_job_directory_is_refused() {
         let job = JobId(1);
         let refused = |checkpoints: &str, savepoints: &str| {
-            let settings = CheckpointSettings::new(checkpoints).savepoint_dir(savepoints);
+            let settings = CheckpointConfig::new(checkpoints).savepoint_dir(savepoints);
             check_savepoint_dir(&settings, job).is_err()
         };
         assert!(refused("/tmp/x", &format!("/tmp/x/{job}")));
@@ -945,7 +948,7 @@ mod tests {
         assert!(!refused("/tmp/x", &format!("/tmp/x/{}", JobId(2))));
         assert!(!refused("s3://b/x", &format!("s3://b/x/{job}-other")));
         assert!(!refused("s3://b/x", &format!("/tmp/b/x/{job}")));
-        assert!(check_savepoint_dir(&CheckpointSettings::new("/tmp/x"), job).is_ok());
+        assert!(check_savepoint_dir(&CheckpointConfig::new("/tmp/x"), job).is_ok());
     }
 
     #[cfg(feature = "s3")]

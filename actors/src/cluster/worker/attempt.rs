@@ -10,9 +10,9 @@ use crate::dataflow::net::{crossings, LinkEnd, LinkEnds, WorkerAssignment, Worke
 use crate::dataflow::subtask::SubtaskActor;
 use crate::job::job_id;
 use crate::messages::{
-    AcknowledgeCheckpoint, AddSplits, CheckpointReports, DeclineCheckpoint, EndInput, NoMoreSplits,
-    NotifyCheckpointAborted, NotifyCheckpointComplete, Reports, SourceExhausted, SplitRequest,
-    Stop, SubtaskFailed, SubtaskFinished, TriggerCheckpoint,
+    AcknowledgeCheckpoint, AddSplits, CheckpointReports, DeclineCheckpoint, EndOfData,
+    NoMoreSplits, NotifyCheckpointAborted, NotifyCheckpointComplete, Reports, SourceExhausted,
+    SplitRequest, Stop, SubtaskFailed, SubtaskFinished, TriggerCheckpoint,
 };
 use crate::metrics::JobMetrics;
 use actix::{
@@ -351,9 +351,9 @@ impl AttemptActor {
                     s.do_send(NotifyCheckpointAborted(checkpoint));
                 }
             }
-            ToWorker::EndInput { subtask: id } => {
+            ToWorker::EndOfData { subtask: id } => {
                 if let Some(s) = subtask(self, id) {
-                    s.do_send(EndInput);
+                    s.do_send(EndOfData);
                 }
             }
             ToWorker::AddSplits {

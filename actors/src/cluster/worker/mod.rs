@@ -43,7 +43,7 @@ pub type Rebuild = Arc<dyn Fn(&[u8]) -> Result<Job, String> + Send + Sync>;
 
 /// Where a worker listens, and how many threads run its actors.
 #[derive(Clone, Debug)]
-pub struct WorkerOptions {
+pub struct WorkerConfig {
     /// The gRPC service; port 0 takes a free port.
     pub control: SocketAddr,
     /// Where peers open links; port 0 takes a free port.
@@ -59,7 +59,7 @@ pub struct WorkerOptions {
 /// Runs a worker until it is killed (or, with `exit_with_stdin`, stdin
 /// closes). Prints
 /// `tidemark worker listening on ADDR` with its control address first.
-pub fn serve(options: WorkerOptions, rebuild: Rebuild) -> std::io::Result<()> {
+pub fn serve(options: WorkerConfig, rebuild: Rebuild) -> std::io::Result<()> {
     let system = System::new();
     let arbiters: Vec<Arbiter> = (0..options.threads.max(1))
         .map(|_| Arbiter::new())

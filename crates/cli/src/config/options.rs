@@ -9,9 +9,9 @@ use clap::{ArgAction, Args, FromArgMatches, ValueEnum};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
-use tidemark_core::checkpoint::lease::LeaseOptions;
+use tidemark_core::checkpoint::lease::LeaseConfig;
 use tidemark_core::checkpoint::merging::UploadLimits;
-use tidemark_core::checkpoint::{CheckpointSettings, Restore, RestoreMode};
+use tidemark_core::checkpoint::{CheckpointConfig, Restore, RestoreMode};
 use tidemark_core::cluster::election::ElectionTiming;
 use tidemark_core::cluster::restart::RestartStrategy;
 use tidemark_core::job::JobConfig;
@@ -88,7 +88,7 @@ pub struct Options {
     pub checkpoint_interval: CheckpointInterval,
     /// Checkpoint storage: a path, `file://` path, `memory://` or
     /// `s3://bucket/prefix` (settings from the AWS_* environment variables).
-    #[arg(long, default_value = CheckpointSettings::DEFAULT_STORAGE_URL)]
+    #[arg(long, default_value = CheckpointConfig::DEFAULT_STORAGE_URL)]
     pub checkpoint_dir: String,
     /// A checkpoint not complete this long after its trigger is aborted.
     #[arg(long, default_value = "10min", value_parser = values::flag_duration)]
@@ -274,8 +274,8 @@ impl Options {
         self.checkpoint_interval.0.is_some() || self.savepoint_dir.is_some()
     }
 
-    fn checkpoint_settings(&self) -> CheckpointSettings {
-        let mut settings = CheckpointSettings::new(&self.checkpoint_dir)
+    fn checkpoint_settings(&self) -> CheckpointConfig {
+        let mut settings = CheckpointConfig::new(&self.checkpoint_dir)
             .interval(self.checkpoint_interval.0)
             .timeout(self.timeout)
             .min_pause(self.min_pause)
@@ -303,7 +303,7 @@ impl Options {
             })
             .restore_mode(self.restore_mode)
             .allow_non_restored_state(self.allow_non_restored_state)
-            .lease(LeaseOptions {
+            .lease(LeaseConfig {
                 ttl: self.lease_ttl,
                 // An elected leader takes the directory over: the election
                 // says the previous leader stopped, and the epoch fences it

@@ -2,7 +2,7 @@ use super::keys::KEYS;
 use super::*;
 use crate::RunArgs;
 use std::time::Duration;
-use tidemark_core::checkpoint::CheckpointSettings;
+use tidemark_core::checkpoint::CheckpointConfig;
 use tidemark_core::cluster::election::ElectionTiming;
 use tidemark_core::cluster::restart::RestartStrategy;
 
@@ -271,7 +271,7 @@ fn nested_keys_are_flat_keys() {
 #[test]
 fn the_defaults_are_the_embedding_apis() {
     let config = Options::default().job_config();
-    let embedded = JobConfig::default().checkpointing(CheckpointSettings::default());
+    let embedded = JobConfig::default().checkpointing(CheckpointConfig::default());
     assert_eq!(format!("{config:?}"), format!("{embedded:?}"));
     assert_eq!(from_file("# nothing\n"), described(&Options::default()));
     assert_eq!(
@@ -506,7 +506,7 @@ fn load_refuses_settings_that_do_not_work_together_naming_the_key() {
     .unwrap();
     let config = load(&path).unwrap();
     assert_eq!(config.parallelism, 2);
-    assert_eq!(config.checkpointing.unwrap().config.retain, 4);
+    assert_eq!(config.checkpointing.unwrap().policy.retain, 4);
 
     let missing = dir.path().join("missing.yaml");
     assert!(matches!(load(&missing), Err(ConfigError::Read { path, .. }) if path == missing));
@@ -774,9 +774,9 @@ fn the_most_every_option_accepts_runs_into_no_overflow() {
     // The coordinator adds these to instants: a year always fits.
     let now = std::time::Instant::now();
     for d in [
-        settings.config.interval.unwrap(),
-        settings.config.timeout,
-        settings.config.min_pause,
+        settings.policy.interval.unwrap(),
+        settings.policy.timeout,
+        settings.policy.min_pause,
     ] {
         assert!(now.checked_add(d).is_some(), "{d:?}");
     }

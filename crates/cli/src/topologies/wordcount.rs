@@ -233,7 +233,7 @@ impl<K: Key> KeyedProcessFunction<K, K, (K, u64)> for Counter<K> {
         }
     }
 
-    fn end_of_input(&mut self, states: AllKeys<'_, K>, out: &mut Collector<'_, (K, u64)>) {
+    fn end_input(&mut self, states: AllKeys<'_, K>, out: &mut Collector<'_, (K, u64)>) {
         if self.emit == Emit::Final {
             for (key, count) in states.values(&self.count) {
                 out.collect((key, count));

@@ -59,7 +59,7 @@ pub enum OnError {
 
 /// A source's settings that a URL or the builder give.
 #[derive(Clone, Debug)]
-pub struct FileOptions {
+pub struct FileSourceOptions {
     /// How lines are records.
     pub format: Format,
     /// List again this often for new files; `None`: bounded.
@@ -74,9 +74,9 @@ pub struct FileOptions {
     pub late_files: Duration,
 }
 
-impl Default for FileOptions {
+impl Default for FileSourceOptions {
     fn default() -> Self {
-        FileOptions {
+        FileSourceOptions {
             format: Format::Text,
             monitor_interval: None,
             split_size: 64 << 20,
@@ -107,7 +107,7 @@ pub struct FileSource<T> {
     url: String,
     store: Arc<dyn ObjectStore>,
     prefix: object_store::path::Path,
-    options: FileOptions,
+    options: FileSourceOptions,
     skipped: Arc<AtomicU64>,
     records: PhantomData<fn() -> T>,
 }
@@ -121,7 +121,7 @@ impl<T> Clone for FileSource<T> {
 impl<T> FileSource<T> {
     /// The files under `dir` (a path, `file://`, `s3://bucket/prefix`,
     /// `memory://NAME/prefix` or `store://NAME/prefix`), which must exist.
-    pub fn new(dir: &str, options: FileOptions) -> Result<Self, FileSourceError> {
+    pub fn new(dir: &str, options: FileSourceOptions) -> Result<Self, FileSourceError> {
         if options.split_size == 0 {
             return Err(FileSourceError::Option {
                 url: dir.to_owned(),
@@ -154,7 +154,7 @@ impl<T> FileSource<T> {
             url: url.to_owned(),
             problem,
         };
-        let mut options = FileOptions::default();
+        let mut options = FileSourceOptions::default();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair
                 .split_once('=')
@@ -206,7 +206,7 @@ impl<T> FileSource<T> {
     }
 
     /// Its settings.
-    pub fn options(&self) -> &FileOptions {
+    pub fn options(&self) -> &FileSourceOptions {
         &self.options
     }
 

@@ -93,7 +93,7 @@ pub enum BarrierAction {
         reason: AbortReason,
     },
     /// Every channel ended and the operator has seen all its input. Emitted once.
-    EndOfInput,
+    EndInput,
 }
 
 /// Why this subtask abandoned a checkpoint; the shell reports it in the decline.
@@ -437,7 +437,7 @@ impl BarrierHandler {
             }
         }
         if self.ended.iter().all(|&ended| ended) {
-            actions.push(BarrierAction::EndOfInput);
+            actions.push(BarrierAction::EndInput);
         }
     }
 
@@ -681,7 +681,7 @@ pub(super) mod tests {
             alignment: Duration,
         },
         Abort(CheckpointId, AbortReason),
-        EndOfInput,
+        EndInput,
     }
 
     fn seen(actions: Vec<BarrierAction>) -> Vec<Seen> {
@@ -711,7 +711,7 @@ pub(super) mod tests {
                     alignment,
                 },
                 BarrierAction::Abort { checkpoint, reason } => Seen::Abort(checkpoint, reason),
-                BarrierAction::EndOfInput => Seen::EndOfInput,
+                BarrierAction::EndInput => Seen::EndInput,
             })
             .collect()
     }
@@ -1063,7 +1063,7 @@ pub(super) mod tests {
         );
         assert_eq!(
             step(&mut h, t(2), A, ChannelEvent::EndOfPartition),
-            [Seen::EndOfInput]
+            [Seen::EndInput]
         );
         assert_eq!(step(&mut h, t(3), A, ChannelEvent::EndOfPartition), []);
         assert_eq!(h.pending(), None);
@@ -1396,7 +1396,7 @@ pub(super) mod tests {
                 Got::Actions(vec![]),
                 got(B, 10, true),
                 got(B, 11, true),
-                Got::Actions(vec![Seen::EndOfInput]),
+                Got::Actions(vec![Seen::EndInput]),
             ]
         );
     }
@@ -1407,7 +1407,7 @@ pub(super) mod tests {
         assert_eq!(step(&mut h, t(0), B, ChannelEvent::EndOfPartition), []);
         assert_eq!(
             step(&mut h, t(1), A, ChannelEvent::EndOfPartition),
-            [Seen::EndOfInput]
+            [Seen::EndInput]
         );
         assert_eq!(poll(&mut h, t(2)), None);
 
@@ -1816,7 +1816,7 @@ pub(super) mod tests {
                     BarrierAction::ChannelState { .. } => {
                         prop_assert!(false, "channel state of an aligned checkpoint")
                     }
-                    BarrierAction::EndOfInput => {
+                    BarrierAction::EndInput => {
                         prop_assert!(ended.iter().all(|&e| e));
                         prop_assert!(matches!(event, Some((_, Event::End))));
                     }
@@ -1950,7 +1950,7 @@ pub(super) mod tests {
         /// values of each channel had been processed when it was taken.
         open: Option<(u64, Vec<usize>)>,
         last_resolved: u64,
-        end_of_input: bool,
+        end_input: bool,
         channel_states: usize,
     }
 
@@ -2042,9 +2042,9 @@ pub(super) mod tests {
                         }
                         self.last_resolved = id;
                     }
-                    BarrierAction::EndOfInput => {
-                        prop_assert!(!self.end_of_input, "end of input twice");
-                        self.end_of_input = true;
+                    BarrierAction::EndInput => {
+                        prop_assert!(!self.end_input, "end of input twice");
+                        self.end_input = true;
                     }
                 }
             }
@@ -2077,7 +2077,7 @@ pub(super) mod tests {
             processed: vec![Vec::new(); n],
             open: None,
             last_resolved: 0,
-            end_of_input: false,
+            end_input: false,
             channel_states: 0,
         };
         let mut next = vec![0usize; n];
@@ -2193,7 +2193,7 @@ pub(super) mod tests {
             .channels
             .iter()
             .all(|ups| matches!(ups.last(), Some(Up::End)));
-        prop_assert_eq!(checker.end_of_input, every_channel_ends);
+        prop_assert_eq!(checker.end_input, every_channel_ends);
         Ok(checker.channel_states)
     }
 

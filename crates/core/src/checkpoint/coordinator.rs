@@ -13,7 +13,7 @@
 //! looks at the clock, so an error never swallows actions that are due.
 
 use super::stats::{CheckpointType, StatsEvent};
-use super::{Ack, CheckpointConfig, CheckpointFailure, CompletedCheckpoint, SubtaskState};
+use super::{Ack, CheckpointFailure, CheckpointPolicy, CompletedCheckpoint, SubtaskState};
 use crate::model::event::{Alignment, Barrier, CheckpointKind, CheckpointOptions};
 use crate::model::graph::{Edge, JobGraph, OperatorSpec};
 use crate::model::ids::{CheckpointId, SubtaskId};
@@ -300,7 +300,7 @@ enum Ending {
 
 /// Decides when checkpoints start and end, for one job run.
 pub struct CheckpointCoordinator {
-    config: CheckpointConfig,
+    policy: CheckpointPolicy,
     subtasks: BTreeSet<SubtaskId>,
     alignment: Alignment,
     next_id: CheckpointId,
@@ -336,14 +336,14 @@ impl CheckpointCoordinator {
     /// `next_id`: first id to use (recovered from storage by the shell; ids
     /// strictly increase).
     pub fn new(
-        config: CheckpointConfig,
+        policy: CheckpointPolicy,
         subtasks: Vec<SubtaskId>,
         alignment: Alignment,
         next_id: CheckpointId,
         now: Now,
     ) -> Self {
         CheckpointCoordinator {
-            config,
+            policy,
             subtasks: subtasks.into_iter().collect(),
             alignment,
             next_id,
@@ -488,7 +488,7 @@ impl CheckpointCoordinator {
             .pending
             .values()
             .filter(|p| !p.finalizing)
-            .filter_map(|p| p.triggered.checked_add(self.config.timeout))
+            .filter_map(|p| p.triggered.checked_add(self.policy.timeout))
             .min();
         periodic.into_iter().chain(expiry).min()
     }
@@ -612,7 +612,7 @@ impl CheckpointCoordinator {
         // A timeout too long to reach never expires.
         !p.finalizing
             && p.triggered
-                .checked_add(self.config.timeout)
+                .checked_add(self.policy.timeout)
                 .is_some_and(|at| at <= now)
     }
 
@@ -765,10 +765,10 @@ impl CheckpointCoordinator {
         let counts = matches!(ending, Ending::Failure | Ending::HookFailure);
         if counts && p.kind == CheckpointKind::Checkpoint {
             self.consecutive_failures += 1;
-            if self.consecutive_failures > self.config.tolerable_failures {
+            if self.consecutive_failures > self.policy.tolerable_failures {
                 out.push(Action::FailJob(format!(
                     "{} consecutive checkpoint failures exceed the tolerable {}: {failure}",
-                    self.consecutive_failures, self.config.tolerable_failures
+                    self.consecutive_failures, self.policy.tolerable_failures
                 )));
                 // As Flink does: the job fails once, not again on every
                 // further failure while it goes down.
@@ -799,7 +799,7 @@ impl CheckpointCoordinator {
     /// A slot is free and no checkpoint awaits its master hooks: one at a
     /// time, so that barriers and counter writes go out in id order.
     fn may_trigger(&self) -> bool {
-        self.pending.len() < self.config.max_concurrent
+        self.pending.len() < self.policy.max_concurrent
             && !self.pending.values().any(|p| p.awaiting_hooks)
     }
 
@@ -825,9 +825,9 @@ impl CheckpointCoordinator {
             return None;
         }
         // An interval or pause too long to reach never triggers.
-        let due = self.periodic_from.checked_add(self.config.interval?)?;
+        let due = self.periodic_from.checked_add(self.policy.interval?)?;
         match self.last_end {
-            Some(end) => Some(due.max(end.checked_add(self.config.min_pause)?)),
+            Some(end) => Some(due.max(end.checked_add(self.policy.min_pause)?)),
             None => Some(due),
         }
     }
@@ -979,8 +979,8 @@ mod tests {
     }
 
     /// Generous limits, so that a test only meets the one it is about.
-    fn config() -> CheckpointConfig {
-        CheckpointConfig {
+    fn config() -> CheckpointPolicy {
+        CheckpointPolicy {
             interval: Some(ms(1000)),
             timeout: ms(60_000),
             min_pause: Duration::ZERO,
@@ -1088,12 +1088,12 @@ mod tests {
     }
 
     impl Harness {
-        fn new(config: CheckpointConfig, subtasks: u32) -> Self {
+        fn new(config: CheckpointPolicy, subtasks: u32) -> Self {
             Self::with(config, subtasks, Alignment::Aligned, CheckpointId(1))
         }
 
         fn with(
-            config: CheckpointConfig,
+            config: CheckpointPolicy,
             subtasks: u32,
             alignment: Alignment,
             next_id: CheckpointId,
@@ -1202,7 +1202,7 @@ mod tests {
 
         #[test]
         fn declined_expired_and_subsumed_checkpoints_fail_with_their_reason() {
-            let config = CheckpointConfig {
+            let config = CheckpointPolicy {
                 max_concurrent: 2,
                 min_pause: Duration::ZERO,
                 timeout: Duration::from_millis(5000),
@@ -1306,7 +1306,7 @@ mod tests {
 
     #[test]
     fn no_interval_means_no_periodic_trigger_and_nothing_to_wait_for() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             interval: None,
             ..config()
         };
@@ -1354,7 +1354,7 @@ mod tests {
 
     #[test]
     fn a_finalizing_checkpoint_does_not_expire() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             timeout: ms(500),
             ..config()
         };
@@ -1371,7 +1371,7 @@ mod tests {
 
     #[test]
     fn timeout_aborts_exactly_at_trigger_plus_timeout_and_notifies_abort() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             timeout: ms(500),
             ..config()
         };
@@ -1388,7 +1388,7 @@ mod tests {
 
     #[test]
     fn an_ack_at_the_expiry_instant_is_late() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             timeout: ms(500),
             ..config()
         };
@@ -1413,7 +1413,7 @@ mod tests {
 
     #[test]
     fn late_ack_of_a_timed_out_checkpoint_is_ignored_and_its_state_discarded() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             timeout: ms(500),
             ..config()
         };
@@ -1460,7 +1460,7 @@ mod tests {
 
     #[test]
     fn ended_checkpoints_are_remembered_for_sixteen_more() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             interval: None,
             ..config()
         };
@@ -1525,7 +1525,7 @@ mod tests {
 
     #[test]
     fn a_rejected_event_does_not_swallow_a_due_expiry() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             timeout: ms(500),
             ..config()
         };
@@ -1557,7 +1557,7 @@ mod tests {
 
     #[test]
     fn next_trigger_waits_for_min_pause_after_the_last_end() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             min_pause: ms(3000),
             ..config()
         };
@@ -1588,7 +1588,7 @@ mod tests {
 
     #[test]
     fn max_concurrent_holds_back_a_third_checkpoint_until_one_ends() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             max_concurrent: 2,
             ..config()
         };
@@ -1618,7 +1618,7 @@ mod tests {
 
     #[test]
     fn manual_trigger_is_queued_at_max_concurrent_and_resolved_with_its_id() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             interval: None,
             ..config()
         };
@@ -1674,7 +1674,7 @@ mod tests {
 
     #[test]
     fn manual_trigger_ignores_interval_and_min_pause() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             min_pause: ms(5000),
             ..config()
         };
@@ -1686,7 +1686,7 @@ mod tests {
 
     #[test]
     fn savepoint_barrier_is_aligned_when_the_job_is_unaligned() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             max_concurrent: 2,
             ..config()
         };
@@ -1703,7 +1703,7 @@ mod tests {
 
     #[test]
     fn second_consecutive_failure_fails_the_job_with_tolerable_one() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             tolerable_failures: 1,
             ..config()
         };
@@ -1735,7 +1735,7 @@ mod tests {
 
     #[test]
     fn a_success_between_failures_resets_the_count() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             tolerable_failures: 1,
             ..config()
         };
@@ -1754,7 +1754,7 @@ mod tests {
 
     #[test]
     fn persist_failure_discards_notifies_abort_and_counts() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             tolerable_failures: 0,
             ..config()
         };
@@ -1814,7 +1814,7 @@ mod tests {
 
     #[test]
     fn a_completed_savepoint_subsumes_no_pending_checkpoint() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             max_concurrent: 2,
             ..config()
         };
@@ -1911,7 +1911,7 @@ mod tests {
 
     #[test]
     fn savepoint_failures_do_not_fail_the_job() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             tolerable_failures: 0,
             interval: None,
             ..config()
@@ -1928,7 +1928,7 @@ mod tests {
 
     #[test]
     fn completing_a_checkpoint_subsumes_older_pending_checkpoints_but_not_savepoints() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             max_concurrent: 3,
             tolerable_failures: 0,
             ..config()
@@ -1972,7 +1972,7 @@ mod tests {
 
     #[test]
     fn abort_all_resolves_queued_requests_and_discards_acked_states() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             tolerable_failures: 0,
             ..config()
         };
@@ -2027,7 +2027,7 @@ mod tests {
 
     #[test]
     fn abort_all_keeps_a_finalizing_checkpoint_states_until_the_persist_outcome() {
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             interval: None,
             ..config()
         };
@@ -2087,7 +2087,7 @@ mod tests {
         use crate::checkpoint::stats::CheckpointStatus;
 
         /// A coordinator whose job has master hooks.
-        fn hooked(config: CheckpointConfig, subtasks: u32) -> Harness {
+        fn hooked(config: CheckpointPolicy, subtasks: u32) -> Harness {
             let mut h = Harness::new(config, subtasks);
             h.coordinator.await_master_hooks();
             h
@@ -2124,7 +2124,7 @@ mod tests {
 
         #[test]
         fn barriers_go_out_only_once_the_hooks_states_are_in() {
-            let config = CheckpointConfig {
+            let config = CheckpointPolicy {
                 max_concurrent: 2,
                 ..config()
             };
@@ -2167,7 +2167,7 @@ mod tests {
 
         #[test]
         fn a_failing_hook_fails_the_checkpoint_before_any_barrier() {
-            let config = CheckpointConfig {
+            let config = CheckpointPolicy {
                 tolerable_failures: 0,
                 interval: None,
                 ..config()
@@ -2201,7 +2201,7 @@ mod tests {
 
         #[test]
         fn a_late_answer_of_the_hooks_is_dropped() {
-            let config = CheckpointConfig {
+            let config = CheckpointPolicy {
                 timeout: ms(500),
                 ..config()
             };
@@ -2297,7 +2297,7 @@ mod tests {
         ]
     }
 
-    fn random_config() -> impl Strategy<Value = CheckpointConfig> {
+    fn random_config() -> impl Strategy<Value = CheckpointPolicy> {
         (
             proptest::option::weighted(0.8, 200u64..3000),
             500u64..5000,
@@ -2307,7 +2307,7 @@ mod tests {
         )
             .prop_map(
                 |(interval, timeout, min_pause, max_concurrent, tolerable_failures)| {
-                    CheckpointConfig {
+                    CheckpointPolicy {
                         interval: interval.map(ms),
                         timeout: ms(timeout),
                         min_pause: ms(min_pause),

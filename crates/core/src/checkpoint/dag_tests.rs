@@ -56,7 +56,7 @@ enum Act {
     /// The channel state, per gate channel.
     State(Vec<Vec<u64>>),
     Abort,
-    EndOfInput,
+    EndInput,
 }
 
 fn acts(actions: Vec<BarrierAction>) -> Vec<Act> {
@@ -75,7 +75,7 @@ fn acts(actions: Vec<BarrierAction>) -> Vec<Act> {
                 Act::State(inputs.into_iter().map(values).collect())
             }
             BarrierAction::Abort { .. } => Act::Abort,
-            BarrierAction::EndOfInput => Act::EndOfInput,
+            BarrierAction::EndInput => Act::EndInput,
         })
         .collect()
 }
@@ -386,7 +386,7 @@ fn one_input_ending_leaves_the_other_running_and_checkpointing() {
     for (&r, expected) in right.iter().zip(expected) {
         assert_eq!(j.step(t(2), r, aligned()), Some(Got::Actions(expected)));
     }
-    let expected = [vec![], vec![], vec![Act::EndOfInput]];
+    let expected = [vec![], vec![], vec![Act::EndInput]];
     for (&r, expected) in right.iter().zip(expected) {
         assert_eq!(
             j.step(t(3), r, ChannelEvent::EndOfPartition),

@@ -222,7 +222,7 @@ pub enum JobAction {
         reason: CheckpointFailure,
     },
     /// Tell these sources to end their output.
-    EndInput(Vec<SubtaskId>),
+    EndOfData(Vec<SubtaskId>),
     /// Checkpointing failed more often than tolerated.
     FailJob(String),
     /// Record this in the checkpoint statistics (the REST API's), in order.
@@ -395,7 +395,7 @@ impl JobCheckpoints {
             }
             JobEvent::SourceExhausted { attempt, source } => {
                 if self.input_end.source_exhausted(attempt, source) {
-                    out.push(JobAction::EndInput(vec![source]));
+                    out.push(JobAction::EndOfData(vec![source]));
                 }
             }
             JobEvent::HooksTriggered { checkpoint, result } => {
@@ -431,7 +431,7 @@ impl JobCheckpoints {
         self.subtasks = subtasks;
         let ending = self.input_end.deployed(attempt, sources, input_ended);
         if !ending.is_empty() {
-            out.push(JobAction::EndInput(ending));
+            out.push(JobAction::EndOfData(ending));
         }
         for (request, kind) in std::mem::take(&mut self.waiting) {
             self.feed(now, Event::Trigger { request, kind }, out);
@@ -734,7 +734,7 @@ impl JobCheckpoints {
             _ => false,
         };
         if ends && !self.sources.is_empty() {
-            out.push(JobAction::EndInput(self.sources.clone()));
+            out.push(JobAction::EndOfData(self.sources.clone()));
         }
     }
 

@@ -5,7 +5,7 @@ use super::coordinator::{CheckpointCoordinator, HookError, Now};
 use super::job_checkpoints::{JobAction, JobCheckpoints, JobEvent, Resolved, WriteFailure};
 use super::store::CompletedCheckpointStore;
 use super::{
-    Ack, CheckpointConfig, CheckpointFailure, CheckpointMetrics, CompletedCheckpoint,
+    Ack, CheckpointFailure, CheckpointMetrics, CheckpointPolicy, CompletedCheckpoint,
     NativeFileHandle, StateHandle, SubtaskState,
 };
 use crate::model::event::{Alignment, CheckpointKind};
@@ -46,7 +46,7 @@ impl Job {
 
     fn build(store: CompletedCheckpointStore, hooked: bool) -> Self {
         let base = Instant::now();
-        let config = CheckpointConfig {
+        let config = CheckpointPolicy {
             interval: Some(Duration::from_secs(1)),
             timeout: Duration::from_secs(60),
             min_pause: Duration::ZERO,
@@ -182,7 +182,7 @@ fn kinds(actions: &[JobAction]) -> Vec<&'static str> {
             JobAction::SavepointCompleted { .. } => "savepoint completed",
             JobAction::NotifyComplete { .. } => "notify complete",
             JobAction::NotifyAbort { .. } => "notify abort",
-            JobAction::EndInput(_) => "end input",
+            JobAction::EndOfData(_) => "end input",
             JobAction::FailJob(_) => "fail job",
             JobAction::Stats(_) => "stats",
             JobAction::Resolve { .. } => "resolve",

@@ -14,7 +14,7 @@ pub const MAX_TTL: Duration = Duration::from_secs(86_400);
 
 /// How a run leases its directory.
 #[derive(Clone, Debug, PartialEq)]
-pub struct LeaseOptions {
+pub struct LeaseConfig {
     /// Without renewal, the lease expires this long after the last one.
     pub ttl: Duration,
     /// Take the directory even from a live-looking holder: the user knows
@@ -22,9 +22,9 @@ pub struct LeaseOptions {
     pub take_over: bool,
 }
 
-impl Default for LeaseOptions {
+impl Default for LeaseConfig {
     fn default() -> Self {
-        LeaseOptions {
+        LeaseConfig {
             ttl: DEFAULT_TTL,
             take_over: false,
         }

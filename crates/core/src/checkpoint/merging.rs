@@ -31,7 +31,7 @@ use crate::model::ids::{CheckpointId, SubtaskId};
 
 /// How a snapshot's objects are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MergingOptions {
+pub struct MergingConfig {
     /// Objects smaller than this travel inline; with 0 only empty ones do.
     pub inline_threshold: u64,
     /// A physical file is rolled over before a segment would take it past
@@ -39,16 +39,16 @@ pub struct MergingOptions {
     pub max_file_size: u64,
 }
 
-impl Default for MergingOptions {
+impl Default for MergingConfig {
     fn default() -> Self {
-        MergingOptions {
+        MergingConfig {
             inline_threshold: 20 * 1024,
             max_file_size: 32 * 1024 * 1024,
         }
     }
 }
 
-impl MergingOptions {
+impl MergingConfig {
     /// An empty object always travels inline: it costs nothing there, and
     /// an empty range read is an error on some stores.
     pub fn inlines(&self, size: u64) -> bool {
@@ -122,7 +122,7 @@ pub struct StateLayout {
 impl Default for StateLayout {
     fn default() -> Self {
         StateLayout {
-            inline_threshold: MergingOptions::default().inline_threshold,
+            inline_threshold: MergingConfig::default().inline_threshold,
             max_merged_file_size: None,
             max_space_amplification: super::shared::DEFAULT_MAX_SPACE_AMPLIFICATION,
             upload: Default::default(),
@@ -142,7 +142,7 @@ impl StateLayout {
 
     /// Places the objects of one snapshot, each given as the path it has as
     /// an object of its own and its size, in the order the snapshot writes
-    /// them: inline, merged (see [`MergingOptions::plan`]) or as they are.
+    /// them: inline, merged (see [`MergingConfig::plan`]) or as they are.
     pub fn plan(
         &self,
         subtask: SubtaskId,
@@ -151,7 +151,7 @@ impl StateLayout {
         objects: &[(String, u64)],
     ) -> MergePlan {
         let sizes: Vec<u64> = objects.iter().map(|(_, size)| *size).collect();
-        let options = MergingOptions {
+        let options = MergingConfig {
             inline_threshold: self.inline_threshold,
             max_file_size: self.max_merged_file_size.unwrap_or(u64::MAX),
         };
@@ -287,7 +287,7 @@ mod tests {
 
     #[test]
     fn small_objects_go_inline_and_the_rest_fill_files_in_order_up_to_the_limit() {
-        let options = MergingOptions::default();
+        let options = MergingConfig::default();
         let sizes = [5 * KIB, 10 * MIB, 20 * KIB, 20 * MIB, 3 * MIB, 40 * MIB, 1];
         let plan = options.plan(subtask(), CheckpointId(7), 0xab, &sizes);
         let paths: Vec<&str> = plan.files.iter().map(|f| f.path.as_str()).collect();
@@ -362,7 +362,7 @@ mod tests {
 
     #[test]
     fn concurrent_checkpoints_and_writers_never_share_a_file() {
-        let options = MergingOptions {
+        let options = MergingConfig {
             inline_threshold: 0,
             max_file_size: 10,
         };
@@ -387,7 +387,7 @@ mod tests {
 
     #[test]
     fn a_segment_reads_back_out_of_a_range_read_or_the_whole_file_only_if_intact() {
-        let plan = MergingOptions {
+        let plan = MergingConfig {
             inline_threshold: 0,
             max_file_size: 100,
         }

@@ -57,7 +57,7 @@ use std::time::Duration;
 
 /// How often and how carefully checkpoints are taken.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CheckpointConfig {
+pub struct CheckpointPolicy {
     /// Periodic trigger; `None` disables periodic checkpoints (manual ones
     /// still work).
     pub interval: Option<Duration>,
@@ -73,9 +73,9 @@ pub struct CheckpointConfig {
     pub retain: usize,
 }
 
-impl Default for CheckpointConfig {
+impl Default for CheckpointPolicy {
     fn default() -> Self {
-        CheckpointConfig {
+        CheckpointPolicy {
             interval: Some(Duration::from_secs(1)),
             timeout: Duration::from_secs(600),
             min_pause: Duration::ZERO,
@@ -125,18 +125,18 @@ pub enum RestoreMode {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tidemark_core::checkpoint::CheckpointSettings;
+/// use tidemark_core::checkpoint::CheckpointConfig;
 ///
-/// let settings = CheckpointSettings::new("./tidemark-data/checkpoints")
+/// let settings = CheckpointConfig::new("./tidemark-data/checkpoints")
 ///     .interval(Duration::from_secs(1))
 ///     .unaligned()
 ///     .retain(3);
 /// assert!(settings.validate().is_ok());
 /// ```
 #[derive(Clone, Debug, PartialEq)]
-pub struct CheckpointSettings {
+pub struct CheckpointConfig {
     /// How often and how carefully checkpoints are taken.
-    pub config: CheckpointConfig,
+    pub policy: CheckpointPolicy,
     /// A path, `file://`, `memory://` or `s3://`: the root under which
     /// the job's directory is.
     pub storage_url: String,
@@ -158,28 +158,28 @@ pub struct CheckpointSettings {
     /// Inline small objects, merge the others or not.
     pub layout: merging::StateLayout,
     /// How the run leases its job directory.
-    pub lease: lease::LeaseOptions,
+    pub lease: lease::LeaseConfig,
     /// Checkpoints the statistics' history keeps (Flink's
     /// `web.checkpoints.history`).
     pub history: usize,
 }
 
-impl Default for CheckpointSettings {
+impl Default for CheckpointConfig {
     fn default() -> Self {
-        CheckpointSettings::new(Self::DEFAULT_STORAGE_URL)
+        CheckpointConfig::new(Self::DEFAULT_STORAGE_URL)
     }
 }
 
 /// Consuming setters.
-impl CheckpointSettings {
+impl CheckpointConfig {
     /// Where checkpoints go unless told otherwise: under the working
     /// directory, where a user finds them.
     pub const DEFAULT_STORAGE_URL: &'static str = "./tidemark-data/checkpoints";
 
     /// The defaults, with checkpoints under `storage_url`.
     pub fn new(storage_url: impl Into<String>) -> Self {
-        CheckpointSettings {
-            config: CheckpointConfig::default(),
+        CheckpointConfig {
+            policy: CheckpointPolicy::default(),
             storage_url: storage_url.into(),
             alignment: Alignment::Aligned,
             restore: Restore::Fresh,
@@ -202,37 +202,37 @@ impl CheckpointSettings {
     /// Periodic trigger; `None` leaves only manual checkpoints and
     /// savepoints.
     pub fn interval(mut self, interval: impl Into<Option<Duration>>) -> Self {
-        self.config.interval = interval.into();
+        self.policy.interval = interval.into();
         self
     }
 
     /// A checkpoint not complete this long after its trigger is aborted.
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.config.timeout = timeout;
+        self.policy.timeout = timeout;
         self
     }
 
     /// Least time from the end of one checkpoint to the next trigger.
     pub fn min_pause(mut self, min_pause: Duration) -> Self {
-        self.config.min_pause = min_pause;
+        self.policy.min_pause = min_pause;
         self
     }
 
     /// Checkpoints in flight at once.
     pub fn max_concurrent(mut self, max_concurrent: usize) -> Self {
-        self.config.max_concurrent = max_concurrent;
+        self.policy.max_concurrent = max_concurrent;
         self
     }
 
     /// Consecutive failed checkpoints tolerated; one more fails the job.
     pub fn tolerable_failures(mut self, tolerable_failures: u32) -> Self {
-        self.config.tolerable_failures = tolerable_failures;
+        self.policy.tolerable_failures = tolerable_failures;
         self
     }
 
     /// Completed checkpoints kept.
     pub fn retain(mut self, retain: usize) -> Self {
-        self.config.retain = retain;
+        self.policy.retain = retain;
         self
     }
 
@@ -274,7 +274,7 @@ impl CheckpointSettings {
 
     /// How long the run's lease on its job directory lasts without renewal,
     /// and whether it takes the directory from a run that looks alive.
-    pub fn lease(mut self, lease: lease::LeaseOptions) -> Self {
+    pub fn lease(mut self, lease: lease::LeaseConfig) -> Self {
         self.lease = lease;
         self
     }
@@ -297,7 +297,7 @@ impl CheckpointSettings {
         self.layout.max_merged_file_size = enabled.then(|| {
             self.layout
                 .max_merged_file_size
-                .unwrap_or(merging::MergingOptions::default().max_file_size)
+                .unwrap_or(merging::MergingConfig::default().max_file_size)
         });
         self
     }
@@ -324,7 +324,7 @@ impl CheckpointSettings {
 
 /// Checkpoint settings that cannot work together.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SettingsError {
+pub enum CheckpointConfigError {
     /// Unaligned barriers and concurrent checkpoints.
     #[error("unaligned checkpoints (also aligned ones with a timeout) need max concurrent checkpoints 1, not {0}: an unaligned barrier overtakes the in-flight data and with it the barrier of an older checkpoint, which then aborts")]
     UnalignedConcurrent(usize),
@@ -350,29 +350,29 @@ pub enum SettingsError {
     },
 }
 
-impl CheckpointSettings {
+impl CheckpointConfig {
     /// Refuses combinations that would fail at run time.
-    pub fn validate(&self) -> Result<(), SettingsError> {
-        if self.config.retain == 0 {
-            return Err(SettingsError::NothingRetained);
+    pub fn validate(&self) -> Result<(), CheckpointConfigError> {
+        if self.policy.retain == 0 {
+            return Err(CheckpointConfigError::NothingRetained);
         }
-        if self.config.max_concurrent == 0 {
-            return Err(SettingsError::NoConcurrentCheckpoint);
+        if self.policy.max_concurrent == 0 {
+            return Err(CheckpointConfigError::NoConcurrentCheckpoint);
         }
         if self.history == 0 {
-            return Err(SettingsError::NoHistory);
+            return Err(CheckpointConfigError::NoHistory);
         }
         let ttl = self.lease.ttl;
         if !(lease::MIN_TTL..=lease::MAX_TTL).contains(&ttl) {
-            return Err(SettingsError::LeaseTtl(ttl));
+            return Err(CheckpointConfigError::LeaseTtl(ttl));
         }
         match self.alignment {
             Alignment::Aligned => Ok(()),
             Alignment::Unaligned | Alignment::AlignedWithTimeout(_)
-                if self.config.max_concurrent > 1 =>
+                if self.policy.max_concurrent > 1 =>
             {
-                Err(SettingsError::UnalignedConcurrent(
-                    self.config.max_concurrent,
+                Err(CheckpointConfigError::UnalignedConcurrent(
+                    self.policy.max_concurrent,
                 ))
             }
             _ => Ok(()),
@@ -990,21 +990,21 @@ mod tests {
     #[test]
     fn settings_that_could_never_checkpoint_or_restore_are_refused() {
         let url = "memory://";
-        assert_eq!(CheckpointSettings::new(url).validate(), Ok(()));
+        assert_eq!(CheckpointConfig::new(url).validate(), Ok(()));
         assert_eq!(
-            CheckpointSettings::new(url).retain(0).validate(),
-            Err(SettingsError::NothingRetained)
+            CheckpointConfig::new(url).retain(0).validate(),
+            Err(CheckpointConfigError::NothingRetained)
         );
         assert_eq!(
-            CheckpointSettings::new(url).max_concurrent(0).validate(),
-            Err(SettingsError::NoConcurrentCheckpoint)
+            CheckpointConfig::new(url).max_concurrent(0).validate(),
+            Err(CheckpointConfigError::NoConcurrentCheckpoint)
         );
         assert_eq!(
-            CheckpointSettings::new(url)
+            CheckpointConfig::new(url)
                 .unaligned()
                 .max_concurrent(2)
                 .validate(),
-            Err(SettingsError::UnalignedConcurrent(2))
+            Err(CheckpointConfigError::UnalignedConcurrent(2))
         );
     }
 

@@ -488,7 +488,7 @@ fn references(checkpoint: &CompletedCheckpoint) -> References<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::merging::MergingOptions;
+    use crate::checkpoint::merging::MergingConfig;
     use crate::checkpoint::store::CompletedCheckpointStore;
     use crate::model::ids::{OperatorId, SubtaskIndex};
     use crate::model::rng::SplitMix64;
@@ -833,7 +833,7 @@ mod tests {
     /// physical files it wrote.
     fn snapshot(
         r: &mut SharedStateRegistry,
-        options: &MergingOptions,
+        options: &MergingConfig,
         id: u64,
         base: &BTreeMap<String, NativeFileHandle>,
         small: &[(&str, u64)],
@@ -881,7 +881,7 @@ mod tests {
     fn churn(max_space_amplification: f64) -> f64 {
         const KIB: u64 = 1024;
         const MIB: u64 = 1024 * KIB;
-        let options = MergingOptions::default();
+        let options = MergingConfig::default();
         let mut rng = SplitMix64::new(42);
         let mut r =
             SharedStateRegistry::new().with_max_space_amplification(max_space_amplification);
@@ -1060,7 +1060,7 @@ mod tests {
             retain in 1usize..4,
             ops in prop::collection::vec(op(), 1..80),
         ) {
-            let options = MergingOptions { inline_threshold: 3, max_file_size: 30 };
+            let options = MergingConfig { inline_threshold: 3, max_file_size: 30 };
             let mut r = SharedStateRegistry::new();
             let mut store = CompletedCheckpointStore::new(retain);
             let mut db: Vec<(String, u64)> = Vec::new();

@@ -51,7 +51,7 @@ pub trait Step: Send {
     fn flush(&mut self, out: &mut Outgoing) -> Result<(), TaskError>;
 
     /// No more input will come: emit what is held back, then flush.
-    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError>;
+    fn end_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError>;
 
     /// Synchronous part of a checkpoint: everything buffered before the
     /// barrier goes to `out`, state goes to `snapshot`.
@@ -212,9 +212,9 @@ impl<O: Send> Step for Output<O> {
         self.main.flush(out)
     }
 
-    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
-        self.sides.branches.end_of_input(out)?;
-        self.main.end_of_input(out)
+    fn end_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.sides.branches.end_input(out)?;
+        self.main.end_input(out)
     }
 
     fn snapshot(
@@ -263,8 +263,8 @@ impl<S: Step + ?Sized> Step for Vec<Box<S>> {
         self.iter_mut().try_for_each(|b| b.flush(out))
     }
 
-    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
-        self.iter_mut().try_for_each(|b| b.end_of_input(out))
+    fn end_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.iter_mut().try_for_each(|b| b.end_input(out))
     }
 
     fn snapshot(
@@ -349,8 +349,8 @@ where
         self.next.flush(out)
     }
 
-    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
-        self.next.end_of_input(out)
+    fn end_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.next.end_input(out)
     }
 
     fn snapshot(
@@ -400,7 +400,7 @@ pub trait KeyedProcessFunction<K: Key, I, O>: Send {
     }
 
     /// End of input: a function that holds results back emits them here.
-    fn end_of_input(&mut self, _states: AllKeys<'_, K>, _out: &mut Collector<'_, O>) {}
+    fn end_input(&mut self, _states: AllKeys<'_, K>, _out: &mut Collector<'_, O>) {}
 }
 
 impl<K, I, O, F> KeyedProcessFunction<K, I, O> for F
@@ -529,12 +529,12 @@ impl<K: Key, I: Send, O: Send> Step for KeyedProcess<K, I, O> {
         self.next.flush(out)
     }
 
-    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+    fn end_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
         self.states.flush()?;
         self.function
-            .end_of_input(AllKeys::new(&self.states), &mut self.next.collector());
+            .end_input(AllKeys::new(&self.states), &mut self.next.collector());
         self.publish_counters();
-        self.next.end_of_input(out)
+        self.next.end_input(out)
     }
 
     fn snapshot(
@@ -692,7 +692,7 @@ impl<T: Data> Step for RecordWriter<T> {
         Ok(())
     }
 
-    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+    fn end_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
         self.flush(out)
     }
 
@@ -749,7 +749,7 @@ impl<T: Send> Step for SinkWriter<T> {
         Ok(())
     }
 
-    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+    fn end_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
         self.flush(out)?;
         self.sink.finish().map_err(TaskError::Sink)
     }
@@ -814,7 +814,7 @@ mod tests {
             w.push(k);
         }
         let mut out = Vec::new();
-        w.end_of_input(&mut out).unwrap();
+        w.end_input(&mut out).unwrap();
         for (channel, keys) in records(out) {
             for k in keys {
                 let owner = crate::model::key_group::KeyGroupRange::for_subtask(
@@ -840,7 +840,7 @@ mod tests {
             *ctx.value(&self.0).get_or_default() += 1;
         }
 
-        fn end_of_input(&mut self, states: AllKeys<'_, u64>, out: &mut Collector<'_, (u64, u64)>) {
+        fn end_input(&mut self, states: AllKeys<'_, u64>, out: &mut Collector<'_, (u64, u64)>) {
             for (key, count) in states.values(&self.0) {
                 out.collect((key, count));
             }
@@ -872,7 +872,7 @@ mod tests {
 
     fn counts(process: &mut KeyedProcess<u64, u64, (u64, u64)>) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
-        process.end_of_input(&mut out).unwrap();
+        process.end_input(&mut out).unwrap();
         let mut counts: Vec<(u64, u64)> = out
             .into_iter()
             .flat_map(|(_, b)| b.into_records::<(u64, u64)>().unwrap())

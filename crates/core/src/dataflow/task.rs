@@ -101,7 +101,7 @@ pub trait Task: Send {
 
     /// No more input will come (the source finished, or every input channel
     /// ended): emit what the chain holds back.
-    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError>;
+    fn end_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError>;
 
     /// Synchronous part of checkpoint `checkpoint`: flushes what precedes the
     /// barrier into `out` and captures the state.
@@ -371,11 +371,11 @@ impl<T: Data> Task for ChainTask<T> {
         self.next.flush(out)
     }
 
-    fn end_of_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+    fn end_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
         if let Some(w) = self.watermarks() {
             w.generator.on_end(&mut w.due);
         }
-        self.next.end_of_input(out)
+        self.next.end_input(out)
     }
 
     fn snapshot(

@@ -56,7 +56,7 @@ pub trait KeyedCoProcessFunction<K: Key, L, R, O>: Send {
     }
 
     /// Both inputs ended: a function that holds results back emits them.
-    fn end_of_input(&mut self, _states: AllKeys<'_, K>, _out: &mut Collector<'_, O>) {}
+    fn end_input(&mut self, _states: AllKeys<'_, K>, _out: &mut Collector<'_, O>) {}
 }
 
 /// A keyed two-input function as the keyed function of its `Either` chain.
@@ -88,7 +88,7 @@ where
         self.0.on_timer(timestamp, ctx, out)
     }
 
-    fn end_of_input(&mut self, states: AllKeys<'_, K>, out: &mut Collector<'_, O>) {
-        self.0.end_of_input(states, out)
+    fn end_input(&mut self, states: AllKeys<'_, K>, out: &mut Collector<'_, O>) {
+        self.0.end_input(states, out)
     }
 }

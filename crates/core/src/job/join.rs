@@ -239,7 +239,7 @@ where
         }
     }
 
-    fn end_of_input(&mut self, states: AllKeys<'_, K>, _out: &mut Collector<'_, O>) {
+    fn end_input(&mut self, states: AllKeys<'_, K>, _out: &mut Collector<'_, O>) {
         let buffered: usize = states.values(&self.buffers).map(|(_, b)| b.len()).sum();
         self.metrics.add_join_buffered(buffered as u64);
     }

@@ -10,7 +10,7 @@
 //! stream read twice fans out (every reader gets every record).
 
 use crate::checkpoint::coordinator::MasterHook;
-use crate::checkpoint::CheckpointSettings;
+use crate::checkpoint::CheckpointConfig;
 use crate::cluster::fault::{Fault, KillSchedule, SlowSubtask};
 use crate::cluster::restart::RestartStrategy;
 use crate::dataflow::source::coordinator::{
@@ -47,18 +47,18 @@ pub type TaskFactory = Arc<dyn Fn(&TaskContext) -> Box<dyn Task> + Send + Sync>;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tidemark_core::checkpoint::CheckpointSettings;
+/// use tidemark_core::checkpoint::CheckpointConfig;
 /// use tidemark_core::job::JobConfig;
 /// use tidemark_core::cluster::restart::RestartStrategy;
 ///
 /// let config = JobConfig::default()
 ///     .parallelism(4)
-///     .checkpointing(CheckpointSettings::new("./tidemark-data/checkpoints").retain(3))
+///     .checkpointing(CheckpointConfig::new("./tidemark-data/checkpoints").retain(3))
 ///     .restart(RestartStrategy::FixedDelay {
 ///         delay: Duration::from_secs(1),
 ///         max_attempts: 3,
 ///     });
-/// assert_eq!(config.checkpointing.unwrap().config.retain, 3);
+/// assert_eq!(config.checkpointing.unwrap().policy.retain, 3);
 /// ```
 #[derive(Clone, Debug)]
 pub struct JobConfig {
@@ -71,7 +71,7 @@ pub struct JobConfig {
     /// Total records per second over all source subtasks.
     pub source_rate: Option<f64>,
     /// `None`: no checkpoints, and a failure fails the job.
-    pub checkpointing: Option<CheckpointSettings>,
+    pub checkpointing: Option<CheckpointConfig>,
     /// What the supervisor does when the job fails.
     pub restart: RestartStrategy,
     /// Seeded kills of random subtasks during the run.
@@ -148,7 +148,7 @@ impl JobConfig {
     }
 
     /// Turns checkpoints on.
-    pub fn checkpointing(mut self, settings: CheckpointSettings) -> Self {
+    pub fn checkpointing(mut self, settings: CheckpointConfig) -> Self {
         self.checkpointing = Some(settings);
         self
     }
@@ -307,7 +307,7 @@ impl JobBuilder {
     }
 
     /// See [`JobConfig::checkpointing`].
-    pub fn checkpointing(self, settings: CheckpointSettings) -> Self {
+    pub fn checkpointing(self, settings: CheckpointConfig) -> Self {
         self.configure(|c| c.checkpointing(settings))
     }
 

@@ -1,7 +1,7 @@
 //! Windows on a keyed stream: a keyed operator whose function is the
 //! window operator.
 
-use super::window_operator::{LateData, WindowOperator, WindowSettings};
+use super::window_operator::{LateData, WindowConfig, WindowOperator};
 use super::{KeyedStream, Stream};
 use crate::dataflow::operator::Collector;
 use crate::model::batch::Data;
@@ -16,7 +16,7 @@ impl<K: Key, T: Data + Timestamped> KeyedStream<K, T> {
         WindowedStream {
             keyed: self,
             assigner,
-            settings: WindowSettings::default(),
+            settings: WindowConfig::default(),
         }
     }
 }
@@ -25,7 +25,7 @@ impl<K: Key, T: Data + Timestamped> KeyedStream<K, T> {
 pub struct WindowedStream<K, T> {
     keyed: KeyedStream<K, T>,
     assigner: WindowAssigner,
-    settings: WindowSettings,
+    settings: WindowConfig,
 }
 
 impl<K: Key, T: Data + Timestamped> WindowedStream<K, T> {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 /// When and how windows fire, beyond their assigner.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WindowSettings {
+pub struct WindowConfig {
     /// How long after its end (in event time) a window still takes late
     /// records, firing again for each; past it, records are late data.
     pub allowed_lateness: u64,
@@ -35,7 +35,7 @@ pub const WINDOWS_STATE: &str = "windows";
 /// open windows.
 pub struct WindowOperator<K, T, A: AggregateFunction<T>, O> {
     assigner: WindowAssigner,
-    settings: WindowSettings,
+    settings: WindowConfig,
     aggregate: Arc<A>,
     emit: WindowEmit<K, A::Result, O>,
     late: Option<LateData<T, O>>,
@@ -52,7 +52,7 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
     pub fn open(
         states: &mut StateRegistrar<'_, K>,
         assigner: WindowAssigner,
-        settings: WindowSettings,
+        settings: WindowConfig,
         aggregate: Arc<A>,
         emit: WindowEmit<K, A::Result, O>,
         late: Option<LateData<T, O>>,

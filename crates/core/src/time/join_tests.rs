@@ -118,7 +118,7 @@ impl Driver {
 
     /// Ends the input: how many records were still buffered.
     fn end(mut self) -> u64 {
-        self.process.end_of_input(&mut Vec::new()).unwrap();
+        self.process.end_input(&mut Vec::new()).unwrap();
         self.metrics.join_buffered()
     }
 }

@@ -8,7 +8,7 @@ use crate::dataflow::operator::{
     Output, RecordWriter, Route, Step,
 };
 use crate::dataflow::task::{KeyedSnapshot, RestoreState, TaskSnapshot};
-use crate::job::window_operator::{WindowOperator, WindowSettings};
+use crate::job::window_operator::{WindowConfig, WindowOperator};
 use crate::model::batch::Data;
 use crate::model::ids::{CheckpointId, KeyGroup, SubtaskIndex};
 use crate::model::key_group::{key_group_of, KeyGroupRange};
@@ -218,7 +218,7 @@ fn timers_survive_a_snapshot_and_follow_their_key_groups_to_another_parallelism(
 
 fn windows<O>(
     assigner: WindowAssigner,
-    settings: WindowSettings,
+    settings: WindowConfig,
     late: bool,
 ) -> KeyedFunctionFactory<u64, Ev, O>
 where
@@ -299,7 +299,7 @@ impl Driver {
 fn session_windows_merge_and_a_late_record_bridges_two_sessions_within_lateness() {
     let dir = tempfile::tempdir().unwrap();
     for backend in backends(&dir, range(1, 0)) {
-        let settings = WindowSettings {
+        let settings = WindowConfig {
             allowed_lateness: 100,
             early_firing: None,
         };
@@ -339,7 +339,7 @@ fn tumbling_and_sliding_windows_fire_once_at_the_watermark_and_drop_late_records
     for backend in backends(&dir, range(1, 0)) {
         let factory = windows::<Out>(
             WindowAssigner::sliding(Duration::from_millis(10), Duration::from_millis(5)),
-            WindowSettings::default(),
+            WindowConfig::default(),
             false,
         );
         let mut d = Driver::new(backend, &factory);
@@ -366,7 +366,7 @@ fn tumbling_and_sliding_windows_fire_once_at_the_watermark_and_drop_late_records
 fn early_firings_emit_open_windows_every_interval_of_processing_time() {
     let dir = tempfile::tempdir().unwrap();
     for backend in backends(&dir, range(1, 0)) {
-        let settings = WindowSettings {
+        let settings = WindowConfig {
             allowed_lateness: 0,
             early_firing: Some(100),
         };
@@ -393,7 +393,7 @@ fn processing_time_windows_follow_the_clock() {
     for backend in backends(&dir, range(1, 0)) {
         let factory = windows::<Out>(
             WindowAssigner::tumbling(Duration::from_millis(100)).processing_time(),
-            WindowSettings::default(),
+            WindowConfig::default(),
             false,
         );
         let mut d = Driver::new(backend, &factory);

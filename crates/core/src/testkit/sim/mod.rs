@@ -37,7 +37,7 @@ use crate::checkpoint::job_checkpoints::{
     BrokenRule, JobAction, JobCheckpoints, JobEvent, WriteFailure,
 };
 use crate::checkpoint::store::CompletedCheckpointStore;
-use crate::checkpoint::{Ack, CheckpointConfig, CheckpointMetrics, CompletedCheckpoint};
+use crate::checkpoint::{Ack, CheckpointMetrics, CheckpointPolicy, CompletedCheckpoint};
 use crate::cluster::lifecycle::{JobLifecycle, LifeEvent};
 use crate::model::channel::{CreditReceiver, CreditSender};
 use crate::model::event::{Alignment, ChannelEvent, CheckpointKind};
@@ -184,7 +184,7 @@ fn driver(
     setup: &Setup,
     now: Now,
 ) -> JobCheckpoints {
-    let config = CheckpointConfig {
+    let config = CheckpointPolicy {
         interval: Some(Duration::from_millis(20)),
         timeout: setup.timeout,
         min_pause: Duration::ZERO,
@@ -724,7 +724,7 @@ impl Sim {
                 subtasks,
                 ..
             } => to(&mut self.tasks, subtasks, &|| Control::Abort(checkpoint)),
-            JobAction::EndInput(sources) => to(&mut self.tasks, sources, &|| Control::EndInput),
+            JobAction::EndOfData(sources) => to(&mut self.tasks, sources, &|| Control::EndOfData),
             JobAction::FailJob(reason) => self.failures.push_back((None, reason)),
             JobAction::Restore(latest) => self.loaded(latest)?,
             JobAction::ShutDown => self.shut_down = true,

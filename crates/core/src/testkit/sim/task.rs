@@ -69,7 +69,7 @@ pub(super) enum Control {
     Inject(Barrier, bool),
     Complete(CheckpointId, BTreeSet<String>),
     Abort(CheckpointId),
-    EndInput,
+    EndOfData,
 }
 
 pub(super) enum Role {
@@ -487,7 +487,7 @@ impl Sim {
                 });
                 self.forward(t, ChannelEvent::CancelMarker(checkpoint));
             }
-            BarrierAction::EndOfInput => {
+            BarrierAction::EndInput => {
                 self.forward(t, ChannelEvent::EndOfPartition);
                 let Role::Sink {
                     open,
@@ -663,7 +663,7 @@ impl Sim {
                     self.barrier_action(t, action)?;
                 }
             }
-            Control::EndInput => {
+            Control::EndOfData => {
                 if let Role::Source { ended, .. } = &mut self.tasks[t].role {
                     *ended = true;
                 }
