@@ -979,7 +979,7 @@ mod tests {
     }
 
     /// Generous limits, so that a test only meets the one it is about.
-    fn config() -> CheckpointPolicy {
+    fn policy() -> CheckpointPolicy {
         CheckpointPolicy {
             interval: Some(ms(1000)),
             timeout: ms(60_000),
@@ -1088,12 +1088,12 @@ mod tests {
     }
 
     impl Harness {
-        fn new(config: CheckpointPolicy, subtasks: u32) -> Self {
-            Self::with(config, subtasks, Alignment::Aligned, CheckpointId(1))
+        fn new(policy: CheckpointPolicy, subtasks: u32) -> Self {
+            Self::with(policy, subtasks, Alignment::Aligned, CheckpointId(1))
         }
 
         fn with(
-            config: CheckpointPolicy,
+            policy: CheckpointPolicy,
             subtasks: u32,
             alignment: Alignment,
             next_id: CheckpointId,
@@ -1105,7 +1105,7 @@ mod tests {
             };
             let ids = (0..subtasks).map(subtask).collect();
             Harness {
-                coordinator: CheckpointCoordinator::new(config, ids, alignment, next_id, now),
+                coordinator: CheckpointCoordinator::new(policy, ids, alignment, next_id, now),
                 base,
                 subtasks,
                 stats: Default::default(),
@@ -1172,7 +1172,7 @@ mod tests {
 
         #[test]
         fn a_completed_checkpoint_records_every_ack_and_its_end() {
-            let mut h = Harness::new(config(), 2);
+            let mut h = Harness::new(policy(), 2);
             h.tick(1000);
             h.handle(1030, ack(1, 1));
             let c = entry(&h, 1);
@@ -1202,13 +1202,13 @@ mod tests {
 
         #[test]
         fn declined_expired_and_subsumed_checkpoints_fail_with_their_reason() {
-            let config = CheckpointPolicy {
+            let policy = CheckpointPolicy {
                 max_concurrent: 2,
                 min_pause: Duration::ZERO,
                 timeout: Duration::from_millis(5000),
-                ..config()
+                ..policy()
             };
-            let mut h = Harness::new(config, 2);
+            let mut h = Harness::new(policy, 2);
             h.tick(1000);
             h.handle(1010, decline(1, 0, "disk full"));
             let c = entry(&h, 1);
@@ -1238,7 +1238,7 @@ mod tests {
 
         #[test]
         fn savepoints_and_unaligned_checkpoints_are_typed() {
-            let mut h = Harness::with(config(), 1, Alignment::Unaligned, CheckpointId(1));
+            let mut h = Harness::with(policy(), 1, Alignment::Unaligned, CheckpointId(1));
             h.tick(1000);
             assert_eq!(entry(&h, 1).kind, CheckpointType::UnalignedCheckpoint);
             h.complete(1100, 1);
@@ -1255,7 +1255,7 @@ mod tests {
 
         #[test]
         fn a_checkpoint_abandoned_while_persisting_ends_as_its_write_did() {
-            let mut h = Harness::new(config(), 1);
+            let mut h = Harness::new(policy(), 1);
             h.tick(1000);
             h.ack_all(1010, 1);
             h.handle(
@@ -1296,7 +1296,7 @@ mod tests {
 
     #[test]
     fn first_periodic_trigger_is_due_exactly_one_interval_after_start() {
-        let mut h = Harness::new(config(), 2);
+        let mut h = Harness::new(policy(), 2);
         assert_eq!(h.poll_timeout(), Some(1000));
         assert_eq!(h.tick(0), vec![]);
         assert_eq!(h.tick(999), vec![]);
@@ -1306,18 +1306,18 @@ mod tests {
 
     #[test]
     fn no_interval_means_no_periodic_trigger_and_nothing_to_wait_for() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             interval: None,
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 1);
+        let mut h = Harness::new(policy, 1);
         assert_eq!(h.poll_timeout(), None);
         assert_eq!(h.tick(1_000_000), vec![]);
     }
 
     #[test]
     fn ids_start_from_the_recovered_next_id_and_strictly_increase() {
-        let mut h = Harness::with(config(), 1, Alignment::Aligned, CheckpointId(42));
+        let mut h = Harness::with(policy(), 1, Alignment::Aligned, CheckpointId(42));
         assert_eq!(h.coordinator.next_id(), CheckpointId(42));
         assert_eq!(h.tick(1000), vec![checkpoint(42, 1000)]);
         h.complete(1100, 42);
@@ -1332,7 +1332,7 @@ mod tests {
 
     #[test]
     fn finalizes_only_on_the_last_ack_and_completes_when_persisted() {
-        let mut h = Harness::new(config(), 3);
+        let mut h = Harness::new(policy(), 3);
         h.tick(1000);
         assert_eq!(h.handle(1100, ack(1, 0)), vec![]);
         assert_eq!(h.handle(1200, ack(1, 2)), vec![]);
@@ -1354,11 +1354,11 @@ mod tests {
 
     #[test]
     fn a_finalizing_checkpoint_does_not_expire() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             timeout: ms(500),
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 1);
+        let mut h = Harness::new(policy, 1);
         h.tick(1000);
         h.ack_all(1400, 1);
         assert_eq!(h.poll_timeout(), None);
@@ -1371,11 +1371,11 @@ mod tests {
 
     #[test]
     fn timeout_aborts_exactly_at_trigger_plus_timeout_and_notifies_abort() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             timeout: ms(500),
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 2);
+        let mut h = Harness::new(policy, 2);
         h.tick(1000);
         assert_eq!(h.poll_timeout(), Some(1500));
         assert_eq!(h.tick(1499), vec![]);
@@ -1388,11 +1388,11 @@ mod tests {
 
     #[test]
     fn an_ack_at_the_expiry_instant_is_late() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             timeout: ms(500),
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 2);
+        let mut h = Harness::new(policy, 2);
         h.tick(1000);
         h.handle(1100, ack(1, 0));
         assert_eq!(
@@ -1413,11 +1413,11 @@ mod tests {
 
     #[test]
     fn late_ack_of_a_timed_out_checkpoint_is_ignored_and_its_state_discarded() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             timeout: ms(500),
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 2);
+        let mut h = Harness::new(policy, 2);
         h.tick(1000);
         h.handle(1200, ack(1, 0));
         assert_eq!(
@@ -1441,7 +1441,7 @@ mod tests {
 
     #[test]
     fn ack_of_an_unknown_checkpoint_is_rejected() {
-        let mut h = Harness::new(config(), 1);
+        let mut h = Harness::new(policy(), 1);
         assert_eq!(
             h.try_handle(0, ack(7, 0)),
             Err(CoordinatorError::UnknownCheckpoint {
@@ -1460,11 +1460,11 @@ mod tests {
 
     #[test]
     fn ended_checkpoints_are_remembered_for_sixteen_more() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             interval: None,
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 2);
+        let mut h = Harness::new(policy, 2);
         for id in 1..=17 {
             assert_eq!(triggered(&h.handle(id, manual(id, Checkpoint))), vec![id]);
             h.handle(id, decline(id, 0, "busy"));
@@ -1489,7 +1489,7 @@ mod tests {
 
     #[test]
     fn duplicate_ack_and_unknown_subtask_are_rejected_and_change_nothing() {
-        let mut h = Harness::new(config(), 2);
+        let mut h = Harness::new(policy(), 2);
         h.tick(1000);
         h.handle(1100, ack(1, 0));
         let mut again = ack(1, 0);
@@ -1525,11 +1525,11 @@ mod tests {
 
     #[test]
     fn a_rejected_event_does_not_swallow_a_due_expiry() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             timeout: ms(500),
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 1);
+        let mut h = Harness::new(policy, 1);
         h.tick(1000);
         assert!(h.try_handle(2000, ack(9, 0)).is_err());
         assert_eq!(
@@ -1543,7 +1543,7 @@ mod tests {
 
     #[test]
     fn a_repeated_ack_of_a_completed_checkpoint_is_a_duplicate_not_a_state_to_delete() {
-        let mut h = Harness::new(config(), 1);
+        let mut h = Harness::new(policy(), 1);
         h.tick(1000);
         h.ack_all(1100, 1);
         let duplicate = Err(CoordinatorError::DuplicateAck {
@@ -1557,11 +1557,11 @@ mod tests {
 
     #[test]
     fn next_trigger_waits_for_min_pause_after_the_last_end() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             min_pause: ms(3000),
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 1);
+        let mut h = Harness::new(policy, 1);
         h.tick(1000);
         h.complete(1500, 1);
         assert_eq!(h.poll_timeout(), Some(4500));
@@ -1575,7 +1575,7 @@ mod tests {
 
     #[test]
     fn periodic_interval_counts_from_the_last_periodic_trigger() {
-        let mut h = Harness::new(config(), 1);
+        let mut h = Harness::new(policy(), 1);
         h.tick(1000);
         h.complete(1100, 1);
         assert_eq!(h.poll_timeout(), Some(2000));
@@ -1588,11 +1588,11 @@ mod tests {
 
     #[test]
     fn max_concurrent_holds_back_a_third_checkpoint_until_one_ends() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             max_concurrent: 2,
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 1);
+        let mut h = Harness::new(policy, 1);
         assert_eq!(h.tick(1000), vec![checkpoint(1, 1000)]);
         assert_eq!(h.tick(2000), vec![checkpoint(2, 2000)]);
         assert_eq!(h.tick(3000), vec![]);
@@ -1618,11 +1618,11 @@ mod tests {
 
     #[test]
     fn manual_trigger_is_queued_at_max_concurrent_and_resolved_with_its_id() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             interval: None,
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 1);
+        let mut h = Harness::new(policy, 1);
         assert_eq!(h.handle(0, manual(7, Checkpoint)), vec![checkpoint(1, 0)]);
         assert_eq!(h.handle(10, manual(8, Savepoint)), vec![]);
         assert_eq!(h.handle(20, manual(9, Checkpoint)), vec![]);
@@ -1674,11 +1674,11 @@ mod tests {
 
     #[test]
     fn manual_trigger_ignores_interval_and_min_pause() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             min_pause: ms(5000),
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 1);
+        let mut h = Harness::new(policy, 1);
         assert_eq!(h.handle(10, manual(1, Checkpoint)), vec![checkpoint(1, 10)]);
         h.complete(20, 1);
         assert_eq!(h.handle(30, manual(2, Checkpoint)), vec![checkpoint(2, 30)]);
@@ -1686,11 +1686,11 @@ mod tests {
 
     #[test]
     fn savepoint_barrier_is_aligned_when_the_job_is_unaligned() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             max_concurrent: 2,
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::with(config, 1, Alignment::Unaligned, CheckpointId(1));
+        let mut h = Harness::with(policy, 1, Alignment::Unaligned, CheckpointId(1));
         assert_eq!(
             h.tick(1000),
             vec![trigger(1, 1000, Checkpoint, Alignment::Unaligned)]
@@ -1703,11 +1703,11 @@ mod tests {
 
     #[test]
     fn second_consecutive_failure_fails_the_job_with_tolerable_one() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             tolerable_failures: 1,
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 1);
+        let mut h = Harness::new(policy, 1);
         h.tick(1000);
         assert_eq!(
             h.handle(1100, decline(1, 0, "disk full")).len(),
@@ -1735,11 +1735,11 @@ mod tests {
 
     #[test]
     fn a_success_between_failures_resets_the_count() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             tolerable_failures: 1,
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 1);
+        let mut h = Harness::new(policy, 1);
         h.tick(1000);
         h.handle(1100, decline(1, 0, "busy"));
         h.tick(2000);
@@ -1754,11 +1754,11 @@ mod tests {
 
     #[test]
     fn persist_failure_discards_notifies_abort_and_counts() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             tolerable_failures: 0,
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 1);
+        let mut h = Harness::new(policy, 1);
         h.tick(1000);
         h.ack_all(1100, 1);
         let failure = CheckpointFailure::FinalizeFailed {
@@ -1788,7 +1788,7 @@ mod tests {
 
     #[test]
     fn persist_outcome_is_rejected_for_a_checkpoint_not_being_finalized() {
-        let mut h = Harness::new(config(), 2);
+        let mut h = Harness::new(policy(), 2);
         h.tick(1000);
         h.handle(1100, ack(1, 0));
         let not_finalizing = |id| {
@@ -1814,11 +1814,11 @@ mod tests {
 
     #[test]
     fn a_completed_savepoint_subsumes_no_pending_checkpoint() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             max_concurrent: 2,
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 1);
+        let mut h = Harness::new(policy, 1);
         h.tick(1000);
         h.handle(1100, manual(7, Savepoint));
         assert_eq!(
@@ -1838,7 +1838,7 @@ mod tests {
 
     #[test]
     fn a_stop_with_savepoint_pauses_periodic_checkpoints_and_its_savepoint_commits() {
-        let mut h = Harness::new(config(), 1);
+        let mut h = Harness::new(policy(), 1);
         let mut stopping = trigger(1, 5000, Savepoint, Alignment::Aligned);
         assert_eq!(h.coordinator.admit_manual(1, true), Ok(()));
         assert!(h.coordinator.stopping());
@@ -1872,7 +1872,7 @@ mod tests {
 
     #[test]
     fn a_failed_stop_with_savepoint_resumes_periodic_checkpoints() {
-        let mut h = Harness::new(config(), 1);
+        let mut h = Harness::new(policy(), 1);
         h.coordinator.admit_manual(1, true).unwrap();
         h.handle(5000, manual(1, Savepoint));
         let failed = h.handle(5100, decline(1, 0, "no"));
@@ -1901,7 +1901,7 @@ mod tests {
                 _ => None,
             })
         };
-        let mut h = Harness::new(config(), 1);
+        let mut h = Harness::new(policy(), 1);
         h.coordinator.admit_manual(1, false).unwrap();
         assert_eq!(suspends(&h.handle(5000, manual(1, Savepoint))), Some(false));
         h.handle(5100, decline(1, 0, "no"));
@@ -1911,12 +1911,12 @@ mod tests {
 
     #[test]
     fn savepoint_failures_do_not_fail_the_job() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             tolerable_failures: 0,
             interval: None,
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 1);
+        let mut h = Harness::new(policy, 1);
         h.handle(0, manual(1, Savepoint));
         let actions = h.handle(100, decline(1, 0, "busy"));
         assert_eq!(
@@ -1928,12 +1928,12 @@ mod tests {
 
     #[test]
     fn completing_a_checkpoint_subsumes_older_pending_checkpoints_but_not_savepoints() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             max_concurrent: 3,
             tolerable_failures: 0,
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 2);
+        let mut h = Harness::new(policy, 2);
         h.tick(1000);
         h.handle(1500, manual(9, Savepoint));
         h.tick(2000);
@@ -1972,11 +1972,11 @@ mod tests {
 
     #[test]
     fn abort_all_resolves_queued_requests_and_discards_acked_states() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             tolerable_failures: 0,
-            ..config()
+            ..policy()
         };
-        let mut h = Harness::new(config, 2);
+        let mut h = Harness::new(policy, 2);
         assert_eq!(
             h.handle(100, manual(1, Checkpoint)),
             vec![checkpoint(1, 100)]
@@ -2027,9 +2027,9 @@ mod tests {
 
     #[test]
     fn abort_all_keeps_a_finalizing_checkpoint_states_until_the_persist_outcome() {
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             interval: None,
-            ..config()
+            ..policy()
         };
         let abort = || Event::AbortAll {
             reason: "stop".into(),
@@ -2042,7 +2042,7 @@ mod tests {
             }),
         };
 
-        let mut failed = Harness::new(config.clone(), 1);
+        let mut failed = Harness::new(policy.clone(), 1);
         failed.handle(0, manual(5, Checkpoint));
         failed.ack_all(100, 1);
         assert_eq!(failed.handle(200, abort()), vec![aborted]);
@@ -2066,7 +2066,7 @@ mod tests {
             }]
         );
 
-        let mut durable = Harness::new(config, 1);
+        let mut durable = Harness::new(policy, 1);
         durable.handle(0, manual(5, Checkpoint));
         durable.ack_all(100, 1);
         durable.handle(200, abort());
@@ -2087,8 +2087,8 @@ mod tests {
         use crate::checkpoint::stats::CheckpointStatus;
 
         /// A coordinator whose job has master hooks.
-        fn hooked(config: CheckpointPolicy, subtasks: u32) -> Harness {
-            let mut h = Harness::new(config, subtasks);
+        fn hooked(policy: CheckpointPolicy, subtasks: u32) -> Harness {
+            let mut h = Harness::new(policy, subtasks);
             h.coordinator.await_master_hooks();
             h
         }
@@ -2124,11 +2124,11 @@ mod tests {
 
         #[test]
         fn barriers_go_out_only_once_the_hooks_states_are_in() {
-            let config = CheckpointPolicy {
+            let policy = CheckpointPolicy {
                 max_concurrent: 2,
-                ..config()
+                ..policy()
             };
-            let mut h = hooked(config, 2);
+            let mut h = hooked(policy, 2);
             assert_eq!(h.tick(1000), vec![trigger_hooks(1)]);
             assert!(matches!(
                 h.try_handle(1010, ack(1, 0)),
@@ -2167,12 +2167,12 @@ mod tests {
 
         #[test]
         fn a_failing_hook_fails_the_checkpoint_before_any_barrier() {
-            let config = CheckpointPolicy {
+            let policy = CheckpointPolicy {
                 tolerable_failures: 0,
                 interval: None,
-                ..config()
+                ..policy()
             };
-            let mut h = hooked(config, 1);
+            let mut h = hooked(policy, 1);
             assert_eq!(h.handle(100, manual(3, Checkpoint)), vec![trigger_hooks(1)]);
             let failure = CheckpointFailure::NotTriggered(
                 "master hook kafka failed on chk-1: broker down".into(),
@@ -2201,11 +2201,11 @@ mod tests {
 
         #[test]
         fn a_late_answer_of_the_hooks_is_dropped() {
-            let config = CheckpointPolicy {
+            let policy = CheckpointPolicy {
                 timeout: ms(500),
-                ..config()
+                ..policy()
             };
-            let mut h = hooked(config, 1);
+            let mut h = hooked(policy, 1);
             assert_eq!(h.tick(1000), vec![trigger_hooks(1)]);
             assert_eq!(h.tick(1500), vec![], "expired, and nobody to tell");
             assert_eq!(
@@ -2224,7 +2224,7 @@ mod tests {
 
         #[test]
         fn a_job_without_subtasks_finalizes_once_the_hooks_states_are_in() {
-            let mut h = hooked(config(), 0);
+            let mut h = hooked(policy(), 0);
             assert_eq!(h.tick(1000), vec![trigger_hooks(1)]);
             let completed = CompletedCheckpoint {
                 master_states: states(&[("audit", "seen")]),
@@ -2239,7 +2239,7 @@ mod tests {
 
     #[test]
     fn a_restore_resumes_ids_after_the_restored_checkpoint() {
-        let mut h = Harness::new(config(), 1);
+        let mut h = Harness::new(policy(), 1);
         h.coordinator.restore(&completed(1, 0, 1));
         assert_eq!(h.coordinator.next_id(), CheckpointId(2));
         h.coordinator.restore(&completed(41, 0, 1));
@@ -2250,7 +2250,7 @@ mod tests {
 
     #[test]
     fn every_checkpoint_records_the_jobs_operators() {
-        let mut h = Harness::new(config(), 1);
+        let mut h = Harness::new(policy(), 1);
         let mut graph = crate::model::graph::JobGraph::default();
         graph.add_operator("count", 1);
         h.coordinator.record_graph(&graph);
@@ -2260,7 +2260,7 @@ mod tests {
 
     #[test]
     fn a_job_without_subtasks_finalizes_on_trigger() {
-        let mut h = Harness::new(config(), 0);
+        let mut h = Harness::new(policy(), 0);
         assert_eq!(
             h.tick(1000),
             vec![checkpoint(1, 1000), Action::Finalize(completed(1, 1000, 0))]
@@ -2297,7 +2297,7 @@ mod tests {
         ]
     }
 
-    fn random_config() -> impl Strategy<Value = CheckpointPolicy> {
+    fn random_policy() -> impl Strategy<Value = CheckpointPolicy> {
         (
             proptest::option::weighted(0.8, 200u64..3000),
             500u64..5000,
@@ -2332,13 +2332,13 @@ mod tests {
     proptest! {
         #[test]
         fn random_event_sequences_keep_the_invariants(
-            config in random_config(),
+            policy in random_policy(),
             hooked in any::<bool>(),
             ops in proptest::collection::vec(op(), 1..200),
         ) {
             const SUBTASKS: u32 = 2;
-            let max_concurrent = config.max_concurrent;
-            let mut h = Harness::with(config, SUBTASKS, Alignment::Unaligned, CheckpointId(5));
+            let max_concurrent = policy.max_concurrent;
+            let mut h = Harness::with(policy, SUBTASKS, Alignment::Unaligned, CheckpointId(5));
             if hooked {
                 h.coordinator.await_master_hooks();
             }

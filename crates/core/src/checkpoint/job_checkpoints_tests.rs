@@ -46,7 +46,7 @@ impl Job {
 
     fn build(store: CompletedCheckpointStore, hooked: bool) -> Self {
         let base = Instant::now();
-        let config = CheckpointPolicy {
+        let policy = CheckpointPolicy {
             interval: Some(Duration::from_secs(1)),
             timeout: Duration::from_secs(60),
             min_pause: Duration::ZERO,
@@ -60,7 +60,7 @@ impl Job {
         };
         let subtasks = vec![subtask(SOURCE), subtask(SINK)];
         let mut core =
-            CheckpointCoordinator::new(config, subtasks, Alignment::Aligned, CheckpointId(1), now);
+            CheckpointCoordinator::new(policy, subtasks, Alignment::Aligned, CheckpointId(1), now);
         if hooked {
             core.await_master_hooks();
         }

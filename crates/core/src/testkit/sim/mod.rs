@@ -184,7 +184,7 @@ fn driver(
     setup: &Setup,
     now: Now,
 ) -> JobCheckpoints {
-    let config = CheckpointPolicy {
+    let policy = CheckpointPolicy {
         interval: Some(Duration::from_millis(20)),
         timeout: setup.timeout,
         min_pause: Duration::ZERO,
@@ -194,7 +194,7 @@ fn driver(
     };
     let subtasks = (0..=SINK).map(task::subtask_id).collect();
     let next_id = storage.next_id.unwrap_or(CheckpointId(1));
-    let core = CheckpointCoordinator::new(config, subtasks, setup.alignment, next_id, now);
+    let core = CheckpointCoordinator::new(policy, subtasks, setup.alignment, next_id, now);
     let mut driver = JobCheckpoints::new(core, store, 2.0);
     driver.break_rule(setup.broken);
     driver
