@@ -33,7 +33,6 @@ use tidemark_core::checkpoint::{
 use tidemark_core::dataflow::task::{KeyedSnapshot, NativeCheckpoint, TaskSnapshot};
 use tidemark_core::model::batch::{Batch, EncodedBatch};
 use tidemark_core::model::ids::{CheckpointId, SubtaskId};
-use tidemark_core::model::rng::unique_token;
 use tidemark_storage::upload::ObjectWriter;
 use tidemark_storage::CheckpointStorage;
 use tokio::sync::mpsc;
@@ -437,7 +436,12 @@ pub async fn prepare(
         .into_iter()
         .map(|(path, size, source)| ((path, size), source))
         .unzip();
-    let plan = layout.plan(subtask, checkpoint, unique_token(), &paths);
+    let plan = layout.plan(
+        subtask,
+        checkpoint,
+        tidemark_storage::unique_token(),
+        &paths,
+    );
     let native = native.map(|(_, handle)| handle);
     Ok(Prepared {
         started,

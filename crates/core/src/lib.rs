@@ -24,9 +24,9 @@
 //! [`state::store`].
 //!
 //! It depends on no async runtime, object store, database, actor system or
-//! HTTP stack (`tests/layering.rs` holds it to that); what it still reads
-//! of the host is the clock for unique tokens (`model::rng::unique_token`) and the
-//! parallelism in `JobConfig::default`. Checkpoint storage over `object_store` is `tidemark-storage`;
+//! HTTP stack, and reads no fact of the host (clock, entropy, cores, files,
+//! environment): callers pass them in (`tests/layering.rs` holds it to
+//! both). Checkpoint storage over `object_store` is `tidemark-storage`;
 //! the `tidemark-actors` crate wraps each state machine in an actix actor,
 //! arms its timers, moves its messages and runs the storage IO.
 

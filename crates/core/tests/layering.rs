@@ -1,10 +1,13 @@
 //! The layering the crates promise, read from `cargo tree`: the core does
 //! no IO (no async runtime, object store, database, actor system or HTTP
 //! stack), and the storage and RocksDB crates each bring only their own;
-//! and the core's modules, read from its sources, import in no cycle.
+//! and, read from the core's sources, it reads no host fact and its modules
+//! import in no cycle.
 
 use std::process::Command;
-use tidemark_core::testkit::layering::{assert_no_import_cycle, module_dependencies};
+use tidemark_core::testkit::layering::{
+    assert_no_import_cycle, module_dependencies, production_code,
+};
 
 /// The crates `package` depends on when built (normal edges), by name.
 fn normal_dependencies(package: &str) -> Vec<String> {
@@ -69,6 +72,43 @@ fn the_core_depends_on_nothing_that_does_io() {
             "tempfile",
         ],
     );
+}
+
+/// The calls that read the host: callers pass the clock, entropy, cores,
+/// files and environment in, so that a simulated run sees only what its
+/// seed gives it.
+const HOST_FACTS: &[&str] = &[
+    "SystemTime::now",
+    "Instant::now",
+    "available_parallelism",
+    "process::id",
+    "RandomState",
+    "std::env",
+    "std::fs",
+    "std::net",
+    "temp_dir",
+    "thread::spawn",
+    "thread::sleep",
+];
+
+#[test]
+fn the_core_reads_no_host_fact_outside_tests() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files = production_code(&src);
+    assert!(
+        files.iter().any(|(path, _)| path == "job/mod.rs"),
+        "the sources were read"
+    );
+    let found: Vec<String> = files
+        .iter()
+        .flat_map(|(path, code)| {
+            HOST_FACTS
+                .iter()
+                .filter(|fact| code.contains(**fact))
+                .map(move |fact| format!("{path}: {fact}"))
+        })
+        .collect();
+    assert!(found.is_empty(), "the core reads the host: {found:?}");
 }
 
 #[test]

@@ -190,7 +190,7 @@ impl EmbeddedStore for RocksDb {
             read: ReadOptions::default(),
             write,
             dir,
-            instance: tidemark_core::model::rng::unique_token(),
+            instance: instance_token(),
         };
         if native.is_some() {
             let default = open.cf(DEFAULT_COLUMN_FAMILY_NAME);
@@ -468,4 +468,13 @@ fn take_over(from: &Path, to: &Path) -> Result<(), StateError> {
             .map_err(|e| StateError::io(&entry.path(), e))?;
     }
     fs::remove_dir_all(from).map_err(|e| StateError::io(from, e))
+}
+
+/// Tells this opening of a database from every other, earlier or later, in
+/// this process or another: the hash keys of a std `RandomState` come from
+/// the operating system's randomness, and std promises that two of them are
+/// unlikely to hash a value alike.
+fn instance_token() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(0u8)
 }

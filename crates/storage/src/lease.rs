@@ -163,10 +163,7 @@ pub fn now_ms() -> u64 {
 
 /// A name no other run has: host, process and a token of this run's.
 pub fn run_identity(host: &str, pid: u32) -> String {
-    format!(
-        "{host}:{pid}:{:016x}",
-        tidemark_core::model::rng::unique_token()
-    )
+    format!("{host}:{pid}:{:016x}", crate::unique_token())
 }
 
 /// This machine's name, as a lease records it (in a pod, the pod's name).

@@ -47,6 +47,20 @@ use tidemark_core::checkpoint::{
 };
 use tidemark_core::model::ids::{CheckpointId, JobId};
 
+/// A number no other call draws, in this process or another: for telling
+/// apart things of the same name written by different writers (uploads of
+/// a checkpoint's attempts, runs holding a lease). The clock, the process
+/// and a counter make it; the core, which reads no host fact, has none.
+pub fn unique_token() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    tidemark_core::model::rng::splitmix64(
+        nanos ^ u64::from(std::process::id()) << 32 ^ COUNTER.fetch_add(1, Ordering::Relaxed),
+    )
+}
+
 /// The metadata file of a checkpoint or savepoint directory.
 pub const METADATA: &str = "_metadata";
 /// The checkpoint id counter, relative to the job directory.

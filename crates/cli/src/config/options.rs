@@ -252,14 +252,14 @@ impl Default for Options {
 impl Options {
     /// The embedding API's settings these options make; checkpointing is
     /// on when there is an interval or a savepoint directory, since
-    /// savepoints need the coordinator too.
+    /// savepoints need the coordinator too. Parallelism defaults to the
+    /// host's cores, which the embedding API leaves to its caller.
     pub fn job_config(&self) -> JobConfig {
+        let cores = || std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
         let mut config = JobConfig::default()
+            .parallelism(self.parallelism.unwrap_or_else(cores))
             .restart(self.restart())
             .state_backend(self.state_backend());
-        if let Some(parallelism) = self.parallelism {
-            config = config.parallelism(parallelism);
-        }
         if let Some(rate) = self.rate {
             config = config.source_rate(rate);
         }

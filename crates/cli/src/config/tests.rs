@@ -269,9 +269,12 @@ fn nested_keys_are_flat_keys() {
 }
 
 #[test]
-fn the_defaults_are_the_embedding_apis() {
+fn the_defaults_are_the_embedding_apis_but_for_the_hosts_cores() {
     let config = Options::default().job_config();
-    let embedded = JobConfig::default().checkpointing(CheckpointConfig::default());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let embedded = JobConfig::default()
+        .parallelism(cores)
+        .checkpointing(CheckpointConfig::default());
     assert_eq!(format!("{config:?}"), format!("{embedded:?}"));
     assert_eq!(from_file("# nothing\n"), described(&Options::default()));
     assert_eq!(

@@ -62,7 +62,9 @@ pub type TaskFactory = Arc<dyn Fn(&TaskContext) -> Box<dyn Task> + Send + Sync>;
 /// ```
 #[derive(Clone, Debug)]
 pub struct JobConfig {
-    /// Parallelism of operators that do not set their own.
+    /// Parallelism of operators that do not set their own: 1 unless set,
+    /// as Flink's `parallelism.default`; the host's cores are the caller's
+    /// to read (`tidemark run` defaults to them).
     pub parallelism: u32,
     /// How many records and bytes a batch carries at most.
     pub batch_limits: BatchLimits,
@@ -87,7 +89,7 @@ pub struct JobConfig {
 impl Default for JobConfig {
     fn default() -> Self {
         JobConfig {
-            parallelism: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            parallelism: 1,
             batch_limits: BatchLimits::default(),
             channels: ChannelConfig::default(),
             source_rate: None,

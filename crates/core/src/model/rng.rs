@@ -1,5 +1,5 @@
 //! SplitMix64: the generator behind the wordcount keys and every seeded
-//! random choice, so that a seed reproduces a run; and unique tokens.
+//! random choice, so that a seed reproduces a run.
 
 /// The standard SplitMix64 output function of `x`.
 pub fn splitmix64(x: u64) -> u64 {
@@ -7,20 +7,6 @@ pub fn splitmix64(x: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
-}
-
-/// A number no other call draws, in this process or another: for telling
-/// apart things of the same name written by different writers (database
-/// instances, attempts of a checkpoint).
-pub fn unique_token() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    splitmix64(
-        nanos ^ u64::from(std::process::id()) << 32 ^ COUNTER.fetch_add(1, Ordering::Relaxed),
-    )
 }
 
 /// A seeded SplitMix64 stream: the same seed gives the same sequence on every

@@ -9,25 +9,17 @@ pub type Uses = BTreeMap<String, BTreeSet<String>>;
 
 /// The modules directly under `src` (a file or a directory each) and those
 /// each uses through `prefix` paths (`crate::`, or `crate::group::` for
-/// the modules of a group), outside comments and test modules. `lib.rs`,
-/// `mod.rs`, files of tests and the `testkit` are left out.
+/// the modules of a group), outside comments and test modules. `lib.rs`
+/// and `mod.rs` are left out.
 pub fn module_dependencies(src: &Path, prefix: &str) -> Uses {
     let mut uses = Uses::new();
-    for path in rust_files(src) {
-        let relative = path
-            .strip_prefix(src)
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
+    for (relative, code) in production_code(src) {
         let module = relative.split(['/', '.']).next().unwrap().to_owned();
-        let test_only = relative.contains("tests") || module == "testkit";
-        if test_only || module == "lib" || module == "mod" {
+        if module == "lib" || module == "mod" {
             continue;
         }
-        let text = std::fs::read_to_string(&path).unwrap();
-        let code = text.split("#[cfg(test)]\nmod tests {").next().unwrap();
         let used = uses.entry(module.clone()).or_default();
-        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        for line in code.lines() {
             for (at, _) in line.match_indices(prefix) {
                 let name: String = line[at + prefix.len()..]
                     .chars()
@@ -40,6 +32,39 @@ pub fn module_dependencies(src: &Path, prefix: &str) -> Uses {
         }
     }
     uses
+}
+
+/// Each `.rs` file under `src` by its path relative to `src`, with its
+/// comment lines and its inline test modules (which end a file) left out;
+/// files of tests and the `testkit` are left out whole.
+pub fn production_code(src: &Path) -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    for path in rust_files(src) {
+        let relative = path
+            .strip_prefix(src)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if relative.contains("tests") || relative.starts_with("testkit") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let end = text
+            .match_indices("#[cfg(test)]\n")
+            .map(|(at, _)| at)
+            .find(|&at| {
+                let item = text[at..].lines().nth(1).unwrap_or_default();
+                item.contains("mod ") && item.ends_with('{')
+            })
+            .unwrap_or(text.len());
+        let code = text[..end]
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        files.push((relative, code));
+    }
+    files
 }
 
 /// Every `.rs` file under `dir`.
