@@ -8,6 +8,7 @@
 //! while windows are open and restored at p=1 and p=3.
 
 use tidemark_testkit as common;
+#[cfg(feature = "postgres")]
 use tidemark_testkit::postgres;
 use tidemark_testkit::storage;
 

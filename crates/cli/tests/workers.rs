@@ -187,10 +187,12 @@ fn windows_and_join_survive_sigkilled_worker_processes_with_the_same_output() {
     }
 }
 
-/// A worker started by hand, as on Kubernetes: its control address.
-fn start_worker() -> (Child, String) {
+/// A worker started by hand, as on Kubernetes, with `extra` flags: its
+/// control address.
+fn start_worker(extra: &[String]) -> (Child, String) {
     let mut child = Command::new(BIN)
         .args(["worker", "--exit-with-stdin"])
+        .args(extra)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -209,7 +211,7 @@ fn start_worker() -> (Child, String) {
 
 #[test]
 fn workers_started_by_hand_run_jobs_one_after_another() {
-    let workers: Vec<(Child, String)> = (0..2).map(|_| start_worker()).collect();
+    let workers: Vec<(Child, String)> = (0..2).map(|_| start_worker(&[])).collect();
     let addresses: Vec<&str> = workers.iter().map(|(_, a)| a.as_str()).collect();
     let flag = format!("--worker-addrs={}", addresses.join(","));
     for topology in ["wordcount", "join"] {
@@ -221,6 +223,65 @@ fn workers_started_by_hand_run_jobs_one_after_another() {
     }
     for (mut child, _) in workers {
         // Closing stdin ends a worker started with --exit-with-stdin.
+        drop(child.stdin.take());
+        assert!(child.wait().unwrap().success());
+    }
+}
+
+/// The resident memory of process `pid`, in MiB.
+fn rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib / 1024
+}
+
+/// Strangers at a worker's data port before any job: one declaring a
+/// hello of 256 MiB and sending 128 MiB of it, then 10,000 that connect
+/// and say nothing. The worker buffers none of it, and a job over it,
+/// with the strangers still connected, gives the output of one process.
+#[test]
+fn strangers_at_the_data_port_cost_no_memory_and_harm_no_job() {
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    let data = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (mut stranger_target, address) = start_worker(&[format!("--data={data}")]);
+    let (mut peer, peer_address) = start_worker(&[]);
+    let idle = rss_mib(stranger_target.id());
+
+    let mut big = TcpStream::connect(data).unwrap();
+    let mut sent = big.write_all(&(256u32 << 20).to_be_bytes()).map(|()| 4);
+    let chunk = vec![0u8; 1 << 20];
+    for _ in 0..128 {
+        // The worker closes the link on its header: writing fails soon.
+        sent = sent.and_then(|n| big.write_all(&chunk).map(|()| n + chunk.len()));
+    }
+    let sent = sent.unwrap_or(0);
+    assert!(
+        sent < 64 << 20,
+        "the worker took {sent} bytes of a 256 MiB hello"
+    );
+    let strangers: Vec<TcpStream> = (0..10_000)
+        .map(|i| TcpStream::connect(data).unwrap_or_else(|e| panic!("connection {i}: {e}")))
+        .collect();
+    let flooded = rss_mib(stranger_target.id());
+    assert!(
+        flooded < idle + 100,
+        "idle {idle} MiB, {flooded} MiB with {} strangers connected",
+        strangers.len()
+    );
+
+    let flag = format!("--worker-addrs={address},{peer_address}");
+    same_output(
+        &topology_args("wordcount", 200_000, 5),
+        std::slice::from_ref(&flag),
+        "wordcount beside the strangers",
+    );
+    drop(strangers);
+    for child in [&mut stranger_target, &mut peer] {
         drop(child.stdin.take());
         assert!(child.wait().unwrap().success());
     }

@@ -23,13 +23,13 @@ use actix::{
 };
 use actix_rt::{ArbiterHandle, System};
 use attempt::{AttemptActor, Open};
-use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use tidemark_core::cluster::attempts::{self, HostedAttempt, RunAttempt};
-use tidemark_core::cluster::wire::{Frame, FrameDecoder};
+use tidemark_core::cluster::attempts::{self, RunAttempt};
+use tidemark_core::cluster::links::{Handover, LinkAdmission, LinkKey};
+use tidemark_core::cluster::wire::{FrameDecoder, MAX_HELLO_BYTES};
 use tidemark_core::job::Job;
 use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, oneshot};
@@ -84,10 +84,8 @@ pub fn serve(options: WorkerConfig, rebuild: Rebuild) -> std::io::Result<()> {
             arbiters: handles,
             links: link_arbiter,
             attempts: attempt_arbiter,
-            hosted: HostedAttempt::default(),
+            admission: LinkAdmission::default(),
             current: None,
-            parked: HashMap::new(),
-            waiting: HashMap::new(),
         }
         .start();
         actix_rt::spawn(accept(data, host.clone()));
@@ -136,8 +134,13 @@ pub fn serve(options: WorkerConfig, rebuild: Rebuild) -> std::io::Result<()> {
 }
 
 /// Accepts links from peers and hands each, with the hello it opened
-/// with, to the host.
+/// with, to the host. At most [`GREETING`] connections wait for their
+/// hello at once: one more closes the one that has waited longest, so that
+/// idle strangers hold little memory and a peer, which greets at once, is
+/// not shut out by them.
 async fn accept(listener: tokio::net::TcpListener, host: Addr<WorkerHost>) {
+    let mut greeting = std::collections::VecDeque::new();
+    let mut evicted = 0u64;
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -149,24 +152,34 @@ async fn accept(listener: tokio::net::TcpListener, host: Addr<WorkerHost>) {
                 continue;
             }
         };
+        greeting.retain(|(_, task): &(_, tokio::task::JoinHandle<()>)| !task.is_finished());
+        if greeting.len() >= GREETING {
+            let (oldest, task) = greeting.pop_front().expect("GREETING > 0");
+            task.abort();
+            // A flood logs a line per doubling, not one per connection.
+            evicted += 1;
+            if evicted.is_power_of_two() {
+                tracing::warn!(last = %oldest, "{evicted} links closed before their hello, to let newer ones greet");
+            }
+        }
         let host = host.clone();
-        actix_rt::spawn(async move {
+        let task = actix_rt::spawn(async move {
             match tokio::time::timeout(HELLO_TIMEOUT, hello(stream)).await {
-                Ok(Ok((key, stream, read))) => host.do_send(Accepted { key, stream, read }),
+                Ok(Ok((key, link))) => host.do_send(Accepted { key, link }),
                 Ok(Err(e)) => tracing::warn!(%peer, "a link was refused: {e}"),
                 Err(_) => tracing::warn!(%peer, "a link sent no hello within {HELLO_TIMEOUT:?}"),
             }
         });
+        greeting.push_back((peer, task));
     }
 }
 
-/// Reads a link's first frame, which must be a hello: whose link it is.
-async fn hello(
-    mut stream: tokio::net::TcpStream,
-) -> Result<(LinkKey, std::net::TcpStream, Vec<u8>), String> {
+/// Reads a link's first frame, which must be a hello (whose link it is),
+/// reading no more than a hello can be.
+async fn hello(mut stream: tokio::net::TcpStream) -> Result<(LinkKey, Link), String> {
     let mut read = Vec::new();
     let mut decoder = FrameDecoder::default();
-    let mut buffer = [0; 256];
+    let mut buffer = [0; 4 + MAX_HELLO_BYTES as usize];
     let hello = loop {
         let n = stream.read(&mut buffer).await.map_err(|e| e.to_string())?;
         if n == 0 {
@@ -174,21 +187,20 @@ async fn hello(
         }
         read.extend_from_slice(&buffer[..n]);
         decoder.feed(&buffer[..n]);
-        match decoder.next_frame().map_err(|e| e.to_string())? {
-            Some(Frame::Hello(hello)) => break hello,
-            Some(_) => return Err("its first frame is not a hello".into()),
-            None => {}
+        if let Some(hello) = decoder.next_hello().map_err(|e| e.to_string())? {
+            break hello;
         }
     };
     let stream = stream.into_std().map_err(|e| e.to_string())?;
-    Ok(((hello.run(), hello.from), stream, read))
+    Ok(((hello.run(), hello.from), (stream, read)))
 }
+
+/// Connections that may wait for their hello at once: a deployment's
+/// peers dial one link each per attempt.
+const GREETING: usize = 64;
 
 /// How long a peer has to send its hello once connected.
 const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// A link of an attempt, by the worker that dialed it.
-type LinkKey = (RunAttempt, u32);
 
 /// The gRPC service, in front of the host.
 struct Service {
@@ -230,13 +242,10 @@ pub(crate) struct WorkerHost {
     arbiters: Vec<ArbiterHandle>,
     links: ArbiterHandle,
     attempts: ArbiterHandle,
-    /// Which attempt runs here, and its actor.
-    hosted: HostedAttempt,
+    /// Which attempt runs here, and the links that arrived for it.
+    admission: LinkAdmission<Link, oneshot::Sender<Link>>,
+    /// The actor of the attempt that runs here.
     current: Option<Addr<AttemptActor>>,
-    /// Links accepted before their attempt asked for them.
-    parked: HashMap<LinkKey, (std::net::TcpStream, Vec<u8>)>,
-    /// Attempts waiting for a link.
-    waiting: HashMap<LinkKey, oneshot::Sender<(std::net::TcpStream, Vec<u8>)>>,
 }
 
 impl Actor for WorkerHost {
@@ -281,15 +290,12 @@ impl Handler<Claim> for WorkerHost {
     type Result = ResponseActFuture<Self, Result<(), String>>;
 
     fn handle(&mut self, claim: Claim, _ctx: &mut Context<Self>) -> Self::Result {
-        if let attempts::Claim::Refused { hosting } = self.hosted.claim(claim.run) {
+        if let attempts::Claim::Refused { hosting } = self.admission.claim(claim.run) {
             let refused = format!("this worker hosts {hosting}");
             return Box::pin(actix::fut::ready(Err(refused)));
         }
         let replaced = self.current.replace(claim.actor);
-        let hosted = &self.hosted;
-        self.parked.retain(|(run, _), _| hosted.admits(*run));
-        self.waiting
-            .retain(|(run, _), waiter| !waiter.is_closed() && hosted.admits(*run));
+        self.admission.forget_waits(oneshot::Sender::is_closed);
         Box::pin(
             async move {
                 if let Some(actor) = replaced {
@@ -314,41 +320,38 @@ impl Handler<Release> for WorkerHost {
     type Result = ();
 
     fn handle(&mut self, ended: Release, _ctx: &mut Context<Self>) {
-        if self.current.as_ref() == Some(&ended.actor) && self.hosted.release(ended.run) {
+        if self.current.as_ref() == Some(&ended.actor) && self.admission.release(ended.run) {
             self.current = None;
-            // A peer that greets at once may be a later attempt ahead.
-            self.parked.retain(|(run, _), _| run.supersedes(&ended.run));
-            self.waiting.retain(|_, waiter| !waiter.is_closed());
+            self.admission.forget_waits(oneshot::Sender::is_closed);
         }
     }
 }
+
+/// A link as accepted: its socket, and what was read of it with the
+/// hello.
+type Link = (std::net::TcpStream, Vec<u8>);
 
 /// Data acceptor → host.
 #[derive(Message)]
 #[rtype(result = "()")]
 struct Accepted {
     key: LinkKey,
-    stream: std::net::TcpStream,
-    read: Vec<u8>,
+    link: Link,
 }
 
 impl Handler<Accepted> for WorkerHost {
     type Result = ();
 
-    fn handle(&mut self, link: Accepted, _ctx: &mut Context<Self>) {
-        let (run, from) = link.key;
-        if !self.hosted.admits(run) {
-            return tracing::warn!(
-                "the link from worker {from} for {run} is refused: it cannot run here"
-            );
-        }
-        match self.waiting.remove(&link.key) {
-            Some(waiter) => {
-                let _ = waiter.send((link.stream, link.read));
+    fn handle(&mut self, accepted: Accepted, _ctx: &mut Context<Self>) {
+        let (run, from) = accepted.key;
+        match self.admission.arrived(accepted.key, accepted.link) {
+            Handover::Deliver(waiter, link) => {
+                let _ = waiter.send(link);
             }
-            None => {
-                self.parked.insert(link.key, (link.stream, link.read));
+            Handover::Refused(_, refusal) => {
+                tracing::warn!("the link from worker {from} for {run} is refused: {refusal}")
             }
+            Handover::Kept | Handover::Dropped(_) => {}
         }
     }
 }
@@ -359,7 +362,7 @@ impl Handler<Accepted> for WorkerHost {
 #[rtype(result = "()")]
 pub(crate) struct AwaitLink {
     pub key: LinkKey,
-    pub reply: oneshot::Sender<(std::net::TcpStream, Vec<u8>)>,
+    pub reply: oneshot::Sender<Link>,
 }
 
 impl Handler<AwaitLink> for WorkerHost {
@@ -367,16 +370,8 @@ impl Handler<AwaitLink> for WorkerHost {
 
     /// Dropping the reply tells an attempt that a later one replaced it.
     fn handle(&mut self, wait: AwaitLink, _ctx: &mut Context<Self>) {
-        if !self.hosted.admits(wait.key.0) {
-            return;
-        }
-        match self.parked.remove(&wait.key) {
-            Some(link) => {
-                let _ = wait.reply.send(link);
-            }
-            None => {
-                self.waiting.insert(wait.key, wait.reply);
-            }
+        if let Handover::Deliver(waiter, link) = self.admission.awaited(wait.key, wait.reply) {
+            let _ = waiter.send(link);
         }
     }
 }

@@ -35,6 +35,11 @@ use thiserror::Error;
 /// the sender refuses such a frame rather than the receiver.
 pub const MAX_FRAME_BYTES: u32 = 256 << 20;
 
+/// Bytes a hello frame may declare: its fields, with room to spare. An
+/// acceptor reads no more than this from a peer before it knows whose
+/// link it is, so that a stranger's header cannot make it buffer more.
+pub const MAX_HELLO_BYTES: u32 = 64;
+
 /// Wire format version, in every hello.
 pub const VERSION: u16 = 2;
 
@@ -154,6 +159,9 @@ pub enum WireError {
     /// A frame before the peer's hello.
     #[error("a frame before the peer's hello")]
     NoHello,
+    /// A first frame longer than a hello can be.
+    #[error("a first frame of {0} bytes, longer than a hello ({MAX_HELLO_BYTES})")]
+    HelloOversized(u32),
     /// A data frame out of order on its channel.
     #[error("channel {channel}: frame {found} arrived where {expected} was due")]
     Sequence {
@@ -415,6 +423,24 @@ impl FrameDecoder {
         let decoded = decode(frame[0], &frame[1..]);
         self.start += 4 + len as usize;
         decoded.map(Some)
+    }
+
+    /// The link's first frame, which must be a hello, once it has arrived.
+    /// A header that declares more than [`MAX_HELLO_BYTES`] is refused at
+    /// once, before its body is waited for.
+    pub fn next_hello(&mut self) -> Result<Option<Hello>, WireError> {
+        let pending = &self.buffer[self.start..];
+        if let Some(header) = pending.get(..4) {
+            let len = u32::from_be_bytes(header.try_into().expect("4 bytes"));
+            if len > MAX_HELLO_BYTES {
+                return Err(WireError::HelloOversized(len));
+            }
+        }
+        match self.next_frame()? {
+            Some(Frame::Hello(hello)) => Ok(Some(hello)),
+            Some(_) => Err(WireError::NoHello),
+            None => Ok(None),
+        }
     }
 
     /// Bytes received and not yet decoded: at the end of the stream, a

@@ -207,6 +207,33 @@ fn foreign_and_damaged_frames_are_refused() {
 /// strings) can outgrow a frame: the sender refuses it, whole, instead of
 /// a receiver refusing it after every restart.
 #[test]
+fn an_acceptor_reads_a_hello_and_nothing_longer() {
+    let mut bytes = Vec::new();
+    encode_hello(&peer(), &mut bytes);
+    assert!(bytes.len() <= 4 + MAX_HELLO_BYTES as usize);
+    let mut decoder = FrameDecoder::default();
+    for (i, byte) in bytes.iter().enumerate() {
+        assert_eq!(decoder.next_hello(), Ok(None), "after {i} bytes");
+        decoder.feed(&[*byte]);
+    }
+    assert_eq!(decoder.next_hello(), Ok(Some(peer())));
+
+    // A stranger declaring a frame of 256 MiB is refused on its header.
+    let mut decoder = FrameDecoder::default();
+    decoder.feed(&MAX_FRAME_BYTES.to_be_bytes());
+    assert_eq!(
+        decoder.next_hello(),
+        Err(WireError::HelloOversized(MAX_FRAME_BYTES))
+    );
+    // Any other first frame is no hello.
+    let mut credit = Vec::new();
+    encode_credit(channel(), 3, &mut credit);
+    let mut decoder = FrameDecoder::default();
+    decoder.feed(&credit);
+    assert_eq!(decoder.next_hello(), Err(WireError::NoHello));
+}
+
+#[test]
 fn a_batch_too_large_for_a_frame_is_refused_by_its_sender() {
     let long = "x".repeat(MAX_FRAME_BYTES as usize / 2 + 1);
     let batch = ChannelEvent::Batch(Batch::new(vec![long.clone(), long]));
