@@ -229,6 +229,7 @@ fn every_seeded_storage_fault_schedule_ends_exactly_once_with_nothing_unreferenc
                     stale_list: 0.3,
                     list_lag: std::time::Duration::from_millis(100),
                     spared: vec![tidemark::storage::lease::LEASES.into()],
+                    ..FaultPlan::default()
                 },
             );
             let mut args: Vec<String> = config.iter().map(|s| s.to_string()).collect();
@@ -256,6 +257,71 @@ fn every_seeded_storage_fault_schedule_ends_exactly_once_with_nothing_unreferenc
         faults > schedules,
         "{faults} faults in {schedules} schedules"
     );
+}
+
+/// A run that retains fewer checkpoints than the one before subsumes the
+/// extra ones on recovery, after counting the shared files they have in
+/// common with the one it keeps: storage ends with exactly that one and
+/// everything it references.
+#[test]
+fn lowering_retain_between_runs_subsumes_the_extra_checkpoints_whole() {
+    let (root, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let incremental = ["--state=rocksdb".to_string(), "--incremental".into()];
+    let mut first = incremental.to_vec();
+    first.push("--retain=3".into());
+    run(&first, root.path(), output.path()).unwrap();
+    let storage = open(root.path().to_str().unwrap());
+    assert_eq!(retained(&storage).len(), 3, "the first run retains three");
+
+    let mut second = incremental.to_vec();
+    second.extend(["--retain=1".into(), "--restore=latest".into()]);
+    let again = tempfile::tempdir().unwrap();
+    let report = run(&second, root.path(), again.path()).unwrap();
+    assert!(report.restored_checkpoint.is_some());
+    let kept = storage::assert_storage_is_exactly_the_retained_checkpoints(&storage, "retain 1");
+    assert_eq!(
+        kept.len(),
+        1,
+        "{:?}",
+        kept.iter().map(|c| c.id).collect::<Vec<_>>()
+    );
+}
+
+/// Every read and write of a lease takes a fifth of the lease's time to
+/// live, as 6 s would of a 30 s lease: the run renews on a beat of its
+/// own, is never fenced, and no checkpoint fails.
+#[test]
+fn lease_calls_a_fifth_of_its_time_to_live_slow_fence_nothing() {
+    let (root, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let name = "durability-slow-lease";
+    let store = faulty_store(
+        root.path(),
+        name,
+        FaultPlan {
+            slow: 1.0,
+            slow_by: std::time::Duration::from_millis(1_200),
+            targets: vec![tidemark::storage::lease::LEASES.into()],
+            ..FaultPlan::default()
+        },
+    );
+    // 200,000 records at 14,000 a second: 14 s, over two times to live.
+    let args = [
+        format!("--checkpoint-dir=store://{name}"),
+        "--lease-ttl=6s".into(),
+        "--rate=14000".into(),
+        "--checkpoint-interval=200ms".into(),
+    ];
+    let report = run(&args, root.path(), output.path()).unwrap();
+    tidemark::storage::unregister_store(name);
+    assert_eq!(report.checkpoints_failed, 0, "{report:?}");
+    assert_eq!(report.restarts, 0, "{report:?}");
+    assert!(report.checkpoints_completed >= 5, "{report:?}");
+    let slowed = store
+        .counts()
+        .slowed
+        .load(std::sync::atomic::Ordering::Relaxed);
+    // A renewal (a write) every 1.2 s for over 14 s.
+    assert!(slowed >= 10, "{slowed} lease calls slowed");
 }
 
 /// A power loss after a checkpoint completed drops whatever was being

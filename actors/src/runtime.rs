@@ -13,6 +13,7 @@ use actix::{Actor, Addr, Arbiter, System};
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
+use std::time::Duration;
 use tidemark_core::checkpoint::lease::LeaseConfig;
 use tidemark_core::checkpoint::stats::{self, CheckpointStatsTracker};
 use tidemark_core::checkpoint::CheckpointFailure;
@@ -20,7 +21,7 @@ use tidemark_core::job::Job;
 use tidemark_core::model::event::CheckpointKind;
 use tidemark_core::model::ids::{CheckpointId, SubtaskId};
 use tidemark_storage::lease::Lease;
-use tidemark_storage::CheckpointStorage;
+use tidemark_storage::{CheckpointStorage, StorageError};
 
 /// A running job, from [`Runtime::run`] or [`RunJob::run`]: wait for it,
 /// cancel it, trigger checkpoints, read its live metrics. Dropping the
@@ -350,10 +351,14 @@ impl JobThread {
         });
         let (job, placement, pool, metrics) = (self.job, self.placement, self.pool, self.metrics);
         let (savepoint_dir, started) = (self.savepoint_dir, self.started);
+        if let Some(lease) = lease {
+            // A thread of its own: a supervisor busy restoring, or a slow
+            // store, must not hold a renewal back past the time to live.
+            let renewing = Arbiter::new();
+            renewing.spawn(renew(lease));
+            arbiters.push(renewing);
+        }
         system.block_on(async move {
-            if let Some(lease) = lease {
-                actix_rt::spawn(renew(lease));
-            }
             let supervisor = JobSupervisor::new(
                 job,
                 Hosts {
@@ -373,15 +378,24 @@ impl JobThread {
     }
 }
 
-/// Renews `lease` for as long as the job's system runs. A lease that cannot
-/// be renewed is lost: the job's `_metadata` writes and deletions then fail,
-/// naming why, and its checkpoints fail.
+/// Renews `lease` for as long as the job's system runs, on a fixed beat
+/// from each renewal's start, so that a slow write does not push the next
+/// one back. A failed renewal is tried again every second; while none
+/// lands for half the time to live, `_metadata` writes and deletions fail,
+/// naming why. A newer run taking the directory over ends it for good.
 async fn renew(lease: Arc<Lease>) {
+    let retry = lease.renew_every().min(Duration::from_secs(1));
+    let mut due = actix_rt::time::Instant::now() + lease.renew_every();
     loop {
-        actix_rt::time::sleep(lease.renew_every()).await;
-        if let Err(e) = lease.renew().await {
-            tracing::error!("{e}");
-            return;
+        actix_rt::time::sleep_until(due).await;
+        let started = actix_rt::time::Instant::now();
+        match lease.renew().await {
+            Ok(()) => due = started + lease.renew_every(),
+            Err(e @ StorageError::Fenced { .. }) => return tracing::error!("{e}"),
+            Err(e) => {
+                tracing::warn!("renewing the lease failed, trying again in {retry:?}: {e}");
+                due = actix_rt::time::Instant::now() + retry;
+            }
         }
     }
 }

@@ -45,6 +45,8 @@ pub struct FaultPlan {
     pub list_lag: Duration,
     /// Paths containing any of these are never faulted.
     pub spared: Vec<String>,
+    /// If any, only paths containing one of these are faulted.
+    pub targets: Vec<String>,
 }
 
 /// The faults a [`FaultyStore`] injected.
@@ -141,7 +143,9 @@ impl FaultyStore {
 
     fn spared(&self, location: &Path) -> bool {
         let path = location.as_ref();
-        self.plan.spared.iter().any(|s| path.contains(s.as_str()))
+        let targeted = self.plan.targets.is_empty()
+            || self.plan.targets.iter().any(|t| path.contains(t.as_str()));
+        !targeted || self.plan.spared.iter().any(|s| path.contains(s.as_str()))
     }
 
     fn powered(&self) -> Result<()> {

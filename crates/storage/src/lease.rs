@@ -6,10 +6,11 @@
 //! A lease is the object `_leases/<epoch>` with the holder's identity and
 //! when it last renewed. Taking a directory creates the next epoch's object
 //! with an atomic create-if-absent (`PutMode::Create`), so of two runs
-//! racing for one epoch exactly one wins. The holder renews every third of
-//! the lease's time to live and is fenced, refusing to write `_metadata`,
-//! the id counter or to delete, once a newer epoch exists or once it has not
-//! renewed for half the time to live: a run that takes an expired lease
+//! racing for one epoch exactly one wins. The holder renews every fifth of
+//! the lease's time to live, retrying failed renewals, and is fenced,
+//! refusing to write `_metadata`, the id counter or to delete, once any
+//! newer epoch exists (for good) or while it has not renewed for half the
+//! time to live (until a renewal lands): a run that takes an expired lease
 //! over waits the whole time to live, so the old holder has stopped writing
 //! by then, as long as the two clocks run at about the same speed.
 //!
@@ -184,18 +185,35 @@ fn alive(pid: u32) -> bool {
         || std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Fails with [`StorageError::Fenced`] once a run newer than the one of
-/// `epoch` took `storage`'s directory over.
+/// Fails with [`StorageError::Fenced`] once any run newer than the one of
+/// `epoch` took `storage`'s directory over: the lease objects are listed,
+/// since a takeover deletes the ones before it, so after two takeovers
+/// the next epoch's object may be gone while a newer one stands.
 pub async fn superseded(storage: &CheckpointStorage, epoch: u64) -> Result<(), StorageError> {
-    match storage.get(&lease_path(epoch + 1)).await {
-        Ok(_) => Err(StorageError::Fenced {
+    match newest_epoch(storage).await? {
+        Some(newer) if newer > epoch => Err(StorageError::Fenced {
             dir: storage.directory(),
             holder: format!("the run of epoch {epoch}"),
-            reason: format!("another run took the directory over at epoch {}", epoch + 1),
+            reason: format!("another run took the directory over at epoch {newer}"),
         }),
-        Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(e),
+        _ => Ok(()),
     }
+}
+
+/// The epochs of the lease objects of `storage`'s directory, in order.
+async fn epochs(storage: &CheckpointStorage) -> Result<Vec<u64>, StorageError> {
+    let mut epochs: Vec<u64> = storage
+        .list(LEASES)
+        .await?
+        .iter()
+        .filter_map(|p| p.strip_prefix(LEASES)?.strip_prefix('/')?.parse().ok())
+        .collect();
+    epochs.sort_unstable();
+    Ok(epochs)
+}
+
+async fn newest_epoch(storage: &CheckpointStorage) -> Result<Option<u64>, StorageError> {
+    Ok(epochs(storage).await?.last().copied())
 }
 
 fn lease_path(epoch: u64) -> String {
@@ -210,13 +228,7 @@ impl Lease {
         options: &LeaseConfig,
     ) -> Result<Lease, LeaseError> {
         let storage = storage.unfenced();
-        let mut epochs: Vec<u64> = storage
-            .list(LEASES)
-            .await?
-            .iter()
-            .filter_map(|p| p.strip_prefix(LEASES)?.strip_prefix('/')?.parse().ok())
-            .collect();
-        epochs.sort_unstable();
+        let epochs = epochs(&storage).await?;
         let newest = match epochs.last() {
             Some(&epoch) => Some(Self::read(&storage, epoch).await?),
             None => None,
@@ -300,9 +312,11 @@ impl Lease {
         self.holder.lock().expect("lease").clone()
     }
 
-    /// How often [`Lease::renew`] must run.
+    /// How often [`Lease::renew`] must run: a fifth of the time to live,
+    /// so that a renewal whose write takes up to 30 % of it still lands
+    /// before the holder fences itself, at half.
     pub fn renew_every(&self) -> Duration {
-        Duration::from_millis(self.holder().ttl_ms / 3)
+        Duration::from_millis(self.holder().ttl_ms / 5)
     }
 
     /// Whether this run still holds the directory: it renewed within half
@@ -328,10 +342,24 @@ impl Lease {
             })
     }
 
-    /// Renews the lease, unless it was lost.
+    /// Renews the lease; fails if a newer run took the directory over (the
+    /// only [`StorageError::Fenced`] it returns, and a final one). A lease
+    /// that went unrenewed too long, its writes slow or failing, is held
+    /// again by this: no run took it meanwhile, and one that does later
+    /// fences it on its next check.
     pub async fn renew(&self) -> Result<(), StorageError> {
-        self.check().await?;
-        self.write(false).await
+        // Side by side, so that a renewal takes one slow call, not two. A
+        // write that landed after a takeover put back a lease object the
+        // taker deleted: it decides nothing, and goes again.
+        let epoch = self.holder().epoch;
+        let (written, taken) = futures::join!(self.write(false), superseded(&self.storage, epoch));
+        if let Err(fenced) = taken {
+            if written.is_ok() {
+                let _ = self.storage.delete(&lease_path(epoch)).await;
+            }
+            return Err(fenced);
+        }
+        written
     }
 
     /// Gives the directory up: the next run takes it at once.
@@ -488,6 +516,42 @@ mod tests {
             err.to_string().contains("past half its time to live"),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn two_takeovers_in_a_row_still_fence_the_first_holder() {
+        let storage = CheckpointStorage::open("memory://", JobId(5)).unwrap();
+        let take_over = LeaseConfig {
+            take_over: true,
+            ..LeaseConfig::default()
+        };
+        let first = Lease::acquire(&storage, &LeaseConfig::default())
+            .await
+            .unwrap();
+        let _second = Lease::acquire(&storage, &take_over).await.unwrap();
+        let third = Lease::acquire(&storage, &take_over).await.unwrap();
+        // The second's object, the epoch after the first's, is gone.
+        assert_eq!(storage.list(LEASES).await.unwrap(), [lease_path(3)]);
+        for fenced in [first.check().await, first.renew().await] {
+            let err = fenced.unwrap_err();
+            assert!(err.to_string().contains("at epoch 3"), "{err}");
+        }
+        third.check().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_lease_unrenewed_for_too_long_holds_again_once_a_renewal_lands() {
+        let storage = CheckpointStorage::open("memory://", JobId(6)).unwrap();
+        let options = LeaseConfig {
+            ttl: Duration::from_secs(2),
+            take_over: false,
+        };
+        let lease = Lease::acquire(&storage, &options).await.unwrap();
+        std::thread::sleep(Duration::from_millis(1_100));
+        assert!(lease.check().await.is_err(), "past half its time to live");
+        // No run took the directory meanwhile: the renewal holds it again.
+        lease.renew().await.unwrap();
+        lease.check().await.unwrap();
     }
 
     #[tokio::test]

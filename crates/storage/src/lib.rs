@@ -32,7 +32,7 @@ use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::multipart::MultipartStore;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
@@ -124,6 +124,11 @@ pub enum StorageError {
         /// Why it is lost.
         reason: String,
     },
+    /// A metadata file of that name exists, written by another run or
+    /// another attempt of this checkpoint: it is neither replaced nor
+    /// deleted.
+    #[error("{0} exists already, not written by this attempt; it is left as it is")]
+    MetadataExists(String),
     /// A `_metadata` write failed and whether it landed could not be told
     /// (reading it back and deleting it failed too): the checkpoint may
     /// exist, so none of its state may be deleted.
@@ -598,12 +603,27 @@ impl CheckpointStorage {
     /// A put that counts its bytes but leaves the caller to say whether it
     /// created an object.
     async fn write(&self, relative: &str, bytes: Bytes) -> Result<(), StorageError> {
+        self.write_with(relative, bytes, PutMode::Overwrite).await
+    }
+
+    async fn write_with(
+        &self,
+        relative: &str,
+        bytes: Bytes,
+        mode: PutMode,
+    ) -> Result<(), StorageError> {
         let path = self.resolve(relative)?;
         let size = bytes.len() as u64;
-        self.store
-            .put(&path, PutPayload::from(bytes))
-            .await
-            .map_err(Self::io(&path))?;
+        let written = self
+            .store
+            .put_opts(&path, PutPayload::from(bytes), PutOptions::from(mode))
+            .await;
+        match written {
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                return Err(StorageError::MetadataExists(self.location(relative)))
+            }
+            written => written.map_err(Self::io(&path))?,
+        };
         self.counters
             .bytes_uploaded
             .fetch_add(size, Ordering::Relaxed);
@@ -752,7 +772,9 @@ impl CheckpointStorage {
             .await
     }
 
-    /// Writes the metadata file `relative` (a checkpoint's or a savepoint's).
+    /// Writes the metadata file `relative` (a checkpoint's or a savepoint's)
+    /// if none of that name exists: a run fenced too late, or two runs
+    /// that drew one id, cannot replace a completed checkpoint's.
     /// A failed put may still have landed (a timeout after the store
     /// applied it): the outcome is settled by reading the file back, and if
     /// that fails too by deleting it, so that the checkpoint is either
@@ -765,15 +787,26 @@ impl CheckpointStorage {
     ) -> Result<(), StorageError> {
         self.check_fence().await?;
         let bytes = Bytes::from(metadata::encode(checkpoint));
-        let write = match self.put(relative, bytes.clone()).await {
-            Ok(()) => return Ok(()),
+        let write = match self
+            .write_with(relative, bytes.clone(), PutMode::Create)
+            .await
+        {
+            Ok(()) => {
+                self.counters
+                    .objects_created
+                    .fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
             Err(e @ (StorageError::Fenced { .. } | StorageError::EscapingPath(_))) => {
                 return Err(e)
             }
             Err(e) => e,
         };
+        // Created only, never replaced: one found with other bytes is
+        // another writer's, and stays.
         match self.get(relative).await {
             Ok(found) if found == bytes => return Ok(()),
+            Ok(_) => return Err(StorageError::MetadataExists(self.location(relative))),
             Err(e) if e.is_not_found() => return Err(write),
             _ => {}
         }
@@ -827,19 +860,28 @@ impl CheckpointStorage {
         ids
     }
 
-    /// The newest `retain` checkpoints found in storage. Their metadata must
-    /// read back: a corrupted one is an error, not a silent fallback to an
-    /// older checkpoint.
+    /// The checkpoints found in storage: the newest `retain` retained, whose
+    /// metadata must read back (a corrupted one is an error, not a silent
+    /// fallback to an older checkpoint), and the older ones subsumed, so
+    /// that the registry counts what they share with the retained before
+    /// they are deleted.
     pub async fn recover_store(
         &self,
         retain: usize,
     ) -> Result<CompletedCheckpointStore, StorageError> {
-        let mut store = CompletedCheckpointStore::new(retain);
         let ids = self.completed_ids().await?;
-        for id in ids.iter().skip(ids.len().saturating_sub(retain)) {
-            store.add(self.read_metadata(*id).await?);
+        let older = ids.len().saturating_sub(retain);
+        let mut found = Vec::with_capacity(ids.len());
+        for (i, id) in ids.iter().enumerate() {
+            match self.read_metadata(*id).await {
+                Ok(checkpoint) => found.push(checkpoint),
+                // Subsumed anyway, but what it references is unknown: it
+                // is left as it is, for `tidemark cleanup` to show.
+                Err(e) if i < older => tracing::warn!("{id} is not subsumed: {e}"),
+                Err(e) => return Err(e),
+            }
         }
-        Ok(store)
+        Ok(CompletedCheckpointStore::recovered(retain, found))
     }
 
     /// `CheckpointIDCounter`: the next id to use, never below one past any
@@ -1022,6 +1064,24 @@ mod tests {
         storage.delete_checkpoint(CheckpointId(1)).await.unwrap();
         assert_eq!(counters.objects_deleted.load(Ordering::Relaxed), 2);
         assert_eq!(storage.objects().await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn metadata_is_created_once_and_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(dir.path().to_str().unwrap(), JobId(1)).unwrap();
+        storage.write_metadata(&checkpoint(4)).await.unwrap();
+        // The same bytes again (a retry whose first put landed) succeed.
+        storage.write_metadata(&checkpoint(4)).await.unwrap();
+        // Another writer's checkpoint 4 is refused, and the first stays.
+        let mut other = checkpoint(4);
+        other.timestamp += 1;
+        let err = storage.write_metadata(&other).await.unwrap_err();
+        assert!(matches!(err, StorageError::MetadataExists(_)), "{err}");
+        assert_eq!(
+            storage.read_metadata(CheckpointId(4)).await.unwrap(),
+            checkpoint(4)
+        );
     }
 
     #[tokio::test]

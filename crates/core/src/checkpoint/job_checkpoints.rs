@@ -269,6 +269,8 @@ pub enum BrokenRule {
 pub struct JobCheckpoints {
     core: CheckpointCoordinator,
     registry: SharedStateRegistry,
+    /// What recovery subsumed, deleted with the first event.
+    recovered_deletes: Option<(Vec<CheckpointId>, Vec<String>)>,
     store: CompletedCheckpointStore,
     input_end: InputEnd,
     attempt: Attempt,
@@ -292,15 +294,27 @@ pub struct JobCheckpoints {
 impl JobCheckpoints {
     /// Checkpointing resumed over the retained checkpoints of `store` (the
     /// registry counts their references), with `core` deciding triggers.
+    /// The checkpoints its recovery subsumed are counted too, then deleted
+    /// with the objects only they referenced, with the first event.
     pub fn new(
         core: CheckpointCoordinator,
-        store: CompletedCheckpointStore,
+        mut store: CompletedCheckpointStore,
         max_space_amplification: f64,
     ) -> Self {
+        let surplus = store.take_surplus();
+        let mut registry = SharedStateRegistry::rebuild(store.retained().chain(&surplus))
+            .with_max_space_amplification(max_space_amplification);
+        for old in &surplus {
+            registry.removed(old);
+        }
+        let recovered_deletes = (
+            surplus.iter().map(|c| c.id).collect(),
+            registry.take_deletable(),
+        );
         JobCheckpoints {
             core,
-            registry: SharedStateRegistry::rebuild(store.retained())
-                .with_max_space_amplification(max_space_amplification),
+            registry,
+            recovered_deletes: Some(recovered_deletes),
             store,
             input_end: InputEnd::default(),
             attempt: Attempt(0),
@@ -356,6 +370,9 @@ impl JobCheckpoints {
     /// Applies `event` at `now`; returns what the shell must do, in order.
     pub fn handle(&mut self, now: Now, event: JobEvent) -> Vec<JobAction> {
         let mut out = Vec::new();
+        if let Some((checkpoints, paths)) = self.recovered_deletes.take() {
+            self.delete(checkpoints, paths, &mut out);
+        }
         match event {
             JobEvent::Tick => self.feed(now, Event::Tick, &mut out),
             JobEvent::Deployed {

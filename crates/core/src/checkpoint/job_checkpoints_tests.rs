@@ -45,6 +45,11 @@ impl Job {
     }
 
     fn build(store: CompletedCheckpointStore, hooked: bool) -> Self {
+        Self::build_deployed(store, hooked).0
+    }
+
+    /// The job, and what its first event (the deployment) asked for.
+    fn build_deployed(store: CompletedCheckpointStore, hooked: bool) -> (Self, Vec<JobAction>) {
         let base = Instant::now();
         let policy = CheckpointPolicy {
             interval: Some(Duration::from_secs(1)),
@@ -69,8 +74,8 @@ impl Job {
             base,
             t: 0,
         };
-        job.deploy(1);
-        job
+        let first = job.deploy(1);
+        (job, first)
     }
 
     fn deploy(&mut self, attempt: u32) -> Vec<JobAction> {
@@ -336,6 +341,35 @@ fn an_ack_of_an_abandoned_attempt_deletes_what_it_wrote() {
         panic!("{actions:?}")
     };
     assert_eq!(paths, &["chk-1/MANIFEST", "shared/a.sst"]);
+}
+
+/// Checkpoints found in storage beyond the retained one (the run before
+/// retained three) are subsumed at once, but only after the registry
+/// counted them: a shared file the retained one references stays.
+#[test]
+fn recovery_subsumes_the_surplus_and_keeps_what_the_retained_share() {
+    let found = [
+        (1, &[("a.sst", 1)][..]),
+        (2, &[("a.sst", 1), ("b.sst", 2)]),
+        (3, &[("b.sst", 2)]),
+    ]
+    .map(|(id, shared)| {
+        let mut checkpoint = crate::testkit::checkpoint(id);
+        let state = native(CheckpointId(id), shared);
+        checkpoint.subtasks.insert(subtask(SINK), state);
+        checkpoint
+    });
+    let (mut job, first) =
+        Job::build_deployed(CompletedCheckpointStore::recovered(1, found), false);
+    let [JobAction::Delete { checkpoints, paths }] = first.as_slice() else {
+        panic!("expected the surplus deleted first, got {first:?}")
+    };
+    assert_eq!(checkpoints, &[CheckpointId(1), CheckpointId(2)]);
+    assert_eq!(paths, &["chk-1/MANIFEST", "chk-2/MANIFEST", "shared/a.sst"]);
+    let retained: Vec<CheckpointId> = job.machine.store().retained().map(|c| c.id).collect();
+    assert_eq!(retained, [CheckpointId(3)]);
+    // Deleted once: the next event asks for nothing more.
+    assert_eq!(job.handle(JobEvent::Deleted), []);
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! `CompletedCheckpointStore`: the completed checkpoints a job keeps, newest
 //! last. Adding one beyond the retained number subsumes the oldest, whose
 //! objects the caller then deletes. `CheckpointStorage::recover_store`
-//! rebuilds it from storage.
+//! rebuilds it from every checkpoint in storage; those beyond the retained
+//! number (a run that retained more, a subsumption whose delete failed)
+//! are subsumed on recovery, as Flink's store does.
 
 use super::CompletedCheckpoint;
 use std::collections::VecDeque;
@@ -12,6 +14,9 @@ use std::collections::VecDeque;
 pub struct CompletedCheckpointStore {
     retain: usize,
     checkpoints: VecDeque<CompletedCheckpoint>,
+    /// Found in storage on recovery beyond the retained number: subsumed,
+    /// for the job's checkpointing to delete.
+    surplus: Vec<CompletedCheckpoint>,
 }
 
 impl CompletedCheckpointStore {
@@ -21,7 +26,26 @@ impl CompletedCheckpointStore {
         CompletedCheckpointStore {
             retain,
             checkpoints: VecDeque::new(),
+            surplus: Vec::new(),
         }
+    }
+
+    /// The store over the checkpoints `found` in storage: the newest
+    /// `retain` retained, the rest subsumed ([`Self::take_surplus`]).
+    pub fn recovered(retain: usize, found: impl IntoIterator<Item = CompletedCheckpoint>) -> Self {
+        let mut store = Self::new(retain);
+        for checkpoint in found {
+            let subsumed = store.add(checkpoint);
+            store.surplus.extend(subsumed);
+        }
+        store
+    }
+
+    /// The checkpoints recovery subsumed, once: their shared files may be
+    /// referenced by retained ones, so the registry must count them before
+    /// their objects are deleted.
+    pub fn take_surplus(&mut self) -> Vec<CompletedCheckpoint> {
+        std::mem::take(&mut self.surplus)
     }
 
     /// Returns the checkpoints this one subsumes. Checkpoints stay in id
@@ -70,5 +94,17 @@ mod tests {
         let subsumed = store.add(checkpoint(1));
         assert_eq!(subsumed.iter().map(|c| c.id.0).collect::<Vec<_>>(), [1]);
         assert_eq!(store.latest().unwrap().id, CheckpointId(3));
+    }
+
+    #[test]
+    fn recovery_retains_the_newest_and_subsumes_the_rest_once() {
+        let found = [3, 1, 4, 2].map(checkpoint);
+        let mut store = CompletedCheckpointStore::recovered(2, found);
+        let retained: Vec<u64> = store.retained().map(|c| c.id.0).collect();
+        assert_eq!(retained, [3, 4]);
+        let mut surplus: Vec<u64> = store.take_surplus().iter().map(|c| c.id.0).collect();
+        surplus.sort();
+        assert_eq!(surplus, [1, 2]);
+        assert!(store.take_surplus().is_empty());
     }
 }

@@ -27,14 +27,10 @@ pub(super) struct Savepoint {
 }
 
 impl Storage {
-    /// What a restarted driver recovers: the newest `retain` checkpoints
-    /// whose metadata exists.
+    /// What a restarted driver recovers: every checkpoint whose metadata
+    /// exists, the newest `retain` retained and the rest subsumed.
     pub fn recover(&self, retain: usize) -> CompletedCheckpointStore {
-        let mut store = CompletedCheckpointStore::new(retain);
-        for checkpoint in self.recoverable(retain) {
-            store.add(checkpoint.clone());
-        }
-        store
+        CompletedCheckpointStore::recovered(retain, self.metadata.values().cloned())
     }
 
     /// The newest `retain` checkpoints in storage: those a restarted
