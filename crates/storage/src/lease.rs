@@ -190,7 +190,7 @@ fn alive(pid: u32) -> bool {
 /// since a takeover deletes the ones before it, so after two takeovers
 /// the next epoch's object may be gone while a newer one stands.
 pub async fn superseded(storage: &CheckpointStorage, epoch: u64) -> Result<(), StorageError> {
-    match newest_epoch(storage).await? {
+    match current_epoch(storage).await? {
         Some(newer) if newer > epoch => Err(StorageError::Fenced {
             dir: storage.directory(),
             holder: format!("the run of epoch {epoch}"),
@@ -212,7 +212,9 @@ async fn epochs(storage: &CheckpointStorage) -> Result<Vec<u64>, StorageError> {
     Ok(epochs)
 }
 
-async fn newest_epoch(storage: &CheckpointStorage) -> Result<Option<u64>, StorageError> {
+/// The epoch of the run that holds `storage`'s directory (or held it
+/// last), if any run took it: what a worker admits attempts by.
+pub async fn current_epoch(storage: &CheckpointStorage) -> Result<Option<u64>, StorageError> {
     Ok(epochs(storage).await?.last().copied())
 }
 

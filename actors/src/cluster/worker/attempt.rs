@@ -29,7 +29,7 @@ use tidemark_core::cluster::wire::{self, Hello};
 use tidemark_core::job::Job;
 use tidemark_core::model::ids::{OperatorId, SubtaskId};
 use tidemark_core::time::TimeMarks;
-use tidemark_storage::CheckpointStorage;
+use tidemark_storage::{lease, CheckpointStorage};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Status, Streaming};
@@ -246,10 +246,13 @@ impl AttemptActor {
         };
         let deploying = ctx.spawn(
             async move {
+                // Links first, once admitted: a peer waits for this
+                // worker's hello, not its restore.
+                let admitted = admit(&deploy, run, &rebuild).await?;
                 host.send(claim)
                     .await
                     .map_err(|_| "the worker is shutting down".to_owned())??;
-                prepare(deploy, run, rebuild, host, me).await
+                prepare(deploy, admitted, run, host, me).await
             }
             .into_actor(self)
             .map(move |prepared, act, ctx| {
@@ -374,15 +377,19 @@ impl AttemptActor {
     }
 }
 
-/// Rebuilds the job, checks it is the driver's, reads the state of the
-/// subtasks placed here and opens the links to the other workers.
-async fn prepare(
-    deploy: Deploy,
-    run: RunAttempt,
-    rebuild: Rebuild,
-    host: Addr<WorkerHost>,
-    failures: Addr<AttemptActor>,
-) -> Result<Prepared, String> {
+/// A deployment the worker checked before it lets it claim the worker:
+/// the job its recipe rebuilds is the driver's, and the job directory is
+/// leased at the attempt's epoch, read from storage rather than taken
+/// from the caller, so that no caller stops the running attempt with a
+/// made-up later one.
+struct Admitted {
+    job: Job,
+    placement: WorkerAssignment,
+    hosted: Vec<SubtaskId>,
+    storage: Option<CheckpointStorage>,
+}
+
+async fn admit(deploy: &Deploy, run: RunAttempt, rebuild: &Rebuild) -> Result<Admitted, String> {
     let job = rebuild(&deploy.recipe)?;
     if job_id(&job.name) != run.job {
         return Err(format!(
@@ -405,11 +412,10 @@ async fn prepare(
         ));
     }
     let placement = WorkerAssignment::new(deploy.workers);
-    let me = deploy.worker;
     let hosted: Vec<SubtaskId> = job
         .graph
         .subtasks()
-        .filter(|id| placement.worker(*id) == me)
+        .filter(|id| placement.worker(*id) == deploy.worker)
         .collect();
     let storage = job
         .config
@@ -417,9 +423,67 @@ async fn prepare(
         .as_ref()
         .map(|c| CheckpointStorage::open(&c.storage_url, run.job))
         .transpose()
-        .map_err(|e| e.to_string())?
-        .map(|storage| storage.working_for(run.epoch));
-    // Links first: a peer waits for this worker's hello, not its restore.
+        .map_err(|e| e.to_string())?;
+    if let Some(storage) = &storage {
+        let leased = lease::current_epoch(storage)
+            .await
+            .map_err(|e| e.to_string())?;
+        if leased != Some(run.epoch) {
+            let held = leased.map_or("no run holds it".into(), |epoch| {
+                format!("it is leased at epoch {epoch}")
+            });
+            return Err(format!(
+                "the attempt is of lease epoch {}, but {held}: {}",
+                run.epoch,
+                storage.directory()
+            ));
+        }
+    }
+    Ok(Admitted {
+        job,
+        placement,
+        hosted,
+        storage: storage.map(|storage| storage.working_for(run.epoch)),
+    })
+}
+
+/// Opens the links to the other workers and reads the state of the
+/// subtasks placed here.
+async fn prepare(
+    deploy: Deploy,
+    admitted: Admitted,
+    run: RunAttempt,
+    host: Addr<WorkerHost>,
+    failures: Addr<AttemptActor>,
+) -> Result<Prepared, String> {
+    let Admitted {
+        job,
+        placement,
+        hosted,
+        storage,
+    } = admitted;
+    let ends = open_links(&deploy, run, &job, placement, host, failures).await?;
+    let restore = restore_state(&deploy, storage.as_ref(), &job, &hosted).await?;
+    Ok(Prepared {
+        job,
+        hosted,
+        placement,
+        restore,
+        ends,
+        storage,
+    })
+}
+
+/// The links of this worker's share, the lower worker of each pair dialing.
+async fn open_links(
+    deploy: &Deploy,
+    run: RunAttempt,
+    job: &Job,
+    placement: WorkerAssignment,
+    host: Addr<WorkerHost>,
+    failures: Addr<AttemptActor>,
+) -> Result<LinkEnds, String> {
+    let me = deploy.worker;
     let failures: Recipient<SubtaskFailed> = failures.recipient();
     let mut ends = LinkEnds::new();
     for (a, b) in crossings(&job.graph, placement) {
@@ -466,7 +530,17 @@ async fn prepare(
         };
         ends.insert(((a, b), me), end);
     }
-    let restore = match (&deploy.restore, &storage) {
+    Ok(ends)
+}
+
+/// The state the deployment's restore gives the subtasks placed here.
+async fn restore_state(
+    deploy: &Deploy,
+    storage: Option<&CheckpointStorage>,
+    job: &Job,
+    hosted: &[SubtaskId],
+) -> Result<HashMap<SubtaskId, Restored>, String> {
+    Ok(match (&deploy.restore, storage) {
         (Some(spec), Some(storage)) => {
             let from = RestoreFrom {
                 checkpoint: spec.checkpoint.clone(),
@@ -492,14 +566,6 @@ async fn prepare(
         }
         (Some(_), None) => return Err("a restore for a job without checkpointing".into()),
         (None, _) => HashMap::new(),
-    };
-    Ok(Prepared {
-        job,
-        hosted,
-        placement,
-        restore,
-        ends,
-        storage,
     })
 }
 

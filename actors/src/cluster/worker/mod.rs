@@ -375,3 +375,6 @@ impl Handler<AwaitLink> for WorkerHost {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
