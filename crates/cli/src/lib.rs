@@ -10,13 +10,14 @@ pub mod inspect;
 mod leader;
 mod progress;
 mod report;
+pub mod roots;
 mod run;
 pub mod sinks;
 pub mod topologies;
 pub mod worker;
 
 pub use report::{LastMax, Percentiles, RunReport};
-pub use run::{rebuild, run, RunArgs, Topology};
+pub use run::{rebuild, rebuild_within, run, RunArgs, Topology};
 
 use crate::config::ConfigError;
 use clap::parser::ValueSource;

@@ -6,6 +6,7 @@ use super::leader::Leadership;
 use super::report::{Finished, RunReport};
 use super::{Cli, CliError, Command};
 use crate::config::{ConfigFile, Options, Origins, RestoreArg};
+use crate::roots::Roots;
 use crate::sinks::{run_name, Target};
 use crate::topologies::join::Join;
 use crate::topologies::windows::{Events, Windows};
@@ -217,6 +218,12 @@ struct Recipe {
 
 /// Rebuilds the job of a `run` recipe (a worker's [`tidemark_actors::worker::Rebuild`]).
 pub fn rebuild(recipe: &[u8]) -> Result<tidemark_core::job::Job, String> {
+    rebuild_within(recipe, &Roots::default())
+}
+
+/// [`rebuild`], refusing a job whose checkpoint, savepoint, restore, state
+/// or output location is outside `roots` (`tidemark worker --root`).
+pub fn rebuild_within(recipe: &[u8], roots: &Roots) -> Result<tidemark_core::job::Job, String> {
     let recipe: Recipe =
         rmp_serde::from_slice(recipe).map_err(|e| format!("the recipe does not decode: {e}"))?;
     let args = RunArgs::parse(recipe.argv).map_err(|e| format!("the recipe's arguments: {e}"))?;
@@ -225,6 +232,9 @@ pub fn rebuild(recipe: &[u8]) -> Result<tidemark_core::job::Job, String> {
         _ => None,
     };
     let settings = args.settings_from(file).map_err(|e| e.to_string())?;
+    for (flag, location) in args.locations(&settings.options) {
+        roots.check(flag, &location).map_err(|e| e.to_string())?;
+    }
     let run = args.run_name.clone().unwrap_or_else(run_name);
     Ok(args.job(args.job_config(&settings), &run))
 }
@@ -445,6 +455,36 @@ impl RunArgs {
             }
             .job(config),
         }
+    }
+
+    /// Where the job keeps and reads state and writes its results, by the
+    /// flag that names each (its key in a file has the same meaning).
+    fn locations(&self, options: &Options) -> Vec<(&'static str, String)> {
+        let mut found = vec![("--checkpoint-dir", options.checkpoint_dir.clone())];
+        found.extend(
+            options
+                .savepoint_dir
+                .clone()
+                .map(|dir| ("--savepoint-dir", dir)),
+        );
+        let state = options.state_dir.as_ref();
+        found.extend(state.map(|dir| ("--state-dir", dir.display().to_string())));
+        match &options.restore {
+            Some(RestoreArg::Savepoint(dir)) => found.push(("--restore", dir.clone())),
+            Some(RestoreArg::Checkpoint {
+                parent: Some(dir), ..
+            }) => found.push(("--restore", dir.display().to_string())),
+            _ => {}
+        }
+        let output = self.output.as_ref().map(|dir| dir.display().to_string());
+        found.extend(output.map(|dir| ("--output", dir)));
+        found.extend(
+            self.sink
+                .clone()
+                .filter(|url| url != "discard")
+                .map(|url| ("--sink", url)),
+        );
+        found
     }
 
     /// Where the results go: `--sink`, or `--output`'s files; files are

@@ -2,6 +2,7 @@
 //! --workers` launches or `--worker-addrs` names.
 
 use super::CliError;
+use crate::roots::Roots;
 use clap::Args;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,6 +22,14 @@ pub struct WorkerArgs {
     /// wildcard address (a pod's DNS name on Kubernetes).
     #[arg(long, value_name = "HOST")]
     pub advertise: Option<String>,
+    /// Where the jobs this worker hosts may keep checkpoints, savepoints
+    /// and state and write their output: a directory or a URL prefix
+    /// (`s3://bucket/prefix`, `postgres://host:port/db`), repeatable. A job
+    /// naming a location outside every root is refused. Without any, a
+    /// worker takes every location its callers name: give roots to any
+    /// worker others than you can reach.
+    #[arg(long = "root", value_name = "DIR|URL")]
+    pub roots: Vec<String>,
     /// Threads for the subtasks; defaults to the cores.
     #[arg(long)]
     pub threads: Option<usize>,
@@ -40,7 +49,12 @@ pub fn worker(args: &WorkerArgs) -> Result<(), CliError> {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         exit_with_stdin: args.exit_with_stdin,
     };
-    worker::serve(options, Arc::new(super::rebuild)).map_err(|e| CliError::Usage {
+    let roots = Roots::new(&args.roots).map_err(|e| CliError::Usage {
+        argument: "--root".into(),
+        problem: e.to_string(),
+    })?;
+    let rebuild = move |recipe: &[u8]| super::rebuild_within(recipe, &roots);
+    worker::serve(options, Arc::new(rebuild)).map_err(|e| CliError::Usage {
         argument: "--listen/--data".into(),
         problem: format!("cannot serve: {e}"),
     })

@@ -644,6 +644,19 @@ fn the_kubernetes_example_runs_commands_the_binary_accepts() {
         .map(|i| format!("tidemark-worker-{i}.tidemark-workers:{}", ports[0]))
         .collect();
     assert_eq!(addrs, names.join(","));
+    // The workers take the drivers' checkpoint directory, and no other.
+    let roots: Vec<String> = worker
+        .iter()
+        .filter_map(|a| a.strip_prefix("--root="))
+        .map(str::to_owned)
+        .collect();
+    let roots = tidemark_cli::roots::Roots::new(&roots).unwrap();
+    let checkpoints = driver
+        .iter()
+        .find_map(|a| a.strip_prefix("--checkpoint-dir="))
+        .expect("the driver names its checkpoint directory");
+    roots.check("--checkpoint-dir", checkpoints).unwrap();
+    assert!(roots.check("--checkpoint-dir", "s3://elsewhere").is_err());
 
     // The drivers elect their leader through a Lease their service account
     // may get, create and update.

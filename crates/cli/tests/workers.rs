@@ -228,6 +228,29 @@ fn workers_started_by_hand_run_jobs_one_after_another() {
     }
 }
 
+/// A worker started with `--root` refuses a job whose checkpoints lie
+/// elsewhere, naming the flag and its roots, and runs one inside them.
+#[test]
+fn a_worker_refuses_a_job_whose_locations_are_outside_its_roots() {
+    let (root, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut worker, address) = start_worker(&[format!("--root={}", root.path().display())]);
+    let mut args = topology_args("wordcount", 20_000, 3);
+    args.extend([
+        format!("--worker-addrs={address}"),
+        "--max-restarts=0".into(),
+    ]);
+    let outside = elsewhere.path().join("checkpoints");
+    let output = root.path().join("out");
+    let err = run_with(&args, &output, &outside).unwrap_err().to_string();
+    assert!(err.contains("outside this worker's roots"), "{err}");
+    assert!(err.contains("--checkpoint-dir"), "{err}");
+
+    run_with(&args, &output, &root.path().join("checkpoints")).unwrap();
+    assert!(!self::output(&output).is_empty());
+    drop(worker.stdin.take());
+    assert!(worker.wait().unwrap().success());
+}
+
 /// The resident memory of process `pid`, in MiB.
 fn rss_mib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
