@@ -287,6 +287,60 @@ fn lowering_retain_between_runs_subsumes_the_extra_checkpoints_whole() {
     );
 }
 
+/// A run stopped with a savepoint committed its output up to it; the run
+/// resumed from the savepoint dies before its first checkpoint; a third
+/// run with `--restore latest` (as an elected leader would) starts from
+/// the savepoint again, not from the first run's older checkpoints, and
+/// the output is exactly once.
+#[test]
+fn latest_never_goes_back_past_the_savepoint_a_run_started_from() {
+    let (root, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let savepoints = tempfile::tempdir().unwrap();
+    let updates = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec!["--emit=updates".to_string(), "--retain=3".into()];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    };
+    let first = updates(&[
+        "--rate=100000",
+        "--stop-with-savepoint-after=500ms",
+        &format!("--savepoint-dir={}", savepoints.path().display()),
+    ]);
+    let stopped = run(&first, root.path(), output.path()).unwrap();
+    let savepoint = stopped
+        .savepoint
+        .clone()
+        .expect("the run stopped with a savepoint");
+    assert!(stopped.checkpoints_completed > 1, "{stopped:?}");
+
+    // The resumed run's first checkpoint fails its source, and with it
+    // the run, before anything of the run is committed.
+    let counter = job_dir(root.path()).join(tidemark::storage::COUNTER);
+    let next: u64 = std::fs::read_to_string(counter)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let resumed = updates(&[
+        &format!("--restore={savepoint}"),
+        &format!("--inject-fault=sync-snapshot:{next}:0:0"),
+        "--max-restarts=0",
+    ]);
+    let err = run(&resumed, root.path(), output.path()).unwrap_err();
+    assert!(!err.to_string().is_empty());
+
+    let latest = updates(&["--restore=latest"]);
+    let report = run(&latest, root.path(), output.path()).unwrap();
+    // The first run's retained checkpoints are older than its savepoint:
+    // restoring one would write its output up to the savepoint again
+    // (the file sink's names hide that; an appending sink would not).
+    let dir = tidemark::storage::CheckpointStorage::open_directory(&savepoint, false).unwrap();
+    let at = storage::block_on(dir.read_metadata_at(tidemark::storage::METADATA)).unwrap();
+    assert_eq!(report.restored_checkpoint, Some(at.id.0), "{report:?}");
+    let context = "stopped, resumed and lost, then latest";
+    common::assert_updates_exactly_once(output.path(), RECORDS, KEYS, SEED, context);
+}
+
 /// Every read and write of a lease takes a fifth of the lease's time to
 /// live, as 6 s would of a 30 s lease: the run renews on a beat of its
 /// own, is never fenced, and no checkpoint fails.

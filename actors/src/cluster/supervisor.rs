@@ -38,9 +38,10 @@ use std::time::{Duration, Instant};
 use tidemark_core::checkpoint::coordinator::CheckpointCoordinator;
 use tidemark_core::checkpoint::restore::RestoreCandidates;
 use tidemark_core::checkpoint::savepoint::check_references;
+use tidemark_core::checkpoint::start::{self, Start, StartFrom, StartPoint};
 use tidemark_core::checkpoint::stats::{self, RestoredStats};
 use tidemark_core::checkpoint::store::CompletedCheckpointStore;
-use tidemark_core::checkpoint::{CheckpointConfig, CheckpointFailure, Restore, RestoreMode};
+use tidemark_core::checkpoint::{CheckpointConfig, CheckpointFailure, RestoreMode};
 use tidemark_core::cluster::attempts::RunAttempt;
 use tidemark_core::cluster::fault::KillSchedule;
 use tidemark_core::cluster::lifecycle::{JobLifecycle, LifeAction, LifeEvent, Outcome};
@@ -707,6 +708,14 @@ impl JobSupervisor {
     }
 }
 
+/// A boot's completed-checkpoint store, its restore candidates (newest
+/// first), and the start it was told, to record once restored.
+type Candidates = (
+    CompletedCheckpointStore,
+    Vec<RestoreFrom>,
+    Option<StartFrom>,
+);
+
 /// What a checkpointed job opens before its first attempt: the
 /// coordinator, with the completed checkpoints and id counter recovered
 /// from storage, and the state to start from.
@@ -732,8 +741,16 @@ impl Boot {
             .next_checkpoint_id()
             .await
             .map_err(JobError::Storage)?;
-        let (mut store, candidates) = self.candidates().await?;
+        let (mut store, candidates, told) = self.candidates().await?;
         let (from, restore) = self.load_newest(&mut store, candidates).await?;
+        if let (Some(told), Some(restored)) = (told, &from) {
+            let first = next_id.max(CheckpointId(restored.checkpoint.id.0 + 1));
+            let start = StartPoint { from: told, first };
+            self.storage
+                .write_start(&start)
+                .await
+                .map_err(JobError::Storage)?;
+        }
         let subtasks: Vec<SubtaskId> = self.graph.subtasks().collect();
         let mut core = CheckpointCoordinator::new(
             self.settings.policy.clone(),
@@ -770,40 +787,71 @@ impl Boot {
         Ok((coordinator, restore))
     }
 
-    /// The completed-checkpoint store to start with and the checkpoints
-    /// the start may restore from, newest first. Failover restores only
-    /// from checkpoints of this run or the one it was started from, never
-    /// from other runs' leftovers.
-    async fn candidates(&self) -> Result<(CompletedCheckpointStore, Vec<RestoreFrom>), JobError> {
+    /// The completed-checkpoint store to start with, the checkpoints the
+    /// start may restore from, newest first, and the start to record if
+    /// the run was told one. Failover restores only from checkpoints of
+    /// this run or the one it was started from, never from other runs'
+    /// leftovers, and `latest` never from before the directory's last
+    /// start ([`start`]).
+    async fn candidates(&self) -> Result<Candidates, JobError> {
         let (storage, settings) = (&self.storage, &self.settings);
         let retain = settings.policy.retain;
-        let mut store = CompletedCheckpointStore::new(retain);
-        let candidates = match &settings.restore {
-            Restore::Fresh => Vec::new(),
-            Restore::Latest => {
-                store = storage
+        let last = storage.read_start().await.map_err(JobError::Storage)?;
+        match start::decide(&settings.restore, last.as_ref()) {
+            Start::Fresh => Ok((CompletedCheckpointStore::new(retain), Vec::new(), None)),
+            Start::Continue { since, or } => {
+                let mut store = storage
                     .recover_store(retain)
                     .await
                     .map_err(JobError::Storage)?;
-                store
+                if let Some(first) = since {
+                    let keep = match &or {
+                        Some(StartFrom::Checkpoint(id)) => Some(*id),
+                        _ => None,
+                    };
+                    store.retire_before(first, keep);
+                }
+                let mut candidates: Vec<RestoreFrom> = store
                     .retained()
                     .rev()
+                    .filter(|c| since.is_none_or(|first| c.id >= first))
                     .map(|checkpoint| RestoreFrom {
                         checkpoint: checkpoint.clone(),
                         owned: true,
                         dir: None,
                     })
-                    .collect()
+                    .collect();
+                if let (true, Some(from)) = (candidates.is_empty(), &or) {
+                    candidates = self.told(from, &mut store).await?;
+                }
+                Ok((store, candidates, None))
             }
-            Restore::Checkpoint(id) => {
+            Start::At(from) => {
+                let mut store = CompletedCheckpointStore::new(retain);
+                let candidates = self.told(&from, &mut store).await?;
+                Ok((store, candidates, Some(from)))
+            }
+        }
+    }
+
+    /// The restore a run was told: a checkpoint of the job's directory,
+    /// which the store takes in claim mode, or a savepoint.
+    async fn told(
+        &self,
+        from: &StartFrom,
+        store: &mut CompletedCheckpointStore,
+    ) -> Result<Vec<RestoreFrom>, JobError> {
+        let storage = &self.storage;
+        Ok(match from {
+            StartFrom::Checkpoint(id) => {
                 let checkpoint = storage
                     .read_metadata(*id)
                     .await
                     .map_err(JobError::Storage)?;
                 let location = storage.location(&CheckpointStorage::metadata_path(*id));
                 check_references(&location, &checkpoint).map_err(SavepointError::from)?;
-                let owned = settings.restore_mode == RestoreMode::Claim;
-                if owned {
+                let owned = self.settings.restore_mode == RestoreMode::Claim;
+                if owned && store.retained().all(|c| c.id != *id) {
                     store.add(checkpoint.clone());
                 }
                 vec![RestoreFrom {
@@ -812,7 +860,7 @@ impl Boot {
                     dir: None,
                 }]
             }
-            Restore::Savepoint(url) => {
+            StartFrom::Savepoint(url) => {
                 let (dir, checkpoint) = savepoint::open(url).await?;
                 vec![RestoreFrom {
                     checkpoint,
@@ -820,8 +868,7 @@ impl Boot {
                     dir: Some(dir),
                 }]
             }
-        };
-        Ok((store, candidates))
+        })
     }
 
     /// Loads the newest candidate whose state is whole: with `latest`, a

@@ -29,7 +29,7 @@ use tidemark_connectors::files::sink::{
 use tidemark_core::checkpoint::lease::LeaseConfig;
 use tidemark_core::checkpoint::{entries, CompletedCheckpoint};
 use tidemark_storage::lease::{Lease, LEASES};
-use tidemark_storage::{CheckpointStorage, StorageError, StoredObject, COUNTER};
+use tidemark_storage::{CheckpointStorage, StorageError, StoredObject, COUNTER, START};
 
 /// `tidemark cleanup`'s arguments.
 #[derive(Clone, Debug, Args)]
@@ -113,6 +113,7 @@ fn plan(
         .collect();
     keep.extend(metadata.iter().map(String::as_str));
     keep.insert(COUNTER);
+    keep.insert(START);
     let (mut old, young): (Vec<Orphan>, Vec<Orphan>) = objects
         .into_iter()
         .filter(|o| !keep.contains(o.path.as_str()) && !o.path.starts_with(&format!("{LEASES}/")))

@@ -11,6 +11,7 @@
 //! <root>/<job-id>/shared/<object>           incremental files shared across checkpoints
 //! <root>/<job-id>/merged/<object>           physical files holding merged segments
 //! <root>/<job-id>/checkpoint-id-counter     next checkpoint id
+//! <root>/<job-id>/_start                    where runs last started (`--restore X`)
 //! <root>/<job-id>/_leases/<epoch>           the run that holds the directory
 //! ```
 //!
@@ -40,6 +41,7 @@ use std::time::SystemTime;
 use thiserror::Error;
 use tidemark_core::checkpoint::metadata::{self, MetadataError};
 use tidemark_core::checkpoint::restore::RestoreFailure;
+use tidemark_core::checkpoint::start::StartPoint;
 use tidemark_core::checkpoint::store::CompletedCheckpointStore;
 use tidemark_core::checkpoint::{
     stays_inside, CheckpointConfig, CheckpointConfigError, CompletedCheckpoint, HandleMismatch,
@@ -65,6 +67,9 @@ pub fn unique_token() -> u64 {
 pub const METADATA: &str = "_metadata";
 /// The checkpoint id counter, relative to the job directory.
 pub const COUNTER: &str = "checkpoint-id-counter";
+/// Where the job directory's runs last started from
+/// ([`tidemark_core::checkpoint::start`]), relative to the job directory.
+pub const START: &str = "_start";
 /// Deletes in flight at once in [`CheckpointStorage::delete_many`].
 const DELETES_IN_FLIGHT: usize = 8;
 
@@ -148,6 +153,14 @@ pub enum StorageError {
         path: String,
         /// What it holds.
         found: String,
+    },
+    /// The record of where the directory's runs started does not decode.
+    #[error("{path} does not say where the job last started ({problem}); delete it to restore from the newest checkpoint")]
+    Malformed {
+        /// Where it is.
+        path: String,
+        /// Why it does not decode.
+        problem: String,
     },
 }
 
@@ -882,6 +895,29 @@ impl CheckpointStorage {
             }
         }
         Ok(CompletedCheckpointStore::recovered(retain, found))
+    }
+
+    /// Where the directory's runs last started from, if a run was ever
+    /// told.
+    pub async fn read_start(&self) -> Result<Option<StartPoint>, StorageError> {
+        let bytes = match self.get(START).await {
+            Ok(bytes) => bytes,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| StorageError::Malformed {
+                path: self.location(START),
+                problem: e.to_string(),
+            })
+    }
+
+    /// Records where this run started, before its first checkpoint.
+    pub async fn write_start(&self, start: &StartPoint) -> Result<(), StorageError> {
+        self.check_fence().await?;
+        let bytes = serde_json::to_vec_pretty(start).expect("a start is plain data");
+        self.write(START, bytes.into()).await
     }
 
     /// `CheckpointIDCounter`: the next id to use, never below one past any

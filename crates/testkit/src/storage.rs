@@ -179,6 +179,10 @@ pub fn retained_objects(
             .map(|c| CheckpointStorage::metadata_path(c.id)),
     );
     referenced.insert(tidemark_storage::COUNTER.into());
+    // Where the directory's runs last started, once a run was told.
+    if block_on(storage.read_start()).unwrap().is_some() {
+        referenced.insert(tidemark_storage::START.into());
+    }
     let leases = block_on(storage.list(tidemark_storage::lease::LEASES)).unwrap();
     assert_eq!(leases.len(), 1, "one lease, the newest run's: {leases:?}");
     referenced.extend(leases);

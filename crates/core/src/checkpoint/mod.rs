@@ -34,6 +34,7 @@ pub mod metadata;
 pub mod restore;
 pub mod savepoint;
 pub mod shared;
+pub mod start;
 pub mod stats;
 pub mod store;
 pub mod subtask;

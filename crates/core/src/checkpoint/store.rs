@@ -6,6 +6,7 @@
 //! are subsumed on recovery, as Flink's store does.
 
 use super::CompletedCheckpoint;
+use crate::model::ids::CheckpointId;
 use std::collections::VecDeque;
 
 /// Flink's `CompletedCheckpointStore`, in memory: the retained completed
@@ -41,6 +42,17 @@ impl CompletedCheckpointStore {
         store
     }
 
+    /// Subsumes the retained checkpoints older than `first` except `keep`:
+    /// older runs', from before the directory's last start
+    /// ([`super::start`]), which no restore may go back to.
+    pub fn retire_before(&mut self, first: CheckpointId, keep: Option<CheckpointId>) {
+        let (old, kept): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.checkpoints)
+            .into_iter()
+            .partition(|c| c.id < first && Some(c.id) != keep);
+        self.checkpoints = kept;
+        self.surplus.extend(old);
+    }
+
     /// The checkpoints recovery subsumed, once: their shared files may be
     /// referenced by retained ones, so the registry must count them before
     /// their objects are deleted.
@@ -65,7 +77,7 @@ impl CompletedCheckpointStore {
 
     /// Forgets checkpoint `id` (one whose state turned out damaged) without
     /// subsuming anything: its objects stay for inspection and cleanup.
-    pub fn remove(&mut self, id: crate::model::ids::CheckpointId) {
+    pub fn remove(&mut self, id: CheckpointId) {
         self.checkpoints.retain(|c| c.id != id);
     }
 
@@ -78,7 +90,6 @@ impl CompletedCheckpointStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ids::CheckpointId;
     use crate::testkit::checkpoint;
 
     #[test]
@@ -106,5 +117,15 @@ mod tests {
         surplus.sort();
         assert_eq!(surplus, [1, 2]);
         assert!(store.take_surplus().is_empty());
+    }
+
+    #[test]
+    fn checkpoints_before_the_last_start_retire_but_the_start_itself() {
+        let mut store = CompletedCheckpointStore::recovered(3, [4, 5, 6].map(checkpoint));
+        store.retire_before(CheckpointId(6), Some(CheckpointId(4)));
+        let retained: Vec<u64> = store.retained().map(|c| c.id.0).collect();
+        assert_eq!(retained, [4, 6]);
+        let surplus: Vec<u64> = store.take_surplus().iter().map(|c| c.id.0).collect();
+        assert_eq!(surplus, [5]);
     }
 }
