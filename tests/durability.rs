@@ -189,8 +189,9 @@ fn faulty_store(root: &Path, name: &str, plan: FaultPlan) -> Arc<FaultyStore> {
 }
 
 /// Storage that fails puts (some after they landed), reads and listings
-/// and is slow, by seed: every schedule ends exactly once, and storage
-/// holds exactly what the retained checkpoints reference.
+/// and is slow, by seed, the leases' objects too: every schedule ends
+/// exactly once, and storage holds exactly what the retained checkpoints
+/// reference.
 #[test]
 fn every_seeded_storage_fault_schedule_ends_exactly_once_with_nothing_unreferenced_left() {
     const SEEDS: u64 = 4;
@@ -228,7 +229,6 @@ fn every_seeded_storage_fault_schedule_ends_exactly_once_with_nothing_unreferenc
                     slow_by: std::time::Duration::from_millis(5),
                     stale_list: 0.3,
                     list_lag: std::time::Duration::from_millis(100),
-                    spared: vec![tidemark::storage::lease::LEASES.into()],
                     ..FaultPlan::default()
                 },
             );

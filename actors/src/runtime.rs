@@ -385,7 +385,8 @@ impl JobThread {
 /// naming why. A newer run taking the directory over ends it for good.
 async fn renew(lease: Arc<Lease>) {
     let retry = lease.renew_every().min(Duration::from_secs(1));
-    let mut due = actix_rt::time::Instant::now() + lease.renew_every();
+    // At once: the lease counts from before its taking's slow calls.
+    let mut due = actix_rt::time::Instant::now();
     loop {
         actix_rt::time::sleep_until(due).await;
         let started = actix_rt::time::Instant::now();

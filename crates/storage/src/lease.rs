@@ -222,30 +222,98 @@ fn lease_path(epoch: u64) -> String {
     format!("{LEASES}/{epoch:020}")
 }
 
+/// Tries [`Lease::acquire`] makes when storage fails on the way, the
+/// first waiting 50 ms and each next twice as long.
+const ACQUIRE_TRIES: u32 = 5;
+
 impl Lease {
     /// Leases `storage`'s directory, or says who holds it. Older lease
-    /// objects are deleted once the new one is written.
+    /// objects are deleted once the new one is written. A storage call
+    /// that fails is tried again a few times: a write that failed may have
+    /// landed, and a lease found of this run's own is taken as written.
     pub async fn acquire(
         storage: &CheckpointStorage,
         options: &LeaseConfig,
     ) -> Result<Lease, LeaseError> {
         let storage = storage.unfenced();
-        let epochs = epochs(&storage).await?;
+        let run = run_identity(&host(), std::process::id());
+        let (mut tried, mut wait) = (1, Duration::from_millis(50));
+        loop {
+            match Self::take(&storage, options, &run).await {
+                Err(LeaseError::Storage(e @ StorageError::Io { .. }))
+                    if tried < ACQUIRE_TRIES && !e.is_not_found() =>
+                {
+                    let dir = storage.directory();
+                    tracing::warn!("leasing {dir} failed, trying again in {wait:?}: {e}");
+                    tokio::time::sleep(wait).await;
+                    (tried, wait) = (tried + 1, wait * 2);
+                }
+                taken => return taken,
+            }
+        }
+    }
+
+    /// One try of [`Lease::acquire`] by `run`.
+    async fn take(
+        storage: &CheckpointStorage,
+        options: &LeaseConfig,
+        run: &str,
+    ) -> Result<Lease, LeaseError> {
+        let epochs = epochs(storage).await?;
         let newest = match epochs.last() {
-            Some(&epoch) => Some(Self::read(&storage, epoch).await?),
+            Some(&epoch) => Some(Self::read(storage, epoch).await?),
             None => None,
         };
         let now = now_ms();
         let host = host();
-        let epoch = match judge(newest.as_ref(), now, &host, alive, options.take_over) {
+        let epoch = match newest.as_ref().filter(|holder| holder.run == run) {
+            // An earlier try's write landed: renewed below, as taken.
+            Some(mine) => mine.epoch,
+            None => Self::judged(storage, newest.as_ref(), now, &host, options)?,
+        };
+        let holder = Holder {
+            epoch,
+            run: run.to_owned(),
+            host,
+            pid: std::process::id(),
+            renewed_ms: now,
+            ttl_ms: options.ttl.as_millis().min(u128::from(u64::MAX)) as u64,
+            released: false,
+        };
+        let lease = Lease {
+            storage: storage.clone(),
+            holder: Mutex::new(holder.clone()),
+            renewed: Mutex::new(Instant::now()),
+        };
+        if newest.is_some_and(|found| found.run == run) {
+            lease.write(false).await?;
+        } else {
+            lease.create(&holder).await?;
+        }
+        for old in epochs.into_iter().filter(|old| *old < epoch) {
+            storage.delete(&lease_path(old)).await?;
+        }
+        Ok(lease)
+    }
+
+    /// The epoch to take the directory at, whose newest lease is `newest`,
+    /// or who holds it.
+    fn judged(
+        storage: &CheckpointStorage,
+        newest: Option<&Holder>,
+        now: u64,
+        host: &str,
+        options: &LeaseConfig,
+    ) -> Result<u64, LeaseError> {
+        match judge(newest, now, host, alive, options.take_over) {
             Verdict::Held(holder) => {
                 let expires = holder.renewed_ms.saturating_add(holder.ttl_ms);
-                return Err(LeaseError::Held {
+                Err(LeaseError::Held {
                     dir: storage.directory(),
                     ago: Duration::from_millis(now.saturating_sub(holder.renewed_ms)),
                     left: Duration::from_millis(expires.saturating_sub(now)),
                     holder: Box::new(holder),
-                });
+                })
             }
             Verdict::Take { epoch, from } => {
                 if let Some((holder, why)) = from.filter(|(_, why)| *why != "released") {
@@ -255,49 +323,36 @@ impl Lease {
                         holder.host
                     );
                 }
-                epoch
+                Ok(epoch)
             }
-        };
-        let pid = std::process::id();
-        let holder = Holder {
-            epoch,
-            run: run_identity(&host, pid),
-            host,
-            pid,
-            renewed_ms: now,
-            ttl_ms: options.ttl.as_millis().min(u128::from(u64::MAX)) as u64,
-            released: false,
-        };
-        let path = storage.resolve(&lease_path(epoch))?;
+        }
+    }
+
+    /// Creates `holder`'s lease object, unless another run's of its epoch
+    /// exists: of two runs racing for an epoch, one wins.
+    async fn create(&self, holder: &Holder) -> Result<(), LeaseError> {
+        let storage = &self.storage;
+        let path = storage.resolve(&lease_path(holder.epoch))?;
         let create = PutOptions::from(PutMode::Create);
-        match storage
-            .store
-            .put_opts(&path, PutPayload::from(encode(&holder)), create)
-            .await
-        {
-            Ok(_) => {}
+        let bytes = PutPayload::from(encode(holder));
+        match storage.store.put_opts(&path, bytes, create).await {
+            Ok(_) => Ok(()),
+            // An earlier try's, whose write landed though it failed?
             Err(object_store::Error::AlreadyExists { .. }) => {
-                return Err(LeaseError::Raced {
-                    dir: storage.directory(),
-                    epoch,
-                })
-            }
-            Err(source) => {
-                return Err(StorageError::Io {
-                    path: path.to_string(),
-                    source,
+                match Self::read(storage, holder.epoch).await? {
+                    found if found.run == holder.run => Ok(()),
+                    _ => Err(LeaseError::Raced {
+                        dir: storage.directory(),
+                        epoch: holder.epoch,
+                    }),
                 }
-                .into())
             }
+            Err(source) => Err(StorageError::Io {
+                path: path.to_string(),
+                source,
+            }
+            .into()),
         }
-        for old in epochs {
-            storage.delete(&lease_path(old)).await?;
-        }
-        Ok(Lease {
-            storage,
-            holder: Mutex::new(holder),
-            renewed: Mutex::new(Instant::now()),
-        })
     }
 
     async fn read(storage: &CheckpointStorage, epoch: u64) -> Result<Holder, LeaseError> {
