@@ -336,7 +336,11 @@ impl Lease {
         let create = PutOptions::from(PutMode::Create);
         let bytes = PutPayload::from(encode(holder));
         match storage.store.put_opts(&path, bytes, create).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                let created = &storage.counters.objects_created;
+                created.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
             // An earlier try's, whose write landed though it failed?
             Err(object_store::Error::AlreadyExists { .. }) => {
                 match Self::read(storage, holder.epoch).await? {
@@ -433,8 +437,9 @@ impl Lease {
             holder.released = released;
             holder.clone()
         };
+        // A rewrite of the object `create` made: no object is created.
         self.storage
-            .put(&lease_path(holder.epoch), encode(&holder))
+            .write(&lease_path(holder.epoch), encode(&holder))
             .await?;
         *self.renewed.lock().expect("lease") = written;
         Ok(())
