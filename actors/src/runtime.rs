@@ -13,8 +13,7 @@ use actix::{Actor, Addr, Arbiter, System};
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::Duration;
-use tidemark_core::checkpoint::lease::LeaseConfig;
+use tidemark_core::checkpoint::lease::{next_renewal, LeaseConfig, Renewal};
 use tidemark_core::checkpoint::stats::{self, CheckpointStatsTracker};
 use tidemark_core::checkpoint::CheckpointFailure;
 use tidemark_core::job::Job;
@@ -378,25 +377,30 @@ impl JobThread {
     }
 }
 
-/// Renews `lease` for as long as the job's system runs, on a fixed beat
-/// from each renewal's start, so that a slow write does not push the next
-/// one back. A failed renewal is tried again every second; while none
-/// lands for half the time to live, `_metadata` writes and deletions fail,
-/// naming why. A newer run taking the directory over ends it for good.
+/// Renews `lease` for as long as the job's system runs, when
+/// [`next_renewal`] says. While no renewal lands for half the time to
+/// live, `_metadata` writes and deletions fail, naming why.
 async fn renew(lease: Arc<Lease>) {
-    let retry = lease.renew_every().min(Duration::from_secs(1));
     // At once: the lease counts from before its taking's slow calls.
     let mut due = actix_rt::time::Instant::now();
     loop {
         actix_rt::time::sleep_until(due).await;
         let started = actix_rt::time::Instant::now();
-        match lease.renew().await {
-            Ok(()) => due = started + lease.renew_every(),
-            Err(e @ StorageError::Fenced { .. }) => return tracing::error!("{e}"),
-            Err(e) => {
-                tracing::warn!("renewing the lease failed, trying again in {retry:?}: {e}");
-                due = actix_rt::time::Instant::now() + retry;
+        let renewal = match lease.renew().await {
+            Ok(()) => Renewal::Landed,
+            Err(e @ StorageError::Fenced { .. }) => {
+                tracing::error!("{e}");
+                Renewal::TakenOver
             }
+            Err(e) => {
+                tracing::warn!("renewing the lease failed, trying again soon: {e}");
+                Renewal::Failed
+            }
+        };
+        let now = actix_rt::time::Instant::now();
+        match next_renewal(lease.ttl(), started.into_std(), now.into_std(), renewal) {
+            Some(next) => due = next.into(),
+            None => return,
         }
     }
 }

@@ -373,11 +373,9 @@ impl Lease {
         self.holder.lock().expect("lease").clone()
     }
 
-    /// How often [`Lease::renew`] must run: a fifth of the time to live,
-    /// so that a renewal whose write takes up to 30 % of it still lands
-    /// before the holder fences itself, at half.
-    pub fn renew_every(&self) -> Duration {
-        Duration::from_millis(self.holder().ttl_ms / 5)
+    /// The lease's time to live.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_millis(self.holder().ttl_ms)
     }
 
     /// Whether this run still holds the directory: it renewed within half
