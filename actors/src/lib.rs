@@ -40,7 +40,7 @@ pub mod runtime;
 pub mod sinks;
 
 pub use cluster::remote::{Distributed, WorkerSet};
-pub use cluster::{election, worker};
+pub use cluster::{election, tls, worker};
 pub use runtime::{JobControl, JobError, JobHandle, JobReport, RunJob, Runtime, Savepoint};
 
 /// What an embedding application needs in scope.

@@ -3,6 +3,7 @@
 //! supervisor and the coordinator to the worker's subtasks and their
 //! reports back, and the worker's death as a failure of the attempt.
 
+use crate::cluster::tls::MutualTls;
 use crate::control::worker_client::WorkerClient;
 use crate::control::{
     Command, Commands, Deploy, Empty, Event, FromWorker, ToWorker, KEEPALIVE, LISTENING,
@@ -67,6 +68,8 @@ pub struct Distributed {
     pub workers: WorkerSet,
     /// What each worker's builder rebuilds the job from.
     pub recipe: Vec<u8>,
+    /// Mutual TLS with the workers, which must have it too.
+    pub tls: Option<MutualTls>,
 }
 
 impl WorkerSet {
@@ -89,15 +92,23 @@ struct Peer {
 
 impl Peer {
     /// Asks worker `index` where its peers reach it, connecting first.
-    async fn answer(&mut self, index: usize) -> Result<(), JobError> {
+    async fn answer(&mut self, index: usize, tls: Option<&MutualTls>) -> Result<(), JobError> {
         let control = self.control.clone().expect("a worker's address is known");
         let fail =
             |problem: String| JobError::Runtime(format!("worker {index} at {control}: {problem}"));
         let mut client = match self.client.take() {
             Some(client) => client,
             None => {
-                let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{control}"))
-                    .map_err(|e| fail(e.to_string()))?
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                let mut endpoint =
+                    tonic::transport::Endpoint::from_shared(format!("{scheme}://{control}"))
+                        .map_err(|e| fail(e.to_string()))?;
+                if let Some(tls) = tls {
+                    endpoint = endpoint
+                        .tls_config(tls.client(&control))
+                        .map_err(|e| fail(format!("TLS: {e}")))?;
+                }
+                let endpoint = endpoint
                     .connect_timeout(INFO_TIMEOUT)
                     .tcp_nodelay(true)
                     .http2_keep_alive_interval(KEEPALIVE)
@@ -160,16 +171,17 @@ impl Pool {
             WorkerSet::Launch { program, args, .. } => Some((program, args)),
             WorkerSet::Addresses(_) => None,
         };
+        let tls = self.distributed.tls.as_ref();
         for (index, peer) in self.peers.iter_mut().enumerate() {
             let Some((program, args)) = launched else {
-                peer.answer(index).await?;
+                peer.answer(index, tls).await?;
                 continue;
             };
             let running = peer
                 .child
                 .as_mut()
                 .is_some_and(|child| matches!(child.try_wait(), Ok(None)));
-            if running && peer.answer(index).await.is_ok() {
+            if running && peer.answer(index, tls).await.is_ok() {
                 continue;
             }
             // Dropping a child kills it.
@@ -180,7 +192,7 @@ impl Pool {
                 data: String::new(),
                 child: Some(child),
             };
-            peer.answer(index).await?;
+            peer.answer(index, tls).await?;
         }
         Ok(())
     }

@@ -13,6 +13,7 @@ mod report;
 pub mod roots;
 mod run;
 pub mod sinks;
+pub mod tls;
 pub mod topologies;
 pub mod worker;
 

@@ -8,6 +8,7 @@ use super::{Cli, CliError, Command};
 use crate::config::{ConfigFile, Options, Origins, RestoreArg};
 use crate::roots::Roots;
 use crate::sinks::{run_name, Target};
+use crate::tls::TlsFlags;
 use crate::topologies::join::Join;
 use crate::topologies::windows::{Events, Windows};
 use crate::topologies::wordcount::{Emit, Input, Wordcount};
@@ -19,6 +20,7 @@ use std::time::Duration;
 use tidemark_actors::election::ElectionError;
 use tidemark_actors::http::HttpToken;
 use tidemark_actors::runtime::{job_id, JobError, Runtime};
+use tidemark_actors::tls::MutualTls;
 use tidemark_actors::{Distributed, WorkerSet};
 use tidemark_core::cluster::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
 use tidemark_core::cluster::restart::RestartStrategy;
@@ -378,7 +380,12 @@ impl RunArgs {
     /// rebuilding the job from this command line at `parallelism` (which
     /// defaults to the cores of each machine otherwise), naming their files
     /// after `run`.
-    fn distributed(&self, parallelism: u32, run: &str) -> Result<Option<Distributed>, CliError> {
+    fn distributed(
+        &self,
+        parallelism: u32,
+        run: &str,
+        tls: Option<MutualTls>,
+    ) -> Result<Option<Distributed>, CliError> {
         let workers = if self.workers > 0 {
             let program = match &self.worker_program {
                 Some(program) => program.clone(),
@@ -387,9 +394,11 @@ impl RunArgs {
                     problem: format!("cannot tell which program to launch: {e}"),
                 })?,
             };
+            let mut args = vec!["worker".into(), "--exit-with-stdin".into()];
+            args.extend(tls.iter().flat_map(TlsFlags::args));
             WorkerSet::Launch {
                 program,
-                args: vec!["worker".into(), "--exit-with-stdin".into()],
+                args,
                 count: self.workers,
             }
         } else if !self.worker_addrs.is_empty() {
@@ -415,7 +424,11 @@ impl RunArgs {
         };
         let recipe =
             rmp_serde::to_vec_named(&Recipe { argv, config }).expect("a recipe is plain data");
-        Ok(Some(Distributed { workers, recipe }))
+        Ok(Some(Distributed {
+            workers,
+            recipe,
+            tls,
+        }))
     }
 
     /// The topology's job under `config`, its files named after `run`.
@@ -641,6 +654,14 @@ impl RunArgs {
     }
 }
 
+/// What a run reads before anything is created or elected, and keeps:
+/// its REST API's token and its TLS with worker processes.
+#[derive(Clone)]
+struct Secrets {
+    http_token: Option<HttpToken>,
+    tls: Option<MutualTls>,
+}
+
 /// Runs the topology to its end (or its timed stop) and reports on it.
 pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
     let settings = args.settings()?;
@@ -649,8 +670,16 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
     // Read before anything is created or elected.
     let http_token = HttpToken::read_optional(settings.options.http_token_file.as_deref())
         .map_err(|e| settings.usage("http_token_file", e.to_string()))?;
+    let files = settings
+        .options
+        .tls_files(&settings.origins)
+        .map_err(|refusal| settings.usage(refusal.option, refusal.problem))?;
+    let secrets = Secrets {
+        http_token,
+        tls: TlsFlags::load(files.as_ref())?,
+    };
     let Some(lease) = settings.options.leader_lease.clone() else {
-        return run_job(args, &settings, config, http_token, None);
+        return run_job(args, &settings, config, secrets, None);
     };
     loop {
         let leadership = Leadership::acquire(&settings.options, &lease)?;
@@ -658,7 +687,7 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
             args,
             &settings,
             config.clone(),
-            http_token.clone(),
+            secrets.clone(),
             Some(&leadership),
         );
         match leadership.end(report.is_ok()) {
@@ -678,7 +707,7 @@ fn run_job(
     args: &RunArgs,
     settings: &RunOptions,
     config: JobConfig,
-    http_token: Option<HttpToken>,
+    Secrets { http_token, tls }: Secrets,
     leadership: Option<&Leadership>,
 ) -> Result<RunReport, CliError> {
     let (parallelism, channels) = (config.parallelism, config.channels);
@@ -695,7 +724,7 @@ fn run_job(
         http: args.http,
         http_token,
         local_workers: args.local_workers,
-        distributed: args.distributed(parallelism, &run)?,
+        distributed: args.distributed(parallelism, &run, tls)?,
         ..Runtime::default()
     };
     let handle = runtime.run(job).map_err(|e| match e {

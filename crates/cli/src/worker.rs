@@ -3,6 +3,7 @@
 
 use super::CliError;
 use crate::roots::Roots;
+use crate::tls::TlsFlags;
 use clap::Args;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,6 +31,14 @@ pub struct WorkerArgs {
     /// worker others than you can reach.
     #[arg(long = "root", value_name = "DIR|URL")]
     pub roots: Vec<String>,
+    /// Mutual TLS on both ports.
+    #[command(flatten)]
+    pub tls: TlsFlags,
+    /// Serve beyond loopback without TLS: anyone who reaches the ports
+    /// controls the worker, so only where nothing but the job's processes
+    /// can reach them.
+    #[arg(long)]
+    pub insecure: bool,
     /// Threads for the subtasks; defaults to the cores.
     #[arg(long)]
     pub threads: Option<usize>,
@@ -40,6 +49,10 @@ pub struct WorkerArgs {
 
 /// Serves until shut down.
 pub fn worker(args: &WorkerArgs) -> Result<(), CliError> {
+    let files = args.tls.files().map_err(|missing| CliError::Usage {
+        argument: format!("--{}", missing.replace('_', "-")),
+        problem: "mutual TLS needs all of --tls-cert, --tls-key and --tls-ca".into(),
+    })?;
     let options = WorkerConfig {
         control: args.listen,
         data: args.data,
@@ -48,6 +61,8 @@ pub fn worker(args: &WorkerArgs) -> Result<(), CliError> {
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         exit_with_stdin: args.exit_with_stdin,
+        tls: TlsFlags::load(files.as_ref())?,
+        insecure: args.insecure,
     };
     let roots = Roots::new(&args.roots).map_err(|e| CliError::Usage {
         argument: "--root".into(),
@@ -56,6 +71,6 @@ pub fn worker(args: &WorkerArgs) -> Result<(), CliError> {
     let rebuild = move |recipe: &[u8]| super::rebuild_within(recipe, &roots);
     worker::serve(options, Arc::new(rebuild)).map_err(|e| CliError::Usage {
         argument: "--listen/--data".into(),
-        problem: format!("cannot serve: {e}"),
+        problem: e.to_string(),
     })
 }

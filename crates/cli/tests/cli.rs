@@ -644,6 +644,19 @@ fn the_kubernetes_example_runs_commands_the_binary_accepts() {
         .map(|i| format!("tidemark-worker-{i}.tidemark-workers:{}", ports[0]))
         .collect();
     assert_eq!(addrs, names.join(","));
+    // Workers listen beyond loopback, so over mutual TLS, which the driver
+    // speaks too, from the files its Secret mounts.
+    for command in [&worker, &driver] {
+        assert!(!command.iter().any(|a| a == "--insecure"));
+        for flag in ["--tls-cert=", "--tls-key=", "--tls-ca="] {
+            assert!(
+                command
+                    .iter()
+                    .any(|a| a.starts_with(flag) && a.contains("/var/run/secrets/tidemark-tls/")),
+                "{command:?} has {flag}"
+            );
+        }
+    }
     // The workers take the drivers' checkpoint directory, and no other.
     let roots: Vec<String> = worker
         .iter()

@@ -4,6 +4,7 @@
 
 use tidemark_testkit as common;
 
+use common::pki::TestCa;
 use common::{assert_updates_exactly_once, committed_lines};
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -249,6 +250,86 @@ fn a_worker_refuses_a_job_whose_locations_are_outside_its_roots() {
     assert!(!self::output(&output).is_empty());
     drop(worker.stdin.take());
     assert!(worker.wait().unwrap().success());
+}
+
+/// Launched workers take the driver's TLS flags: the control plane and
+/// every link between them run over mutual TLS, with the same output.
+#[test]
+fn launched_workers_with_tls_give_the_output_of_one_process() {
+    let pki = tempfile::tempdir().unwrap();
+    let mut workers = TestCa::new(pki.path(), "cluster").flags("driver");
+    workers.push("--workers=2".into());
+    same_output(
+        &topology_args("wordcount", 100_000, 5),
+        &workers,
+        "wordcount over TLS",
+    );
+}
+
+/// Workers started by hand with TLS take only peers whose certificates
+/// chain to their CA, on either port: a driver without TLS or with a
+/// certificate of another CA is refused, and so is a link between two
+/// workers that do not trust each other's CA, whichever of them dials;
+/// a driver they trust runs the job.
+#[test]
+fn workers_with_tls_take_only_peers_whose_certificates_chain_to_their_ca() {
+    let pki = tempfile::tempdir().unwrap();
+    let (ours, theirs) = (
+        TestCa::new(pki.path(), "ours"),
+        TestCa::new(pki.path(), "theirs"),
+    );
+    let both = pki.path().join("both-ca.pem");
+    let pem = |path: &Path| std::fs::read_to_string(path).unwrap();
+    std::fs::write(&both, pem(&ours.ca) + &pem(&theirs.ca)).unwrap();
+    // `trusting` trusts our CA alone; `foreign` has their certificate
+    // and trusts both, so the driver (ours, trusting both) reaches both.
+    let trusting = start_worker(&ours.flags("trusting"));
+    let foreign = start_worker(&theirs.issue("foreign").flags(&both));
+    let driver = ours.issue("driver").flags(&both);
+    let run = |addresses: &[&str], tls: &[String]| {
+        let (out, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut args = topology_args("wordcount", 20_000, 3);
+        args.push(format!("--worker-addrs={}", addresses.join(",")));
+        args.push("--max-restarts=0".into());
+        args.extend_from_slice(tls);
+        run_with(&args, out.path(), checkpoints.path()).map(|_| output(out.path()))
+    };
+    let stranger = theirs.flags("stranger");
+    for (tls, who) in [(&[][..], "without TLS"), (&stranger[..], "of another CA")] {
+        let refused = run(&[&trusting.1], tls).unwrap_err().to_string();
+        assert!(refused.contains(&trusting.1), "a driver {who}: {refused}");
+    }
+    // The lower worker dials: first the trusting one refuses the foreign
+    // one's certificate as a server's, then as a client's.
+    for pair in [[&*trusting.1, &*foreign.1], [&*foreign.1, &*trusting.1]] {
+        let refused = run(&pair, &driver).unwrap_err().to_string();
+        assert!(refused.contains("link"), "{pair:?}: {refused}");
+    }
+    let alone = run(&[&trusting.1], &driver).unwrap();
+    assert!(!alone.is_empty());
+    for (mut child, _) in [trusting, foreign] {
+        drop(child.stdin.take());
+        assert!(child.wait().unwrap().success());
+    }
+}
+
+/// Beyond loopback a worker without TLS is anyone's: it refuses to start
+/// unless told the network is trusted.
+#[test]
+fn a_worker_without_tls_serves_beyond_loopback_only_when_told_to() {
+    let refused = Command::new(BIN)
+        .args(["worker", "--listen=0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("0.0.0.0:0") && said.contains("--insecure"),
+        "{said}"
+    );
+    let (mut insecure, _) = start_worker(&["--listen=0.0.0.0:0".into(), "--insecure".into()]);
+    drop(insecure.stdin.take());
+    assert!(insecure.wait().unwrap().success());
 }
 
 /// The resident memory of process `pid`, in MiB.

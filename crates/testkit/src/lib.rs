@@ -6,6 +6,7 @@
 //! The test kit of the whole product: the facade's end-to-end tests and the
 //! command line's tests depend on it, instead of including its files.
 
+pub mod pki;
 pub mod postgres;
 pub mod storage;
 

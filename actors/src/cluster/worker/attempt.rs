@@ -5,8 +5,9 @@ use super::{AwaitLink, Claim, Rebuild, Release, WorkerHost};
 use crate::checkpoint::coordinator::RestoreFrom;
 use crate::checkpoint::restore::{load, Restored};
 use crate::cluster::deploy::{stop_all, Hosted, Hosting};
+use crate::cluster::tls::MutualTls;
 use crate::control::{Command, Deploy, Event, FromWorker, Progress, ToWorker};
-use crate::dataflow::net::{crossings, LinkEnd, LinkEnds, WorkerAssignment, Workers};
+use crate::dataflow::net::{crossings, LinkEnd, LinkEnds, LinkStream, WorkerAssignment, Workers};
 use crate::dataflow::subtask::SubtaskActor;
 use crate::job::job_id;
 use crate::messages::{
@@ -52,6 +53,16 @@ pub(crate) struct Resources {
     pub rebuild: Rebuild,
     pub arbiters: Vec<ArbiterHandle>,
     pub links: ArbiterHandle,
+    pub tls: Option<MutualTls>,
+}
+
+/// How this worker opens its links: the lower worker of a pair dials, on
+/// the links arbiter (which runs the links' actors), with TLS if it has
+/// any; the higher one awaits the link the host accepted.
+struct Linking {
+    host: Addr<WorkerHost>,
+    links: ArbiterHandle,
+    tls: Option<MutualTls>,
 }
 
 /// One attempt's share of the job on this worker.
@@ -239,6 +250,11 @@ impl AttemptActor {
         let attempt = run.attempt;
         let host = self.resources.host.clone();
         let rebuild = self.resources.rebuild.clone();
+        let linking = Linking {
+            host: host.clone(),
+            links: self.resources.links.clone(),
+            tls: self.resources.tls.clone(),
+        };
         let me = ctx.address();
         let claim = Claim {
             run,
@@ -252,7 +268,7 @@ impl AttemptActor {
                 host.send(claim)
                     .await
                     .map_err(|_| "the worker is shutting down".to_owned())??;
-                prepare(deploy, admitted, run, host, me).await
+                prepare(deploy, admitted, run, linking, me).await
             }
             .into_actor(self)
             .map(move |prepared, act, ctx| {
@@ -453,7 +469,7 @@ async fn prepare(
     deploy: Deploy,
     admitted: Admitted,
     run: RunAttempt,
-    host: Addr<WorkerHost>,
+    linking: Linking,
     failures: Addr<AttemptActor>,
 ) -> Result<Prepared, String> {
     let Admitted {
@@ -462,7 +478,7 @@ async fn prepare(
         hosted,
         storage,
     } = admitted;
-    let ends = open_links(&deploy, run, &job, placement, host, failures).await?;
+    let ends = open_links(&deploy, run, &job, placement, linking, failures).await?;
     let restore = restore_state(&deploy, storage.as_ref(), &job, &hosted).await?;
     Ok(Prepared {
         job,
@@ -480,7 +496,7 @@ async fn open_links(
     run: RunAttempt,
     job: &Job,
     placement: WorkerAssignment,
-    host: Addr<WorkerHost>,
+    linking: Linking,
     failures: Addr<AttemptActor>,
 ) -> Result<LinkEnds, String> {
     let me = deploy.worker;
@@ -496,29 +512,20 @@ async fn open_links(
         // The lower worker dials; the higher one's acceptor hands the
         // link over by its hello.
         let end = if me < peer {
-            let address = &deploy.peers[peer as usize];
-            let mut stream = tokio::time::timeout(
-                LINK_TIMEOUT,
-                tokio::net::TcpStream::connect(address.as_str()),
-            )
-            .await
-            .map_err(|_| problem(format!("{address} did not answer")))?
-            .map_err(|e| problem(format!("{address}: {e}")))?;
-            // The hello goes out at once: the peer hands the link to its
-            // attempt by it, whatever this worker still has to do.
-            let mut first = Vec::new();
-            wire::encode_hello(&hello, &mut first);
-            stream
-                .write_all(&first)
+            let address = deploy.peers[peer as usize].clone();
+            let (reply, dialed) = oneshot::channel();
+            let dial = dial(address, hello, linking.tls.clone());
+            linking.links.spawn(async move {
+                let _ = reply.send(dial.await);
+            });
+            let stream = dialed
                 .await
-                .map_err(|e| problem(format!("{address}: {e}")))?;
-            let stream = stream.into_std().map_err(|e| problem(e.to_string()))?;
-            LinkEnd::new(stream, Vec::new(), hello, &failures)
-                .map_err(|e| problem(e.to_string()))?
-                .greeted()
+                .map_err(|_| problem("the links' thread is gone".into()))?
+                .map_err(problem)?;
+            LinkEnd::opened(stream, Vec::new(), hello, &failures).greeted()
         } else {
             let (reply, link) = oneshot::channel();
-            host.do_send(AwaitLink {
+            linking.host.do_send(AwaitLink {
                 key: (run, peer),
                 reply,
             });
@@ -526,11 +533,40 @@ async fn open_links(
                 .await
                 .map_err(|_| problem(format!("it sent no hello within {LINK_TIMEOUT:?}")))?
                 .map_err(|_| problem("a later attempt replaced this one".into()))?;
-            LinkEnd::new(stream, read, hello, &failures).map_err(|e| problem(e.to_string()))?
+            LinkEnd::opened(stream, read, hello, &failures)
         };
         ends.insert(((a, b), me), end);
     }
     Ok(ends)
+}
+
+/// Dials the link to the peer at `address`, with TLS if given, and sends
+/// the hello at once: the peer hands the link to its attempt by it,
+/// whatever this worker still has to do. Runs on the links arbiter.
+async fn dial(address: String, hello: Hello, tls: Option<MutualTls>) -> Result<LinkStream, String> {
+    let failed = |e: std::io::Error| format!("{address}: {e}");
+    let connect = async {
+        let stream = tokio::net::TcpStream::connect(address.as_str())
+            .await
+            .map_err(failed)?;
+        stream.set_nodelay(true).map_err(failed)?;
+        let mut stream: LinkStream = match &tls {
+            Some(tls) => Box::new(
+                tls.connect(&address, stream)
+                    .await
+                    .map_err(|e| format!("{address}: TLS: {e}"))?,
+            ),
+            None => Box::new(stream),
+        };
+        let mut first = Vec::new();
+        wire::encode_hello(&hello, &mut first);
+        stream.write_all(&first).await.map_err(failed)?;
+        stream.flush().await.map_err(failed)?;
+        Ok(stream)
+    };
+    tokio::time::timeout(LINK_TIMEOUT, connect)
+        .await
+        .map_err(|_| format!("{address} did not answer"))?
 }
 
 /// The state the deployment's restore gives the subtasks placed here.

@@ -13,10 +13,12 @@
 
 mod attempt;
 
+use crate::cluster::tls::{check_exposure, ExposedWithoutTls, MutualTls};
 use crate::control::worker_server::{Worker, WorkerServer};
 use crate::control::{
     Command, Empty, Event, WorkerInfo, KEEPALIVE, LISTENING, MAX_CONTROL_MESSAGE,
 };
+use crate::dataflow::net::LinkStream;
 use crate::messages::Stop;
 use actix::{
     Actor, ActorFutureExt, Addr, Arbiter, Context, Handler, Message, ResponseActFuture, WrapFuture,
@@ -54,12 +56,46 @@ pub struct WorkerConfig {
     pub threads: usize,
     /// Exit when stdin closes: a worker launched by its driver goes with it.
     pub exit_with_stdin: bool,
+    /// Mutual TLS on both ports: only the driver and peers whose
+    /// certificates chain to its CA get in.
+    pub tls: Option<MutualTls>,
+    /// Serve beyond loopback without TLS: the network is trusted.
+    pub insecure: bool,
+}
+
+/// Why a worker does not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// An address beyond loopback without TLS, and not `insecure`.
+    #[error(transparent)]
+    Exposed(#[from] ExposedWithoutTls),
+    /// An address that cannot be bound.
+    #[error("cannot listen at {address}: {source}")]
+    Bind {
+        /// The address.
+        address: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The runtime failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
 }
 
 /// Runs a worker until it is killed (or, with `exit_with_stdin`, stdin
 /// closes). Prints
 /// `tidemark worker listening on ADDR` with its control address first.
-pub fn serve(options: WorkerConfig, rebuild: Rebuild) -> std::io::Result<()> {
+/// Refuses to serve beyond loopback without TLS unless `insecure`.
+pub fn serve(options: WorkerConfig, rebuild: Rebuild) -> Result<(), ServeError> {
+    for address in [options.control, options.data] {
+        check_exposure(address, options.tls.as_ref(), options.insecure)?;
+    }
+    let bind = |address: SocketAddr| {
+        std::net::TcpListener::bind(address)
+            .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
+            .map_err(|source| ServeError::Bind { address, source })
+    };
+    let (control, data) = (bind(options.control)?, bind(options.data)?);
     let system = System::new();
     let arbiters: Vec<Arbiter> = (0..options.threads.max(1))
         .map(|_| Arbiter::new())
@@ -70,10 +106,10 @@ pub fn serve(options: WorkerConfig, rebuild: Rebuild) -> std::io::Result<()> {
     let attempts = Arbiter::new();
     let handles: Vec<ArbiterHandle> = arbiters.iter().map(Arbiter::handle).collect();
     let link_arbiter = links.handle();
+    let links_arbiter = link_arbiter.clone();
     let attempt_arbiter = attempts.handle();
     system.block_on(async move {
-        let control = tokio::net::TcpListener::bind(options.control).await?;
-        let data = tokio::net::TcpListener::bind(options.data).await?;
+        let control = tokio::net::TcpListener::from_std(control)?;
         let bound = data.local_addr()?;
         let data_address = match &options.advertise {
             Some(host) => format!("{host}:{}", bound.port()),
@@ -86,20 +122,43 @@ pub fn serve(options: WorkerConfig, rebuild: Rebuild) -> std::io::Result<()> {
             attempts: attempt_arbiter,
             admission: LinkAdmission::default(),
             current: None,
+            tls: options.tls.clone(),
         }
         .start();
-        actix_rt::spawn(accept(data, host.clone()));
+        // Links are accepted (and their TLS taken) on the arbiter their
+        // actors run on, the runtime their sockets stay registered with.
+        let (acceptor, tls) = (host.clone(), options.tls.clone());
+        links_arbiter.spawn(async move {
+            match tokio::net::TcpListener::from_std(data) {
+                Ok(data) => accept(data, acceptor, tls).await,
+                Err(e) => {
+                    tracing::error!("the worker's data port does not register: {e}");
+                    System::current().stop();
+                }
+            }
+        });
         let service = Service {
             host: host.clone(),
             data: data_address,
         };
         let address = control.local_addr()?;
         let incoming = TcpListenerStream::new(control);
+        let tls = options.tls.clone();
         actix_rt::spawn(async move {
             // A driver gone without closing its call (its machine died)
             // is noticed by the keepalive, which ends the call and with it
             // the attempt's actors.
-            let served = tonic::transport::Server::builder()
+            let mut server = tonic::transport::Server::builder();
+            if let Some(tls) = tls {
+                server = match server.tls_config(tls.server()) {
+                    Ok(server) => server,
+                    Err(e) => {
+                        tracing::error!("the worker's gRPC service takes no TLS: {e}");
+                        return System::current().stop();
+                    }
+                };
+            }
+            let served = server
                 .tcp_nodelay(true)
                 .http2_keepalive_interval(Some(KEEPALIVE))
                 .http2_keepalive_timeout(Some(KEEPALIVE * 3))
@@ -138,7 +197,7 @@ pub fn serve(options: WorkerConfig, rebuild: Rebuild) -> std::io::Result<()> {
 /// hello at once: one more closes the one that has waited longest, so that
 /// idle strangers hold little memory and a peer, which greets at once, is
 /// not shut out by them.
-async fn accept(listener: tokio::net::TcpListener, host: Addr<WorkerHost>) {
+async fn accept(listener: tokio::net::TcpListener, host: Addr<WorkerHost>, tls: Option<MutualTls>) {
     let mut greeting = std::collections::VecDeque::new();
     let mut evicted = 0u64;
     loop {
@@ -162,9 +221,9 @@ async fn accept(listener: tokio::net::TcpListener, host: Addr<WorkerHost>) {
                 tracing::warn!(last = %oldest, "{evicted} links closed before their hello, to let newer ones greet");
             }
         }
-        let host = host.clone();
+        let (host, tls) = (host.clone(), tls.clone());
         let task = actix_rt::spawn(async move {
-            match tokio::time::timeout(HELLO_TIMEOUT, hello(stream)).await {
+            match tokio::time::timeout(HELLO_TIMEOUT, hello(stream, tls)).await {
                 Ok(Ok((key, link))) => host.do_send(Accepted { key, link }),
                 Ok(Err(e)) => tracing::warn!(%peer, "a link was refused: {e}"),
                 Err(_) => tracing::warn!(%peer, "a link sent no hello within {HELLO_TIMEOUT:?}"),
@@ -174,9 +233,18 @@ async fn accept(listener: tokio::net::TcpListener, host: Addr<WorkerHost>) {
     }
 }
 
-/// Reads a link's first frame, which must be a hello (whose link it is),
-/// reading no more than a hello can be.
-async fn hello(mut stream: tokio::net::TcpStream) -> Result<(LinkKey, Link), String> {
+/// Takes a link's TLS handshake, if this worker has TLS, and reads its
+/// first frame, which must be a hello (whose link it is), reading no more
+/// than a hello can be.
+async fn hello(
+    stream: tokio::net::TcpStream,
+    tls: Option<MutualTls>,
+) -> Result<(LinkKey, Link), String> {
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    let mut stream: LinkStream = match tls {
+        Some(tls) => Box::new(tls.accept(stream).await.map_err(|e| format!("TLS: {e}"))?),
+        None => Box::new(stream),
+    };
     let mut read = Vec::new();
     let mut decoder = FrameDecoder::default();
     let mut buffer = [0; 4 + MAX_HELLO_BYTES as usize];
@@ -191,7 +259,6 @@ async fn hello(mut stream: tokio::net::TcpStream) -> Result<(LinkKey, Link), Str
             break hello;
         }
     };
-    let stream = stream.into_std().map_err(|e| e.to_string())?;
     Ok(((hello.run(), hello.from), (stream, read)))
 }
 
@@ -199,7 +266,8 @@ async fn hello(mut stream: tokio::net::TcpStream) -> Result<(LinkKey, Link), Str
 /// peers dial one link each per attempt.
 const GREETING: usize = 64;
 
-/// How long a peer has to send its hello once connected.
+/// How long a peer has to take its TLS handshake and send its hello once
+/// connected.
 const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The gRPC service, in front of the host.
@@ -246,6 +314,8 @@ pub(crate) struct WorkerHost {
     admission: LinkAdmission<Link, oneshot::Sender<Link>>,
     /// The actor of the attempt that runs here.
     current: Option<Addr<AttemptActor>>,
+    /// What its links dial with.
+    tls: Option<MutualTls>,
 }
 
 impl Actor for WorkerHost {
@@ -268,6 +338,7 @@ impl Handler<OpenCall> for WorkerHost {
             rebuild: self.rebuild.clone(),
             arbiters: self.arbiters.clone(),
             links: self.links.clone(),
+            tls: self.tls.clone(),
         };
         let open = Open {
             commands: call.commands,
@@ -327,9 +398,9 @@ impl Handler<Release> for WorkerHost {
     }
 }
 
-/// A link as accepted: its socket, and what was read of it with the
+/// A link as accepted: its stream, and what was read of it with the
 /// hello.
-type Link = (std::net::TcpStream, Vec<u8>);
+type Link = (LinkStream, Vec<u8>);
 
 /// Data acceptor → host.
 #[derive(Message)]

@@ -40,6 +40,8 @@ async fn worker(checkpoints: &str) -> WorkerClient<Channel> {
         advertise: None,
         threads: 1,
         exit_with_stdin: false,
+        tls: None,
+        insecure: false,
     };
     let dir = checkpoints.to_owned();
     std::thread::spawn(move || serve(options, Arc::new(move |_| Ok(job(&dir)))));

@@ -28,7 +28,7 @@ use tidemark_core::dataflow::error::TaskError;
 use tidemark_core::model::event::ChannelEvent;
 use tidemark_core::model::graph::JobGraph;
 use tidemark_core::model::ids::{Attempt, ChannelId, SubtaskId};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 /// Bytes read from a link at a time.
@@ -134,11 +134,30 @@ pub struct Routes {
     pub outputs: HashMap<ChannelId, Recipient<Credit>>,
 }
 
+/// A link's bytes once opened on the links arbiter: TCP between workers
+/// on a trusted network, TLS over it otherwise.
+pub trait LinkIo: AsyncRead + AsyncWrite + Send + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> LinkIo for T {}
+
+/// An opened link, TLS or not.
+pub type LinkStream = Box<dyn LinkIo>;
+
+/// A link's socket before its actor starts.
+enum Socket {
+    /// Made by [`loopback`] outside any runtime; its actor registers it.
+    Loopback(std::net::TcpStream),
+    /// Opened (and its TLS handshake taken) on the links arbiter, which
+    /// its actor runs on, so that it stays with the runtime it was
+    /// registered with.
+    Opened(LinkStream),
+}
+
 /// One end of a link, before its actor starts: the socket, what was read
 /// from it already (the peer's hello, when it was accepted), and the queue
 /// its endpoints already write to.
 pub struct LinkEnd {
-    stream: std::net::TcpStream,
+    socket: Socket,
     read: Vec<u8>,
     /// The hello went out already, as soon as the link was dialed.
     greeted: bool,
@@ -148,19 +167,42 @@ pub struct LinkEnd {
 }
 
 impl LinkEnd {
-    /// The end of `stream` on worker `hello.from`, whose peer's first
-    /// bytes were `read` already.
-    pub fn new(
+    /// The end of a loopback `stream` on worker `hello.from`.
+    fn loopback(
         stream: std::net::TcpStream,
-        read: Vec<u8>,
         hello: Hello,
         failures: &Recipient<SubtaskFailed>,
     ) -> std::io::Result<Self> {
         stream.set_nodelay(true)?;
         stream.set_nonblocking(true)?;
+        Ok(LinkEnd::with(
+            Socket::Loopback(stream),
+            Vec::new(),
+            hello,
+            failures,
+        ))
+    }
+
+    /// The end of a link opened on the links arbiter, on worker
+    /// `hello.from`, whose peer's first bytes were `read` already.
+    pub fn opened(
+        stream: LinkStream,
+        read: Vec<u8>,
+        hello: Hello,
+        failures: &Recipient<SubtaskFailed>,
+    ) -> Self {
+        LinkEnd::with(Socket::Opened(stream), read, hello, failures)
+    }
+
+    fn with(
+        socket: Socket,
+        read: Vec<u8>,
+        hello: Hello,
+        failures: &Recipient<SubtaskFailed>,
+    ) -> Self {
         let (frames, queue) = mpsc::unbounded_channel();
-        Ok(LinkEnd {
-            stream,
+        LinkEnd {
+            socket,
             read,
             greeted: false,
             sender: LinkSender {
@@ -170,7 +212,7 @@ impl LinkEnd {
             },
             queue,
             hello,
-        })
+        }
     }
 
     /// The end of a link whose hello was written when it was dialed, so
@@ -217,11 +259,11 @@ pub fn loopback(
         let hello = |from, to| Hello::between(run, from, to);
         ends.insert(
             ((a, b), a),
-            LinkEnd::new(dialed, Vec::new(), hello(a, b), failures)?,
+            LinkEnd::loopback(dialed, hello(a, b), failures)?,
         );
         ends.insert(
             ((a, b), b),
-            LinkEnd::new(accepted, Vec::new(), hello(b, a), failures)?,
+            LinkEnd::loopback(accepted, hello(b, a), failures)?,
         );
     }
     Ok(ends)
@@ -271,18 +313,21 @@ impl Actor for LinkActor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let LinkEnd {
-            stream,
+            socket,
             read: already,
             greeted,
             sender,
             mut queue,
             hello,
         } = self.end.take().expect("a link starts once");
-        let stream = match tokio::net::TcpStream::from_std(stream) {
-            Ok(stream) => stream,
-            Err(e) => return self.fail(&sender, hello, LinkError::Register(e), ctx),
+        let stream: LinkStream = match socket {
+            Socket::Loopback(stream) => match tokio::net::TcpStream::from_std(stream) {
+                Ok(stream) => Box::new(stream),
+                Err(e) => return self.fail(&sender, hello, LinkError::Register(e), ctx),
+            },
+            Socket::Opened(stream) => stream,
         };
-        let (mut read, write) = stream.into_split();
+        let (mut read, write) = tokio::io::split(stream);
         let mut write = tokio::io::BufWriter::new(write);
         let metrics = self.metrics.clone();
         let writer = async move {

@@ -62,7 +62,9 @@ fn accepted_first_failure(
             from: 0,
             to: 1,
         };
-        let ours = LinkEnd::new(ours, read, hello, &failures).unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let ours = tokio::net::TcpStream::from_std(ours).unwrap();
+        let ours = LinkEnd::opened(Box::new(ours), read, hello, &failures);
         let _link = LinkActor::new(ours, Arc::default(), Arc::default(), subtask(1, 0)).start();
         let peer = std::thread::spawn(move || peer(stream));
         // A guard against a link that never reports, not a timing: the

@@ -62,6 +62,17 @@ fn unsupported(why: &'static str) -> Result<(), Problem> {
     Err(Problem::Value(why.into()))
 }
 
+/// A Flink SSL key of the Java keystores, which Tidemark reads as PEM.
+const fn pem_only(name: &'static str) -> Key {
+    Key {
+        name,
+        aliases: &[],
+        apply: |_, _| {
+            unsupported("Tidemark reads PEM files, not Java keystores: give security.ssl.internal.cert-file, security.ssl.internal.key-file and security.ssl.internal.ca-file")
+        },
+    }
+}
+
 const NO_FAILURE_RATE: &str =
     "Tidemark has no failure-rate restart strategy; use fixed-delay or exponential-delay";
 
@@ -234,6 +245,49 @@ pub(super) const KEYS: &[Key] = &[
         [],
         http_token_file = Some(values::path)
     ),
+    Key {
+        name: "security.ssl.internal.enabled",
+        aliases: &[],
+        apply: |a, v| {
+            let enabled = values::boolean(v)?;
+            a.set("tls_enabled", |o| o.tls_enabled = Some(enabled))
+        },
+    },
+    Key {
+        name: "security.ssl.internal.cert-file",
+        aliases: &[],
+        apply: |a, v| {
+            let path = values::path(v)?;
+            a.set("tls_cert", |o| o.tls.tls_cert = Some(path))
+        },
+    },
+    Key {
+        name: "security.ssl.internal.key-file",
+        aliases: &[],
+        apply: |a, v| {
+            let path = values::path(v)?;
+            a.set("tls_key", |o| o.tls.tls_key = Some(path))
+        },
+    },
+    Key {
+        name: "security.ssl.internal.ca-file",
+        aliases: &[],
+        apply: |a, v| {
+            let path = values::path(v)?;
+            a.set("tls_ca", |o| o.tls.tls_ca = Some(path))
+        },
+    },
+    pem_only("security.ssl.internal.keystore"),
+    pem_only("security.ssl.internal.keystore-password"),
+    pem_only("security.ssl.internal.key-password"),
+    pem_only("security.ssl.internal.truststore"),
+    pem_only("security.ssl.internal.truststore-password"),
+    pem_only("security.ssl.internal.cert.fingerprint"),
+    pem_only("security.ssl.keystore"),
+    pem_only("security.ssl.keystore-password"),
+    pem_only("security.ssl.key-password"),
+    pem_only("security.ssl.truststore"),
+    pem_only("security.ssl.truststore-password"),
     sets!(
         "execution.state-recovery.path",
         ["execution.savepoint.path"],

@@ -5,10 +5,12 @@
 
 use super::values;
 use super::Origins;
+use crate::tls::TlsFlags;
 use clap::{ArgAction, Args, FromArgMatches, ValueEnum};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
+use tidemark_actors::tls::TlsFiles;
 use tidemark_core::checkpoint::lease::LeaseConfig;
 use tidemark_core::checkpoint::merging::UploadLimits;
 use tidemark_core::checkpoint::{CheckpointConfig, Restore, RestoreMode};
@@ -181,6 +183,14 @@ pub struct Options {
     /// needed to serve beyond loopback.
     #[arg(long, value_name = "FILE")]
     pub http_token_file: Option<std::path::PathBuf>,
+    /// Mutual TLS with worker processes (`security.ssl.internal.*`).
+    #[command(flatten)]
+    pub tls: TlsFlags,
+    /// `security.ssl.internal.enabled`: TLS off even with its files given
+    /// (as Flink reads it), or required to have them; only a configuration
+    /// file sets it, the flags alone turn TLS on.
+    #[arg(skip)]
+    pub tls_enabled: Option<bool>,
     /// Take the job directory's lease even from a run that looks alive (on
     /// another host and not yet expired): only when that run is known dead.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = values::boolean)]
@@ -497,6 +507,29 @@ impl Options {
         {
             return refuse("max_concurrent", e.to_string());
         }
-        Ok(())
+        self.tls_files(origins).map(drop)
+    }
+
+    /// The TLS files with worker processes, if TLS is on: all three files,
+    /// which `security.ssl.internal.enabled: true` requires.
+    pub fn tls_files(&self, origins: &Origins) -> Result<Option<TlsFiles>, Refusal> {
+        let all = || {
+            origins.suggest(
+                "--tls-cert, --tls-key and --tls-ca",
+                "security.ssl.internal.cert-file, key-file and ca-file",
+            )
+        };
+        match (self.tls_enabled, self.tls.files()) {
+            (Some(false), _) => Ok(None),
+            (_, Err(missing)) => Err(Refusal {
+                option: missing,
+                problem: format!("is missing: mutual TLS needs all of {}", all()),
+            }),
+            (Some(true), Ok(None)) => Err(Refusal {
+                option: "tls_enabled",
+                problem: format!("needs {}", all()),
+            }),
+            (_, Ok(files)) => Ok(files),
+        }
     }
 }

@@ -26,13 +26,14 @@ fn from_flags(flags: &[&str]) -> String {
 /// which are not the job's.
 fn described(options: &Options) -> String {
     format!(
-        "{:?} {:?} {:?} {:?} {:?} {:?}",
+        "{:?} {:?} {:?} {:?} {:?} {:?} {:?}",
         options.job_config(),
         options.leader_lease,
         options.leader_namespace,
         options.leader_identity,
         options.election_timing(),
         options.http_token_file,
+        options.tls_files(&Origins::default()),
     )
 }
 
@@ -57,6 +58,10 @@ const SAME_AS_FLAGS: &[(&str, &[&str])] = &[
     (
         "rest.auth.token-file: /run/secrets/token",
         &["--http-token-file=/run/secrets/token"],
+    ),
+    (
+        "security.ssl.internal:\n  enabled: true\n  cert-file: /pki/node.pem\n  key-file: /pki/node-key.pem\n  ca-file: /pki/ca.pem\n",
+        &["--tls-cert=/pki/node.pem", "--tls-key=/pki/node-key.pem", "--tls-ca=/pki/ca.pem"],
     ),
     ("tidemark.leader-election.lease: wc", &["--leader-lease=wc"]),
     (
@@ -170,6 +175,23 @@ const REFUSED: &[(&str, &str)] = &[
     ("execution.state-recovery.claim-mode: LEGACY", "legacy"),
     ("state.backend.rocksdb.localdir: /a,/b", "one directory"),
     ("state.backend.type: forst", "hashmap or rocksdb"),
+    ("security.ssl.internal.keystore: /pki/node.jks", "PEM"),
+    ("security.ssl.internal.keystore-password: secret", "PEM"),
+    ("security.ssl.internal.key-password: secret", "PEM"),
+    ("security.ssl.internal.truststore: /pki/trust.jks", "PEM"),
+    ("security.ssl.internal.truststore-password: secret", "PEM"),
+    ("security.ssl.internal.cert.fingerprint: AB:CD", "PEM"),
+    (
+        "security.ssl.keystore: /pki/node.jks",
+        "security.ssl.internal.cert-file",
+    ),
+    ("security.ssl.keystore-password: secret", "PEM"),
+    ("security.ssl.key-password: secret", "PEM"),
+    (
+        "security.ssl.truststore: /pki/trust.jks",
+        "security.ssl.internal.ca-file",
+    ),
+    ("security.ssl.truststore-password: secret", "PEM"),
 ];
 
 /// Rows of `SAME_AS_FLAGS` that set what is the default anyway.
@@ -212,6 +234,45 @@ fn keys_without_a_flag_set_the_backoff() {
             multiplier: 1.5,
             max_attempts: RestartStrategy::DEFAULT_MAX_ATTEMPTS,
         }
+    );
+}
+
+/// Flink's switch turns TLS off with its files given, and on only with
+/// all three; a missing file is named as the user would give it.
+#[test]
+fn tls_takes_all_three_files_or_none() {
+    let files = "security.ssl.internal.cert-file: /pki/node.pem\nsecurity.ssl.internal.key-file: /pki/node-key.pem\nsecurity.ssl.internal.ca-file: /pki/ca.pem\n";
+    let settings = |yaml: &str| {
+        let mut options = Options::default();
+        let origins = file(yaml).apply(&mut options, |_| false).unwrap();
+        options.tls_files(&origins)
+    };
+    assert_eq!(
+        settings(&format!("{files}security.ssl.internal.enabled: false\n")),
+        Ok(None)
+    );
+    assert!(matches!(settings(files), Ok(Some(_))));
+    let refused = settings("security.ssl.internal.enabled: true\n").unwrap_err();
+    assert_eq!(refused.option, "tls_enabled");
+    assert!(
+        refused.problem.contains("security.ssl.internal.cert-file"),
+        "{refused:?}"
+    );
+    let partial = settings("security.ssl.internal.cert-file: /pki/node.pem\n").unwrap_err();
+    assert_eq!(partial.option, "tls_key");
+    let flags = RunArgs::parse([
+        "wordcount",
+        "--tls-cert=/pki/node.pem",
+        "--tls-key=/pki/k.pem",
+    ])
+    .unwrap();
+    let missing = flags.options.tls_files(&Origins::default()).unwrap_err();
+    assert_eq!(missing.option, "tls_ca");
+    assert!(
+        missing
+            .problem
+            .contains("--tls-cert, --tls-key and --tls-ca"),
+        "{missing:?}"
     );
 }
 
