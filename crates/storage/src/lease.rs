@@ -40,6 +40,10 @@ pub struct Holder {
     pub host: String,
     /// The run's process on that host.
     pub pid: u32,
+    /// The process as another one on its machine can look it up; leases
+    /// written before it was recorded have none, and only expire.
+    #[serde(default)]
+    pub process: Option<Process>,
     /// Wall-clock milliseconds since the Unix epoch of the last renewal.
     pub renewed_ms: u64,
     /// Milliseconds after a renewal at which the lease expires.
@@ -52,6 +56,56 @@ impl std::fmt::Display for Holder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "run {} (epoch {})", self.run, self.epoch)
     }
+}
+
+/// A process as its lease records it: a pid means one process only within
+/// one boot of one kernel and one pid namespace, and until it is reused;
+/// the start time tells a reused pid apart.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Process {
+    /// The kernel's boot (`/proc/sys/kernel/random/boot_id`).
+    pub boot: String,
+    /// Its pid namespace (`/proc/self/ns/pid`): containers on one kernel
+    /// share the boot and often the host name, not this.
+    pub namespace: String,
+    /// Its pid in that namespace.
+    pub pid: u32,
+    /// When it started, in clock ticks since the boot (`/proc/PID/stat`).
+    pub started: u64,
+}
+
+impl Process {
+    /// This process, where `/proc` tells; elsewhere a lease only expires.
+    pub fn current() -> Option<Process> {
+        let pid = std::process::id();
+        Some(Process {
+            boot: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .ok()?
+                .trim()
+                .to_owned(),
+            namespace: std::fs::read_link("/proc/self/ns/pid")
+                .ok()?
+                .to_string_lossy()
+                .into_owned(),
+            pid,
+            started: started(pid)?,
+        })
+    }
+
+    /// Whether `here` can look this process up: one of the same boot and
+    /// pid namespace.
+    fn visible_from(&self, here: &Process) -> bool {
+        self.boot == here.boot && self.namespace == here.namespace
+    }
+}
+
+/// When process `pid` of this pid namespace started, if it runs: field 22
+/// of `/proc/PID/stat`, counted after the command name, which may hold
+/// spaces and parentheses.
+pub fn started(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, fields) = stat.rsplit_once(')')?;
+    fields.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// What [`judge`] found.
@@ -69,16 +123,16 @@ pub enum Verdict {
     Held(Holder),
 }
 
-/// Whether a run on `host` at wall-clock `now_ms` may take a directory
-/// whose newest lease is `newest`: yes if there is none, or it was released,
-/// has expired, belongs to a process of this host that is gone (`alive`
-/// says whether a pid of this host runs), or `take_over` says the user
-/// knows its run is dead.
+/// Whether a run in process `here` at wall-clock `now_ms` may take a
+/// directory whose newest lease is `newest`: yes if there is none, or it
+/// was released, has expired, belongs to a process `here` can look up
+/// that is gone (`started` gives the start time of a pid that runs), or
+/// `take_over` says the user knows its run is dead.
 pub fn judge(
     newest: Option<&Holder>,
     now_ms: u64,
-    host: &str,
-    alive: impl Fn(u32) -> bool,
+    here: Option<&Process>,
+    started: impl Fn(u32) -> Option<u64>,
     take_over: bool,
 ) -> Verdict {
     let Some(holder) = newest else {
@@ -91,7 +145,7 @@ pub fn judge(
         Some("released")
     } else if now_ms >= holder.renewed_ms.saturating_add(holder.ttl_ms) {
         Some("expired")
-    } else if holder.host == host && !alive(holder.pid) {
+    } else if gone(holder.process.as_ref(), here, started) {
         Some("its process is gone")
     } else if take_over {
         Some("taken over")
@@ -104,6 +158,21 @@ pub fn judge(
             from: Some((holder.clone(), why)),
         },
         None => Verdict::Held(holder.clone()),
+    }
+}
+
+/// Whether `theirs` is a process `here` can look up, and it no longer
+/// runs: its pid is free, or another process's.
+fn gone(
+    theirs: Option<&Process>,
+    here: Option<&Process>,
+    started: impl Fn(u32) -> Option<u64>,
+) -> bool {
+    match (theirs, here) {
+        (Some(theirs), Some(here)) if theirs.visible_from(here) => {
+            started(theirs.pid) != Some(theirs.started)
+        }
+        _ => false,
     }
 }
 
@@ -175,14 +244,6 @@ pub fn host() -> String {
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into())
-}
-
-/// Whether process `pid` of this host runs. Where that cannot be told (no
-/// `/proc`), every process counts as running: the lease must expire.
-fn alive(pid: u32) -> bool {
-    pid == std::process::id()
-        || !std::path::Path::new("/proc/self").exists()
-        || std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// Fails with [`StorageError::Fenced`] once any run newer than the one of
@@ -265,17 +326,18 @@ impl Lease {
             None => None,
         };
         let now = now_ms();
-        let host = host();
+        let process = Process::current();
         let epoch = match newest.as_ref().filter(|holder| holder.run == run) {
             // An earlier try's write landed: renewed below, as taken.
             Some(mine) => mine.epoch,
-            None => Self::judged(storage, newest.as_ref(), now, &host, options)?,
+            None => Self::judged(storage, newest.as_ref(), now, process.as_ref(), options)?,
         };
         let holder = Holder {
             epoch,
             run: run.to_owned(),
-            host,
+            host: host(),
             pid: std::process::id(),
+            process,
             renewed_ms: now,
             ttl_ms: options.ttl.as_millis().min(u128::from(u64::MAX)) as u64,
             released: false,
@@ -302,10 +364,10 @@ impl Lease {
         storage: &CheckpointStorage,
         newest: Option<&Holder>,
         now: u64,
-        host: &str,
+        here: Option<&Process>,
         options: &LeaseConfig,
     ) -> Result<u64, LeaseError> {
-        match judge(newest, now, host, alive, options.take_over) {
+        match judge(newest, now, here, started, options.take_over) {
             Verdict::Held(holder) => {
                 let expires = holder.renewed_ms.saturating_add(holder.ttl_ms);
                 Err(LeaseError::Held {
@@ -456,12 +518,23 @@ mod tests {
     use std::sync::Arc;
     use tidemark_core::model::ids::JobId;
 
+    /// Process 7 of boot `boot`, pid namespace `namespace`, started at 50.
+    fn process(boot: &str, namespace: &str) -> Process {
+        Process {
+            boot: boot.into(),
+            namespace: namespace.into(),
+            pid: 7,
+            started: 50,
+        }
+    }
+
     fn holder(renewed_ms: u64) -> Holder {
         Holder {
             epoch: 4,
             run: "a:7:1".into(),
             host: "a".into(),
             pid: 7,
+            process: Some(process("boot", "pid:[1]")),
             renewed_ms,
             ttl_ms: 1_000,
             released: false,
@@ -470,38 +543,30 @@ mod tests {
 
     #[test]
     fn a_live_lease_is_held_and_anything_else_is_taken_at_the_next_epoch() {
-        let live = |_| true;
+        let here = process("boot", "pid:[1]");
+        let here = Some(&here);
+        let live = |_| Some(50);
         let take = |why| Verdict::Take {
             epoch: 5,
             from: Some((holder(100), why)),
         };
         assert_eq!(
-            judge(None, 0, "a", live, false),
+            judge(None, 0, here, live, false),
             Verdict::Take {
                 epoch: 1,
                 from: None
             }
         );
         assert_eq!(
-            judge(Some(&holder(100)), 1_099, "a", live, false),
+            judge(Some(&holder(100)), 1_099, here, live, false),
             Verdict::Held(holder(100))
         );
         assert_eq!(
-            judge(Some(&holder(100)), 1_100, "b", live, false),
+            judge(Some(&holder(100)), 1_100, None, live, false),
             take("expired")
         );
         assert_eq!(
-            judge(Some(&holder(100)), 500, "a", |_| false, false),
-            take("its process is gone")
-        );
-        // Another host's processes cannot be seen: only expiry or the user
-        // frees its lease.
-        assert_eq!(
-            judge(Some(&holder(100)), 500, "b", |_| false, false),
-            Verdict::Held(holder(100))
-        );
-        assert_eq!(
-            judge(Some(&holder(100)), 500, "b", live, true),
+            judge(Some(&holder(100)), 500, None, live, true),
             take("taken over")
         );
         let released = Holder {
@@ -509,7 +574,7 @@ mod tests {
             ..holder(100)
         };
         assert!(matches!(
-            judge(Some(&released), 0, "b", live, false),
+            judge(Some(&released), 0, None, live, false),
             Verdict::Take { epoch: 5, .. }
         ));
         let forever = Holder {
@@ -517,9 +582,70 @@ mod tests {
             ..holder(100)
         };
         assert!(matches!(
-            judge(Some(&forever), u64::MAX - 1, "b", live, false),
+            judge(Some(&forever), u64::MAX - 1, None, live, false),
             Verdict::Held(_)
         ));
+    }
+
+    /// A holder's process is judged gone only where its pid means it: on
+    /// the same boot and in the same pid namespace, with its pid free or
+    /// reused by a process that started at another time. Containers that
+    /// share a kernel (and a host name) but not a pid namespace cannot
+    /// see each other's processes, and wait for expiry.
+    #[test]
+    fn a_holder_is_gone_only_where_its_pid_can_be_looked_up() {
+        let held = |here: &Process, started: Option<u64>| {
+            judge(Some(&holder(100)), 500, Some(here), |_| started, false)
+        };
+        let gone = Verdict::Take {
+            epoch: 5,
+            from: Some((holder(100), "its process is gone")),
+        };
+        let same = process("boot", "pid:[1]");
+        assert_eq!(held(&same, Some(50)), Verdict::Held(holder(100)));
+        assert_eq!(held(&same, None), gone, "its pid is free");
+        assert_eq!(held(&same, Some(51)), gone, "its pid was reused");
+        for elsewhere in [process("boot", "pid:[2]"), process("reboot", "pid:[1]")] {
+            for started in [None, Some(51)] {
+                assert_eq!(
+                    held(&elsewhere, started),
+                    Verdict::Held(holder(100)),
+                    "{elsewhere:?}"
+                );
+            }
+        }
+        let unrecorded = Holder {
+            process: None,
+            ..holder(100)
+        };
+        assert_eq!(
+            judge(Some(&unrecorded), 500, Some(&same), |_| None, false),
+            Verdict::Held(unrecorded.clone())
+        );
+        assert_eq!(
+            judge(Some(&holder(100)), 500, None, |_| None, false),
+            Verdict::Held(holder(100))
+        );
+    }
+
+    /// What `/proc` says of this process and of one that exited.
+    #[test]
+    fn this_process_is_recorded_and_an_exited_one_is_found_gone() {
+        let me = Process::current().expect("/proc on Linux");
+        assert_eq!(started(me.pid), Some(me.started));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let theirs = Process {
+            pid,
+            started: 0,
+            ..me.clone()
+        };
+        assert!(gone(Some(&theirs), Some(&me), started));
+        // A lease written before processes were recorded still reads.
+        let old = r#"{"epoch":2,"run":"h:7:1","host":"h","pid":7,"renewed_ms":5,"ttl_ms":30000,"released":false}"#;
+        let holder: Holder = serde_json::from_str(old).unwrap();
+        assert_eq!(holder.process, None);
     }
 
     #[tokio::test]
