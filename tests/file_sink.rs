@@ -144,11 +144,12 @@ fn a_job_killed_while_writing_into_s3_commits_once_after_its_restore() {
     let checkpoints = tempfile::tempdir().unwrap();
     let args = args(&format!("{out}?format=jsonl"), checkpoints.path(), &[]);
     let committed = || !committed_json(&out).is_empty();
-    let cleanup = |dry_run| {
+    let cleanup = |delete| {
         cleanup(&CleanupArgs {
             checkpoint_dir: checkpoints.path().to_str().unwrap().into(),
             job: tidemark_cli::topologies::wordcount::JOB_NAME.into(),
-            dry_run,
+            delete,
+            dry_run: false,
             grace: Duration::ZERO,
             ignore_corrupted_metadata: false,
             sink: Some(out.clone()),
@@ -162,18 +163,18 @@ fn a_job_killed_while_writing_into_s3_commits_once_after_its_restore() {
         committed,
         || {
             let open = open_multipart_uploads(&out);
-            cleanup(true);
+            cleanup(false);
             assert_eq!(
                 open_multipart_uploads(&out),
                 open,
-                "a dry run aborts nothing"
+                "a report aborts nothing"
             );
         },
     );
     let context = "jsonl into S3, SIGKILL and --restore latest";
     assert_counts_exactly_once(committed_json(&out), RECORDS, KEYS, SEED, context);
     assert_nothing_pending_in_s3(&out, context);
-    let sweep = cleanup(false);
+    let sweep = cleanup(true);
     assert_eq!((sweep.stale_uploads.len(), sweep.kept_uploads), (0, 0));
 }
 

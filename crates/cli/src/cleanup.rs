@@ -1,6 +1,7 @@
-//! `tidemark cleanup`: sweeps the orphans of a job's checkpoint directory,
+//! `tidemark cleanup`: finds the orphans of a job's checkpoint directory,
 //! the objects no retained checkpoint references (the uploads of a process
-//! that died before it could report or delete them).
+//! that died before it could report or delete them, shared files of
+//! checkpoints gone), and reports them; with `--delete` it sweeps them.
 //!
 //! Retained means every checkpoint whose `_metadata` is in storage. Its
 //! metadata, the objects it references and the id counter are kept; so is
@@ -40,8 +41,13 @@ pub struct CleanupArgs {
     /// Name of the job whose directory is swept.
     #[arg(long, default_value = crate::topologies::wordcount::JOB_NAME)]
     pub job: String,
-    /// List the orphans without deleting them.
+    /// Delete the orphans (and abort the stale uploads) it finds; without
+    /// it, cleanup only reports them.
     #[arg(long)]
+    pub delete: bool,
+    /// Only report, which is the default: accepted for the scripts written
+    /// when cleanup deleted unless told otherwise.
+    #[arg(long, hide = true, conflicts_with = "delete")]
     pub dry_run: bool,
     /// Unreferenced objects younger than this are kept; against a running
     /// job it must exceed the checkpoint timeout.
@@ -75,7 +81,7 @@ pub struct Orphan {
 pub struct Sweep {
     /// The job's directory in the storage, for the reader.
     pub job_dir: String,
-    /// Older than the grace period: deleted, unless `dry_run`, `_metadata`
+    /// Older than the grace period: deleted with `--delete`, `_metadata`
     /// first.
     pub orphans: Vec<Orphan>,
     /// Unreferenced but younger than the grace period: kept.
@@ -83,13 +89,12 @@ pub struct Sweep {
     /// Corrupted metadata swept under `--ignore-corrupted-metadata`.
     pub corrupted: Vec<String>,
     /// The `--sink` directory's open uploads older than the grace period
-    /// that no retained checkpoint pre-committed: aborted, unless
-    /// `dry_run`.
+    /// that no retained checkpoint pre-committed: aborted with `--delete`.
     pub stale_uploads: Vec<OpenUpload>,
     /// Its other open uploads: young, or pre-committed.
     pub kept_uploads: usize,
-    /// Whether the orphans were only listed.
-    pub dry_run: bool,
+    /// Whether the orphans were deleted, or only reported.
+    pub deleted: bool,
 }
 
 /// Paths a retained checkpoint references besides its `_metadata`: the one
@@ -189,7 +194,7 @@ async fn scan(
 /// have changed it in between.
 async fn sweep(storage: &CheckpointStorage, args: &CleanupArgs) -> Result<Sweep, CliError> {
     let planned = sweep_with(storage, args, false).await?;
-    if args.dry_run || (planned.orphans.is_empty() && planned.stale_uploads.is_empty()) {
+    if !args.delete || (planned.orphans.is_empty() && planned.stale_uploads.is_empty()) {
         return Ok(planned);
     }
     let lease = Arc::new(Lease::acquire(storage, &LeaseConfig::default()).await?);
@@ -239,7 +244,7 @@ async fn sweep_with(
         corrupted,
         stale_uploads,
         kept_uploads,
-        dry_run: args.dry_run,
+        deleted: delete,
     })
 }
 
@@ -250,8 +255,8 @@ fn sink_failed(e: FileSinkError) -> CliError {
     }
 }
 
-/// Sweeps the job's directory in the checkpoint storage, or with
-/// `--dry-run` lists what a sweep would delete.
+/// Reports what a sweep of the job's directory in the checkpoint storage
+/// would delete, or with `--delete` sweeps it.
 pub fn cleanup(args: &CleanupArgs) -> Result<Sweep, CliError> {
     let storage =
         CheckpointStorage::open(&args.checkpoint_dir, job_id(&args.job)).map_err(|e| {
@@ -276,10 +281,10 @@ impl fmt::Display for Sweep {
             writeln!(f, "upload {}\tof {}", upload.id, upload.path)?;
         }
         let bytes: u64 = self.orphans.iter().map(|o| o.size).sum();
-        let (verb, abort) = if self.dry_run {
-            ("would delete", "would abort")
-        } else {
+        let (verb, abort) = if self.deleted {
             ("deleted", "aborted")
+        } else {
+            ("would delete", "would abort")
         };
         if !self.stale_uploads.is_empty() || self.kept_uploads > 0 {
             writeln!(
@@ -295,7 +300,12 @@ impl fmt::Display for Sweep {
             self.job_dir,
             self.orphans.len(),
             self.young.len()
-        )
+        )?;
+        let found = !self.orphans.is_empty() || !self.stale_uploads.is_empty();
+        if found && !self.deleted {
+            write!(f, "\nnothing was deleted: pass --delete to delete them")?;
+        }
+        Ok(())
     }
 }
 

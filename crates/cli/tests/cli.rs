@@ -365,7 +365,7 @@ fn cleanup(root: &Path, extra: &[&str]) -> Output {
 }
 
 #[test]
-fn cleanup_deletes_old_orphans_only_and_nothing_outside_the_job() {
+fn cleanup_reports_old_orphans_and_deletes_only_them_when_asked() {
     let (checkpoints, job, referenced) = finished_run();
     let root = checkpoints.path();
     let old = ["chk-999/op-1-0-keyed", "shared/op-1-1-7-000042.sst"];
@@ -377,17 +377,21 @@ fn cleanup_deletes_old_orphans_only_and_nothing_outside_the_job() {
     write_aged(root, "stray", TWO_HOURS);
     let before = files(root);
 
-    let out = cleanup(root, &["--dry-run"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    for orphan in old {
-        assert!(stdout.contains(orphan), "{stdout}");
+    // Without --delete (or with the old --dry-run) it only reports.
+    for report in [&[][..], &["--dry-run"]] {
+        let out = cleanup(root, report);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        for orphan in old {
+            assert!(stdout.contains(orphan), "{stdout}");
+        }
+        assert!(!stdout.contains("chk-1000"), "{stdout}");
+        assert!(stdout.contains("would delete 2 orphans"), "{stdout}");
+        assert!(stdout.contains("pass --delete"), "{stdout}");
+        assert_eq!(files(root), before, "a report deletes nothing");
     }
-    assert!(!stdout.contains("chk-1000"), "{stdout}");
-    assert!(stdout.contains("would delete 2 orphans"), "{stdout}");
-    assert_eq!(files(root), before, "a dry run deletes nothing");
 
-    let out = cleanup(root, &["--grace=1h"]);
+    let out = cleanup(root, &["--delete", "--grace=1h"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let mut expected = without_lease(referenced);
     expected.insert("chk-1000/op-1-0-keyed".into());
@@ -416,7 +420,7 @@ fn cleanup_refuses_corrupted_metadata_unless_told_to_ignore_it() {
     assert!(stderr(&out).contains("corrupted"), "{}", stderr(&out));
     assert_eq!(files(root), before, "nothing deleted");
 
-    let out = cleanup(root, &["--ignore-corrupted-metadata"]);
+    let out = cleanup(root, &["--ignore-corrupted-metadata", "--delete"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
         without_lease(files(&job)),
