@@ -3,7 +3,9 @@
 //! process (`--local-workers=2`: half the channels cross loopback TCP,
 //! encoded once per batch, credit-based) and over 2 worker processes
 //! (`--workers=2`: the same links, and the driver's commands and the
-//! workers' reports over gRPC), with checkpoints off and every second; and
+//! workers' reports over gRPC), with checkpoints off and every second; the
+//! worker processes again with mutual TLS on the links and gRPC (against
+//! the same over plain TCP); and
 //! the time from a failure to the restored attempt running: a killed
 //! subtask in one process, a killed worker in this process (all its
 //! subtasks, its link ends closed), and a SIGKILLed worker process, which
@@ -19,43 +21,51 @@ mod common;
 
 use common::{child_runs, env_or, median, run_in_child};
 
-/// A configuration: its name, the arguments that differ, and the
-/// configuration its throughput is compared with (the same in one worker).
+/// A configuration: its name, the arguments that differ, whether it runs
+/// over mutual TLS, and the configuration its throughput is compared with
+/// (the same in one worker; over TLS, the same over plain TCP).
 struct Config {
     name: &'static str,
     args: &'static [&'static str],
+    tls: bool,
     baseline: usize,
 }
 
-const CONFIGS: [Config; 9] = [
+const CONFIGS: [Config; 11] = [
     Config {
         name: "1 worker, checkpoints off",
         args: &["--local-workers=0", "--checkpoint-interval=off"],
+        tls: false,
         baseline: 0,
     },
     Config {
         name: "2 workers, checkpoints off",
         args: &["--local-workers=2", "--checkpoint-interval=off"],
+        tls: false,
         baseline: 0,
     },
     Config {
         name: "2 worker processes, checkpoints off",
         args: &["--workers=2", "--checkpoint-interval=off"],
+        tls: false,
         baseline: 0,
     },
     Config {
         name: "1 worker, 1 s checkpoints",
         args: &["--local-workers=0", "--checkpoint-interval=1s"],
+        tls: false,
         baseline: 3,
     },
     Config {
         name: "2 workers, 1 s checkpoints",
         args: &["--local-workers=2", "--checkpoint-interval=1s"],
+        tls: false,
         baseline: 3,
     },
     Config {
         name: "2 worker processes, 1 s checkpoints",
         args: &["--workers=2", "--checkpoint-interval=1s"],
+        tls: false,
         baseline: 3,
     },
     Config {
@@ -65,6 +75,7 @@ const CONFIGS: [Config; 9] = [
             "--checkpoint-interval=1s",
             "--inject-failures=1",
         ],
+        tls: false,
         baseline: 6,
     },
     Config {
@@ -74,6 +85,7 @@ const CONFIGS: [Config; 9] = [
             "--checkpoint-interval=1s",
             "--inject-failures=1",
         ],
+        tls: false,
         baseline: 6,
     },
     Config {
@@ -83,7 +95,20 @@ const CONFIGS: [Config; 9] = [
             "--checkpoint-interval=1s",
             "--inject-failures=1",
         ],
+        tls: false,
         baseline: 6,
+    },
+    Config {
+        name: "2 worker processes over TLS, checkpoints off",
+        args: &["--workers=2", "--checkpoint-interval=off"],
+        tls: true,
+        baseline: 2,
+    },
+    Config {
+        name: "2 worker processes over TLS, 1 s checkpoints",
+        args: &["--workers=2", "--checkpoint-interval=1s"],
+        tls: true,
+        baseline: 5,
     },
 ];
 
@@ -105,16 +130,22 @@ fn main() {
     }
     let records = env_or("TIDEMARK_BENCH_RECORDS", 150_000_000);
     let reps = env_or("TIDEMARK_BENCH_REPS", 3).max(1);
+    let pki = tempfile::tempdir().expect("a temporary directory");
+    let tls = tidemark_testkit::pki::TestCa::new(pki.path(), "bench").flags("bench");
     let mut runs: Vec<Run> = Vec::new();
     for _ in 0..reps {
-        for (config, Config { args: extra, .. }) in CONFIGS.iter().enumerate() {
+        for (config, c) in CONFIGS.iter().enumerate() {
+            let extra = c.args.iter().map(|a| a.to_string());
             let mut args = vec![
                 "wordcount".to_string(),
                 format!("--records={records}"),
                 "--keys=100000".to_string(),
                 "--parallelism=4".to_string(),
             ];
-            args.extend(extra.iter().map(|a| a.to_string()));
+            args.extend(extra);
+            if c.tls {
+                args.extend(tls.iter().cloned());
+            }
             let run = run_in_child(&args);
             runs.push(Run {
                 config,
@@ -135,7 +166,7 @@ fn main() {
     };
     println!("wordcount p=4, 100,000 keys, {records} records, median of {reps} runs");
     println!(
-        "| configuration | M records/s | vs the same in 1 process | checkpoint p50 ms | link bytes per record | recovery p50 ms |"
+        "| configuration | M records/s | vs the same in 1 process (over TLS: over TCP) | checkpoint p50 ms | link bytes per record | recovery p50 ms |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
     for (config, c) in CONFIGS.iter().enumerate() {

@@ -661,6 +661,30 @@ fn the_kubernetes_example_runs_commands_the_binary_accepts() {
             );
         }
     }
+    // Only the drivers reach the control port, only workers the data port.
+    let policy = &load("network-policy.yaml")[0];
+    let app = |labels: &Yaml| labels["app"].as_str().map(str::to_owned);
+    let labels = |doc: &Yaml| app(&doc["spec"]["template"]["metadata"]["labels"]);
+    assert_eq!(
+        app(&policy["spec"]["podSelector"]["matchLabels"]),
+        labels(statefulset)
+    );
+    let rules = policy["spec"]["ingress"].as_sequence().unwrap();
+    let admitted: Vec<(Option<String>, i64)> = rules
+        .iter()
+        .map(|rule| {
+            let ports = rule["ports"].as_sequence().unwrap();
+            assert_eq!(ports.len(), 1, "one port a rule");
+            (
+                app(&rule["from"][0]["podSelector"]["matchLabels"]),
+                ports[0]["port"].as_integer().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        admitted,
+        [(labels(job), ports[0]), (labels(statefulset), ports[1])]
+    );
     // The workers take the drivers' checkpoint directory, and no other.
     let roots: Vec<String> = worker
         .iter()
