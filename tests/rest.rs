@@ -909,6 +909,7 @@ fn the_command_line_clients_take_a_savepoint_list_checkpoints_and_stop() {
         url: running.api.base.clone(),
         job: None,
         http_token_file: None,
+        http_ca: None,
     };
     let savepoint = |target: Option<&Path>, stop: bool| {
         let args = SavepointArgs {
@@ -937,6 +938,7 @@ fn the_command_line_clients_take_a_savepoint_list_checkpoints_and_stop() {
         url: connect.url.clone(),
         job: Some("0".repeat(32)),
         http_token_file: None,
+        http_ca: None,
     };
     let wrong = client::checkpoints(&CheckpointsArgs { connect: unknown }).unwrap_err();
     assert!(

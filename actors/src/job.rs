@@ -128,4 +128,8 @@ pub enum HttpTokenError {
     /// An address beyond loopback and no token.
     #[error("the REST API on {0} would answer anyone who can reach it: give it a token (--http-token-file, rest.auth.token-file), or bind a loopback address")]
     Unauthenticated(SocketAddr),
+    /// An address beyond loopback without TLS, and not told the network
+    /// is trusted.
+    #[error("the REST API on {0} would take its token in the clear: give it TLS (--http-tls-cert and --http-tls-key, security.ssl.rest.*), or --insecure if only trusted hosts can reach it")]
+    Plaintext(SocketAddr),
 }

@@ -38,9 +38,10 @@ mod messages;
 pub mod metrics;
 pub mod runtime;
 pub mod sinks;
+pub mod tls;
 
 pub use cluster::remote::{Distributed, WorkerSet};
-pub use cluster::{election, tls, worker};
+pub use cluster::{election, worker};
 pub use runtime::{JobControl, JobError, JobHandle, JobReport, RunJob, Runtime, Savepoint};
 
 /// What an embedding application needs in scope.

@@ -9,6 +9,7 @@ use crate::dataflow::net::{WorkerAssignment, Workers};
 use crate::http::{self, HttpToken, JobStatus, JobView};
 pub use crate::job::{job_id, JobError, JobReport};
 use crate::metrics::JobMetrics;
+use crate::tls::RestTls;
 use actix::{Actor, Addr, Arbiter, System};
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
@@ -114,6 +115,12 @@ pub struct Runtime {
     /// The token every request to the REST API must present; required
     /// where `http` is not a loopback address.
     pub http_token: Option<HttpToken>,
+    /// TLS of the REST API; required where `http` is not a loopback
+    /// address, unless `http_insecure`.
+    pub http_tls: Option<RestTls>,
+    /// Serve the REST API beyond loopback over plain HTTP, its token in
+    /// the clear: the network is trusted.
+    pub http_insecure: bool,
     /// Spreads the subtasks over this many workers within this process
     /// (subtask index modulo workers), every channel between two of them
     /// over loopback TCP: the data plane of worker processes, in one
@@ -132,6 +139,8 @@ impl Default for Runtime {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             http: None,
             http_token: None,
+            http_tls: None,
+            http_insecure: false,
             local_workers: 0,
             distributed: None,
         }
@@ -215,7 +224,11 @@ impl Runtime {
         job.validate()?;
         job.config.validate()?;
         if let Some(addr) = self.http {
-            http::check_exposure(addr, self.http_token.as_ref())?;
+            http::check_exposure(
+                addr,
+                self.http_token.is_some(),
+                self.http_tls.is_some() || self.http_insecure,
+            )?;
         }
         if let Some(settings) = &job.config.checkpointing {
             settings.validate()?;
@@ -250,7 +263,11 @@ impl Runtime {
         control: &JobControl,
     ) -> (Option<SocketAddr>, Option<Arc<JobView>>) {
         view.deployed(control.clone());
-        match http::serve(listener, view.clone(), self.http_token.clone()) {
+        let secured = http::Secured {
+            token: self.http_token.clone(),
+            tls: self.http_tls.clone(),
+        };
+        match http::serve(listener, view.clone(), secured) {
             Ok(addr) => (Some(addr), Some(view)),
             Err(e) => {
                 tracing::error!("the REST API could not start: {e}");

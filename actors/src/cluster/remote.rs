@@ -3,7 +3,6 @@
 //! supervisor and the coordinator to the worker's subtasks and their
 //! reports back, and the worker's death as a failure of the attempt.
 
-use crate::cluster::tls::MutualTls;
 use crate::control::worker_client::WorkerClient;
 use crate::control::{
     Command, Commands, Deploy, Empty, Event, FromWorker, ToWorker, KEEPALIVE, LISTENING,
@@ -15,6 +14,7 @@ use crate::messages::{
     SplitRequest, Stop, SubtaskFailed, SubtaskFinished, WorkerDeployed,
 };
 use crate::metrics::JobMetrics;
+use crate::tls::MutualTls;
 use actix::{
     Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, Recipient,
     ResponseFuture, StreamHandler, WrapFuture,

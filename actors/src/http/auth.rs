@@ -90,11 +90,18 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
-/// Refuses to serve on `addr` beyond loopback without a token.
-pub fn check_exposure(addr: SocketAddr, token: Option<&HttpToken>) -> Result<(), HttpTokenError> {
-    match (addr.ip().is_loopback(), token) {
-        (false, None) => Err(HttpTokenError::Unauthenticated(addr)),
-        _ => Ok(()),
+/// Refuses to serve on `addr` beyond loopback unless `authenticated` (by
+/// a token) and `encrypted` (TLS, or a network the operator trusts), so
+/// that the token does not travel in the clear.
+pub fn check_exposure(
+    addr: SocketAddr,
+    authenticated: bool,
+    encrypted: bool,
+) -> Result<(), HttpTokenError> {
+    match (addr.ip().is_loopback(), authenticated, encrypted) {
+        (true, _, _) | (false, true, true) => Ok(()),
+        (false, false, _) => Err(HttpTokenError::Unauthenticated(addr)),
+        (false, true, false) => Err(HttpTokenError::Plaintext(addr)),
     }
 }
 
@@ -149,17 +156,25 @@ mod tests {
     }
 
     #[test]
-    fn only_loopback_may_go_without_a_token() {
-        let token = HttpToken::new("t").unwrap();
+    fn only_loopback_may_go_without_a_token_or_in_the_clear() {
         for loopback in ["127.0.0.1:8081", "127.0.0.2:0", "[::1]:8081"] {
             let addr = loopback.parse().unwrap();
-            assert!(check_exposure(addr, None).is_ok(), "{loopback}");
+            assert!(check_exposure(addr, false, false).is_ok(), "{loopback}");
         }
         for exposed in ["0.0.0.0:8081", "[::]:8081", "192.0.2.7:8081"] {
             let addr = exposed.parse().unwrap();
-            let refusal = check_exposure(addr, None).unwrap_err().to_string();
-            assert!(refusal.contains("--http-token-file"), "{refusal}");
-            assert!(check_exposure(addr, Some(&token)).is_ok(), "{exposed}");
+            for encrypted in [false, true] {
+                let refusal = check_exposure(addr, false, encrypted)
+                    .unwrap_err()
+                    .to_string();
+                assert!(refusal.contains("--http-token-file"), "{refusal}");
+            }
+            let clear = check_exposure(addr, true, false).unwrap_err().to_string();
+            assert!(
+                clear.contains("--http-tls-cert") && clear.contains("--insecure"),
+                "{clear}"
+            );
+            assert!(check_exposure(addr, true, true).is_ok(), "{exposed}");
         }
     }
 }

@@ -16,6 +16,7 @@ mod prometheus;
 
 use crate::cluster::supervisor::JobControl;
 use crate::metrics::JobMetrics;
+use crate::tls::RestTls;
 use actix_web::dev::ServerHandle;
 use actix_web::http::{header, StatusCode};
 use actix_web::{web, App, HttpResponse, ResponseError};
@@ -264,13 +265,20 @@ fn routes(config: &mut web::ServiceConfig) {
     config.route("/metrics", web::get().to(prometheus::metrics));
 }
 
+/// How the REST API is secured: the token every request must present,
+/// and TLS.
+pub(crate) struct Secured {
+    pub token: Option<HttpToken>,
+    pub tls: Option<RestTls>,
+}
+
 /// Serves `view` on `listener` from a thread of its own, until the view
-/// shuts it down; returns the address it serves on. With `token`, every
+/// shuts it down; returns the address it serves on. With a token, every
 /// request must present it.
 pub(crate) fn serve(
     listener: TcpListener,
     view: Arc<JobView>,
-    token: Option<HttpToken>,
+    Secured { token, tls }: Secured,
 ) -> std::io::Result<SocketAddr> {
     let addr = listener.local_addr()?;
     let loopback = addr.ip().is_loopback();
@@ -320,8 +328,11 @@ pub(crate) fn serve(
             // A page's idle keep-alive connection must not hold up the
             // end of the job.
             .shutdown_timeout(1)
-            .disable_signals()
-            .listen(listener);
+            .disable_signals();
+            let server = match tls {
+                Some(tls) => server.listen_rustls_0_23(listener, tls.config()),
+                None => server.listen(listener),
+            };
             match server {
                 Ok(server) => {
                     let server = server.run();

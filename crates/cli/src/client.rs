@@ -23,6 +23,10 @@ pub struct Connect {
     /// as `Authorization: Bearer TOKEN`.
     #[arg(long, value_name = "FILE")]
     pub http_token_file: Option<std::path::PathBuf>,
+    /// The CA certificates (PEM) an `https://` URL's certificate must
+    /// chain to (the job's --http-tls-cert).
+    #[arg(long, value_name = "FILE")]
+    pub http_ca: Option<std::path::PathBuf>,
 }
 
 /// `tidemark savepoint` and `tidemark stop`.
@@ -48,6 +52,28 @@ pub struct CheckpointsArgs {
     pub connect: Connect,
 }
 
+/// TLS that trusts the CA certificates in `ca`, which an `https://` URL
+/// needs: a job's certificate is its operator's, not a public CA's.
+fn trusting(ca: Option<&std::path::Path>) -> Result<ureq::tls::TlsConfig, CliError> {
+    let usage = |problem: String| CliError::Usage {
+        argument: "--http-ca".into(),
+        problem,
+    };
+    let ca = ca.ok_or_else(|| {
+        usage("an https:// URL needs the CA certificates its server's chains to".into())
+    })?;
+    let roots = tidemark_actors::tls::ca_certificates(ca)
+        .map_err(|e| usage(e.to_string()))?
+        .iter()
+        .map(|der| ureq::tls::Certificate::from_der(der.as_ref()).to_owned())
+        .collect();
+    Ok(ureq::tls::TlsConfig::builder()
+        .provider(ureq::tls::TlsProvider::Rustls)
+        .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(roots)))
+        .unversioned_rustls_crypto_provider(tidemark_actors::tls::provider())
+        .build())
+}
+
 /// A client of one job's REST API.
 struct Client {
     agent: ureq::Agent,
@@ -58,11 +84,13 @@ struct Client {
 
 impl Client {
     fn new(connect: &Connect) -> Result<Self, CliError> {
-        let agent = ureq::Agent::config_builder()
+        let mut config = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(30)))
-            .build()
-            .into();
+            .timeout_global(Some(Duration::from_secs(30)));
+        if connect.url.starts_with("https://") {
+            config = config.tls_config(trusting(connect.http_ca.as_deref())?);
+        }
+        let agent = config.build().into();
         let token = HttpToken::read_optional(connect.http_token_file.as_deref()).map_err(|e| {
             CliError::Usage {
                 argument: "--http-token-file".into(),

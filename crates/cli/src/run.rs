@@ -20,7 +20,7 @@ use std::time::Duration;
 use tidemark_actors::election::ElectionError;
 use tidemark_actors::http::HttpToken;
 use tidemark_actors::runtime::{job_id, JobError, Runtime};
-use tidemark_actors::tls::MutualTls;
+use tidemark_actors::tls::{MutualTls, RestTls};
 use tidemark_actors::{Distributed, WorkerSet};
 use tidemark_core::cluster::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
 use tidemark_core::cluster::restart::RestartStrategy;
@@ -168,6 +168,10 @@ pub struct RunArgs {
     /// and a page at / on `[ADDR:]PORT`; a port alone binds to loopback.
     #[arg(long, value_name = "[ADDR:]PORT", value_parser = parse_http)]
     pub http: Option<std::net::SocketAddr>,
+    /// Serve the REST API beyond loopback over plain HTTP, its token in
+    /// the clear: only where nothing but trusted hosts can reach it.
+    #[arg(long)]
+    pub insecure: bool,
     /// Spreads the subtasks over N workers in this process, every channel
     /// between two of them over loopback TCP (a harness of the data plane
     /// between worker processes).
@@ -528,9 +532,14 @@ impl RunArgs {
             argument: argument.to_owned(),
             problem,
         };
-        if let (Some(addr), None) = (self.http, &options.http_token_file) {
-            tidemark_actors::http::check_exposure(addr, None)
-                .map_err(|e| usage("--http", e.to_string()))?;
+        if let Some(addr) = self.http {
+            let tls = matches!(options.http_tls_files(&settings.origins), Ok(Some(_)));
+            tidemark_actors::http::check_exposure(
+                addr,
+                options.http_token_file.is_some(),
+                tls || self.insecure,
+            )
+            .map_err(|e| usage("--http", e.to_string()))?;
         }
         let records = "reads records with a key and a ts: files of format=jsonl, csv or parquet, or Kafka's JSON values";
         match self.topology {
@@ -655,10 +664,11 @@ impl RunArgs {
 }
 
 /// What a run reads before anything is created or elected, and keeps:
-/// its REST API's token and its TLS with worker processes.
+/// its REST API's token and TLS, and its TLS with worker processes.
 #[derive(Clone)]
 struct Secrets {
     http_token: Option<HttpToken>,
+    http_tls: Option<RestTls>,
     tls: Option<MutualTls>,
 }
 
@@ -674,8 +684,16 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         .options
         .tls_files(&settings.origins)
         .map_err(|refusal| settings.usage(refusal.option, refusal.problem))?;
+    let http_tls = settings
+        .options
+        .http_tls_files(&settings.origins)
+        .map_err(|refusal| settings.usage(refusal.option, refusal.problem))?
+        .map(|(cert, key)| RestTls::load(&cert, &key))
+        .transpose()
+        .map_err(|e| settings.usage("http_tls_cert", e.to_string()))?;
     let secrets = Secrets {
         http_token,
+        http_tls,
         tls: TlsFlags::load(files.as_ref())?,
     };
     let Some(lease) = settings.options.leader_lease.clone() else {
@@ -707,7 +725,11 @@ fn run_job(
     args: &RunArgs,
     settings: &RunOptions,
     config: JobConfig,
-    Secrets { http_token, tls }: Secrets,
+    Secrets {
+        http_token,
+        http_tls,
+        tls,
+    }: Secrets,
     leadership: Option<&Leadership>,
 ) -> Result<RunReport, CliError> {
     let (parallelism, channels) = (config.parallelism, config.channels);
@@ -720,9 +742,12 @@ fn run_job(
         .filter(|op| job.graph.is_source(op.id))
         .map(|op| (op.id, op.uid.clone()))
         .collect();
+    let scheme = if http_tls.is_some() { "https" } else { "http" };
     let runtime = Runtime {
         http: args.http,
         http_token,
+        http_tls,
+        http_insecure: args.insecure,
         local_workers: args.local_workers,
         distributed: args.distributed(parallelism, &run, tls)?,
         ..Runtime::default()
@@ -757,7 +782,7 @@ fn run_job(
         })
     });
     if let Some(addr) = handle.http_address() {
-        eprintln!("tidemark: the job's REST API and page are at http://{addr}/");
+        eprintln!("tidemark: the job's REST API and page are at {scheme}://{addr}/");
     }
     let progress = super::progress::Progress::start(metrics.clone());
     let outcome = handle.wait();

@@ -685,6 +685,10 @@ fn the_kubernetes_example_runs_commands_the_binary_accepts() {
         admitted,
         [(labels(job), ports[0]), (labels(statefulset), ports[1])]
     );
+    // The REST API beyond loopback has its token and TLS.
+    for flag in ["--http-token-file=", "--http-tls-cert=", "--http-tls-key="] {
+        assert!(driver.iter().any(|a| a.starts_with(flag)), "{flag}");
+    }
     // The workers take the drivers' checkpoint directory, and no other.
     let roots: Vec<String> = worker
         .iter()

@@ -2,8 +2,10 @@
 //! savepoint as Flink's own `flink stop` drives it: the client learns the
 //! savepoint's location even when it first asks after the stop has ended
 //! the job, because the process keeps serving until the outcome was read.
-//! A server beyond loopback: refused without a token, and with one it
-//! answers only requests that present it.
+//! A server beyond loopback: refused without a token or in the clear
+//! (unless told the network is trusted), with one it answers only
+//! requests that present it, and over TLS its clients check its
+//! certificate.
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
@@ -274,6 +276,82 @@ fn a_server_beyond_loopback_is_refused_without_a_token() {
     );
 }
 
+/// Beyond loopback the token would travel in the clear without TLS: a
+/// server is refused unless it has TLS or is told the network is trusted.
+#[test]
+fn a_server_beyond_loopback_is_refused_in_the_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = token_file(dir.path(), "t0ken");
+    let flag = format!("--http-token-file={}", token.display());
+    let out = wordcount(dir.path(), &["--http=0.0.0.0:0", &flag])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--http-tls-cert") && stderr.contains("--insecure"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("ck").exists(), "nothing ran");
+}
+
+/// With TLS the page and API are at an https:// URL; the command line's
+/// clients reach it trusting the CA given, and refuse a certificate of
+/// another CA or an https:// URL with no CA to check it against.
+#[test]
+fn beyond_loopback_over_tls_the_clients_check_the_servers_certificate() {
+    use tidemark_testkit::pki::TestCa;
+    let secrets = tempfile::tempdir().unwrap();
+    let (ours, theirs) = (
+        TestCa::new(secrets.path(), "ours"),
+        TestCa::new(secrets.path(), "theirs"),
+    );
+    let server = ours.issue("rest");
+    let token = format!(
+        "--http-token-file={}",
+        token_file(secrets.path(), "s3cret").display()
+    );
+    let (cert, key) = (
+        format!("--http-tls-cert={}", server.cert.display()),
+        format!("--http-tls-key={}", server.key.display()),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = wordcount(dir.path(), &["--http=0.0.0.0:0", &token, &cert, &key])
+        .spawn()
+        .unwrap();
+    let base = announced_address(child.stderr.take().unwrap()).replace("0.0.0.0", "127.0.0.1");
+    assert!(base.starts_with("https://"), "{base}");
+    let checkpoints = |url: &str, ca: Option<&Path>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+        command.args(["checkpoints", "--url", url, &token]);
+        if let Some(ca) = ca {
+            command.arg(format!("--http-ca={}", ca.display()));
+        }
+        command.output().unwrap()
+    };
+    eventually("the job's checkpoints over TLS", || {
+        checkpoints(&base, Some(&ours.ca))
+            .status
+            .success()
+            .then_some(())
+    });
+    let refused = checkpoints(&base, Some(&theirs.ca));
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("certificate") || said.contains("issuer"),
+        "{said}"
+    );
+    let unchecked = checkpoints(&base, None);
+    let said = String::from_utf8_lossy(&unchecked.stderr);
+    assert_eq!(unchecked.status.code(), Some(2), "{said}");
+    assert!(said.contains("--http-ca"), "{said}");
+    let plain = checkpoints(&base.replace("https://", "http://"), None);
+    assert!(!plain.status.success(), "plain HTTP is not answered");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[test]
 fn beyond_loopback_only_requests_with_the_token_are_answered() {
     let secrets = tempfile::tempdir().unwrap();
@@ -281,7 +359,11 @@ fn beyond_loopback_only_requests_with_the_token_are_answered() {
     let file = token_file(secrets.path(), token);
     let flag = format!("--http-token-file={}", file.display());
     let bearer = format!("Bearer {token}");
-    let job = Job::start_with(&["--http=0.0.0.0:0", &flag], Some(bearer.clone()));
+    // Over plain HTTP, which beyond loopback takes --insecure.
+    let job = Job::start_with(
+        &["--http=0.0.0.0:0", &flag, "--insecure"],
+        Some(bearer.clone()),
+    );
     let jid = job.jid.clone();
     use base64::Engine;
     let basic = |user_password: &str| {

@@ -5,7 +5,6 @@ use super::{AwaitLink, Claim, Rebuild, Release, WorkerHost};
 use crate::checkpoint::coordinator::RestoreFrom;
 use crate::checkpoint::restore::{load, Restored};
 use crate::cluster::deploy::{stop_all, Hosted, Hosting};
-use crate::cluster::tls::MutualTls;
 use crate::control::{Command, Deploy, Event, FromWorker, Progress, ToWorker};
 use crate::dataflow::net::{crossings, LinkEnd, LinkEnds, LinkStream, WorkerAssignment, Workers};
 use crate::dataflow::subtask::SubtaskActor;
@@ -16,6 +15,7 @@ use crate::messages::{
     SplitRequest, Stop, SubtaskFailed, SubtaskFinished, TriggerCheckpoint,
 };
 use crate::metrics::JobMetrics;
+use crate::tls::MutualTls;
 use actix::{
     Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, Recipient,
     ResponseActFuture, SpawnHandle, StreamHandler, WrapFuture,

@@ -13,13 +13,13 @@
 
 mod attempt;
 
-use crate::cluster::tls::{check_exposure, ExposedWithoutTls, MutualTls};
 use crate::control::worker_server::{Worker, WorkerServer};
 use crate::control::{
     Command, Empty, Event, WorkerInfo, KEEPALIVE, LISTENING, MAX_CONTROL_MESSAGE,
 };
 use crate::dataflow::net::LinkStream;
 use crate::messages::Stop;
+use crate::tls::{check_exposure, ExposedWithoutTls, MutualTls};
 use actix::{
     Actor, ActorFutureExt, Addr, Arbiter, Context, Handler, Message, ResponseActFuture, WrapFuture,
 };

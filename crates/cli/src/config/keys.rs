@@ -68,7 +68,7 @@ const fn pem_only(name: &'static str) -> Key {
         name,
         aliases: &[],
         apply: |_, _| {
-            unsupported("Tidemark reads PEM files, not Java keystores: give security.ssl.internal.cert-file, security.ssl.internal.key-file and security.ssl.internal.ca-file")
+            unsupported("Tidemark reads PEM files, not Java keystores: give security.ssl.internal.cert-file, security.ssl.internal.key-file and security.ssl.internal.ca-file, and security.ssl.rest.cert-file and security.ssl.rest.key-file for the REST API")
         },
     }
 }
@@ -277,6 +277,26 @@ pub(super) const KEYS: &[Key] = &[
             a.set("tls_ca", |o| o.tls.tls_ca = Some(path))
         },
     },
+    Key {
+        name: "security.ssl.rest.enabled",
+        aliases: &[],
+        apply: |a, v| {
+            let enabled = values::boolean(v)?;
+            a.set("http_tls_enabled", |o| o.http_tls_enabled = Some(enabled))
+        },
+    },
+    sets!(
+        "security.ssl.rest.cert-file",
+        [],
+        http_tls_cert = Some(values::path)
+    ),
+    sets!(
+        "security.ssl.rest.key-file",
+        [],
+        http_tls_key = Some(values::path)
+    ),
+    pem_only("security.ssl.rest.keystore"),
+    pem_only("security.ssl.rest.truststore"),
     pem_only("security.ssl.internal.keystore"),
     pem_only("security.ssl.internal.keystore-password"),
     pem_only("security.ssl.internal.key-password"),

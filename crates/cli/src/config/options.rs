@@ -191,6 +191,17 @@ pub struct Options {
     /// file sets it, the flags alone turn TLS on.
     #[arg(skip)]
     pub tls_enabled: Option<bool>,
+    /// TLS of the REST API (--http): its certificate chain (PEM), with
+    /// --http-tls-key; needed beyond loopback, unless --insecure.
+    #[arg(long, value_name = "FILE")]
+    pub http_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --http-tls-cert.
+    #[arg(long, value_name = "FILE")]
+    pub http_tls_key: Option<PathBuf>,
+    /// `security.ssl.rest.enabled`, read as `security.ssl.internal.enabled`
+    /// is; only a configuration file sets it.
+    #[arg(skip)]
+    pub http_tls_enabled: Option<bool>,
     /// Take the job directory's lease even from a run that looks alive (on
     /// another host and not yet expired): only when that run is known dead.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", value_parser = values::boolean)]
@@ -507,29 +518,55 @@ impl Options {
         {
             return refuse("max_concurrent", e.to_string());
         }
-        self.tls_files(origins).map(drop)
+        self.tls_files(origins)?;
+        self.http_tls_files(origins).map(drop)
     }
 
     /// The TLS files with worker processes, if TLS is on: all three files,
     /// which `security.ssl.internal.enabled: true` requires.
     pub fn tls_files(&self, origins: &Origins) -> Result<Option<TlsFiles>, Refusal> {
-        let all = || {
-            origins.suggest(
-                "--tls-cert, --tls-key and --tls-ca",
-                "security.ssl.internal.cert-file, key-file and ca-file",
-            )
+        let all = origins.suggest(
+            "--tls-cert, --tls-key and --tls-ca",
+            "security.ssl.internal.cert-file, key-file and ca-file",
+        );
+        switched(self.tls_enabled, self.tls.files(), "tls_enabled", all)
+    }
+
+    /// The REST API's certificate and key files, if its TLS is on.
+    pub fn http_tls_files(&self, origins: &Origins) -> Result<Option<(PathBuf, PathBuf)>, Refusal> {
+        let given = match (&self.http_tls_cert, &self.http_tls_key) {
+            (Some(cert), Some(key)) => Ok(Some((cert.clone(), key.clone()))),
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err("http_tls_cert"),
+            (Some(_), None) => Err("http_tls_key"),
         };
-        match (self.tls_enabled, self.tls.files()) {
-            (Some(false), _) => Ok(None),
-            (_, Err(missing)) => Err(Refusal {
-                option: missing,
-                problem: format!("is missing: mutual TLS needs all of {}", all()),
-            }),
-            (Some(true), Ok(None)) => Err(Refusal {
-                option: "tls_enabled",
-                problem: format!("needs {}", all()),
-            }),
-            (_, Ok(files)) => Ok(files),
-        }
+        let all = origins.suggest(
+            "--http-tls-cert and --http-tls-key",
+            "security.ssl.rest.cert-file and key-file",
+        );
+        switched(self.http_tls_enabled, given, "http_tls_enabled", all)
+    }
+}
+
+/// Files a TLS switch (`security.ssl.*.enabled`, option `switch`) governs:
+/// `false` turns TLS off with them given, as Flink reads it; `true`
+/// requires `all` of them, and so does giving some.
+fn switched<T>(
+    enabled: Option<bool>,
+    given: Result<Option<T>, &'static str>,
+    switch: &'static str,
+    all: String,
+) -> Result<Option<T>, Refusal> {
+    match (enabled, given) {
+        (Some(false), _) => Ok(None),
+        (_, Err(missing)) => Err(Refusal {
+            option: missing,
+            problem: format!("is missing: TLS needs all of {all}"),
+        }),
+        (Some(true), Ok(None)) => Err(Refusal {
+            option: switch,
+            problem: format!("needs {all}"),
+        }),
+        (_, Ok(files)) => Ok(files),
     }
 }

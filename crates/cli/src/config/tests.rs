@@ -26,7 +26,7 @@ fn from_flags(flags: &[&str]) -> String {
 /// which are not the job's.
 fn described(options: &Options) -> String {
     format!(
-        "{:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
         options.job_config(),
         options.leader_lease,
         options.leader_namespace,
@@ -34,6 +34,7 @@ fn described(options: &Options) -> String {
         options.election_timing(),
         options.http_token_file,
         options.tls_files(&Origins::default()),
+        options.http_tls_files(&Origins::default()),
     )
 }
 
@@ -62,6 +63,10 @@ const SAME_AS_FLAGS: &[(&str, &[&str])] = &[
     (
         "security.ssl.internal:\n  enabled: true\n  cert-file: /pki/node.pem\n  key-file: /pki/node-key.pem\n  ca-file: /pki/ca.pem\n",
         &["--tls-cert=/pki/node.pem", "--tls-key=/pki/node-key.pem", "--tls-ca=/pki/ca.pem"],
+    ),
+    (
+        "security.ssl.rest:\n  enabled: true\n  cert-file: /pki/rest.pem\n  key-file: /pki/rest-key.pem\n",
+        &["--http-tls-cert=/pki/rest.pem", "--http-tls-key=/pki/rest-key.pem"],
     ),
     ("tidemark.leader-election.lease: wc", &["--leader-lease=wc"]),
     (
@@ -192,6 +197,11 @@ const REFUSED: &[(&str, &str)] = &[
         "security.ssl.internal.ca-file",
     ),
     ("security.ssl.truststore-password: secret", "PEM"),
+    (
+        "security.ssl.rest.keystore: /pki/rest.jks",
+        "security.ssl.rest.cert-file",
+    ),
+    ("security.ssl.rest.truststore: /pki/trust.jks", "PEM"),
 ];
 
 /// Rows of `SAME_AS_FLAGS` that set what is the default anyway.

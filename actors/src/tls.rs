@@ -1,3 +1,7 @@
+//! TLS from PEM files, as Flink configures its SSL: mutual TLS between a
+//! job's processes ([`MutualTls`]), and the REST API's server certificate
+//! ([`RestTls`]) with the CA its clients trust ([`trusted`]).
+//!
 //! Mutual TLS between a job's processes, as Flink's internal SSL
 //! (`security.ssl.internal.*`) configures it, but from PEM files: every
 //! process presents the certificate of its `cert` file and accepts only a
@@ -150,49 +154,107 @@ fn certificates(pem: &[u8], path: &Path) -> Result<Vec<CertificateDer<'static>>,
     Ok(certificates)
 }
 
+/// The certificates in the PEM file `path`: a CA file's, for clients that
+/// build their own trust from them.
+pub fn ca_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    certificates(&read(path)?, path)
+}
+
+/// The CA certificates in `path`, as roots a peer's chain must lead to.
+pub fn trusted(path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for certificate in ca_certificates(path)? {
+        roots.add(certificate).map_err(|source| TlsError::Ca {
+            path: path.to_owned(),
+            source,
+        })?;
+    }
+    Ok(roots)
+}
+
+/// The crypto provider: the one kube and object_store build anyway.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// A certificate chain and its key, as a process presents them.
+struct Presented {
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    cert_path: PathBuf,
+    key_path: PathBuf,
+}
+
+impl Presented {
+    fn read(cert: &Path, key: &Path) -> Result<Presented, TlsError> {
+        Presented::parse(&read(cert)?, cert, &read(key)?, key)
+    }
+
+    fn parse(
+        cert: &[u8],
+        cert_path: &Path,
+        key: &[u8],
+        key_path: &Path,
+    ) -> Result<Presented, TlsError> {
+        Ok(Presented {
+            chain: certificates(cert, cert_path)?,
+            key: PrivateKeyDer::from_pem_slice(key).map_err(|e| TlsError::Pem {
+                path: key_path.to_owned(),
+                what: "private key",
+                problem: e.to_string(),
+            })?,
+            cert_path: cert_path.to_owned(),
+            key_path: key_path.to_owned(),
+        })
+    }
+
+    /// The error of a chain and key that do not make an identity.
+    fn unusable(&self, source: rustls::Error) -> TlsError {
+        TlsError::Identity {
+            cert: self.cert_path.clone(),
+            key: self.key_path.clone(),
+            source,
+        }
+    }
+
+    /// A server presenting this identity to clients `verifier` admits.
+    fn server(
+        &self,
+        verifier: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+    ) -> Result<ServerConfig, TlsError> {
+        let builder = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| self.unusable(e))?;
+        let builder = match verifier {
+            Some(verifier) => builder.with_client_cert_verifier(verifier),
+            None => builder.with_no_client_auth(),
+        };
+        builder
+            .with_single_cert(self.chain.clone(), self.key.clone_key())
+            .map_err(|e| self.unusable(e))
+    }
+}
+
 impl MutualTls {
     /// Reads and checks `files`: the certificate and key must match, and
     /// the CA file must hold at least one usable certificate.
     pub fn load(files: &TlsFiles) -> Result<MutualTls, TlsError> {
         let (cert, key, ca) = (read(&files.cert)?, read(&files.key)?, read(&files.ca)?);
-        let chain = certificates(&cert, &files.cert)?;
-        let private = PrivateKeyDer::from_pem_slice(&key).map_err(|e| TlsError::Pem {
-            path: files.key.clone(),
-            what: "private key",
-            problem: e.to_string(),
-        })?;
-        let mut roots = RootCertStore::empty();
-        for certificate in certificates(&ca, &files.ca)? {
-            roots.add(certificate).map_err(|source| TlsError::Ca {
-                path: files.ca.clone(),
-                source,
-            })?;
-        }
-        let roots = Arc::new(roots);
-        let identity = |source| TlsError::Identity {
-            cert: files.cert.clone(),
-            key: files.key.clone(),
-            source,
-        };
-        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+        let presented = Presented::parse(&cert, &files.cert, &key, &files.key)?;
+        let roots = Arc::new(trusted(&files.ca)?);
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
             .build()
             .map_err(|source| TlsError::Verifier {
                 path: files.ca.clone(),
                 source,
             })?;
-        let server = ServerConfig::builder_with_provider(provider.clone())
+        let server = presented.server(Some(verifier))?;
+        let client = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .map_err(identity)?
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(chain.clone(), private.clone_key())
-            .map_err(identity)?;
-        let client = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(identity)?
+            .map_err(|e| presented.unusable(e))?
             .with_root_certificates(roots)
-            .with_client_auth_cert(chain, private)
-            .map_err(identity)?;
+            .with_client_auth_cert(presented.chain.clone(), presented.key.clone_key())
+            .map_err(|e| presented.unusable(e))?;
         Ok(MutualTls {
             files: files.clone(),
             cert,
@@ -244,6 +306,35 @@ impl MutualTls {
         let name = ServerName::try_from(host(address).to_owned())
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         self.connector.connect(name, stream).await
+    }
+}
+
+/// The REST API's TLS (`security.ssl.rest.*`): the certificate it
+/// presents. Its clients check it against a CA they trust; requests are
+/// authenticated by the token, not by a client certificate, so that a
+/// browser opens the page too.
+#[derive(Clone)]
+pub struct RestTls {
+    config: Arc<ServerConfig>,
+}
+
+impl std::fmt::Debug for RestTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RestTls(…)")
+    }
+}
+
+impl RestTls {
+    /// Reads the certificate chain in `cert` and its key in `key`.
+    pub fn load(cert: &Path, key: &Path) -> Result<RestTls, TlsError> {
+        Ok(RestTls {
+            config: Arc::new(Presented::read(cert, key)?.server(None)?),
+        })
+    }
+
+    /// What the server takes its connections with.
+    pub(crate) fn config(&self) -> ServerConfig {
+        (*self.config).clone()
     }
 }
 
