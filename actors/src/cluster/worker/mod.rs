@@ -106,7 +106,6 @@ pub fn serve(options: WorkerConfig, rebuild: Rebuild) -> Result<(), ServeError> 
     let attempts = Arbiter::new();
     let handles: Vec<ArbiterHandle> = arbiters.iter().map(Arbiter::handle).collect();
     let link_arbiter = links.handle();
-    let links_arbiter = link_arbiter.clone();
     let attempt_arbiter = attempts.handle();
     system.block_on(async move {
         let control = tokio::net::TcpListener::from_std(control)?;
@@ -118,7 +117,7 @@ pub fn serve(options: WorkerConfig, rebuild: Rebuild) -> Result<(), ServeError> 
         let host = WorkerHost {
             rebuild,
             arbiters: handles,
-            links: link_arbiter,
+            links: link_arbiter.clone(),
             attempts: attempt_arbiter,
             admission: LinkAdmission::default(),
             current: None,
@@ -128,7 +127,7 @@ pub fn serve(options: WorkerConfig, rebuild: Rebuild) -> Result<(), ServeError> 
         // Links are accepted (and their TLS taken) on the arbiter their
         // actors run on, the runtime their sockets stay registered with.
         let (acceptor, tls) = (host.clone(), options.tls.clone());
-        links_arbiter.spawn(async move {
+        link_arbiter.spawn(async move {
             match tokio::net::TcpListener::from_std(data) {
                 Ok(data) => accept(data, acceptor, tls).await,
                 Err(e) => {
@@ -143,35 +142,7 @@ pub fn serve(options: WorkerConfig, rebuild: Rebuild) -> Result<(), ServeError> 
         };
         let address = control.local_addr()?;
         let incoming = TcpListenerStream::new(control);
-        let tls = options.tls.clone();
-        actix_rt::spawn(async move {
-            // A driver gone without closing its call (its machine died)
-            // is noticed by the keepalive, which ends the call and with it
-            // the attempt's actors.
-            let mut server = tonic::transport::Server::builder();
-            if let Some(tls) = tls {
-                server = match server.tls_config(tls.server()) {
-                    Ok(server) => server,
-                    Err(e) => {
-                        tracing::error!("the worker's gRPC service takes no TLS: {e}");
-                        return System::current().stop();
-                    }
-                };
-            }
-            let served = server
-                .tcp_nodelay(true)
-                .http2_keepalive_interval(Some(KEEPALIVE))
-                .http2_keepalive_timeout(Some(KEEPALIVE * 3))
-                .add_service(
-                    WorkerServer::new(service).max_decoding_message_size(MAX_CONTROL_MESSAGE),
-                )
-                .serve_with_incoming(incoming)
-                .await;
-            if let Err(e) = served {
-                tracing::error!("the worker's gRPC service failed: {e}");
-                System::current().stop();
-            }
-        });
+        actix_rt::spawn(serve_control(incoming, service, options.tls.clone()));
         let mut stdout = std::io::stdout();
         writeln!(stdout, "{LISTENING}{address}")?;
         stdout.flush()?;
@@ -190,6 +161,34 @@ pub fn serve(options: WorkerConfig, rebuild: Rebuild) -> Result<(), ServeError> 
         let _ = arbiter.join();
     }
     Ok(())
+}
+
+/// Serves the gRPC service until it fails, which stops the worker.
+async fn serve_control(incoming: TcpListenerStream, service: Service, tls: Option<MutualTls>) {
+    // A driver gone without closing its call (its machine died) is noticed
+    // by the keepalive, which ends the call and with it the attempt's
+    // actors.
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        server = match server.tls_config(tls.server()) {
+            Ok(server) => server,
+            Err(e) => {
+                tracing::error!("the worker's gRPC service takes no TLS: {e}");
+                return System::current().stop();
+            }
+        };
+    }
+    let served = server
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(KEEPALIVE))
+        .http2_keepalive_timeout(Some(KEEPALIVE * 3))
+        .add_service(WorkerServer::new(service).max_decoding_message_size(MAX_CONTROL_MESSAGE))
+        .serve_with_incoming(incoming)
+        .await;
+    if let Err(e) = served {
+        tracing::error!("the worker's gRPC service failed: {e}");
+        System::current().stop();
+    }
 }
 
 /// Accepts links from peers and hands each, with the hello it opened
