@@ -88,7 +88,10 @@ impl Process {
                 .to_string_lossy()
                 .into_owned(),
             pid,
-            started: started(pid)?,
+            started: match look_up(pid) {
+                Lookup::Running(started) => started,
+                Lookup::Exited | Lookup::Unknown => return None,
+            },
         })
     }
 
@@ -99,13 +102,36 @@ impl Process {
     }
 }
 
-/// When process `pid` of this pid namespace started, if it runs: field 22
-/// of `/proc/PID/stat`, counted after the command name, which may hold
-/// spaces and parentheses.
-pub fn started(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, fields) = stat.rsplit_once(')')?;
-    fields.split_whitespace().nth(19)?.parse().ok()
+/// What `/proc` says of a pid of this pid namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// A process runs, started at this time (clock ticks since the boot).
+    Running(u64),
+    /// None does, or only a zombie: the process exited.
+    Exited,
+    /// `/proc` does not say (hidden by `hidepid`, unreadable, unparsable):
+    /// the process may run.
+    Unknown,
+}
+
+/// Looks `pid` up in `/proc/PID/stat`: its state (field 3) and start time
+/// (field 22), counted after the command name, which may hold spaces and
+/// parentheses.
+pub fn look_up(pid: u32) -> Lookup {
+    let stat = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Lookup::Exited,
+        Err(_) => return Lookup::Unknown,
+    };
+    let mut fields = match stat.rsplit_once(')') {
+        Some((_, fields)) => fields.split_whitespace(),
+        None => return Lookup::Unknown,
+    };
+    match (fields.next(), fields.nth(18).map(str::parse)) {
+        (Some("Z" | "X"), _) => Lookup::Exited,
+        (Some(_), Some(Ok(started))) => Lookup::Running(started),
+        _ => Lookup::Unknown,
+    }
 }
 
 /// What [`judge`] found.
@@ -126,13 +152,13 @@ pub enum Verdict {
 /// Whether a run in process `here` at wall-clock `now_ms` may take a
 /// directory whose newest lease is `newest`: yes if there is none, or it
 /// was released, has expired, belongs to a process `here` can look up
-/// that is gone (`started` gives the start time of a pid that runs), or
-/// `take_over` says the user knows its run is dead.
+/// that is gone (`look_up` says what runs at a pid), or `take_over` says
+/// the user knows its run is dead.
 pub fn judge(
     newest: Option<&Holder>,
     now_ms: u64,
     here: Option<&Process>,
-    started: impl Fn(u32) -> Option<u64>,
+    look_up: impl Fn(u32) -> Lookup,
     take_over: bool,
 ) -> Verdict {
     let Some(holder) = newest else {
@@ -145,7 +171,7 @@ pub fn judge(
         Some("released")
     } else if now_ms >= holder.renewed_ms.saturating_add(holder.ttl_ms) {
         Some("expired")
-    } else if gone(holder.process.as_ref(), here, started) {
+    } else if gone(holder.process.as_ref(), here, look_up) {
         Some("its process is gone")
     } else if take_over {
         Some("taken over")
@@ -162,16 +188,15 @@ pub fn judge(
 }
 
 /// Whether `theirs` is a process `here` can look up, and it no longer
-/// runs: its pid is free, or another process's.
-fn gone(
-    theirs: Option<&Process>,
-    here: Option<&Process>,
-    started: impl Fn(u32) -> Option<u64>,
-) -> bool {
+/// runs: its pid is free, a zombie's, or another process's. What `/proc`
+/// does not tell counts as running.
+fn gone(theirs: Option<&Process>, here: Option<&Process>, look_up: impl Fn(u32) -> Lookup) -> bool {
     match (theirs, here) {
-        (Some(theirs), Some(here)) if theirs.visible_from(here) => {
-            started(theirs.pid) != Some(theirs.started)
-        }
+        (Some(theirs), Some(here)) if theirs.visible_from(here) => match look_up(theirs.pid) {
+            Lookup::Running(started) => started != theirs.started,
+            Lookup::Exited => true,
+            Lookup::Unknown => false,
+        },
         _ => false,
     }
 }
@@ -367,7 +392,7 @@ impl Lease {
         here: Option<&Process>,
         options: &LeaseConfig,
     ) -> Result<u64, LeaseError> {
-        match judge(newest, now, here, started, options.take_over) {
+        match judge(newest, now, here, look_up, options.take_over) {
             Verdict::Held(holder) => {
                 let expires = holder.renewed_ms.saturating_add(holder.ttl_ms);
                 Err(LeaseError::Held {
@@ -545,7 +570,7 @@ mod tests {
     fn a_live_lease_is_held_and_anything_else_is_taken_at_the_next_epoch() {
         let here = process("boot", "pid:[1]");
         let here = Some(&here);
-        let live = |_| Some(50);
+        let live = |_| Lookup::Running(50);
         let take = |why| Verdict::Take {
             epoch: 5,
             from: Some((holder(100), why)),
@@ -594,21 +619,23 @@ mod tests {
     /// see each other's processes, and wait for expiry.
     #[test]
     fn a_holder_is_gone_only_where_its_pid_can_be_looked_up() {
-        let held = |here: &Process, started: Option<u64>| {
-            judge(Some(&holder(100)), 500, Some(here), |_| started, false)
+        let held = |here: &Process, found: Lookup| {
+            judge(Some(&holder(100)), 500, Some(here), |_| found, false)
         };
         let gone = Verdict::Take {
             epoch: 5,
             from: Some((holder(100), "its process is gone")),
         };
         let same = process("boot", "pid:[1]");
-        assert_eq!(held(&same, Some(50)), Verdict::Held(holder(100)));
-        assert_eq!(held(&same, None), gone, "its pid is free");
-        assert_eq!(held(&same, Some(51)), gone, "its pid was reused");
+        assert_eq!(held(&same, Lookup::Running(50)), Verdict::Held(holder(100)));
+        assert_eq!(held(&same, Lookup::Exited), gone, "its pid is free");
+        assert_eq!(held(&same, Lookup::Running(51)), gone, "its pid was reused");
+        // What /proc hides (hidepid) may run.
+        assert_eq!(held(&same, Lookup::Unknown), Verdict::Held(holder(100)));
         for elsewhere in [process("boot", "pid:[2]"), process("reboot", "pid:[1]")] {
-            for started in [None, Some(51)] {
+            for found in [Lookup::Exited, Lookup::Running(51)] {
                 assert_eq!(
-                    held(&elsewhere, started),
+                    held(&elsewhere, found),
                     Verdict::Held(holder(100)),
                     "{elsewhere:?}"
                 );
@@ -619,29 +646,54 @@ mod tests {
             ..holder(100)
         };
         assert_eq!(
-            judge(Some(&unrecorded), 500, Some(&same), |_| None, false),
+            judge(
+                Some(&unrecorded),
+                500,
+                Some(&same),
+                |_| Lookup::Exited,
+                false
+            ),
             Verdict::Held(unrecorded.clone())
         );
         assert_eq!(
-            judge(Some(&holder(100)), 500, None, |_| None, false),
+            judge(Some(&holder(100)), 500, None, |_| Lookup::Exited, false),
             Verdict::Held(holder(100))
         );
     }
 
-    /// What `/proc` says of this process and of one that exited.
+    /// What `/proc` says of this process, of a child started after it,
+    /// of that child as a zombie, and once it is reaped.
     #[test]
-    fn this_process_is_recorded_and_an_exited_one_is_found_gone() {
+    fn processes_are_looked_up_by_start_time_and_exited_ones_found_gone() {
         let me = Process::current().expect("/proc on Linux");
-        assert_eq!(started(me.pid), Some(me.started));
-        let mut child = std::process::Command::new("true").spawn().unwrap();
+        assert_eq!(look_up(me.pid), Lookup::Running(me.started));
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.2")
+            .spawn()
+            .unwrap();
         let pid = child.id();
-        child.wait().unwrap();
+        let Lookup::Running(started) = look_up(pid) else {
+            panic!("a running child is found");
+        };
+        assert!(started >= me.started, "a child starts after its parent");
         let theirs = Process {
             pid,
-            started: 0,
+            started,
             ..me.clone()
         };
-        assert!(gone(Some(&theirs), Some(&me), started));
+        assert!(!gone(Some(&theirs), Some(&me), look_up));
+        let other = Process {
+            started: started + 1,
+            ..theirs.clone()
+        };
+        assert!(gone(Some(&other), Some(&me), look_up), "its pid, reused");
+        // Exited but not reaped: a zombie, which is gone.
+        while look_up(pid) != Lookup::Exited {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(gone(Some(&theirs), Some(&me), look_up));
+        child.wait().unwrap();
+        assert!(gone(Some(&theirs), Some(&me), look_up));
         // A lease written before processes were recorded still reads.
         let old = r#"{"epoch":2,"run":"h:7:1","host":"h","pid":7,"renewed_ms":5,"ttl_ms":30000,"released":false}"#;
         let holder: Holder = serde_json::from_str(old).unwrap();
