@@ -910,6 +910,7 @@ fn the_command_line_clients_take_a_savepoint_list_checkpoints_and_stop() {
         job: None,
         http_token_file: None,
         http_ca: None,
+        insecure: false,
     };
     let savepoint = |target: Option<&Path>, stop: bool| {
         let args = SavepointArgs {
@@ -939,6 +940,7 @@ fn the_command_line_clients_take_a_savepoint_list_checkpoints_and_stop() {
         job: Some("0".repeat(32)),
         http_token_file: None,
         http_ca: None,
+        insecure: false,
     };
     let wrong = client::checkpoints(&CheckpointsArgs { connect: unknown }).unwrap_err();
     assert!(

@@ -27,6 +27,10 @@ pub struct Connect {
     /// chain to (the job's --http-tls-cert).
     #[arg(long, value_name = "FILE")]
     pub http_ca: Option<std::path::PathBuf>,
+    /// Send the token over plain HTTP to a host beyond loopback: only on a
+    /// network you trust.
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 /// `tidemark savepoint` and `tidemark stop`.
@@ -50,6 +54,22 @@ pub struct CheckpointsArgs {
     /// The job.
     #[command(flatten)]
     pub connect: Connect,
+}
+
+/// Whether the authority and path after a URL's `scheme://` name this
+/// machine.
+fn loopback(rest: &str) -> bool {
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority
+            .rsplit_once(':')
+            .map_or(authority, |(host, _)| host),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// TLS that trusts the CA certificates in `ca`, which an `https://` URL
@@ -87,7 +107,9 @@ impl Client {
         let mut config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(30)));
-        if connect.url.starts_with("https://") {
+        let (scheme, rest) = connect.url.split_once("://").unwrap_or(("", &connect.url));
+        let https = scheme.eq_ignore_ascii_case("https");
+        if https {
             config = config.tls_config(trusting(connect.http_ca.as_deref())?);
         }
         let agent = config.build().into();
@@ -97,6 +119,12 @@ impl Client {
                 problem: e.to_string(),
             }
         })?;
+        if token.is_some() && !https && !connect.insecure && !loopback(rest) {
+            return Err(CliError::Usage {
+                argument: "--url".into(),
+                problem: format!("{} would carry the token in the clear: use https:// (with --http-ca), or --insecure on a network you trust", connect.url),
+            });
+        }
         Ok(Client {
             agent,
             url: connect.url.trim_end_matches('/').to_owned(),
@@ -298,6 +326,26 @@ fn table(stats: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_this_machine_is_loopback() {
+        for here in [
+            "127.0.0.1:8081",
+            "localhost:8081/v1/jobs",
+            "[::1]:8081",
+            "LOCALHOST",
+        ] {
+            assert!(loopback(here), "{here}");
+        }
+        for there in [
+            "192.0.2.7:8081",
+            "tidemark.example:8081",
+            "[2001:db8::1]:80",
+            "127.0.0.1.example:80",
+        ] {
+            assert!(!loopback(there), "{there}");
+        }
+    }
 
     #[test]
     fn the_table_lists_the_history_with_sizes_and_failures() {

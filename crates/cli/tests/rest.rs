@@ -342,10 +342,18 @@ fn beyond_loopback_over_tls_the_clients_check_the_servers_certificate() {
         said.contains("certificate") || said.contains("issuer"),
         "{said}"
     );
-    let unchecked = checkpoints(&base, None);
-    let said = String::from_utf8_lossy(&unchecked.stderr);
-    assert_eq!(unchecked.status.code(), Some(2), "{said}");
-    assert!(said.contains("--http-ca"), "{said}");
+    for scheme in ["https://", "HTTPS://"] {
+        let unchecked = checkpoints(&base.replace("https://", scheme), None);
+        let said = String::from_utf8_lossy(&unchecked.stderr);
+        assert_eq!(unchecked.status.code(), Some(2), "{said}");
+        assert!(said.contains("--http-ca"), "{said}");
+    }
+    // The clients send no token in the clear beyond loopback (refused
+    // before they connect anywhere).
+    let clear = checkpoints("http://192.0.2.7:8081", None);
+    let said = String::from_utf8_lossy(&clear.stderr);
+    assert_eq!(clear.status.code(), Some(2), "{said}");
+    assert!(said.contains("--insecure"), "{said}");
     let plain = checkpoints(&base.replace("https://", "http://"), None);
     assert!(!plain.status.success(), "plain HTTP is not answered");
     let _ = child.kill();

@@ -529,7 +529,18 @@ impl Options {
             "--tls-cert, --tls-key and --tls-ca",
             "security.ssl.internal.cert-file, key-file and ca-file",
         );
-        switched(self.tls_enabled, self.tls.files(), "tls_enabled", all)
+        let flags = [
+            ("tls_cert", self.tls.tls_cert.is_some()),
+            ("tls_key", self.tls.tls_key.is_some()),
+            ("tls_ca", self.tls.tls_ca.is_some()),
+        ];
+        let switch = Switch {
+            option: "tls_enabled",
+            enabled: self.tls_enabled,
+            all,
+            flagged: flagged(&flags, origins),
+        };
+        switch.files(self.tls.files(), origins)
     }
 
     /// The REST API's certificate and key files, if its TLS is on.
@@ -544,29 +555,67 @@ impl Options {
             "--http-tls-cert and --http-tls-key",
             "security.ssl.rest.cert-file and key-file",
         );
-        switched(self.http_tls_enabled, given, "http_tls_enabled", all)
+        let flags = [
+            ("http_tls_cert", self.http_tls_cert.is_some()),
+            ("http_tls_key", self.http_tls_key.is_some()),
+        ];
+        let switch = Switch {
+            option: "http_tls_enabled",
+            enabled: self.http_tls_enabled,
+            all,
+            flagged: flagged(&flags, origins),
+        };
+        switch.files(given, origins)
     }
 }
 
-/// Files a TLS switch (`security.ssl.*.enabled`, option `switch`) governs:
-/// `false` turns TLS off with them given, as Flink reads it; `true`
-/// requires `all` of them, and so does giving some.
-fn switched<T>(
+/// The first of `files` (option, given) given on the command line rather
+/// than by the configuration file.
+fn flagged(files: &[(&'static str, bool)], origins: &Origins) -> Option<&'static str> {
+    files
+        .iter()
+        .find(|(option, given)| *given && origins.located(option).is_none())
+        .map(|(option, _)| *option)
+}
+
+/// A TLS switch (`security.ssl.*.enabled`) and the files it governs.
+struct Switch {
+    /// The switch's option.
+    option: &'static str,
     enabled: Option<bool>,
-    given: Result<Option<T>, &'static str>,
-    switch: &'static str,
+    /// All the files, as the user would name them.
     all: String,
-) -> Result<Option<T>, Refusal> {
-    match (enabled, given) {
-        (Some(false), _) => Ok(None),
-        (_, Err(missing)) => Err(Refusal {
-            option: missing,
-            problem: format!("is missing: TLS needs all of {all}"),
-        }),
-        (Some(true), Ok(None)) => Err(Refusal {
-            option: switch,
-            problem: format!("needs {all}"),
-        }),
-        (_, Ok(files)) => Ok(files),
+    /// A file given by a flag, if any.
+    flagged: Option<&'static str>,
+}
+
+impl Switch {
+    /// The files if TLS is on: `false` turns it off with files of the
+    /// configuration file given, as Flink reads it, but not files given by
+    /// flags, which are refused; `true` requires all of them, and so does
+    /// giving some.
+    fn files<T>(
+        &self,
+        given: Result<Option<T>, &'static str>,
+        origins: &Origins,
+    ) -> Result<Option<T>, Refusal> {
+        match (self.enabled, given) {
+            (Some(false), _) => match self.flagged {
+                Some(flag) => Err(Refusal {
+                    option: flag,
+                    problem: format!("TLS is off ({}: false)", origins.name(self.option)),
+                }),
+                None => Ok(None),
+            },
+            (_, Err(missing)) => Err(Refusal {
+                option: missing,
+                problem: format!("is missing: TLS needs all of {}", self.all),
+            }),
+            (Some(true), Ok(None)) => Err(Refusal {
+                option: self.option,
+                problem: format!("needs {}", self.all),
+            }),
+            (_, Ok(files)) => Ok(files),
+        }
     }
 }
