@@ -11,8 +11,9 @@
 //! - `cargo xtask test ARGS`: check formatting, lints (default features
 //!   and none, as a heap-only embedding builds) and docs with warnings
 //!   denied; start a local S3 server (moto), PostgreSQL servers and a
-//!   Kafka-API broker (nisshi, installed once with `cargo install`) on free
-//!   loopback ports, point the S3, PostgreSQL and Kafka test cases at them,
+//!   Kafka-API broker (nisshi, installed once with `cargo install`) and a
+//!   ZooKeeper server on free loopback ports, point the S3, PostgreSQL,
+//!   Kafka and ZooKeeper test cases at them,
 //!   `cargo test --workspace ARGS`, stop the servers.
 //! - `cargo xtask sim [--seeds N] [--seed S] [--trace]`: the deterministic
 //!   simulator of whole jobs over seeds `0..N` (10,000 by default), or
@@ -22,6 +23,7 @@ mod kafka;
 mod postgres;
 mod prerequisites;
 mod s3;
+mod zookeeper;
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -31,13 +33,14 @@ const USAGE: &str = "usage: cargo xtask setup | run [ARGS...] | test [ARGS...]
 
   setup   install what the build and the tests need (a C++ compiler,
           libclang for RocksDB's bindings, moto's S3 server, PostgreSQL,
-          the Kafka-API broker nisshi, Chromium, Flink's command line and
-          a Java runtime)
+          the Kafka-API broker nisshi, ZooKeeper, Chromium, Flink's command
+          line and a Java runtime)
   run     tidemark run ARGS (cargo run --release -p tidemark-cli -- run ARGS)
   test    cargo fmt --check, cargo clippy and cargo doc with warnings
           denied, then cargo test --workspace ARGS, with the S3 cases
           against a local moto server, the PostgreSQL cases against
-          local PostgreSQL servers and the Kafka cases against nisshi
+          local PostgreSQL servers, the Kafka cases against nisshi and
+          the ZooKeeper cases against a local ZooKeeper
   sim     the deterministic simulator of whole jobs over seeds 0..N
           (10,000 by default) or seed S alone; --trace prints its events";
 
@@ -93,18 +96,20 @@ fn test(args: &[String]) -> Result<ExitCode, String> {
     let server = s3::MotoServer::start()?;
     let postgres = postgres::Servers::start()?;
     let broker = kafka::KafkaBroker::start(&nisshi)?;
+    let zookeeper = zookeeper::ZooKeeperServer::start()?;
     let mut cargo = cargo();
     cargo.args(["test", "--workspace"]).args(args);
     server.configure(&mut cargo);
     postgres.configure(&mut cargo);
     broker.configure(&mut cargo);
+    zookeeper.configure(&mut cargo);
     // Installed above: the page's test and Flink's command line's must not
     // skip.
     cargo.env("TIDEMARK_REQUIRE_CHROMIUM", "1");
     cargo.env("TIDEMARK_REQUIRE_FLINK_CLI", "1");
     cargo.env("TIDEMARK_FLINK_CLI", prerequisites::flink_cli());
     let code = status(cargo);
-    drop((server, postgres, broker));
+    drop((server, postgres, broker, zookeeper));
     code
 }
 

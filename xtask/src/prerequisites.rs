@@ -44,6 +44,7 @@ enum Missing {
     Java,
     FlinkCli,
     Postgres,
+    ZooKeeper,
 }
 
 impl Missing {
@@ -58,6 +59,7 @@ impl Missing {
             Missing::Java => "a Java runtime (Flink's own command line, which a REST test drives)",
             Missing::FlinkCli => "Flink's command line, from PyPI (a REST test drives it)",
             Missing::Postgres => "PostgreSQL's server (the PostgreSQL sink's tests run one)",
+            Missing::ZooKeeper => "ZooKeeper's server (the leader election's tests run one)",
         }
     }
 
@@ -73,6 +75,7 @@ impl Missing {
             Missing::Chromium => &["chromium"],
             Missing::Java => &["default-jre-headless"],
             Missing::Postgres => &["postgresql"],
+            Missing::ZooKeeper => &["zookeeper"],
         }
     }
 }
@@ -149,6 +152,9 @@ fn find_missing(purpose: Purpose) -> Vec<Missing> {
         }
         if crate::postgres::bin_dir().is_none() {
             missing.push(Missing::Postgres);
+        }
+        if crate::zookeeper::classpath().is_none() {
+            missing.push(Missing::ZooKeeper);
         }
         if !flink_cli().is_file() {
             if !missing.contains(&Missing::Pip)
@@ -271,7 +277,7 @@ fn install_debian(packages: &[&str], missing: &[Missing]) -> Result<(), String> 
     );
     let refuse = |why: &str| {
         format!(
-            "this machine lacks {}. {why} Install it, then run the command again:\n\n    sudo sh -c '{install}'\n\n(or, elsewhere than Debian or Ubuntu, your system's packages for a C++ compiler, libclang, Python 3 with pip, Chromium, a Java runtime and PostgreSQL's server, PG_BIN naming its programs' directory if initdb is not on PATH; LIBCLANG_PATH names libclang's directory if it is not a system one)",
+            "this machine lacks {}. {why} Install it, then run the command again:\n\n    sudo sh -c '{install}'\n\n(or, elsewhere than Debian or Ubuntu, your system's packages for a C++ compiler, libclang, Python 3 with pip, Chromium, a Java runtime, PostgreSQL's and ZooKeeper's servers (ZOOKEEPER_CLASSPATH naming ZooKeeper's classpath), PG_BIN naming its programs' directory if initdb is not on PATH; LIBCLANG_PATH names libclang's directory if it is not a system one)",
             list(missing)
         )
     };

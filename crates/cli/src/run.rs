@@ -27,7 +27,7 @@ use tidemark_core::cluster::restart::RestartStrategy;
 use tidemark_core::job::JobConfig;
 use tidemark_core::model::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use tidemark_core::time::WindowAssigner;
-use tidemark_storage::{check_savepoint_dir, StorageError, METADATA};
+use tidemark_storage::{check_savepoint_dir, CheckpointStorage, StorageError, METADATA};
 
 /// The example topologies `run` knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -696,11 +696,23 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
         http_tls,
         tls: TlsFlags::load(files.as_ref())?,
     };
-    let Some(lease) = settings.options.leader_lease.clone() else {
+    if !settings.options.elects() {
         return run_job(args, &settings, config, secrets, None);
-    };
+    }
+    // What a new leader restores from, checked against the checkpoint
+    // ZooKeeper names.
+    let storage = settings
+        .options
+        .zookeeper_quorum
+        .as_ref()
+        .map(|_| {
+            let job = job_id(args.topology.job_name());
+            CheckpointStorage::open(&settings.options.checkpoint_dir, job)
+                .map_err(|e| settings.usage("checkpoint_dir", e.to_string()))
+        })
+        .transpose()?;
     loop {
-        let leadership = Leadership::acquire(&settings.options, &lease)?;
+        let leadership = Leadership::acquire(&settings.options, storage.clone())?;
         let report = run_job(
             args,
             &settings,
@@ -759,7 +771,7 @@ fn run_job(
         e => e.into(),
     })?;
     if let Some(leadership) = leadership {
-        leadership.watch(handle.control());
+        leadership.watch(handle.control(), handle.metrics().clone());
     }
     let metrics = handle.metrics().clone();
     let storage = handle.storage().cloned();

@@ -791,6 +791,40 @@ fn leader_election_without_checkpoints_or_a_cluster_is_refused() {
     );
 }
 
+/// A ZooKeeper that does not answer is named, within the session
+/// timeout, and nothing runs.
+#[test]
+fn leader_election_through_a_zookeeper_that_does_not_answer_is_refused() {
+    let checkpoints = tempfile::tempdir().unwrap();
+    // A port nothing listens on: bound, then let go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let quorum = format!("127.0.0.1:{port}");
+    let out = tidemark(&[
+        "run",
+        "wordcount",
+        "--records=1000",
+        &format!("--zookeeper-quorum={quorum}"),
+        "--zookeeper-session-timeout=1s",
+        "--checkpoint-interval=1s",
+        &format!("--checkpoint-dir={}", checkpoints.path().display()),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("through ZooKeeper at {quorum} failed")),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        std::fs::read_dir(checkpoints.path()).unwrap().count(),
+        0,
+        "nothing ran"
+    );
+}
+
 /// An injected failure is expected: even with `RUST_BACKTRACE` set it
 /// shows as one line naming the subtask and the failure's number, never as
 /// a panic with a backtrace; the report sums the restart strategy's waits.

@@ -9,6 +9,7 @@
 pub mod pki;
 pub mod postgres;
 pub mod storage;
+pub mod zookeeper;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -221,6 +221,36 @@ pub(super) const KEYS: &[Key] = &[
         leader_retry_period = values::duration
     ),
     sets!(
+        "high-availability.type",
+        [],
+        ha_type = Some(values::ha_type)
+    ),
+    sets!(
+        "high-availability.zookeeper.quorum",
+        [],
+        zookeeper_quorum = Some(values::text)
+    ),
+    sets!(
+        "high-availability.zookeeper.path.root",
+        [],
+        zookeeper_root = values::text
+    ),
+    sets!(
+        "high-availability.cluster-id",
+        [],
+        cluster_id = values::text
+    ),
+    sets!(
+        "high-availability.zookeeper.client.session-timeout",
+        [],
+        zookeeper_session_timeout = values::duration
+    ),
+    sets!(
+        "high-availability.zookeeper.client.connection-timeout",
+        [],
+        zookeeper_connection_timeout = values::duration
+    ),
+    sets!(
         "web.checkpoints.history",
         [],
         checkpoint_history = values::positive

@@ -26,7 +26,7 @@ mod options;
 mod tests;
 pub mod values;
 
-pub use options::{CheckpointInterval, Mode, Options, Refusal, RestoreArg, StateKind};
+pub use options::{CheckpointInterval, HaType, Mode, Options, Refusal, RestoreArg, StateKind};
 
 use saphyr::{LoadableYamlNode, MarkedYaml, Scalar, YamlData};
 use std::collections::BTreeMap;

@@ -42,6 +42,38 @@ pub enum StateKind {
     Rocksdb,
 }
 
+/// `high-availability.type`: which service elects the job's leader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HaType {
+    /// No election: this driver runs the job.
+    None,
+    /// A Kubernetes Lease (`--leader-lease`).
+    Kubernetes,
+    /// ZooKeeper (`--zookeeper-quorum`).
+    ZooKeeper,
+}
+
+impl HaType {
+    /// The option that names the service's election.
+    fn option(self) -> Option<&'static str> {
+        match self {
+            HaType::None => None,
+            HaType::Kubernetes => Some("leader_lease"),
+            HaType::ZooKeeper => Some("zookeeper_quorum"),
+        }
+    }
+}
+
+impl std::fmt::Display for HaType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HaType::None => "none",
+            HaType::Kubernetes => "kubernetes",
+            HaType::ZooKeeper => "zookeeper",
+        })
+    }
+}
+
 /// A checkpoint interval; `None` is `off`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CheckpointInterval(pub Option<Duration>);
@@ -233,6 +265,33 @@ pub struct Options {
     /// Between two attempts to take or renew the Lease.
     #[arg(long, default_value = "2s", value_parser = values::flag_duration)]
     pub leader_retry_period: Duration,
+    /// Run only while this driver leads the job's drivers through the
+    /// ZooKeeper ensemble at these `host:port` pairs, as Flink's
+    /// `high-availability.type: zookeeper`: a standby waits, and takes
+    /// over (the job directory too) once the leader's session ends. Every
+    /// leader restores the job's latest checkpoint, and refuses to run if
+    /// it lacks the one ZooKeeper names.
+    #[arg(long, value_name = "HOST:PORT,...")]
+    pub zookeeper_quorum: Option<String>,
+    /// The root of Tidemark's nodes in ZooKeeper.
+    #[arg(long, default_value = "/tidemark", value_name = "PATH")]
+    pub zookeeper_root: String,
+    /// This job's nodes under the ZooKeeper root: the drivers of one job
+    /// share it, and no other job's do.
+    #[arg(long, default_value = "default", value_name = "ID")]
+    pub cluster_id: String,
+    /// How long a leader's ZooKeeper session outlives its silence: a
+    /// leader paused or cut off this long is replaced (the server may
+    /// bound it).
+    #[arg(long, default_value = "60s", value_parser = values::flag_duration)]
+    pub zookeeper_session_timeout: Duration,
+    /// How long connecting to ZooKeeper may take; only a configuration
+    /// file sets it.
+    #[arg(skip = Duration::from_secs(15))]
+    pub zookeeper_connection_timeout: Duration,
+    /// `high-availability.type`; only a configuration file sets it.
+    #[arg(skip)]
+    pub ha_type: Option<HaType>,
     /// Where savepoints go, each into `savepoint-<job>-<id>/`: a path,
     /// `file://` path, `memory://NAME` or `s3://bucket/prefix`.
     #[arg(long)]
@@ -316,7 +375,7 @@ impl Options {
             .restore(match &self.restore {
                 // Whichever driver leads continues the job where the last
                 // leader's checkpoints left it.
-                None if self.leader_lease.is_some() => Restore::Latest,
+                None if self.elects() => Restore::Latest,
                 None => Restore::Fresh,
                 Some(RestoreArg::Latest) => Restore::Latest,
                 Some(RestoreArg::Checkpoint { id, .. }) => Restore::Checkpoint(*id),
@@ -329,7 +388,7 @@ impl Options {
                 // An elected leader takes the directory over: the election
                 // says the previous leader stopped, and the epoch fences it
                 // if it did not.
-                take_over: self.take_over_lease || self.leader_lease.is_some(),
+                take_over: self.take_over_lease || self.elects(),
             });
         if let Some(size) = self.max_merged_file_size.filter(|_| self.file_merging) {
             settings = settings.max_merged_file_size(size);
@@ -341,6 +400,102 @@ impl Options {
             settings = settings.savepoint_dir(dir);
         }
         settings
+    }
+
+    /// The election's service: the one flag or key that names it, the
+    /// timings it runs by, and a build that has its client.
+    fn validate_election(&self, origins: &Origins) -> Result<(), Refusal> {
+        let refuse = |option, problem: String| Err(Refusal { option, problem });
+        let Some(elected_by) = self.election_option() else {
+            let needs = match self.ha_type {
+                Some(HaType::Kubernetes) => {
+                    origins.suggest("--leader-lease", "tidemark.leader-election.lease")
+                }
+                Some(HaType::ZooKeeper) => {
+                    origins.suggest("--zookeeper-quorum", "high-availability.zookeeper.quorum")
+                }
+                Some(HaType::None) | None => String::new(),
+            };
+            if !needs.is_empty() {
+                return refuse("ha_type", format!("needs {needs}"));
+            }
+            if self.leader_identity.is_some() {
+                return refuse(
+                    "leader_identity",
+                    format!(
+                        "applies to leader election; set {} or {}",
+                        origins.suggest("--leader-lease", "tidemark.leader-election.lease"),
+                        origins.suggest("--zookeeper-quorum", "high-availability.zookeeper.quorum")
+                    ),
+                );
+            }
+            return Ok(());
+        };
+        if self.leader_lease.is_some() && self.zookeeper_quorum.is_some() {
+            return refuse(
+                "zookeeper_quorum",
+                format!(
+                    "elects through ZooKeeper, and {} over a Kubernetes Lease: choose one",
+                    origins.name("leader_lease")
+                ),
+            );
+        }
+        if let Some(ha) = self.ha_type.filter(|t| t.option() != Some(elected_by)) {
+            return refuse(
+                "ha_type",
+                format!("is {ha}, but {} is set", origins.name(elected_by)),
+            );
+        }
+        if matches!(
+            self.restore,
+            Some(RestoreArg::Checkpoint { .. } | RestoreArg::Savepoint(_))
+        ) {
+            return refuse(
+                "restore",
+                format!(
+                    "with {} every leader restores the job's latest checkpoint, so a savepoint or chk-N cannot be restored: restore it once without leader election, and elect leaders from then on",
+                    origins.name(elected_by)
+                ),
+            );
+        }
+        if !self.checkpointing() {
+            return refuse(
+                elected_by,
+                format!(
+                    "needs checkpointing, which a new leader restores; {} is off",
+                    origins.name("checkpoint_interval")
+                ),
+            );
+        }
+        if elected_by != "leader_lease" {
+            return Ok(());
+        }
+        use tidemark_core::cluster::election::TimingError;
+        match self.election_timing().validate() {
+            Err(e @ TimingError::WholeSeconds(_)) => refuse("leader_lease_duration", e.to_string()),
+            Err(e @ TimingError::DeadlineNotBelowDuration { .. }) => {
+                refuse("leader_renew_deadline", e.to_string())
+            }
+            Err(e @ (TimingError::RetryNotBelowDeadline { .. } | TimingError::ZeroRetry)) => {
+                refuse("leader_retry_period", e.to_string())
+            }
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// The option that elects this driver's leader, if one does.
+    fn election_option(&self) -> Option<&'static str> {
+        match (&self.leader_lease, &self.zookeeper_quorum) {
+            (Some(_), _) => Some("leader_lease"),
+            (None, Some(_)) => Some("zookeeper_quorum"),
+            (None, None) => None,
+        }
+    }
+
+    /// Whether drivers are elected: every leader then restores the job's
+    /// latest checkpoint and takes its directory over.
+    pub fn elects(&self) -> bool {
+        self.election_option().is_some()
     }
 
     /// The leader election's timings.
@@ -447,7 +602,7 @@ impl Options {
                 return refuse("max_space_amplification", merging());
             }
         }
-        if self.allow_non_restored_state && self.restore.is_none() && self.leader_lease.is_none() {
+        if self.allow_non_restored_state && self.restore.is_none() && !self.elects() {
             return refuse(
                 "allow_non_restored_state",
                 format!(
@@ -465,53 +620,7 @@ impl Options {
                 ),
             );
         }
-        if self.leader_lease.is_none() {
-            let election = || {
-                format!(
-                    "applies to leader election; set {}",
-                    origins.suggest("--leader-lease", "tidemark.leader-election.lease")
-                )
-            };
-            if self.leader_identity.is_some() {
-                return refuse("leader_identity", election());
-            }
-        } else {
-            use tidemark_core::cluster::election::TimingError;
-            match self.election_timing().validate() {
-                Err(e @ TimingError::WholeSeconds(_)) => {
-                    return refuse("leader_lease_duration", e.to_string())
-                }
-                Err(e @ TimingError::DeadlineNotBelowDuration { .. }) => {
-                    return refuse("leader_renew_deadline", e.to_string())
-                }
-                Err(e @ (TimingError::RetryNotBelowDeadline { .. } | TimingError::ZeroRetry)) => {
-                    return refuse("leader_retry_period", e.to_string())
-                }
-                Ok(()) if matches!(
-                    self.restore,
-                    Some(RestoreArg::Checkpoint { .. } | RestoreArg::Savepoint(_))
-                ) =>
-                {
-                    return refuse(
-                        "restore",
-                        format!(
-                            "with {} every leader restores the job's latest checkpoint, so a savepoint or chk-N cannot be restored: restore it once without leader election, and elect leaders from then on",
-                            origins.name("leader_lease")
-                        ),
-                    )
-                }
-                Ok(()) if !self.checkpointing() => {
-                    return refuse(
-                        "leader_lease",
-                        format!(
-                            "needs checkpointing, which a new leader restores; {} is off",
-                            origins.name("checkpoint_interval")
-                        ),
-                    )
-                }
-                Ok(()) => {}
-            }
-        }
+        self.validate_election(origins)?;
         if let Some(Err(e)) = self
             .checkpointing()
             .then(|| self.checkpoint_settings().validate())

@@ -26,12 +26,16 @@ fn from_flags(flags: &[&str]) -> String {
 /// which are not the job's.
 fn described(options: &Options) -> String {
     format!(
-        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
         options.job_config(),
         options.leader_lease,
         options.leader_namespace,
         options.leader_identity,
         options.election_timing(),
+        options.zookeeper_quorum,
+        options.zookeeper_root,
+        options.cluster_id,
+        options.zookeeper_session_timeout,
         options.http_token_file,
         options.tls_files(&Origins::default()),
         options.http_tls_files(&Origins::default()),
@@ -85,6 +89,16 @@ const SAME_AS_FLAGS: &[(&str, &[&str])] = &[
     (
         "high-availability.kubernetes.leader-election.retry-period: 1 s",
         &["--leader-retry-period=1s"],
+    ),
+    (
+        "high-availability.type: zookeeper\nhigh-availability.zookeeper.quorum: zk-0:2181,zk-1:2181",
+        &["--zookeeper-quorum=zk-0:2181,zk-1:2181"],
+    ),
+    ("high-availability.zookeeper.path.root: /jobs", &["--zookeeper-root=/jobs"]),
+    ("high-availability.cluster-id: wc", &["--cluster-id=wc"]),
+    (
+        "high-availability.zookeeper.client.session-timeout: 10 s",
+        &["--zookeeper-session-timeout=10s"],
     ),
     ("tidemark.storage.multipart-threshold: 64 mb", &["--multipart-threshold=64MiB"]),
     ("tidemark.storage.upload-part-size: 5 mb", &["--upload-part-size=5MiB"]),
@@ -247,6 +261,52 @@ fn keys_without_a_flag_set_the_backoff() {
     );
 }
 
+const ZOOKEEPER_CONNECTION: &str = "high-availability.zookeeper.client.connection-timeout: 3 s";
+
+#[test]
+fn keys_without_a_flag_set_the_zookeeper_connection_timeout() {
+    let mut options = Options::default();
+    file(ZOOKEEPER_CONNECTION)
+        .apply(&mut options, |_| false)
+        .unwrap();
+    assert_eq!(options.zookeeper_connection_timeout, Duration::from_secs(3));
+}
+
+/// One service elects, the one `high-availability.type` names, and only
+/// where a new leader has a checkpoint to restore.
+#[test]
+fn an_election_is_refused_where_it_could_not_work() {
+    let refusal = |flags: &[&str]| {
+        let args = RunArgs::parse(["wordcount"].iter().chain(flags).copied()).unwrap();
+        args.options.validate(&Origins::default()).unwrap_err()
+    };
+    let both = refusal(&["--zookeeper-quorum=zk:2181", "--leader-lease=wc"]);
+    assert_eq!(both.option, "zookeeper_quorum");
+    assert!(both.problem.contains("--leader-lease") && both.problem.contains("choose one"));
+    let unsaved = refusal(&["--zookeeper-quorum=zk:2181", "--checkpoint-interval=off"]);
+    assert_eq!(unsaved.option, "zookeeper_quorum");
+    assert!(
+        unsaved.problem.contains("needs checkpointing"),
+        "{unsaved:?}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tidemark.yaml");
+    for (yaml, problem) in [
+        (
+            "high-availability.type: zookeeper\n",
+            "high-availability.type: needs --zookeeper-quorum or high-availability.zookeeper.quorum",
+        ),
+        (
+            "high-availability.type: kubernetes\nhigh-availability.zookeeper.quorum: zk:2181\n",
+            "high-availability.type: is kubernetes, but high-availability.zookeeper.quorum (",
+        ),
+    ] {
+        std::fs::write(&path, yaml).unwrap();
+        let text = load(&path).unwrap_err().to_string();
+        assert!(text.contains(problem), "{yaml}: {text}");
+    }
+}
+
 /// Flink's switch turns TLS off with its files given, and on only with
 /// all three; a missing file is named as the user would give it.
 #[test]
@@ -292,7 +352,7 @@ fn every_key_and_every_deprecated_name_is_tested() {
         .iter()
         .map(|(yaml, _)| *yaml)
         .chain(REFUSED.iter().map(|(yaml, _)| *yaml))
-        .chain([BACKOFF])
+        .chain([BACKOFF, ZOOKEEPER_CONNECTION])
         .flat_map(|yaml| file(yaml).entries)
         .map(|entry| entry.key)
         .collect();

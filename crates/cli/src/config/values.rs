@@ -157,6 +157,17 @@ pub fn text(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
+/// Flink's `high-availability.type`.
+pub fn ha_type(s: &str) -> Result<super::options::HaType, String> {
+    use super::options::HaType;
+    match s.to_ascii_lowercase().as_str() {
+        "none" | "" => Ok(HaType::None),
+        "kubernetes" => Ok(HaType::Kubernetes),
+        "zookeeper" => Ok(HaType::ZooKeeper),
+        _ => Err(format!("expected zookeeper, kubernetes or none, got {s:?}")),
+    }
+}
+
 /// A file's path, as written.
 pub fn path(s: &str) -> Result<std::path::PathBuf, String> {
     Ok(s.into())

@@ -4,13 +4,13 @@
 //! optimistic concurrency decides races; a job that ran to its end marks
 //! the Lease with [`FINISHED`] so that a standby does not run it again.
 
+use super::ElectionError;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use std::time::Duration;
-use thiserror::Error;
 use tidemark_core::cluster::election::{ElectionTiming, Elector, LeaderRecord, Next};
 use tidemark_storage::lease::now_ms;
 use tokio::time::Instant;
@@ -18,52 +18,6 @@ use tokio::time::Instant;
 /// The Lease's annotation saying that the job ran to its end under its
 /// holder.
 pub const FINISHED: &str = "tidemark.io/finished";
-
-/// Why this driver does not (or no longer) lead.
-#[derive(Debug, Error)]
-pub enum ElectionError {
-    /// No Kubernetes API to elect over.
-    #[error("leader election needs the Kubernetes API, and none was found: {0} (in a pod, the service account's; elsewhere, KUBECONFIG or ~/.kube/config)")]
-    NoCluster(String),
-    /// The API refused this driver the Lease.
-    #[error("the Kubernetes API refused Lease {lease}: {message}; the driver's service account needs get, create and update on leases (group coordination.k8s.io) in its namespace, as in examples/kubernetes/driver.yaml")]
-    Forbidden {
-        /// `namespace/name`.
-        lease: String,
-        /// The API's words.
-        message: String,
-    },
-    /// The API answered in a way that retrying does not mend.
-    #[error("the Kubernetes API failed on Lease {lease}: {message}")]
-    Api {
-        /// `namespace/name`.
-        lease: String,
-        /// The API's words.
-        message: String,
-    },
-    /// The job already ran to its end under an earlier leader.
-    #[error("the job already ran to its end under leader {holder} (Lease {lease} is annotated {FINISHED}); delete the Lease to run it again")]
-    Finished {
-        /// `namespace/name`.
-        lease: String,
-        /// The leader it finished under.
-        holder: String,
-    },
-    /// The job ran to its end but the Lease does not say so.
-    #[error("the job ran to its end, but Lease {lease} could not be marked finished before this driver's leadership ran out; a standby may run the job again from its latest checkpoint")]
-    NotMarkedFinished {
-        /// `namespace/name`.
-        lease: String,
-    },
-    /// This driver led and no longer does.
-    #[error("lost the leadership of Lease {lease}: {why}; the job was cancelled here, and the new leader restores it")]
-    Lost {
-        /// `namespace/name`.
-        lease: String,
-        /// What happened.
-        why: String,
-    },
-}
 
 /// One driver's part in the election over one Lease.
 pub struct LeaseElection {
@@ -133,7 +87,7 @@ impl LeaseElection {
                     }
                     Next::Finished { holder } => {
                         return Err(ElectionError::Finished {
-                            lease: self.lease.clone(),
+                            record: self.record(),
                             holder: holder.unwrap_or_default(),
                         })
                     }
@@ -184,7 +138,7 @@ impl LeaseElection {
 
     fn lost(&self, why: &str) -> ElectionError {
         ElectionError::Lost {
-            lease: self.lease.clone(),
+            record: self.record(),
             why: why.to_string(),
         }
     }
@@ -238,8 +192,13 @@ impl LeaseElection {
 
     fn not_marked(&self) -> ElectionError {
         ElectionError::NotMarkedFinished {
-            lease: self.lease.clone(),
+            record: self.record(),
         }
+    }
+
+    /// The Lease, as errors name it.
+    fn record(&self) -> String {
+        format!("Lease {}", self.lease)
     }
 
     /// Reads the Lease and writes what the rules say; `None` when a

@@ -1,0 +1,273 @@
+//! Drivers elected through a real ZooKeeper server (`cargo xtask test`
+//! starts one): `tidemark run` processes with `--zookeeper-quorum`, one
+//! leading and the others standing by, stopped and killed as a machine
+//! would stop or kill them.
+
+use tidemark_testkit as common;
+
+use common::{assert_updates_exactly_once, committed_lines, completed_checkpoints};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const RECORDS: u64 = 300_000;
+const KEYS: u64 = 2_000;
+const SEED: u64 = 9;
+
+/// One `tidemark run` driver, its stderr in a file the test reads while
+/// it runs.
+struct Driver {
+    child: Child,
+    stderr: PathBuf,
+    stdout: PathBuf,
+}
+
+/// One job's drivers: its nodes in ZooKeeper, and the drivers' logs.
+struct Job {
+    quorum: String,
+    cluster: String,
+    logs: tempfile::TempDir,
+}
+
+impl Job {
+    /// A job no earlier run used; `None` skips the test.
+    fn new(test: &str) -> Option<Job> {
+        let quorum = common::zookeeper::quorum()?;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        Some(Job {
+            quorum,
+            cluster: format!("{test}-{}", now.unwrap().as_nanos()),
+            logs: tempfile::tempdir().unwrap(),
+        })
+    }
+
+    /// Starts driver `identity`, with these checkpoints and output.
+    fn driver(&self, identity: &str, checkpoints: &Path, output: &Path) -> Driver {
+        let logs = self.logs.path();
+        let (stderr, stdout) = (
+            logs.join(format!("{identity}.err")),
+            logs.join(format!("{identity}.out")),
+        );
+        let child = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args([
+                "run",
+                "wordcount",
+                &format!("--records={RECORDS}"),
+                &format!("--keys={KEYS}"),
+                &format!("--seed={SEED}"),
+                "--parallelism=2",
+                "--rate=30000",
+                "--emit=updates",
+                "--json",
+                "--checkpoint-interval=100ms",
+                "--zookeeper-session-timeout=2s",
+                &format!("--zookeeper-quorum={}", self.quorum),
+                &format!("--cluster-id={}", self.cluster),
+                &format!("--leader-identity={identity}"),
+                &format!("--checkpoint-dir={}", checkpoints.display()),
+                &format!("--output={}", output.display()),
+            ])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("the binary runs");
+        Driver {
+            child,
+            stderr,
+            stdout,
+        }
+    }
+}
+
+impl Driver {
+    fn said(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Waits until its stderr says `words`.
+    fn await_saying(&mut self, words: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.said().contains(words) {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("ended ({status}) before saying {words:?}:\n{}", self.said());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never said {words:?}:\n{}",
+                self.said()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let sent = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill {signal}");
+    }
+
+    /// Waits for it to end; its status and its JSON report, if it gave one.
+    fn wait(mut self) -> (ExitStatus, String, Option<serde_json::Value>) {
+        let status = self.child.wait().unwrap();
+        let stdout = std::fs::read_to_string(&self.stdout).unwrap_or_default();
+        let report = stdout
+            .lines()
+            .last()
+            .and_then(|l| serde_json::from_str(l).ok());
+        (status, self.said(), report)
+    }
+}
+
+/// The id of the newest checkpoint with `_metadata` below `dir`.
+fn newest_checkpoint(dir: &Path) -> u64 {
+    let mut newest = 0;
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let id = name.strip_prefix("chk-").and_then(|n| n.parse().ok());
+        newest = newest.max(match id {
+            Some(id) if path.join("_metadata").is_file() => id,
+            _ if path.is_dir() => newest_checkpoint(&path),
+            _ => 0,
+        });
+    }
+    newest
+}
+
+/// Waits until ZooKeeper records a checkpoint of `cluster`'s, and
+/// returns the record.
+fn await_pointer(quorum: &str, cluster: &str) -> serde_json::Value {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = zookeeper_client::Client::connect(quorum).await.unwrap();
+        let path = format!("/tidemark/{cluster}/checkpoints/latest");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match client.get_data(&path).await {
+                Ok((bytes, _)) => return serde_json::from_slice(&bytes).unwrap(),
+                Err(zookeeper_client::Error::NoNode) => {
+                    assert!(Instant::now() < deadline, "{path} never written");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("{path}: {e}"),
+            }
+        }
+    })
+}
+
+/// Waits until `dir` holds output committed by a checkpoint.
+fn await_committed(dir: &Path, checkpoints: &Path, driver: &mut Driver) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while committed_lines(dir).is_empty() || completed_checkpoints(checkpoints) == 0 {
+        assert!(
+            driver.child.try_wait().unwrap().is_none(),
+            "{}",
+            driver.said()
+        );
+        assert!(Instant::now() < deadline, "nothing committed in a minute");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_stopped_leader_is_replaced_and_once_resumed_writes_nothing() {
+    let Some(job) = Job::new("stopped") else {
+        return;
+    };
+    let (checkpoints, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let start = |identity| job.driver(identity, checkpoints.path(), output.path());
+    let mut a = start("a");
+    a.await_saying("a leads through");
+    let mut b = start("b");
+    b.await_saying("b is a candidate");
+    await_committed(output.path(), checkpoints.path(), &mut a);
+    assert!(
+        !b.said().contains("b leads"),
+        "two lead at once:\n{}",
+        b.said()
+    );
+
+    // The leader stops answering past its session timeout: b leads, and
+    // restores a's latest checkpoint.
+    a.signal("-STOP");
+    b.await_saying("b leads through");
+    let taken = newest_checkpoint(checkpoints.path());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while newest_checkpoint(checkpoints.path()) <= taken {
+        assert!(Instant::now() < deadline, "b completed no checkpoint");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // a resumes while b runs the job: its session is gone, its job is
+    // fenced, and it stands by until b has run the job to its end.
+    a.signal("-CONT");
+    let (status, said, report) = b.wait();
+    assert!(status.success(), "{said}");
+    let report = report.expect("b's report");
+    assert!(
+        report["restored_checkpoint"].as_u64().is_some(),
+        "b started afresh instead of restoring a's checkpoint: {report}"
+    );
+    let (status, said, _) = a.wait();
+    assert!(status.success(), "{said}");
+    assert!(said.contains("lost the leadership"), "{said}");
+    assert!(
+        said.contains("already ran to its end under leader b"),
+        "{said}"
+    );
+    assert_updates_exactly_once(output.path(), RECORDS, KEYS, SEED, "a stopped leader");
+}
+
+#[test]
+fn a_leader_that_lacks_the_checkpoint_zookeeper_names_refuses_to_run() {
+    let Some(job) = Job::new("lacking") else {
+        return;
+    };
+    let (checkpoints, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut a = job.driver("a", checkpoints.path(), output.path());
+    a.await_saying("a leads through");
+    await_committed(output.path(), checkpoints.path(), &mut a);
+    // Once ZooKeeper has a checkpoint of a's recorded, a dies.
+    let recorded = await_pointer(&job.quorum, &job.cluster);
+    let named = PathBuf::from(recorded["path"].as_str().unwrap());
+    let id = recorded["checkpoint"].as_u64().unwrap();
+    assert!(named.ends_with(format!("chk-{id}")), "{recorded}");
+    assert!(named.starts_with(checkpoints.path()), "{recorded}");
+    // Completed: the newest there is it or a later one.
+    assert!(id <= newest_checkpoint(checkpoints.path()), "{recorded}");
+    a.signal("-KILL");
+    a.wait();
+
+    // A driver pointed at other, empty storage would start the job
+    // afresh: it leads once a's session expired, and refuses.
+    let (elsewhere, stray) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (status, said, _) = job.driver("b", elsewhere.path(), stray.path()).wait();
+    assert!(!status.success(), "{said}");
+    assert!(said.contains("as the job's latest"), "{said}");
+    assert!(
+        said.contains(&checkpoints.path().display().to_string()),
+        "{said}"
+    );
+    assert!(committed_lines(stray.path()).is_empty());
+
+    // A driver with the job's storage restores it and ends it exactly once.
+    let (status, said, report) = job.driver("c", checkpoints.path(), output.path()).wait();
+    assert!(status.success(), "{said}");
+    assert!(report.unwrap()["restored_checkpoint"].as_u64().is_some());
+    assert_updates_exactly_once(output.path(), RECORDS, KEYS, SEED, "a killed leader");
+
+    // The job is finished: another driver does not run it again.
+    let again = tempfile::tempdir().unwrap();
+    let (status, said, _) = job.driver("d", checkpoints.path(), again.path()).wait();
+    assert!(status.success(), "{said}");
+    assert!(
+        said.contains("already ran to its end under leader c"),
+        "{said}"
+    );
+    assert!(committed_lines(again.path()).is_empty());
+}
