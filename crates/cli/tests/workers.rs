@@ -1,6 +1,7 @@
-//! Jobs over real worker processes of the `tidemark` binary, on loopback:
-//! the same output as in one process, and exactly once when a worker
-//! process is SIGKILLed at random moments (and relaunched).
+//! Jobs over real worker processes of the `tidemark` binary, on loopback
+//! and over mutual TLS: the same output as in one process, and exactly
+//! once when a worker process is SIGKILLed at random moments (and
+//! relaunched).
 
 use tidemark_testkit as common;
 
@@ -43,6 +44,16 @@ fn topology_args(topology: &str, records: u64, seed: u64) -> Vec<String> {
         "--parallelism=3".to_string(),
         "--checkpoint-interval=100ms".to_string(),
     ]
+}
+
+/// A CA for one test's processes, in a directory that lives as long as
+/// the test: the worker tests run over mutual TLS, as an exposed cluster
+/// would (the stranger test alone runs in the clear, where a stranger
+/// reaches the hello).
+fn cluster_ca() -> (tempfile::TempDir, TestCa) {
+    let pki = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(pki.path(), "cluster");
+    (pki, ca)
 }
 
 /// Runs `args` in this process and with `workers`, and returns both
@@ -88,7 +99,9 @@ fn files_read_over_two_worker_processes_give_the_output_of_one_process() {
         // Long enough (1.2 s) for both kills to land.
         "--rate=15000".to_string(),
     ];
-    let workers = ["--workers=2".to_string(), "--inject-failures=2".to_string()];
+    let (_pki, ca) = cluster_ca();
+    let mut workers = ca.flags("driver");
+    workers.extend(["--workers=2".to_string(), "--inject-failures=2".to_string()]);
     let (local, remote) = same_output(&args, &workers, "files over 2 workers");
     assert_eq!(local.records_in, 18_000);
     assert_eq!(remote.restarts, 2, "both kills landed");
@@ -96,11 +109,14 @@ fn files_read_over_two_worker_processes_give_the_output_of_one_process() {
 
 #[test]
 fn topologies_over_two_and_three_worker_processes_give_the_output_of_one_process() {
+    let (_pki, ca) = cluster_ca();
     for topology in ["wordcount", "windows", "join"] {
         for workers in [2, 3] {
             let context = format!("{topology} over {workers} workers");
             let args = topology_args(topology, 300_000, 1);
-            let (local, remote) = same_output(&args, &[format!("--workers={workers}")], &context);
+            let mut flags = ca.flags("driver");
+            flags.push(format!("--workers={workers}"));
+            let (local, remote) = same_output(&args, &flags, &context);
             assert_eq!(remote.records_in, local.records_in, "{context}");
             assert!(
                 remote.link_bytes_sent > 0,
@@ -134,6 +150,8 @@ fn sigkills(seeds: std::ops::Range<u64>, extra: &[&str]) -> Vec<RunReport> {
                 "--inject-failures=3".to_string(),
             ];
             args.extend(extra.iter().map(|s| s.to_string()));
+            let (_pki, ca) = cluster_ca();
+            args.extend(ca.flags("driver"));
             let report = run_with(&args, out.path(), checkpoints.path())
                 .unwrap_or_else(|e| panic!("{context}: {e}"));
             assert_updates_exactly_once(out.path(), RECORDS, KEYS, seed, &context);
@@ -165,6 +183,7 @@ fn sigkilled_worker_processes_with_rocksdb_incremental_are_exactly_once() {
 
 #[test]
 fn windows_and_join_survive_sigkilled_worker_processes_with_the_same_output() {
+    let (_pki, ca) = cluster_ca();
     for topology in ["windows", "join"] {
         for seed in 0..2 {
             let context = format!("{topology} seed {seed}");
@@ -172,15 +191,19 @@ fn windows_and_join_survive_sigkilled_worker_processes_with_the_same_output() {
             let (_, remote) = same_output(
                 &args,
                 &[
-                    "--workers=2".into(),
-                    "--inject-failures=2".into(),
-                    "--mode=unaligned".into(),
-                    // Reading takes about a second, so that the kills come
-                    // due while the subtasks run, on a loaded machine too:
-                    // unlimited, a CI run once saw neither kill restart
-                    // the job.
-                    "--rate=100000".into(),
-                ],
+                    ca.flags("driver"),
+                    vec![
+                        "--workers=2".into(),
+                        "--inject-failures=2".into(),
+                        "--mode=unaligned".into(),
+                        // Reading takes about a second, so that the kills come
+                        // due while the subtasks run, on a loaded machine too:
+                        // unlimited, a CI run once saw neither kill restart
+                        // the job.
+                        "--rate=100000".into(),
+                    ],
+                ]
+                .concat(),
                 &context,
             );
             assert!(remote.restarts >= 1, "{context}: no worker was killed");
@@ -212,13 +235,18 @@ fn start_worker(extra: &[String]) -> (Child, String) {
 
 #[test]
 fn workers_started_by_hand_run_jobs_one_after_another() {
-    let workers: Vec<(Child, String)> = (0..2).map(|_| start_worker(&[])).collect();
+    let (_pki, ca) = cluster_ca();
+    let workers: Vec<(Child, String)> = (0..2)
+        .map(|i| start_worker(&ca.flags(&format!("worker-{i}"))))
+        .collect();
     let addresses: Vec<&str> = workers.iter().map(|(_, a)| a.as_str()).collect();
     let flag = format!("--worker-addrs={}", addresses.join(","));
+    let mut flags = ca.flags("driver");
+    flags.push(flag.clone());
     for topology in ["wordcount", "join"] {
         same_output(
             &topology_args(topology, 200_000, 3),
-            std::slice::from_ref(&flag),
+            &flags,
             &format!("{topology} on {flag}"),
         );
     }
@@ -234,8 +262,12 @@ fn workers_started_by_hand_run_jobs_one_after_another() {
 #[test]
 fn a_worker_refuses_a_job_whose_locations_are_outside_its_roots() {
     let (root, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (mut worker, address) = start_worker(&[format!("--root={}", root.path().display())]);
+    let (_pki, ca) = cluster_ca();
+    let mut flags = ca.flags("worker");
+    flags.push(format!("--root={}", root.path().display()));
+    let (mut worker, address) = start_worker(&flags);
     let mut args = topology_args("wordcount", 20_000, 3);
+    args.extend(ca.flags("driver"));
     args.extend([
         format!("--worker-addrs={address}"),
         "--max-restarts=0".into(),
@@ -250,20 +282,6 @@ fn a_worker_refuses_a_job_whose_locations_are_outside_its_roots() {
     assert!(!self::output(&output).is_empty());
     drop(worker.stdin.take());
     assert!(worker.wait().unwrap().success());
-}
-
-/// Launched workers take the driver's TLS flags: the control plane and
-/// every link between them run over mutual TLS, with the same output.
-#[test]
-fn launched_workers_with_tls_give_the_output_of_one_process() {
-    let pki = tempfile::tempdir().unwrap();
-    let mut workers = TestCa::new(pki.path(), "cluster").flags("driver");
-    workers.push("--workers=2".into());
-    same_output(
-        &topology_args("wordcount", 100_000, 5),
-        &workers,
-        "wordcount over TLS",
-    );
 }
 
 /// Workers started by hand with TLS take only peers whose certificates
@@ -451,6 +469,8 @@ fn a_hung_worker_process_is_found_by_its_silence_and_replaced() {
     .map(|s| s.to_string())
     .collect();
     args.push(format!("--worker-program={}", program.display()));
+    let (_pki, ca) = cluster_ca();
+    args.extend(ca.flags("driver"));
     let watched = out.path().to_owned();
     let launched = program.clone();
     // Once a checkpoint committed output, one worker stops answering
