@@ -5,7 +5,8 @@
 //! (`--workers=2`: the same links, and the driver's commands and the
 //! workers' reports over gRPC), with checkpoints off and every second; the
 //! worker processes again with mutual TLS on the links and gRPC (against
-//! the same over plain TCP); and
+//! the same over plain TCP), for wordcount and for the interval join
+//! (`run join`, 100,000 keys, a tenth of the records); and
 //! the time from a failure to the restored attempt running: a killed
 //! subtask in one process, a killed worker in this process (all its
 //! subtasks, its link ends closed), and a SIGKILLed worker process, which
@@ -21,54 +22,88 @@ mod common;
 
 use common::{child_runs, env_or, median, run_in_child};
 
-/// A configuration: its name, the arguments that differ, whether it runs
-/// over mutual TLS, and the configuration its throughput is compared with
-/// (the same in one worker; over TLS, the same over plain TCP).
+/// A configuration: its job, its name, the arguments that differ,
+/// whether it runs over mutual TLS, and the configuration its throughput
+/// is compared with (the same in one worker; over TLS, the same over
+/// plain TCP).
 struct Config {
+    job: Job,
     name: &'static str,
     args: &'static [&'static str],
     tls: bool,
     baseline: usize,
 }
 
-const CONFIGS: [Config; 11] = [
+/// The topology a configuration runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Job {
+    Wordcount,
+    /// The interval join, on a tenth of the records (it is slower).
+    Join,
+}
+
+impl Job {
+    fn args(self, records: u64) -> Vec<String> {
+        let (topology, records) = match self {
+            Job::Wordcount => ("wordcount", records),
+            Job::Join => ("join", records / 10),
+        };
+        [
+            topology,
+            &format!("--records={records}"),
+            "--keys=100000",
+            "--parallelism=4",
+        ]
+        .map(str::to_string)
+        .to_vec()
+    }
+}
+
+const CONFIGS: [Config; 15] = [
     Config {
+        job: Job::Wordcount,
         name: "1 worker, checkpoints off",
         args: &["--local-workers=0", "--checkpoint-interval=off"],
         tls: false,
         baseline: 0,
     },
     Config {
+        job: Job::Wordcount,
         name: "2 workers, checkpoints off",
         args: &["--local-workers=2", "--checkpoint-interval=off"],
         tls: false,
         baseline: 0,
     },
     Config {
+        job: Job::Wordcount,
         name: "2 worker processes, checkpoints off",
         args: &["--workers=2", "--checkpoint-interval=off"],
         tls: false,
         baseline: 0,
     },
     Config {
+        job: Job::Wordcount,
         name: "1 worker, 1 s checkpoints",
         args: &["--local-workers=0", "--checkpoint-interval=1s"],
         tls: false,
         baseline: 3,
     },
     Config {
+        job: Job::Wordcount,
         name: "2 workers, 1 s checkpoints",
         args: &["--local-workers=2", "--checkpoint-interval=1s"],
         tls: false,
         baseline: 3,
     },
     Config {
+        job: Job::Wordcount,
         name: "2 worker processes, 1 s checkpoints",
         args: &["--workers=2", "--checkpoint-interval=1s"],
         tls: false,
         baseline: 3,
     },
     Config {
+        job: Job::Wordcount,
         name: "1 worker, 1 s checkpoints, a subtask killed",
         args: &[
             "--local-workers=0",
@@ -79,6 +114,7 @@ const CONFIGS: [Config; 11] = [
         baseline: 6,
     },
     Config {
+        job: Job::Wordcount,
         name: "2 workers, 1 s checkpoints, a worker killed",
         args: &[
             "--local-workers=2",
@@ -89,6 +125,7 @@ const CONFIGS: [Config; 11] = [
         baseline: 6,
     },
     Config {
+        job: Job::Wordcount,
         name: "2 worker processes, 1 s checkpoints, one SIGKILLed",
         args: &[
             "--workers=2",
@@ -99,16 +136,46 @@ const CONFIGS: [Config; 11] = [
         baseline: 6,
     },
     Config {
+        job: Job::Wordcount,
         name: "2 worker processes over TLS, checkpoints off",
         args: &["--workers=2", "--checkpoint-interval=off"],
         tls: true,
         baseline: 2,
     },
     Config {
+        job: Job::Wordcount,
         name: "2 worker processes over TLS, 1 s checkpoints",
         args: &["--workers=2", "--checkpoint-interval=1s"],
         tls: true,
         baseline: 5,
+    },
+    Config {
+        job: Job::Join,
+        name: "join: 2 worker processes, checkpoints off",
+        args: &["--workers=2", "--checkpoint-interval=off"],
+        tls: false,
+        baseline: 11,
+    },
+    Config {
+        job: Job::Join,
+        name: "join: 2 worker processes over TLS, checkpoints off",
+        args: &["--workers=2", "--checkpoint-interval=off"],
+        tls: true,
+        baseline: 11,
+    },
+    Config {
+        job: Job::Join,
+        name: "join: 2 worker processes, 1 s checkpoints",
+        args: &["--workers=2", "--checkpoint-interval=1s"],
+        tls: false,
+        baseline: 13,
+    },
+    Config {
+        job: Job::Join,
+        name: "join: 2 worker processes over TLS, 1 s checkpoints",
+        args: &["--workers=2", "--checkpoint-interval=1s"],
+        tls: true,
+        baseline: 13,
     },
 ];
 
@@ -135,14 +202,8 @@ fn main() {
     let mut runs: Vec<Run> = Vec::new();
     for _ in 0..reps {
         for (config, c) in CONFIGS.iter().enumerate() {
-            let extra = c.args.iter().map(|a| a.to_string());
-            let mut args = vec![
-                "wordcount".to_string(),
-                format!("--records={records}"),
-                "--keys=100000".to_string(),
-                "--parallelism=4".to_string(),
-            ];
-            args.extend(extra);
+            let mut args = c.job.args(records);
+            args.extend(c.args.iter().map(|a| a.to_string()));
             if c.tls {
                 args.extend(tls.iter().cloned());
             }
@@ -151,7 +212,7 @@ fn main() {
                 config,
                 m_records_per_s: run.number("/throughput_rps") / 1e6,
                 checkpoint_p50_ms: run.number("/checkpoint_duration_ms/p50"),
-                link_bytes_per_record: run.number("/link_bytes_sent") / records as f64,
+                link_bytes_per_record: run.number("/link_bytes_sent") / run.number("/records_in"),
                 recovery_p50_ms: run.number("/recovery_ms/p50"),
             });
         }
@@ -164,7 +225,10 @@ fn main() {
                 .collect(),
         )
     };
-    println!("wordcount p=4, 100,000 keys, {records} records, median of {reps} runs");
+    println!(
+        "p=4, 100,000 keys, wordcount {records} records, join {} records, median of {reps} runs",
+        records / 10
+    );
     println!(
         "| configuration | M records/s | vs the same in 1 process (over TLS: over TCP) | checkpoint p50 ms | link bytes per record | recovery p50 ms |"
     );

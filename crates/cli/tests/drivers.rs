@@ -1,7 +1,8 @@
-//! Drivers elected through a real ZooKeeper server (`cargo xtask test`
-//! starts one): `tidemark run` processes with `--zookeeper-quorum`, one
-//! leading and the others standing by, stopped and killed as a machine
-//! would stop or kill them.
+//! Drivers of one job as separate `tidemark run` processes, stopped and
+//! killed as a machine would stop or kill them: elected through a real
+//! ZooKeeper server (`cargo xtask test` starts one), one leading and the
+//! others standing by; and without an election, a run paused past its
+//! lease on the job directory.
 
 use tidemark_testkit as common;
 
@@ -43,10 +44,29 @@ impl Job {
 
     /// Starts driver `identity`, with these checkpoints and output.
     fn driver(&self, identity: &str, checkpoints: &Path, output: &Path) -> Driver {
-        let logs = self.logs.path();
+        let election = [
+            "--zookeeper-session-timeout=2s".to_string(),
+            format!("--zookeeper-quorum={}", self.quorum),
+            format!("--cluster-id={}", self.cluster),
+            format!("--leader-identity={identity}"),
+        ];
+        Driver::start(identity, &election, checkpoints, output, self.logs.path())
+    }
+}
+
+impl Driver {
+    /// Starts `tidemark run wordcount` with `extra` flags, its logs in
+    /// `logs` under `name`.
+    fn start(
+        name: &str,
+        extra: &[String],
+        checkpoints: &Path,
+        output: &Path,
+        logs: &Path,
+    ) -> Driver {
         let (stderr, stdout) = (
-            logs.join(format!("{identity}.err")),
-            logs.join(format!("{identity}.out")),
+            logs.join(format!("{name}.err")),
+            logs.join(format!("{name}.out")),
         );
         let child = Command::new(env!("CARGO_BIN_EXE_tidemark"))
             .args([
@@ -60,13 +80,10 @@ impl Job {
                 "--emit=updates",
                 "--json",
                 "--checkpoint-interval=100ms",
-                "--zookeeper-session-timeout=2s",
-                &format!("--zookeeper-quorum={}", self.quorum),
-                &format!("--cluster-id={}", self.cluster),
-                &format!("--leader-identity={identity}"),
                 &format!("--checkpoint-dir={}", checkpoints.display()),
                 &format!("--output={}", output.display()),
             ])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout).unwrap())
             .stderr(std::fs::File::create(&stderr).unwrap())
@@ -78,9 +95,7 @@ impl Job {
             stdout,
         }
     }
-}
 
-impl Driver {
     fn said(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
     }
@@ -270,4 +285,58 @@ fn a_leader_that_lacks_the_checkpoint_zookeeper_names_refuses_to_run() {
         "{said}"
     );
     assert!(committed_lines(again.path()).is_empty());
+}
+
+/// Without an election, the job directory's lease alone fences: a run
+/// paused past its time to live loses the directory to a run that
+/// restores its checkpoint, and once resumed writes nothing and stops,
+/// saying why.
+#[test]
+fn a_run_paused_past_its_lease_is_fenced_once_resumed() {
+    let (checkpoints, output, logs) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let ttl = ["--lease-ttl=2s".to_string()];
+    let mut a = Driver::start("a", &ttl, checkpoints.path(), output.path(), logs.path());
+    await_committed(output.path(), checkpoints.path(), &mut a);
+    a.signal("-STOP");
+    // Held while it lasts, though nothing renews it.
+    let restore = [ttl[0].clone(), "--restore=latest".to_string()];
+    let (status, said, _) = Driver::start(
+        "early",
+        &restore,
+        checkpoints.path(),
+        output.path(),
+        logs.path(),
+    )
+    .wait();
+    assert!(
+        !status.success() && said.contains("is in use by run"),
+        "{said}"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let (status, said, report) = Driver::start(
+        "b",
+        &restore,
+        checkpoints.path(),
+        output.path(),
+        logs.path(),
+    )
+    .wait();
+    assert!(status.success(), "{said}");
+    assert!(said.contains("expired"), "{said}");
+    assert!(report.unwrap()["restored_checkpoint"].as_u64().is_some());
+    let finished = newest_checkpoint(checkpoints.path());
+    a.signal("-CONT");
+    let (status, said, _) = a.wait();
+    assert!(!status.success(), "{said}");
+    assert!(said.contains("no longer holds"), "{said}");
+    assert_eq!(
+        newest_checkpoint(checkpoints.path()),
+        finished,
+        "a wrote a checkpoint"
+    );
+    assert_updates_exactly_once(output.path(), RECORDS, KEYS, SEED, "a paused run");
 }
