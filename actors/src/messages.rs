@@ -171,6 +171,12 @@ pub struct NoMoreSplits;
 #[rtype(result = "()")]
 pub struct Cancel;
 
+/// Lease renewal → supervisor: a newer run took the job directory over,
+/// which no restart mends.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LeaseTakenOver(pub tidemark_storage::StorageError);
+
 /// Coordinator → supervisor: checkpoints failed more often than tolerated.
 #[derive(Message)]
 #[rtype(result = "()")]

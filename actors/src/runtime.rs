@@ -8,6 +8,7 @@ pub use crate::cluster::supervisor::{JobControl, Savepoint};
 use crate::dataflow::net::{WorkerAssignment, Workers};
 use crate::http::{self, HttpToken, JobStatus, JobView};
 pub use crate::job::{job_id, JobError, JobReport};
+use crate::messages::LeaseTakenOver;
 use crate::metrics::JobMetrics;
 use crate::tls::RestTls;
 use actix::{Actor, Addr, Arbiter, System};
@@ -367,13 +368,14 @@ impl JobThread {
         });
         let (job, placement, pool, metrics) = (self.job, self.placement, self.pool, self.metrics);
         let (savepoint_dir, started) = (self.savepoint_dir, self.started);
-        if let Some(lease) = lease {
-            // A thread of its own: a supervisor busy restoring, or a slow
-            // store, must not hold a renewal back past the time to live.
+        // A thread of its own: a supervisor busy restoring, or a slow
+        // store, must not hold a renewal back past the time to live.
+        let renewal = lease.map(|lease| {
             let renewing = Arbiter::new();
-            renewing.spawn(renew(lease));
+            let handle = renewing.handle();
             arbiters.push(renewing);
-        }
+            (handle, lease)
+        });
         system.block_on(async move {
             let supervisor = JobSupervisor::new(
                 job,
@@ -388,6 +390,9 @@ impl JobThread {
                 savepoint_dir,
             )
             .start();
+            if let Some((renewing, lease)) = renewal {
+                renewing.spawn(renew(lease, supervisor.clone().recipient()));
+            }
             let _ = started.send(Ok(supervisor));
         });
         arbiters
@@ -396,8 +401,9 @@ impl JobThread {
 
 /// Renews `lease` for as long as the job's system runs, when
 /// [`next_renewal`] says. While no renewal lands for half the time to
-/// live, `_metadata` writes and deletions fail, naming why.
-async fn renew(lease: Arc<Lease>) {
+/// live, `_metadata` writes and deletions fail, naming why; once a newer
+/// run took the directory over, `supervisor` ends the run.
+async fn renew(lease: Arc<Lease>, supervisor: actix::Recipient<LeaseTakenOver>) {
     // At once: the lease counts from before its taking's slow calls.
     let mut due = actix_rt::time::Instant::now();
     loop {
@@ -406,7 +412,7 @@ async fn renew(lease: Arc<Lease>) {
         let renewal = match lease.renew().await {
             Ok(()) => Renewal::Landed,
             Err(e @ StorageError::Fenced { .. }) => {
-                tracing::error!("{e}");
+                supervisor.do_send(LeaseTakenOver(e));
                 Renewal::TakenOver
             }
             Err(e) => {

@@ -20,8 +20,8 @@ use crate::dataflow::sources::{HostsSources, SourceHost};
 use crate::dataflow::subtask::SubtaskHandle;
 use crate::job::{job_id, JobError, JobReport};
 use crate::messages::{
-    Cancel, CheckpointReports, CheckpointingFailed, Kill, Reports, SplitRequest, Stop,
-    SubtaskFailed, SubtaskFinished, WorkerDeployed,
+    Cancel, CheckpointReports, CheckpointingFailed, Kill, LeaseTakenOver, Reports, SplitRequest,
+    Stop, SubtaskFailed, SubtaskFinished, WorkerDeployed,
 };
 use crate::metrics::{CheckpointCounters, JobMetrics};
 use actix::{
@@ -1054,5 +1054,15 @@ impl Handler<Cancel> for JobSupervisor {
 
     fn handle(&mut self, _: Cancel, ctx: &mut Context<Self>) {
         self.feed(LifeEvent::Ended(Err(JobError::Cancelled)), ctx);
+    }
+}
+
+/// Fenced for good: the run ends at once with why, instead of restarting
+/// into checkpoints that cannot complete.
+impl Handler<LeaseTakenOver> for JobSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, LeaseTakenOver(fenced): LeaseTakenOver, ctx: &mut Context<Self>) {
+        self.feed(LifeEvent::Ended(Err(JobError::Storage(fenced))), ctx);
     }
 }

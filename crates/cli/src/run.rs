@@ -720,13 +720,25 @@ pub fn run(args: &RunArgs) -> Result<RunReport, CliError> {
             secrets.clone(),
             Some(&leadership),
         );
-        match leadership.end(report.is_ok()) {
+        let ended = match (leadership.end(report.is_ok()), report) {
+            // Another leader took the job directory over: this one lost
+            // the leadership too, whether or not its service said so yet.
+            (
+                Ok(()),
+                Err(CliError::Job(JobError::Storage(fenced @ StorageError::Fenced { .. }))),
+            ) => Err(CliError::Election(ElectionError::Lost {
+                record: "the job directory".into(),
+                why: fenced.to_string(),
+            })),
+            (ended, report) => ended.and(report),
+        };
+        match ended {
             // The job was cancelled for it: stand by for the next turn, as
             // a restarted driver would, without counting as a failure.
             Err(CliError::Election(lost @ ElectionError::Lost { .. })) => {
                 eprintln!("tidemark: {lost}; standing by again");
             }
-            ended => return ended.and(report),
+            ended => return ended,
         }
     }
 }

@@ -289,8 +289,8 @@ fn a_leader_that_lacks_the_checkpoint_zookeeper_names_refuses_to_run() {
 
 /// Without an election, the job directory's lease alone fences: a run
 /// paused past its time to live loses the directory to a run that
-/// restores its checkpoint, and once resumed writes nothing and stops,
-/// saying why.
+/// restores its checkpoint, and once resumed writes nothing and stops at
+/// once, saying why.
 #[test]
 fn a_run_paused_past_its_lease_is_fenced_once_resumed() {
     let (checkpoints, output, logs) = (
@@ -333,6 +333,8 @@ fn a_run_paused_past_its_lease_is_fenced_once_resumed() {
     let (status, said, _) = a.wait();
     assert!(!status.success(), "{said}");
     assert!(said.contains("no longer holds"), "{said}");
+    // At once, not after restarts that could not mend it.
+    assert!(!said.contains("gave up after"), "{said}");
     assert_eq!(
         newest_checkpoint(checkpoints.path()),
         finished,
