@@ -287,6 +287,53 @@ fn a_leader_that_lacks_the_checkpoint_zookeeper_names_refuses_to_run() {
     assert!(committed_lines(again.path()).is_empty());
 }
 
+/// The nodes of the candidates for leading `cluster`.
+fn candidates(quorum: &str, cluster: &str) -> usize {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = zookeeper_client::Client::connect(quorum).await.unwrap();
+        let dir = format!("/tidemark/{cluster}/leader");
+        client.list_children(&dir).await.map_or(0, |c| c.len())
+    })
+}
+
+#[test]
+fn a_standby_whose_session_expired_contends_again_and_takes_over() {
+    let Some(job) = Job::new("standby") else {
+        return;
+    };
+    let (checkpoints, output) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut a = job.driver("a", checkpoints.path(), output.path());
+    a.await_saying("a leads through");
+    let mut b = job.driver("b", checkpoints.path(), output.path());
+    b.await_saying("b is a candidate");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while candidates(&job.quorum, &job.cluster) < 2 {
+        assert!(Instant::now() < deadline, "b never contended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The standby is paused until ZooKeeper expires its session and
+    // deletes its node.
+    b.signal("-STOP");
+    while candidates(&job.quorum, &job.cluster) > 1 {
+        assert!(Instant::now() < deadline, "b's session never expired");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    b.signal("-CONT");
+    b.await_saying("contending again");
+    await_committed(output.path(), checkpoints.path(), &mut a);
+    a.signal("-KILL");
+    a.wait();
+    let (status, said, report) = b.wait();
+    assert!(status.success(), "{said}");
+    assert!(said.contains("b leads through"), "{said}");
+    assert!(report.unwrap()["restored_checkpoint"].as_u64().is_some());
+    assert_updates_exactly_once(output.path(), RECORDS, KEYS, SEED, "a standby paused");
+}
+
 /// Without an election, the job directory's lease alone fences: a run
 /// paused past its time to live loses the directory to a run that
 /// restores its checkpoint, and once resumed writes nothing and stops at

@@ -115,8 +115,31 @@ impl ZooKeeperElection {
 
     /// Waits until this driver leads; fails when ZooKeeper cannot be
     /// reached within the session timeout, or the job already ran to its
-    /// end.
+    /// end. A standby whose session expires while it waits (it was paused,
+    /// or cut off) contends again with a new one.
     pub async fn acquire(&mut self) -> Result<(), ElectionError> {
+        let (client, latch) = loop {
+            let client = self.connect().await?;
+            match self.contend(&client).await {
+                Ok(latch) => break (client, latch),
+                Err(zk::Error::SessionExpired) => {
+                    tracing::warn!(identity = %self.identity, "the standby's ZooKeeper session expired; contending again");
+                }
+                Err(e) => {
+                    let leader_dir = self.config.leader_dir();
+                    return Err(self.failed(&format!("contending under {leader_dir}"), e));
+                }
+            }
+        };
+        // A leader that finished while this one waited released its node.
+        self.finished(&client).await?;
+        tracing::info!(node = latch.lock_path(), identity = %self.identity, "leading");
+        self.latch = Some(latch);
+        self.client = Some(client);
+        Ok(())
+    }
+
+    async fn connect(&self) -> Result<zk::Client, ElectionError> {
         let client = zk::Client::connector()
             .with_session_timeout(self.config.session_timeout)
             .with_connection_timeout(self.config.connection_timeout)
@@ -127,28 +150,24 @@ impl ZooKeeperElection {
                 self.failed(&format!("no session within {within:?}"), e)
             })?;
         self.finished(&client).await?;
-        let leader_dir = self.config.leader_dir();
-        let prefix = zk::LockPrefix::new_curator(&leader_dir, "latch-")
-            .map_err(|e| self.failed(&format!("path {leader_dir}"), e))?;
-        let options = zk::LockOptions::new(zk::Acls::anyone_all())
-            .with_ancestor_options(Self::persistent())
-            .map_err(|e| self.failed("lock options", e))?;
         let checkpoints = format!("{}/checkpoints", self.config.cluster_path());
         client
             .mkdir(&checkpoints, &Self::persistent())
             .await
             .map_err(|e| self.failed(&format!("making {checkpoints}"), e))?;
+        Ok(client)
+    }
+
+    /// Adds this driver's node and waits until it is the lowest.
+    async fn contend(&self, client: &zk::Client) -> Result<zk::OwnedLockClient, zk::Error> {
+        let leader_dir = self.config.leader_dir();
+        let prefix = zk::LockPrefix::new_curator(&leader_dir, "latch-")?;
+        let options = zk::LockOptions::new(zk::Acls::anyone_all())
+            .with_ancestor_options(Self::persistent())?;
         let latch = client
             .lock(prefix, self.identity.as_bytes(), options)
-            .await
-            .map_err(|e| self.failed(&format!("contending under {leader_dir}"), e))?
-            .into_owned();
-        // A leader that finished while this one waited released its node.
-        self.finished(&client).await?;
-        tracing::info!(node = latch.lock_path(), identity = %self.identity, "leading");
-        self.latch = Some(latch);
-        self.client = Some(client);
-        Ok(())
+            .await?;
+        Ok(latch.into_owned())
     }
 
     async fn finished(&self, client: &zk::Client) -> Result<(), ElectionError> {
