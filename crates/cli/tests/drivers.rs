@@ -28,6 +28,10 @@ struct Job {
     quorum: String,
     cluster: String,
     logs: tempfile::TempDir,
+    /// The test's own client of the server, to read what the drivers
+    /// wrote; its session lives on the runtime.
+    zookeeper: zookeeper_client::Client,
+    runtime: tokio::runtime::Runtime,
 }
 
 impl Job {
@@ -35,11 +39,45 @@ impl Job {
     fn new(test: &str) -> Option<Job> {
         let quorum = common::zookeeper::quorum()?;
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let zookeeper = runtime
+            .block_on(zookeeper_client::Client::connect(&quorum))
+            .unwrap();
         Some(Job {
             quorum,
             cluster: format!("{test}-{}", now.unwrap().as_nanos()),
             logs: tempfile::tempdir().unwrap(),
+            zookeeper,
+            runtime,
         })
+    }
+
+    /// Waits until ZooKeeper records a checkpoint of the job's, and
+    /// returns the record.
+    fn await_pointer(&self) -> serde_json::Value {
+        let path = format!("/tidemark/{}/checkpoints/latest", self.cluster);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match self.runtime.block_on(self.zookeeper.get_data(&path)) {
+                Ok((bytes, _)) => return serde_json::from_slice(&bytes).unwrap(),
+                Err(zookeeper_client::Error::NoNode) => {
+                    assert!(Instant::now() < deadline, "{path} never written");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("{path}: {e}"),
+            }
+        }
+    }
+
+    /// The nodes of the candidates for leading the job.
+    fn candidates(&self) -> usize {
+        let dir = format!("/tidemark/{}/leader", self.cluster);
+        let children = self.runtime.block_on(self.zookeeper.list_children(&dir));
+        children.map_or(0, |c| c.len())
     }
 
     /// Starts driver `identity`, with these checkpoints and output.
@@ -152,30 +190,6 @@ fn newest_checkpoint(dir: &Path) -> u64 {
     newest
 }
 
-/// Waits until ZooKeeper records a checkpoint of `cluster`'s, and
-/// returns the record.
-fn await_pointer(quorum: &str, cluster: &str) -> serde_json::Value {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let client = zookeeper_client::Client::connect(quorum).await.unwrap();
-        let path = format!("/tidemark/{cluster}/checkpoints/latest");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            match client.get_data(&path).await {
-                Ok((bytes, _)) => return serde_json::from_slice(&bytes).unwrap(),
-                Err(zookeeper_client::Error::NoNode) => {
-                    assert!(Instant::now() < deadline, "{path} never written");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(e) => panic!("{path}: {e}"),
-            }
-        }
-    })
-}
-
 /// Waits until `dir` holds output committed by a checkpoint.
 fn await_committed(dir: &Path, checkpoints: &Path, driver: &mut Driver) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -248,7 +262,7 @@ fn a_leader_that_lacks_the_checkpoint_zookeeper_names_refuses_to_run() {
     a.await_saying("a leads through");
     await_committed(output.path(), checkpoints.path(), &mut a);
     // Once ZooKeeper has a checkpoint of a's recorded, a dies.
-    let recorded = await_pointer(&job.quorum, &job.cluster);
+    let recorded = job.await_pointer();
     let named = PathBuf::from(recorded["path"].as_str().unwrap());
     let id = recorded["checkpoint"].as_u64().unwrap();
     assert!(named.ends_with(format!("chk-{id}")), "{recorded}");
@@ -287,19 +301,6 @@ fn a_leader_that_lacks_the_checkpoint_zookeeper_names_refuses_to_run() {
     assert!(committed_lines(again.path()).is_empty());
 }
 
-/// The nodes of the candidates for leading `cluster`.
-fn candidates(quorum: &str, cluster: &str) -> usize {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let client = zookeeper_client::Client::connect(quorum).await.unwrap();
-        let dir = format!("/tidemark/{cluster}/leader");
-        client.list_children(&dir).await.map_or(0, |c| c.len())
-    })
-}
-
 #[test]
 fn a_standby_whose_session_expired_contends_again_and_takes_over() {
     let Some(job) = Job::new("standby") else {
@@ -311,14 +312,14 @@ fn a_standby_whose_session_expired_contends_again_and_takes_over() {
     let mut b = job.driver("b", checkpoints.path(), output.path());
     b.await_saying("b is a candidate");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while candidates(&job.quorum, &job.cluster) < 2 {
+    while job.candidates() < 2 {
         assert!(Instant::now() < deadline, "b never contended");
         std::thread::sleep(Duration::from_millis(20));
     }
     // The standby is paused until ZooKeeper expires its session and
     // deletes its node.
     b.signal("-STOP");
-    while candidates(&job.quorum, &job.cluster) > 1 {
+    while job.candidates() > 1 {
         assert!(Instant::now() < deadline, "b's session never expired");
         std::thread::sleep(Duration::from_millis(20));
     }
