@@ -300,20 +300,19 @@ impl ZooKeeperElection {
             self.client = None;
             return Err(self.lost(&format!("its ZooKeeper session is {state}")));
         }
-        let Some(latch) = self.latch.take() else {
+        if self.latch.is_none() {
             return match finished {
                 true => Err(ElectionError::NotMarkedFinished {
                     record: self.record(),
                 }),
                 false => Ok(()),
             };
-        };
-        self.latch = Some(latch);
+        }
         if let Some(pointer) = last.filter(|last| Some(last) != self.written.as_ref()) {
             // A failure here is the session's, which the mark then meets.
             let _ = self.write_pointer(&pointer).await;
         }
-        let latch = self.latch.take().expect("taken above");
+        let latch = self.latch.take().expect("checked above");
         let marked = if finished {
             let path = self.config.finished_path();
             let mark = latch
