@@ -8,6 +8,7 @@ use std::time::Duration;
 use tidemark_core::checkpoint::shared::Space;
 use tidemark_core::checkpoint::stats::{CheckpointStatsTracker, SharedCheckpointStats};
 use tidemark_core::checkpoint::{CompletedCheckpoint, StateHandle, SubtaskState};
+use tidemark_core::cluster::rescale::Rescales;
 use tidemark_core::model::ids::{ChannelId, OperatorId, SubtaskId};
 use tidemark_core::model::rng::SplitMix64;
 use tidemark_core::time::TimeMetrics;
@@ -242,6 +243,9 @@ pub struct JobMetrics {
     pub link_bytes_sent: AtomicU64,
     /// The operators' totals over the run, once something samples them.
     history: Mutex<History>,
+    /// The parallelism the job runs at and is asked for, and its
+    /// rescales: the supervisor decides, the REST API reads.
+    rescales: Mutex<Rescales>,
 }
 
 impl Default for JobMetrics {
@@ -567,7 +571,14 @@ impl JobMetrics {
             checkpoint_stats: CheckpointStatsTracker::shared(history),
             link_bytes_sent: AtomicU64::default(),
             history: Mutex::default(),
+            rescales: Mutex::default(),
         }
+    }
+
+    /// The rescales' state, a poisoned lock's included: it holds no
+    /// invariant a panic elsewhere could break halfway.
+    pub fn rescales(&self) -> std::sync::MutexGuard<'_, Rescales> {
+        self.rescales.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Adds every operator's totals at `unix_ms` to the history.

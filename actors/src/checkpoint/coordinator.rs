@@ -31,6 +31,7 @@ use tidemark_core::checkpoint::stats;
 use tidemark_core::checkpoint::store::CompletedCheckpointStore;
 use tidemark_core::checkpoint::{CheckpointFailure, CompletedCheckpoint};
 use tidemark_core::model::event::{Barrier, CheckpointKind};
+use tidemark_core::model::graph::JobGraph;
 use tidemark_core::model::ids::{Attempt, CheckpointId, JobId, SubtaskId};
 use tidemark_storage::savepoint;
 use tidemark_storage::{CheckpointStorage, StorageError};
@@ -53,6 +54,11 @@ pub struct Deployed {
 pub struct AbortPending {
     pub reason: String,
 }
+
+/// The attempts from the next on run this graph, at a new parallelism.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Rescaled(pub JobGraph);
 
 /// A checkpoint to restore from.
 #[derive(Clone, Debug)]
@@ -560,6 +566,14 @@ impl Handler<AbortPending> for CoordinatorActor {
 
     fn handle(&mut self, msg: AbortPending, ctx: &mut Context<Self>) {
         self.attempt_ended(JobEvent::AttemptFailed { reason: msg.reason }, ctx);
+    }
+}
+
+impl Handler<Rescaled> for CoordinatorActor {
+    type Result = ();
+
+    fn handle(&mut self, Rescaled(graph): Rescaled, ctx: &mut Context<Self>) {
+        self.feed(JobEvent::Rescaled { graph }, ctx);
     }
 }
 

@@ -7,8 +7,8 @@
 //! attempt are recognised by their attempt number and dropped.
 
 use crate::checkpoint::coordinator::{
-    AbortPending, Completed, CoordinatorActor, Deployed, LatestCheckpoint, RestoreFrom, Savepoints,
-    Shutdown, TriggerManual, TriggerReply,
+    AbortPending, Completed, CoordinatorActor, Deployed, LatestCheckpoint, Rescaled, RestoreFrom,
+    Savepoints, Shutdown, TriggerManual, TriggerReply,
 };
 use crate::checkpoint::hooks::MasterHooks;
 use crate::checkpoint::restore::{load, restore_failure, transient, Loaded, LoadedFrom, Restored};
@@ -44,7 +44,8 @@ use tidemark_core::checkpoint::store::CompletedCheckpointStore;
 use tidemark_core::checkpoint::{CheckpointConfig, CheckpointFailure, RestoreMode};
 use tidemark_core::cluster::attempts::RunAttempt;
 use tidemark_core::cluster::fault::KillSchedule;
-use tidemark_core::cluster::lifecycle::{JobLifecycle, LifeAction, LifeEvent, Outcome};
+use tidemark_core::cluster::lifecycle::{JobLifecycle, LifeAction, LifeEvent, Outcome, Phase};
+use tidemark_core::cluster::rescale::{RescaleAction, RescaleError, Requirements, Rescales};
 use tidemark_core::job::Job;
 use tidemark_core::model::event::CheckpointKind;
 use tidemark_core::model::graph::JobGraph;
@@ -68,6 +69,16 @@ pub struct StopWithSavepoint {
     /// Where the savepoint goes instead of the job's savepoint directory.
     pub target: Option<CheckpointStorage>,
     pub reply: TriggerReply,
+}
+
+/// Job handle or REST API → supervisor: run at the parallelism asked for
+/// (Flink's resource requirements); answered once taken or refused,
+/// before it is carried out.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RescaleRequest {
+    pub requirements: Requirements,
+    pub reply: oneshot::Sender<Result<(), RescaleError>>,
 }
 
 /// A completed savepoint (or checkpoint, triggered by hand).
@@ -131,6 +142,31 @@ impl JobControl {
                     reply,
                 }));
         }
+        answer
+    }
+
+    /// Asks the job to run at the parallelism `requirements` give its
+    /// operators (the others keep theirs), and returns once taken: the
+    /// running attempt gives way, after a checkpoint, to one at the new
+    /// parallelism restored from it. Its progress is in
+    /// [`JobMetrics::rescales`](crate::metrics::JobMetrics::rescales).
+    pub fn rescale(&self, requirements: Requirements) -> Result<(), RescaleError> {
+        self.request_rescale(requirements)
+            .blocking_recv()
+            .unwrap_or(Err(RescaleError::Ended))
+    }
+
+    /// [`JobControl::rescale`] without waiting: the answer comes on the
+    /// receiver.
+    pub(crate) fn request_rescale(
+        &self,
+        requirements: Requirements,
+    ) -> oneshot::Receiver<Result<(), RescaleError>> {
+        let (reply, answer) = oneshot::channel();
+        self.supervisor.do_send(RescaleRequest {
+            requirements,
+            reply,
+        });
         answer
     }
 
@@ -220,6 +256,7 @@ impl JobSupervisor {
         storage: Option<CheckpointStorage>,
         savepoint_dir: Option<CheckpointStorage>,
     ) -> Self {
+        *metrics.rescales() = Rescales::new(&job.graph);
         JobSupervisor {
             epoch: storage
                 .as_ref()
@@ -301,12 +338,20 @@ impl JobSupervisor {
                     let restore = self.restoring.take();
                     self.running(attempt, restore);
                     SourceHost::start(self, attempt, &self.subtasks.clone(), ctx);
+                    let rescale = self.metrics.rescales().running(attempt, now_ms());
+                    if let Some(rescale) = rescale {
+                        self.rescale(rescale, ctx);
+                    }
                 }
                 LifeAction::Restart {
                     attempt,
                     delay,
                     reason,
                 } => self.restart_after(attempt, delay, reason, ctx),
+                LifeAction::Rescale(attempt) => {
+                    tracing::info!(%attempt, "rescaling the job");
+                    self.replace_attempt(attempt, Duration::ZERO, "the job rescales".into(), ctx);
+                }
                 LifeAction::Finish(outcome) => {
                     let outcome = match outcome {
                         Outcome::Succeeded => Ok(JobReport {
@@ -549,14 +594,6 @@ impl JobSupervisor {
         reason: String,
         ctx: &mut Context<Self>,
     ) {
-        let stopped = self.stop_attempt();
-        let coordinator = self
-            .coordinator
-            .clone()
-            .expect("a job that restarts checkpoints");
-        coordinator.do_send(AbortPending {
-            reason: reason.clone(),
-        });
         let restart = self.life.restarts();
         tracing::warn!(error = %reason, restart, ?delay, "restarting the job");
         let stats = &self.metrics.checkpoints;
@@ -566,6 +603,34 @@ impl JobSupervisor {
             Ordering::Relaxed,
         );
         self.failed_at.get_or_insert_with(Instant::now);
+        self.replace_attempt(attempt, delay, reason, ctx);
+    }
+
+    /// Stops the running attempt and aborts its pending checkpoints; once
+    /// its actors stopped and `delay` passed, loads the state of `attempt`
+    /// at the parallelism asked for last.
+    fn replace_attempt(
+        &mut self,
+        attempt: Attempt,
+        delay: Duration,
+        reason: String,
+        ctx: &mut Context<Self>,
+    ) {
+        let stopped = self.stop_attempt();
+        let coordinator = self
+            .coordinator
+            .clone()
+            .expect("a job that restarts checkpoints");
+        coordinator.do_send(AbortPending { reason });
+        let (graph, rescaled) = {
+            let mut rescales = self.metrics.rescales();
+            let (graph, rescaled) = rescales.deploying(now_ms());
+            (graph.clone(), rescaled)
+        };
+        if rescaled {
+            self.job.graph = graph.clone();
+            coordinator.do_send(Rescaled(graph));
+        }
         // The new attempt starts once the old one's actors have stopped:
         // two attempts never run side by side.
         ctx.spawn(
@@ -633,6 +698,7 @@ impl JobSupervisor {
         let Some(tx) = self.outcome.take() else {
             return;
         };
+        self.metrics.rescales().ended(now_ms());
         let stopped = self.stop_attempt();
         let coordinator = self.coordinator.clone();
         ctx.spawn(
@@ -650,6 +716,37 @@ impl JobSupervisor {
                 System::current().stop();
             }),
         );
+    }
+
+    /// Carries out what the rescales decided: a checkpoint to rescale
+    /// from, whose outcome they are told, or the attempt's replacement.
+    fn rescale(&mut self, action: RescaleAction, ctx: &mut Context<Self>) {
+        let attempt = match action {
+            RescaleAction::Replace(attempt) => return self.feed(LifeEvent::Rescale(attempt), ctx),
+            RescaleAction::Checkpoint(attempt) => attempt,
+        };
+        let (reply, answer) = oneshot::channel();
+        let trigger = TriggerManual {
+            kind: CheckpointKind::Checkpoint,
+            stop: false,
+            target: None,
+            reply,
+        };
+        <Self as Handler<TriggerCheckpointRequest>>::handle(
+            self,
+            TriggerCheckpointRequest(trigger),
+            ctx,
+        );
+        ctx.spawn(answer.into_actor(self).map(move |answer, act, ctx| {
+            let result = finished(answer).map(drop).map_err(|e| e.to_string());
+            let next = act
+                .metrics
+                .rescales()
+                .checkpointed(attempt, result, now_ms());
+            if let Some(next) = next {
+                act.rescale(next, ctx);
+            }
+        }));
     }
 
     /// Kills the worker hosting `victim`, as a crash would: every subtask
@@ -1049,6 +1146,32 @@ impl Handler<StopWithSavepoint> for JobSupervisor {
     }
 }
 
+impl Handler<RescaleRequest> for JobSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, request: RescaleRequest, ctx: &mut Context<Self>) {
+        let taken = if self.life.phase() == Phase::Finished {
+            Err(RescaleError::Ended)
+        } else if self.storage.is_none() || self.job.config.checkpointing.is_none() {
+            Err(RescaleError::NoCheckpointing)
+        } else {
+            let mut rescales = self.metrics.rescales();
+            rescales.require(&request.requirements, now_ms())
+        };
+        let action = match taken {
+            Ok(action) => action,
+            Err(e) => {
+                let _ = request.reply.send(Err(e));
+                return;
+            }
+        };
+        let _ = request.reply.send(Ok(()));
+        if let Some(action) = action {
+            self.rescale(action, ctx);
+        }
+    }
+}
+
 impl Handler<Cancel> for JobSupervisor {
     type Result = ();
 
@@ -1065,4 +1188,9 @@ impl Handler<LeaseTakenOver> for JobSupervisor {
     fn handle(&mut self, LeaseTakenOver(fenced): LeaseTakenOver, ctx: &mut Context<Self>) {
         self.feed(LifeEvent::Ended(Err(JobError::Storage(fenced))), ctx);
     }
+}
+
+/// Now, in ms since the epoch, as the rescale history records it.
+fn now_ms() -> u64 {
+    crate::clock::now().unix_ms
 }

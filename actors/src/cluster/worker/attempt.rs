@@ -406,19 +406,22 @@ struct Admitted {
 }
 
 async fn admit(deploy: &Deploy, run: RunAttempt, rebuild: &Rebuild) -> Result<Admitted, String> {
-    let job = rebuild(&deploy.recipe)?;
+    let mut job = rebuild(&deploy.recipe)?;
     if job_id(&job.name) != run.job {
         return Err(format!(
             "the recipe builds job {:?}, the driver runs another",
             job.name
         ));
     }
-    if job.graph != deploy.graph {
+    if !job.graph.rescales_to(&deploy.graph) {
         return Err(
             "the job this worker builds from the recipe differs from the driver's (another build or other arguments)"
                 .into(),
         );
     }
+    // The driver's parallelism: the job may have been rescaled since it
+    // started.
+    job.graph = deploy.graph.clone();
     if deploy.worker >= deploy.workers || deploy.peers.len() != deploy.workers as usize {
         return Err(format!(
             "worker {} of {} with {} peer addresses",

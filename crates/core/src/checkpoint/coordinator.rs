@@ -367,6 +367,14 @@ impl CheckpointCoordinator {
         self.edges = graph.edges.clone();
     }
 
+    /// From the next attempt on the job runs `graph`, at a new
+    /// parallelism: its subtasks acknowledge, its operators are recorded.
+    /// Told between attempts, when nothing is pending.
+    pub fn rescaled(&mut self, graph: &JobGraph) {
+        self.record_graph(graph);
+        self.subtasks = graph.subtasks().collect();
+    }
+
     /// Admits manual request `request` before its `Event::Trigger`. While a
     /// stop with a savepoint is under way none is: nothing may start after
     /// the savepoint that stops the job. With `stop`, `request`, a savepoint,

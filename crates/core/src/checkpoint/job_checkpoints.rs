@@ -28,6 +28,7 @@ use super::stats::StatsEvent;
 use super::store::CompletedCheckpointStore;
 use super::{Ack, CheckpointFailure, CompletedCheckpoint};
 use crate::model::event::{Barrier, CheckpointKind};
+use crate::model::graph::JobGraph;
 use crate::model::ids::{Attempt, CheckpointId, SubtaskId};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -60,6 +61,12 @@ pub enum JobEvent {
     /// Which checkpoint to restore from: answered with
     /// [`JobAction::Restore`] once no `_metadata` write is in flight.
     RestoreWanted,
+    /// The attempts from the next on run `graph`, at a new parallelism;
+    /// told between attempts, after the last one's failure or rescale.
+    Rescaled {
+        /// The job's graph at its new parallelism.
+        graph: JobGraph,
+    },
     /// A manual checkpoint or savepoint, answered with
     /// [`JobAction::Resolve`].
     Trigger {
@@ -388,6 +395,7 @@ impl JobCheckpoints {
                 self.abort_all(now, "the job ended".into(), &mut out);
             }
             JobEvent::RestoreWanted => self.restores_wanted += 1,
+            JobEvent::Rescaled { graph } => self.core.rescaled(&graph),
             JobEvent::Trigger {
                 request,
                 kind,

@@ -18,6 +18,10 @@
 //!   attempt finished.
 //! - A restart whose state failed to load with a transient storage error
 //!   restarts again; any other load error fails the job.
+//! - A rescale replaces the running attempt with the next one, restored
+//!   from the checkpoint just completed, without a delay and without
+//!   counting against the restart strategy; an attempt not running (still
+//!   deploying, restarting, or older) is not rescaled.
 
 use crate::cluster::restart::RestartStrategy;
 use crate::model::ids::Attempt;
@@ -89,6 +93,9 @@ pub enum LifeEvent<E> {
         /// The load's error, and whether it was transient.
         result: Result<(), (E, bool)>,
     },
+    /// The checkpoint a rescale of `attempt` waited for completed: the
+    /// next attempt runs at the new parallelism.
+    Rescale(Attempt),
     /// The run ends now: cancelled, stopped with a savepoint, or unable to
     /// boot.
     Ended(Result<(), E>),
@@ -129,6 +136,10 @@ pub enum LifeAction<E> {
         /// Why, for the pending checkpoints' abort and the log.
         reason: String,
     },
+    /// Stop the running attempt at once, load the latest checkpoint's
+    /// state at the new parallelism and report [`LifeEvent::Loaded`] for
+    /// `attempt`, the next one.
+    Rescale(Attempt),
     /// Stop the attempt and the coordinator and report `Outcome`.
     Finish(Outcome<E>),
 }
@@ -198,6 +209,7 @@ impl JobLifecycle {
                 Err((error, true)) => self.restart(attempt, error),
                 Err((error, false)) => self.finish(Outcome::Failed(error)),
             },
+            LifeEvent::Rescale(attempt) => self.rescale(attempt),
             LifeEvent::Ended(Ok(())) => self.finish(Outcome::Succeeded),
             LifeEvent::Ended(Err(error)) => self.finish(Outcome::Failed(error)),
         }
@@ -312,6 +324,16 @@ impl JobLifecycle {
             delay,
             reason: error.to_string(),
         }]
+    }
+
+    fn rescale<E>(&mut self, running: Attempt) -> Vec<LifeAction<E>> {
+        if !matches!(self.phase, Phase::Running { attempt, .. } if attempt == running) {
+            return Vec::new();
+        }
+        let attempt = Attempt(running.0 + 1);
+        self.attempt = attempt;
+        self.phase = Phase::Restarting { attempt };
+        vec![LifeAction::Rescale(attempt)]
     }
 
     fn finish<E>(&mut self, outcome: Outcome<E>) -> Vec<LifeAction<E>> {
@@ -479,5 +501,34 @@ mod tests {
             life.handle(corrupt),
             [LifeAction::Finish(Outcome::Failed("corrupt"))]
         );
+    }
+
+    #[test]
+    fn a_rescale_replaces_the_running_attempt_without_counting_a_restart() {
+        let mut life = running(fixed(1), 2);
+        assert_eq!(
+            life.handle(Event::Rescale(Attempt(0))),
+            [LifeAction::Rescale(Attempt(1))]
+        );
+        assert_eq!(life.restarts(), 0);
+        // The old attempt's stop is not a failure, and a second rescale of
+        // it is stale.
+        assert_eq!(life.handle(failed(Some(0), "stopped")), []);
+        assert_eq!(life.handle(Event::Rescale(Attempt(0))), []);
+        let loaded = Event::Loaded {
+            attempt: Attempt(1),
+            result: Ok(()),
+        };
+        assert_eq!(life.handle(loaded), [LifeAction::Deploy(Attempt(1))]);
+        // Not running yet: nothing to rescale.
+        assert_eq!(life.handle(Event::Rescale(Attempt(1))), []);
+        let deployed = Event::Deployed {
+            attempt: Attempt(1),
+            subtasks: 3,
+            workers: 0,
+        };
+        assert_eq!(life.handle(deployed), [LifeAction::Announce(Attempt(1))]);
+        // The one restart the strategy allows is still there.
+        assert_eq!(life.handle(failed(None, "boom")), [restart(2, "boom")]);
     }
 }

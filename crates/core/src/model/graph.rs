@@ -150,6 +150,17 @@ impl JobGraph {
         id
     }
 
+    /// Whether `other` is this job at another parallelism: the same
+    /// operators and edges, whatever their parallelism.
+    pub fn rescales_to(&self, other: &JobGraph) -> bool {
+        let same = |a: &OperatorSpec, b: &OperatorSpec| {
+            (a.id, &a.name, &a.uid, a.max_parallelism) == (b.id, &b.name, &b.uid, b.max_parallelism)
+        };
+        self.edges == other.edges
+            && self.operators.len() == other.operators.len()
+            && self.operators.iter().zip(&other.operators).all(|(a, b)| same(a, b))
+    }
+
     /// The operator `id`; panics if there is none.
     pub fn operator(&self, id: OperatorId) -> &OperatorSpec {
         &self.operators[id.0 as usize]
@@ -529,5 +540,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_graph_rescales_to_itself_at_any_parallelism_but_not_to_another_job() {
+        let g = two_stage(2, 2, Partitioner::Hash);
+        assert!(g.rescales_to(&two_stage(4, 1, Partitioner::Hash)));
+        assert!(!g.rescales_to(&two_stage(2, 2, Partitioner::Rebalance)));
+        let mut renamed = g.clone();
+        renamed.operators[1].uid = "other".into();
+        assert!(!g.rescales_to(&renamed));
+        let mut regrouped = g.clone();
+        regrouped.operators[1].max_parallelism = 64;
+        assert!(!g.rescales_to(&regrouped));
     }
 }

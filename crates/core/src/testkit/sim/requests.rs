@@ -1,7 +1,9 @@
 //! Manual checkpoints, savepoints and stops with a savepoint, as the REST
 //! API asks for them: each request is answered exactly once; one that
 //! succeeded names a checkpoint that completed, or a savepoint whose copy
-//! held the state at its barrier; a stop that succeeded ends the run.
+//! held the state at its barrier; a stop that succeeded ends the run. A
+//! checkpoint asked for may be a rescale's, which replaces the running
+//! attempt once it completed.
 
 use super::storage::{Op, Savepoint, Storage};
 use super::{Failed, Sim};
@@ -70,6 +72,10 @@ impl Sim {
         }
         if stop {
             self.stopped_with(id)?;
+        } else if kind == CheckpointKind::Checkpoint && self.rng.next_below(2) == 0 {
+            // A rescale's checkpoint: the running attempt gives way to
+            // the next, restored from the latest checkpoint.
+            self.supervise(LifeEvent::Rescale(self.attempt()))?;
         }
         Ok(())
     }

@@ -35,12 +35,8 @@ impl Sim {
                     self.deploy(attempt, from)?;
                 }
                 LifeAction::Announce(attempt) => self.announce(attempt)?,
-                LifeAction::Restart { reason, .. } => {
-                    self.tasks.clear();
-                    self.channels.clear();
-                    self.coordinate(JobEvent::AttemptFailed { reason })?;
-                    self.coordinate(JobEvent::RestoreWanted)?;
-                }
+                LifeAction::Restart { reason, .. } => self.replace_attempt(reason)?,
+                LifeAction::Rescale(_) => self.replace_attempt("rescaling".into())?,
                 LifeAction::Finish(Outcome::Succeeded) => {
                     self.tasks.clear();
                     self.channels.clear();
@@ -50,6 +46,15 @@ impl Sim {
             }
         }
         Ok(())
+    }
+
+    /// Stops the attempt, as the actors stop, abandons its pending
+    /// checkpoints and asks which checkpoint the next one restores.
+    fn replace_attempt(&mut self, reason: String) -> Result<(), Failed> {
+        self.tasks.clear();
+        self.channels.clear();
+        self.coordinate(JobEvent::AttemptFailed { reason })?;
+        self.coordinate(JobEvent::RestoreWanted)
     }
 
     /// The driver answered which checkpoint to restore: the load of the
