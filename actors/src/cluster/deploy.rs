@@ -155,7 +155,7 @@ pub(crate) fn subtask_spec(
     let mut replay = std::mem::take(&mut state.channels);
     let failed = |error| JobError::TaskFailed { subtask: id, error };
     let position = state.source_position().map_err(failed)?;
-    let ctx = task_context(job, metrics, id, position);
+    let ctx = task_context(job, metrics, id, attempt, position);
     let gate = graph.gate(id);
     let factory = job.task_factory(id.operator).clone();
     let task = catch_unwind(AssertUnwindSafe(|| {
@@ -228,6 +228,7 @@ fn task_context(
     job: &Job,
     metrics: &JobMetrics,
     subtask: SubtaskId,
+    attempt: Attempt,
     source_position: Option<SplitPosition>,
 ) -> TaskContext {
     let graph = &job.graph;
@@ -235,6 +236,7 @@ fn task_context(
     TaskContext {
         operator: subtask.operator,
         subtask: subtask.index,
+        attempt,
         parallelism: op.parallelism,
         max_parallelism: op.max_parallelism,
         key_groups: KeyGroupRange::for_subtask(op.max_parallelism, op.parallelism, subtask.index),

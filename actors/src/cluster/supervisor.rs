@@ -45,7 +45,7 @@ use tidemark_core::checkpoint::{CheckpointConfig, CheckpointFailure, RestoreMode
 use tidemark_core::cluster::attempts::RunAttempt;
 use tidemark_core::cluster::fault::KillSchedule;
 use tidemark_core::cluster::lifecycle::{JobLifecycle, LifeAction, LifeEvent, Outcome, Phase};
-use tidemark_core::cluster::rescale::{RescaleAction, RescaleError, Requirements, Rescales};
+use tidemark_core::cluster::rescale::{Requirements, RescaleAction, RescaleError, Rescales};
 use tidemark_core::job::Job;
 use tidemark_core::model::event::CheckpointKind;
 use tidemark_core::model::graph::JobGraph;

@@ -76,7 +76,7 @@ fn by_execution_state(counts: Value) -> Value {
 
 impl JobView {
     fn tasks(&self) -> u32 {
-        self.vertices.iter().map(|v| v.parallelism).sum()
+        self.vertices.iter().map(|v| self.parallelism(v)).sum()
     }
 
     /// Start, end (-1 while running) and duration, Unix milliseconds.
@@ -154,12 +154,12 @@ async fn job(view: web::Data<JobView>, path: web::Path<String>) -> Result<HttpRe
                 "id": v.id,
                 "name": v.name,
                 "maxParallelism": v.max_parallelism,
-                "parallelism": v.parallelism,
+                "parallelism": view.parallelism(v),
                 "status": status.flink_name(),
                 "start-time": start,
                 "end-time": end,
                 "duration": duration,
-                "tasks": by_execution_state(task_counts(status, v.parallelism)),
+                "tasks": by_execution_state(task_counts(status, view.parallelism(v))),
                 "metrics": view.vertex_metrics(v),
                 "source": v.is_source,
             })
@@ -187,7 +187,7 @@ async fn job(view: web::Data<JobView>, path: web::Path<String>) -> Result<HttpRe
         "type": "STREAMING",
         "nodes": view.vertices.iter().map(|v| json!({
             "id": v.id,
-            "parallelism": v.parallelism,
+            "parallelism": view.parallelism(v),
             "operator": "",
             "operator_strategy": "",
             "description": v.name,
@@ -254,7 +254,7 @@ async fn watermarks(
         .filter(|(id, _)| id.operator == vertex.operator)
         .map(|(id, counters)| (id.index.0, counters.input_watermark()))
         .collect();
-    let metrics: Vec<Value> = (0..vertex.parallelism)
+    let metrics: Vec<Value> = (0..view.parallelism(vertex))
         .map(|index| {
             let watermark = reached.get(&index).copied().unwrap_or(i64::MIN);
             json!({

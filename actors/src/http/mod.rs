@@ -13,6 +13,7 @@ mod jobs;
 mod operations;
 mod page;
 mod prometheus;
+mod rescales;
 
 use crate::cluster::supervisor::JobControl;
 use crate::metrics::JobMetrics;
@@ -71,7 +72,8 @@ struct Vertex {
     id: String,
     operator: OperatorId,
     name: String,
-    parallelism: u32,
+    /// At the start: a rescale changes it.
+    initial_parallelism: u32,
     max_parallelism: u32,
     is_source: bool,
 }
@@ -108,7 +110,7 @@ impl JobView {
                     id: format!("{:016x}{:016x}", key_hash(&o.uid), u64::from(o.id.0)),
                     operator: o.id,
                     name: o.name.clone(),
-                    parallelism: o.parallelism,
+                    initial_parallelism: o.parallelism,
                     max_parallelism: o.max_parallelism,
                     is_source: graph.is_source(o.id),
                 })
@@ -177,6 +179,16 @@ impl JobView {
                 format!("the job has ended ({})", status.flink_name()),
             )),
         }
+    }
+
+    /// The parallelism `vertex` runs at, after the rescales so far.
+    fn parallelism(&self, vertex: &Vertex) -> u32 {
+        let rescales = self.metrics.rescales();
+        let deployed = rescales
+            .deployed()
+            .operators
+            .get(vertex.operator.0 as usize);
+        deployed.map_or(vertex.initial_parallelism, |o| o.parallelism)
     }
 
     fn vertex(&self, id: &str) -> Result<&Vertex, ApiError> {
@@ -262,6 +274,7 @@ fn routes(config: &mut web::ServiceConfig) {
     jobs::routes(config);
     checkpoints::routes(config);
     operations::routes(config);
+    rescales::routes(config);
     config.route("/metrics", web::get().to(prometheus::metrics));
 }
 

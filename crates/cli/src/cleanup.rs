@@ -397,6 +397,7 @@ mod tests {
         let ctx = SinkContext {
             subtask: SubtaskIndex(0),
             parallelism: 1,
+            attempt: tidemark_core::model::ids::Attempt::default(),
         };
         let mut sink = tidemark_connectors::files::sink::FileSink::new(&config, "r", ctx);
         sink.write(&mut vec![(1u64, 1u64)]).unwrap();

@@ -1,4 +1,5 @@
-//! `tidemark savepoint`, `stop` and `checkpoints`: clients of a running
+//! `tidemark savepoint`, `stop` and `checkpoints`, and what `rescale`
+//! shares with them: clients of a running
 //! job's REST API (`run --http`), like `flink savepoint` and `flink stop`.
 //! They speak Flink's REST API, so they work against a Flink JobManager
 //! as well.
@@ -95,7 +96,7 @@ fn trusting(ca: Option<&std::path::Path>) -> Result<ureq::tls::TlsConfig, CliErr
 }
 
 /// A client of one job's REST API.
-struct Client {
+pub(crate) struct Client {
     agent: ureq::Agent,
     url: String,
     /// The `Authorization` header every request carries, if any.
@@ -103,7 +104,7 @@ struct Client {
 }
 
 impl Client {
-    fn new(connect: &Connect) -> Result<Self, CliError> {
+    pub(crate) fn new(connect: &Connect) -> Result<Self, CliError> {
         let mut config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(30)));
@@ -132,7 +133,7 @@ impl Client {
         })
     }
 
-    fn fail(&self, problem: impl std::fmt::Display) -> CliError {
+    pub(crate) fn fail(&self, problem: impl std::fmt::Display) -> CliError {
         CliError::Rest {
             url: self.url.clone(),
             problem: problem.to_string(),
@@ -148,10 +149,19 @@ impl Client {
 
     /// Sends a request and reads a JSON answer; an error status becomes
     /// the errors the server gave.
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, CliError> {
+    pub(crate) fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, CliError> {
         let url = format!("{}{path}", self.url);
         let response = match (method, body) {
             ("GET", _) => self.authorized(self.agent.get(&url)).call(),
+            ("PUT", Some(body)) => self
+                .authorized(self.agent.put(&url))
+                .header("content-type", "application/json")
+                .send(body.to_string()),
             (_, Some(body)) => self
                 .authorized(self.agent.post(&url))
                 .header("content-type", "application/json")
@@ -182,7 +192,7 @@ impl Client {
     }
 
     /// The job asked for, or the one job running.
-    fn job(&self, job: Option<&str>) -> Result<String, CliError> {
+    pub(crate) fn job(&self, job: Option<&str>) -> Result<String, CliError> {
         if let Some(job) = job {
             return Ok(job.to_owned());
         }

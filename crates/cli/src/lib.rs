@@ -10,6 +10,7 @@ pub mod inspect;
 mod leader;
 mod progress;
 mod report;
+pub mod rescale;
 pub mod roots;
 mod run;
 pub mod sinks;
@@ -61,6 +62,9 @@ pub enum Command {
     Stop(client::SavepointArgs),
     /// Show a running job's checkpoint history, over its REST API.
     Checkpoints(client::CheckpointsArgs),
+    /// Change a running job's parallelism over its REST API: it goes on
+    /// from a checkpoint at the new parallelism; prints how long it paused.
+    Rescale(rescale::RescaleArgs),
     /// Host a share of the subtasks of jobs that `run --worker-addrs`
     /// drives from elsewhere.
     Worker(worker::WorkerArgs),

@@ -2,7 +2,7 @@
 //! checkpoint or savepoint, `cleanup` a job's checkpoint directory, and
 //! `savepoint`, `stop` and `checkpoints` against a running job.
 
-use tidemark_cli::{cleanup, client, inspect, worker, Cli, Command};
+use tidemark_cli::{cleanup, client, inspect, rescale, worker, Cli, Command};
 
 fn main() {
     tracing_subscriber::fmt()
@@ -36,6 +36,7 @@ fn main() {
         Command::Stop(args) => client::savepoint(&args, true)
             .map(|location| println!("Savepoint completed. Path: {location}")),
         Command::Checkpoints(args) => client::checkpoints(&args).map(|table| print!("{table}")),
+        Command::Rescale(args) => rescale::rescale(&args).map(|done| println!("{done}")),
         Command::Worker(args) => worker::worker(&args),
         Command::Cleanup(args) => cleanup::cleanup(&args).map(|sweep| println!("{sweep}")),
         Command::Inspect(args) => inspect::inspect(&args).map(|inspection| {

@@ -29,10 +29,19 @@ struct Job {
 /// `tidemark run wordcount` at a limited rate, with checkpoints and a
 /// savepoint directory under `dir`, and `extra` arguments.
 fn wordcount(dir: &Path, extra: &[&str]) -> Command {
+    wordcount_of(
+        dir,
+        &["--records=40000000", "--keys=3000", "--rate=200000"],
+        extra,
+    )
+}
+
+/// [`wordcount`] of the `size` given (records, keys, rate).
+fn wordcount_of(dir: &Path, size: &[&str], extra: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_tidemark"));
     command
-        .args(["run", "wordcount", "--records=40000000", "--keys=3000"])
-        .args(["--parallelism=2", "--rate=200000", "--json"])
+        .args(["run", "wordcount", "--parallelism=2", "--json"])
+        .args(size)
         .args(["--checkpoint-interval=200ms"])
         .arg(format!("--checkpoint-dir={}", dir.join("ck").display()))
         .arg(format!(
@@ -205,6 +214,109 @@ fn a_stops_outcome_is_served_after_the_stop_ended_the_job() {
     savepoint_written(&location, &job.savepoints);
     let report = job.report();
     assert_eq!(report["savepoints_completed"], 1, "{report}");
+}
+
+/// Five rescales of a running job with failures injected, each carried
+/// out from a checkpoint: three by `tidemark rescale`, two by Flink's
+/// `PUT /jobs/{id}/resource-requirements`. The job ends with every update
+/// committed exactly once, the history holds every rescale as completed,
+/// and the job's vertices report the last parallelism.
+#[test]
+fn a_job_rescaled_five_times_while_failing_commits_every_update_once() {
+    const RECORDS: u64 = 4_000_000;
+    const KEYS: u64 = 3_000;
+    let records = format!("--records={RECORDS}");
+    let keys = format!("--keys={KEYS}");
+    let size = [records.as_str(), &keys, "--seed=7", "--rate=400000"];
+    let mut job = Job::launch(
+        |dir| {
+            let output = format!("--output={}", dir.join("out").display());
+            let extra = ["--http=0", "--emit=updates", &output, "--inject-failures=3"];
+            wordcount_of(dir, &size, &extra)
+        },
+        None,
+    );
+    let parallelisms = [3, 1, 4, 2, 3];
+    for (i, p) in parallelisms.into_iter().enumerate() {
+        if i % 2 == 0 {
+            let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+                .args(["rescale", "--url", &job.base, &format!("--parallelism={p}")])
+                .output()
+                .unwrap();
+            let said = String::from_utf8_lossy(&out.stdout);
+            let complaint = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "rescale to {p}: {said}{complaint}");
+            assert!(
+                said.starts_with(&format!("rescaled to parallelism {p} in ")),
+                "{said}"
+            );
+        } else {
+            job.require_parallelism(p);
+        }
+        eventually("the vertices at the new parallelism", || {
+            let vertices = job.get(&format!("/v1/jobs/{}", job.jid)).ok()?["vertices"].clone();
+            let all = vertices.as_array()?.iter().all(|v| v["parallelism"] == p);
+            all.then_some(())
+        });
+    }
+    let history = job
+        .get(&format!("/v1/jobs/{}/rescales/history", job.jid))
+        .unwrap();
+    let states: Vec<&Value> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["terminalState"])
+        .collect();
+    let completed = Value::from("COMPLETED");
+    assert_eq!(states, vec![&completed; parallelisms.len()], "{history}");
+    let output = job.dir.path().join("out");
+    let dir = std::mem::replace(&mut job.dir, tempfile::tempdir().unwrap());
+    let report = job.report();
+    assert!(report["restarts"].as_u64().unwrap() >= 3, "{report}");
+    tidemark_testkit::assert_updates_exactly_once(&output, RECORDS, KEYS, 7, "five live rescales");
+    drop(dir);
+}
+
+impl Job {
+    /// Asks every vertex for parallelism `p` over Flink's REST API, and
+    /// waits for the rescale to complete.
+    fn require_parallelism(&self, p: u32) {
+        let job = self.get(&format!("/v1/jobs/{}", self.jid)).unwrap();
+        let requirements: serde_json::Map<String, Value> = job["vertices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| {
+                let bounds = serde_json::json!({"parallelism": {"lowerBound": 1, "upperBound": p}});
+                (v["id"].as_str().unwrap().to_owned(), bounds)
+            })
+            .collect();
+        let path = format!("/v1/jobs/{}/resource-requirements", self.jid);
+        let mut response = self
+            .agent
+            .put(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .send(Value::Object(requirements).to_string())
+            .unwrap();
+        let body = response.body_mut().read_to_string().unwrap();
+        assert_eq!(response.status().as_u16(), 200, "{body}");
+        let asked = self.get(&path).unwrap();
+        assert!(
+            asked
+                .as_object()
+                .unwrap()
+                .values()
+                .all(|v| v["parallelism"]["upperBound"] == p),
+            "{asked}"
+        );
+        eventually("the rescale to complete", || {
+            let history = self
+                .get(&format!("/v1/jobs/{}/rescales/history", self.jid))
+                .ok()?;
+            (history[0]["terminalState"] == "COMPLETED").then_some(())
+        });
+    }
 }
 
 /// Flink 2.3's own command line, installed by `cargo xtask test` (from

@@ -28,6 +28,7 @@ fn sink(options: &Arc<KafkaSinkOptions>, subtask: u32) -> KafkaSink<(String, u64
         SinkContext {
             subtask: SubtaskIndex(subtask),
             parallelism: 2,
+            attempt: tidemark_core::model::ids::Attempt::default(),
         },
     )
 }

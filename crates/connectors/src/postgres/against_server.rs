@@ -42,6 +42,7 @@ fn sink(
         SinkContext {
             subtask: SubtaskIndex(subtask),
             parallelism,
+            attempt: tidemark_core::model::ids::Attempt::default(),
         },
     )
 }

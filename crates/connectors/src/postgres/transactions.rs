@@ -277,6 +277,7 @@ mod tests {
         SinkContext {
             subtask: tidemark_core::model::ids::SubtaskIndex(subtask),
             parallelism,
+            attempt: tidemark_core::model::ids::Attempt::default(),
         }
     }
 

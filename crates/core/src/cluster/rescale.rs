@@ -13,8 +13,11 @@
 //!   is asked for at a time; later requirements only change where it goes.
 //! - Any new attempt (a failover's too) deploys at the parallelism last
 //!   asked for, so a failure during a rescale does not lose it.
-//! - A rescale whose checkpoint fails while the attempt goes on is given
-//!   up: the job stays at its parallelism, and the history says why.
+//! - A rescale's checkpoint that fails while the attempt goes on is asked
+//!   for again (a subtask's failure may decline it before the failover
+//!   that carries the rescale out); after [`CHECKPOINT_TRIES`] failures
+//!   the rescale is given up: the job stays at its parallelism, and the
+//!   history says why.
 //! - A requirement equal to what runs while nothing is under way records
 //!   nothing; one that brings a rescale under way back to what runs ends
 //!   it as ignored.
@@ -30,6 +33,9 @@ use thiserror::Error;
 /// Rescales kept in the history.
 pub const KEPT: usize = 100;
 
+/// Checkpoints a rescale asks for before it is given up.
+pub const CHECKPOINT_TRIES: u32 = 3;
+
 /// The parallelism asked for, by operator; operators not named keep theirs.
 pub type Requirements = BTreeMap<OperatorId, u32>;
 
@@ -43,7 +49,9 @@ pub enum RescaleError {
     #[error(transparent)]
     Graph(#[from] GraphError),
     /// Without checkpoints, a new attempt would start without the state.
-    #[error("the job runs without checkpointing, so it cannot be rescaled without losing its state")]
+    #[error(
+        "the job runs without checkpointing, so it cannot be rescaled without losing its state"
+    )]
     NoCheckpointing,
     /// The job has ended.
     #[error("the job has ended")]
@@ -124,6 +132,8 @@ pub struct Rescales {
     running: Option<Attempt>,
     /// The attempt a rescale's checkpoint was asked of.
     checkpointing: Option<Attempt>,
+    /// Checkpoints of the rescale under way that failed.
+    failed_checkpoints: u32,
     /// Requirements taken so far.
     requirements: u64,
     history: VecDeque<Rescale>,
@@ -139,6 +149,7 @@ impl Rescales {
             desired: graph.clone(),
             running: None,
             checkpointing: None,
+            failed_checkpoints: 0,
             requirements: 0,
             history: VecDeque::new(),
             rescales: 0,
@@ -221,6 +232,10 @@ impl Rescales {
         match result {
             Ok(()) if self.desired != self.deployed => Some(RescaleAction::Replace(attempt)),
             Ok(()) => None,
+            Err(_) if self.failed_checkpoints + 1 < CHECKPOINT_TRIES => {
+                self.failed_checkpoints += 1;
+                self.ask_for_checkpoint()
+            }
             Err(reason) => {
                 self.desired = self.deployed.clone();
                 if let Some(open) = self.under_way() {
@@ -261,6 +276,7 @@ impl Rescales {
             self.history.pop_front();
         }
         self.rescales += 1;
+        self.failed_checkpoints = 0;
         self.history.push_back(Rescale {
             id: self.rescales,
             requirements: self.requirements,
@@ -347,7 +363,10 @@ mod tests {
         assert!(graph.operators.iter().all(|o| o.parallelism == 3));
         assert_eq!(r.running(Attempt(1), 40), None);
         let done = last(&r);
-        assert_eq!((done.from.clone(), done.to.clone()), (vec![2; 3], vec![3; 3]));
+        assert_eq!(
+            (done.from.clone(), done.to.clone()),
+            (vec![2; 3], vec![3; 3])
+        );
         assert_eq!(done.end, Some(RescaleEnd::Succeeded));
         assert_eq!((done.started_ms, done.pause_ms()), (10, Some(15)));
     }
@@ -417,9 +436,16 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_checkpoint_gives_the_rescale_up() {
+    fn failed_checkpoints_are_asked_for_again_then_give_the_rescale_up() {
         let mut r = running();
         r.require(&all(3), 1).unwrap();
+        for _ in 1..CHECKPOINT_TRIES {
+            assert_eq!(
+                r.checkpointed(Attempt(0), Err("declined".into()), 2),
+                Some(RescaleAction::Checkpoint(Attempt(0)))
+            );
+        }
+        assert_eq!(last(&r).end, None);
         assert_eq!(r.checkpointed(Attempt(0), Err("declined".into()), 2), None);
         assert_eq!(last(&r).end, Some(RescaleEnd::Failed("declined".into())));
         assert_eq!(r.desired(), &graph());

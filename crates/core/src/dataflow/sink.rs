@@ -5,7 +5,7 @@
 //! everything newer. The defaults suit sinks without transactions.
 
 use crate::dataflow::error::UserError;
-use crate::model::ids::{CheckpointId, SubtaskIndex};
+use crate::model::ids::{Attempt, CheckpointId, SubtaskIndex};
 
 /// Which sink subtask a sink is opened for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,6 +14,11 @@ pub struct SinkContext {
     pub subtask: SubtaskIndex,
     /// How many sink subtasks there are.
     pub parallelism: u32,
+    /// The attempt it belongs to: a sink that starts without state keeps
+    /// what it writes apart from what an earlier attempt's subtask of the
+    /// same index wrote (before a rescale removed it and another added
+    /// it back).
+    pub attempt: Attempt,
 }
 
 /// Where records of type `T` leave the job, one per sink subtask. A sink is

@@ -7,7 +7,7 @@ use crate::dataflow::source::reader::Reader;
 use crate::dataflow::source::{SourceStatus, SplitBytes};
 use crate::model::batch::{Batch, BatchLimits, Data};
 use crate::model::graph::Partitioner;
-use crate::model::ids::{CheckpointId, OperatorId, SubtaskIndex};
+use crate::model::ids::{Attempt, CheckpointId, OperatorId, SubtaskIndex};
 use crate::model::key_group::KeyGroupRange;
 use crate::model::split::SplitPosition;
 use crate::state::StateBackend;
@@ -26,6 +26,8 @@ pub struct TaskContext {
     pub operator: OperatorId,
     /// Which subtask of its operator this is.
     pub subtask: SubtaskIndex,
+    /// The attempt it belongs to.
+    pub attempt: Attempt,
     /// The operator's parallelism.
     pub parallelism: u32,
     /// The operator's max parallelism: the number of key groups.

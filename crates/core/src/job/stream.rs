@@ -557,6 +557,7 @@ impl<T: Data> Stream<T> {
             let sink = factory(SinkContext {
                 subtask: ctx.subtask,
                 parallelism: ctx.parallelism,
+                attempt: ctx.attempt,
             });
             Box::new(SinkWriter::new(Box::new(sink), entry.clone()))
         }));

@@ -158,7 +158,11 @@ impl JobGraph {
         };
         self.edges == other.edges
             && self.operators.len() == other.operators.len()
-            && self.operators.iter().zip(&other.operators).all(|(a, b)| same(a, b))
+            && self
+                .operators
+                .iter()
+                .zip(&other.operators)
+                .all(|(a, b)| same(a, b))
     }
 
     /// The operator `id`; panics if there is none.

@@ -15,7 +15,10 @@
 //! other file its run and subtask left, so each record is in exactly one
 //! visible file after any failure. Names are `part-SUBTASK-RUN-N.EXT`: a
 //! restored sink goes on with its checkpoint's run and numbering, so that
-//! what it writes again replaces its twin instead of adding to it.
+//! what it writes again replaces its twin instead of adding to it. A sink
+//! that starts without state in a later attempt (a rescale added its
+//! subtask back) names its run `RUN.ATTEMPT`, apart from the committed
+//! files of the subtask of that index before.
 
 mod encode;
 #[cfg(feature = "parquet")]
@@ -39,6 +42,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use thiserror::Error;
+use tidemark_core::model::ids::Attempt;
 use tidemark_core::model::ids::CheckpointId;
 use tidemark_core::{Sink, SinkContext, UserError};
 use tidemark_storage::{Location, StorageError};
@@ -322,6 +326,8 @@ pub struct FileSink<T> {
     dir: Directory,
     options: FileSinkOptions,
     subtask: u32,
+    /// The job run's name, which every attempt's file names start with.
+    run: String,
     encoder: EncoderFactory<T>,
     bucket_by: Option<BucketBy<T>>,
     parts: Parts<OpenFile<T>, Pending>,
@@ -354,9 +360,14 @@ impl<T: Send + 'static> FileSink<T> {
             dir: config.dir.clone(),
             options: config.options.clone(),
             subtask: ctx.subtask.0,
+            run: run.to_owned(),
             encoder,
             bucket_by: None,
-            parts: Parts::new(run.to_owned(), ctx.subtask.0, config.options.roll),
+            parts: Parts::new(
+                fresh_run(run, ctx.attempt),
+                ctx.subtask.0,
+                config.options.roll,
+            ),
         }
     }
 
@@ -464,6 +475,14 @@ impl<T: Send + 'static> FileSink<T> {
     }
 }
 
+/// The run a sink without state names its files after in `attempt`.
+fn fresh_run(run: &str, attempt: Attempt) -> String {
+    match attempt.0 {
+        0 => run.to_owned(),
+        n => format!("{run}.{n}"),
+    }
+}
+
 fn decode(state: &[u8]) -> Result<PartsState<Pending>, UserError> {
     rmp_serde::from_slice(state)
         .map_err(|e| format!("the file sink's checkpointed state does not decode ({e}): was it written by another sink?").into())
@@ -510,20 +529,20 @@ impl<T: Send + 'static> Sink<T> for FileSink<T> {
     }
 
     fn restore(&mut self, state: Option<&[u8]>) -> Result<(), UserError> {
-        let pending = match state {
-            Some(bytes) => {
-                let state = decode(bytes)?;
-                if state.subtask != self.subtask {
-                    return Err(format!(
-                        "sink subtask {} was given the state of subtask {}",
-                        self.subtask, state.subtask
-                    )
-                    .into());
-                }
-                self.parts.restore(state)
-            }
-            None => Vec::new(),
+        let Some(bytes) = state else {
+            // Whatever the subtask of this index left in any attempt of
+            // the run was never committed.
+            return self.settle(&[], self.subtask, &self.run);
         };
+        let state = decode(bytes)?;
+        if state.subtask != self.subtask {
+            return Err(format!(
+                "sink subtask {} was given the state of subtask {}",
+                self.subtask, state.subtask
+            )
+            .into());
+        }
+        let pending = self.parts.restore(state);
         let run = self.parts.run().to_owned();
         self.settle(&pending, self.subtask, &run)
     }

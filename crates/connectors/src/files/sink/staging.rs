@@ -231,13 +231,20 @@ impl Directory {
     }
 
     /// Deletes every part file in progress or pending of the files named
-    /// `part-{subtask}-{run}-…`: what a run wrote after the checkpoint it
-    /// is restored from. Call after committing that checkpoint's files.
+    /// `part-{subtask}-{run}-…` or `part-{subtask}-{run}.…` (the run's
+    /// later attempts): what a run wrote after the checkpoint it is
+    /// restored from. Call after committing that checkpoint's files.
     pub fn abort_leftovers(&self, subtask: u32, run: &str) -> Result<usize, UserError> {
-        let name = format!("part-{subtask}-{run}-");
+        let names = [
+            format!("part-{subtask}-{run}-"),
+            format!("part-{subtask}-{run}."),
+        ];
         match self {
             Directory::Local(root) => {
-                let prefixes = [format!("{IN_PROGRESS}{name}"), format!("{PENDING}{name}")];
+                let prefixes: Vec<String> = names
+                    .iter()
+                    .flat_map(|name| [format!("{IN_PROGRESS}{name}"), format!("{PENDING}{name}")])
+                    .collect();
                 let mut found = Vec::new();
                 hidden_files(root, &prefixes, &mut found)?;
                 for file in &found {
@@ -249,11 +256,15 @@ impl Directory {
             Directory::Objects { .. } => {
                 let dir = self.clone();
                 wait(async move {
-                    let mine = dir.open_uploads(&name).await?;
-                    for upload in &mine {
-                        dir.abort(upload).await?;
+                    let mut aborted = 0;
+                    for name in &names {
+                        let mine = dir.open_uploads(name).await?;
+                        for upload in &mine {
+                            dir.abort(upload).await?;
+                        }
+                        aborted += mine.len();
                     }
-                    Ok::<_, object_store::Error>(mine.len())
+                    Ok::<_, object_store::Error>(aborted)
                 })?
                 .map_err(|e| format!("cannot abort the uploads left by run {run}: {e}").into())
             }

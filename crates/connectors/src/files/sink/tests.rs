@@ -10,6 +10,7 @@ fn ctx(subtask: u32) -> SinkContext {
     SinkContext {
         subtask: SubtaskIndex(subtask),
         parallelism: 2,
+        attempt: tidemark_core::model::ids::Attempt::default(),
     }
 }
 
@@ -91,6 +92,40 @@ fn nothing_is_visible_before_its_checkpoint_completes() {
         s.commit(CheckpointId(2)).unwrap();
         assert_eq!(visible(&config).len(), 2, "{url}");
         assert_eq!(listing(&config).len(), 2, "{url}: nothing hidden is left");
+    }
+}
+
+/// A rescale removed subtask 0's index and a later one added it back in
+/// the same run: the new sink, without state, writes beside the old
+/// one's committed file instead of over it, and aborts only what was
+/// never committed.
+#[test]
+fn a_sink_added_back_by_a_rescale_keeps_the_committed_files_of_its_index() {
+    for (url, _dir) in directories() {
+        let config = config(&url, "format=csv");
+        let _hold = Location::open(&url, true).unwrap();
+        let mut removed = sink(&config, "r");
+        removed.write(&mut vec![(1, 1)]).unwrap();
+        removed.pre_commit(CheckpointId(1)).unwrap();
+        removed.commit(CheckpointId(1)).unwrap();
+        removed.write(&mut vec![(1, 2)]).unwrap();
+        drop(removed);
+        let later = SinkContext {
+            attempt: tidemark_core::model::ids::Attempt(3),
+            ..ctx(0)
+        };
+        let mut added: Box<dyn Sink<(u64, u64)>> = Box::new(FileSink::new(&config, "r", later));
+        added.restore(None).unwrap();
+        added.write(&mut vec![(2, 1)]).unwrap();
+        added.finish().unwrap();
+        assert_eq!(
+            listing(&config),
+            [
+                ("part-0-r-0.csv".into(), "1,1\n".into()),
+                ("part-0-r.3-0.csv".into(), "2,1\n".into()),
+            ],
+            "{url}"
+        );
     }
 }
 
