@@ -14,11 +14,12 @@ pub mod rescale;
 pub mod roots;
 mod run;
 pub mod sinks;
+pub mod timed;
 pub mod tls;
 pub mod topologies;
 pub mod worker;
 
-pub use report::{LastMax, Percentiles, RunReport};
+pub use report::{LastMax, Percentiles, RescaleFigures, RunReport};
 pub use run::{rebuild, rebuild_within, run, RunArgs, Topology};
 
 use crate::config::ConfigError;

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tidemark_actors::metrics::{JobMetrics, Samples};
 use tidemark_actors::runtime::JobReport;
+use tidemark_core::cluster::rescale::{Rescale, RescaleEnd};
 use tidemark_core::model::channel::ChannelConfig;
 use tidemark_core::model::ids::OperatorId;
 use tidemark_storage::{CheckpointStorage, StorageCounters};
@@ -118,6 +119,9 @@ pub struct RunReport {
     pub watermark_lag_ms: Option<u64>,
     /// Pairs interval joins emitted, replays after a restore included.
     pub pairs_emitted: u64,
+    /// The rescales of the run (`--rescale-after`, the REST API), oldest
+    /// first.
+    pub rescales: Vec<RescaleFigures>,
     /// Records interval joins still buffered when their input ended: 0
     /// after a bounded run, as the final watermark clears them.
     pub join_buffered_at_end: u64,
@@ -153,6 +157,40 @@ impl Percentiles {
             p50: summary.quantile(0.5),
             p99: summary.quantile(0.99),
             max: summary.max,
+        }
+    }
+}
+
+/// One rescale of the run.
+#[derive(Clone, Debug, Serialize)]
+pub struct RescaleFigures {
+    /// The parallelism of every operator before.
+    pub from: Vec<u32>,
+    /// The parallelism asked for.
+    pub to: Vec<u32>,
+    /// `COMPLETED`, `FAILED` or `IGNORED`, as Flink's history; `null` if
+    /// it was under way when the job ended.
+    pub state: Option<&'static str>,
+    /// From the request to the new attempt running.
+    pub took_ms: Option<u64>,
+    /// From the old attempt's stop to the new one running.
+    pub pause_ms: Option<u64>,
+}
+
+impl RescaleFigures {
+    fn of(rescale: &Rescale) -> Self {
+        RescaleFigures {
+            from: rescale.from.clone(),
+            to: rescale.to.clone(),
+            state: rescale.end.as_ref().map(|end| match end {
+                RescaleEnd::Succeeded => "COMPLETED",
+                RescaleEnd::Failed(_) => "FAILED",
+                RescaleEnd::NoParallelismChange | RescaleEnd::JobEnded => "IGNORED",
+            }),
+            took_ms: rescale
+                .ended_ms
+                .map(|end| end.saturating_sub(rescale.started_ms)),
+            pause_ms: rescale.pause_ms(),
         }
     }
 }
@@ -260,6 +298,11 @@ impl RunReport {
             timers_in_checkpoint_max: stats.timers_max.load(Ordering::Relaxed),
             watermark_lag_ms: metrics.time.watermark_lag(),
             pairs_emitted: time.join_pairs,
+            rescales: metrics
+                .rescales()
+                .history()
+                .map(RescaleFigures::of)
+                .collect(),
             join_buffered_at_end: metrics.time.join_buffered(),
         }
     }

@@ -8,6 +8,7 @@ use super::{Cli, CliError, Command};
 use crate::config::{ConfigFile, Options, Origins, RestoreArg};
 use crate::roots::Roots;
 use crate::sinks::{run_name, Target};
+use crate::timed::{RescaleAfter, Timed};
 use crate::tls::TlsFlags;
 use crate::topologies::join::Join;
 use crate::topologies::windows::{Events, Windows};
@@ -151,6 +152,11 @@ pub struct RunArgs {
     /// stop: the report says where the savepoint is.
     #[arg(long, value_parser = crate::config::values::flag_duration)]
     pub stop_with_savepoint_after: Option<Duration>,
+    /// Rescale the job at a time after its start: `6s=4` runs every
+    /// operator at parallelism 4 from 6 s on (repeat for more); the report
+    /// lists each rescale and how long the job paused.
+    #[arg(long, value_name = "DURATION=N", value_parser = crate::timed::parse_rescale_after)]
+    pub rescale_after: Vec<RescaleAfter>,
     /// Kill a random subtask this many times at random moments (seeded by
     /// `--seed`); the job restores and goes on. At most 1000. Across
     /// workers, the whole worker hosting the subtask dies.
@@ -610,6 +616,9 @@ impl RunArgs {
             if !self.inject_fault.is_empty() {
                 return Err(usage("--inject-fault", problem()));
             }
+            if !self.rescale_after.is_empty() {
+                return Err(usage("--rescale-after", problem()));
+            }
         }
         if let Some(RestoreArg::Savepoint(dir)) = &options.restore {
             // A local directory is checked here, before anything starts;
@@ -766,6 +775,7 @@ fn run_job(
         .filter(|op| job.graph.is_source(op.id))
         .map(|op| (op.id, op.uid.clone()))
         .collect();
+    let operators = job.graph.operators.iter().map(|op| op.id).collect();
     let scheme = if http_tls.is_some() { "https" } else { "http" };
     let runtime = Runtime {
         http: args.http,
@@ -787,34 +797,19 @@ fn run_job(
     }
     let metrics = handle.metrics().clone();
     let storage = handle.storage().cloned();
-    let (job_ended, ended) = std::sync::mpsc::channel::<()>();
-    let savepoint = args.timed_savepoint().map(|(after, stop)| {
-        let control = handle.control();
-        std::thread::spawn(move || {
-            // Woken early when the job ends first: no savepoint then.
-            if ended.recv_timeout(after) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
-                return None;
-            }
-            let taken = if stop {
-                control.stop_with_savepoint()
-            } else {
-                control.trigger_savepoint()
-            };
-            taken
-                .inspect_err(|e| tracing::warn!(error = %e, "the savepoint failed"))
-                .ok()
-        })
-    });
+    let timed = Timed::start(
+        &handle.control(),
+        args.timed_savepoint(),
+        &args.rescale_after,
+        operators,
+    );
     if let Some(addr) = handle.http_address() {
         eprintln!("tidemark: the job's REST API and page are at {scheme}://{addr}/");
     }
     let progress = super::progress::Progress::start(metrics.clone());
     let outcome = handle.wait();
     drop(progress);
-    drop(job_ended);
-    let savepoint = savepoint
-        .and_then(|thread| thread.join().ok().flatten())
-        .map(|s| s.location);
+    let savepoint = timed.finish();
     Ok(RunReport::new(Finished {
         topology: args.topology,
         mode: settings.options.mode,

@@ -216,13 +216,23 @@ fn a_stops_outcome_is_served_after_the_stop_ended_the_job() {
     assert_eq!(report["savepoints_completed"], 1, "{report}");
 }
 
-/// Five rescales of a running job with failures injected, each carried
-/// out from a checkpoint: three by `tidemark rescale`, two by Flink's
-/// `PUT /jobs/{id}/resource-requirements`. The job ends with every update
-/// committed exactly once, the history holds every rescale as completed,
-/// and the job's vertices report the last parallelism.
 #[test]
 fn a_job_rescaled_five_times_while_failing_commits_every_update_once() {
+    rescaled_five_times_while_failing(&[]);
+}
+
+#[test]
+fn a_job_over_worker_processes_rescaled_five_times_while_failing_commits_every_update_once() {
+    rescaled_five_times_while_failing(&["--workers=2"]);
+}
+
+/// Five rescales of a running job (with `extra` arguments) with failures
+/// injected, each carried out from a checkpoint: three by `tidemark
+/// rescale`, two by Flink's `PUT /jobs/{id}/resource-requirements`. The
+/// job ends with every update committed exactly once, the history holds
+/// every rescale as completed, and the job's vertices report each
+/// parallelism in turn.
+fn rescaled_five_times_while_failing(extra: &[&str]) {
     const RECORDS: u64 = 4_000_000;
     const KEYS: u64 = 3_000;
     let records = format!("--records={RECORDS}");
@@ -231,8 +241,9 @@ fn a_job_rescaled_five_times_while_failing_commits_every_update_once() {
     let mut job = Job::launch(
         |dir| {
             let output = format!("--output={}", dir.join("out").display());
-            let extra = ["--http=0", "--emit=updates", &output, "--inject-failures=3"];
-            wordcount_of(dir, &size, &extra)
+            let mut flags = vec!["--http=0", "--emit=updates", &output, "--inject-failures=3"];
+            flags.extend_from_slice(extra);
+            wordcount_of(dir, &size, &flags)
         },
         None,
     );
@@ -274,7 +285,8 @@ fn a_job_rescaled_five_times_while_failing_commits_every_update_once() {
     let dir = std::mem::replace(&mut job.dir, tempfile::tempdir().unwrap());
     let report = job.report();
     assert!(report["restarts"].as_u64().unwrap() >= 3, "{report}");
-    tidemark_testkit::assert_updates_exactly_once(&output, RECORDS, KEYS, 7, "five live rescales");
+    let context = format!("five live rescales {extra:?}");
+    tidemark_testkit::assert_updates_exactly_once(&output, RECORDS, KEYS, 7, &context);
     drop(dir);
 }
 
