@@ -33,7 +33,7 @@ fn status_name(status: CheckpointStatus) -> (&'static str, &'static str) {
     }
 }
 
-fn summary(s: &StatsSummary) -> Value {
+pub(super) fn summary(s: &StatsSummary) -> Value {
     json!({
         "min": s.min, "max": s.max, "avg": s.avg.round() as u64,
         "p50": s.p50, "p90": s.p90, "p95": s.p95, "p99": s.p99, "p999": s.p999,

@@ -2,7 +2,8 @@
 //! `PUT /jobs/{jobid}/resource-requirements` takes each vertex's
 //! parallelism bounds (the job runs at the upper bound), `GET` answers
 //! what is asked for, and `/jobs/{jobid}/rescales/...` serve the rescale
-//! history in Flink 2.3's shapes (FLIP-495). Tidemark has no slots: a
+//! history in Flink 2.3's shapes (FLIP-495): history, overview, summary
+//! and details. Tidemark has no slots: a
 //! rescale's `slots` are empty.
 
 use super::{ApiError, JobView};
@@ -11,6 +12,7 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
+use tidemark_core::checkpoint::stats::StatsSummary;
 use tidemark_core::cluster::rescale::{Requirements, Rescale, RescaleEnd, TriggerCause};
 
 pub(super) fn routes(config: &mut web::ServiceConfig) {
@@ -25,6 +27,7 @@ pub(super) fn routes(config: &mut web::ServiceConfig) {
         )
         .route("/jobs/{jobid}/rescales/history", web::get().to(history))
         .route("/jobs/{jobid}/rescales/overview", web::get().to(overview))
+        .route("/jobs/{jobid}/rescales/summary", web::get().to(summary))
         .route(
             "/jobs/{jobid}/rescales/details/{rescaleuuid}",
             web::get().to(details),
@@ -121,30 +124,67 @@ async fn overview(
 ) -> Result<HttpResponse, ApiError> {
     view.check_job(&path)?;
     let rescales = view.metrics.rescales();
+    let mut latest: BTreeMap<&str, Value> = BTreeMap::new();
+    for rescale in rescales.history() {
+        let state = counted_as(rescale);
+        if state != "inProgress" {
+            latest.insert(state, view.rescale(rescale, false));
+        }
+    }
+    let counts = counts(rescales.history());
+    let latest: BTreeMap<&str, Value> = ["completed", "failed", "ignored"]
+        .into_iter()
+        .map(|state| (state, latest.remove(state).unwrap_or(Value::Null)))
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({ "rescalesCounts": counts, "latest": latest })))
+}
+
+/// The counts, and the durations of the rescales that ended, in all and
+/// by how they ended.
+async fn summary(
+    view: web::Data<JobView>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    view.check_job(&path)?;
+    let rescales = view.metrics.rescales();
+    let durations = |state: Option<&str>| {
+        let ended = rescales.history().filter(|r| {
+            let of = counted_as(r);
+            of != "inProgress" && state.is_none_or(|s| s == of)
+        });
+        let took = ended.map(|r| r.ended_ms.unwrap_or(r.started_ms) - r.started_ms);
+        super::checkpoints::summary(&StatsSummary::of(took.collect()))
+    };
+    Ok(HttpResponse::Ok().json(json!({
+        "rescalesCounts": counts(rescales.history()),
+        "rescalesDurationStatsInMillis": durations(None),
+        "completedRescalesDurationStatsInMillis": durations(Some("completed")),
+        "ignoredRescalesDurationStatsInMillis": durations(Some("ignored")),
+        "failedRescalesDurationStatsInMillis": durations(Some("failed")),
+    })))
+}
+
+/// How Flink's counts count `rescale`.
+fn counted_as(rescale: &Rescale) -> &'static str {
+    match terminal(rescale.end.as_ref()) {
+        Some(("COMPLETED", _)) => "completed",
+        Some(("FAILED", _)) => "failed",
+        Some(_) => "ignored",
+        None => "inProgress",
+    }
+}
+
+fn counts<'a>(rescales: impl Iterator<Item = &'a Rescale>) -> BTreeMap<&'static str, u64> {
     let mut counts = BTreeMap::from([
         ("completed", 0),
         ("failed", 0),
         ("ignored", 0),
         ("inProgress", 0),
     ]);
-    let mut latest: BTreeMap<&str, Value> = BTreeMap::new();
-    for rescale in rescales.history() {
-        let state = match terminal(rescale.end.as_ref()) {
-            Some(("COMPLETED", _)) => "completed",
-            Some(("FAILED", _)) => "failed",
-            Some(_) => "ignored",
-            None => "inProgress",
-        };
-        *counts.entry(state).or_default() += 1;
-        if state != "inProgress" {
-            latest.insert(state, view.rescale(rescale, false));
-        }
+    for rescale in rescales {
+        *counts.entry(counted_as(rescale)).or_default() += 1;
     }
-    let latest: BTreeMap<&str, Value> = ["completed", "failed", "ignored"]
-        .into_iter()
-        .map(|state| (state, latest.remove(state).unwrap_or(Value::Null)))
-        .collect();
-    Ok(HttpResponse::Ok().json(json!({ "rescalesCounts": counts, "latest": latest })))
+    counts
 }
 
 async fn details(

@@ -216,6 +216,48 @@ fn a_stops_outcome_is_served_after_the_stop_ended_the_job() {
     assert_eq!(report["savepoints_completed"], 1, "{report}");
 }
 
+/// Requirements no job can run at are refused with the reason, and leave
+/// the job as it was; asking for the parallelism it runs at is no rescale.
+#[test]
+fn requirements_no_job_can_run_at_are_refused_and_change_nothing() {
+    let job = Job::start();
+    let path = format!("/v1/jobs/{}/resource-requirements", job.jid);
+    let asked = job.get(&path).unwrap();
+    let vertex = asked.as_object().unwrap().keys().next().unwrap().clone();
+    let bounds = |lower: u32, upper: u32| serde_json::json!({ &vertex: {"parallelism": {"lowerBound": lower, "upperBound": upper}} });
+    let unknown = format!("{:032x}", 7);
+    let refused = [
+        (
+            serde_json::json!({}),
+            400,
+            "does not specify resource requirements",
+        ),
+        (bounds(3, 2), 400, "above the upper bound"),
+        (bounds(1, 1000), 400, "max parallelism"),
+        (bounds(0, 0), 400, "parallelism 0"),
+        (
+            serde_json::json!({ &unknown: {"parallelism": {"lowerBound": 1, "upperBound": 2}} }),
+            404,
+            "has no vertex",
+        ),
+    ];
+    for (body, status, reason) in refused {
+        let (got, text) = job.put(&path, body.clone());
+        assert_eq!(got, status, "{body}: {text}");
+        assert!(text.contains(reason), "{body}: {text}");
+    }
+    assert_eq!(job.get(&path).unwrap(), asked, "nothing changed");
+    let history = job.get(&format!("/v1/jobs/{}/rescales/history", job.jid));
+    assert_eq!(history.unwrap(), serde_json::json!([]));
+    let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["rescale", "--url", &job.base, "--parallelism=2"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert_eq!(said.trim(), "the job already runs at parallelism 2");
+}
+
 #[test]
 fn a_job_rescaled_five_times_while_failing_commits_every_update_once() {
     rescaled_five_times_while_failing(&[]);
@@ -281,6 +323,25 @@ fn rescaled_five_times_while_failing(extra: &[&str]) {
         .collect();
     let completed = Value::from("COMPLETED");
     assert_eq!(states, vec![&completed; parallelisms.len()], "{history}");
+    let summary = job
+        .get(&format!("/v1/jobs/{}/rescales/summary", job.jid))
+        .unwrap();
+    assert_eq!(summary["rescalesCounts"]["completed"], 5, "{summary}");
+    let took = &summary["completedRescalesDurationStatsInMillis"];
+    assert!(took["min"].as_u64() <= took["max"].as_u64(), "{summary}");
+    // The newest: from 2 to 3, its pause the span the job restarted.
+    let uuid = history[0]["rescaleUuid"].as_str().unwrap();
+    let details = job
+        .get(&format!("/v1/jobs/{}/rescales/details/{uuid}", job.jid))
+        .unwrap();
+    for vertex in details["vertices"].as_object().unwrap().values() {
+        assert_eq!(vertex["preRescaleParallelism"], 2, "{details}");
+        assert_eq!(vertex["postRescaleParallelism"], 3, "{details}");
+    }
+    assert_eq!(
+        details["schedulerStates"][1]["state"], "Restarting",
+        "{details}"
+    );
     let output = job.dir.path().join("out");
     let dir = std::mem::replace(&mut job.dir, tempfile::tempdir().unwrap());
     let report = job.report();
@@ -291,6 +352,18 @@ fn rescaled_five_times_while_failing(extra: &[&str]) {
 }
 
 impl Job {
+    /// PUTs `body` as JSON to `path`: the status and the answer.
+    fn put(&self, path: &str, body: Value) -> (u16, String) {
+        let mut response = self
+            .agent
+            .put(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .send(body.to_string())
+            .unwrap();
+        let text = response.body_mut().read_to_string().unwrap();
+        (response.status().as_u16(), text)
+    }
+
     /// Asks every vertex for parallelism `p` over Flink's REST API, and
     /// waits for the rescale to complete.
     fn require_parallelism(&self, p: u32) {
@@ -305,14 +378,8 @@ impl Job {
             })
             .collect();
         let path = format!("/v1/jobs/{}/resource-requirements", self.jid);
-        let mut response = self
-            .agent
-            .put(format!("{}{path}", self.base))
-            .header("content-type", "application/json")
-            .send(Value::Object(requirements).to_string())
-            .unwrap();
-        let body = response.body_mut().read_to_string().unwrap();
-        assert_eq!(response.status().as_u16(), 200, "{body}");
+        let (status, body) = self.put(&path, Value::Object(requirements));
+        assert_eq!(status, 200, "{body}");
         let asked = self.get(&path).unwrap();
         assert!(
             asked
