@@ -196,3 +196,49 @@ fn an_unaligned_checkpoint_under_backpressure_at_p2_restores_at_p1_p3_and_p4_exa
         );
     }
 }
+
+/// A running job that cannot be rescaled says why and goes on: without
+/// checkpoints there is no state to restore at the new parallelism, and
+/// unaligned checkpoints hold a broadcast edge's records in flight, which
+/// no restore can deal out to another number of consumers.
+#[test]
+fn a_job_that_cannot_be_rescaled_refuses_and_goes_on() {
+    use std::sync::Arc;
+    use tidemark::checkpoint::CheckpointConfig;
+    use tidemark::cluster::rescale::{Requirements, RescaleError};
+    use tidemark::dataflow::source::Items;
+    use tidemark::model::ids::OperatorId;
+    use tidemark_actors::prelude::*;
+    use tidemark_actors::sinks::Discard;
+
+    let dir = tempfile::tempdir().unwrap();
+    let unaligned = CheckpointConfig::new(dir.path().to_str().unwrap()).unaligned();
+    for (checkpointing, refusal) in [
+        (None, RescaleError::NoCheckpointing),
+        (Some(unaligned), RescaleError::UnalignedBroadcast),
+    ] {
+        let items = Arc::new((0..20_000u64).collect::<Vec<_>>());
+        let mut builder = Job::builder("unrescalable")
+            .parallelism(2)
+            .source_rate(10_000.0);
+        if let Some(settings) = checkpointing {
+            builder = builder.checkpointing(settings);
+        }
+        let handle = builder
+            .source("numbers", move |ctx| Items::new(items.clone(), ctx))
+            .broadcast()
+            .sink("discard", |_| Discard)
+            .build()
+            .run()
+            .unwrap();
+        let all: Requirements = [(OperatorId(0), 3), (OperatorId(1), 3)].into();
+        let why = refusal.to_string();
+        assert_eq!(handle.control().rescale(all), Err(refusal));
+        handle.cancel();
+        let ended = handle.wait();
+        assert!(
+            matches!(ended, Err(tidemark_actors::JobError::Cancelled)),
+            "{why}: {ended:?}"
+        );
+    }
+}

@@ -94,6 +94,8 @@ pub struct Completed {
     pub id: CheckpointId,
     /// Its directory, a path or URL: what `--restore` takes.
     pub location: String,
+    /// It holds every source as exhausted: the job's input ends with it.
+    pub ends_input: bool,
 }
 
 /// What a manual trigger is answered with.
@@ -487,6 +489,7 @@ impl CoordinatorActor {
         self.targets.remove(&request);
         let result = result.map(|resolved| Completed {
             id: resolved.checkpoint,
+            ends_input: resolved.ends_input,
             location: resolved.location.unwrap_or_else(|| {
                 self.storage
                     .location(&CheckpointStorage::checkpoint_dir(resolved.checkpoint))

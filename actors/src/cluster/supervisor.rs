@@ -47,8 +47,8 @@ use tidemark_core::cluster::fault::KillSchedule;
 use tidemark_core::cluster::lifecycle::{JobLifecycle, LifeAction, LifeEvent, Outcome, Phase};
 use tidemark_core::cluster::rescale::{Requirements, RescaleAction, RescaleError, Rescales};
 use tidemark_core::job::Job;
-use tidemark_core::model::event::CheckpointKind;
-use tidemark_core::model::graph::JobGraph;
+use tidemark_core::model::event::{Alignment, CheckpointKind};
+use tidemark_core::model::graph::{JobGraph, Partitioner};
 use tidemark_core::model::ids::{Attempt, CheckpointId, JobId, SubtaskId};
 use tidemark_core::MasterHook;
 use tidemark_storage::savepoint::{self, SavepointError};
@@ -233,6 +233,9 @@ pub struct JobSupervisor {
     early_triggers: Vec<TriggerManual>,
     /// Where savepoints go.
     savepoint_dir: Option<CheckpointStorage>,
+    /// A stop with a savepoint is under way: no rescale replaces the
+    /// attempt meanwhile.
+    stopping: bool,
 }
 
 /// Where a job's subtasks run: on this process's arbiters, spread over
@@ -284,6 +287,7 @@ impl JobSupervisor {
             links: Vec::new(),
             failed_at: None,
             early_triggers: Vec::new(),
+            stopping: false,
         }
     }
 
@@ -338,10 +342,7 @@ impl JobSupervisor {
                     let restore = self.restoring.take();
                     self.running(attempt, restore);
                     SourceHost::start(self, attempt, &self.subtasks.clone(), ctx);
-                    let rescale = self.metrics.rescales().running(attempt, now_ms());
-                    if let Some(rescale) = rescale {
-                        self.rescale(rescale, ctx);
-                    }
+                    self.rescale_running(ctx);
                 }
                 LifeAction::Restart {
                     attempt,
@@ -722,6 +723,8 @@ impl JobSupervisor {
     /// from, whose outcome they are told, or the attempt's replacement.
     fn rescale(&mut self, action: RescaleAction, ctx: &mut Context<Self>) {
         let attempt = match action {
+            // If the stop fails, the rescale asks for a checkpoint again.
+            RescaleAction::Replace(_) if self.stopping => return,
             RescaleAction::Replace(attempt) => return self.feed(LifeEvent::Rescale(attempt), ctx),
             RescaleAction::Checkpoint(attempt) => attempt,
         };
@@ -738,15 +741,39 @@ impl JobSupervisor {
             ctx,
         );
         ctx.spawn(answer.into_actor(self).map(move |answer, act, ctx| {
-            let result = finished(answer).map(drop).map_err(|e| e.to_string());
-            let next = act
-                .metrics
-                .rescales()
-                .checkpointed(attempt, result, now_ms());
+            let answer = answer.unwrap_or_else(|_| {
+                Err(CheckpointFailure::NotTriggered("the job has ended".into()))
+            });
+            let mut rescales = act.metrics.rescales();
+            let next = match answer {
+                Ok(completed) if completed.ends_input => {
+                    rescales.input_ended(attempt, now_ms());
+                    None
+                }
+                result => rescales.checkpointed(
+                    attempt,
+                    result.map(drop).map_err(|e| e.to_string()),
+                    now_ms(),
+                ),
+            };
+            drop(rescales);
             if let Some(next) = next {
                 act.rescale(next, ctx);
             }
         }));
+    }
+
+    /// The running attempt is told to the rescales, which may rescale it:
+    /// once it runs, and again after a stop that failed held a rescale
+    /// back.
+    fn rescale_running(&mut self, ctx: &mut Context<Self>) {
+        let Phase::Running { attempt, .. } = self.life.phase() else {
+            return;
+        };
+        let rescale = self.metrics.rescales().running(attempt, now_ms());
+        if let Some(rescale) = rescale {
+            self.rescale(rescale, ctx);
+        }
     }
 
     /// Kills the worker hosting `victim`, as a crash would: every subtask
@@ -1120,6 +1147,7 @@ impl Handler<StopWithSavepoint> for JobSupervisor {
         StopWithSavepoint { target, reply }: StopWithSavepoint,
         ctx: &mut Context<Self>,
     ) {
+        self.stopping = true;
         let (savepoint, done) = oneshot::channel();
         let trigger = TriggerManual {
             kind: CheckpointKind::Savepoint,
@@ -1140,9 +1168,28 @@ impl Handler<StopWithSavepoint> for JobSupervisor {
                 // The sinks were told to commit before this answer came:
                 // the notification is ahead of the stop in their mailboxes.
                 act.feed(LifeEvent::Ended(Ok(())), ctx);
+            } else {
+                act.stopping = false;
+                act.rescale_running(ctx);
             }
             let _ = reply.send(outcome);
         }));
+    }
+}
+
+impl JobSupervisor {
+    /// Why no rescale of this job can restore, whatever is asked.
+    fn cannot_rescale(&self) -> Option<RescaleError> {
+        let checkpointing = self.job.config.checkpointing.as_ref();
+        let Some(settings) = checkpointing.filter(|_| self.storage.is_some()) else {
+            return Some(RescaleError::NoCheckpointing);
+        };
+        let edges = &self.job.graph.edges;
+        let broadcast = edges
+            .iter()
+            .any(|e| e.partitioner == Partitioner::Broadcast);
+        (settings.alignment != Alignment::Aligned && broadcast)
+            .then_some(RescaleError::UnalignedBroadcast)
     }
 }
 
@@ -1152,8 +1199,10 @@ impl Handler<RescaleRequest> for JobSupervisor {
     fn handle(&mut self, request: RescaleRequest, ctx: &mut Context<Self>) {
         let taken = if self.life.phase() == Phase::Finished {
             Err(RescaleError::Ended)
-        } else if self.storage.is_none() || self.job.config.checkpointing.is_none() {
-            Err(RescaleError::NoCheckpointing)
+        } else if self.stopping {
+            Err(RescaleError::Stopping)
+        } else if let Some(e) = self.cannot_rescale() {
+            Err(e)
         } else {
             let mut rescales = self.metrics.rescales();
             rescales.require(&request.requirements, now_ms())

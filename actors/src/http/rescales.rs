@@ -13,7 +13,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use tidemark_core::checkpoint::stats::StatsSummary;
-use tidemark_core::cluster::rescale::{Requirements, Rescale, RescaleEnd, TriggerCause};
+use tidemark_core::cluster::rescale::{
+    Requirements, Rescale, RescaleEnd, RescaleError, TriggerCause,
+};
 
 pub(super) fn routes(config: &mut web::ServiceConfig) {
     config
@@ -97,10 +99,14 @@ async fn update_requirements(
         requirements.insert(vertex.operator, upper_bound);
     }
     let answer = view.control()?.request_rescale(requirements);
+    let ended = || ApiError::new(StatusCode::CONFLICT, "the job has ended");
     match answer.await {
         Ok(Ok(())) => Ok(HttpResponse::Ok().json(json!({}))),
+        Ok(Err(RescaleError::Ended)) | Err(_) => Err(ended()),
+        Ok(Err(e @ RescaleError::Stopping)) => {
+            Err(ApiError::new(StatusCode::CONFLICT, e.to_string()))
+        }
         Ok(Err(e)) => Err(bad(e.to_string())),
-        Err(_) => Err(ApiError::new(StatusCode::CONFLICT, "the job has ended")),
     }
 }
 
@@ -152,7 +158,7 @@ async fn summary(
             let of = counted_as(r);
             of != "inProgress" && state.is_none_or(|s| s == of)
         });
-        let took = ended.map(|r| r.ended_ms.unwrap_or(r.started_ms) - r.started_ms);
+        let took = ended.map(|r| r.ended_ms.unwrap_or(0).saturating_sub(r.started_ms));
         super::checkpoints::summary(&StatsSummary::of(took.collect()))
     };
     Ok(HttpResponse::Ok().json(json!({
@@ -208,12 +214,7 @@ async fn details(
 
 /// Flink's terminal state and terminated reason.
 fn terminal(end: Option<&RescaleEnd>) -> Option<(&'static str, &'static str)> {
-    Some(match end? {
-        RescaleEnd::Succeeded => ("COMPLETED", "SUCCEEDED"),
-        RescaleEnd::Failed(_) => ("FAILED", "EXCEPTION_OCCURRED"),
-        RescaleEnd::NoParallelismChange => ("IGNORED", "NO_RESOURCES_OR_PARALLELISMS_CHANGE"),
-        RescaleEnd::JobEnded => ("IGNORED", "JOB_FINISHED"),
-    })
+    end.map(RescaleEnd::flink_names)
 }
 
 impl JobView {

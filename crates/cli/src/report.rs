@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tidemark_actors::metrics::{JobMetrics, Samples};
 use tidemark_actors::runtime::JobReport;
-use tidemark_core::cluster::rescale::{Rescale, RescaleEnd};
+use tidemark_core::cluster::rescale::Rescale;
 use tidemark_core::model::channel::ChannelConfig;
 use tidemark_core::model::ids::OperatorId;
 use tidemark_storage::{CheckpointStorage, StorageCounters};
@@ -182,11 +182,7 @@ impl RescaleFigures {
         RescaleFigures {
             from: rescale.from.clone(),
             to: rescale.to.clone(),
-            state: rescale.end.as_ref().map(|end| match end {
-                RescaleEnd::Succeeded => "COMPLETED",
-                RescaleEnd::Failed(_) => "FAILED",
-                RescaleEnd::NoParallelismChange | RescaleEnd::JobEnded => "IGNORED",
-            }),
+            state: rescale.end.as_ref().map(|end| end.flink_names().0),
             took_ms: rescale
                 .ended_ms
                 .map(|end| end.saturating_sub(rescale.started_ms)),

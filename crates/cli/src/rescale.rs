@@ -31,15 +31,15 @@ pub fn rescale(args: &RescaleArgs) -> Result<String, CliError> {
     let vertices = client.call("GET", &format!("/jobs/{job}"), None)?["vertices"].clone();
     let vertices = vertices.as_array().cloned().unwrap_or_default();
     let n = args.parallelism;
-    if vertices.iter().all(|v| v["parallelism"] == n) {
-        return Ok(format!("the job already runs at parallelism {n}"));
-    }
     let history = format!("/jobs/{job}/rescales/history");
     // A rescale under way takes the new requirements over; an ended one
     // is not this one.
     let newest = client.call("GET", &history, None)?[0].clone();
     let before = newest["rescaleUuid"].clone();
-    let open = newest["terminalState"].is_null();
+    let open = !newest.is_null() && newest["terminalState"].is_null();
+    if !open && vertices.iter().all(|v| v["parallelism"] == n) {
+        return Ok(format!("the job already runs at parallelism {n}"));
+    }
     let requirements: serde_json::Map<String, Value> = vertices
         .iter()
         .filter_map(|v| v["id"].as_str())
@@ -82,8 +82,10 @@ fn ended(client: &Client, job: &str, rescale: &Value, n: u32) -> Result<String, 
                 .iter()
                 .find(|s| s["state"] == "Restarting")
                 .map_or(Value::Null, |s| s["durationInMillis"].clone());
-            let took = rescale["endTimestampInMillis"].as_u64().unwrap_or(0)
-                - rescale["startTimestampInMillis"].as_u64().unwrap_or(0);
+            let took = rescale["endTimestampInMillis"]
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_sub(rescale["startTimestampInMillis"].as_u64().unwrap_or(0));
             Ok(format!(
                 "rescaled to parallelism {n} in {took} ms; the job paused {paused} ms"
             ))

@@ -62,7 +62,9 @@ impl Timed {
         let savepoint = savepoint.map(|(after, stop)| {
             let (control, woken) = (control.clone(), woken());
             std::thread::spawn(move || {
-                woken.recv_timeout(after).err()?;
+                if woken.recv_timeout(after) != Err(RecvTimeoutError::Timeout) {
+                    return None;
+                }
                 let taken = match stop {
                     true => control.stop_with_savepoint(),
                     false => control.trigger_savepoint(),

@@ -26,7 +26,7 @@ use super::input_end::InputEnd;
 use super::shared::SharedStateRegistry;
 use super::stats::StatsEvent;
 use super::store::CompletedCheckpointStore;
-use super::{Ack, CheckpointFailure, CompletedCheckpoint};
+use super::{ends_input, Ack, CheckpointFailure, CompletedCheckpoint};
 use crate::model::event::{Barrier, CheckpointKind};
 use crate::model::graph::JobGraph;
 use crate::model::ids::{Attempt, CheckpointId, SubtaskId};
@@ -155,6 +155,9 @@ pub struct Resolved {
     pub checkpoint: CheckpointId,
     /// Where a savepoint went; `None`: the checkpoint's own directory.
     pub location: Option<String>,
+    /// A checkpoint that holds every source as exhausted: the job's input
+    /// ends with it.
+    pub ends_input: bool,
 }
 
 /// What the shell must do, in order.
@@ -703,6 +706,10 @@ impl JobCheckpoints {
                 let result = result.map(|checkpoint| Resolved {
                     checkpoint,
                     location: self.locations.remove(&checkpoint),
+                    ends_input: self
+                        .store
+                        .latest()
+                        .is_some_and(|c| c.id == checkpoint && ends_input(c, &self.sources)),
                 });
                 out.push(JobAction::Resolve { request, result });
             }

@@ -472,7 +472,8 @@ fn a_manual_checkpoint_is_answered_with_its_id() {
             request: 5,
             result: Ok(Resolved {
                 checkpoint: CheckpointId(1),
-                location: None
+                location: None,
+                ends_input: false,
             }),
         })
     );

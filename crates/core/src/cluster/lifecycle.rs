@@ -21,7 +21,8 @@
 //! - A rescale replaces the running attempt with the next one, restored
 //!   from the checkpoint just completed, without a delay and without
 //!   counting against the restart strategy; an attempt not running (still
-//!   deploying, restarting, or older) is not rescaled.
+//!   deploying, restarting, or older), or one of whose subtasks finished
+//!   (the job is ending), is not rescaled.
 
 use crate::cluster::restart::RestartStrategy;
 use crate::model::ids::Attempt;
@@ -152,6 +153,8 @@ pub struct JobLifecycle {
     restarts: u32,
     strategy: RestartStrategy,
     checkpointing: bool,
+    /// Subtasks of the attempt deployed last.
+    subtasks: usize,
 }
 
 impl JobLifecycle {
@@ -163,6 +166,7 @@ impl JobLifecycle {
             restarts: 0,
             strategy,
             checkpointing,
+            subtasks: 0,
         }
     }
 
@@ -234,6 +238,7 @@ impl JobLifecycle {
         if !matches!(self.phase, Phase::Deploying { attempt: a, .. } if a == attempt) {
             return Vec::new();
         }
+        self.subtasks = subtasks;
         self.phase = Phase::Deploying {
             attempt,
             workers,
@@ -327,7 +332,9 @@ impl JobLifecycle {
     }
 
     fn rescale<E>(&mut self, running: Attempt) -> Vec<LifeAction<E>> {
-        if !matches!(self.phase, Phase::Running { attempt, .. } if attempt == running) {
+        let whole = |unfinished| unfinished == self.subtasks;
+        if !matches!(self.phase, Phase::Running { attempt, unfinished } if attempt == running && whole(unfinished))
+        {
             return Vec::new();
         }
         let attempt = Attempt(running.0 + 1);
@@ -528,6 +535,9 @@ mod tests {
             workers: 0,
         };
         assert_eq!(life.handle(deployed), [LifeAction::Announce(Attempt(1))]);
+        // An attempt whose subtasks have begun to finish is not rescaled.
+        assert_eq!(life.handle(Event::SubtaskFinished(Attempt(1))), []);
+        assert_eq!(life.handle(Event::Rescale(Attempt(1))), []);
         // The one restart the strategy allows is still there.
         assert_eq!(life.handle(failed(None, "boom")), [restart(2, "boom")]);
     }

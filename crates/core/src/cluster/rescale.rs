@@ -21,7 +21,10 @@
 //! - A requirement equal to what runs while nothing is under way records
 //!   nothing; one that brings a rescale under way back to what runs ends
 //!   it as ignored.
-//! - A rescale under way when the job ends ends with it.
+//! - A rescale under way when the job ends ends with it, and so does one
+//!   whose checkpoint ended the job's input.
+//! - Requirements taken while a rescale deploys wait for it to run, then
+//!   start a rescale of their own.
 //! - The history keeps the newest rescales, each with when it was asked
 //!   for, when the old attempt stopped and when the new one ran.
 
@@ -56,6 +59,13 @@ pub enum RescaleError {
     /// The job has ended.
     #[error("the job has ended")]
     Ended,
+    /// A stop with a savepoint is under way.
+    #[error("the job is stopping with a savepoint")]
+    Stopping,
+    /// Unaligned checkpoints capture records in flight on broadcast edges,
+    /// which a restore cannot deal out to another number of consumers.
+    #[error("the job takes unaligned checkpoints and has a broadcast edge, whose records in flight cannot be restored at another parallelism: take aligned checkpoints to rescale it")]
+    UnalignedBroadcast,
 }
 
 /// Why a rescale began (Flink's `TriggerCause`).
@@ -77,6 +87,18 @@ pub enum RescaleEnd {
     NoParallelismChange,
     /// The job ended before it was carried out.
     JobEnded,
+}
+
+impl RescaleEnd {
+    /// Flink's `TerminalState` and `TerminatedReason`.
+    pub fn flink_names(&self) -> (&'static str, &'static str) {
+        match self {
+            RescaleEnd::Succeeded => ("COMPLETED", "SUCCEEDED"),
+            RescaleEnd::Failed(_) => ("FAILED", "EXCEPTION_OCCURRED"),
+            RescaleEnd::NoParallelismChange => ("IGNORED", "NO_RESOURCES_OR_PARALLELISMS_CHANGE"),
+            RescaleEnd::JobEnded => ("IGNORED", "JOB_FINISHED"),
+        }
+    }
 }
 
 /// One rescale of the history.
@@ -192,17 +214,19 @@ impl Rescales {
         let same = to == parallelisms(&self.deployed);
         let requirements_taken = self.requirements;
         match self.under_way() {
-            Some(open) if same && open.stopped_ms.is_none() => {
+            // Deploying: the next attempt running ends it, then takes these.
+            Some(open) if open.stopped_ms.is_some() => return Ok(None),
+            Some(open) if same => {
                 open.ended_ms = Some(now_ms);
                 open.end = Some(RescaleEnd::NoParallelismChange);
                 return Ok(None);
             }
-            Some(open) if open.stopped_ms.is_none() => {
+            Some(open) => {
                 open.to = to;
                 open.requirements = requirements_taken;
             }
-            _ if same => return Ok(None),
-            _ => self.open(to, now_ms),
+            None if same => return Ok(None),
+            None => self.open(to, now_ms),
         }
         Ok(self.ask_for_checkpoint())
     }
@@ -214,6 +238,10 @@ impl Rescales {
         if let Some(open) = self.under_way().filter(|r| r.stopped_ms.is_some()) {
             open.ended_ms = Some(now_ms);
             open.end = Some(RescaleEnd::Succeeded);
+        }
+        // Requirements taken while it deployed.
+        if self.under_way().is_none() && self.desired != self.deployed {
+            self.open(parallelisms(&self.desired), now_ms);
         }
         self.ask_for_checkpoint()
     }
@@ -261,6 +289,17 @@ impl Rescales {
             }
         }
         (&self.deployed, rescaled)
+    }
+
+    /// The checkpoint asked of `attempt` completed and ended the job's
+    /// input: the job finishes at its parallelism, since a new attempt
+    /// at another would replay its final output through other subtasks.
+    pub fn input_ended(&mut self, attempt: Attempt, now_ms: u64) {
+        if self.checkpointing == Some(attempt) {
+            self.checkpointing = None;
+            self.desired = self.deployed.clone();
+            self.ended(now_ms);
+        }
     }
 
     /// The job ended: a rescale under way never will be.
@@ -463,6 +502,36 @@ mod tests {
         // Its checkpoint completes with nothing left to do.
         assert_eq!(r.checkpointed(Attempt(0), Ok(()), 4), None);
         assert!(!r.deploying(5).1);
+    }
+
+    #[test]
+    fn requirements_taken_while_a_rescale_deploys_start_the_next_once_it_runs() {
+        let mut r = running();
+        r.require(&all(3), 1).unwrap();
+        r.checkpointed(Attempt(0), Ok(()), 2);
+        r.deploying(3);
+        assert_eq!(r.require(&all(4), 4).unwrap(), None);
+        assert_eq!(
+            r.running(Attempt(1), 5),
+            Some(RescaleAction::Checkpoint(Attempt(1)))
+        );
+        let ends: Vec<_> = r.history().map(|r| (r.to.clone(), r.end.clone())).collect();
+        assert_eq!(
+            ends,
+            [
+                (vec![3; 3], Some(RescaleEnd::Succeeded)),
+                (vec![4; 3], None)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_that_ended_the_input_ends_the_rescale() {
+        let mut r = running();
+        r.require(&all(3), 1).unwrap();
+        r.input_ended(Attempt(0), 2);
+        assert_eq!(last(&r).end, Some(RescaleEnd::JobEnded));
+        assert!(!r.deploying(3).1, "a failover after keeps the parallelism");
     }
 
     #[test]

@@ -235,18 +235,20 @@ impl Directory {
     /// later attempts): what a run wrote after the checkpoint it is
     /// restored from. Call after committing that checkpoint's files.
     pub fn abort_leftovers(&self, subtask: u32, run: &str) -> Result<usize, UserError> {
-        let names = [
-            format!("part-{subtask}-{run}-"),
-            format!("part-{subtask}-{run}."),
-        ];
+        let name = format!("part-{subtask}-{run}");
+        let ours = |file: &str| of_run(file, subtask, run);
         match self {
             Directory::Local(root) => {
-                let prefixes: Vec<String> = names
-                    .iter()
-                    .flat_map(|name| [format!("{IN_PROGRESS}{name}"), format!("{PENDING}{name}")])
-                    .collect();
+                let prefixes = [format!("{IN_PROGRESS}{name}"), format!("{PENDING}{name}")];
                 let mut found = Vec::new();
                 hidden_files(root, &prefixes, &mut found)?;
+                found.retain(|file| {
+                    let file = file.file_name().unwrap_or_default().to_string_lossy();
+                    let visible = file
+                        .strip_prefix(IN_PROGRESS)
+                        .or(file.strip_prefix(PENDING));
+                    visible.is_some_and(ours)
+                });
                 for file in &found {
                     std::fs::remove_file(file)
                         .map_err(|e| format!("cannot delete {}: {e}", file.display()))?;
@@ -254,17 +256,16 @@ impl Directory {
                 Ok(found.len())
             }
             Directory::Objects { .. } => {
-                let dir = self.clone();
+                let (dir, run_owned) = (self.clone(), run.to_owned());
                 wait(async move {
-                    let mut aborted = 0;
-                    for name in &names {
-                        let mine = dir.open_uploads(name).await?;
-                        for upload in &mine {
-                            dir.abort(upload).await?;
-                        }
-                        aborted += mine.len();
+                    let mut mine = dir.open_uploads(&name).await?;
+                    let file =
+                        |u: &OpenUpload| u.path.rsplit('/').next().unwrap_or_default().to_owned();
+                    mine.retain(|u| of_run(&file(u), subtask, &run_owned));
+                    for upload in &mine {
+                        dir.abort(upload).await?;
                     }
-                    Ok::<_, object_store::Error>(aborted)
+                    Ok::<_, object_store::Error>(mine.len())
                 })?
                 .map_err(|e| format!("cannot abort the uploads left by run {run}: {e}").into())
             }
@@ -433,6 +434,21 @@ fn hidden_files(
     Ok(())
 }
 
+/// Whether part file `name` is subtask `subtask`'s in run `run` or in a
+/// later attempt's run of it (`RUN.ATTEMPT`), and not in another run whose
+/// name merely starts with `run`.
+fn of_run(name: &str, subtask: u32, run: &str) -> bool {
+    let Some(rest) = name.strip_prefix(&format!("part-{subtask}-{run}")) else {
+        return false;
+    };
+    match rest.strip_prefix('.') {
+        None => rest.starts_with('-'),
+        Some(attempt) => attempt
+            .split_once('-')
+            .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
+    }
+}
+
 /// Renames `from` to `to` and syncs the directory, so that the new name
 /// survives a power loss: a commit is only acknowledged once it is durable.
 fn rename(from: &std::path::Path, to: &std::path::Path) -> Result<(), UserError> {
@@ -442,4 +458,25 @@ fn rename(from: &std::path::Path, to: &std::path::Path) -> Result<(), UserError>
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| format!("cannot sync directory {}: {e}", dir.display()).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::of_run;
+
+    #[test]
+    fn a_runs_leftovers_are_its_own_and_its_later_attempts_only() {
+        for ours in ["part-3-r-0.csv", "part-3-r.2-0.csv", "part-3-r.15-7"] {
+            assert!(of_run(ours, 3, "r"), "{ours}");
+        }
+        for theirs in [
+            "part-3-r2-0.csv",
+            "part-3-r.x-0",
+            "part-3-r.-0",
+            "part-4-r-0",
+            "part-3-r.2",
+        ] {
+            assert!(!of_run(theirs, 3, "r"), "{theirs}");
+        }
+    }
 }

@@ -110,6 +110,16 @@ fn a_sink_added_back_by_a_rescale_keeps_the_committed_files_of_its_index() {
         removed.commit(CheckpointId(1)).unwrap();
         removed.write(&mut vec![(1, 2)]).unwrap();
         drop(removed);
+        // Added back once before, in attempt 2, and failed before its
+        // first checkpoint: what it left is aborted too.
+        let earlier = SinkContext {
+            attempt: tidemark_core::model::ids::Attempt(2),
+            ..ctx(0)
+        };
+        let mut failed: Box<dyn Sink<(u64, u64)>> = Box::new(FileSink::new(&config, "r", earlier));
+        failed.write(&mut vec![(9, 9)]).unwrap();
+        failed.pre_commit(CheckpointId(2)).unwrap();
+        drop(failed);
         let later = SinkContext {
             attempt: tidemark_core::model::ids::Attempt(3),
             ..ctx(0)
