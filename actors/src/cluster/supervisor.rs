@@ -233,9 +233,6 @@ pub struct JobSupervisor {
     early_triggers: Vec<TriggerManual>,
     /// Where savepoints go.
     savepoint_dir: Option<CheckpointStorage>,
-    /// A stop with a savepoint is under way: no rescale replaces the
-    /// attempt meanwhile.
-    stopping: bool,
 }
 
 /// Where a job's subtasks run: on this process's arbiters, spread over
@@ -287,7 +284,6 @@ impl JobSupervisor {
             links: Vec::new(),
             failed_at: None,
             early_triggers: Vec::new(),
-            stopping: false,
         }
     }
 
@@ -342,7 +338,10 @@ impl JobSupervisor {
                     let restore = self.restoring.take();
                     self.running(attempt, restore);
                     SourceHost::start(self, attempt, &self.subtasks.clone(), ctx);
-                    self.rescale_running(ctx);
+                    let rescale = self.metrics.rescales().running(attempt, now_ms());
+                    if let Some(rescale) = rescale {
+                        self.rescale(rescale, ctx);
+                    }
                 }
                 LifeAction::Restart {
                     attempt,
@@ -723,8 +722,6 @@ impl JobSupervisor {
     /// from, whose outcome they are told, or the attempt's replacement.
     fn rescale(&mut self, action: RescaleAction, ctx: &mut Context<Self>) {
         let attempt = match action {
-            // If the stop fails, the rescale asks for a checkpoint again.
-            RescaleAction::Replace(_) if self.stopping => return,
             RescaleAction::Replace(attempt) => return self.feed(LifeEvent::Rescale(attempt), ctx),
             RescaleAction::Checkpoint(attempt) => attempt,
         };
@@ -761,19 +758,6 @@ impl JobSupervisor {
                 act.rescale(next, ctx);
             }
         }));
-    }
-
-    /// The running attempt is told to the rescales, which may rescale it:
-    /// once it runs, and again after a stop that failed held a rescale
-    /// back.
-    fn rescale_running(&mut self, ctx: &mut Context<Self>) {
-        let Phase::Running { attempt, .. } = self.life.phase() else {
-            return;
-        };
-        let rescale = self.metrics.rescales().running(attempt, now_ms());
-        if let Some(rescale) = rescale {
-            self.rescale(rescale, ctx);
-        }
     }
 
     /// Kills the worker hosting `victim`, as a crash would: every subtask
@@ -1147,7 +1131,7 @@ impl Handler<StopWithSavepoint> for JobSupervisor {
         StopWithSavepoint { target, reply }: StopWithSavepoint,
         ctx: &mut Context<Self>,
     ) {
-        self.stopping = true;
+        self.metrics.rescales().stop_began();
         let (savepoint, done) = oneshot::channel();
         let trigger = TriggerManual {
             kind: CheckpointKind::Savepoint,
@@ -1169,8 +1153,10 @@ impl Handler<StopWithSavepoint> for JobSupervisor {
                 // the notification is ahead of the stop in their mailboxes.
                 act.feed(LifeEvent::Ended(Ok(())), ctx);
             } else {
-                act.stopping = false;
-                act.rescale_running(ctx);
+                let rescale = act.metrics.rescales().stop_failed();
+                if let Some(rescale) = rescale {
+                    act.rescale(rescale, ctx);
+                }
             }
             let _ = reply.send(outcome);
         }));
@@ -1199,8 +1185,6 @@ impl Handler<RescaleRequest> for JobSupervisor {
     fn handle(&mut self, request: RescaleRequest, ctx: &mut Context<Self>) {
         let taken = if self.life.phase() == Phase::Finished {
             Err(RescaleError::Ended)
-        } else if self.stopping {
-            Err(RescaleError::Stopping)
         } else if let Some(e) = self.cannot_rescale() {
             Err(e)
         } else {

@@ -21,6 +21,9 @@
 //! - A requirement equal to what runs while nothing is under way records
 //!   nothing; one that brings a rescale under way back to what runs ends
 //!   it as ignored.
+//! - While a stop with a savepoint is under way, requirements are refused
+//!   and no attempt is replaced; if the stop fails, the rescale asks for
+//!   its checkpoint again.
 //! - A rescale under way when the job ends ends with it, and so does one
 //!   whose checkpoint ended the job's input.
 //! - Requirements taken while a rescale deploys wait for it to run, then
@@ -156,6 +159,8 @@ pub struct Rescales {
     checkpointing: Option<Attempt>,
     /// Checkpoints of the rescale under way that failed.
     failed_checkpoints: u32,
+    /// A stop with a savepoint is under way.
+    stopping: bool,
     /// Requirements taken so far.
     requirements: u64,
     history: VecDeque<Rescale>,
@@ -172,6 +177,7 @@ impl Rescales {
             running: None,
             checkpointing: None,
             failed_checkpoints: 0,
+            stopping: false,
             requirements: 0,
             history: VecDeque::new(),
             rescales: 0,
@@ -199,6 +205,9 @@ impl Rescales {
         requirements: &Requirements,
         now_ms: u64,
     ) -> Result<Option<RescaleAction>, RescaleError> {
+        if self.stopping {
+            return Err(RescaleError::Stopping);
+        }
         let mut desired = self.desired.clone();
         for (&operator, &parallelism) in requirements {
             desired
@@ -258,7 +267,9 @@ impl Rescales {
         }
         self.checkpointing = None;
         match result {
-            Ok(()) if self.desired != self.deployed => Some(RescaleAction::Replace(attempt)),
+            Ok(()) if self.desired != self.deployed && !self.stopping => {
+                Some(RescaleAction::Replace(attempt))
+            }
             Ok(()) => None,
             Err(_) if self.failed_checkpoints + 1 < CHECKPOINT_TRIES => {
                 self.failed_checkpoints += 1;
@@ -289,6 +300,18 @@ impl Rescales {
             }
         }
         (&self.deployed, rescaled)
+    }
+
+    /// A stop with a savepoint began.
+    pub fn stop_began(&mut self) {
+        self.stopping = true;
+    }
+
+    /// The stop with a savepoint failed and the job goes on: a rescale it
+    /// held back asks for its checkpoint again.
+    pub fn stop_failed(&mut self) -> Option<RescaleAction> {
+        self.stopping = false;
+        self.ask_for_checkpoint()
     }
 
     /// The checkpoint asked of `attempt` completed and ended the job's
@@ -523,6 +546,22 @@ mod tests {
                 (vec![4; 3], None)
             ]
         );
+    }
+
+    #[test]
+    fn a_stop_with_a_savepoint_holds_rescales_back_until_it_fails() {
+        let mut r = running();
+        r.require(&all(3), 1).unwrap();
+        r.stop_began();
+        assert_eq!(r.require(&all(4), 2), Err(RescaleError::Stopping));
+        // The checkpoint asked for before the stop completes meanwhile.
+        assert_eq!(r.checkpointed(Attempt(0), Ok(()), 3), None);
+        assert_eq!(r.stop_failed(), Some(RescaleAction::Checkpoint(Attempt(0))));
+        assert_eq!(
+            r.checkpointed(Attempt(0), Ok(()), 4),
+            Some(RescaleAction::Replace(Attempt(0)))
+        );
+        assert_eq!(last(&r).to, vec![3; 3]);
     }
 
     #[test]
