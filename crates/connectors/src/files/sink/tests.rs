@@ -61,8 +61,11 @@ fn visible(config: &FileSinkConfig) -> Vec<(String, String)> {
 /// A local directory and an in-memory store, each with a unique name.
 fn directories() -> Vec<(String, Option<tempfile::TempDir>)> {
     let dir = tempfile::tempdir().unwrap();
+    // Tests run in parallel, several in the same millisecond.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let name = format!(
-        "memory://sink-{}-{}/out",
+        "memory://sink-{}-{}-{n}/out",
         std::process::id(),
         millis(SystemTime::now())
     );
