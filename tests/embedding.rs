@@ -120,3 +120,60 @@ fn broadcast_delivers_every_record_to_every_subtask() {
     let want: Vec<u64> = (0..1_000u64).flat_map(|n| [n, n, n]).collect();
     assert_eq!(got, want);
 }
+
+/// Passes numbers through and echoes each rule it learns, with the rules
+/// it knew before.
+#[derive(Clone)]
+struct Echo {
+    rules: MapStateDescriptor<u64, String>,
+}
+
+impl BroadcastProcessFunction<u64, (u64, String), String> for Echo {
+    fn process_element(&mut self, n: u64, _: &BroadcastStates, out: &mut Collector<'_, String>) {
+        out.collect(n.to_string());
+    }
+
+    fn process_broadcast_element(
+        &mut self,
+        (id, rule): (u64, String),
+        broadcast: &mut BroadcastStates,
+        out: &mut Collector<'_, String>,
+    ) {
+        let rules = broadcast.get_mut(&self.rules);
+        out.collect(format!("{rule} after {}", rules.len()));
+        rules.insert(id, rule);
+    }
+}
+
+#[test]
+fn a_broadcast_stream_reaches_every_subtask_in_the_same_order() {
+    let results = Arc::new(Mutex::new(Vec::new()));
+    let sink_results = results.clone();
+    let numbers = Arc::new((0..1_000u64).collect::<Vec<_>>());
+    let rules = Arc::new(
+        (0..50u64)
+            .map(|i| (i, format!("rule {i}")))
+            .collect::<Vec<_>>(),
+    );
+    let job = Job::builder("echo").parallelism(3);
+    let rules = job
+        .source("rules", move |ctx| Items::new(rules.clone(), ctx))
+        .parallelism(1);
+    let descriptor = MapStateDescriptor::new("rules");
+    job.source("numbers", move |ctx| Items::new(numbers.clone(), ctx))
+        .connect(rules.broadcast_with(&descriptor))
+        .process("echo", Echo { rules: descriptor })
+        .sink("collect", move |_| Collect::new(sink_results.clone()))
+        .build()
+        .run()
+        .unwrap()
+        .wait()
+        .unwrap();
+    let mut got = results.lock().unwrap().clone();
+    got.sort_unstable();
+    let mut want: Vec<String> = (0..1_000u64).map(|n| n.to_string()).collect();
+    // Each of the 3 subtasks learns rule i after rules 0..i.
+    want.extend((0..50).flat_map(|i| vec![format!("rule {i} after {i}"); 3]));
+    want.sort_unstable();
+    assert_eq!(got, want);
+}

@@ -48,8 +48,9 @@ pub use runtime::{JobControl, JobError, JobHandle, JobReport, RunJob, Runtime, S
 pub mod prelude {
     pub use crate::runtime::{JobHandle, RunJob, Runtime};
     pub use tidemark_core::{
-        AllKeys, Collector, Job, KeyedContext, KeyedProcessFunction, ReduceFunction, ReducingState,
-        Sink, SinkContext, Source, SourceContext, SourceStatus, StateRegistrar, UserError,
-        ValueState,
+        AllKeys, BroadcastContext, BroadcastProcessFunction, BroadcastStates, Collector, Job,
+        KeyedBroadcastProcessFunction, KeyedContext, KeyedProcessFunction, MapStateDescriptor,
+        ReduceFunction, ReducingState, Sink, SinkContext, Source, SourceContext, SourceStatus,
+        StateRegistrar, UserError, ValueState,
     };
 }

@@ -11,8 +11,9 @@ use crate::sinks::{run_name, Target};
 use crate::timed::{RescaleAfter, Timed};
 use crate::tls::TlsFlags;
 use crate::topologies::join::Join;
+use crate::topologies::rules::Rules;
 use crate::topologies::windows::{Events, Windows};
-use crate::topologies::wordcount::{Emit, Input, Wordcount};
+use crate::topologies::wordcount::{Emit, Input, Keys, Wordcount};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -40,6 +41,9 @@ pub enum Topology {
     Windows,
     /// Join two sources on key and event time within an interval.
     Join,
+    /// Count records per key, and alert when a count reaches a rule
+    /// broadcast to every counting subtask.
+    Rules,
 }
 
 impl Topology {
@@ -49,6 +53,7 @@ impl Topology {
             Topology::Wordcount => crate::topologies::wordcount::JOB_NAME,
             Topology::Windows => crate::topologies::windows::JOB_NAME,
             Topology::Join => crate::topologies::join::JOB_NAME,
+            Topology::Rules => crate::topologies::rules::JOB_NAME,
         }
     }
 
@@ -57,14 +62,15 @@ impl Topology {
     pub fn keyed_operator(self) -> OperatorId {
         match self {
             Topology::Wordcount | Topology::Windows => OperatorId(1),
-            Topology::Join => OperatorId(2),
+            // After the sources, and the rules' rebalance.
+            Topology::Join | Topology::Rules => OperatorId(2),
         }
     }
 
     /// Records all its sources read for `--records` records.
     fn records_in(self, records: u64) -> u64 {
         match self {
-            Topology::Wordcount | Topology::Windows => records,
+            Topology::Wordcount | Topology::Windows | Topology::Rules => records,
             Topology::Join => records.saturating_mul(2),
         }
     }
@@ -89,6 +95,10 @@ pub struct RunArgs {
     /// What the counting operator emits (wordcount).
     #[arg(long, value_enum, default_value_t = Emit::Final)]
     pub emit: Emit,
+    /// Rules broadcast over the run (rules), one every `records / rules`
+    /// records.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
+    pub rules: u64,
     /// Records per millisecond of event time (windows, join).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     pub events_per_ms: u64,
@@ -477,6 +487,16 @@ impl RunArgs {
                 right: self.right_source.clone(),
             }
             .job(config),
+            Topology::Rules => Rules {
+                records: self.records,
+                keys: Keys {
+                    keys: self.keys,
+                    seed: self.seed,
+                },
+                rules: self.rules,
+                sink,
+            }
+            .job(config),
         }
     }
 
@@ -549,12 +569,19 @@ impl RunArgs {
         }
         let records = "reads records with a key and a ts: files of format=jsonl, csv or parquet, or Kafka's JSON values";
         match self.topology {
-            Topology::Wordcount | Topology::Windows
+            Topology::Wordcount | Topology::Windows | Topology::Rules
                 if !matches!(self.right_source, Input::Generator) =>
             {
                 return Err(usage(
                     "--right-source",
                     "only join has a second input".into(),
+                ))
+            }
+            Topology::Rules if !matches!(self.source, Input::Generator) => {
+                return Err(usage(
+                    "--source",
+                    "rules reads the generator only: its rules come with the generated records"
+                        .into(),
                 ))
             }
             Topology::Windows | Topology::Join if self.source.is_text() => {

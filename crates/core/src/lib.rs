@@ -43,6 +43,7 @@ pub mod testkit;
 pub mod time;
 
 pub use checkpoint::coordinator::MasterHook;
+pub use dataflow::broadcast::{BroadcastProcessFunction, KeyedBroadcastProcessFunction};
 pub use dataflow::error::{TaskError, UserError};
 pub use dataflow::operator::{Collector, KeyedProcessFunction};
 pub use dataflow::sink::{Sink, SinkContext};
@@ -50,6 +51,7 @@ pub use dataflow::source::{Source, SourceContext, SourceStatus};
 pub use job::{Job, JobBuilder, JobConfig, KeyedStream, Stream};
 pub use model::batch::{Batch, BatchLimits, Data};
 pub use state::{
-    AllKeys, Key, KeyedContext, ListState, MapState, ReduceFunction, Reducing, ReducingState,
-    SingleValue, StateBackend, StateRegistrar, ValueState,
+    AllKeys, BroadcastContext, BroadcastStates, Key, KeyedContext, ListState, MapState,
+    MapStateDescriptor, ReduceFunction, Reducing, ReducingState, SingleValue, StateBackend,
+    StateRegistrar, ValueState,
 };

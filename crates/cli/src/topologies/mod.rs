@@ -1,6 +1,8 @@
 //! The example topologies of `tidemark run`: keyed counting, event-time
-//! windows and an interval join, over generated records, files or Kafka.
+//! windows, an interval join, over generated records, files or Kafka, and
+//! rules broadcast to a keyed count.
 
 pub mod join;
+pub mod rules;
 pub mod windows;
 pub mod wordcount;

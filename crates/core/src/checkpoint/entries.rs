@@ -48,3 +48,17 @@ pub fn is_sink_entry(entry: &str) -> bool {
             .strip_prefix("sink-")
             .is_some_and(|n| n.parse::<usize>().is_ok())
 }
+
+/// Prefix of the operator-state entries of broadcast state: one entry per
+/// state, `broadcast-state/NAME`, its map as MessagePack.
+const BROADCAST_STATE: &str = "broadcast-state/";
+
+/// Operator-state entry of broadcast state `name`.
+pub fn broadcast_entry(name: &str) -> String {
+    format!("{BROADCAST_STATE}{name}")
+}
+
+/// The broadcast state an operator-state entry holds, by name.
+pub fn broadcast_state_of(entry: &str) -> Option<&str> {
+    entry.strip_prefix(BROADCAST_STATE)
+}

@@ -4,7 +4,8 @@
 //! only has to read objects and hand out slices.
 
 use super::entries::{
-    is_sink_entry, SplitBytes, SOURCE_EXHAUSTED, SOURCE_POSITION, SOURCE_SPLITS, SOURCE_WATERMARK,
+    broadcast_state_of, is_sink_entry, SplitBytes, SOURCE_EXHAUSTED, SOURCE_POSITION,
+    SOURCE_SPLITS, SOURCE_WATERMARK,
 };
 use super::{
     ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyGroupsStateHandle, KeyedStateHandle,
@@ -715,8 +716,9 @@ type NewOperatorState = (BTreeMap<String, Vec<u8>>, Vec<(String, Vec<u8>)>);
 /// At the same parallelism every subtask keeps its own. Otherwise source
 /// positions are redistributed, a new source is exhausted if every old one
 /// was, subtask j keeps the sink transactions and other entries of old
-/// subtask j, and subtask 0 adopts the sink transactions of old subtasks
-/// beyond the new parallelism.
+/// subtask j, every new subtask gets a copy of the broadcast state, and
+/// subtask 0 adopts the sink transactions of old subtasks beyond the new
+/// parallelism.
 fn operator_state(
     parallelism: u32,
     checkpointed: u32,
@@ -779,12 +781,32 @@ fn operator_state(
             state.insert(SOURCE_WATERMARK.into(), merged.clone());
         }
     }
+    share_broadcast_state(&mut out, (0..checkpointed).filter_map(of));
     let removed = (parallelism..checkpointed)
         .filter_map(of)
         .flat_map(|state| state.iter().filter(|(e, _)| is_sink_entry(e)))
         .map(|(e, t)| (e.clone(), t.clone()));
     out[0].1.extend(removed);
     Ok(out)
+}
+
+/// Gives every new subtask that lacks it the broadcast state of the first
+/// old subtask that held one: every subtask's copy is the same (Flink's
+/// union redistribution of broadcast state).
+fn share_broadcast_state<'a>(
+    out: &mut [NewOperatorState],
+    mut old: impl Iterator<Item = &'a BTreeMap<String, Vec<u8>>>,
+) {
+    let is_broadcast = |entry: &String| broadcast_state_of(entry).is_some();
+    let Some(held) = old.find(|state| state.keys().any(is_broadcast)) else {
+        return;
+    };
+    for (state, _) in out {
+        if !state.keys().any(is_broadcast) {
+            let copy = held.iter().filter(|(e, _)| is_broadcast(e));
+            state.extend(copy.map(|(e, b)| (e.clone(), b.clone())));
+        }
+    }
 }
 
 /// Deals the splits the old subtasks of a split source held, in their
@@ -1100,6 +1122,27 @@ mod tests {
         assert!(plans[&count(3)].operator.is_empty());
         assert!(plans.values().all(|p| p.adopted.is_empty()));
         assert!(plans[&source(3)].operator.contains_key(SOURCE_POSITION));
+    }
+
+    #[test]
+    fn every_new_subtask_gets_a_copy_of_the_broadcast_state() {
+        let rules = crate::checkpoint::entries::broadcast_entry("rules");
+        let mut c = checkpoint(3);
+        for i in 0..3 {
+            c.subtasks.get_mut(&count(i)).unwrap().operator = BTreeMap::from([
+                (rules.clone(), b"r1".to_vec()),
+                (SINK.to_owned(), vec![i as u8]),
+            ]);
+        }
+        for p in [1, 2, 4, 5] {
+            let plans = plan(&c, &graph(p), false).unwrap();
+            for j in 0..p {
+                let operator = &plans[&count(j)].operator;
+                assert_eq!(operator[&rules], b"r1", "p={p}, subtask {j}");
+                // A new subtask's copy comes without another's transaction.
+                assert_eq!(operator.get(SINK), (j < 3).then(|| vec![j as u8]).as_ref());
+            }
+        }
     }
 
     #[test]

@@ -11,7 +11,8 @@ use crate::model::key_group::subtask_for_key_group;
 use crate::state::snapshot::{RestoreState, TaskSnapshot};
 use crate::state::timers::TimerService;
 use crate::state::{
-    AllKeys, Key, KeySlot, KeyedContext, KeyedStateBackend, StateRegistrar, PREFETCH_DISTANCE,
+    AllKeys, BroadcastContext, BroadcastStates, Key, KeySlot, KeyedContext, KeyedStateBackend,
+    StateRegistrar, PREFETCH_DISTANCE,
 };
 use crate::time::timers::{TimeDomain, TIMERS_STATE};
 use crate::time::{Millis, TimeMetrics};
@@ -401,6 +402,19 @@ pub trait KeyedProcessFunction<K: Key, I, O>: Send {
 
     /// End of input: a function that holds results back emits them here.
     fn end_input(&mut self, _states: AllKeys<'_, K>, _out: &mut Collector<'_, O>) {}
+
+    /// Handles a record that has no key: one of the broadcast input of a
+    /// keyed broadcast operator, whose function (a
+    /// [`KeyedBroadcastProcessFunction`](crate::dataflow::broadcast::KeyedBroadcastProcessFunction))
+    /// is the only one to get such records.
+    fn process_broadcast(
+        &mut self,
+        _record: I,
+        _ctx: &mut BroadcastContext<'_, K>,
+        _out: &mut Collector<'_, O>,
+    ) {
+        unreachable!("a keyed function without a broadcast input got a broadcast record")
+    }
 }
 
 impl<K, I, O, F> KeyedProcessFunction<K, I, O> for F
@@ -430,6 +444,11 @@ pub struct KeyedProcess<K: Key, I, O> {
     /// The keys of the batch being pushed, and where they live.
     keys: Vec<K>,
     slots: Vec<KeySlot>,
+    /// The broadcast states of a keyed broadcast operator (none otherwise).
+    broadcast: BroadcastStates,
+    /// A keyed broadcast operator's test for the records of its broadcast
+    /// input, which have no key.
+    keyless: Option<fn(&I) -> bool>,
 }
 
 impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
@@ -455,7 +474,18 @@ impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
             next,
             keys: Vec::new(),
             slots: Vec::new(),
+            broadcast: BroadcastStates::default(),
+            keyless: None,
         }
+    }
+
+    /// Makes this the step of a keyed broadcast operator: the records for
+    /// which `keyless` holds, of its broadcast input, go to the function's
+    /// `process_broadcast` with `broadcast` to change; the others read it.
+    pub fn with_broadcast(mut self, broadcast: BroadcastStates, keyless: fn(&I) -> bool) -> Self {
+        self.broadcast = broadcast;
+        self.keyless = Some(keyless);
+        self
     }
 
     /// Fires the timers of `domain` due at `upto`, earliest first; timers
@@ -469,6 +499,7 @@ impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
                     &key,
                     &mut self.timers,
                     Some(domain),
+                    &self.broadcast,
                 );
                 // Deleted since it was indexed, or indexed twice.
                 if !ctx.remove_timer(domain, timestamp) {
@@ -491,13 +522,31 @@ impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
 
 impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
     fn push(&mut self, record: I) {
+        let out = &mut self.next.collector();
+        if self.keyless.is_some_and(|keyless| keyless(&record)) {
+            let mut ctx = BroadcastContext::new(&mut self.states, &mut self.broadcast);
+            return self.function.process_broadcast(record, &mut ctx, out);
+        }
         let key = (self.key_of)(&record);
-        let mut ctx = KeyedContext::with_timers(&mut self.states, &key, &mut self.timers, None);
-        self.function
-            .process(record, &mut ctx, &mut self.next.collector());
+        let mut ctx = KeyedContext::with_timers(
+            &mut self.states,
+            &key,
+            &mut self.timers,
+            None,
+            &self.broadcast,
+        );
+        self.function.process(record, &mut ctx, out);
     }
 
     fn push_all(&mut self, records: &mut Vec<I>) {
+        if self.keyless.is_some() {
+            // A broadcast record may change what the next keyed one reads:
+            // one at a time, in order.
+            for record in records.drain(..) {
+                self.push(record);
+            }
+            return;
+        }
         let key_of = &self.key_of;
         // Cleared first: a batch whose function panicked left its keys.
         self.keys.clear();
@@ -516,6 +565,7 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
                 &self.keys[i],
                 self.slots[i],
                 &mut self.timers,
+                &self.broadcast,
             );
             self.function
                 .process(record, &mut ctx, &mut self.next.collector());
@@ -545,6 +595,7 @@ impl<K: Key, I: Send, O: Send> Step for KeyedProcess<K, I, O> {
     ) -> Result<(), TaskError> {
         snapshot.keyed = Some(self.states.snapshot(checkpoint)?);
         snapshot.timers = self.timers.len();
+        self.broadcast.snapshot(&mut snapshot.operator)?;
         self.next.snapshot(checkpoint, out, snapshot)
     }
 
@@ -555,6 +606,7 @@ impl<K: Key, I: Send, O: Send> Step for KeyedProcess<K, I, O> {
     fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError> {
         self.states.restore(state)?;
         self.states.flush()?;
+        self.broadcast.restore(&state.operator)?;
         for (key, timers) in AllKeys::new(&self.states).values(&self.timers.state()) {
             self.timers.restored(&key, &timers);
         }

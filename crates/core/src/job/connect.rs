@@ -1,6 +1,9 @@
 //! Two-input operators: two streams connected into one operator that reads
 //! each as one of its inputs, keyed alike on both sides or not keyed.
 
+use super::broadcast::{
+    BroadcastConnectedStreams, BroadcastStream, KeyedBroadcastConnectedStreams,
+};
 use super::join::{IntervalJoin, JoinFunction};
 use super::stream::{hash_route, owned, plain_route, KeyOf, Node, Sides, Stream};
 use super::KeyedStream;
@@ -22,11 +25,51 @@ pub struct ConnectedStreams<L, R> {
     right: Stream<R>,
 }
 
+/// What a stream of type `Left` connects with into a two-input operator:
+/// another stream of its kind (both keyed alike, or neither keyed), or a
+/// [`BroadcastStream`].
+pub trait Connectable<Left> {
+    /// The two streams, waiting for the function that reads both.
+    type Connected;
+
+    /// `left` connected with this stream.
+    fn connected_to(self, left: Left) -> Self::Connected;
+}
+
+impl<L: Data, R: Data> Connectable<Stream<L>> for Stream<R> {
+    type Connected = ConnectedStreams<L, R>;
+    fn connected_to(self, left: Stream<L>) -> Self::Connected {
+        ConnectedStreams { left, right: self }
+    }
+}
+
+impl<K: Key, L: Data, R: Data> Connectable<KeyedStream<K, L>> for KeyedStream<K, R> {
+    type Connected = KeyedConnectedStreams<K, L, R>;
+    fn connected_to(self, left: KeyedStream<K, L>) -> Self::Connected {
+        KeyedConnectedStreams { left, right: self }
+    }
+}
+
+impl<L: Data, R: Data> Connectable<Stream<L>> for BroadcastStream<R> {
+    type Connected = BroadcastConnectedStreams<L, R>;
+    fn connected_to(self, left: Stream<L>) -> Self::Connected {
+        BroadcastConnectedStreams { left, right: self }
+    }
+}
+
+impl<K: Key, L: Data, R: Data> Connectable<KeyedStream<K, L>> for BroadcastStream<R> {
+    type Connected = KeyedBroadcastConnectedStreams<K, L, R>;
+    fn connected_to(self, left: KeyedStream<K, L>) -> Self::Connected {
+        KeyedBroadcastConnectedStreams { left, right: self }
+    }
+}
+
 impl<L: Data> Stream<L> {
     /// Connects this stream (the left input) with `right` into a two-input
-    /// operator.
-    pub fn connect<R: Data>(self, right: Stream<R>) -> ConnectedStreams<L, R> {
-        ConnectedStreams { left: self, right }
+    /// operator: another stream that is not keyed, or a broadcast stream
+    /// (`Stream::broadcast_with`).
+    pub fn connect<C: Connectable<Self>>(self, right: C) -> C::Connected {
+        right.connected_to(self)
     }
 }
 
@@ -71,10 +114,11 @@ pub struct KeyedConnectedStreams<K, L, R> {
 }
 
 impl<K: Key, L: Data> KeyedStream<K, L> {
-    /// Connects this keyed stream (the left input) with `right`, keyed
-    /// alike: both inputs share each key's state and timers.
-    pub fn connect<R: Data>(self, right: KeyedStream<K, R>) -> KeyedConnectedStreams<K, L, R> {
-        KeyedConnectedStreams { left: self, right }
+    /// Connects this keyed stream (the left input) with `right`: another
+    /// stream keyed alike, both inputs then sharing each key's state and
+    /// timers, or a broadcast stream (`Stream::broadcast_with`).
+    pub fn connect<C: Connectable<Self>>(self, right: C) -> C::Connected {
+        right.connected_to(self)
     }
 
     /// Joins this keyed stream (left) with `right` on equal keys and
@@ -124,6 +168,7 @@ impl<K: Key, L: Data, R: Data> KeyedConnectedStreams<K, L, R> {
             ],
             move |ctx| vec![owned(&owner_left, ctx), owned(&owner_right, ctx)],
             Arc::new(move |ctx, states| Box::new(Dispatch(factory(ctx, states)))),
+            None,
         );
         let hash = Some(Partitioner::Hash);
         job.connect_edges(&left.stream.parts, op, 0, hash, hash_route(left.key_of));

@@ -26,13 +26,15 @@ use crate::state::StateBackend;
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
+mod broadcast;
 mod connect;
 pub mod join;
 mod stream;
 mod window;
 pub mod window_operator;
 
-pub use connect::{ConnectedStreams, IntervalJoinBuilder, KeyedConnectedStreams};
+pub use broadcast::{BroadcastConnectedStreams, BroadcastStream, KeyedBroadcastConnectedStreams};
+pub use connect::{Connectable, ConnectedStreams, IntervalJoinBuilder, KeyedConnectedStreams};
 pub use stream::{KeyedStream, Stream};
 pub use window::WindowedStream;
 

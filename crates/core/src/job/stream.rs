@@ -19,7 +19,8 @@ use crate::model::batch::Data;
 use crate::model::graph::{Edge, Partitioner};
 use crate::model::ids::OperatorId;
 use crate::model::key_group::key_group_of;
-use crate::state::{Key, KeyedStateBackend, StateRegistrar};
+use crate::state::broadcast::BroadcastDeclaration;
+use crate::state::{BroadcastStates, Key, KeyedStateBackend, StateRegistrar};
 use crate::time::{Timestamped, WatermarkStrategy};
 use std::sync::{Arc, Mutex};
 
@@ -597,6 +598,13 @@ pub(super) fn owned<K: Key, T: Data>(key_of: &KeyOf<T, K>, ctx: &TaskContext) ->
     retain::<T>(move |record| owned.contains(key_group_of(&key_of(record), max_parallelism)))
 }
 
+/// The broadcast input of a keyed broadcast operator, as its keyed step
+/// takes it: the broadcast states declared, and which records came by it.
+pub(super) struct BroadcastInput<T> {
+    pub(super) declared: Vec<BroadcastDeclaration>,
+    pub(super) keyless: fn(&T) -> bool,
+}
+
 /// Opens the keyed function of a subtask, with the state and metrics of
 /// its context.
 pub(super) type KeyedOpen<K, T, O> = Arc<
@@ -616,6 +624,7 @@ impl JobBuilder {
         decoders: Vec<Decoder<T>>,
         retain: impl Fn(&TaskContext) -> Vec<Retain> + Send + Sync + 'static,
         open: KeyedOpen<K, T, O>,
+        broadcast: Option<BroadcastInput<T>>,
     ) -> (OperatorId, Stream<O>) {
         let (node, sides) = (Node::new(), Sides::default());
         let (next, side) = (node.clone(), sides.clone());
@@ -629,13 +638,19 @@ impl JobBuilder {
             );
             let (open, ctx_of) = (open.clone(), ctx.clone());
             let factory: KeyedFunctionFactory<K, T, O> = Arc::new(move |s| open(&ctx_of, s));
-            Box::new(KeyedProcess::new(
+            let process = KeyedProcess::new(
                 key_of.clone(),
                 &factory,
                 states,
                 ctx.time_metrics.clone(),
                 side.output(&next, ctx),
-            ))
+            );
+            match &broadcast {
+                None => Box::new(process),
+                Some(input) => Box::new(
+                    process.with_broadcast(BroadcastStates::new(&input.declared), input.keyless),
+                ),
+            }
         }));
         (op, self.stream(op, node, Some(sides)))
     }
@@ -668,6 +683,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
             vec![same()],
             move |ctx| vec![owned(&owner, ctx)],
             Arc::new(move |ctx, states| Box::new(factory(ctx, states))),
+            None,
         );
         let route = hash_route(key_of);
         stream

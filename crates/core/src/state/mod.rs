@@ -8,12 +8,14 @@
 //! its `Entry` are the same for both, and dispatch to the backend through
 //! an enum, not a trait object.
 
+pub mod broadcast;
 mod cached;
 mod heap;
 pub mod snapshot;
 pub mod store;
 pub mod timers;
 
+pub use self::broadcast::{BroadcastContext, BroadcastStates, KeyedState, MapStateDescriptor};
 pub use self::cached::EmbeddedKeyedStateBackend;
 pub use self::heap::{HeapKeyedStateBackend, HeapSnapshot, KeySlot};
 pub use self::store::EmbeddedStore;
@@ -371,6 +373,8 @@ mod sealed {
     pub trait Sealed {}
     impl<V> Sealed for super::ValueState<V> {}
     impl<V, R> Sealed for super::ReducingState<V, R> {}
+    impl<UK, UV> Sealed for super::MapState<UK, UV> {}
+    impl<V> Sealed for super::ListState<V> {}
 }
 
 impl<V> SingleValue<V> for ValueState<V> {
@@ -446,6 +450,9 @@ pub struct KeyedContext<'a, K: Key> {
     slot: KeySlot,
     timers: Option<&'a mut TimerService<K>>,
     fired: Option<TimeDomain>,
+    /// The operator's broadcast states, read-only: none outside a keyed
+    /// broadcast operator.
+    broadcast: Option<&'a BroadcastStates>,
 }
 
 impl<'a, K: Key> KeyedContext<'a, K> {
@@ -461,6 +468,7 @@ impl<'a, K: Key> KeyedContext<'a, K> {
             slot,
             timers: None,
             fired: None,
+            broadcast: None,
         }
     }
 
@@ -471,11 +479,12 @@ impl<'a, K: Key> KeyedContext<'a, K> {
         key: &'a K,
         timers: &'a mut TimerService<K>,
         fired: Option<TimeDomain>,
+        broadcast: &'a BroadcastStates,
     ) -> Self {
         let slot = backend.locate(key);
         KeyedContext {
             fired,
-            ..Self::located(backend, key, slot, timers)
+            ..Self::located(backend, key, slot, timers, broadcast)
         }
     }
 
@@ -487,6 +496,7 @@ impl<'a, K: Key> KeyedContext<'a, K> {
         key: &'a K,
         slot: KeySlot,
         timers: &'a mut TimerService<K>,
+        broadcast: &'a BroadcastStates,
     ) -> Self {
         KeyedContext {
             backend,
@@ -494,6 +504,7 @@ impl<'a, K: Key> KeyedContext<'a, K> {
             slot,
             timers: Some(timers),
             fired: None,
+            broadcast: Some(broadcast),
         }
     }
 
@@ -608,6 +619,17 @@ impl<'a, K: Key> KeyedContext<'a, K> {
     /// Processing time, ms since the Unix epoch, as of the current batch.
     pub fn current_processing_time(&mut self) -> Millis {
         self.timer_service().now()
+    }
+
+    /// The map of broadcast state `state`, read-only: in a keyed broadcast
+    /// operator only its broadcast input changes it.
+    pub fn broadcast_state<UK: Key, UV: Data>(
+        &self,
+        state: &MapStateDescriptor<UK, UV>,
+    ) -> &'a rustc_hash::FxHashMap<UK, UV> {
+        self.broadcast
+            .expect("broadcast state is only available to the functions of broadcast operators")
+            .get(state)
     }
 
     /// In `on_timer`: the domain of the timer firing.
@@ -828,6 +850,14 @@ impl<'a, K: Key> AllKeys<'a, K> {
                     .map(|(k, v)| (k.clone(), v.clone())),
             ),
             KeyedStateBackend::Embedded(b) => Box::new(b.entries::<V>(state.id())),
+        }
+    }
+
+    /// Every key with a value in state `id`, of values `S`.
+    pub(crate) fn keys<S: Data>(&self, id: usize) -> Vec<K> {
+        match self.backend {
+            KeyedStateBackend::Heap(b) => b.entries::<S>(id).map(|(k, _)| k.clone()).collect(),
+            KeyedStateBackend::Embedded(b) => b.entries::<S>(id).map(|(k, _)| k).collect(),
         }
     }
 }
