@@ -1,7 +1,8 @@
 //! Broadcast state end to end: `tidemark run rules`, rules broadcast to a
 //! keyed count, alerts every key once for every rule its count reaches,
 //! checked from the committed files alone, across injected failures on
-//! both state backends and across rescales from savepoints.
+//! both state backends and with unaligned checkpoints, and across rescales
+//! from savepoints.
 
 use tidemark_testkit as common;
 
@@ -83,14 +84,20 @@ fn assert_alerts_exactly_once(output: &Path, expected: &[String], context: &str)
 
 #[test]
 fn rules_alert_every_key_once_per_rule_across_injected_failures() {
-    for (seed, state) in [(1, "--state=heap"), (2, "--state=rocksdb")] {
+    let cases = [
+        (1, "--state=heap"),
+        (2, "--state=rocksdb"),
+        // Broadcast records overtaken by the barrier become channel state.
+        (3, "--mode=unaligned"),
+    ];
+    for (seed, flag) in cases {
         let root = tempfile::tempdir().unwrap();
         let output = root.path().join("out");
         let mut args = args(seed, root.path(), &output);
-        args.extend(["--inject-failures=3".into(), state.into()]);
+        args.extend(["--inject-failures=3".into(), flag.into()]);
         let report = common::run(&args);
-        assert!(report.restarts >= 1, "{state}: no failure was injected");
-        assert_alerts_exactly_once(&output, &expected(seed), state);
+        assert!(report.restarts >= 1, "{flag}: no failure was injected");
+        assert_alerts_exactly_once(&output, &expected(seed), flag);
     }
 }
 
