@@ -18,6 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tidemark_core::checkpoint::ChannelSide;
+use tidemark_core::dataflow::async_io::AsyncRuntime;
 use tidemark_core::dataflow::error::TaskError;
 use tidemark_core::dataflow::task::{OutputContext, TaskContext};
 use tidemark_core::job::Job;
@@ -187,6 +188,7 @@ pub(crate) fn subtask_spec(
         id,
         attempt,
         task,
+        async_runtime: ctx.async_runtime.clone(),
         inputs: gate.iter().map(|(_, input)| usize::from(*input)).collect(),
         outputs: ctx.outputs.iter().map(|(_, o)| o.channels).sum(),
         records_per_batch: config.batch_limits.max_records,
@@ -268,5 +270,13 @@ fn task_context(
         source_position,
         state_backend: job.config.state_backend.clone(),
         time_metrics: metrics.time.clone(),
+        // The subtask's arbiter runs its async operator's requests; the
+        // subtask sets the waker when it starts.
+        async_runtime: AsyncRuntime::new(
+            |request| {
+                actix_rt::spawn(request);
+            },
+            |delay| Box::pin(actix_rt::time::sleep(delay)),
+        ),
     }
 }

@@ -31,6 +31,7 @@ use tidemark_core::checkpoint::merging::StateLayout;
 use tidemark_core::checkpoint::subtask::{SharedBase, SubtaskCheckpointer};
 use tidemark_core::checkpoint::{Ack, ChannelSide, ChannelState, CheckpointMetrics, SubtaskState};
 use tidemark_core::cluster::fault::{Fault, FaultPoint};
+use tidemark_core::dataflow::async_io::AsyncRuntime;
 use tidemark_core::dataflow::error::TaskError;
 use tidemark_core::dataflow::operator::Outgoing;
 use tidemark_core::dataflow::rate::RateLimiter;
@@ -63,6 +64,9 @@ pub struct SubtaskSpec {
     pub id: SubtaskId,
     pub attempt: Attempt,
     pub task: Box<dyn Task>,
+    /// The executor of the task's async operator, which the subtask tells
+    /// how to wake it.
+    pub async_runtime: AsyncRuntime,
     /// Per gate channel, the input (`Edge::input`) it feeds.
     pub inputs: Vec<usize>,
     pub outputs: usize,
@@ -91,6 +95,9 @@ enum Phase {
     /// A source that read everything, waiting for a checkpoint that holds
     /// its final offset before it ends its output.
     Exhausted,
+    /// End of input processed, but an async operator still holds records:
+    /// the end of partition waits for their results.
+    Ending,
     /// End of input processed; end of partition queued on every output.
     Draining,
     Finished,
@@ -101,6 +108,7 @@ pub struct SubtaskActor {
     id: SubtaskId,
     attempt: Attempt,
     task: Box<dyn Task>,
+    async_runtime: AsyncRuntime,
     is_source: bool,
     /// Per gate channel, the input it feeds.
     inputs: Vec<usize>,
@@ -152,6 +160,11 @@ struct Uploaded {
 #[rtype(result = "()")]
 struct Drive;
 
+/// Its executor → the subtask: requests of its async operator completed.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct PollAsync;
+
 fn delay_since(barrier: &Barrier) -> Duration {
     Duration::from_millis(now().unix_ms.saturating_sub(barrier.timestamp))
 }
@@ -182,6 +195,7 @@ impl SubtaskActor {
             is_source: spec.inputs.is_empty(),
             inputs: spec.inputs,
             task: spec.task,
+            async_runtime: spec.async_runtime,
             handler,
             outputs,
             output_addrs: Vec::new(),
@@ -211,7 +225,7 @@ impl SubtaskActor {
     fn live(&self) -> bool {
         matches!(
             self.phase,
-            Phase::Running | Phase::Draining | Phase::Waiting | Phase::Exhausted
+            Phase::Running | Phase::Ending | Phase::Draining | Phase::Waiting | Phase::Exhausted
         )
     }
 
@@ -340,7 +354,23 @@ impl SubtaskActor {
                     });
                     return;
                 }
-                Phase::Waiting | Phase::Exhausted | Phase::Finished | Phase::Failed => return,
+                Phase::Waiting
+                | Phase::Exhausted
+                | Phase::Ending
+                | Phase::Finished
+                | Phase::Failed => return,
+            }
+            if self.task.input_blocked() {
+                // A full async operator, or one with restored records to
+                // request: its completions drive again.
+                if self.guarded(|task, out| task.poll_async(out)).is_none() {
+                    return;
+                }
+                self.send_outgoing();
+                self.forward_watermarks();
+                if self.task.input_blocked() {
+                    return;
+                }
             }
             if self.is_source {
                 if !self.produce_scheduled && !self.awaiting_splits {
@@ -379,6 +409,11 @@ impl SubtaskActor {
                             self.send_outgoing();
                             // Timers may have set processing-time timers.
                             self.advance_processing_time(ctx);
+                            if self.task.holds_watermarks() {
+                                // Behind the results the chain held back.
+                                self.forward_watermarks();
+                                continue;
+                            }
                         }
                         self.broadcast_event(event.into());
                     }
@@ -591,8 +626,16 @@ impl SubtaskActor {
 
     fn end_input(&mut self) {
         if self.guarded(|task, out| task.end_input(out)).is_some() {
-            self.send_outgoing();
-            self.forward_watermarks();
+            self.phase = Phase::Ending;
+            self.end_output();
+        }
+    }
+
+    /// Ends the output once the task holds nothing in flight.
+    fn end_output(&mut self) {
+        self.send_outgoing();
+        self.forward_watermarks();
+        if self.phase == Phase::Ending && !self.task.in_flight() {
             self.broadcast_event(ChannelEvent::EndOfPartition);
             self.phase = Phase::Draining;
         }
@@ -771,6 +814,12 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 
 impl Actor for SubtaskActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let addr = ctx.address();
+        self.async_runtime
+            .set_waker(move || addr.do_send(PollAsync));
+    }
 }
 
 /// A subtask of the current attempt as the coordinator and the supervisor
@@ -865,6 +914,20 @@ impl Handler<Drive> for SubtaskActor {
     fn handle(&mut self, _: Drive, ctx: &mut Context<Self>) {
         self.drive_scheduled = false;
         self.drive(ctx);
+    }
+}
+
+impl Handler<PollAsync> for SubtaskActor {
+    type Result = ();
+
+    fn handle(&mut self, _: PollAsync, ctx: &mut Context<Self>) {
+        if !matches!(self.phase, Phase::Running | Phase::Ending) {
+            return;
+        }
+        if self.guarded(|task, out| task.poll_async(out)).is_some() {
+            self.end_output();
+            self.drive(ctx);
+        }
     }
 }
 

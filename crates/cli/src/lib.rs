@@ -146,6 +146,9 @@ pub enum CliError {
     /// Leader election refused this driver, or it lost the leadership.
     #[error(transparent)]
     Election(#[from] tidemark_actors::election::ElectionError),
+    /// `run enrich` could not start its own service.
+    #[error("cannot start the enrich service: {0}")]
+    Service(String),
     /// No async runtime for storage IO.
     #[error("cannot start an async runtime: {0}")]
     Runtime(String),

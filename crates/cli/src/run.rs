@@ -10,6 +10,7 @@ use crate::roots::Roots;
 use crate::sinks::{run_name, Target};
 use crate::timed::{RescaleAfter, Timed};
 use crate::tls::TlsFlags;
+use crate::topologies::enrich::Enrich;
 use crate::topologies::join::Join;
 use crate::topologies::rules::Rules;
 use crate::topologies::windows::{Events, Windows};
@@ -26,6 +27,7 @@ use tidemark_actors::tls::{MutualTls, RestTls};
 use tidemark_actors::{Distributed, WorkerSet};
 use tidemark_core::cluster::fault::{Fault, FaultPoint, KillSchedule, SlowSubtask};
 use tidemark_core::cluster::restart::RestartStrategy;
+use tidemark_core::dataflow::async_io::{AsyncRetry, AsyncWait};
 use tidemark_core::job::JobConfig;
 use tidemark_core::model::ids::{CheckpointId, OperatorId, SubtaskId, SubtaskIndex};
 use tidemark_core::time::WindowAssigner;
@@ -44,6 +46,9 @@ pub enum Topology {
     /// Count records per key, and alert when a count reaches a rule
     /// broadcast to every counting subtask.
     Rules,
+    /// Enrich records with an HTTP service's answers, many requests in
+    /// flight (async I/O).
+    Enrich,
 }
 
 impl Topology {
@@ -54,6 +59,7 @@ impl Topology {
             Topology::Windows => crate::topologies::windows::JOB_NAME,
             Topology::Join => crate::topologies::join::JOB_NAME,
             Topology::Rules => crate::topologies::rules::JOB_NAME,
+            Topology::Enrich => crate::topologies::enrich::JOB_NAME,
         }
     }
 
@@ -61,7 +67,7 @@ impl Topology {
     /// it: the one `--slow-subtask` slows. The sources come before it.
     pub fn keyed_operator(self) -> OperatorId {
         match self {
-            Topology::Wordcount | Topology::Windows => OperatorId(1),
+            Topology::Wordcount | Topology::Windows | Topology::Enrich => OperatorId(1),
             // After the sources, and the rules' rebalance.
             Topology::Join | Topology::Rules => OperatorId(2),
         }
@@ -70,10 +76,19 @@ impl Topology {
     /// Records all its sources read for `--records` records.
     fn records_in(self, records: u64) -> u64 {
         match self {
-            Topology::Wordcount | Topology::Windows | Topology::Rules => records,
+            Topology::Wordcount | Topology::Windows | Topology::Rules | Topology::Enrich => records,
             Topology::Join => records.saturating_mul(2),
         }
     }
+}
+
+/// The order of `enrich`'s results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Order {
+    /// As the input's (Flink's `orderedWait`).
+    Ordered,
+    /// As their requests complete (Flink's `unorderedWait`).
+    Unordered,
 }
 
 /// `tidemark run`'s arguments: the topology's own, the job settings, and
@@ -99,6 +114,24 @@ pub struct RunArgs {
     /// records.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
     pub rules: u64,
+    /// The HTTP service that enriches records (enrich), `http://HOST:PORT`,
+    /// asked `GET /enrich/KEY`; by default one the process starts.
+    #[arg(long, value_name = "URL")]
+    pub service: Option<String>,
+    /// The order of enriched records (enrich): as the input's, or as their
+    /// requests complete (never across a watermark).
+    #[arg(long, value_enum, default_value_t = Order::Ordered)]
+    pub order: Order,
+    /// Requests in flight per subtask at most (enrich).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub in_flight: u64,
+    /// How long a record's request may take with its retries (enrich);
+    /// then the job fails.
+    #[arg(long, default_value = "10s", value_parser = crate::config::values::flag_duration)]
+    pub request_timeout: Duration,
+    /// Retries of a failed request, 100 ms apart (enrich).
+    #[arg(long, default_value_t = 3)]
+    pub retries: u32,
     /// Records per millisecond of event time (windows, join).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     pub events_per_ms: u64,
@@ -258,7 +291,8 @@ pub fn rebuild_within(recipe: &[u8], roots: &Roots) -> Result<tidemark_core::job
         roots.check(flag, &location).map_err(|e| e.to_string())?;
     }
     let run = args.run_name.clone().unwrap_or_else(run_name);
-    Ok(args.job(args.job_config(&settings), &run))
+    args.job(args.job_config(&settings), &run)
+        .map_err(|e| e.to_string())
 }
 
 /// `8081` is `127.0.0.1:8081`: nothing is exposed beyond this machine
@@ -452,7 +486,7 @@ impl RunArgs {
     }
 
     /// The topology's job under `config`, its files named after `run`.
-    fn job(&self, config: JobConfig, run: &str) -> tidemark_core::job::Job {
+    fn job(&self, config: JobConfig, run: &str) -> Result<tidemark_core::job::Job, CliError> {
         let events = || Events {
             keys: self.keys,
             seed: self.seed,
@@ -460,7 +494,7 @@ impl RunArgs {
             max_disorder: u64::try_from(self.max_disorder.as_millis()).unwrap_or(u64::MAX),
         };
         let sink = self.target(run);
-        match self.topology {
+        Ok(match self.topology {
             Topology::Wordcount => Wordcount {
                 records: self.records,
                 keys: self.keys,
@@ -487,6 +521,29 @@ impl RunArgs {
                 right: self.right_source.clone(),
             }
             .job(config),
+            Topology::Enrich => {
+                let settings = match self.order {
+                    Order::Ordered => AsyncWait::ordered,
+                    Order::Unordered => AsyncWait::unordered,
+                };
+                Enrich {
+                    records: self.records,
+                    keys: Keys {
+                        keys: self.keys,
+                        seed: self.seed,
+                    },
+                    service: self.service.clone(),
+                    settings: settings(self.request_timeout, self.in_flight as usize).with_retry(
+                        AsyncRetry::FixedDelay {
+                            retries: self.retries,
+                            delay: Duration::from_millis(100),
+                        },
+                    ),
+                    sink,
+                }
+                .job(config)
+                .map_err(|e| CliError::Service(e.to_string()))?
+            }
             Topology::Rules => Rules {
                 records: self.records,
                 keys: Keys {
@@ -497,7 +554,7 @@ impl RunArgs {
                 sink,
             }
             .job(config),
-        }
+        })
     }
 
     /// Where the job keeps and reads state and writes its results, by the
@@ -583,6 +640,9 @@ impl RunArgs {
                     "rules reads the generator only: its rules come with the generated records"
                         .into(),
                 ))
+            }
+            Topology::Enrich if !matches!(self.source, Input::Generator) => {
+                return Err(usage("--source", "enrich reads the generator only".into()))
             }
             Topology::Windows | Topology::Join if self.source.is_text() => {
                 return Err(usage(
@@ -794,7 +854,7 @@ fn run_job(
 ) -> Result<RunReport, CliError> {
     let (parallelism, channels) = (config.parallelism, config.channels);
     let run = args.run_name.clone().unwrap_or_else(run_name);
-    let job = args.job(config, &run);
+    let job = args.job(config, &run)?;
     let sources = job
         .graph
         .operators

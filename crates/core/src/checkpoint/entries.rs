@@ -62,3 +62,8 @@ pub fn broadcast_entry(name: &str) -> String {
 pub fn broadcast_state_of(entry: &str) -> Option<&str> {
     entry.strip_prefix(BROADCAST_STATE)
 }
+
+/// Operator-state entry of an async operator: the records whose results
+/// had not left, in input order, to request again; a MessagePack list of
+/// each record's own MessagePack, so that a rescale deals them out.
+pub const ASYNC_IN_FLIGHT: &str = "async-in-flight";

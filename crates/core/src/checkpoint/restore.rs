@@ -4,8 +4,8 @@
 //! only has to read objects and hand out slices.
 
 use super::entries::{
-    broadcast_state_of, is_sink_entry, SplitBytes, SOURCE_EXHAUSTED, SOURCE_POSITION,
-    SOURCE_SPLITS, SOURCE_WATERMARK,
+    broadcast_state_of, is_sink_entry, SplitBytes, ASYNC_IN_FLIGHT, SOURCE_EXHAUSTED,
+    SOURCE_POSITION, SOURCE_SPLITS, SOURCE_WATERMARK,
 };
 use super::{
     ChannelSide, ChannelStateHandle, CompletedCheckpoint, KeyGroupsStateHandle, KeyedStateHandle,
@@ -716,7 +716,8 @@ type NewOperatorState = (BTreeMap<String, Vec<u8>>, Vec<(String, Vec<u8>)>);
 /// At the same parallelism every subtask keeps its own. Otherwise source
 /// positions are redistributed, a new source is exhausted if every old one
 /// was, subtask j keeps the sink transactions and other entries of old
-/// subtask j, every new subtask gets a copy of the broadcast state, and
+/// subtask j, every new subtask gets a copy of the broadcast state, an
+/// async operator's records are dealt out, and
 /// subtask 0 adopts the sink transactions of old subtasks beyond the new
 /// parallelism.
 fn operator_state(
@@ -782,12 +783,40 @@ fn operator_state(
         }
     }
     share_broadcast_state(&mut out, (0..checkpointed).filter_map(of));
+    if holds(ASYNC_IN_FLIGHT) {
+        deal_async_records(&mut out, (0..checkpointed).filter_map(of))?;
+    }
     let removed = (parallelism..checkpointed)
         .filter_map(of)
         .flat_map(|state| state.iter().filter(|(e, _)| is_sink_entry(e)))
         .map(|(e, t)| (e.clone(), t.clone()));
     out[0].1.extend(removed);
     Ok(out)
+}
+
+/// Deals the records the old subtasks of an async operator held, in their
+/// order, round robin to the new subtasks: each is requested again by
+/// exactly one.
+fn deal_async_records<'a>(
+    out: &mut [NewOperatorState],
+    old: impl Iterator<Item = &'a BTreeMap<String, Vec<u8>>>,
+) -> Result<(), String> {
+    let mut dealt: Vec<Vec<serde_bytes::ByteBuf>> = vec![Vec::new(); out.len()];
+    let mut next = 0;
+    for bytes in old.filter_map(|state| state.get(ASYNC_IN_FLIGHT)) {
+        let records: Vec<serde_bytes::ByteBuf> = rmp_serde::from_slice(bytes)
+            .map_err(|e| format!("malformed records of an async operator: {e}"))?;
+        for record in records {
+            dealt[next % out.len()].push(record);
+            next += 1;
+        }
+    }
+    for ((state, _), records) in out.iter_mut().zip(dealt) {
+        let bytes = rmp_serde::to_vec(&records)
+            .map_err(|e| format!("cannot encode records of an async operator: {e}"))?;
+        state.insert(ASYNC_IN_FLIGHT.into(), bytes);
+    }
+    Ok(())
 }
 
 /// Gives every new subtask that lacks it the broadcast state of the first

@@ -22,6 +22,10 @@ pub enum TaskError {
     /// User code panicked; the panic message.
     #[error("user code panicked: {0}")]
     Panic(String),
+    /// An async function's request failed after its retries, or its
+    /// timeout handler returned an error.
+    #[error("async request failed: {0}")]
+    Async(UserError),
     /// A failure the job was told to inject (`--inject-failures`, a
     /// targeted fault): expected, so it is reported without a backtrace.
     #[error("injected failure: {0}")]

@@ -2,6 +2,7 @@
 //! the task that drives a chain over its inputs, sources (index and split
 //! sources) and sinks, rate limits, and the errors user code returns.
 
+pub mod async_io;
 pub mod broadcast;
 pub mod error;
 pub mod operator;

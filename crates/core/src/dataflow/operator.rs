@@ -89,6 +89,33 @@ pub trait Step: Send {
         self.flush(out)?;
         Ok(None)
     }
+
+    /// An async operator's requests completed: take their results in. Only
+    /// the head of a chain is asked; the default has nothing in flight.
+    fn poll_async(&mut self, _out: &mut Outgoing) -> Result<(), TaskError> {
+        Ok(())
+    }
+
+    /// The head is full: the subtask takes no more input until it polled.
+    fn input_blocked(&self) -> bool {
+        false
+    }
+
+    /// The head holds records whose results have not left: the end of
+    /// input waits for them.
+    fn in_flight(&self) -> bool {
+        false
+    }
+
+    /// The head sends watermarks on itself, behind its results
+    /// ([`take_watermarks`](Self::take_watermarks)), instead of the
+    /// subtask sending each on as it comes.
+    fn holds_watermarks(&self) -> bool {
+        false
+    }
+
+    /// The watermarks the head let go since the last call.
+    fn take_watermarks(&mut self, _watermarks: &mut Vec<u64>) {}
 }
 
 /// Hands a function's output to the rest of the chain, and to its side

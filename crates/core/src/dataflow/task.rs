@@ -1,6 +1,7 @@
 //! The type-erased body of a subtask: a source or an input, followed by its
 //! operator chain. The subtask actor drives it without knowing record types.
 
+use crate::dataflow::async_io::AsyncRuntime;
 use crate::dataflow::error::TaskError;
 use crate::dataflow::operator::{Downstream, Outgoing};
 use crate::dataflow::source::reader::Reader;
@@ -45,6 +46,8 @@ pub struct TaskContext {
     pub state_backend: StateBackend,
     /// Where sources and keyed operators count what they do with time.
     pub time_metrics: Arc<TimeMetrics>,
+    /// The subtask's executor, for async operators.
+    pub async_runtime: AsyncRuntime,
 }
 
 /// An edge a subtask feeds, as the step writing into it needs it to route
@@ -154,6 +157,20 @@ pub trait Task: Send {
     /// `produce`, a tick or the end of input), for the shell to send on every
     /// output channel after the batches already written out.
     fn take_watermarks(&mut self, events: &mut Vec<WatermarkEvent>);
+
+    /// An async operator's requests completed: take their results in and
+    /// push what may leave through the chain (`Step::poll_async`).
+    fn poll_async(&mut self, out: &mut Outgoing) -> Result<(), TaskError>;
+
+    /// The chain takes no input for now (a full async operator).
+    fn input_blocked(&self) -> bool;
+
+    /// The end of input waits for records in flight (an async operator's).
+    fn in_flight(&self) -> bool;
+
+    /// Watermarks go on through [`take_watermarks`](Self::take_watermarks),
+    /// behind what the chain held back, not as they come.
+    fn holds_watermarks(&self) -> bool;
 }
 
 /// What one `produce` call read.
@@ -474,6 +491,25 @@ impl<T: Data> Task for ChainTask<T> {
         if let Some(w) = self.watermarks() {
             events.append(&mut w.due);
         }
+        let mut held = Vec::new();
+        self.next.take_watermarks(&mut held);
+        events.extend(held.into_iter().map(WatermarkEvent::Watermark));
+    }
+
+    fn poll_async(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.next.poll_async(out)
+    }
+
+    fn input_blocked(&self) -> bool {
+        self.next.input_blocked()
+    }
+
+    fn in_flight(&self) -> bool {
+        self.next.in_flight()
+    }
+
+    fn holds_watermarks(&self) -> bool {
+        self.next.holds_watermarks()
     }
 
     fn retain_owned(&self, input: usize, batch: Batch) -> Result<Batch, TaskError> {

@@ -26,6 +26,7 @@ use crate::state::StateBackend;
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
+mod async_io;
 mod broadcast;
 mod connect;
 pub mod join;

@@ -172,7 +172,7 @@ fn timestamped_head<T: Data + Timestamped>(strategy: WatermarkStrategy) -> impl 
 }
 
 /// The records an input takes as they are.
-fn same<T: Data>() -> Decoder<T> {
+pub(super) fn same<T: Data>() -> Decoder<T> {
     decoder::<T, T>(|record| record)
 }
 
