@@ -138,7 +138,7 @@ impl Enrich {
     pub fn job(&self, config: JobConfig) -> Result<Job, std::io::Error> {
         let service = match &self.service {
             Some(url) => url.clone(),
-            None => own_service()?,
+            None => service()?,
         };
         let enriched = Job::builder(JOB_NAME)
             .config(config)
@@ -153,8 +153,8 @@ impl Enrich {
     }
 }
 
-/// The process's own service, started on first use.
-fn own_service() -> Result<String, std::io::Error> {
+/// The process's own service, started on first use: its URL.
+pub fn service() -> Result<String, std::io::Error> {
     static SERVICE: OnceLock<String> = OnceLock::new();
     if let Some(url) = SERVICE.get() {
         return Ok(url.clone());
