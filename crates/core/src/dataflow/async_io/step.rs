@@ -15,7 +15,6 @@ use futures::future::{select, AbortHandle, Abortable, Either};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
 
 /// How a record's requests ended.
 enum Outcome<O> {
@@ -144,29 +143,38 @@ impl<I: Data, O: Data> AsyncStep<I, O> {
     }
 }
 
-/// One record's tries: the first, and retries after failures as the
-/// settings say, all within the timeout.
+/// One record's tries, all within the timeout, which the executor's clock
+/// measures (the core reads none).
 async fn request<I: Data, O: 'static>(
     function: Arc<dyn AsyncFunction<I, O>>,
     record: I,
     settings: AsyncWait,
     runtime: AsyncRuntime,
 ) -> Outcome<O> {
-    let deadline = Instant::now() + settings.timeout;
+    let deadline = (runtime.sleep)(settings.timeout);
+    let tries = Box::pin(tries(function, record, settings, runtime));
+    match select(tries, deadline).await {
+        Either::Left((outcome, _)) => outcome,
+        Either::Right(_) => Outcome::TimedOut,
+    }
+}
+
+/// The first try, and retries after failures as the settings say.
+async fn tries<I: Data, O: 'static>(
+    function: Arc<dyn AsyncFunction<I, O>>,
+    record: I,
+    settings: AsyncWait,
+    runtime: AsyncRuntime,
+) -> Outcome<O> {
     let mut failed = 0;
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let attempt = function.invoke(record.clone());
-        let error = match select(attempt, (runtime.sleep)(left)).await {
-            Either::Left((Ok(results), _)) => return Outcome::Done(Ok(results)),
-            Either::Left((Err(error), _)) => error,
-            Either::Right(_) => return Outcome::TimedOut,
+        let error = match function.invoke(record.clone()).await {
+            Ok(results) => return Outcome::Done(Ok(results)),
+            Err(error) => error,
         };
         failed += 1;
-        let left = deadline.saturating_duration_since(Instant::now());
         match settings.retry.delay(failed) {
-            Some(delay) if delay < left => (runtime.sleep)(delay).await,
-            Some(_) => return Outcome::TimedOut,
+            Some(delay) => (runtime.sleep)(delay).await,
             None => return Outcome::Done(Err(error)),
         }
     }
