@@ -1,7 +1,7 @@
 //! Async operators: a stream's records enriched by a user async function,
 //! as Flink's `AsyncDataStream.orderedWait` and `unorderedWait`.
 
-use super::stream::{plain_route, same, Node, Sides, Stream};
+use super::stream::{plain_route, same, Stream};
 use crate::dataflow::async_io::{AsyncFunction, AsyncStep, AsyncWait};
 use crate::model::batch::Data;
 use std::sync::Arc;
@@ -25,18 +25,11 @@ impl<T: Data> Stream<T> {
         F: AsyncFunction<T, O>,
     {
         let job = self.job.clone();
-        let (op, input) = job.input_operator(name, vec![same()], |_| Vec::new(), |_, next| next);
-        let (node, sides) = (Node::new(), Sides::default());
-        let (next, side) = (node.clone(), sides.clone());
-        input.attach(Arc::new(move |ctx| {
-            Box::new(AsyncStep::new(
-                Arc::new(open()),
-                settings,
-                ctx.async_runtime.clone(),
-                side.output(&next, ctx),
-            ))
-        }));
+        let (op, out) = job.step_operator(name, vec![same()], move |ctx, next| {
+            let runtime = ctx.async_runtime.clone();
+            Box::new(AsyncStep::new(Arc::new(open()), settings, runtime, next))
+        });
         job.connect_edges(&self.parts, op, 0, None, plain_route);
-        job.stream(op, node, Some(sides))
+        out
     }
 }

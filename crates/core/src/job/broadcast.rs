@@ -3,13 +3,14 @@
 //! records reach every subtask of the operator and write its broadcast
 //! state; the other stream's records read it.
 
-use super::stream::{hash_route, owned, plain_route, BroadcastInput, KeyOf, Node, Sides, Stream};
+use super::connect::sides;
+use super::stream::{hash_route, owned, plain_route, BroadcastInput, KeyOf, Stream};
 use super::KeyedStream;
 use crate::dataflow::broadcast::{
     is_broadcast, BroadcastProcess, BroadcastProcessFunction, KeyedBroadcastProcessFunction,
     KeyedSides,
 };
-use crate::dataflow::task::{decoder, retain};
+use crate::dataflow::task::retain;
 use crate::dataflow::two_input::Either;
 use crate::model::batch::Data;
 use crate::model::graph::Partitioner;
@@ -73,27 +74,15 @@ impl<L: Data, R: Data> BroadcastConnectedStreams<L, R> {
     {
         let BroadcastConnectedStreams { left, right } = self;
         let job = left.job.clone();
-        let (op, input) = job.input_operator(
-            name,
-            vec![
-                decoder::<L, _>(Either::Left),
-                decoder::<R, _>(Either::Right),
-            ],
-            |_| Vec::new(),
-            |_, next| next,
-        );
-        let (node, sides) = (Node::new(), Sides::default());
-        let (next, side) = (node.clone(), sides.clone());
         let declared = right.declared;
-        input.attach(Arc::new(move |ctx| {
+        let (op, out) = job.step_operator(name, sides::<L, R>(), move |_, next| {
             let states = BroadcastStates::new(&declared);
-            let next = side.output(&next, ctx);
             Box::new(BroadcastProcess::new(function.clone(), states, next))
-        }));
+        });
         job.connect_edges(&left.parts, op, 0, None, plain_route);
         let broadcast = Some(Partitioner::Broadcast);
         job.connect_edges(&right.stream.parts, op, 1, broadcast, plain_route);
-        job.stream(op, node, Some(sides))
+        out
     }
 }
 
@@ -117,10 +106,7 @@ impl<K: Key, L: Data, R: Data> KeyedBroadcastConnectedStreams<K, L, R> {
         let (op, out) = job.keyed_operator(
             name,
             key_of,
-            vec![
-                decoder::<L, _>(Either::Left),
-                decoder::<R, _>(Either::Right),
-            ],
+            sides::<L, R>(),
             // Every subtask gets every broadcast record, a replayed one too.
             move |ctx| vec![owned(&owner, ctx), retain::<R>(|_| true)],
             Arc::new(move |_, states| Box::new(KeyedSides(factory(states)))),

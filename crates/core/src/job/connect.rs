@@ -5,10 +5,10 @@ use super::broadcast::{
     BroadcastConnectedStreams, BroadcastStream, KeyedBroadcastConnectedStreams,
 };
 use super::join::{IntervalJoin, JoinFunction};
-use super::stream::{hash_route, owned, plain_route, KeyOf, Node, Sides, Stream};
+use super::stream::{hash_route, owned, plain_route, KeyOf, Stream};
 use super::KeyedStream;
 use crate::dataflow::operator::{Collector, Stateless};
-use crate::dataflow::task::{decoder, TaskContext};
+use crate::dataflow::task::{decoder, Decoder, TaskContext};
 use crate::dataflow::two_input::{
     CoProcessFunction, Either, KeyedCoProcessFunction, Sides as Dispatch,
 };
@@ -82,29 +82,27 @@ impl<L: Data, R: Data> ConnectedStreams<L, R> {
         P: CoProcessFunction<L, R, O> + Clone + Sync + 'static,
     {
         let job = self.left.job.clone();
-        let (op, input) = job.input_operator(
-            name,
-            vec![
-                decoder::<L, _>(Either::Left),
-                decoder::<R, _>(Either::Right),
-            ],
-            |_| Vec::new(),
-            |_, next| next,
-        );
-        let (node, sides) = (Node::new(), Sides::default());
-        let (next, side) = (node.clone(), sides.clone());
-        input.attach(Arc::new(move |ctx| {
+        let (op, out) = job.step_operator(name, sides::<L, R>(), move |_, next| {
             let mut f = function.clone();
             let dispatch = move |record, out: &mut Collector<'_, O>| match record {
                 Either::Left(l) => f.process_left(l, out),
                 Either::Right(r) => f.process_right(r, out),
             };
-            Box::new(Stateless::new(dispatch, side.output(&next, ctx)))
-        }));
+            Box::new(Stateless::new(dispatch, next))
+        });
         job.connect_edges(&self.left.parts, op, 0, None, plain_route);
         job.connect_edges(&self.right.parts, op, 1, None, plain_route);
-        job.stream(op, node, Some(sides))
+        out
     }
+}
+
+/// The decoders of a two-input operator's inputs, each record as the side
+/// it came from.
+pub(super) fn sides<L: Data, R: Data>() -> Vec<Decoder<Either<L, R>>> {
+    vec![
+        decoder::<L, _>(Either::Left),
+        decoder::<R, _>(Either::Right),
+    ]
 }
 
 /// Two streams keyed alike, waiting for the keyed function that reads both.
@@ -162,10 +160,7 @@ impl<K: Key, L: Data, R: Data> KeyedConnectedStreams<K, L, R> {
         let (op, out) = job.keyed_operator(
             name,
             key_of,
-            vec![
-                decoder::<L, _>(Either::Left),
-                decoder::<R, _>(Either::Right),
-            ],
+            sides::<L, R>(),
             move |ctx| vec![owned(&owner_left, ctx), owned(&owner_right, ctx)],
             Arc::new(move |ctx, states| Box::new(Dispatch(factory(ctx, states)))),
             None,

@@ -302,6 +302,22 @@ impl JobBuilder {
         (self.add_operator(name, task), node)
     }
 
+    /// An operator fed by the input gate, not keyed, whose head is one step
+    /// that `step` builds for each subtask, feeding the output it is given:
+    /// the operator and the stream of what the step emits.
+    pub(super) fn step_operator<T: Data, O: Data>(
+        &self,
+        name: &str,
+        decoders: Vec<Decoder<T>>,
+        step: impl Fn(&TaskContext, Output<O>) -> Box<dyn Downstream<T>> + Send + Sync + 'static,
+    ) -> (OperatorId, Stream<O>) {
+        let (op, input) = self.input_operator(name, decoders, |_| Vec::new(), |_, next| next);
+        let (node, sides) = (Node::new(), Sides::default());
+        let (next, side) = (node.clone(), sides.clone());
+        input.attach(Arc::new(move |ctx| step(ctx, side.output(&next, ctx))));
+        (op, self.stream(op, node, Some(sides)))
+    }
+
     /// Sends the records of `parts` over new edges into input `input` of
     /// operator `to`, routed by `route`.
     pub(super) fn connect_edges<T: Data>(
