@@ -74,6 +74,7 @@ pub(crate) async fn load(
                 operator: plan.operator,
                 adopted: plan.adopted,
                 filter_replay: plan.filter_replay,
+                time: crate::clock::now().unix_ms,
                 ..RestoreState::default()
             };
             let mut downloads = Vec::new();

@@ -654,6 +654,7 @@ impl<K: Key, I: Send, O: Send> Step for KeyedProcess<K, I, O> {
         out: &mut Outgoing,
     ) -> Result<Option<Millis>, TaskError> {
         self.timers.set_now(now);
+        self.states.set_time(now);
         self.fire(TimeDomain::ProcessingTime, now);
         self.publish_counters();
         let rest = self.next.advance_processing_time(now, out)?;

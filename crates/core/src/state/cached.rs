@@ -22,14 +22,15 @@ use super::store::{
     checkpoint_dir, write_key, ColumnFamily, Database, EmbeddedStore, MergeFunction, SortedWrites,
     MAX_KEY_GROUPS,
 };
+use super::ttl::{Form, StateTtlConfig, TtlClock};
 use super::{Key, KeySlot, Reduce, ReduceFunction, StateError};
 use crate::model::batch::Data;
 use crate::model::ids::{CheckpointId, KeyGroup};
 use crate::model::key_group::KeyGroupRange;
+use crate::time::Millis;
 use hashbrown::{hash_table, HashTable};
 use std::any::Any;
 use std::fmt::Debug;
-use std::marker::PhantomData;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -91,6 +92,7 @@ trait CachedState<K>: Send {
     fn name(&self) -> &str;
     /// Its column family, with a reducing state's merge operator.
     fn column_family(&self) -> ColumnFamily;
+    fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
     fn clear_cache(&mut self);
     /// Adds the dirty values to `writes` and marks them clean; returns how
@@ -108,22 +110,28 @@ trait CachedState<K>: Send {
     /// many it cached.
     fn read_ahead(&mut self, read: ReadAhead<'_, K>, room: usize) -> Result<usize, StateError>;
     /// Decodes the entries of one key group in the heap snapshot format and
-    /// adds them to `writes`.
+    /// adds them to `writes`; `now` stamps values without TTL restored into
+    /// a state with one.
     fn restore_group(
         &mut self,
         group: u16,
         input: &mut &[u8],
         writes: &mut SortedWrites,
+        now: Millis,
     ) -> Result<(), StateError>;
 }
 
-struct State<K, S> {
+struct State<K, S: Clone> {
     name: String,
     cache: HashTable<Cached<K, S>>,
     /// Some record has read it: batches read it ahead.
     used: bool,
     /// A reducing state's function.
     reduce: Option<Reduce<S>>,
+    form: Form<K, S>,
+    /// The backend's processing time, which the compaction filter of a
+    /// state with TTL reads.
+    clock: Arc<TtlClock>,
 }
 
 /// What a read-ahead of one state needs besides the state.
@@ -135,10 +143,17 @@ struct ReadAhead<'a, K> {
     first_group: u32,
 }
 
-/// A value read from the database, decoded; a value that does not decode
-/// is a fatal error of the subtask.
-fn decode<S: Data>(name: &str, key: &impl Debug, bytes: &[u8]) -> S {
-    rmp_serde::from_slice(bytes)
+/// A value of state `name` read from the database, decoded (stamped with
+/// the time of the restore if it was written without TTL and the state has
+/// one); a value that does not decode is a fatal error of the subtask.
+fn decode<K, S: Clone>(
+    name: &str,
+    form: &Form<K, S>,
+    clock: &TtlClock,
+    key: &impl Debug,
+    bytes: &[u8],
+) -> S {
+    (form.decode)(bytes, clock.restored())
         .unwrap_or_else(|e| panic!("keyed state {name:?} of {key:?} does not decode: {e}"))
 }
 
@@ -148,18 +163,25 @@ fn decode<S: Data>(name: &str, key: &impl Debug, bytes: &[u8]) -> S {
 /// decode or a panicking `reduce` fails the merge (RocksDB then reports
 /// corruption to the read or compaction that needed it) instead of
 /// unwinding.
-fn merge_function<S: Data>(reduce: Reduce<S>) -> MergeFunction {
+fn merge_function<K: Key, S: Data>(
+    reduce: Reduce<S>,
+    form: Form<K, S>,
+    clock: Arc<TtlClock>,
+) -> MergeFunction {
     Arc::new(move |stored, operands| {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let mut values = stored
-                .into_iter()
-                .map(rmp_serde::from_slice::<S>)
-                .chain(operands.map(rmp_serde::from_slice::<S>));
-            let mut acc = values.next()?.ok()?;
-            for value in values {
-                reduce(&mut acc, value.ok()?);
+            let restored = clock.restored();
+            let decode = |bytes: &[u8]| (form.decode)(bytes, restored).ok();
+            let mut acc = match stored {
+                Some(bytes) => decode(bytes)?,
+                None => decode(operands.next()?)?,
+            };
+            for operand in operands {
+                reduce(&mut acc, decode(operand)?);
             }
-            rmp_serde::to_vec(&acc).ok()
+            let mut out = Vec::new();
+            (form.encode)(&mut out, &acc);
+            Some(out)
         }))
         .ok()
         .flatten()
@@ -174,8 +196,16 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
     fn column_family(&self) -> ColumnFamily {
         ColumnFamily {
             name: self.name.clone(),
-            merge: self.reduce.clone().map(merge_function),
+            merge: self
+                .reduce
+                .clone()
+                .map(|reduce| merge_function(reduce, self.form, self.clock.clone())),
+            ttl: self.form.compaction_filter(&self.clock),
         }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {
@@ -192,7 +222,13 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
             let cell = &mut cached.cell;
             if cell.dirty {
                 cell.dirty = false;
-                writes.push(cached.group, &cached.key, cell.value.as_ref(), cell.partial);
+                writes.push(
+                    cached.group,
+                    &cached.key,
+                    cell.value.as_ref(),
+                    cell.partial,
+                    self.form.encode,
+                );
             }
             !cell.partial
         });
@@ -265,7 +301,7 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
         let mut stored: Vec<Option<S>> = Vec::new();
         stored.resize_with(missed.len(), || None);
         read.db.multi_get(&self.name, &keys, &mut |i, bytes| {
-            stored[i] = Some(decode(&self.name, missed[i].1, bytes));
+            stored[i] = Some(decode(&self.name, &self.form, &self.clock, missed[i].1, bytes));
         })?;
         for ((_, key, hash), stored) in missed.iter().zip(stored) {
             self.cache
@@ -282,11 +318,14 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
         group: u16,
         input: &mut &[u8],
         writes: &mut SortedWrites,
+        now: Millis,
     ) -> Result<(), StateError> {
-        let entries: Vec<(K, S)> =
-            rmp_serde::from_read(input).map_err(|e| StateError::Decode(e.to_string()))?;
+        let entries = self
+            .form
+            .decode_entries(input, now)
+            .map_err(|e| StateError::Decode(e.to_string()))?;
         for (key, value) in &entries {
-            writes.push(group, key, Some(value), false);
+            writes.push(group, key, Some(value), false, self.form.encode);
         }
         Ok(())
     }
@@ -323,6 +362,11 @@ pub struct EmbeddedKeyedStateBackend<K: Key> {
     key: Vec<u8>,
     writes: SortedWrites,
     db: Option<Box<dyn Database>>,
+    /// The TTL of each state, if it has one.
+    ttl: Vec<Option<StateTtlConfig>>,
+    /// Processing time, as the subtask last set it: shared with the
+    /// compaction filters of states with TTL.
+    clock: Arc<TtlClock>,
 }
 
 impl<K: Key> EmbeddedKeyedStateBackend<K> {
@@ -354,6 +398,8 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             key: Vec::new(),
             writes: SortedWrites::default(),
             db: None,
+            ttl: Vec::new(),
+            clock: Arc::new(TtlClock::default()),
         }
     }
 
@@ -372,7 +418,12 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         self.db.as_ref().map(|db| db.working_dir())
     }
 
-    pub(super) fn register<S: Data>(&mut self, name: &str, reduce: Option<Reduce<S>>) -> usize {
+    pub(super) fn register<S: Data>(
+        &mut self,
+        name: &str,
+        reduce: Option<Reduce<S>>,
+        form: Form<K, S>,
+    ) -> usize {
         assert!(
             !self.states.iter().any(|s| s.name() == name),
             "keyed state {name:?} declared twice"
@@ -382,13 +433,43 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             cache: HashTable::new(),
             used: false,
             reduce,
+            form,
+            clock: self.clock.clone(),
         });
+        self.ttl.push(form.ttl);
         if let Some(db) = &mut self.db {
             db.create_family(&state.column_family())
                 .unwrap_or_else(|e| panic!("creating the column family of {name:?}: {e}"));
         }
         self.states.push(state);
         self.states.len() - 1
+    }
+
+    /// The TTL of state `id`.
+    #[inline]
+    pub(super) fn ttl(&self, id: usize) -> Option<StateTtlConfig> {
+        self.ttl[id]
+    }
+
+    /// Processing time as last set: what TTL measures.
+    #[inline]
+    pub(super) fn now(&self) -> Millis {
+        self.clock.now()
+    }
+
+    /// Processing time is `now` (never going back).
+    pub(super) fn set_time(&self, now: Millis) {
+        self.clock.set(now);
+    }
+
+    /// Compacts the database all the way down, so that the compaction
+    /// filters of states with TTL drop what expired (tests and tools; the
+    /// store compacts on its own as it is written).
+    pub fn compact(&mut self) -> Result<(), StateError> {
+        self.write_back()?;
+        self.ensure_open()?.compact()?;
+        self.clear_cache();
+        Ok(())
     }
 
     fn families(&self) -> Vec<ColumnFamily> {
@@ -429,6 +510,8 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             cache,
             used,
             reduce,
+            form,
+            clock,
         } = state_mut::<K, S>(&mut self.states[id]);
         *used = true;
         let buffer = &mut self.key;
@@ -437,7 +520,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             write_key(buffer, group, key);
             let mut stored = None;
             if let Err(e) = db.get(name, buffer, &mut |bytes| {
-                stored = Some(decode(name, key, bytes));
+                stored = Some(decode(name, form, clock, key, bytes));
             }) {
                 panic!("reading keyed state {name:?} of {key:?}: {e}");
             }
@@ -620,6 +703,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
     /// key groups it owns from `state.imports`, then writes the key groups
     /// of `state` (heap snapshot format) into it.
     pub fn restore(&mut self, state: &RestoreState) -> Result<(), StateError> {
+        self.clock.restore(state.time);
         if let Some(native) = &state.native {
             // Whatever was there before is replaced, cache included.
             self.clear_cache();
@@ -649,6 +733,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         // Cached values of the group would hide what is written here.
         self.write_back()?;
         self.clear_cache();
+        let now = self.now();
         let db = self.db.as_deref_mut().expect("opened above");
         let (states, writes) = (&mut self.states, &mut self.writes);
         read_group(bytes, |name, entries| {
@@ -656,7 +741,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
                 .iter_mut()
                 .find(|s| s.name() == name)
                 .ok_or(StateError::UnknownState(name))?;
-            state.restore_group(group.0 as u16, entries, writes)?;
+            state.restore_group(group.0 as u16, entries, writes, now)?;
             write_sorted(db, state.name(), writes)
         })
     }
@@ -668,10 +753,14 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             !self.dirty,
             "the cache is written back before reading all keys"
         );
-        let cursor = self.db.as_deref().map(|db| db.scan(self.states[id].name()));
+        let state: &State<K, V> = self.states[id]
+            .as_any()
+            .downcast_ref()
+            .expect("a state handle is only used with the backend that issued it");
         Values {
-            cursor,
-            _types: PhantomData,
+            cursor: self.db.as_deref().map(|db| db.scan(&state.name)),
+            form: state.form,
+            restored: self.clock.restored(),
         }
     }
 }
@@ -699,9 +788,11 @@ fn state_mut<K: Key, S: Data>(state: &mut Box<dyn CachedState<K>>) -> &mut State
 }
 
 /// Decoded entries of one column family.
-struct Values<'a, K, V> {
+struct Values<'a, K, V: Clone> {
     cursor: Option<Box<dyn super::store::Cursor + 'a>>,
-    _types: PhantomData<fn() -> (K, V)>,
+    form: Form<K, V>,
+    /// Stamps values written without TTL.
+    restored: Millis,
 }
 
 impl<K: Key, V: Data> Iterator for Values<'_, K, V> {
@@ -712,7 +803,7 @@ impl<K: Key, V: Data> Iterator for Values<'_, K, V> {
         Some((
             rmp_serde::from_slice(&key[2..])
                 .unwrap_or_else(|e| panic!("a key of keyed state does not decode: {e}")),
-            rmp_serde::from_slice(value)
+            (self.form.decode)(value, self.restored)
                 .unwrap_or_else(|e| panic!("a value of keyed state does not decode: {e}")),
         ))
     }

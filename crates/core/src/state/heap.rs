@@ -20,10 +20,12 @@
 //! throughput at 1,000,000 and 10,000,000 keys).
 
 use super::snapshot::RestoreState;
+use super::ttl::{Form, StateTtlConfig, STAMPED};
 use super::{Key, StateError};
 use crate::model::batch::Data;
 use crate::model::ids::KeyGroup;
 use crate::model::key_group::{key_hash, KeyGroupRange};
+use crate::time::Millis;
 use hashbrown::HashTable;
 use std::any::Any;
 use std::sync::{Arc, Mutex, Weak};
@@ -34,9 +36,19 @@ pub(super) type GroupTable<K, S> = HashTable<(K, S)>;
 trait StateTable: Send {
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
-    /// Lends the table of key group `group` to a snapshot.
-    fn lend(&mut self, group: usize) -> Box<dyn SharedTable>;
-    fn restore_group(&mut self, group: usize, input: &mut &[u8]) -> Result<(), StateError>;
+    /// Lends the table of key group `group` to a snapshot taken at `now`.
+    fn lend(&mut self, group: usize, now: Millis) -> Box<dyn SharedTable>;
+    /// `now` stamps values restored into a state with TTL without one.
+    fn restore_group(
+        &mut self,
+        group: usize,
+        input: &mut &[u8],
+        now: Millis,
+    ) -> Result<(), StateError>;
+    /// Checks up to `entries` entries of a state with TTL where the last
+    /// check stopped, and drops what expired by `now`. Key groups lent to
+    /// snapshots are passed over.
+    fn clean_up(&mut self, entries: usize, now: Millis);
     /// Starts loading what a lookup of `hash` in key group `group` reads.
     fn prefetch(&self, group: usize, hash: u64);
 }
@@ -46,8 +58,18 @@ trait SharedTable: Send {
     fn write(&self, out: &mut Vec<u8>);
 }
 
-struct Table<K, S> {
+/// A table lent to a snapshot taken at `now`.
+struct Lent<K, S: Clone> {
+    table: Arc<GroupTable<K, S>>,
+    form: Form<K, S>,
+    now: Millis,
+}
+
+struct Table<K, S: Clone> {
     groups: Vec<GroupSlot<K, S>>,
+    form: Form<K, S>,
+    /// Where incremental cleanup goes on: key group and bucket.
+    cleanup: (usize, usize),
 }
 
 /// One key group's table of one state: owned, or lent to snapshots, which
@@ -95,12 +117,23 @@ impl<K: Key, S: Data> StateTable for Table<K, S> {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
-    fn lend(&mut self, group: usize) -> Box<dyn SharedTable> {
-        Box::new(self.groups[group].lend())
+    fn lend(&mut self, group: usize, now: Millis) -> Box<dyn SharedTable> {
+        Box::new(Lent {
+            table: self.groups[group].lend(),
+            form: self.form,
+            now,
+        })
     }
-    fn restore_group(&mut self, group: usize, input: &mut &[u8]) -> Result<(), StateError> {
-        let entries: Vec<(K, S)> =
-            rmp_serde::from_read(input).map_err(|e| StateError::Decode(e.to_string()))?;
+    fn restore_group(
+        &mut self,
+        group: usize,
+        input: &mut &[u8],
+        now: Millis,
+    ) -> Result<(), StateError> {
+        let entries = self
+            .form
+            .decode_entries(input, now)
+            .map_err(|e| StateError::Decode(e.to_string()))?;
         let table = self.groups[group].reclaim();
         for (key, value) in entries {
             let hash = table_hash(&key);
@@ -111,6 +144,37 @@ impl<K: Key, S: Data> StateTable for Table<K, S> {
     #[inline]
     fn prefetch(&self, group: usize, hash: u64) {
         prefetch_probe(self.groups[group].get(), hash);
+    }
+    fn clean_up(&mut self, mut entries: usize, now: Millis) {
+        let Some(config) = self.form.ttl else { return };
+        let (mut group, mut bucket) = self.cleanup;
+        // Each key group at most once a call, so a small state is not
+        // walked over and over.
+        let groups = self.groups.len();
+        for _ in 0..groups {
+            if entries == 0 {
+                break;
+            }
+            let slot = &mut self.groups[group % groups];
+            if slot.lent.is_none() {
+                let table = &mut slot.owned;
+                while entries > 0 && bucket < table.num_buckets() {
+                    if let Some((_, value)) = table.get_bucket_mut(bucket) {
+                        entries -= 1;
+                        if !(self.form.retain_live)(value, &config, now) {
+                            let _ = table.get_bucket_entry(bucket).map(|e| e.remove());
+                        }
+                    }
+                    bucket += 1;
+                }
+                if bucket >= table.num_buckets() {
+                    (group, bucket) = (group + 1, 0);
+                }
+            } else {
+                (group, bucket) = (group + 1, 0);
+            }
+        }
+        self.cleanup = (group % groups, bucket);
     }
 }
 
@@ -160,15 +224,28 @@ fn prefetch<T>(address: *const T) {
     let _ = address;
 }
 
-impl<K: Key, S: Data> SharedTable for Arc<GroupTable<K, S>> {
+impl<K: Key, S: Data> SharedTable for Lent<K, S> {
+    /// An array of the entries, encoded straight from the table; with TTL,
+    /// marked, and only what is live at the snapshot.
     fn write(&self, out: &mut Vec<u8>) {
-        let table: &GroupTable<K, S> = self;
-        if let Some(counts) = (table as &dyn Any).downcast_ref::<GroupTable<u64, u64>>() {
-            return write_u64_pairs(counts, out);
-        }
-        // An array of the entries, encoded straight from the table.
-        serde::Serializer::collect_seq(&mut rmp_serde::Serializer::new(out), self.iter())
-            .expect("writing to a vector cannot fail");
+        let table: &GroupTable<K, S> = &self.table;
+        let mut serializer = rmp_serde::Serializer::new(&mut *out);
+        let written = match &self.form.ttl {
+            None => {
+                if let Some(counts) = (table as &dyn Any).downcast_ref::<GroupTable<u64, u64>>() {
+                    return write_u64_pairs(counts, out);
+                }
+                serde::Serializer::collect_seq(&mut serializer, table.iter())
+            }
+            Some(config) => {
+                serializer.get_mut().push(STAMPED);
+                let live = table
+                    .iter()
+                    .filter_map(|(k, s)| (self.form.live)(s, config, self.now).map(|s| (k, s)));
+                serde::Serializer::collect_seq(&mut serializer, live)
+            }
+        };
+        written.expect("writing to a vector cannot fail");
     }
 }
 
@@ -338,6 +415,10 @@ pub struct HeapKeyedStateBackend<K: Key> {
     max_parallelism: u32,
     names: Vec<String>,
     tables: Vec<Box<dyn StateTable>>,
+    /// The TTL of each state, if it has one.
+    ttl: Vec<Option<StateTtlConfig>>,
+    /// Processing time, as the subtask last set it.
+    now: Millis,
     /// Snapshots that may still share tables.
     snapshots: Vec<Weak<Groups>>,
     _key: std::marker::PhantomData<fn() -> K>,
@@ -351,6 +432,8 @@ impl<K: Key> HeapKeyedStateBackend<K> {
             max_parallelism,
             names: Vec::new(),
             tables: Vec::new(),
+            ttl: Vec::new(),
+            now: 0,
             snapshots: Vec::new(),
             _key: std::marker::PhantomData,
         }
@@ -366,16 +449,46 @@ impl<K: Key> HeapKeyedStateBackend<K> {
         self.max_parallelism
     }
 
-    pub(super) fn register<S: Data>(&mut self, name: &str) -> usize {
+    pub(super) fn register<S: Data>(&mut self, name: &str, form: Form<K, S>) -> usize {
         assert!(
             !self.names.iter().any(|n| n == name),
             "keyed state {name:?} declared twice"
         );
         self.names.push(name.to_owned());
+        self.ttl.push(form.ttl);
         self.tables.push(Box::new(Table::<K, S> {
             groups: (0..self.range.len()).map(|_| GroupSlot::new()).collect(),
+            form,
+            cleanup: (0, 0),
         }));
         self.tables.len() - 1
+    }
+
+    /// The TTL of state `id`.
+    #[inline]
+    pub(super) fn ttl(&self, id: usize) -> Option<StateTtlConfig> {
+        self.ttl[id]
+    }
+
+    /// Processing time as last set: what TTL measures.
+    #[inline]
+    pub(super) fn now(&self) -> Millis {
+        self.now
+    }
+
+    /// Processing time is `now` (never going back).
+    pub(super) fn set_time(&mut self, now: Millis) {
+        self.now = self.now.max(now);
+    }
+
+    /// Incremental TTL cleanup for `records` records: each state with TTL
+    /// checks its configured number of entries per record.
+    pub(super) fn clean_up(&mut self, records: usize) {
+        for (table, ttl) in self.tables.iter_mut().zip(&self.ttl) {
+            if let Some(config) = ttl {
+                table.clean_up(config.cleanup_entries() * records, self.now);
+            }
+        }
     }
 
     /// The synchronous part of a snapshot: every table lent, none copied.
@@ -384,7 +497,11 @@ impl<K: Key> HeapKeyedStateBackend<K> {
             names: self.names.clone(),
             groups: (0..self.range.len())
                 .map(|group| {
-                    let tables = self.tables.iter_mut().map(|t| t.lend(group)).collect();
+                    let tables = self
+                        .tables
+                        .iter_mut()
+                        .map(|t| t.lend(group, self.now))
+                        .collect();
                     Mutex::new(Group::Shared(tables))
                 })
                 .collect(),
@@ -403,6 +520,7 @@ impl<K: Key> HeapKeyedStateBackend<K> {
         if let Some(dir) = state.native.iter().chain(&state.imports).next() {
             return Err(StateError::NativeCheckpointOnHeap(dir.clone()));
         }
+        self.set_time(state.time);
         for (group, bytes) in &state.key_groups {
             self.restore_group(*group, bytes)?;
         }
@@ -422,7 +540,7 @@ impl<K: Key> HeapKeyedStateBackend<K> {
                 .iter()
                 .position(|n| *n == name)
                 .ok_or(StateError::UnknownState(name))?;
-            self.tables[id].restore_group(offset, entries)
+            self.tables[id].restore_group(offset, entries, self.now)
         })
     }
 
@@ -543,8 +661,13 @@ mod tests {
                 table.insert_unique(table_hash(&key), (key, value), |(k, _)| table_hash(k));
             }
             let table = Arc::new(table);
+            let lent = Lent {
+                table: table.clone(),
+                form: Form::plain::<crate::state::ttl::TtlValue<u64>>(),
+                now: 0,
+            };
             let mut direct = Vec::new();
-            table.write(&mut direct);
+            lent.write(&mut direct);
             let mut serde = Vec::new();
             serde::Serializer::collect_seq(
                 &mut rmp_serde::Serializer::new(&mut serde),

@@ -14,14 +14,19 @@ mod heap;
 pub mod snapshot;
 pub mod store;
 pub mod timers;
+pub mod ttl;
+mod ttl_views;
 
 pub use self::broadcast::{BroadcastContext, BroadcastStates, KeyedState, MapStateDescriptor};
 pub use self::cached::EmbeddedKeyedStateBackend;
 pub use self::heap::{HeapKeyedStateBackend, HeapSnapshot, KeySlot};
 pub use self::store::EmbeddedStore;
+pub use self::ttl::{StateTtlConfig, StateVisibility, UpdateType};
+pub use self::ttl_views::{TtlList, TtlMap};
 
 use self::cached::CachedValue;
 use self::heap::{table_hash, GroupTable};
+use self::ttl::{Form, TtlReduce, TtlValue};
 use hashbrown::hash_table;
 
 use crate::model::batch::Data;
@@ -30,6 +35,7 @@ use crate::model::key_group::{key_group_for_hash, key_hash, KeyGroupRange};
 use crate::time::timers::{KeyTimers, TimeCounters, TimeDomain};
 use crate::time::Millis;
 use snapshot::{KeyedSnapshot, RestoreState};
+use rustc_hash::FxHashMap;
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::marker::PhantomData;
@@ -227,9 +233,12 @@ impl<K: Key> KeyedStateBackend<K> {
     pub fn prepare(&mut self, keys: &[K], slots: &mut Vec<KeySlot>) {
         slots.clear();
         slots.extend(keys.iter().map(|key| self.locate(key)));
-        if let KeyedStateBackend::Embedded(b) = self {
-            if let Err(e) = b.read_ahead(keys, slots) {
-                panic!("reading the keyed state of a batch: {e}");
+        match self {
+            KeyedStateBackend::Heap(b) => b.clean_up(keys.len()),
+            KeyedStateBackend::Embedded(b) => {
+                if let Err(e) = b.read_ahead(keys, slots) {
+                    panic!("reading the keyed state of a batch: {e}");
+                }
             }
         }
     }
@@ -244,11 +253,44 @@ impl<K: Key> KeyedStateBackend<K> {
         }
     }
 
-    /// `reduce`: how values added to a reducing state combine.
-    fn register<S: Data>(&mut self, name: &str, reduce: Option<Reduce<S>>) -> usize {
+    /// `reduce`: how values added to a reducing state combine; `form`:
+    /// with or without TTL.
+    fn register<S: Data>(
+        &mut self,
+        name: &str,
+        reduce: Option<Reduce<S>>,
+        form: Form<K, S>,
+    ) -> usize {
         match self {
-            KeyedStateBackend::Heap(b) => b.register::<S>(name),
-            KeyedStateBackend::Embedded(b) => b.register::<S>(name, reduce),
+            KeyedStateBackend::Heap(b) => b.register::<S>(name, form),
+            KeyedStateBackend::Embedded(b) => b.register::<S>(name, reduce, form),
+        }
+    }
+
+    /// The TTL of state `id`, if it has one.
+    #[inline]
+    fn ttl(&self, id: usize) -> Option<StateTtlConfig> {
+        match self {
+            KeyedStateBackend::Heap(b) => b.ttl(id),
+            KeyedStateBackend::Embedded(b) => b.ttl(id),
+        }
+    }
+
+    /// Processing time as the subtask last set it: what TTL measures.
+    #[inline]
+    fn now(&self) -> Millis {
+        match self {
+            KeyedStateBackend::Heap(b) => b.now(),
+            KeyedStateBackend::Embedded(b) => b.now(),
+        }
+    }
+
+    /// Processing time is `now`, ms since the Unix epoch (never going
+    /// back): the clock of states with TTL.
+    pub fn set_time(&mut self, now: Millis) {
+        match self {
+            KeyedStateBackend::Heap(b) => b.set_time(now),
+            KeyedStateBackend::Embedded(b) => b.set_time(now),
         }
     }
 
@@ -317,6 +359,16 @@ state_handle!(
 state_handle!(
     /// A list per key.
     ListState<V>
+);
+state_handle!(
+    /// A list per key whose elements expire one by one (declared with
+    /// [`StateRegistrar::list_with_ttl`]).
+    TtlListState<V>
+);
+state_handle!(
+    /// A map per key whose entries expire one by one (declared with
+    /// [`StateRegistrar::map_with_ttl`]).
+    TtlMapState<UK, UV>
 );
 
 /// How the values added to a reducing state combine (Flink's
@@ -404,7 +456,20 @@ impl<'a, K: Key> StateRegistrar<'a, K> {
     /// snapshot, so it must be unique in the operator and stable across
     /// versions of the job.
     pub fn value<V: Data>(&mut self, name: &str) -> ValueState<V> {
-        ValueState::new(self.backend.register::<V>(name, None))
+        ValueState::new(
+            self.backend
+                .register::<V>(name, None, Form::plain::<TtlValue<V>>()),
+        )
+    }
+
+    /// Declares value state `name` whose values expire `ttl` after they
+    /// were last written (see [`StateTtlConfig`]). It restores from a
+    /// snapshot of the same state without TTL, and the reverse.
+    pub fn value_with_ttl<V: Data>(&mut self, name: &str, ttl: StateTtlConfig) -> ValueState<V> {
+        ValueState::new(
+            self.backend
+                .register::<TtlValue<V>>(name, None, Form::stamped(ttl)),
+        )
     }
 
     /// Declares reducing state `name` (named as for [`value`](Self::value)),
@@ -421,7 +486,29 @@ impl<'a, K: Key> StateRegistrar<'a, K> {
         let erased = reduce.clone();
         let erased: Reduce<V> = Arc::new(move |acc, value| erased.reduce(acc, value));
         ReducingState {
-            id: self.backend.register::<V>(name, Some(erased)),
+            id: self
+                .backend
+                .register::<V>(name, Some(erased), Form::plain::<TtlValue<V>>()),
+            reduce,
+            value: PhantomData,
+        }
+    }
+
+    /// Declares reducing state `name` (as [`reducing`](Self::reducing))
+    /// whose value expires `ttl` after it was last added to: an add to an
+    /// expired value starts again from the added value.
+    pub fn reducing_with_ttl<V: Data, R: ReduceFunction<V>>(
+        &mut self,
+        name: &str,
+        reduce: R,
+        ttl: StateTtlConfig,
+    ) -> ReducingState<V, R> {
+        let erased = TtlReduce::new(ttl, reduce.clone());
+        let erased: Reduce<TtlValue<V>> = Arc::new(move |acc, value| erased.reduce(acc, value));
+        ReducingState {
+            id: self
+                .backend
+                .register::<TtlValue<V>>(name, Some(erased), Form::stamped(ttl)),
             reduce,
             value: PhantomData,
         }
@@ -430,15 +517,45 @@ impl<'a, K: Key> StateRegistrar<'a, K> {
     /// Declares map state `name` (named as for [`value`](Self::value)). A
     /// key's whole map is one value of the backend.
     pub fn map<UK: Key, UV: Data>(&mut self, name: &str) -> MapState<UK, UV> {
-        MapState::new(
-            self.backend
-                .register::<rustc_hash::FxHashMap<UK, UV>>(name, None),
-        )
+        MapState::new(self.backend.register::<FxHashMap<UK, UV>>(
+            name,
+            None,
+            Form::plain::<FxHashMap<UK, TtlValue<UV>>>(),
+        ))
+    }
+
+    /// Declares map state `name` whose entries expire one by one, `ttl`
+    /// after each was last written; read and written through
+    /// [`KeyedContext::ttl_map`].
+    pub fn map_with_ttl<UK: Key, UV: Data>(
+        &mut self,
+        name: &str,
+        ttl: StateTtlConfig,
+    ) -> TtlMapState<UK, UV> {
+        TtlMapState::new(self.backend.register::<FxHashMap<UK, TtlValue<UV>>>(
+            name,
+            None,
+            Form::stamped(ttl),
+        ))
     }
 
     /// Declares list state `name` (named as for [`value`](Self::value)).
     pub fn list<V: Data>(&mut self, name: &str) -> ListState<V> {
-        ListState::new(self.backend.register::<Vec<V>>(name, None))
+        ListState::new(
+            self.backend
+                .register::<Vec<V>>(name, None, Form::plain::<Vec<TtlValue<V>>>()),
+        )
+    }
+
+    /// Declares list state `name` whose elements expire one by one, `ttl`
+    /// after each was added; read and written through
+    /// [`KeyedContext::ttl_list`].
+    pub fn list_with_ttl<V: Data>(&mut self, name: &str, ttl: StateTtlConfig) -> TtlListState<V> {
+        TtlListState::new(self.backend.register::<Vec<TtlValue<V>>>(
+            name,
+            None,
+            Form::stamped(ttl),
+        ))
     }
 }
 
@@ -523,13 +640,33 @@ impl<'a, K: Key> KeyedContext<'a, K> {
     pub fn map<UK: Key, UV: Data>(
         &mut self,
         state: &MapState<UK, UV>,
-    ) -> Entry<'_, K, rustc_hash::FxHashMap<UK, UV>> {
+    ) -> Entry<'_, K, FxHashMap<UK, UV>> {
         self.entry(state.id)
     }
 
     /// The current key's list of `state`.
     pub fn list<V: Data>(&mut self, state: &ListState<V>) -> Entry<'_, K, Vec<V>> {
         self.entry(state.id)
+    }
+
+    /// The current key's list of `state`, whose elements expire.
+    pub fn ttl_list<V: Data>(&mut self, state: &TtlListState<V>) -> TtlList<'_, K, V> {
+        let (config, now) = self.ttl_of(state.id);
+        TtlList::new(slot_of(self.backend, self.key, self.slot, state.id), config, now)
+    }
+
+    /// The current key's map of `state`, whose entries expire.
+    pub fn ttl_map<UK: Key, UV: Data>(
+        &mut self,
+        state: &TtlMapState<UK, UV>,
+    ) -> TtlMap<'_, K, UK, UV> {
+        let (config, now) = self.ttl_of(state.id);
+        TtlMap::new(slot_of(self.backend, self.key, self.slot, state.id), config, now)
+    }
+
+    fn ttl_of(&self, id: usize) -> (StateTtlConfig, Millis) {
+        let config = self.backend.ttl(id).expect("TTL handles name states with TTL");
+        (config, self.backend.now())
     }
 
     /// The current key's value of `state`.
@@ -649,58 +786,88 @@ fn entry_of<'e, K: Key, S: Data>(
     slot: KeySlot,
     id: usize,
 ) -> Entry<'e, K, S> {
-    match backend {
-        KeyedStateBackend::Heap(b) => Entry(EntryRef::Heap {
-            table: b.group_mut::<S>(id, slot.group),
-            key,
-            hash: slot.hash,
-        }),
-        KeyedStateBackend::Embedded(b) => Entry(EntryRef::Embedded(b.entry::<S>(id, key, slot))),
+    match backend.ttl(id) {
+        None => Entry(Access::Plain(slot_of(backend, key, slot, id))),
+        Some(config) => {
+            let now = backend.now();
+            let mut slot = slot_of::<K, TtlValue<S>>(backend, key, slot, id);
+            let expired = slot.get().map(|t| config.expired(t.at, now));
+            match expired {
+                Some(true) if !config.returns_expired() => drop(slot.clear()),
+                Some(false) if config.renews_on_read() => {
+                    slot.get_mut().expect("found above").at = now;
+                }
+                _ => {}
+            }
+            Entry(Access::Ttl { slot, now })
+        }
     }
 }
 
-fn find<'t, K: Key, S>(table: &'t GroupTable<K, S>, key: &K, hash: u64) -> Option<&'t S> {
-    table.find(hash, |(k, _)| k == key).map(|(_, s)| s)
+/// The slot of `key` in state `id`, whose values are `T`.
+#[inline]
+fn slot_of<'e, K: Key, T: Data>(
+    backend: &'e mut KeyedStateBackend<K>,
+    key: &'e K,
+    slot: KeySlot,
+    id: usize,
+) -> Slot<'e, K, T> {
+    match backend {
+        KeyedStateBackend::Heap(b) => Slot::Heap {
+            table: b.group_mut::<T>(id, slot.group),
+            key,
+            hash: slot.hash,
+        },
+        KeyedStateBackend::Embedded(b) => Slot::Embedded(b.entry::<T>(id, key, slot)),
+    }
 }
 
-/// One key's slot of one state.
+/// One key's slot of one state, whose values are `T`.
 ///
 /// On the heap it is the slot in the state's table. On RocksDB the value is
-/// read once, when the entry is made, into the backend's write-back cache;
-/// the entry works on that copy and marks it dirty when it is set, cleared or
-/// handed out mutably (`get_or_default`), and the cache writes dirty values
-/// back to RocksDB in batches (see `EmbeddedKeyedStateBackend`).
-pub struct Entry<'a, K: Key, S>(EntryRef<'a, K, S>);
-
-enum EntryRef<'a, K: Key, S> {
+/// read once, when the slot is made, into the backend's write-back cache;
+/// the slot works on that copy and marks it dirty when it is set, cleared or
+/// handed out mutably, and the cache writes dirty values back to RocksDB in
+/// batches (see `EmbeddedKeyedStateBackend`).
+enum Slot<'a, K: Key, T> {
     Heap {
-        table: &'a mut GroupTable<K, S>,
+        table: &'a mut GroupTable<K, T>,
         key: &'a K,
         hash: u64,
     },
-    Embedded(&'a mut CachedValue<S>),
+    Embedded(&'a mut CachedValue<T>),
 }
 
-impl<'a, K: Key, S: Data> Entry<'a, K, S> {
-    fn into_value(self) -> Option<&'a S> {
-        match self.0 {
-            EntryRef::Heap { table, key, hash } => find(table, key, hash),
-            EntryRef::Embedded(cached) => cached.value.as_ref(),
+impl<'a, K: Key, T: Data> Slot<'a, K, T> {
+    fn into_value(self) -> Option<&'a T> {
+        match self {
+            Slot::Heap { table, key, hash } => find(table, key, hash),
+            Slot::Embedded(cached) => cached.value.as_ref(),
         }
     }
 
-    /// The value, if the key has one.
-    pub fn get(&self) -> Option<&S> {
-        match &self.0 {
-            EntryRef::Heap { table, key, hash } => find(table, key, *hash),
-            EntryRef::Embedded(cached) => cached.value.as_ref(),
+    fn get(&self) -> Option<&T> {
+        match self {
+            Slot::Heap { table, key, hash } => find(table, key, *hash),
+            Slot::Embedded(cached) => cached.value.as_ref(),
         }
     }
 
-    /// Replaces the value.
-    pub fn set(&mut self, value: S) {
-        match &mut self.0 {
-            EntryRef::Heap { table, key, hash } => {
+    fn get_mut(&mut self) -> Option<&mut T> {
+        match self {
+            Slot::Heap { table, key, hash } => table
+                .find_mut(*hash, |(k, _)| k == *key)
+                .map(|(_, value)| value),
+            Slot::Embedded(cached) => {
+                cached.dirty |= cached.value.is_some();
+                cached.value.as_mut()
+            }
+        }
+    }
+
+    fn set(&mut self, value: T) {
+        match self {
+            Slot::Heap { table, key, hash } => {
                 match table.entry(*hash, |(k, _)| k == *key, |(k, _)| table_hash(k)) {
                     hash_table::Entry::Occupied(mut slot) => slot.get_mut().1 = value,
                     hash_table::Entry::Vacant(slot) => {
@@ -708,21 +875,20 @@ impl<'a, K: Key, S: Data> Entry<'a, K, S> {
                     }
                 }
             }
-            EntryRef::Embedded(cached) => {
+            Slot::Embedded(cached) => {
                 cached.value = Some(value);
                 cached.dirty = true;
             }
         }
     }
 
-    /// Removes the value; returns what it was.
-    pub fn clear(&mut self) -> Option<S> {
-        match &mut self.0 {
-            EntryRef::Heap { table, key, hash } => {
+    fn clear(&mut self) -> Option<T> {
+        match self {
+            Slot::Heap { table, key, hash } => {
                 let entry = table.find_entry(*hash, |(k, _)| k == *key).ok()?;
                 Some(entry.remove().0 .1)
             }
-            EntryRef::Embedded(cached) => {
+            Slot::Embedded(cached) => {
                 let old = cached.value.take();
                 cached.dirty |= old.is_some();
                 old
@@ -730,15 +896,9 @@ impl<'a, K: Key, S: Data> Entry<'a, K, S> {
         }
     }
 
-    /// Changes the value in place with `f`, if the key has one, then
-    /// removes it unless `keep` holds: one lookup.
-    pub fn update<R>(
-        &mut self,
-        f: impl FnOnce(&mut S) -> R,
-        keep: impl FnOnce(&S) -> bool,
-    ) -> Option<R> {
-        match &mut self.0 {
-            EntryRef::Heap { table, key, hash } => {
+    fn update<R>(&mut self, f: impl FnOnce(&mut T) -> R, keep: impl FnOnce(&T) -> bool) -> Option<R> {
+        match self {
+            Slot::Heap { table, key, hash } => {
                 let mut slot = table.find_entry(*hash, |(k, _)| k == *key).ok()?;
                 let result = f(&mut slot.get_mut().1);
                 if !keep(&slot.get().1) {
@@ -746,7 +906,7 @@ impl<'a, K: Key, S: Data> Entry<'a, K, S> {
                 }
                 Some(result)
             }
-            EntryRef::Embedded(cached) => {
+            Slot::Embedded(cached) => {
                 let value = cached.value.as_mut()?;
                 let result = f(value);
                 cached.dirty = true;
@@ -758,6 +918,93 @@ impl<'a, K: Key, S: Data> Entry<'a, K, S> {
         }
     }
 
+    #[inline]
+    fn get_or_insert_with(&mut self, make: impl FnOnce() -> T) -> &mut T {
+        match self {
+            Slot::Heap { table, key, hash } => {
+                let key = *key;
+                &mut table
+                    .entry(*hash, |(k, _)| k == key, |(k, _)| table_hash(k))
+                    .or_insert_with(|| (key.clone(), make()))
+                    .into_mut()
+                    .1
+            }
+            Slot::Embedded(cached) => {
+                cached.dirty = true;
+                cached.value.get_or_insert_with(make)
+            }
+        }
+    }
+}
+
+fn find<'t, K: Key, S>(table: &'t GroupTable<K, S>, key: &K, hash: u64) -> Option<&'t S> {
+    table.find(hash, |(k, _)| k == key).map(|(_, s)| s)
+}
+
+/// One key's value of one state. A state with TTL keeps it stamped: what
+/// had expired when the entry was made is gone (unless the state returns
+/// expired values), and every write renews the timestamp.
+pub struct Entry<'a, K: Key, S>(Access<'a, K, S>);
+
+enum Access<'a, K: Key, S> {
+    Plain(Slot<'a, K, S>),
+    Ttl {
+        slot: Slot<'a, K, TtlValue<S>>,
+        now: Millis,
+    },
+}
+
+impl<'a, K: Key, S: Data> Entry<'a, K, S> {
+    fn into_value(self) -> Option<&'a S> {
+        match self.0 {
+            Access::Plain(slot) => slot.into_value(),
+            Access::Ttl { slot, .. } => slot.into_value().map(|t| &t.value),
+        }
+    }
+
+    /// The value, if the key has one.
+    pub fn get(&self) -> Option<&S> {
+        match &self.0 {
+            Access::Plain(slot) => slot.get(),
+            Access::Ttl { slot, .. } => slot.get().map(|t| &t.value),
+        }
+    }
+
+    /// Replaces the value.
+    pub fn set(&mut self, value: S) {
+        match &mut self.0 {
+            Access::Plain(slot) => slot.set(value),
+            Access::Ttl { slot, now } => slot.set(TtlValue::new(value, *now)),
+        }
+    }
+
+    /// Removes the value; returns what it was.
+    pub fn clear(&mut self) -> Option<S> {
+        match &mut self.0 {
+            Access::Plain(slot) => slot.clear(),
+            Access::Ttl { slot, .. } => slot.clear().map(|t| t.value),
+        }
+    }
+
+    /// Changes the value in place with `f`, if the key has one, then
+    /// removes it unless `keep` holds: one lookup.
+    pub fn update<R>(
+        &mut self,
+        f: impl FnOnce(&mut S) -> R,
+        keep: impl FnOnce(&S) -> bool,
+    ) -> Option<R> {
+        match &mut self.0 {
+            Access::Plain(slot) => slot.update(f, keep),
+            Access::Ttl { slot, now } => slot.update(
+                |t| {
+                    t.at = *now;
+                    f(&mut t.value)
+                },
+                |t| keep(&t.value),
+            ),
+        }
+    }
+
     /// The slot, created with `S::default()` if empty: one lookup for a
     /// read-modify-write, which is what counters and lists want.
     #[inline]
@@ -766,17 +1013,11 @@ impl<'a, K: Key, S: Data> Entry<'a, K, S> {
         S: Default,
     {
         match &mut self.0 {
-            EntryRef::Heap { table, key, hash } => {
-                let key = *key;
-                &mut table
-                    .entry(*hash, |(k, _)| k == key, |(k, _)| table_hash(k))
-                    .or_insert_with(|| (key.clone(), S::default()))
-                    .into_mut()
-                    .1
-            }
-            EntryRef::Embedded(cached) => {
-                cached.dirty = true;
-                cached.value.get_or_insert_with(S::default)
+            Access::Plain(slot) => slot.get_or_insert_with(S::default),
+            Access::Ttl { slot, now } => {
+                let stamped = slot.get_or_insert_with(|| TtlValue::new(S::default(), *now));
+                stamped.at = *now;
+                &mut stamped.value
             }
         }
     }
@@ -796,23 +1037,13 @@ impl<K: Key, V: Data, R: ReduceFunction<V>> Reducing<'_, K, V, R> {
     #[inline]
     pub fn add(&mut self, value: V) {
         let ReducingState { id, reduce, .. } = self.state;
-        match &mut *self.backend {
-            KeyedStateBackend::Heap(b) => {
-                let key = self.key;
-                match b.group_mut::<V>(*id, self.slot.group).entry(
-                    self.slot.hash,
-                    |(k, _)| k == key,
-                    |(k, _)| table_hash(k),
-                ) {
-                    hash_table::Entry::Occupied(mut slot) => {
-                        reduce.reduce(&mut slot.get_mut().1, value)
-                    }
-                    hash_table::Entry::Vacant(slot) => {
-                        slot.insert((key.clone(), value));
-                    }
-                }
+        match self.backend.ttl(*id) {
+            None => add_to(self.backend, *id, self.key, self.slot, value, reduce),
+            Some(config) => {
+                let stamped = TtlValue::new(value, self.backend.now());
+                let reduce = TtlReduce::new(config, reduce.clone());
+                add_to(self.backend, *id, self.key, self.slot, stamped, &reduce)
             }
-            KeyedStateBackend::Embedded(b) => b.add(*id, self.key, self.slot, value, reduce),
         }
     }
 
@@ -824,6 +1055,34 @@ impl<K: Key, V: Data, R: ReduceFunction<V>> Reducing<'_, K, V, R> {
     /// Removes the value; returns what it was.
     pub fn clear(&mut self) -> Option<V> {
         entry_of(self.backend, self.key, self.slot, self.state.id).clear()
+    }
+}
+
+/// Combines `value` into the value of `key` in reducing state `id`, whose
+/// values are `S`.
+#[inline]
+fn add_to<K: Key, S: Data>(
+    backend: &mut KeyedStateBackend<K>,
+    id: usize,
+    key: &K,
+    slot: KeySlot,
+    value: S,
+    reduce: &impl ReduceFunction<S>,
+) {
+    match backend {
+        KeyedStateBackend::Heap(b) => {
+            match b.group_mut::<S>(id, slot.group).entry(
+                slot.hash,
+                |(k, _)| k == key,
+                |(k, _)| table_hash(k),
+            ) {
+                hash_table::Entry::Occupied(mut slot) => reduce.reduce(&mut slot.get_mut().1, value),
+                hash_table::Entry::Vacant(slot) => {
+                    slot.insert((key.clone(), value));
+                }
+            }
+        }
+        KeyedStateBackend::Embedded(b) => b.add(id, key, slot, value, reduce),
     }
 }
 
@@ -839,25 +1098,41 @@ impl<'a, K: Key> AllKeys<'a, K> {
         AllKeys { backend }
     }
 
-    /// Every key with a value, and the value, key group by key group.
+    /// Every key with a value, and the value, key group by key group. A
+    /// state with TTL gives the values that have not expired (or all it
+    /// still has, if it returns expired values).
     pub fn values<V: Data>(
         &self,
         state: &impl SingleValue<V>,
     ) -> Box<dyn Iterator<Item = (K, V)> + 'a> {
+        let id = state.id();
+        let Some(config) = self.backend.ttl(id) else {
+            return self.entries::<V>(id);
+        };
+        let now = self.backend.now();
+        Box::new(
+            self.entries::<TtlValue<V>>(id)
+                .filter(move |(_, t)| config.returns_expired() || !config.expired(t.at, now))
+                .map(|(k, t)| (k, t.value)),
+        )
+    }
+
+    /// Every key and value of state `id`, whose values are `S`.
+    fn entries<S: Data>(&self, id: usize) -> Box<dyn Iterator<Item = (K, S)> + 'a> {
         match self.backend {
             KeyedStateBackend::Heap(b) => Box::new(
-                b.entries::<V>(state.id())
+                b.entries::<S>(id)
                     .map(|(k, v)| (k.clone(), v.clone())),
             ),
-            KeyedStateBackend::Embedded(b) => Box::new(b.entries::<V>(state.id())),
+            KeyedStateBackend::Embedded(b) => Box::new(b.entries::<S>(id)),
         }
     }
 
     /// Every key with a value in state `id`, of values `S`.
     pub(crate) fn keys<S: Data>(&self, id: usize) -> Vec<K> {
-        match self.backend {
-            KeyedStateBackend::Heap(b) => b.entries::<S>(id).map(|(k, _)| k.clone()).collect(),
-            KeyedStateBackend::Embedded(b) => b.entries::<S>(id).map(|(k, _)| k).collect(),
+        match self.backend.ttl(id) {
+            None => self.entries::<S>(id).map(|(k, _)| k).collect(),
+            Some(_) => self.entries::<TtlValue<S>>(id).map(|(k, _)| k).collect(),
         }
     }
 }

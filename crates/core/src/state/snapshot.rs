@@ -5,6 +5,7 @@ use super::HeapSnapshot;
 use crate::checkpoint::ChannelState;
 use crate::model::ids::KeyGroup;
 use crate::model::key_group::KeyGroupRange;
+use crate::time::Millis;
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -84,4 +85,7 @@ pub struct RestoreState {
     /// The replayed input holds records of key groups other subtasks own
     /// (`RestorePlan::filter_replay`).
     pub filter_replay: bool,
+    /// Processing time of the restore: the timestamp of values restored
+    /// into a state with TTL that had none (`state::ttl`).
+    pub time: Millis,
 }

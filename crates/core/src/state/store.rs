@@ -12,6 +12,7 @@
 //! range of them is cut out with one range delete or read with one seek.
 
 use super::snapshot::NativeFile;
+use super::ttl::CompactionFilter;
 use super::StateError;
 use crate::model::ids::CheckpointId;
 use crate::model::key_group::KeyGroupRange;
@@ -64,6 +65,8 @@ pub struct ColumnFamily {
     pub name: String,
     /// A reducing state's merge operator.
     pub merge: Option<MergeFunction>,
+    /// A state with TTL's compaction filter, which drops expired values.
+    pub ttl: Option<CompactionFilter>,
 }
 
 /// One open database of one subtask. Errors it returns fail the subtask.
@@ -105,6 +108,9 @@ pub trait Database: Send {
     ) -> Result<(), StateError>;
     /// Every entry of a column family, in key order.
     fn scan<'a>(&'a self, family: &str) -> Box<dyn Cursor + 'a>;
+    /// Flushes and compacts every column family all the way down, running
+    /// the compaction filters of states with TTL over every value.
+    fn compact(&mut self) -> Result<(), StateError>;
 }
 
 /// Entries of one column family, in key order.
@@ -164,13 +170,15 @@ pub enum Write<'a> {
 }
 
 impl SortedWrites {
-    /// `value`: `None` deletes; `merge`: the value is a merge operand.
-    pub(super) fn push<K: Serialize, S: Serialize>(
+    /// `value`: `None` deletes; `merge`: the value is a merge operand;
+    /// `encode` writes a value as the state stores it.
+    pub(super) fn push<K: Serialize, S>(
         &mut self,
         group: u16,
         key: &K,
         value: Option<&S>,
         merge: bool,
+        encode: fn(&mut Vec<u8>, &S),
     ) {
         let start = self.bytes.len();
         write_key(&mut self.bytes, group, key);
@@ -179,7 +187,7 @@ impl SortedWrites {
         let head = &self.bytes[start..][..key_len.min(8)];
         prefix[..head.len()].copy_from_slice(head);
         let value_len = value.map(|value| {
-            rmp_serde::encode::write(&mut self.bytes, value).expect("values serialize to memory");
+            encode(&mut self.bytes, value);
             self.bytes.len() - start - key_len
         });
         self.writes.push(Placed {

@@ -233,3 +233,83 @@ fn the_cache_in_front_of_an_embedded_store_combines_added_values_in_order() {
         reducing_semantics(embedded_cached(&dir, whole(), capacity));
     }
 }
+
+#[test]
+fn states_with_ttl_expire_on_the_heap_and_in_front_of_an_embedded_store() {
+    ttl_semantics(heap(whole()));
+    for capacity in [1, 3, StateBackend::DEFAULT_CACHE_ENTRIES] {
+        let dir = tempfile::tempdir().unwrap();
+        ttl_semantics(embedded_cached(&dir, whole(), capacity));
+    }
+}
+
+#[test]
+fn states_migrate_to_and_from_ttl_on_the_heap_and_in_an_embedded_store() {
+    ttl_migrates_both_ways(&|| heap(whole()));
+    let dir = tempfile::tempdir().unwrap();
+    for capacity in [1, StateBackend::DEFAULT_CACHE_ENTRIES] {
+        ttl_migrates_both_ways(&|| embedded_cached(&dir, whole(), capacity));
+    }
+}
+
+#[test]
+fn an_embedded_store_compacts_away_what_expired() {
+    let dir = tempfile::tempdir().unwrap();
+    compaction_drops_what_expired(embedded(&dir, whole()));
+}
+
+/// Expired values, elements and entries are left out of a heap snapshot
+/// even if nothing read them since they expired: a restore without TTL,
+/// which would keep them, finds only the live ones.
+#[test]
+fn a_heap_snapshot_leaves_out_what_expired() {
+    let mut backend = heap::<u64>(whole());
+    let mut reg = StateRegistrar::new(&mut backend);
+    let count = reg.value_with_ttl::<u64>("count", ttl_100ms());
+    let seen = reg.list_with_ttl::<u64>("seen", ttl_100ms());
+    backend.set_time(1000);
+    for key in 0..100u64 {
+        let mut ctx = KeyedContext::new(&mut backend, &key);
+        ctx.value(&count).set(key);
+        ctx.ttl_list(&seen).add(key);
+    }
+    backend.set_time(1060);
+    for key in 0..10u64 {
+        let mut ctx = KeyedContext::new(&mut backend, &key);
+        ctx.value(&count).set(key);
+        ctx.ttl_list(&seen).add(key + 1);
+    }
+    backend.set_time(1150);
+    let declare = |r: &mut StateRegistrar<'_, u64>| (r.value::<u64>("count"), r.list::<u64>("seen"));
+    let make = || heap(whole());
+    let (mut plain, (count, seen)) = restored(&make, declare, &restorable(&mut backend), 0);
+    assert_eq!(all(&mut plain, &count), (0..10).map(|k| (k, k)).collect::<Vec<_>>());
+    for key in [0u64, 9, 10, 99] {
+        let listed = KeyedContext::new(&mut plain, &key).list(&seen).get().cloned();
+        assert_eq!(listed, (key < 10).then(|| vec![key + 1]), "key {key}");
+    }
+}
+
+/// A heap state with TTL checks a bounded number of entries per record
+/// and drops the expired ones, though no record reads them.
+#[test]
+fn the_heap_cleans_up_a_few_expired_entries_per_record() {
+    use crate::state::StateVisibility::ReturnExpiredIfNotCleanedUp;
+    let mut backend = heap::<u64>(whole());
+    let ttl = ttl_100ms()
+        .visibility(ReturnExpiredIfNotCleanedUp)
+        .cleanup_incrementally(3);
+    let count = StateRegistrar::new(&mut backend).value_with_ttl::<u64>("count", ttl);
+    backend.set_time(1000);
+    for key in 0..1000u64 {
+        KeyedContext::new(&mut backend, &key).value(&count).set(key);
+    }
+    backend.set_time(1100);
+    let mut slots = Vec::new();
+    backend.prepare(&[5000; 50], &mut slots);
+    assert_eq!(all(&mut backend, &count).len(), 1000 - 150);
+    for _ in 0..10 {
+        backend.prepare(&[5000; 50], &mut slots);
+    }
+    assert_eq!(all(&mut backend, &count), vec![]);
+}

@@ -162,3 +162,172 @@ pub fn reducing_semantics(mut backend: KeyedStateBackend<u64>) {
         }
     }
 }
+
+/// The TTL every fixture below declares: 100 ms, values invisible once
+/// expired, renewed on write.
+pub fn ttl_100ms() -> crate::state::StateTtlConfig {
+    crate::state::StateTtlConfig::new(std::time::Duration::from_millis(100))
+}
+
+/// A sum, as a reducing state's function.
+fn sum(acc: &mut u64, n: u64) {
+    *acc += n;
+}
+
+/// What states with TTL must do on every backend: an expired value,
+/// element or entry is never returned, a write renews it, and an add to an
+/// expired reducing value starts again.
+pub fn ttl_semantics(mut backend: KeyedStateBackend<u64>) {
+    let mut reg = StateRegistrar::new(&mut backend);
+    let value = reg.value_with_ttl::<u64>("value", ttl_100ms());
+    let reducing = reg.reducing_with_ttl("reducing", sum as fn(&mut u64, u64), ttl_100ms());
+    let list = reg.list_with_ttl::<u64>("list", ttl_100ms());
+    let map = reg.map_with_ttl::<u64, u64>("map", ttl_100ms());
+    backend.set_time(1000);
+    for key in 0..10u64 {
+        let mut ctx = KeyedContext::new(&mut backend, &key);
+        ctx.value(&value).set(key);
+        ctx.reducing(&reducing).add(key);
+        ctx.ttl_list(&list).add(key);
+        ctx.ttl_map(&map).put(key, key);
+    }
+    backend.set_time(1050);
+    for key in 0..5u64 {
+        let mut ctx = KeyedContext::new(&mut backend, &key);
+        ctx.ttl_list(&list).add(100 + key);
+        ctx.ttl_map(&map).put(100 + key, 1);
+        ctx.reducing(&reducing).add(1);
+    }
+    *KeyedContext::new(&mut backend, &0).value(&value).get_or_default() += 7;
+    backend.set_time(1120);
+    for key in 0..10u64 {
+        let mut ctx = KeyedContext::new(&mut backend, &key);
+        let renewed = key < 5;
+        let expect_value = (key == 0).then_some(7);
+        assert_eq!(ctx.value(&value).get().copied(), expect_value, "key {key}");
+        let expect_sum = renewed.then_some(key + 1);
+        assert_eq!(ctx.reducing(&reducing).get().copied(), expect_sum, "key {key}");
+        let listed: Vec<u64> = ctx.ttl_list(&list).get().copied().collect();
+        assert_eq!(listed, if renewed { vec![100 + key] } else { vec![] });
+        let mut entries = ctx.ttl_map(&map);
+        assert_eq!(entries.get(&key), None, "key {key}");
+        assert_eq!(entries.get(&(100 + key)), renewed.then_some(&1));
+        assert_eq!(entries.iter().count(), usize::from(renewed));
+    }
+    // An add to an expired value starts again from it.
+    KeyedContext::new(&mut backend, &7).reducing(&reducing).add(5);
+    assert_eq!(all(&mut backend, &value), vec![(0, 7)]);
+    let sums: Vec<(u64, u64)> = (0..5).map(|k| (k, k + 1)).chain([(7, 5)]).collect();
+    assert_eq!(all(&mut backend, &reducing), sums);
+    backend.set_time(1300);
+    assert_eq!(all(&mut backend, &value), vec![]);
+    assert_eq!(all(&mut backend, &reducing), vec![]);
+    let mut ctx = KeyedContext::new(&mut backend, &3);
+    assert_eq!(ctx.ttl_list(&list).get().count(), 0);
+    assert_eq!(ctx.ttl_map(&map).iter().count(), 0);
+}
+
+/// States declared by `declare` in a fresh backend from `make`, restored
+/// from `state` at processing time `time`.
+pub fn restored<S>(
+    make: &dyn Fn() -> KeyedStateBackend<u64>,
+    declare: impl FnOnce(&mut StateRegistrar<'_, u64>) -> S,
+    state: &RestoreState,
+    time: u64,
+) -> (KeyedStateBackend<u64>, S) {
+    let mut backend = make();
+    let states = declare(&mut StateRegistrar::new(&mut backend));
+    let state = RestoreState {
+        time,
+        ..state.clone()
+    };
+    backend.restore(&state).unwrap();
+    (backend, states)
+}
+
+/// A snapshot of `backend` to restore from: its key groups for the heap,
+/// its native checkpoint for an embedded store.
+pub fn restorable(backend: &mut KeyedStateBackend<u64>) -> RestoreState {
+    use crate::state::snapshot::KeyedSnapshot;
+    match backend.snapshot(crate::model::ids::CheckpointId(1)).unwrap() {
+        KeyedSnapshot::Heap(snapshot) => RestoreState {
+            key_groups: snapshot
+                .key_groups()
+                .iter()
+                .enumerate()
+                .map(|(offset, group)| (group, snapshot.take_group(offset).into()))
+                .collect(),
+            ..RestoreState::default()
+        },
+        KeyedSnapshot::Native(native) => restore_native(&native.dir),
+    }
+}
+
+/// A state restores from a snapshot of itself without TTL into one with
+/// TTL, its values living a TTL from the restore, and back, keeping every
+/// value.
+pub fn ttl_migrates_both_ways(make: &dyn Fn() -> KeyedStateBackend<u64>) {
+    let keys: Vec<(u64, u64)> = (0..50).map(|k| (k, k * 3)).collect();
+    let mut plain = make();
+    let count = StateRegistrar::new(&mut plain).value::<u64>("count");
+    for &(key, n) in &keys {
+        KeyedContext::new(&mut plain, &key).value(&count).set(n);
+    }
+    let with_ttl = |r: &mut StateRegistrar<'_, u64>| r.value_with_ttl::<u64>("count", ttl_100ms());
+    let (mut ttl, count) = restored(make, with_ttl, &restorable(&mut plain), 5000);
+    ttl.set_time(5050);
+    assert_eq!(all(&mut ttl, &count), keys);
+    // A value read again is not stamped anew.
+    ttl.set_time(5099);
+    for &(key, n) in &keys {
+        assert_eq!(KeyedContext::new(&mut ttl, &key).value(&count).get(), Some(&n));
+    }
+    ttl.set_time(5100);
+    assert_eq!(all(&mut ttl, &count), vec![]);
+
+    let mut ttl = make();
+    let count = with_ttl(&mut StateRegistrar::new(&mut ttl));
+    ttl.set_time(1000);
+    for &(key, n) in &keys {
+        KeyedContext::new(&mut ttl, &key).value(&count).set(n);
+    }
+    let without = |r: &mut StateRegistrar<'_, u64>| r.value::<u64>("count");
+    let (mut plain, count) = restored(make, without, &restorable(&mut ttl), 1_000_000);
+    assert_eq!(all(&mut plain, &count), keys);
+}
+
+/// A state with TTL that returns expired values until they are cleaned up,
+/// on an embedded store: its values are there until a compaction drops
+/// them, and a list loses only its expired elements.
+pub fn compaction_drops_what_expired(mut backend: KeyedStateBackend<u64>) {
+    use crate::state::StateVisibility::ReturnExpiredIfNotCleanedUp;
+    let ttl = ttl_100ms().visibility(ReturnExpiredIfNotCleanedUp);
+    let mut reg = StateRegistrar::new(&mut backend);
+    let count = reg.value_with_ttl::<u64>("count", ttl);
+    let seen = reg.list_with_ttl::<u64>("seen", ttl);
+    backend.set_time(1000);
+    for key in 0..1000u64 {
+        let mut ctx = KeyedContext::new(&mut backend, &key);
+        ctx.value(&count).set(key);
+        ctx.ttl_list(&seen).add(key);
+    }
+    backend.set_time(1080);
+    for key in 0..100u64 {
+        let mut ctx = KeyedContext::new(&mut backend, &key);
+        ctx.value(&count).set(key);
+        ctx.ttl_list(&seen).add(key + 1);
+    }
+    backend.set_time(1150);
+    assert_eq!(all(&mut backend, &count).len(), 1000);
+    let KeyedStateBackend::Embedded(embedded) = &mut backend else {
+        panic!("compaction is an embedded store's")
+    };
+    embedded.compact().unwrap();
+    let live: Vec<(u64, u64)> = (0..100).map(|k| (k, k)).collect();
+    assert_eq!(all(&mut backend, &count), live);
+    for key in [0u64, 99, 100, 999] {
+        let mut ctx = KeyedContext::new(&mut backend, &key);
+        let listed: Vec<u64> = ctx.ttl_list(&seen).get().copied().collect();
+        assert_eq!(listed, if key < 100 { vec![key + 1] } else { vec![] }, "key {key}");
+    }
+}

@@ -10,6 +10,7 @@ use crate::model::key_group::KeyGroupRange;
 use crate::state::store::{
     ColumnFamily, Cursor, Database, EmbeddedStore, MergeFunction, SortedWrites, Write,
 };
+use crate::state::ttl::Filtered;
 use crate::state::StateError;
 use std::collections::BTreeMap;
 use std::fs;
@@ -62,7 +63,7 @@ impl EmbeddedStore for MemoryStore {
             instance,
             families: families
                 .iter()
-                .map(|f| (f.name.clone(), (f.merge.clone(), Entries::new())))
+                .map(|f| (f.name.clone(), (f.clone(), Entries::new())))
                 .collect(),
         };
         if let Some(native) = native {
@@ -75,7 +76,7 @@ impl EmbeddedStore for MemoryStore {
 struct MemoryDb {
     dir: PathBuf,
     instance: u64,
-    families: BTreeMap<String, (Option<MergeFunction>, Entries)>,
+    families: BTreeMap<String, (ColumnFamily, Entries)>,
 }
 
 impl MemoryDb {
@@ -102,7 +103,7 @@ impl Database for MemoryDb {
     fn create_family(&mut self, family: &ColumnFamily) -> Result<(), StateError> {
         self.families
             .entry(family.name.clone())
-            .or_insert_with(|| (family.merge.clone(), Entries::new()));
+            .or_insert_with(|| (family.clone(), Entries::new()));
         Ok(())
     }
 
@@ -132,7 +133,8 @@ impl Database for MemoryDb {
 
     /// Merge operands are combined as they are written.
     fn write(&mut self, family: &str, writes: &SortedWrites) -> Result<(), StateError> {
-        let (merge, entries) = self.families.get_mut(family).expect("declared");
+        let (family, entries) = self.families.get_mut(family).expect("declared");
+        let merge: &Option<MergeFunction> = &family.merge;
         for write in writes.iter() {
             match write {
                 Write::Put(key, value) => {
@@ -194,6 +196,22 @@ impl Database for MemoryDb {
 
     fn scan<'a>(&'a self, family: &str) -> Box<dyn Cursor + 'a> {
         Box::new(Scan(self.family(family).iter()))
+    }
+
+    fn compact(&mut self) -> Result<(), StateError> {
+        let mut out = Vec::new();
+        for (family, entries) in self.families.values_mut() {
+            let Some(filter) = &family.ttl else { continue };
+            entries.retain(|_, value| match filter(value, &mut out) {
+                Filtered::Keep => true,
+                Filtered::Remove => false,
+                Filtered::Change => {
+                    value.clone_from(&out);
+                    true
+                }
+            });
+        }
+        Ok(())
     }
 }
 
