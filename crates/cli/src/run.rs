@@ -110,6 +110,11 @@ pub struct RunArgs {
     /// What the counting operator emits (wordcount).
     #[arg(long, value_enum, default_value_t = Emit::Final)]
     pub emit: Emit,
+    /// How long a key's count lives after the key was last seen
+    /// (wordcount, processing time, e.g. `30s`): a key not seen for that
+    /// long counts from 1 again. Counts live for ever without it.
+    #[arg(long, value_name = "DURATION", value_parser = crate::config::values::state_ttl)]
+    pub state_ttl: Option<Duration>,
     /// Rules broadcast over the run (rules), one every `records / rules`
     /// records.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
@@ -500,6 +505,7 @@ impl RunArgs {
                 keys: self.keys,
                 seed: self.seed,
                 emit: self.emit,
+                state_ttl: self.state_ttl,
                 sink: sink.clone(),
                 input: self.source.clone(),
             }

@@ -53,5 +53,6 @@ pub use model::batch::{Batch, BatchLimits, Data};
 pub use state::{
     AllKeys, BroadcastContext, BroadcastStates, Key, KeyedContext, ListState, MapState,
     MapStateDescriptor, ReduceFunction, Reducing, ReducingState, SingleValue, StateBackend,
-    StateRegistrar, ValueState,
+    StateRegistrar, StateTtlConfig, StateVisibility, TtlListState, TtlMapState, UpdateType,
+    ValueState,
 };

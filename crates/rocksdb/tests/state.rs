@@ -427,3 +427,62 @@ fn reads_of_a_reducing_state_in_batches_see_every_add_whatever_the_cache_holds()
         );
     }
 }
+
+#[test]
+fn states_with_ttl_expire_in_rocksdb_whatever_the_cache_holds() {
+    for capacity in [1, 3, StateBackend::DEFAULT_CACHE_ENTRIES] {
+        let dir = tempfile::tempdir().unwrap();
+        ttl_semantics(rocks_cached(&dir, whole(), capacity));
+    }
+}
+
+#[test]
+fn native_checkpoints_migrate_to_and_from_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    for capacity in [1, StateBackend::DEFAULT_CACHE_ENTRIES] {
+        ttl_migrates_both_ways(&|| rocks_cached(&dir, whole(), capacity));
+    }
+}
+
+#[test]
+fn rocksdb_compaction_drops_expired_values_and_list_elements() {
+    let dir = tempfile::tempdir().unwrap();
+    compaction_drops_what_expired(rocks(&dir, whole()));
+}
+
+/// The bytes of the SST files of a native checkpoint of `backend`.
+fn checkpointed_bytes(backend: &mut KeyedStateBackend<u64>, id: u64) -> u64 {
+    let checkpoint = native(backend.snapshot(CheckpointId(id)).unwrap());
+    let bytes = checkpoint.files.iter().filter(|f| f.is_shared()).map(|f| f.size).sum();
+    std::fs::remove_dir_all(&checkpoint.dir).unwrap();
+    bytes
+}
+
+/// What an incremental checkpoint references shrinks with the state as
+/// compaction drops the expired values: 90 % of 200,000 keys expire.
+#[test]
+fn a_checkpoint_of_mostly_expired_state_shrinks_after_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = rocks::<u64>(&dir, whole());
+    let count = StateRegistrar::new(&mut backend).value_with_ttl::<u64>("count", ttl_100ms());
+    backend.set_time(1000);
+    for key in 0..200_000u64 {
+        KeyedContext::new(&mut backend, &key).value(&count).set(key);
+    }
+    backend.set_time(1080);
+    for key in 0..20_000u64 {
+        KeyedContext::new(&mut backend, &key).value(&count).set(key + 1);
+    }
+    let before = checkpointed_bytes(&mut backend, 1);
+    backend.set_time(1150);
+    let KeyedStateBackend::Embedded(rocks) = &mut backend else {
+        unreachable!("a RocksDB backend")
+    };
+    rocks.compact().unwrap();
+    let after = checkpointed_bytes(&mut backend, 2);
+    assert!(
+        after * 5 < before,
+        "{after} bytes after compaction against {before} before"
+    );
+    assert_eq!(all(&mut backend, &count).len(), 20_000);
+}

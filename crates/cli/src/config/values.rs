@@ -67,6 +67,16 @@ pub fn flag_duration(s: &str) -> Result<Duration, String> {
     duration(s)
 }
 
+/// `--state-ttl`: a flag duration of at least a millisecond (a state's
+/// TTL cannot be 0: every value would be expired as it is written).
+pub fn state_ttl(s: &str) -> Result<Duration, String> {
+    let ttl = flag_duration(s)?;
+    if ttl < Duration::from_millis(1) {
+        return Err(format!("a state's TTL is at least 1 ms, got {s:?}"));
+    }
+    Ok(ttl)
+}
+
 fn require_unit(s: &str) -> Result<(), String> {
     match number_and_unit(s) {
         Some((_, unit)) if unit.is_empty() => Err(format!(
@@ -320,6 +330,15 @@ pub fn restore_mode(s: &str) -> Result<RestoreMode, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_ttl_is_a_duration_of_a_millisecond_or_more() {
+        assert_eq!(state_ttl("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(state_ttl("1ms"), Ok(Duration::from_millis(1)));
+        let zero = state_ttl("0ms").unwrap_err();
+        assert!(zero.contains("at least 1 ms"), "{zero}");
+        assert!(state_ttl("30").is_err());
+    }
 
     #[test]
     fn durations_read_as_flink_reads_them() {

@@ -16,7 +16,7 @@ use tidemark_core::job::JobConfig;
 use tidemark_core::model::rng::splitmix64;
 use tidemark_core::{
     AllKeys, Collector, Job, Key, KeyedContext, KeyedProcessFunction, ReduceFunction,
-    ReducingState, SourceStatus, StateRegistrar, Stream, UserError,
+    ReducingState, SourceStatus, StateRegistrar, StateTtlConfig, Stream, UserError,
 };
 
 /// Record i of a generated input, a pure function of i: replaying an index
@@ -217,6 +217,16 @@ impl<K: Key> Counter<K> {
             keys: PhantomData,
         }
     }
+
+    /// [`open`](Self::open), with counts that expire `ttl` after their
+    /// key was last seen: the key's next record counts from 1 again.
+    pub fn with_ttl(states: &mut StateRegistrar<'_, K>, emit: Emit, ttl: StateTtlConfig) -> Self {
+        Counter {
+            count: states.reducing_with_ttl("count", Sum, ttl),
+            emit,
+            keys: PhantomData,
+        }
+    }
 }
 
 impl<K: Key> KeyedProcessFunction<K, K, (K, u64)> for Counter<K> {
@@ -338,6 +348,9 @@ pub struct Wordcount {
     pub seed: u64,
     /// What the count emits.
     pub emit: Emit,
+    /// How long a key's count lives after its last record, if not for
+    /// ever (processing time).
+    pub state_ttl: Option<Duration>,
     /// Where the `(key, count)` results go.
     pub sink: Target,
     /// Where the records come from: the generator (of `records` records
@@ -400,9 +413,13 @@ impl Wordcount {
         (K, u64): Row,
     {
         let emit = self.emit;
+        let ttl = self.state_ttl.map(StateTtlConfig::new);
         let counted = keys
             .key_by(|key: &K| key.clone())
-            .process("count", move |states| Counter::open(states, emit))
+            .process("count", move |states| match ttl {
+                Some(ttl) => Counter::with_ttl(states, emit, ttl),
+                None => Counter::open(states, emit),
+            })
             .uid("count");
         sink_into(counted, &self.sink)
     }
