@@ -61,14 +61,13 @@ fn sizes(config: &StateBackend, keys: u64) -> [u64; 3] {
     let range = KeyGroupRange::for_subtask(128, 1, SubtaskIndex(0));
     let mut backend = KeyedStateBackend::new(config, "bench", range, 128);
     let ttl = StateTtlConfig::new(Duration::from_secs(1)).cleanup_incrementally(0);
-    let count = StateRegistrar::new(&mut backend).reducing_with_ttl(
-        "count",
-        |acc: &mut u64, n: u64| *acc += n,
-        ttl,
-    );
+    // A value state: a reducing state's adds to keys its cache misses are
+    // merge operands, and a value a compaction merges is filtered by the
+    // next compaction only.
+    let count = StateRegistrar::new(&mut backend).value_with_ttl::<u64>("count", ttl);
     let add = |backend: &mut KeyedStateBackend<u64>, keys: std::ops::Range<u64>| {
         for key in keys {
-            KeyedContext::new(backend, &key).reducing(&count).add(1);
+            *KeyedContext::new(backend, &key).value(&count).get_or_default() += 1;
         }
     };
     backend.set_time(1_000);

@@ -12,7 +12,7 @@
 //! the column family's merge operator (the state's reduce function)
 //! combines operands and values when the store reads, flushes or compacts.
 //! A record whose key is beyond the cache then costs one memtable insert
-//! instead of a lookup and an insert: wordcount on RocksDB at 1,000,000
+//! instead of a lookup and an insert (not with TTL: see `ttl::TtlReduce`): wordcount on RocksDB at 1,000,000
 //! keys with a 65,536-value cache went from 0.48-0.57 to 0.87-1.08 M
 //! records/s (six interleaved runs each).
 
@@ -55,7 +55,7 @@ impl<S> CachedValue<S> {
         }
     }
 
-    fn add(&mut self, value: S, reduce: &impl ReduceFunction<S>) {
+    pub(crate) fn add(&mut self, value: S, reduce: &impl ReduceFunction<S>) {
         match &mut self.value {
             Some(acc) => reduce.reduce(acc, value),
             None => self.value = Some(value),
@@ -64,10 +64,13 @@ impl<S> CachedValue<S> {
     }
 
     /// Puts what was added (if anything) on top of `stored`, the value read
-    /// from the database. A dirty result is written back whole, replacing
-    /// the merge operands stored before it.
-    fn resolve(&mut self, stored: Option<S>, reduce: Option<&Reduce<S>>) {
+    /// from the database, and whether it was stamped as it was read. A
+    /// dirty result is written back whole, replacing the merge operands
+    /// stored before it.
+    fn resolve(&mut self, stored: Option<(S, bool)>, reduce: Option<&Reduce<S>>) {
         self.partial = false;
+        let (stored, stamped) = stored.map_or((None, false), |(s, stamped)| (Some(s), stamped));
+        self.dirty |= stamped;
         self.value = match (stored, self.value.take()) {
             (Some(mut stored), Some(added)) => {
                 let reduce = reduce.expect("only a reducing state adds to unread values");
@@ -143,18 +146,20 @@ struct ReadAhead<'a, K> {
     first_group: u32,
 }
 
-/// A value of state `name` read from the database, decoded (stamped with
-/// the time of the restore if it was written without TTL and the state has
-/// one); a value that does not decode is a fatal error of the subtask.
+/// A value of state `name` read from the database, decoded, and whether it
+/// was stamped with the time of the restore (written without TTL, read
+/// into a state with one: dirty). A value that does not decode is a fatal
+/// error of the subtask.
 fn decode<K, S: Clone>(
     name: &str,
     form: &Form<K, S>,
     clock: &TtlClock,
     key: &impl Debug,
     bytes: &[u8],
-) -> S {
-    (form.decode)(bytes, clock.restored())
-        .unwrap_or_else(|e| panic!("keyed state {name:?} of {key:?} does not decode: {e}"))
+) -> (S, bool) {
+    let value = (form.decode)(bytes, clock.restored())
+        .unwrap_or_else(|e| panic!("keyed state {name:?} of {key:?} does not decode: {e}"));
+    (value, (form.stamps)(bytes))
 }
 
 /// The merge operator of a reducing state: the stored value (if any) and
@@ -298,7 +303,7 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
         // Stores read sorted keys block by block.
         missed.sort_unstable_by(|a, b| encoded[a.0.clone()].cmp(&encoded[b.0.clone()]));
         let keys: Vec<&[u8]> = missed.iter().map(|(r, _, _)| &encoded[r.clone()]).collect();
-        let mut stored: Vec<Option<S>> = Vec::new();
+        let mut stored: Vec<Option<(S, bool)>> = Vec::new();
         stored.resize_with(missed.len(), || None);
         read.db.multi_get(&self.name, &keys, &mut |i, bytes| {
             stored[i] = Some(decode(&self.name, &self.form, &self.clock, missed[i].1, bytes));
@@ -542,7 +547,11 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
                     key: key.clone(),
                     group,
                     referenced: false,
-                    cell: CachedValue::new(read()),
+                    cell: {
+                        let mut cell = CachedValue::new(None);
+                        cell.resolve(read(), None);
+                        cell
+                    },
                 };
                 &mut vacant.insert(cached).into_mut().cell
             }
@@ -632,6 +641,8 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             let room = self.cache_capacity.saturating_sub(self.cached);
             self.cached += state.read_ahead(read, room)?;
         }
+        // Values stamped as they were read are dirty.
+        self.dirty |= self.ttl.iter().any(Option::is_some);
         Ok(())
     }
 

@@ -148,17 +148,26 @@ impl<K: Key, S: Data> StateTable for Table<K, S> {
     fn clean_up(&mut self, mut entries: usize, now: Millis) {
         let Some(config) = self.form.ttl else { return };
         let (mut group, mut bucket) = self.cleanup;
+        let groups = self.groups.len();
+        // Empty buckets count too, a quarter each: a table emptied by
+        // expiry does not shrink, and must not be walked whole per batch.
+        let mut budget = entries * 4;
         // Each key group at most once a call, so a small state is not
         // walked over and over.
-        let groups = self.groups.len();
         for _ in 0..groups {
-            if entries == 0 {
+            if entries == 0 || budget == 0 {
                 break;
             }
             let slot = &mut self.groups[group % groups];
+            // A table no snapshot holds any more is taken back; one still
+            // held waits for its encoder.
+            if slot.lent.as_ref().is_some_and(|t| Arc::strong_count(t) == 1) {
+                slot.reclaim();
+            }
             if slot.lent.is_none() {
                 let table = &mut slot.owned;
-                while entries > 0 && bucket < table.num_buckets() {
+                while entries > 0 && budget > 0 && bucket < table.num_buckets() {
+                    budget -= 1;
                     if let Some((_, value)) = table.get_bucket_mut(bucket) {
                         entries -= 1;
                         if !(self.form.retain_live)(value, &config, now) {
@@ -167,12 +176,11 @@ impl<K: Key, S: Data> StateTable for Table<K, S> {
                     }
                     bucket += 1;
                 }
-                if bucket >= table.num_buckets() {
-                    (group, bucket) = (group + 1, 0);
+                if bucket < table.num_buckets() {
+                    break;
                 }
-            } else {
-                (group, bucket) = (group + 1, 0);
             }
+            (group, bucket) = (group + 1, 0);
         }
         self.cleanup = (group % groups, bucket);
     }
@@ -238,11 +246,17 @@ impl<K: Key, S: Data> SharedTable for Lent<K, S> {
                 serde::Serializer::collect_seq(&mut serializer, table.iter())
             }
             Some(config) => {
-                serializer.get_mut().push(STAMPED);
-                let live = table
-                    .iter()
-                    .filter_map(|(k, s)| (self.form.live)(s, config, self.now).map(|s| (k, s)));
-                serde::Serializer::collect_seq(&mut serializer, live)
+                // Counted first: an array of unknown length is buffered
+                // whole by rmp-serde before it is written.
+                let live = || {
+                    table
+                        .iter()
+                        .filter_map(|(k, s)| (self.form.live)(s, config, self.now).map(|s| (k, s)))
+                };
+                let out = serializer.get_mut();
+                out.push(STAMPED);
+                write_array_len(live().count(), out);
+                live().try_for_each(|entry| serde::Serialize::serialize(&entry, &mut serializer))
             }
         };
         written.expect("writing to a vector cannot fail");
@@ -255,21 +269,26 @@ impl<K: Key, S: Data> SharedTable for Lent<K, S> {
 /// snapshot's encoding is most of a heap checkpoint's critical path.
 fn write_u64_pairs(table: &GroupTable<u64, u64>, out: &mut Vec<u8>) {
     out.reserve(5 + table.len() * 3);
-    match table.len() {
-        len @ 0..16 => out.push(0x90 | len as u8),
-        len @ 16..=0xffff => {
-            out.push(0xdc);
-            out.extend_from_slice(&(len as u16).to_be_bytes());
-        }
-        len => {
-            out.push(0xdd);
-            out.extend_from_slice(&(len as u32).to_be_bytes());
-        }
-    }
+    write_array_len(table.len(), out);
     for &(key, value) in table.iter() {
         out.push(0x92);
         write_uint(key, out);
         write_uint(value, out);
+    }
+}
+
+/// MessagePack's shortest array header of `len` elements.
+fn write_array_len(len: usize, out: &mut Vec<u8>) {
+    match len {
+        0..16 => out.push(0x90 | len as u8),
+        16..=0xffff => {
+            out.push(0xdc);
+            out.extend_from_slice(&(len as u16).to_be_bytes());
+        }
+        _ => {
+            out.push(0xdd);
+            out.extend_from_slice(&(len as u32).to_be_bytes());
+        }
     }
 }
 

@@ -1042,7 +1042,17 @@ impl<K: Key, V: Data, R: ReduceFunction<V>> Reducing<'_, K, V, R> {
             Some(config) => {
                 let stamped = TtlValue::new(value, self.backend.now());
                 let reduce = TtlReduce::new(config, reduce.clone());
-                add_to(self.backend, *id, self.key, self.slot, stamped, &reduce)
+                match &mut *self.backend {
+                    KeyedStateBackend::Heap(_) => {
+                        add_to(self.backend, *id, self.key, self.slot, stamped, &reduce)
+                    }
+                    // Whether an add starts again depends on the time of
+                    // the value it meets, which adds combined before they
+                    // meet it (a merge operand) would lose: read it first.
+                    KeyedStateBackend::Embedded(b) => b
+                        .entry::<TtlValue<V>>(*id, self.key, self.slot)
+                        .add(stamped, &reduce),
+                }
             }
         }
     }

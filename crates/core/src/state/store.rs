@@ -109,7 +109,9 @@ pub trait Database: Send {
     /// Every entry of a column family, in key order.
     fn scan<'a>(&'a self, family: &str) -> Box<dyn Cursor + 'a>;
     /// Flushes and compacts every column family all the way down, running
-    /// the compaction filters of states with TTL over every value.
+    /// the compaction filters of states with TTL over every value (in
+    /// RocksDB, but those a merge forms in this compaction: the next one
+    /// filters them).
     fn compact(&mut self) -> Result<(), StateError>;
 }
 

@@ -244,9 +244,12 @@ pub(crate) fn live_part<'a, T: Expiring>(
 /// A reducing state's reduce function over stamped values: an added value
 /// renews the timestamp, and starts again from itself when the value it
 /// meets had expired by the time it was added (unless the state returns
-/// expired values). The rule reads no clock, so RocksDB's merge operator,
-/// which combines operands long after they were added, gives what the
-/// heap gives.
+/// expired values). It is not associative: two adds combined before they
+/// meet the value lose the time of the first, which decides whether the
+/// value had expired. So adds of a state with TTL in an embedded store read
+/// the value first and write no merge operands; the merge operator only
+/// combines those of a state restored from one without TTL, all stamped
+/// alike.
 #[derive(Clone)]
 pub(crate) struct TtlReduce<R> {
     config: StateTtlConfig,
@@ -333,6 +336,10 @@ pub(crate) struct Form<K, S: Clone> {
     /// Reads a value an embedded store kept, whichever kind wrote it;
     /// the time stamps one written without TTL.
     pub(crate) decode: fn(&[u8], Millis) -> Result<S, rmp_serde::decode::Error>,
+    /// Whether `decode` stamps a stored value (one written without TTL,
+    /// read into a state with TTL), which is then written back stamped, so
+    /// that a later restore does not stamp it again.
+    pub(crate) stamps: fn(&[u8]) -> bool,
     /// Reads the entries of a key group in the heap snapshot format that
     /// the other kind wrote, converted.
     pub(crate) decode_other: DecodeEntries<K, S>,
@@ -363,6 +370,7 @@ impl<K: Key, S: Data> Form<K, S> {
                 rmp_serde::encode::write(out, value).expect("values serialize to memory")
             },
             decode: |bytes, _| decode_plain::<T>(bytes),
+            stamps: |_| false,
             decode_other: |input, _| {
                 let entries: Vec<(K, T)> = rmp_serde::from_read(input)?;
                 Ok(entries.into_iter().map(|(k, t)| (k, t.strip())).collect())
@@ -404,6 +412,7 @@ impl<K: Key, T: Expiring> Form<K, T> {
             ttl: Some(config),
             encode: encode_stamped::<T>,
             decode: decode_stamped::<T>,
+            stamps: |bytes| split_stamped(bytes).is_none(),
             decode_other: |input, now| {
                 let entries: Vec<(K, T::Plain)> = rmp_serde::from_read(input)?;
                 Ok(entries
@@ -472,13 +481,14 @@ impl TtlClock {
 
 /// The compaction filter of a state with TTL of `T` values. Values are
 /// kept until the subtask first set the `clock`. A value written without
-/// TTL gets the timestamp of the restore; a value that does not decode is
-/// kept, for the read that needs it to report.
+/// TTL gets the timestamp of the restore (or goes, if that expired); a
+/// value that does not decode is kept, for the read that needs it to
+/// report.
 pub(crate) fn compaction_filter<T: Expiring>(
     config: StateTtlConfig,
     clock: Arc<TtlClock>,
 ) -> CompactionFilter {
-    Arc::new(move |bytes, out| {
+    let filter = move |bytes: &[u8], out: &mut Vec<u8>| {
         let now = clock.now();
         if now == 0 {
             return Filtered::Keep;
@@ -489,8 +499,10 @@ pub(crate) fn compaction_filter<T: Expiring>(
             Filtered::Change
         };
         let Some((newest, oldest, encoded)) = split_stamped(bytes) else {
+            let restored = clock.restored();
             return match rmp_serde::from_slice(bytes) {
-                Ok(plain) => restamp(T::stamp(plain, clock.restored()), out),
+                Ok(_) if config.expired(restored, now) => Filtered::Remove,
+                Ok(plain) => restamp(T::stamp(plain, restored), out),
                 Err(_) => Filtered::Keep,
             };
         };
@@ -507,6 +519,12 @@ pub(crate) fn compaction_filter<T: Expiring>(
             }
             Err(_) => Filtered::Keep,
         }
+    };
+    // The store calls it through C, where a panic (in a value's own
+    // `Deserialize`) would abort the process: such a value is kept.
+    Arc::new(move |bytes, out| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| filter(bytes, out)))
+            .unwrap_or(Filtered::Keep)
     })
 }
 

@@ -116,6 +116,9 @@ impl<'a, K: Key, UK: Key, UV: Data> TtlMap<'a, K, UK, UV> {
 
     /// Removes the value of `key`, and the map if it was the last.
     pub fn remove(&mut self, key: &UK) -> Option<UV> {
+        if !self.contains(key) {
+            return None;
+        }
         self.slot
             .update(|map| map.remove(key), |map| !map.is_empty())
             .flatten()
