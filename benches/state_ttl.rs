@@ -50,7 +50,12 @@ fn snapshot_bytes(backend: &mut KeyedStateBackend<u64>, id: u64) -> u64 {
         }
         KeyedSnapshot::Native(native) => {
             std::fs::remove_dir_all(&native.dir).expect("the checkpoint's directory");
-            native.files.iter().filter(|f| f.is_shared()).map(|f| f.size).sum()
+            native
+                .files
+                .iter()
+                .filter(|f| f.is_shared())
+                .map(|f| f.size)
+                .sum()
         }
     }
 }
@@ -67,7 +72,9 @@ fn sizes(config: &StateBackend, keys: u64) -> [u64; 3] {
     let count = StateRegistrar::new(&mut backend).value_with_ttl::<u64>("count", ttl);
     let add = |backend: &mut KeyedStateBackend<u64>, keys: std::ops::Range<u64>| {
         for key in keys {
-            *KeyedContext::new(backend, &key).value(&count).get_or_default() += 1;
+            *KeyedContext::new(backend, &key)
+                .value(&count)
+                .get_or_default() += 1;
         }
     };
     backend.set_time(1_000);
@@ -104,7 +111,10 @@ fn main() {
             with.push(wordcount(records, state, Some("1h")));
         }
         let (without, with) = (median(without), median(with));
-        println!("| {state} | {without:.0} | {with:.0} | {:.2}x |", with / without);
+        println!(
+            "| {state} | {without:.0} | {with:.0} | {:.2}x |",
+            with / without
+        );
     }
     let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
     println!();

@@ -63,7 +63,10 @@ fn savepoints_restore_into_counts_with_a_ttl_and_back() {
                 state.to_string(),
                 savepoints.clone(),
                 "--stop-with-savepoint-after=300ms".into(),
-                format!("--checkpoint-dir={}", root.path().join(format!("run-{step}")).display()),
+                format!(
+                    "--checkpoint-dir={}",
+                    root.path().join(format!("run-{step}")).display()
+                ),
             ]);
             extra.extend((!ttl.is_empty()).then(|| ttl.to_string()));
             let stopped = common::run_overriding(base.clone(), &extra)

@@ -63,8 +63,8 @@ use std::sync::Arc;
 use tidemark_core::dataflow::task::NativeFile;
 use tidemark_core::model::key_group::KeyGroupRange;
 use tidemark_core::state::store::{
-    group_prefix, ColumnFamily, Cursor, Database, EmbeddedStore, SortedWrites,
-    Write, MAX_KEY_GROUPS,
+    group_prefix, ColumnFamily, Cursor, Database, EmbeddedStore, SortedWrites, Write,
+    MAX_KEY_GROUPS,
 };
 use tidemark_core::state::ttl::{CompactionFilter, Filtered};
 use tidemark_core::state::{StateBackend, StateError};

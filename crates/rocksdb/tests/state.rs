@@ -453,7 +453,12 @@ fn rocksdb_compaction_drops_expired_values_and_list_elements() {
 /// The bytes of the SST files of a native checkpoint of `backend`.
 fn checkpointed_bytes(backend: &mut KeyedStateBackend<u64>, id: u64) -> u64 {
     let checkpoint = native(backend.snapshot(CheckpointId(id)).unwrap());
-    let bytes = checkpoint.files.iter().filter(|f| f.is_shared()).map(|f| f.size).sum();
+    let bytes = checkpoint
+        .files
+        .iter()
+        .filter(|f| f.is_shared())
+        .map(|f| f.size)
+        .sum();
     std::fs::remove_dir_all(&checkpoint.dir).unwrap();
     bytes
 }
@@ -471,7 +476,9 @@ fn a_checkpoint_of_mostly_expired_state_shrinks_after_compaction() {
     }
     backend.set_time(1080);
     for key in 0..20_000u64 {
-        KeyedContext::new(&mut backend, &key).value(&count).set(key + 1);
+        KeyedContext::new(&mut backend, &key)
+            .value(&count)
+            .set(key + 1);
     }
     let before = checkpointed_bytes(&mut backend, 1);
     backend.set_time(1150);

@@ -306,7 +306,13 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
         let mut stored: Vec<Option<(S, bool)>> = Vec::new();
         stored.resize_with(missed.len(), || None);
         read.db.multi_get(&self.name, &keys, &mut |i, bytes| {
-            stored[i] = Some(decode(&self.name, &self.form, &self.clock, missed[i].1, bytes));
+            stored[i] = Some(decode(
+                &self.name,
+                &self.form,
+                &self.clock,
+                missed[i].1,
+                bytes,
+            ));
         })?;
         for ((_, key, hash), stored) in missed.iter().zip(stored) {
             self.cache

@@ -161,7 +161,11 @@ impl<K: Key, S: Data> StateTable for Table<K, S> {
             let slot = &mut self.groups[group % groups];
             // A table no snapshot holds any more is taken back; one still
             // held waits for its encoder.
-            if slot.lent.as_ref().is_some_and(|t| Arc::strong_count(t) == 1) {
+            if slot
+                .lent
+                .as_ref()
+                .is_some_and(|t| Arc::strong_count(t) == 1)
+            {
                 slot.reclaim();
             }
             if slot.lent.is_none() {

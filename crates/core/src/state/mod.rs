@@ -34,8 +34,8 @@ use crate::model::ids::{CheckpointId, KeyGroup};
 use crate::model::key_group::{key_group_for_hash, key_hash, KeyGroupRange};
 use crate::time::timers::{KeyTimers, TimeCounters, TimeDomain};
 use crate::time::Millis;
-use snapshot::{KeyedSnapshot, RestoreState};
 use rustc_hash::FxHashMap;
+use snapshot::{KeyedSnapshot, RestoreState};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::marker::PhantomData;
@@ -541,21 +541,21 @@ impl<'a, K: Key> StateRegistrar<'a, K> {
 
     /// Declares list state `name` (named as for [`value`](Self::value)).
     pub fn list<V: Data>(&mut self, name: &str) -> ListState<V> {
-        ListState::new(
-            self.backend
-                .register::<Vec<V>>(name, None, Form::plain::<Vec<TtlValue<V>>>()),
-        )
+        ListState::new(self.backend.register::<Vec<V>>(
+            name,
+            None,
+            Form::plain::<Vec<TtlValue<V>>>(),
+        ))
     }
 
     /// Declares list state `name` whose elements expire one by one, `ttl`
     /// after each was added; read and written through
     /// [`KeyedContext::ttl_list`].
     pub fn list_with_ttl<V: Data>(&mut self, name: &str, ttl: StateTtlConfig) -> TtlListState<V> {
-        TtlListState::new(self.backend.register::<Vec<TtlValue<V>>>(
-            name,
-            None,
-            Form::stamped(ttl),
-        ))
+        TtlListState::new(
+            self.backend
+                .register::<Vec<TtlValue<V>>>(name, None, Form::stamped(ttl)),
+        )
     }
 }
 
@@ -652,7 +652,11 @@ impl<'a, K: Key> KeyedContext<'a, K> {
     /// The current key's list of `state`, whose elements expire.
     pub fn ttl_list<V: Data>(&mut self, state: &TtlListState<V>) -> TtlList<'_, K, V> {
         let (config, now) = self.ttl_of(state.id);
-        TtlList::new(slot_of(self.backend, self.key, self.slot, state.id), config, now)
+        TtlList::new(
+            slot_of(self.backend, self.key, self.slot, state.id),
+            config,
+            now,
+        )
     }
 
     /// The current key's map of `state`, whose entries expire.
@@ -661,11 +665,18 @@ impl<'a, K: Key> KeyedContext<'a, K> {
         state: &TtlMapState<UK, UV>,
     ) -> TtlMap<'_, K, UK, UV> {
         let (config, now) = self.ttl_of(state.id);
-        TtlMap::new(slot_of(self.backend, self.key, self.slot, state.id), config, now)
+        TtlMap::new(
+            slot_of(self.backend, self.key, self.slot, state.id),
+            config,
+            now,
+        )
     }
 
     fn ttl_of(&self, id: usize) -> (StateTtlConfig, Millis) {
-        let config = self.backend.ttl(id).expect("TTL handles name states with TTL");
+        let config = self
+            .backend
+            .ttl(id)
+            .expect("TTL handles name states with TTL");
         (config, self.backend.now())
     }
 
@@ -896,7 +907,11 @@ impl<'a, K: Key, T: Data> Slot<'a, K, T> {
         }
     }
 
-    fn update<R>(&mut self, f: impl FnOnce(&mut T) -> R, keep: impl FnOnce(&T) -> bool) -> Option<R> {
+    fn update<R>(
+        &mut self,
+        f: impl FnOnce(&mut T) -> R,
+        keep: impl FnOnce(&T) -> bool,
+    ) -> Option<R> {
         match self {
             Slot::Heap { table, key, hash } => {
                 let mut slot = table.find_entry(*hash, |(k, _)| k == *key).ok()?;
@@ -1086,7 +1101,9 @@ fn add_to<K: Key, S: Data>(
                 |(k, _)| k == key,
                 |(k, _)| table_hash(k),
             ) {
-                hash_table::Entry::Occupied(mut slot) => reduce.reduce(&mut slot.get_mut().1, value),
+                hash_table::Entry::Occupied(mut slot) => {
+                    reduce.reduce(&mut slot.get_mut().1, value)
+                }
                 hash_table::Entry::Vacant(slot) => {
                     slot.insert((key.clone(), value));
                 }
@@ -1130,10 +1147,9 @@ impl<'a, K: Key> AllKeys<'a, K> {
     /// Every key and value of state `id`, whose values are `S`.
     fn entries<S: Data>(&self, id: usize) -> Box<dyn Iterator<Item = (K, S)> + 'a> {
         match self.backend {
-            KeyedStateBackend::Heap(b) => Box::new(
-                b.entries::<S>(id)
-                    .map(|(k, v)| (k.clone(), v.clone())),
-            ),
+            KeyedStateBackend::Heap(b) => {
+                Box::new(b.entries::<S>(id).map(|(k, v)| (k.clone(), v.clone())))
+            }
             KeyedStateBackend::Embedded(b) => Box::new(b.entries::<S>(id)),
         }
     }

@@ -280,12 +280,19 @@ fn a_heap_snapshot_leaves_out_what_expired() {
         ctx.ttl_list(&seen).add(key + 1);
     }
     backend.set_time(1150);
-    let declare = |r: &mut StateRegistrar<'_, u64>| (r.value::<u64>("count"), r.list::<u64>("seen"));
+    let declare =
+        |r: &mut StateRegistrar<'_, u64>| (r.value::<u64>("count"), r.list::<u64>("seen"));
     let make = || heap(whole());
     let (mut plain, (count, seen)) = restored(&make, declare, &restorable(&mut backend), 0);
-    assert_eq!(all(&mut plain, &count), (0..10).map(|k| (k, k)).collect::<Vec<_>>());
+    assert_eq!(
+        all(&mut plain, &count),
+        (0..10).map(|k| (k, k)).collect::<Vec<_>>()
+    );
     for key in [0u64, 9, 10, 99] {
-        let listed = KeyedContext::new(&mut plain, &key).list(&seen).get().cloned();
+        let listed = KeyedContext::new(&mut plain, &key)
+            .list(&seen)
+            .get()
+            .cloned();
         assert_eq!(listed, (key < 10).then(|| vec![key + 1]), "key {key}");
     }
 }

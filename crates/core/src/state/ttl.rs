@@ -549,15 +549,24 @@ mod tests {
         let list = vec![TtlValue::new(7u64, 1000), TtlValue::new(8, 1050)];
         let mut stamped = Vec::new();
         encode_stamped(&mut stamped, &list);
-        assert_eq!(split_stamped(&stamped).map(|(n, o, _)| (n, o)), Some((1050, 1000)));
-        assert_eq!(decode_plain::<Vec<TtlValue<u64>>>(&stamped).unwrap(), vec![7, 8]);
+        assert_eq!(
+            split_stamped(&stamped).map(|(n, o, _)| (n, o)),
+            Some((1050, 1000))
+        );
+        assert_eq!(
+            decode_plain::<Vec<TtlValue<u64>>>(&stamped).unwrap(),
+            vec![7, 8]
+        );
         let plain = rmp_serde::to_vec(&vec![7u64, 8]).unwrap();
         assert_eq!(split_stamped(&plain), None);
         assert_eq!(
             decode_stamped::<Vec<TtlValue<u64>>>(&plain, 5).unwrap(),
             vec![TtlValue::new(7, 5), TtlValue::new(8, 5)]
         );
-        assert_eq!(decode_plain::<Vec<TtlValue<u64>>>(&plain).unwrap(), vec![7, 8]);
+        assert_eq!(
+            decode_plain::<Vec<TtlValue<u64>>>(&plain).unwrap(),
+            vec![7, 8]
+        );
     }
 
     #[test]
@@ -565,7 +574,10 @@ mod tests {
         let clock = Arc::new(TtlClock::default());
         let filter = compaction_filter::<Vec<TtlValue<u64>>>(config(), clock.clone());
         let mut stored = Vec::new();
-        encode_stamped(&mut stored, &vec![TtlValue::new(1, 1000), TtlValue::new(2, 1080)]);
+        encode_stamped(
+            &mut stored,
+            &vec![TtlValue::new(1, 1000), TtlValue::new(2, 1080)],
+        );
         let mut out = Vec::new();
         // Before the subtask set its clock, nothing goes.
         assert_eq!(filter(&stored, &mut out), Filtered::Keep);
@@ -583,7 +595,10 @@ mod tests {
         clock.restore(1150);
         let plain = rmp_serde::to_vec(&vec![5u64]).unwrap();
         assert_eq!(filter(&plain, &mut out), Filtered::Change);
-        assert_eq!(split_stamped(&out).map(|(n, o, _)| (n, o)), Some((1150, 1150)));
+        assert_eq!(
+            split_stamped(&out).map(|(n, o, _)| (n, o)),
+            Some((1150, 1150))
+        );
     }
 
     #[test]
@@ -607,7 +622,9 @@ mod tests {
     fn a_snapshot_keeps_only_the_live_part() {
         let c = config();
         let map: FxHashMap<u64, TtlValue<u64>> =
-            [(1, TtlValue::new(10, 1000)), (2, TtlValue::new(20, 1090))].into_iter().collect();
+            [(1, TtlValue::new(10, 1000)), (2, TtlValue::new(20, 1090))]
+                .into_iter()
+                .collect();
         assert!(matches!(live_part(&map, &c, 1050), Some(Cow::Borrowed(_))));
         let live = live_part(&map, &c, 1150).unwrap().into_owned();
         assert_eq!(live.keys().copied().collect::<Vec<_>>(), vec![2]);

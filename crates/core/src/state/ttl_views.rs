@@ -15,7 +15,10 @@ use rustc_hash::FxHashMap;
 /// left), unless the state returns expired values: what reading a key of a
 /// state with TTL does first.
 fn expire<K: Key, T: Expiring>(slot: &mut Slot<'_, K, T>, config: StateTtlConfig, now: Millis) {
-    let oldest = slot.get().and_then(|value| value.span()).map(|(_, oldest)| oldest);
+    let oldest = slot
+        .get()
+        .and_then(|value| value.span())
+        .map(|(_, oldest)| oldest);
     if config.returns_expired() || !oldest.is_some_and(|at| config.expired(at, now)) {
         return;
     }

@@ -198,12 +198,16 @@ pub fn ttl_semantics(mut backend: KeyedStateBackend<u64>) {
         ctx.ttl_map(&map).put(100 + key, 1);
         ctx.reducing(&reducing).add(1);
     }
-    *KeyedContext::new(&mut backend, &0).value(&value).get_or_default() += 7;
+    *KeyedContext::new(&mut backend, &0)
+        .value(&value)
+        .get_or_default() += 7;
     backend.set_time(1120);
     // Stamped 1000 and 1050, then added to at 1120: the value had not
     // expired when the second add came, so the third goes on from it,
     // however the backend combines adds.
-    KeyedContext::new(&mut backend, &1).reducing(&reducing).add(10);
+    KeyedContext::new(&mut backend, &1)
+        .reducing(&reducing)
+        .add(10);
     let sum = |key: u64| key + 1 + if key == 1 { 10 } else { 0 };
     for key in 0..10u64 {
         let mut ctx = KeyedContext::new(&mut backend, &key);
@@ -211,7 +215,11 @@ pub fn ttl_semantics(mut backend: KeyedStateBackend<u64>) {
         let expect_value = (key == 0).then_some(7);
         assert_eq!(ctx.value(&value).get().copied(), expect_value, "key {key}");
         let expect_sum = renewed.then_some(sum(key));
-        assert_eq!(ctx.reducing(&reducing).get().copied(), expect_sum, "key {key}");
+        assert_eq!(
+            ctx.reducing(&reducing).get().copied(),
+            expect_sum,
+            "key {key}"
+        );
         let listed: Vec<u64> = ctx.ttl_list(&list).get().copied().collect();
         assert_eq!(listed, if renewed { vec![100 + key] } else { vec![] });
         let mut entries = ctx.ttl_map(&map);
@@ -220,7 +228,9 @@ pub fn ttl_semantics(mut backend: KeyedStateBackend<u64>) {
         assert_eq!(entries.iter().count(), usize::from(renewed));
     }
     // An add to an expired value starts again from it.
-    KeyedContext::new(&mut backend, &7).reducing(&reducing).add(5);
+    KeyedContext::new(&mut backend, &7)
+        .reducing(&reducing)
+        .add(5);
     assert_eq!(all(&mut backend, &value), vec![(0, 7)]);
     let sums: Vec<(u64, u64)> = (0..5).map(|k| (k, sum(k))).chain([(7, 5)]).collect();
     assert_eq!(all(&mut backend, &reducing), sums);
@@ -254,7 +264,10 @@ pub fn restored<S>(
 /// its native checkpoint for an embedded store.
 pub fn restorable(backend: &mut KeyedStateBackend<u64>) -> RestoreState {
     use crate::state::snapshot::KeyedSnapshot;
-    match backend.snapshot(crate::model::ids::CheckpointId(1)).unwrap() {
+    match backend
+        .snapshot(crate::model::ids::CheckpointId(1))
+        .unwrap()
+    {
         KeyedSnapshot::Heap(snapshot) => RestoreState {
             key_groups: snapshot
                 .key_groups()
@@ -285,7 +298,10 @@ pub fn ttl_migrates_both_ways(make: &dyn Fn() -> KeyedStateBackend<u64>) {
     // A value read again is not stamped anew.
     ttl.set_time(5099);
     for &(key, n) in &keys {
-        assert_eq!(KeyedContext::new(&mut ttl, &key).value(&count).get(), Some(&n));
+        assert_eq!(
+            KeyedContext::new(&mut ttl, &key).value(&count).get(),
+            Some(&n)
+        );
     }
     ttl.set_time(5100);
     assert_eq!(all(&mut ttl, &count), vec![]);
@@ -333,6 +349,10 @@ pub fn compaction_drops_what_expired(mut backend: KeyedStateBackend<u64>) {
     for key in [0u64, 99, 100, 999] {
         let mut ctx = KeyedContext::new(&mut backend, &key);
         let listed: Vec<u64> = ctx.ttl_list(&seen).get().copied().collect();
-        assert_eq!(listed, if key < 100 { vec![key + 1] } else { vec![] }, "key {key}");
+        assert_eq!(
+            listed,
+            if key < 100 { vec![key + 1] } else { vec![] },
+            "key {key}"
+        );
     }
 }
