@@ -331,10 +331,7 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
         writes: &mut SortedWrites,
         now: Millis,
     ) -> Result<(), StateError> {
-        let entries = self
-            .form
-            .decode_entries(input, now)
-            .map_err(|e| StateError::Decode(e.to_string()))?;
+        let entries = self.form.decode_entries(input, now)?;
         for (key, value) in &entries {
             writes.push(group, key, Some(value), false, self.form.encode);
         }

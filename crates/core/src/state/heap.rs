@@ -20,7 +20,7 @@
 //! throughput at 1,000,000 and 10,000,000 keys).
 
 use super::snapshot::RestoreState;
-use super::ttl::{Form, StateTtlConfig, STAMPED};
+use super::ttl::{Form, StateTtlConfig, Sweep, STAMPED};
 use super::{Key, StateError};
 use crate::model::batch::Data;
 use crate::model::ids::KeyGroup;
@@ -70,6 +70,8 @@ struct Table<K, S: Clone> {
     form: Form<K, S>,
     /// Where incremental cleanup goes on: key group and bucket.
     cleanup: (usize, usize),
+    /// When the cleanup last checked entries.
+    swept_at: Millis,
 }
 
 /// One key group's table of one state: owned, or lent to snapshots, which
@@ -130,10 +132,7 @@ impl<K: Key, S: Data> StateTable for Table<K, S> {
         input: &mut &[u8],
         now: Millis,
     ) -> Result<(), StateError> {
-        let entries = self
-            .form
-            .decode_entries(input, now)
-            .map_err(|e| StateError::Decode(e.to_string()))?;
+        let entries = self.form.decode_entries(input, now)?;
         let table = self.groups[group].reclaim();
         for (key, value) in entries {
             let hash = table_hash(&key);
@@ -145,17 +144,32 @@ impl<K: Key, S: Data> StateTable for Table<K, S> {
     fn prefetch(&self, group: usize, hash: u64) {
         prefetch_probe(self.groups[group].get(), hash);
     }
-    fn clean_up(&mut self, mut entries: usize, now: Millis) {
+    fn clean_up(&mut self, entries: usize, now: Millis) {
         let Some(config) = self.form.ttl else { return };
-        let (mut group, mut bucket) = self.cleanup;
+        // No need to pass over the whole state more than twice per TTL: an
+        // entry is then dropped at most half a TTL after it expired. A
+        // long TTL thus costs next to nothing per record.
+        let len: usize = self.groups.iter().map(|g| g.get().len()).sum();
+        let half_ttl = (config.ttl().as_millis() / 2).max(1);
+        let due = len as u128 * u128::from(now.saturating_sub(self.swept_at)) / half_ttl;
+        let entries = entries.min(usize::try_from(due).unwrap_or(usize::MAX));
+        if entries == 0 {
+            return;
+        }
+        self.swept_at = now;
+        let (mut group, bucket) = self.cleanup;
         let groups = self.groups.len();
         // Empty buckets count too, a quarter each: a table emptied by
         // expiry does not shrink, and must not be walked whole per batch.
-        let mut budget = entries * 4;
+        let mut sweep = Sweep {
+            bucket,
+            entries,
+            buckets: entries * 4,
+        };
         // Each key group at most once a call, so a small state is not
         // walked over and over.
         for _ in 0..groups {
-            if entries == 0 || budget == 0 {
+            if sweep.entries == 0 || sweep.buckets == 0 {
                 break;
             }
             let slot = &mut self.groups[group % groups];
@@ -169,24 +183,14 @@ impl<K: Key, S: Data> StateTable for Table<K, S> {
                 slot.reclaim();
             }
             if slot.lent.is_none() {
-                let table = &mut slot.owned;
-                while entries > 0 && budget > 0 && bucket < table.num_buckets() {
-                    budget -= 1;
-                    if let Some((_, value)) = table.get_bucket_mut(bucket) {
-                        entries -= 1;
-                        if !(self.form.retain_live)(value, &config, now) {
-                            let _ = table.get_bucket_entry(bucket).map(|e| e.remove());
-                        }
-                    }
-                    bucket += 1;
-                }
-                if bucket < table.num_buckets() {
+                (self.form.sweep)(&mut slot.owned, &mut sweep, &config, now);
+                if sweep.bucket < slot.owned.num_buckets() {
                     break;
                 }
             }
-            (group, bucket) = (group + 1, 0);
+            (group, sweep.bucket) = (group + 1, 0);
         }
-        self.cleanup = (group % groups, bucket);
+        self.cleanup = (group % groups, sweep.bucket);
     }
 }
 
@@ -483,6 +487,7 @@ impl<K: Key> HeapKeyedStateBackend<K> {
             groups: (0..self.range.len()).map(|_| GroupSlot::new()).collect(),
             form,
             cleanup: (0, 0),
+            swept_at: self.now,
         }));
         self.tables.len() - 1
     }

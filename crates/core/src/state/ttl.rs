@@ -19,9 +19,10 @@
 //! when first read or compacted); a state that loses its TTL drops the
 //! timestamps (Flink 2's TTL migration).
 
-use super::{Key, ReduceFunction};
+use super::{Key, ReduceFunction, StateError};
 use crate::model::batch::Data;
 use crate::time::Millis;
+use hashbrown::HashTable;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -101,7 +102,8 @@ impl StateTtlConfig {
 
     /// Entries of each state the heap backend checks, and drops if they
     /// expired, per record processed (0: none; access and snapshots still
-    /// drop them).
+    /// drop them); never more than it takes to pass over the state twice
+    /// per TTL.
     pub fn cleanup_incrementally(self, entries: usize) -> Self {
         StateTtlConfig {
             cleanup: entries,
@@ -345,8 +347,8 @@ pub(crate) struct Form<K, S: Clone> {
     pub(crate) decode_other: DecodeEntries<K, S>,
     /// What of a value is live (all of it without TTL).
     pub(crate) live: for<'a> fn(&'a S, &StateTtlConfig, Millis) -> Option<Cow<'a, S>>,
-    /// Drops the expired parts in place; false if nothing is left.
-    pub(crate) retain_live: fn(&mut S, &StateTtlConfig, Millis) -> bool,
+    /// The heap's incremental cleanup of one table (a no-op without TTL).
+    pub(crate) sweep: fn(&mut HashTable<(K, S)>, &mut Sweep, &StateTtlConfig, Millis),
     /// The compaction filter of the state with TTL (of `S` or of its twin).
     pub(crate) filter: fn(StateTtlConfig, Arc<TtlClock>) -> CompactionFilter,
 }
@@ -376,7 +378,7 @@ impl<K: Key, S: Data> Form<K, S> {
                 Ok(entries.into_iter().map(|(k, t)| (k, t.strip())).collect())
             },
             live: |value, _, _| Some(Cow::Borrowed(value)),
-            retain_live: |_, _, _| true,
+            sweep: |_, _, _, _| {},
             filter: compaction_filter::<T>,
         }
     }
@@ -392,16 +394,17 @@ impl<K: Key, S: Data> Form<K, S> {
         &self,
         input: &mut &[u8],
         now: Millis,
-    ) -> Result<Vec<(K, S)>, rmp_serde::decode::Error> {
+    ) -> Result<Vec<(K, S)>, StateError> {
         let stamped = input.first() == Some(&STAMPED);
         if stamped {
             *input = &input[1..];
         }
-        if stamped == self.ttl.is_some() {
+        let entries = if stamped == self.ttl.is_some() {
             rmp_serde::from_read(input)
         } else {
             (self.decode_other)(input, now)
-        }
+        };
+        entries.map_err(|e| StateError::Decode(e.to_string()))
     }
 }
 
@@ -421,9 +424,38 @@ impl<K: Key, T: Expiring> Form<K, T> {
                     .collect())
             },
             live: live_part::<T>,
-            retain_live: |value, config, now| value.retain_live(|at| config.expired(at, now)),
+            sweep: sweep::<K, T>,
             filter: compaction_filter::<T>,
         }
+    }
+}
+
+/// Where the heap's incremental cleanup of a state is, and what it may
+/// still do in this call: check `entries` entries, visit `buckets` buckets.
+pub(crate) struct Sweep {
+    pub(crate) bucket: usize,
+    pub(crate) entries: usize,
+    pub(crate) buckets: usize,
+}
+
+/// Checks the entries of `table` from `sweep.bucket` on, within its
+/// budget, and drops what expired by `now`. hashbrown's removal moves no
+/// other entry, so walking bucket indices while removing is sound.
+fn sweep<K, T: Expiring>(
+    table: &mut HashTable<(K, T)>,
+    sweep: &mut Sweep,
+    config: &StateTtlConfig,
+    now: Millis,
+) {
+    while sweep.entries > 0 && sweep.buckets > 0 && sweep.bucket < table.num_buckets() {
+        sweep.buckets -= 1;
+        if let Some((_, value)) = table.get_bucket_mut(sweep.bucket) {
+            sweep.entries -= 1;
+            if !value.retain_live(|at| config.expired(at, now)) {
+                let _ = table.get_bucket_entry(sweep.bucket).map(|e| e.remove());
+            }
+        }
+        sweep.bucket += 1;
     }
 }
 
