@@ -8,6 +8,7 @@ use crate::model::key_group::KeyGroupRange;
 use crate::model::rng::splitmix64;
 use crate::state::{
     AllKeys, Key, KeyedContext, KeyedStateBackend, SingleValue, StateBackend, StateRegistrar,
+    StateTtlConfig,
 };
 use std::collections::BTreeMap;
 
@@ -165,8 +166,8 @@ pub fn reducing_semantics(mut backend: KeyedStateBackend<u64>) {
 
 /// The TTL every fixture below declares: 100 ms, values invisible once
 /// expired, renewed on write.
-pub fn ttl_100ms() -> crate::state::StateTtlConfig {
-    crate::state::StateTtlConfig::new(std::time::Duration::from_millis(100))
+pub fn ttl_100ms() -> StateTtlConfig {
+    StateTtlConfig::new(std::time::Duration::from_millis(100))
 }
 
 /// A sum, as a reducing state's function.
@@ -283,7 +284,8 @@ pub fn restorable(backend: &mut KeyedStateBackend<u64>) -> RestoreState {
 
 /// A state restores from a snapshot of itself without TTL into one with
 /// TTL, its values living a TTL from the restore, and back, keeping every
-/// value.
+/// value; restored with another TTL, its values live that TTL from their
+/// timestamps.
 pub fn ttl_migrates_both_ways(make: &dyn Fn() -> KeyedStateBackend<u64>) {
     let keys: Vec<(u64, u64)> = (0..50).map(|k| (k, k * 3)).collect();
     let mut plain = make();
@@ -315,6 +317,14 @@ pub fn ttl_migrates_both_ways(make: &dyn Fn() -> KeyedStateBackend<u64>) {
     let without = |r: &mut StateRegistrar<'_, u64>| r.value::<u64>("count");
     let (mut plain, count) = restored(make, without, &restorable(&mut ttl), 1_000_000);
     assert_eq!(all(&mut plain, &count), keys);
+
+    // Another TTL applies to the timestamps the snapshot kept.
+    let ten_seconds = StateTtlConfig::new(std::time::Duration::from_secs(10));
+    let longer = |r: &mut StateRegistrar<'_, u64>| r.value_with_ttl::<u64>("count", ten_seconds);
+    let (mut longer, count) = restored(make, longer, &restorable(&mut ttl), 1200);
+    assert_eq!(all(&mut longer, &count), keys);
+    longer.set_time(11_000);
+    assert_eq!(all(&mut longer, &count), vec![]);
 }
 
 /// A state with TTL that returns expired values until they are cleaned up,
