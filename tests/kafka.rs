@@ -15,7 +15,7 @@ use tidemark_testkit as common;
 
 use common::{assert_counts_exactly_once, assert_updates_exactly_once, run};
 use std::path::Path;
-use tidemark_connectors::kafka::testkit::{broker, produce, read_committed, topic};
+use tidemark_connectors::kafka::testkit::{broker, produce, read_settled, topic};
 
 const CHILD: &str = "TIDEMARK_KAFKA_CHILD_ARGS";
 const RECORDS: u64 = 20_000;
@@ -39,9 +39,10 @@ fn input(brokers: &str, seed: u64) -> String {
     name
 }
 
-/// The `(key, count)` updates a `read_committed` consumer sees.
+/// The `(key, count)` updates a `read_committed` consumer sees once the
+/// job's transactions have all ended.
 fn updates(brokers: &str, output: &str) -> Vec<(u64, u64)> {
-    read_committed(brokers, output, 1)
+    read_settled(brokers, output, 1)
         .into_iter()
         .map(|v| {
             let key = v["key"].as_str().expect("keys are text").parse().unwrap();

@@ -8,7 +8,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message as _;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 /// The broker's `HOST:PORT`; `None` skips the test, unless
@@ -88,8 +88,22 @@ pub fn produce(brokers: &str, topic: &str, records: &[(i32, String)]) {
 }
 
 /// Every value a `read_committed` consumer sees in the topic's first
-/// `partitions` partitions, as JSON, by partition in offset order.
+/// `partitions` partitions, as JSON, by partition in offset order, up to
+/// the last stable offset: transactions still open hide what follows.
 pub fn read_committed(brokers: &str, topic: &str, partitions: i32) -> Vec<serde_json::Value> {
+    read(brokers, topic, partitions, false)
+}
+
+/// [`read_committed`] once every transaction in the topic has ended: the
+/// consumer reads to the high watermark, waiting for the markers of the
+/// last transactions. For a topic whose writer has finished; a read that
+/// stops at the last stable offset may miss a commit whose markers are
+/// still being written.
+pub fn read_settled(brokers: &str, topic: &str, partitions: i32) -> Vec<serde_json::Value> {
+    read(brokers, topic, partitions, true)
+}
+
+fn read(brokers: &str, topic: &str, partitions: i32, settled: bool) -> Vec<serde_json::Value> {
     let consumer: BaseConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", "tidemark-test-reader")
@@ -105,19 +119,37 @@ pub fn read_committed(brokers: &str, topic: &str, partitions: i32) -> Vec<serde_
             .unwrap();
     }
     consumer.assign(&assignment).unwrap();
-    let (mut values, mut at_end) = (BTreeMap::<i32, Vec<_>>::new(), 0);
+    let (mut values, mut ended) = (BTreeMap::<i32, Vec<_>>::new(), BTreeSet::new());
     let deadline = Instant::now() + Duration::from_secs(60);
-    while at_end < partitions {
+    while ended.len() < partitions as usize {
         assert!(Instant::now() < deadline, "the topic {topic} never ended");
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(message)) => values
                 .entry(message.partition())
                 .or_default()
                 .push(serde_json::from_slice(message.payload().unwrap()).unwrap()),
-            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => at_end += 1,
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(partition)))
+                if !settled || at_high_watermark(&consumer, topic, partition) =>
+            {
+                ended.insert(partition);
+            }
+            // At the last stable offset, before the high watermark.
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => {}
             Some(Err(e)) => panic!("reading {topic}: {e}"),
             None => {}
         }
     }
     values.into_values().flatten().collect()
+}
+
+/// Whether `consumer` has read `partition` up to its high watermark.
+fn at_high_watermark(consumer: &BaseConsumer, topic: &str, partition: i32) -> bool {
+    let (_, high) = consumer
+        .fetch_watermarks(topic, partition, Duration::from_secs(10))
+        .unwrap();
+    let position = consumer.position().unwrap();
+    let at = position
+        .find_partition(topic, partition)
+        .and_then(|p| p.offset().to_raw());
+    at.is_some_and(|at| at >= high)
 }
