@@ -46,8 +46,9 @@ trait StateTable: Send {
         now: Millis,
     ) -> Result<(), StateError>;
     /// Checks up to `entries` entries of a state with TTL where the last
-    /// check stopped, and drops what expired by `now`. Key groups lent to
-    /// snapshots are passed over.
+    /// check stopped (no more than a pass over the state per half TTL
+    /// needs), and drops what expired by `now`. Key groups a snapshot
+    /// still holds are passed over.
     fn clean_up(&mut self, entries: usize, now: Millis);
     /// Starts loading what a lookup of `hash` in key group `group` reads.
     fn prefetch(&self, group: usize, hash: u64);
@@ -254,17 +255,17 @@ impl<K: Key, S: Data> SharedTable for Lent<K, S> {
                 serde::Serializer::collect_seq(&mut serializer, table.iter())
             }
             Some(config) => {
-                // Counted first: an array of unknown length is buffered
-                // whole by rmp-serde before it is written.
-                let live = || {
-                    table
-                        .iter()
-                        .filter_map(|(k, s)| (self.form.live)(s, config, self.now).map(|s| (k, s)))
-                };
+                // Gathered first, so that the array's length is known: one
+                // of unknown length is buffered whole by rmp-serde.
+                let live: Vec<_> = table
+                    .iter()
+                    .filter_map(|(k, s)| (self.form.live)(s, config, self.now).map(|s| (k, s)))
+                    .collect();
                 let out = serializer.get_mut();
                 out.push(STAMPED);
-                write_array_len(live().count(), out);
-                live().try_for_each(|entry| serde::Serialize::serialize(&entry, &mut serializer))
+                write_array_len(live.len(), out);
+                live.iter()
+                    .try_for_each(|entry| serde::Serialize::serialize(entry, &mut serializer))
             }
         };
         written.expect("writing to a vector cannot fail");

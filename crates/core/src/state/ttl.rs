@@ -7,7 +7,8 @@
 //! - on access (the entry or view of a key, when its visibility is
 //!   `NeverReturnExpired`);
 //! - on the heap, a few entries per record, by a cursor that walks each
-//!   state's tables (Flink's `cleanupIncrementally`);
+//!   state's tables (Flink's `cleanupIncrementally`), no faster than a pass
+//!   over the state per half TTL;
 //! - in RocksDB, by a compaction filter that reads the timestamps at the
 //!   head of each value, so the files a checkpoint uploads shrink as
 //!   compaction runs (Flink's `cleanupInRocksdbCompactFilter`);
