@@ -427,6 +427,11 @@ pub trait KeyedProcessFunction<K: Key, I, O>: Send {
     ) {
     }
 
+    /// After a restore: the implied timers its restored state holds (see
+    /// [`KeyedContext::register_implied_timer`]), each given to `imply`
+    /// with its key.
+    fn implied_timers(&mut self, _states: AllKeys<'_, K>, _imply: &mut dyn FnMut(K, u64)) {}
+
     /// End of input: a function that holds results back emits them here.
     fn end_input(&mut self, _states: AllKeys<'_, K>, _out: &mut Collector<'_, O>) {}
 
@@ -479,6 +484,9 @@ pub struct KeyedProcess<K: Key, I, O> {
 }
 
 impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
+    /// Keys of one timer time readied at once: a batch's worth.
+    const FIRED_PER_PREPARE: usize = 1024;
+
     /// Opens the function `factory` builds, declaring its states and the
     /// timers' in `states`; `key_of` extracts a record's key; what it
     /// counts about time goes to `metrics`.
@@ -517,26 +525,40 @@ impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
 
     /// Fires the timers of `domain` due at `upto`, earliest first; timers
     /// they set that are due fire in the same call. An indexed timer the
-    /// keyed state no longer holds was deleted, or fired already.
+    /// keyed state no longer holds was deleted, or fired already. The keys
+    /// of a time are readied as a batch's are, [`Self::FIRED_PER_PREPARE`]
+    /// at a time: prefetched on the heap, read ahead on RocksDB.
     fn fire(&mut self, domain: TimeDomain, upto: u64) {
-        while let Some((timestamp, keys)) = self.timers.pop_due(domain, upto) {
-            for key in keys {
-                let mut ctx = KeyedContext::with_timers(
-                    &mut self.states,
-                    &key,
-                    &mut self.timers,
-                    Some(domain),
-                    &self.broadcast,
-                );
-                // Deleted since it was indexed, or indexed twice.
-                if !ctx.remove_timer(domain, timestamp) {
-                    continue;
+        let mut slots = std::mem::take(&mut self.slots);
+        while let Some((timestamp, keys, implied)) = self.timers.pop_due(domain, upto) {
+            for keys in keys.chunks(Self::FIRED_PER_PREPARE) {
+                self.states.prepare(keys, &mut slots);
+                for slot in slots.iter().take(PREFETCH_DISTANCE) {
+                    self.states.prefetch(*slot);
                 }
-                ctx.time_counters().timers_fired += 1;
-                self.function
-                    .on_timer(timestamp, &mut ctx, &mut self.next.collector());
+                for (i, key) in keys.iter().enumerate() {
+                    if let Some(ahead) = slots.get(i + PREFETCH_DISTANCE) {
+                        self.states.prefetch(*ahead);
+                    }
+                    let mut ctx = KeyedContext::located(
+                        &mut self.states,
+                        key,
+                        slots[i],
+                        &mut self.timers,
+                        &self.broadcast,
+                    )
+                    .firing(domain);
+                    // Deleted since it was indexed, or indexed twice.
+                    if !implied && !ctx.remove_timer(domain, timestamp) {
+                        continue;
+                    }
+                    ctx.time_counters().timers_fired += 1;
+                    self.function
+                        .on_timer(timestamp, &mut ctx, &mut self.next.collector());
+                }
             }
         }
+        self.slots = slots;
     }
 
     fn publish_counters(&mut self) {
@@ -555,13 +577,8 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
             return self.function.process_broadcast(record, &mut ctx, out);
         }
         let key = (self.key_of)(&record);
-        let mut ctx = KeyedContext::with_timers(
-            &mut self.states,
-            &key,
-            &mut self.timers,
-            None,
-            &self.broadcast,
-        );
+        let mut ctx =
+            KeyedContext::with_timers(&mut self.states, &key, &mut self.timers, &self.broadcast);
         self.function.process(record, &mut ctx, out);
     }
 
@@ -637,6 +654,11 @@ impl<K: Key, I: Send, O: Send> Step for KeyedProcess<K, I, O> {
         for (key, timers) in AllKeys::new(&self.states).values(&self.timers.state()) {
             self.timers.restored(&key, &timers);
         }
+        let timers = &mut self.timers;
+        self.function
+            .implied_timers(AllKeys::new(&self.states), &mut |key, timestamp| {
+                timers.implied(timestamp, key)
+            });
         self.next.restore(state)
     }
 

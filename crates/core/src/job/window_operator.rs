@@ -2,11 +2,19 @@
 //! keeps each window's aggregate in keyed state and fires it by timer.
 //! Above `time`, whose windows and assigners it uses, so that time stays
 //! below state and the operators.
+//!
+//! Tumbling and sliding windows in event time without allowed lateness are
+//! gone once they fire, so a key's windows say when it fires next: their
+//! timers are implied (`KeyedContext::register_implied_timer`), and a
+//! record writes its window's state and nothing else. Windows that outlive
+//! their firing (allowed lateness), merge (sessions) or follow the clock
+//! keep keyed timers, which remember what fired.
 
 use crate::dataflow::operator::{Collector, KeyedProcessFunction};
-use crate::state::{Key, KeyedContext, StateRegistrar, ValueState};
+use crate::state::{AllKeys, Key, KeyedContext, StateRegistrar, ValueState};
 use crate::time::window::{AggregateFunction, TimeWindow, WindowAssigner};
 use crate::time::{TimeDomain, Timestamped};
+use smallvec::SmallVec;
 use std::sync::Arc;
 
 /// When and how windows fire, beyond their assigner.
@@ -28,6 +36,11 @@ pub type WindowEmit<K, R, O> = Arc<dyn Fn(&K, &TimeWindow, R, &mut Collector<'_,
 /// output); without one, late records are dropped and counted.
 pub type LateData<T, O> = Arc<dyn Fn(T, &mut Collector<'_, O>) + Send + Sync>;
 
+/// A key's open windows and their accumulators. Most keys of tumbling
+/// windows have one open at a time, held without an allocation; stored as
+/// a sequence, as a `Vec` is.
+type Windows<Acc> = SmallVec<[(TimeWindow, Acc); 1]>;
+
 /// The keyed state name of a window operator's windows.
 pub const WINDOWS_STATE: &str = "windows";
 
@@ -39,7 +52,7 @@ pub struct WindowOperator<K, T, A: AggregateFunction<T>, O> {
     aggregate: Arc<A>,
     emit: WindowEmit<K, A::Result, O>,
     late: Option<LateData<T, O>>,
-    windows: ValueState<Vec<(TimeWindow, A::Acc)>>,
+    windows: ValueState<Windows<A::Acc>>,
     /// The windows the record being processed went into, and whether each
     /// is new, so needs its timers (a buffer kept across records).
     touched: Vec<(TimeWindow, bool)>,
@@ -67,6 +80,14 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
             touched: Vec::new(),
             due: Vec::new(),
         }
+    }
+
+    /// Whether the windows' timers are implied by the windows themselves:
+    /// each fires once, at its end, and is then gone.
+    fn implies_timers(&self) -> bool {
+        self.assigner.domain == TimeDomain::EventTime
+            && !self.assigner.is_merging()
+            && self.settings.allowed_lateness == 0
     }
 
     /// When `window` is cleaned up: its end plus the allowed lateness in
@@ -185,6 +206,10 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
     /// watermark or clock), when it fires on its records instead (as
     /// Flink's `EventTimeTrigger`); and its cleanup timer.
     fn set_timers(&self, ctx: &mut KeyedContext<'_, K>, window: &TimeWindow, now: Option<u64>) {
+        if self.implies_timers() {
+            // A window past its end is late: it was never opened.
+            return ctx.register_implied_timer(window.max_timestamp());
+        }
         let domain = self.assigner.domain;
         let (fire, cleanup) = (window.max_timestamp(), self.cleanup_time(window));
         if now.is_none_or(|now| fire > now) {
@@ -254,6 +279,16 @@ where
         self.touched.clear();
     }
 
+    fn implied_timers(&mut self, states: AllKeys<'_, K>, imply: &mut dyn FnMut(K, u64)) {
+        if self.implies_timers() {
+            for (key, windows) in states.values(&self.windows) {
+                for (window, _) in windows {
+                    imply(key.clone(), window.max_timestamp());
+                }
+            }
+        }
+    }
+
     fn on_timer(
         &mut self,
         timestamp: u64,
@@ -301,4 +336,24 @@ where
 /// Whether `until` has passed at `now` (the watermark, or the clock).
 fn is_late(now: Option<u64>, until: u64) -> bool {
     now.is_some_and(|now| until <= now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Savepoints taken when windows were a `Vec` restore as they were.
+    #[test]
+    fn windows_are_stored_as_a_vec_was() {
+        let w = |start| TimeWindow {
+            start,
+            end: start + 10,
+        };
+        for open in [vec![], vec![(w(0), 3u64)], vec![(w(0), 3), (w(5), 1)]] {
+            let bytes = rmp_serde::to_vec(&open).unwrap();
+            let windows: Windows<u64> = rmp_serde::from_slice(&bytes).unwrap();
+            assert_eq!(windows.as_slice(), open.as_slice());
+            assert_eq!(rmp_serde::to_vec(&windows).unwrap(), bytes);
+        }
+    }
 }

@@ -589,19 +589,22 @@ impl<'a, K: Key> KeyedContext<'a, K> {
         }
     }
 
-    /// The state and timers of `key`; `fired`: the domain of the timer
-    /// being fired, if that is why the function runs.
+    /// The state and timers of `key`.
     pub(crate) fn with_timers(
         backend: &'a mut KeyedStateBackend<K>,
         key: &'a K,
         timers: &'a mut TimerService<K>,
-        fired: Option<TimeDomain>,
         broadcast: &'a BroadcastStates,
     ) -> Self {
         let slot = backend.locate(key);
+        Self::located(backend, key, slot, timers, broadcast)
+    }
+
+    /// This context is for firing a timer of `domain`.
+    pub(crate) fn firing(self, domain: TimeDomain) -> Self {
         KeyedContext {
-            fired,
-            ..Self::located(backend, key, slot, timers, broadcast)
+            fired: Some(domain),
+            ..self
         }
     }
 
@@ -718,6 +721,18 @@ impl<'a, K: Key> KeyedContext<'a, K> {
             timers.added(domain, timestamp, key);
             timers.counters().timers_registered += 1;
         }
+    }
+
+    /// Sets an implied event-time timer of the current key at `timestamp`:
+    /// one the function's own keyed state records, so that only the timer
+    /// service's index holds it; the function names it again after a
+    /// restore (`KeyedProcessFunction::implied_timers`). It cannot be
+    /// deleted, and a timer set twice fires twice.
+    pub fn register_implied_timer(&mut self, timestamp: u64) {
+        let key = self.key.clone();
+        let timers = self.timer_service();
+        timers.implied(timestamp, key);
+        timers.counters().timers_registered += 1;
     }
 
     /// Deletes the current key's timer at `timestamp` in `domain`, if set.

@@ -18,10 +18,18 @@ use std::collections::BTreeMap;
 /// scans a crowd, and firing skips whatever the keyed state no longer
 /// holds. A key set again at such a time is indexed twice and fires once,
 /// because firing takes the timer out of the keyed state.
+///
+/// Implied timers are event-time timers that a function's own keyed state
+/// already records (a window's end is in the window), so they are only
+/// indexed: no keyed state is written to set, delete or fire them, and the
+/// function names them again from its restored state
+/// (`KeyedProcessFunction::implied_timers`). Nothing deletes them, and each
+/// fires as often as it was set.
 pub struct TimerService<K: Key> {
     state: ValueState<KeyTimers>,
     event: BTreeMap<u64, Vec<K>>,
     processing: BTreeMap<u64, Vec<K>>,
+    implied: BTreeMap<u64, Vec<K>>,
     len: u64,
     watermark: Option<u64>,
     now: Millis,
@@ -40,6 +48,7 @@ impl<K: Key> TimerService<K> {
             state,
             event: BTreeMap::new(),
             processing: BTreeMap::new(),
+            implied: BTreeMap::new(),
             len: 0,
             watermark: None,
             now: 0,
@@ -64,6 +73,12 @@ impl<K: Key> TimerService<K> {
             .entry(timestamp)
             .or_default()
             .push(key.clone());
+        self.len += 1;
+    }
+
+    /// Indexes an implied event-time timer of `key`.
+    pub(crate) fn implied(&mut self, timestamp: u64, key: K) {
+        self.implied.entry(timestamp).or_default().push(key);
         self.len += 1;
     }
 
@@ -94,12 +109,29 @@ impl<K: Key> TimerService<K> {
     }
 
     /// Takes the earliest timestamp of `domain` at or before `upto`, with
-    /// the keys indexed there; the caller fires those whose keyed state
-    /// still holds the timer.
-    pub(crate) fn pop_due(&mut self, domain: TimeDomain, upto: u64) -> Option<(u64, Vec<K>)> {
-        let index = self.index(domain);
-        let entry = index.first_entry().filter(|e| *e.key() <= upto)?;
-        Some(entry.remove_entry())
+    /// the keys indexed there and whether their timers are implied; the
+    /// caller fires the implied ones, and the others whose keyed state
+    /// still holds the timer. At one time, keyed timers come first.
+    pub(crate) fn pop_due(&mut self, domain: TimeDomain, upto: u64) -> Option<(u64, Vec<K>, bool)> {
+        let first = |index: &BTreeMap<u64, Vec<K>>| index.keys().next().copied();
+        let keyed = first(self.index(domain)).filter(|&t| t <= upto);
+        let implied = match domain {
+            TimeDomain::EventTime => first(&self.implied).filter(|&t| t <= upto),
+            TimeDomain::ProcessingTime => None,
+        };
+        let implied_first = match (keyed, implied) {
+            (None, None) => return None,
+            (Some(keyed), Some(implied)) => implied < keyed,
+            (keyed, _) => keyed.is_none(),
+        };
+        if implied_first {
+            let (timestamp, keys) = self.implied.pop_first()?;
+            self.len -= keys.len() as u64;
+            Some((timestamp, keys, true))
+        } else {
+            let (timestamp, keys) = self.index(domain).pop_first()?;
+            Some((timestamp, keys, false))
+        }
     }
 
     /// The earliest processing-time timer, for the shell to wake up then

@@ -362,6 +362,50 @@ fn tumbling_and_sliding_windows_fire_once_at_the_watermark_and_drop_late_records
     }
 }
 
+/// Tumbling and sliding windows without lateness keep no keyed timers:
+/// their timers are implied by the windows, named again from the restored
+/// windows. Each window still fires exactly once across a snapshot, in the
+/// subtask its key moved to.
+#[test]
+fn windows_with_implied_timers_fire_once_across_a_restore_at_another_parallelism() {
+    let dir = tempfile::tempdir().unwrap();
+    let factory = windows::<Out>(
+        WindowAssigner::sliding(Duration::from_millis(10), Duration::from_millis(5)),
+        WindowConfig::default(),
+        false,
+    );
+    let records: Vec<Ev> = (0..100).map(|k| ev(k, k % 20)).collect();
+    let mut expected: Vec<Out> = records
+        .iter()
+        .flat_map(|e| {
+            let start = (e.ts - e.ts % 5) as i64;
+            [start, start - 5].map(|s| Out::Fired(e.key, s, s + 10, 1))
+        })
+        .collect();
+    expected.sort_by_key(|o| format!("{o:?}"));
+    for kind in 0..2 {
+        let mut d = Driver::new(backends(&dir, range(1, 0)).remove(kind), &factory);
+        d.records(&records);
+        let mut fired = d.watermark(9);
+        let (states, timers) = restore_states(&mut d.process, 1, 2);
+        assert_eq!(
+            timers as usize,
+            expected.len() - fired.len(),
+            "one per open window"
+        );
+        for (i, state) in states.iter().enumerate() {
+            let backend = backends(&dir, range(2, i as u32)).remove(kind);
+            let mut restored = operator(backend, &factory, Arc::new(TimeMetrics::default()));
+            restored.restore(state).unwrap();
+            let mut out = Vec::new();
+            restored.advance_watermark(u64::MAX, &mut out).unwrap();
+            fired.extend(output::<Out>(out));
+        }
+        fired.sort_by_key(|o| format!("{o:?}"));
+        assert_eq!(fired, expected, "backend {kind}");
+    }
+}
+
 #[test]
 fn early_firings_emit_open_windows_every_interval_of_processing_time() {
     let dir = tempfile::tempdir().unwrap();
