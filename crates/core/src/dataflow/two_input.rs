@@ -55,6 +55,10 @@ pub trait KeyedCoProcessFunction<K: Key, L, R, O>: Send {
     ) {
     }
 
+    /// After a restore: the implied timers its restored state holds, as
+    /// for [`KeyedProcessFunction::implied_timers`].
+    fn implied_timers(&mut self, _states: AllKeys<'_, K>, _imply: &mut dyn FnMut(K, u64)) {}
+
     /// Both inputs ended: a function that holds results back emits them.
     fn end_input(&mut self, _states: AllKeys<'_, K>, _out: &mut Collector<'_, O>) {}
 }
@@ -86,6 +90,10 @@ where
         out: &mut Collector<'_, O>,
     ) {
         self.0.on_timer(timestamp, ctx, out)
+    }
+
+    fn implied_timers(&mut self, states: AllKeys<'_, K>, imply: &mut dyn FnMut(K, u64)) {
+        self.0.implied_timers(states, imply)
     }
 
     fn end_input(&mut self, states: AllKeys<'_, K>, out: &mut Collector<'_, O>) {

@@ -8,12 +8,15 @@
 //! at `t` can pair with right records up to `t + upper`, a right record
 //! with left records up to `t - lower`. Both sides of a key are one state
 //! value, so a record costs one state access; the key has one event-time
-//! cleanup timer at a time, rounded up to a multiple of the interval's
+//! cleanup time at a time, rounded up to a multiple of the interval's
 //! length, so that records arriving in time order register none and one
-//! firing clears several. The state thus stays bounded by the interval, the
-//! disorder and that rounding, and rides every checkpoint, savepoint and
-//! rescale as any keyed state does. A record behind the watermark is late
-//! and dropped (counted), as in Flink.
+//! firing clears several. That time is in the buffers, so its timer is
+//! implied (`KeyedContext::register_implied_timer`): setting one writes no
+//! other state, and a timer an earlier one replaced fires to no effect.
+//! The state thus stays bounded by the interval, the disorder and that
+//! rounding, and rides every checkpoint, savepoint and rescale as any keyed
+//! state does. A record behind the watermark is late and dropped (counted),
+//! as in Flink.
 
 use crate::dataflow::operator::Collector;
 use crate::dataflow::two_input::KeyedCoProcessFunction;
@@ -46,7 +49,7 @@ type PickSides<L, R, Mine, Other> = fn(&mut Buffers<L, R>) -> (&mut Side<Mine>, 
 pub struct Buffers<L, R> {
     left: Side<L>,
     right: Side<R>,
-    /// The event-time timer set for this key, if any.
+    /// The key's cleanup time, if any: its implied timer.
     timer: Option<u64>,
 }
 
@@ -158,11 +161,9 @@ impl<L: Data, R: Data, O> IntervalJoin<L, R, O> {
         let mut entry = ctx.value(&self.buffers);
         let buffers = entry.get_or_default();
         let earlier = buffers.timer.is_none_or(|set| at < set);
-        let replaced = if earlier {
-            buffers.timer.replace(at)
-        } else {
-            None
-        };
+        if earlier {
+            buffers.timer = Some(at);
+        }
         let (mine, other) = sides(buffers);
         let mut pairs = 0;
         for (_, o) in other.iter().filter(|(u, _)| range.contains(u)) {
@@ -172,10 +173,7 @@ impl<L: Data, R: Data, O> IntervalJoin<L, R, O> {
         mine.push((t, record));
         ctx.time_counters().join_pairs += pairs;
         if earlier {
-            if let Some(set) = replaced {
-                ctx.delete_event_time_timer(set);
-            }
-            ctx.register_event_time_timer(at);
+            ctx.register_implied_timer(at);
         }
     }
 }
@@ -235,7 +233,15 @@ where
             |b| !b.is_empty(),
         );
         if let Some(Some(at)) = next {
-            ctx.register_event_time_timer(at);
+            ctx.register_implied_timer(at);
+        }
+    }
+
+    fn implied_timers(&mut self, states: AllKeys<'_, K>, imply: &mut dyn FnMut(K, u64)) {
+        for (key, buffers) in states.values(&self.buffers) {
+            if let Some(at) = buffers.timer {
+                imply(key, at);
+            }
         }
     }
 
