@@ -3,11 +3,12 @@
 //! Above `time`, whose windows and assigners it uses, so that time stays
 //! below state and the operators.
 //!
-//! Tumbling and sliding windows in event time without allowed lateness are
-//! gone once they fire, so a key's windows say when it fires next: their
-//! timers are implied (`KeyedContext::register_implied_timer`), and a
-//! record writes its window's state and nothing else. Windows that outlive
-//! their firing (allowed lateness), merge (sessions) or follow the clock
+//! Windows in event time without allowed lateness are gone once they fire,
+//! so a key's windows say when it fires next: their timers are implied
+//! (`KeyedContext::register_implied_timer`), and a record writes its
+//! window's state and nothing else. The timer of a session merged into a
+//! longer one stays and fires to no effect: no window of the key ends then.
+//! Windows that outlive their firing (allowed lateness) or follow the clock
 //! keep keyed timers, which remember what fired.
 
 use crate::dataflow::operator::{Collector, KeyedProcessFunction};
@@ -85,9 +86,7 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
     /// Whether the windows' timers are implied by the windows themselves:
     /// each fires once, at its end, and is then gone.
     fn implies_timers(&self) -> bool {
-        self.assigner.domain == TimeDomain::EventTime
-            && !self.assigner.is_merging()
-            && self.settings.allowed_lateness == 0
+        self.assigner.domain == TimeDomain::EventTime && self.settings.allowed_lateness == 0
     }
 
     /// When `window` is cleaned up: its end plus the allowed lateness in
@@ -177,8 +176,11 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
         } else {
             let mut acc = A::Acc::default();
             let mut deleted = false;
+            // A session the record did not lengthen has its timers, unless
+            // a merged one's deleted them.
+            let mut new = merged.iter().all(|(w, _)| *w != window);
             for (w, a) in merged {
-                if w != window {
+                if w != window && !self.implies_timers() {
                     self.delete_timers(ctx, &w);
                     deleted = true;
                 }
@@ -189,9 +191,10 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
                 for (w, _) in &windows {
                     self.set_timers(ctx, w, now);
                 }
+                new = true;
             }
             self.aggregate.add(&mut acc, record);
-            self.touched.push((window, true));
+            self.touched.push((window, new));
             if is_late(now, window.max_timestamp()) {
                 self.due.push((window, self.aggregate.result(&acc)));
             }

@@ -406,6 +406,46 @@ fn windows_with_implied_timers_fire_once_across_a_restore_at_another_parallelism
     }
 }
 
+/// Sessions without lateness imply their timers too: a session lengthened
+/// or merged leaves its old timer, which fires to no effect, before and
+/// after a restore.
+#[test]
+fn sessions_with_implied_timers_fire_once_however_they_merged() {
+    let dir = tempfile::tempdir().unwrap();
+    let factory = windows::<Out>(
+        WindowAssigner::session(Duration::from_millis(10)),
+        WindowConfig::default(),
+        false,
+    );
+    for kind in 0..2 {
+        let mut d = Driver::new(backends(&dir, range(1, 0)).remove(kind), &factory);
+        for key in 0..50 {
+            // [0, 15) lengthened to [0, 22); [30, 40) and [45, 55) merged
+            // by 38 into [30, 55).
+            d.records(&[ev(key, 0), ev(key, 5), ev(key, 12), ev(key, 30)]);
+            d.records(&[ev(key, 45), ev(key, 38)]);
+        }
+        let mut fired = d.watermark(25);
+        assert_eq!(fired.len(), 50, "{fired:?}");
+        assert!(fired.iter().all(|o| matches!(o, Out::Fired(_, 0, 22, 3))));
+        let (states, _) = restore_states(&mut d.process, 1, 2);
+        for (i, state) in states.iter().enumerate() {
+            let backend = backends(&dir, range(2, i as u32)).remove(kind);
+            let mut restored = operator(backend, &factory, Arc::new(TimeMetrics::default()));
+            restored.restore(state).unwrap();
+            let mut out = Vec::new();
+            restored.advance_watermark(u64::MAX, &mut out).unwrap();
+            fired.extend(output::<Out>(out));
+        }
+        fired.sort_by_key(|o| format!("{o:?}"));
+        let mut expected: Vec<Out> = (0..50)
+            .flat_map(|k| [Out::Fired(k, 0, 22, 3), Out::Fired(k, 30, 55, 3)])
+            .collect();
+        expected.sort_by_key(|o| format!("{o:?}"));
+        assert_eq!(fired, expected, "backend {kind}");
+    }
+}
+
 #[test]
 fn early_firings_emit_open_windows_every_interval_of_processing_time() {
     let dir = tempfile::tempdir().unwrap();
