@@ -1,19 +1,23 @@
-//! How the cost of wordcount (p=2) grows with its state: throughput with
-//! checkpoints off and every second, checkpoint duration p50, the state a
-//! checkpoint references, what one uploads (p50), and peak memory, at
-//! 100,000, 1,000,000 and 10,000,000 keys, for heap state and for RocksDB
-//! with incremental checkpoints (its default write-back cache of 1,048,576
-//! values per subtask). Prints the Markdown table docs/cost-of-state.md shows.
+//! How the cost of jobs (p=2) grows with their state. First wordcount:
+//! throughput with checkpoints off and every second, checkpoint duration
+//! p50, the state a checkpoint references, what one uploads (p50), and
+//! peak memory, at 100,000, 1,000,000 and 10,000,000 keys, for heap state
+//! and for RocksDB with incremental checkpoints (its default write-back
+//! cache of 1,048,576 values per subtask). Then the event-time operators on
+//! the heap at the same keys: tumbling, sliding and session windows and the
+//! interval join, with the timers their checkpoints held. Prints the
+//! Markdown tables docs/cost-of-state.md shows.
 //!
 //! cargo bench --bench growth
 //!
 //! Every run is a child process of its own, so that peak memory belongs to
 //! one configuration. `TIDEMARK_BENCH_RECORDS` (default 100,000,000) sets
-//! the records of a run; a run has at least ten per key.
+//! the records of a wordcount run, which has at least ten per key;
+//! `TIDEMARK_BENCH_TIME_RECORDS` (default 20,000,000) those of the others.
 
 mod common;
 
-use common::{child_runs, env_or, run_in_child};
+use common::{child_runs, env_or, run_in_child, ChildRun};
 
 const KEYS: [u64; 3] = [100_000, 1_000_000, 10_000_000];
 
@@ -21,6 +25,36 @@ const BACKENDS: [(&str, &[&str]); 2] = [
     ("heap", &[]),
     ("RocksDB incremental", &["--state=rocksdb", "--incremental"]),
 ];
+
+/// The event-time jobs: name, and the arguments that pick them.
+const TIME_JOBS: [(&str, &[&str]); 4] = [
+    ("windows tumbling 1 s", &["windows", "--window=tumbling:1s"]),
+    (
+        "windows sliding 10 s / 1 s",
+        &["windows", "--window=sliding:10s/1s"],
+    ),
+    (
+        "windows session 100 ms",
+        &["windows", "--window=session:100ms"],
+    ),
+    ("join ±20 ms", &["join"]),
+];
+
+/// `tidemark run` of `job` at `keys` and p=2, checkpoints off and every
+/// second.
+fn off_and_on(job: &[&str], records: u64, keys: u64) -> (ChildRun, ChildRun) {
+    let run = |interval: &str| {
+        let mut args: Vec<String> = job.iter().map(|a| a.to_string()).collect();
+        args.extend([
+            format!("--records={records}"),
+            format!("--keys={keys}"),
+            "--parallelism=2".to_string(),
+            format!("--checkpoint-interval={interval}"),
+        ]);
+        run_in_child(&args)
+    };
+    (run("off"), run("1s"))
+}
 
 fn main() {
     if child_runs() {
@@ -34,19 +68,8 @@ fn main() {
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for (backend, extra) in BACKENDS {
         for keys in KEYS {
-            let run = |interval: &str| {
-                let mut args = vec![
-                    "wordcount".to_string(),
-                    format!("--records={}", records.max(10 * keys)),
-                    format!("--keys={keys}"),
-                    "--parallelism=2".to_string(),
-                    format!("--checkpoint-interval={interval}"),
-                ];
-                args.extend(extra.iter().map(|a| a.to_string()));
-                run_in_child(&args)
-            };
-            let off = run("off");
-            let on = run("1s");
+            let job: Vec<&str> = ["wordcount"].iter().chain(extra).copied().collect();
+            let (off, on) = off_and_on(&job, records.max(10 * keys), keys);
             let (off_rps, on_rps) = (off.number("/throughput_rps"), on.number("/throughput_rps"));
             println!(
                 "| {backend} | {keys} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} | {:.0} |",
@@ -56,6 +79,29 @@ fn main() {
                 on.number("/checkpoint_duration_ms/p50"),
                 on.number("/checkpointed_bytes_full") / 1e6,
                 on.number("/bytes_uploaded_per_checkpoint/p50") / 1e6,
+                off.peak_rss_mib.max(on.peak_rss_mib),
+            );
+        }
+    }
+    let records = env_or("TIDEMARK_BENCH_TIME_RECORDS", 20_000_000);
+    println!();
+    println!("event-time jobs on the heap, p=2, {records} records (a join's on each side), one run per cell");
+    println!(
+        "| job | keys | M input records/s, checkpoints off | M input records/s, 1 s checkpoints | ratio | checkpoint p50 ms | timers in a checkpoint, max | state MB | peak RSS MiB |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for (name, job) in TIME_JOBS {
+        for keys in KEYS {
+            let (off, on) = off_and_on(job, records, keys);
+            let (off_rps, on_rps) = (off.number("/throughput_rps"), on.number("/throughput_rps"));
+            println!(
+                "| {name} | {keys} | {:.2} | {:.2} | {:.2} | {:.1} | {:.0} | {:.1} | {:.0} |",
+                off_rps / 1e6,
+                on_rps / 1e6,
+                on_rps / off_rps,
+                on.number("/checkpoint_duration_ms/p50"),
+                on.number("/timers_in_checkpoint_max"),
+                on.number("/checkpointed_bytes_full") / 1e6,
                 off.peak_rss_mib.max(on.peak_rss_mib),
             );
         }
