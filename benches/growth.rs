@@ -8,7 +8,9 @@
 //! interval join, with the timers their checkpoints held. Prints the
 //! Markdown tables docs/cost-of-state.md shows.
 //!
-//! cargo bench --bench growth
+//! cargo bench --bench growth [-- wordcount | time]
+//!
+//! With `wordcount` or `time`, only that table.
 //!
 //! Every run is a child process of its own, so that peak memory belongs to
 //! one configuration. `TIDEMARK_BENCH_RECORDS` (default 100,000,000) sets
@@ -60,6 +62,20 @@ fn main() {
     if child_runs() {
         return;
     }
+    let only = |table: &str| {
+        let args: Vec<String> = std::env::args().collect();
+        let any = args.iter().any(|a| a == "wordcount" || a == "time");
+        !any || args.iter().any(|a| a == table)
+    };
+    if only("wordcount") {
+        wordcount_table();
+    }
+    if only("time") {
+        time_table();
+    }
+}
+
+fn wordcount_table() {
     let records = env_or("TIDEMARK_BENCH_RECORDS", 100_000_000);
     println!("wordcount p=2, {records} records or ten per key, one run per cell");
     println!(
@@ -83,6 +99,9 @@ fn main() {
             );
         }
     }
+}
+
+fn time_table() {
     let records = env_or("TIDEMARK_BENCH_TIME_RECORDS", 20_000_000);
     println!();
     println!("event-time jobs on the heap, p=2, {records} records (a join's on each side), one run per cell");
