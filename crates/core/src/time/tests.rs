@@ -152,7 +152,7 @@ fn backends(dir: &tempfile::TempDir, range: KeyGroupRange) -> Vec<KeyedStateBack
         .into_iter()
         .enumerate()
     {
-        let store = crate::testkit::store::MemoryStore::new(&dir.path().join(i.to_string()));
+        let store = crate::testkit::store::MemoryStore::new(dir.path().join(i.to_string()));
         backends.push(KeyedStateBackend::new(
             &StateBackend::Embedded {
                 store: Arc::new(store),
