@@ -369,6 +369,26 @@ fn tumbling_and_sliding_windows_fire_once_at_the_watermark_and_drop_late_records
     }
 }
 
+/// What the subtasks of p=2 restored from `states` on backend `kind` fire
+/// when the watermark passes everything.
+fn fire_restored(
+    dir: &tempfile::TempDir,
+    kind: usize,
+    factory: &KeyedFunctionFactory<u64, Ev, Out>,
+    states: &[RestoreState],
+) -> Vec<Out> {
+    let mut fired = Vec::new();
+    for (i, state) in states.iter().enumerate() {
+        let backend = backends(dir, range(2, i as u32)).remove(kind);
+        let mut restored = operator(backend, factory, Arc::new(TimeMetrics::default()));
+        restored.restore(state).unwrap();
+        let mut out = Vec::new();
+        restored.advance_watermark(u64::MAX, &mut out).unwrap();
+        fired.extend(output::<Out>(out));
+    }
+    fired
+}
+
 /// Tumbling and sliding windows without lateness keep no keyed timers:
 /// their timers are implied by the windows, named again from the restored
 /// windows. Each window still fires exactly once across a snapshot, in the
@@ -400,14 +420,7 @@ fn windows_with_implied_timers_fire_once_across_a_restore_at_another_parallelism
             expected.len() - fired.len(),
             "one per open window"
         );
-        for (i, state) in states.iter().enumerate() {
-            let backend = backends(&dir, range(2, i as u32)).remove(kind);
-            let mut restored = operator(backend, &factory, Arc::new(TimeMetrics::default()));
-            restored.restore(state).unwrap();
-            let mut out = Vec::new();
-            restored.advance_watermark(u64::MAX, &mut out).unwrap();
-            fired.extend(output::<Out>(out));
-        }
+        fired.extend(fire_restored(&dir, kind, &factory, &states));
         fired.sort_by_key(|o| format!("{o:?}"));
         assert_eq!(fired, expected, "backend {kind}");
     }
@@ -436,14 +449,7 @@ fn sessions_with_implied_timers_fire_once_however_they_merged() {
         assert_eq!(fired.len(), 50, "{fired:?}");
         assert!(fired.iter().all(|o| matches!(o, Out::Fired(_, 0, 22, 3))));
         let (states, _) = restore_states(&mut d.process, 1, 2);
-        for (i, state) in states.iter().enumerate() {
-            let backend = backends(&dir, range(2, i as u32)).remove(kind);
-            let mut restored = operator(backend, &factory, Arc::new(TimeMetrics::default()));
-            restored.restore(state).unwrap();
-            let mut out = Vec::new();
-            restored.advance_watermark(u64::MAX, &mut out).unwrap();
-            fired.extend(output::<Out>(out));
-        }
+        fired.extend(fire_restored(&dir, kind, &factory, &states));
         fired.sort_by_key(|o| format!("{o:?}"));
         let mut expected: Vec<Out> = (0..50)
             .flat_map(|k| [Out::Fired(k, 0, 22, 3), Out::Fired(k, 30, 55, 3)])
