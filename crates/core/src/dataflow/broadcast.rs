@@ -10,6 +10,7 @@ use crate::dataflow::operator::{Collector, Downstream, KeyedProcessFunction, Out
 use crate::dataflow::two_input::Either;
 use crate::model::ids::CheckpointId;
 use crate::state::snapshot::{RestoreState, TaskSnapshot};
+use crate::state::timers::RestoredTimers;
 use crate::state::{AllKeys, BroadcastContext, BroadcastStates, Key, KeyedContext};
 use crate::time::Millis;
 
@@ -68,6 +69,10 @@ pub trait KeyedBroadcastProcessFunction<K: Key, L, R, O>: Send {
     ) {
     }
 
+    /// After a restore: the timers its restored state implies, as for
+    /// [`KeyedProcessFunction::restore_timers`].
+    fn restore_timers(&mut self, _states: AllKeys<'_, K>, _timers: &mut RestoredTimers<'_, K>) {}
+
     /// Both inputs ended: a function that holds results back emits them.
     fn end_input(&mut self, _states: AllKeys<'_, K>, _out: &mut Collector<'_, O>) {}
 }
@@ -112,6 +117,10 @@ where
         out: &mut Collector<'_, O>,
     ) {
         self.0.on_timer(timestamp, ctx, out)
+    }
+
+    fn restore_timers(&mut self, states: AllKeys<'_, K>, timers: &mut RestoredTimers<'_, K>) {
+        self.0.restore_timers(states, timers)
     }
 
     fn end_input(&mut self, states: AllKeys<'_, K>, out: &mut Collector<'_, O>) {

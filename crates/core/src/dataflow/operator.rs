@@ -9,13 +9,14 @@ use crate::model::batch::{Batch, Data};
 use crate::model::ids::{CheckpointId, KeyGroup};
 use crate::model::key_group::subtask_for_key_group;
 use crate::state::snapshot::{RestoreState, TaskSnapshot};
-use crate::state::timers::TimerService;
+use crate::state::timers::{RestoredTimers, TimerService};
 use crate::state::{
     AllKeys, BroadcastContext, BroadcastStates, Key, KeySlot, KeyedContext, KeyedStateBackend,
     StateRegistrar, PREFETCH_DISTANCE,
 };
 use crate::time::timers::{TimeDomain, TIMERS_STATE};
 use crate::time::{Millis, TimeMetrics};
+use rustc_hash::FxHashSet;
 use std::sync::Arc;
 
 /// The earlier of two optional timestamps.
@@ -427,10 +428,10 @@ pub trait KeyedProcessFunction<K: Key, I, O>: Send {
     ) {
     }
 
-    /// After a restore: the implied timers its restored state holds (see
-    /// [`KeyedContext::register_implied_timer`]), each given to `imply`
-    /// with its key.
-    fn implied_timers(&mut self, _states: AllKeys<'_, K>, _imply: &mut dyn FnMut(K, u64)) {}
+    /// After a restore: the timers its restored state implies (see
+    /// [`KeyedContext::register_implied_timer`]), and keyed ones the
+    /// snapshot lacks, named in `timers`.
+    fn restore_timers(&mut self, _states: AllKeys<'_, K>, _timers: &mut RestoredTimers<'_, K>) {}
 
     /// End of input: a function that holds results back emits them here.
     fn end_input(&mut self, _states: AllKeys<'_, K>, _out: &mut Collector<'_, O>) {}
@@ -651,14 +652,20 @@ impl<K: Key, I: Send, O: Send> Step for KeyedProcess<K, I, O> {
         self.states.restore(state)?;
         self.states.flush()?;
         self.broadcast.restore(&state.operator)?;
+        let mut keyed = FxHashSet::default();
         for (key, timers) in AllKeys::new(&self.states).values(&self.timers.state()) {
             self.timers.restored(&key, &timers);
+            if timers.timestamps(TimeDomain::EventTime).next().is_some() {
+                keyed.insert(key);
+            }
         }
-        let timers = &mut self.timers;
+        let mut restored = RestoredTimers::new(&mut self.timers, keyed);
         self.function
-            .implied_timers(AllKeys::new(&self.states), &mut |key, timestamp| {
-                timers.implied(timestamp, key)
-            });
+            .restore_timers(AllKeys::new(&self.states), &mut restored);
+        for (key, timestamp) in restored.into_keyed() {
+            KeyedContext::with_timers(&mut self.states, &key, &mut self.timers, &self.broadcast)
+                .register_event_time_timer(timestamp);
+        }
         self.next.restore(state)
     }
 

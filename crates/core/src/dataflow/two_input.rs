@@ -5,6 +5,7 @@
 //! `Either<L, R>` dispatches to `process_left` and `process_right`.
 
 use crate::dataflow::operator::{Collector, KeyedProcessFunction};
+use crate::state::timers::RestoredTimers;
 use crate::state::{AllKeys, Key, KeyedContext};
 use serde::{Deserialize, Serialize};
 
@@ -55,9 +56,9 @@ pub trait KeyedCoProcessFunction<K: Key, L, R, O>: Send {
     ) {
     }
 
-    /// After a restore: the implied timers its restored state holds, as
-    /// for [`KeyedProcessFunction::implied_timers`].
-    fn implied_timers(&mut self, _states: AllKeys<'_, K>, _imply: &mut dyn FnMut(K, u64)) {}
+    /// After a restore: the timers its restored state implies, as for
+    /// [`KeyedProcessFunction::restore_timers`].
+    fn restore_timers(&mut self, _states: AllKeys<'_, K>, _timers: &mut RestoredTimers<'_, K>) {}
 
     /// Both inputs ended: a function that holds results back emits them.
     fn end_input(&mut self, _states: AllKeys<'_, K>, _out: &mut Collector<'_, O>) {}
@@ -92,8 +93,8 @@ where
         self.0.on_timer(timestamp, ctx, out)
     }
 
-    fn implied_timers(&mut self, states: AllKeys<'_, K>, imply: &mut dyn FnMut(K, u64)) {
-        self.0.implied_timers(states, imply)
+    fn restore_timers(&mut self, states: AllKeys<'_, K>, timers: &mut RestoredTimers<'_, K>) {
+        self.0.restore_timers(states, timers)
     }
 
     fn end_input(&mut self, states: AllKeys<'_, K>, out: &mut Collector<'_, O>) {

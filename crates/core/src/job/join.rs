@@ -20,6 +20,7 @@
 
 use crate::dataflow::operator::Collector;
 use crate::dataflow::two_input::KeyedCoProcessFunction;
+use crate::state::timers::RestoredTimers;
 use crate::state::{AllKeys, Key, KeyedContext, StateRegistrar, ValueState};
 use crate::time::{TimeMetrics, Timestamped};
 use crate::Data;
@@ -237,10 +238,12 @@ where
         }
     }
 
-    fn implied_timers(&mut self, states: AllKeys<'_, K>, imply: &mut dyn FnMut(K, u64)) {
+    fn restore_timers(&mut self, states: AllKeys<'_, K>, timers: &mut RestoredTimers<'_, K>) {
+        // A snapshot's keyed timer of the key fires too: to no effect if
+        // this one fired first.
         for (key, buffers) in states.values(&self.buffers) {
             if let Some(at) = buffers.timer {
-                imply(key, at);
+                timers.imply(key, at);
             }
         }
     }

@@ -6,12 +6,17 @@
 //! Windows in event time without allowed lateness are gone once they fire,
 //! so a key's windows say when it fires next: their timers are implied
 //! (`KeyedContext::register_implied_timer`), and a record writes its
-//! window's state and nothing else. The timer of a session merged into a
-//! longer one stays and fires to no effect: no window of the key ends then.
-//! Windows that outlive their firing (allowed lateness) or follow the clock
-//! keep keyed timers, which remember what fired.
+//! window's state and nothing else. A session keeps the timer of the end it
+//! had when it opened: when that fires inside the session, which records
+//! have lengthened since, its timer moves to the session's end. Windows
+//! that outlive their firing (allowed lateness) or follow the clock keep
+//! keyed timers, which remember what fired. A restore with either kind of
+//! snapshot into either kind of operator fires each window once: keys whose
+//! snapshot held keyed timers keep them, and the windows of the others,
+//! which have not fired, get the timers the operator keeps.
 
 use crate::dataflow::operator::{Collector, KeyedProcessFunction};
+use crate::state::timers::RestoredTimers;
 use crate::state::{AllKeys, Key, KeyedContext, StateRegistrar, ValueState};
 use crate::time::window::{AggregateFunction, TimeWindow, WindowAssigner};
 use crate::time::{TimeDomain, Timestamped};
@@ -177,8 +182,13 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
             let mut acc = A::Acc::default();
             let mut deleted = false;
             // A session the record did not lengthen has its timers, unless
-            // a merged one's deleted them.
-            let mut new = merged.iter().all(|(w, _)| *w != window);
+            // a merged one's deleted them. An implied one fires at the end
+            // a session first had, and moves on from there.
+            let mut new = if self.implies_timers() {
+                merged.is_empty()
+            } else {
+                merged.iter().all(|(w, _)| *w != window)
+            };
             for (w, a) in merged {
                 if w != window && !self.implies_timers() {
                     self.delete_timers(ctx, &w);
@@ -282,11 +292,24 @@ where
         self.touched.clear();
     }
 
-    fn implied_timers(&mut self, states: AllKeys<'_, K>, imply: &mut dyn FnMut(K, u64)) {
-        if self.implies_timers() {
-            for (key, windows) in states.values(&self.windows) {
-                for (window, _) in windows {
-                    imply(key.clone(), window.max_timestamp());
+    fn restore_timers(&mut self, states: AllKeys<'_, K>, timers: &mut RestoredTimers<'_, K>) {
+        if self.assigner.domain != TimeDomain::EventTime {
+            return;
+        }
+        for (key, windows) in states.values(&self.windows) {
+            // Keyed timers know which windows fired (with allowed lateness,
+            // or before timers were implied): they stay as they were.
+            if timers.has_keyed(&key) {
+                continue;
+            }
+            // Implied ones: none of the windows has fired.
+            for (window, _) in windows {
+                let fire = window.max_timestamp();
+                if self.implies_timers() {
+                    timers.imply(key.clone(), fire);
+                } else {
+                    timers.register(key.clone(), fire);
+                    timers.register(key.clone(), self.cleanup_time(&window));
                 }
             }
         }
@@ -303,6 +326,7 @@ where
         let early = ctx.timer_domain() != Some(self.assigner.domain);
         let watermark = ctx.current_watermark();
         let mut due = std::mem::take(&mut self.due);
+        let mut moved = None;
         let open = ctx.value(&self.windows).update(
             |windows| {
                 if early {
@@ -312,12 +336,21 @@ where
                         .filter(|(w, _)| !is_late(watermark, w.max_timestamp()));
                     due.extend(open.map(|(w, acc)| (*w, self.aggregate.result(acc))));
                 } else {
+                    // Cleaned up at or after its time: a window restored
+                    // with less lateness than its timer was set for goes
+                    // with that timer.
                     windows.retain(|(window, acc)| {
                         if window.max_timestamp() == timestamp {
                             due.push((*window, self.aggregate.result(acc)));
                         }
-                        self.cleanup_time(window) != timestamp
+                        self.cleanup_time(window) > timestamp
                     });
+                    if self.implies_timers() && self.assigner.is_merging() {
+                        moved = windows
+                            .iter()
+                            .find(|(w, _)| w.start <= timestamp as i64)
+                            .map(|(w, _)| w.max_timestamp());
+                    }
                 }
                 !windows.is_empty()
             },
@@ -327,6 +360,10 @@ where
             self.fire(ctx, &window, result, out);
         }
         self.due = due;
+        if let Some(end) = moved {
+            // A session lengthened past the end its timer was set at.
+            ctx.register_implied_timer(end);
+        }
         if let (true, Some(true), Some(every)) = (early, open, self.settings.early_firing) {
             // From now, not from the timer: after a restore, the firings
             // missed while the job was down are not replayed one by one.

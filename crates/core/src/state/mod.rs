@@ -726,7 +726,7 @@ impl<'a, K: Key> KeyedContext<'a, K> {
     /// Sets an implied event-time timer of the current key at `timestamp`:
     /// one the function's own keyed state records, so that only the timer
     /// service's index holds it; the function names it again after a
-    /// restore (`KeyedProcessFunction::implied_timers`). It cannot be
+    /// restore (`KeyedProcessFunction::restore_timers`). It cannot be
     /// deleted, and a timer set twice fires twice.
     pub fn register_implied_timer(&mut self, timestamp: u64) {
         let key = self.key.clone();

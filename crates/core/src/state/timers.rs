@@ -6,6 +6,7 @@
 use super::{Key, ValueState};
 use crate::time::timers::{KeyTimers, TimeCounters, TimeDomain};
 use crate::time::Millis;
+use rustc_hash::FxHashSet;
 use std::collections::BTreeMap;
 
 /// The timers of one keyed subtask: the index in front of the keyed state
@@ -23,8 +24,8 @@ use std::collections::BTreeMap;
 /// already records (a window's end is in the window), so they are only
 /// indexed: no keyed state is written to set, delete or fire them, and the
 /// function names them again from its restored state
-/// (`KeyedProcessFunction::implied_timers`). Nothing deletes them, and each
-/// fires as often as it was set.
+/// (`KeyedProcessFunction::restore_timers`). Nothing deletes them, and each
+/// fires as often as it was set; [`TimerService::len`] counts them so.
 pub struct TimerService<K: Key> {
     state: ValueState<KeyTimers>,
     event: BTreeMap<u64, Vec<K>>,
@@ -140,7 +141,8 @@ impl<K: Key> TimerService<K> {
         self.processing.keys().next().copied()
     }
 
-    /// Timers registered now, over all keys and both domains.
+    /// Timers registered now, over all keys and both domains: implied ones
+    /// as often as they were set, until they fire.
     pub fn len(&self) -> u64 {
         self.len
     }
@@ -175,5 +177,49 @@ impl<K: Key> TimerService<K> {
     /// What was counted since the last call.
     pub(crate) fn take_counters(&mut self) -> TimeCounters {
         std::mem::take(&mut self.counters)
+    }
+}
+
+/// The timers a keyed function names after a restore, from its restored
+/// state (`KeyedProcessFunction::restore_timers`): implied ones, and keyed
+/// ones its state needs but the snapshot lacks, as when it was taken with
+/// implied timers and the function now keeps keyed ones.
+pub struct RestoredTimers<'a, K: Key> {
+    service: &'a mut TimerService<K>,
+    /// The keys the snapshot held event-time keyed timers of.
+    keyed: FxHashSet<K>,
+    /// Keyed event-time timers to set once the state is no longer read.
+    register: Vec<(K, u64)>,
+}
+
+impl<'a, K: Key> RestoredTimers<'a, K> {
+    pub(crate) fn new(service: &'a mut TimerService<K>, keyed: FxHashSet<K>) -> Self {
+        RestoredTimers {
+            service,
+            keyed,
+            register: Vec::new(),
+        }
+    }
+
+    /// Sets an implied event-time timer of `key` at `timestamp`.
+    pub fn imply(&mut self, key: K, timestamp: u64) {
+        self.service.implied(timestamp, key);
+    }
+
+    /// Whether the snapshot held event-time keyed timers of `key`, which
+    /// are restored as they were.
+    pub fn has_keyed(&self, key: &K) -> bool {
+        self.keyed.contains(key)
+    }
+
+    /// Sets a keyed event-time timer of `key` at `timestamp` (once the
+    /// restore has read the state).
+    pub fn register(&mut self, key: K, timestamp: u64) {
+        self.register.push((key, timestamp));
+    }
+
+    /// The keyed timers to set.
+    pub(crate) fn into_keyed(self) -> Vec<(K, u64)> {
+        self.register
     }
 }

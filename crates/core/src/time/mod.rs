@@ -2,7 +2,8 @@
 //! operator, keyed timers and windows. Watermarks are channel events that
 //! travel in-band like barriers; timers are keyed state, so every snapshot,
 //! incremental checkpoint, savepoint and rescale carries them with the key
-//! groups they belong to. The operators built on them, the window operator
+//! groups they belong to, or implied by keyed state and named again from
+//! it on restore. The operators built on them, the window operator
 //! and the interval join, are the job builder's (`crate::job`): they use
 //! keyed state, which is above time.
 

@@ -448,7 +448,10 @@ fn sessions_with_implied_timers_fire_once_however_they_merged() {
         let mut fired = d.watermark(25);
         assert_eq!(fired.len(), 50, "{fired:?}");
         assert!(fired.iter().all(|o| matches!(o, Out::Fired(_, 0, 22, 3))));
-        let (states, _) = restore_states(&mut d.process, 1, 2);
+        let (states, timers) = restore_states(&mut d.process, 1, 2);
+        // [30, 55)'s two, one of which moves on when it fires: lengthening
+        // a session sets no timer.
+        assert_eq!(timers, 2 * 50);
         fired.extend(fire_restored(&dir, kind, &factory, &states));
         fired.sort_by_key(|o| format!("{o:?}"));
         let mut expected: Vec<Out> = (0..50)
@@ -456,6 +459,45 @@ fn sessions_with_implied_timers_fire_once_however_they_merged() {
             .collect();
         expected.sort_by_key(|o| format!("{o:?}"));
         assert_eq!(fired, expected, "backend {kind}");
+    }
+}
+
+/// A savepoint restored into a job with other allowed lateness fires each
+/// window once: windows of a snapshot with implied timers get keyed ones,
+/// and keyed timers of windows that fired and waited for late records
+/// clean them up without firing them again.
+#[test]
+fn windows_fire_once_when_a_restore_changes_their_lateness() {
+    let dir = tempfile::tempdir().unwrap();
+    let tumbling = |allowed_lateness| {
+        windows::<Out>(
+            WindowAssigner::tumbling(Duration::from_millis(10)),
+            WindowConfig {
+                allowed_lateness,
+                early_firing: None,
+            },
+            false,
+        )
+    };
+    let records: Vec<Ev> = (0..50).flat_map(|k| [ev(k, 3), ev(k, 13)]).collect();
+    for kind in 0..3 {
+        for (before, after) in [(0, 100), (100, 0)] {
+            let mut d = Driver::new(backends(&dir, range(1, 0)).remove(kind), &tumbling(before));
+            d.records(&records);
+            let mut fired = d.watermark(9);
+            assert_eq!(fired.len(), 50);
+            let (states, _) = restore_states(&mut d.process, 1, 2);
+            fired.extend(fire_restored(&dir, kind, &tumbling(after), &states));
+            fired.sort_by_key(|o| format!("{o:?}"));
+            let mut expected: Vec<Out> = (0..50)
+                .flat_map(|k| [Out::Fired(k, 0, 10, 1), Out::Fired(k, 10, 20, 1)])
+                .collect();
+            expected.sort_by_key(|o| format!("{o:?}"));
+            assert_eq!(
+                fired, expected,
+                "backend {kind}, lateness {before} -> {after}"
+            );
+        }
     }
 }
 

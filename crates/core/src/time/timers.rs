@@ -4,7 +4,9 @@
 //! them, RocksDB checkpoints them incrementally, and a rescale moves them
 //! with their key groups. In front of that state the service keeps an
 //! ordered index of every timer, the priority queue the watermark and the
-//! clock are checked against, rebuilt from the state on restore.
+//! clock are checked against, rebuilt from the state on restore. Implied
+//! timers are only in that index: a function's own state records them, and
+//! the function names them again on restore.
 
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};

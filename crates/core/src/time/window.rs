@@ -1,8 +1,9 @@
 //! Windows on keyed streams (Flink's `WindowOperator`): tumbling, sliding
 //! and session windows in event or processing time, aggregated
 //! incrementally. A key's open windows and their accumulators are one keyed
-//! value, their firing and cleanup times keyed timers: nothing about a
-//! window is special to checkpoints, rescaling or either backend.
+//! value, their firing and cleanup times keyed timers or timers that value
+//! implies: nothing about a window is special to checkpoints, rescaling or
+//! either backend.
 
 use super::timers::TimeDomain;
 use crate::model::batch::Data;
