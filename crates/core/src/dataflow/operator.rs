@@ -9,14 +9,13 @@ use crate::model::batch::{Batch, Data};
 use crate::model::ids::{CheckpointId, KeyGroup};
 use crate::model::key_group::subtask_for_key_group;
 use crate::state::snapshot::{RestoreState, TaskSnapshot};
-use crate::state::timers::{RestoredTimers, TimerService};
+use crate::state::timers::{RestoredTimer, RestoredTimers, TimerService};
 use crate::state::{
     AllKeys, BroadcastContext, BroadcastStates, Key, KeySlot, KeyedContext, KeyedStateBackend,
-    StateRegistrar, PREFETCH_DISTANCE,
+    StateRegistrar,
 };
 use crate::time::timers::{TimeDomain, TIMERS_STATE};
 use crate::time::{Millis, TimeMetrics};
-use rustc_hash::FxHashSet;
 use std::sync::Arc;
 
 /// The earlier of two optional timestamps.
@@ -534,13 +533,8 @@ impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
         while let Some((timestamp, keys, implied)) = self.timers.pop_due(domain, upto) {
             for keys in keys.chunks(Self::FIRED_PER_PREPARE) {
                 self.states.prepare(keys, &mut slots);
-                for slot in slots.iter().take(PREFETCH_DISTANCE) {
-                    self.states.prefetch(*slot);
-                }
                 for (i, key) in keys.iter().enumerate() {
-                    if let Some(ahead) = slots.get(i + PREFETCH_DISTANCE) {
-                        self.states.prefetch(*ahead);
-                    }
+                    self.states.prefetch_ahead(&slots, i);
                     let mut ctx = KeyedContext::located(
                         &mut self.states,
                         key,
@@ -560,6 +554,39 @@ impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
             }
         }
         self.slots = slots;
+    }
+
+    /// Sets the timers a function named after a restore for keys the
+    /// snapshot held no event-time keyed timers of, all decided before any
+    /// is set. A function names a key's timers together: one read a key.
+    fn set_unless_keyed(&mut self, unless_keyed: Vec<(K, u64, RestoredTimer)>) {
+        let mut held: Option<(&K, bool)> = None;
+        let mut unkeyed = Vec::with_capacity(unless_keyed.len());
+        for (key, _, _) in &unless_keyed {
+            if held.is_none_or(|(k, _)| k != key) {
+                let mut ctx = KeyedContext::with_timers(
+                    &mut self.states,
+                    key,
+                    &mut self.timers,
+                    &self.broadcast,
+                );
+                held = Some((key, ctx.has_event_time_timers()));
+            }
+            unkeyed.push(held.is_some_and(|(_, keyed)| !keyed));
+        }
+        let named = unless_keyed.into_iter().zip(unkeyed);
+        for ((key, timestamp, timer), _) in named.filter(|(_, unkeyed)| *unkeyed) {
+            match timer {
+                RestoredTimer::Implied => self.timers.implied(timestamp, key),
+                RestoredTimer::Keyed => KeyedContext::with_timers(
+                    &mut self.states,
+                    &key,
+                    &mut self.timers,
+                    &self.broadcast,
+                )
+                .register_event_time_timer(timestamp),
+            }
+        }
     }
 
     fn publish_counters(&mut self) {
@@ -598,13 +625,8 @@ impl<K: Key, I: Send, O: Send> Downstream<I> for KeyedProcess<K, I, O> {
         self.keys
             .extend(records.iter().map(|record| key_of(record)));
         self.states.prepare(&self.keys, &mut self.slots);
-        for slot in self.slots.iter().take(PREFETCH_DISTANCE) {
-            self.states.prefetch(*slot);
-        }
         for (i, record) in records.drain(..).enumerate() {
-            if let Some(ahead) = self.slots.get(i + PREFETCH_DISTANCE) {
-                self.states.prefetch(*ahead);
-            }
+            self.states.prefetch_ahead(&self.slots, i);
             let mut ctx = KeyedContext::located(
                 &mut self.states,
                 &self.keys[i],
@@ -652,20 +674,14 @@ impl<K: Key, I: Send, O: Send> Step for KeyedProcess<K, I, O> {
         self.states.restore(state)?;
         self.states.flush()?;
         self.broadcast.restore(&state.operator)?;
-        let mut keyed = FxHashSet::default();
         for (key, timers) in AllKeys::new(&self.states).values(&self.timers.state()) {
             self.timers.restored(&key, &timers);
-            if timers.timestamps(TimeDomain::EventTime).next().is_some() {
-                keyed.insert(key);
-            }
         }
-        let mut restored = RestoredTimers::new(&mut self.timers, keyed);
+        let mut restored = RestoredTimers::new(&mut self.timers);
         self.function
             .restore_timers(AllKeys::new(&self.states), &mut restored);
-        for (key, timestamp) in restored.into_keyed() {
-            KeyedContext::with_timers(&mut self.states, &key, &mut self.timers, &self.broadcast)
-                .register_event_time_timer(timestamp);
-        }
+        let unless_keyed = restored.unless_keyed;
+        self.set_unless_keyed(unless_keyed);
         self.next.restore(state)
     }
 

@@ -296,20 +296,17 @@ where
         if self.assigner.domain != TimeDomain::EventTime {
             return;
         }
+        // A key whose snapshot held keyed timers keeps them: they know
+        // which windows fired (with allowed lateness, or before timers were
+        // implied). The others' windows have not fired.
         for (key, windows) in states.values(&self.windows) {
-            // Keyed timers know which windows fired (with allowed lateness,
-            // or before timers were implied): they stay as they were.
-            if timers.has_keyed(&key) {
-                continue;
-            }
-            // Implied ones: none of the windows has fired.
             for (window, _) in windows {
                 let fire = window.max_timestamp();
                 if self.implies_timers() {
-                    timers.imply(key.clone(), fire);
+                    timers.imply_unless_keyed(key.clone(), fire);
                 } else {
-                    timers.register(key.clone(), fire);
-                    timers.register(key.clone(), self.cleanup_time(&window));
+                    timers.register_unless_keyed(key.clone(), fire);
+                    timers.register_unless_keyed(key.clone(), self.cleanup_time(&window));
                 }
             }
         }

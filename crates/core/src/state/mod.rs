@@ -243,13 +243,24 @@ impl<K: Key> KeyedStateBackend<K> {
         }
     }
 
-    /// Starts bringing the heap state at `slot` into the CPU's cache, so
-    /// that the lookup of a later record does not wait for memory.
+    /// Before the record `i` of a batch whose keys are at `slots` (from
+    /// [`Self::prepare`]): starts bringing the heap state of the record
+    /// `PREFETCH_DISTANCE` ahead (and, before the first, of those up to
+    /// it) into the CPU's cache, so that its lookup does not wait for
+    /// memory.
     #[inline]
-    pub fn prefetch(&self, slot: KeySlot) {
-        match self {
-            KeyedStateBackend::Heap(b) => b.prefetch(slot),
-            KeyedStateBackend::Embedded(_) => {}
+    pub fn prefetch_ahead(&self, slots: &[KeySlot], i: usize) {
+        let KeyedStateBackend::Heap(b) = self else {
+            return;
+        };
+        if i == 0 {
+            slots
+                .iter()
+                .take(PREFETCH_DISTANCE)
+                .for_each(|s| b.prefetch(*s));
+        }
+        if let Some(slot) = slots.get(i + PREFETCH_DISTANCE) {
+            b.prefetch(*slot);
         }
     }
 
@@ -733,6 +744,14 @@ impl<'a, K: Key> KeyedContext<'a, K> {
         let timers = self.timer_service();
         timers.implied(timestamp, key);
         timers.counters().timers_registered += 1;
+    }
+
+    /// Whether the current key has event-time keyed timers.
+    pub(crate) fn has_event_time_timers(&mut self) -> bool {
+        let id = self.timer_service().state().id;
+        entry_of::<K, KeyTimers>(self.backend, self.key, self.slot, id)
+            .get()
+            .is_some_and(|t| t.timestamps(TimeDomain::EventTime).next().is_some())
     }
 
     /// Deletes the current key's timer at `timestamp` in `domain`, if set.

@@ -6,7 +6,6 @@
 use super::{Key, ValueState};
 use crate::time::timers::{KeyTimers, TimeCounters, TimeDomain};
 use crate::time::Millis;
-use rustc_hash::FxHashSet;
 use std::collections::BTreeMap;
 
 /// The timers of one keyed subtask: the index in front of the keyed state
@@ -181,23 +180,28 @@ impl<K: Key> TimerService<K> {
 }
 
 /// The timers a keyed function names after a restore, from its restored
-/// state (`KeyedProcessFunction::restore_timers`): implied ones, and keyed
-/// ones its state needs but the snapshot lacks, as when it was taken with
-/// implied timers and the function now keeps keyed ones.
+/// state (`KeyedProcessFunction::restore_timers`): implied ones, and those
+/// to set only for keys the snapshot held no event-time keyed timers of
+/// (keyed timers know what fired; a snapshot taken with implied timers has
+/// none), implied or keyed.
 pub struct RestoredTimers<'a, K: Key> {
     service: &'a mut TimerService<K>,
-    /// The keys the snapshot held event-time keyed timers of.
-    keyed: FxHashSet<K>,
-    /// Keyed event-time timers to set once the state is no longer read.
-    register: Vec<(K, u64)>,
+    /// Timers for keys without keyed ones, decided once the state is no
+    /// longer read.
+    pub(crate) unless_keyed: Vec<(K, u64, RestoredTimer)>,
+}
+
+/// How a timer named after a restore is kept.
+pub(crate) enum RestoredTimer {
+    Implied,
+    Keyed,
 }
 
 impl<'a, K: Key> RestoredTimers<'a, K> {
-    pub(crate) fn new(service: &'a mut TimerService<K>, keyed: FxHashSet<K>) -> Self {
+    pub(crate) fn new(service: &'a mut TimerService<K>) -> Self {
         RestoredTimers {
             service,
-            keyed,
-            register: Vec::new(),
+            unless_keyed: Vec::new(),
         }
     }
 
@@ -206,20 +210,17 @@ impl<'a, K: Key> RestoredTimers<'a, K> {
         self.service.implied(timestamp, key);
     }
 
-    /// Whether the snapshot held event-time keyed timers of `key`, which
-    /// are restored as they were.
-    pub fn has_keyed(&self, key: &K) -> bool {
-        self.keyed.contains(key)
+    /// [`Self::imply`], unless the snapshot held event-time keyed timers of
+    /// `key`.
+    pub fn imply_unless_keyed(&mut self, key: K, timestamp: u64) {
+        self.unless_keyed
+            .push((key, timestamp, RestoredTimer::Implied));
     }
 
-    /// Sets a keyed event-time timer of `key` at `timestamp` (once the
-    /// restore has read the state).
-    pub fn register(&mut self, key: K, timestamp: u64) {
-        self.register.push((key, timestamp));
-    }
-
-    /// The keyed timers to set.
-    pub(crate) fn into_keyed(self) -> Vec<(K, u64)> {
-        self.register
+    /// Sets a keyed event-time timer of `key` at `timestamp`, unless the
+    /// snapshot held event-time keyed timers of `key`.
+    pub fn register_unless_keyed(&mut self, key: K, timestamp: u64) {
+        self.unless_keyed
+            .push((key, timestamp, RestoredTimer::Keyed));
     }
 }
