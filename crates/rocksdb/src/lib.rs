@@ -53,8 +53,9 @@ use ::rocksdb::merge_operator::MergeOperands;
 use ::rocksdb::{
     BlockBasedOptions, BottommostLevelCompaction, Cache, ColumnFamily as Cf,
     ColumnFamilyDescriptor, CompactOptions, DBCompactionStyle, DBCompressionType,
-    DBRawIteratorWithThreadMode, FlushOptions, LogLevel, Options, ReadOptions,
-    UniversalCompactOptions, WriteBatch, WriteOptions, DB, DEFAULT_COLUMN_FAMILY_NAME,
+    DBRawIteratorWithThreadMode, FlushOptions, IngestExternalFileOptions, LogLevel, Options,
+    ReadOptions, SstFileWriter, UniversalCompactOptions, WriteBatch, WriteOptions, DB,
+    DEFAULT_COLUMN_FAMILY_NAME,
 };
 use std::ffi::CStr;
 use std::fs;
@@ -86,6 +87,10 @@ const BLOCK_BYTES: usize = 16 << 10;
 
 /// Bytes of imported entries written at once.
 const IMPORT_BATCH_BYTES: usize = 4 << 20;
+
+/// Writes at or above which a write-back reaches the database as an SST
+/// file of its own, ingested, instead of through the memtable.
+const INGEST_WRITES: usize = 1 << 16;
 
 /// RocksDB as the embedded store of keyed state, with its databases under
 /// `local_dir`.
@@ -197,6 +202,7 @@ impl EmbeddedStore for RocksDb {
             write,
             dir,
             instance: instance_token(),
+            ingested: 0,
         };
         if native.is_some() {
             let default = open.cf(DEFAULT_COLUMN_FAMILY_NAME);
@@ -305,6 +311,8 @@ struct Open {
     write: WriteOptions,
     dir: tempfile::TempDir,
     instance: u64,
+    /// SST files of write-backs written so far: names them.
+    ingested: u64,
 }
 
 impl Open {
@@ -312,6 +320,35 @@ impl Open {
         self.db
             .cf_handle(name)
             .expect("a declared state has a column family")
+    }
+
+    /// Writes the sorted `writes` into an SST file in the working directory
+    /// and moves it into the database, newer than all it holds. One
+    /// sequential file replaces a skip-list insert per key and, for a
+    /// checkpoint, the flush of them into a file like this one. A memtable
+    /// holding keys in its range is flushed first, so that it stays older.
+    fn ingest(&mut self, family: &str, writes: &SortedWrites) -> Result<(), StateError> {
+        self.ingested += 1;
+        let path = self
+            .dir
+            .path()
+            .join(format!("write-back-{}.sst", self.ingested));
+        let mut file = SstFileWriter::create(&self.options);
+        file.open(&path).map_err(rocks)?;
+        for write in writes.iter() {
+            match write {
+                Write::Put(key, value) => file.put(key, value),
+                Write::Merge(key, value) => file.merge(key, value),
+                Write::Delete(key) => file.delete(key),
+            }
+            .map_err(rocks)?;
+        }
+        file.finish().map_err(rocks)?;
+        let mut ingest = IngestExternalFileOptions::default();
+        ingest.set_move_files(true);
+        self.db
+            .ingest_external_file_cf_opts(self.cf(family), &ingest, vec![path])
+            .map_err(rocks)
     }
 
     /// Deletes the key groups outside `range` from a database restored
@@ -386,7 +423,12 @@ impl Database for Open {
         Ok(())
     }
 
+    /// A large write-back (a checkpoint's, or a full cache's) goes in as
+    /// an SST file ([`Open::ingest`]); a small one through the memtable.
     fn write(&mut self, family: &str, writes: &SortedWrites) -> Result<(), StateError> {
+        if writes.len() >= INGEST_WRITES {
+            return self.ingest(family, writes);
+        }
         let cf = self.cf(family);
         let mut batch = WriteBatch::default();
         for write in writes.iter() {

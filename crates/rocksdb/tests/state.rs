@@ -368,6 +368,81 @@ fn a_value_state_restored_as_a_reducing_state_goes_on_from_its_values() {
     assert_eq!(all(&mut restored, &sum), expected);
 }
 
+/// Keys of a large write-back: more than the writes at which RocksDB takes
+/// one as an SST file of its own instead of through the memtable.
+const LARGE: u64 = 70_000;
+
+/// Step `step` of a sequence of write-backs: even steps write every one of
+/// `LARGE` keys, odd steps a hundred; a count is raised or deleted, a log
+/// appended to (a merge operand once written back).
+fn write_back_step(
+    backend: &mut KeyedStateBackend<u64>,
+    count: &ValueState<u64>,
+    log: &ReducingState<String, impl ReduceFunction<String>>,
+    step: u64,
+) {
+    let keys = if step.is_multiple_of(2) { LARGE } else { 100 };
+    for key in 0..keys {
+        let mut ctx = KeyedContext::new(backend, &key);
+        if (key + step).is_multiple_of(5) {
+            ctx.value(count).clear();
+        } else {
+            *ctx.value(count).get_or_default() += step + 1;
+        }
+        ctx.reducing(log).add(format!("{step},"));
+    }
+    backend.flush().unwrap();
+}
+
+#[test]
+fn large_and_small_write_backs_of_the_same_keys_land_in_the_order_made() {
+    // Large write-backs go into RocksDB as ingested SST files, small ones
+    // through the memtable, which still holds the odd steps' writes when
+    // the next even step's file goes in.
+    let dir = tempfile::tempdir().unwrap();
+    let mut model = heap(whole());
+    let mut backend = rocks(&dir, whole());
+    let mut states = Vec::new();
+    for b in [&mut model, &mut backend] {
+        let mut reg = StateRegistrar::new(b);
+        states.push((reg.value::<u64>("count"), reg.reducing("log", append)));
+    }
+    let mut snapshot = None;
+    let mut at_snapshot = None;
+    for step in 0..6 {
+        for (b, (count, log)) in [&mut model, &mut backend].into_iter().zip(&states) {
+            write_back_step(b, count, log, step);
+        }
+        if step == 3 {
+            snapshot = Some(native(backend.snapshot(CheckpointId(1)).unwrap()));
+            let (count, log) = &states[0];
+            at_snapshot = Some((all(&mut model, count), all(&mut model, log)));
+        }
+    }
+    let (count, log) = &states[0];
+    let expected = (all(&mut model, count), all(&mut model, log));
+    assert_eq!(expected.0.len() as u64, LARGE * 4 / 5);
+    assert_eq!(expected.1[1].1, "0,1,2,3,4,5,");
+    let (count, log) = &states[1];
+    assert_eq!((all(&mut backend, count), all(&mut backend, log)), expected);
+
+    // Read back key by key, from a restore of the snapshot.
+    let mut restored = rocks_uncached(&dir, whole());
+    let mut reg = StateRegistrar::new(&mut restored);
+    let (count, log) = (reg.value::<u64>("count"), reg.reducing("log", append));
+    let native = snapshot.unwrap();
+    restored.restore(&restore_native(&native.dir)).unwrap();
+    let (counts, logs) = at_snapshot.unwrap();
+    for (key, expected) in counts.iter().step_by(97) {
+        let found = KeyedContext::new(&mut restored, key)
+            .value(&count)
+            .get()
+            .copied();
+        assert_eq!(found, Some(*expected), "count of {key}");
+    }
+    assert_eq!(all(&mut restored, &log), logs);
+}
+
 #[test]
 fn a_panicking_reduce_in_a_merge_fails_the_read_instead_of_aborting() {
     let dir = tempfile::tempdir().unwrap();

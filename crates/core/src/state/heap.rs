@@ -198,7 +198,7 @@ impl<K: Key, S: Data> StateTable for Table<K, S> {
 /// Starts loading the control bytes and the first bucket that a lookup of
 /// `hash` in `table` reads.
 #[inline]
-fn prefetch_probe<T>(table: &HashTable<T>, hash: u64) {
+pub(super) fn prefetch_probe<T>(table: &HashTable<T>, hash: u64) {
     if let Some((control, bucket)) = probe_start(table, hash) {
         prefetch(control);
         prefetch(bucket);

@@ -244,23 +244,21 @@ impl<K: Key> KeyedStateBackend<K> {
     }
 
     /// Before the record `i` of a batch whose keys are at `slots` (from
-    /// [`Self::prepare`]): starts bringing the heap state of the record
+    /// [`Self::prepare`]): starts bringing the state of the record
     /// `PREFETCH_DISTANCE` ahead (and, before the first, of those up to
     /// it) into the CPU's cache, so that its lookup does not wait for
-    /// memory.
+    /// memory: the heap's tables, or the embedded store's cache.
     #[inline]
     pub fn prefetch_ahead(&self, slots: &[KeySlot], i: usize) {
-        let KeyedStateBackend::Heap(b) = self else {
-            return;
+        let prefetch = |slot: &KeySlot| match self {
+            KeyedStateBackend::Heap(b) => b.prefetch(*slot),
+            KeyedStateBackend::Embedded(b) => b.prefetch(*slot),
         };
         if i == 0 {
-            slots
-                .iter()
-                .take(PREFETCH_DISTANCE)
-                .for_each(|s| b.prefetch(*s));
+            slots.iter().take(PREFETCH_DISTANCE).for_each(prefetch);
         }
         if let Some(slot) = slots.get(i + PREFETCH_DISTANCE) {
-            b.prefetch(*slot);
+            prefetch(slot);
         }
     }
 

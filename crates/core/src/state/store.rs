@@ -218,6 +218,11 @@ impl SortedWrites {
         self.writes.is_empty()
     }
 
+    /// How many writes.
+    pub fn len(&self) -> usize {
+        self.writes.len()
+    }
+
     /// The writes, in key order.
     pub fn iter(&self) -> impl Iterator<Item = Write<'_>> {
         self.writes.iter().map(|w| {
