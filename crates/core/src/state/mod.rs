@@ -49,6 +49,21 @@ use timers::TimerService;
 /// the first-level cache.
 pub(crate) const PREFETCH_DISTANCE: usize = 16;
 
+/// `prefetch` of the slot `PREFETCH_DISTANCE` after record `i` (and,
+/// before the first record, of those up to it).
+#[inline(always)]
+fn prefetch_slots(slots: &[KeySlot], i: usize, prefetch: impl Fn(KeySlot)) {
+    if i == 0 {
+        slots
+            .iter()
+            .take(PREFETCH_DISTANCE)
+            .for_each(|s| prefetch(*s));
+    }
+    if let Some(slot) = slots.get(i + PREFETCH_DISTANCE) {
+        prefetch(*slot);
+    }
+}
+
 /// What a key must be: hashable to a key group, and storable.
 pub trait Key: Data + Hash + Eq + Debug {}
 impl<K: Data + Hash + Eq + Debug> Key for K {}
@@ -250,15 +265,9 @@ impl<K: Key> KeyedStateBackend<K> {
     /// memory: the heap's tables, or the embedded store's cache.
     #[inline]
     pub fn prefetch_ahead(&self, slots: &[KeySlot], i: usize) {
-        let prefetch = |slot: &KeySlot| match self {
-            KeyedStateBackend::Heap(b) => b.prefetch(*slot),
-            KeyedStateBackend::Embedded(b) => b.prefetch(*slot),
-        };
-        if i == 0 {
-            slots.iter().take(PREFETCH_DISTANCE).for_each(prefetch);
-        }
-        if let Some(slot) = slots.get(i + PREFETCH_DISTANCE) {
-            prefetch(slot);
+        match self {
+            KeyedStateBackend::Heap(b) => prefetch_slots(slots, i, |s| b.prefetch(s)),
+            KeyedStateBackend::Embedded(b) => prefetch_slots(slots, i, |s| b.prefetch(s)),
         }
     }
 
