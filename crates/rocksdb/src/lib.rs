@@ -96,11 +96,10 @@ const IMPORT_BATCH_BYTES: usize = 4 << 20;
 /// Writes at or above which a write-back reaches the database as an SST
 /// file of its own, ingested, instead of through the memtable: a
 /// checkpoint's, and that of a full cache unless the cache is small. At
-/// 1 << 16,
-/// the write-backs of a 65,536-value cache went through the memtable,
-/// which each checkpoint then flushed: wordcount with `--emit updates` at
-/// 1,000,000 keys had checkpoints of 196-218 ms p50, against 84-85 ms
-/// at 1 << 13 (the same throughput).
+/// 1 << 16, the write-backs of a 65,536-value cache went through the
+/// memtable, which each checkpoint then flushed: wordcount with `--emit
+/// updates` at 1,000,000 keys had checkpoints of 196-218 ms p50, against
+/// 84-85 ms at 1 << 13 (the same throughput).
 const INGEST_WRITES: usize = 1 << 13;
 
 /// RocksDB as the embedded store of keyed state, with its databases under
