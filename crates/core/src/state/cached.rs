@@ -230,6 +230,9 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
         for cached in self.cache.iter_mut() {
             let cell = &mut cached.cell;
             if cell.dirty {
+                // Only an add dirties a partial value, so it holds what was
+                // added: an emptied one would be written as a delete.
+                debug_assert!(!cell.partial || cell.value.is_some());
                 cell.dirty = false;
                 writes.push(
                     cached.group,
