@@ -16,7 +16,7 @@
 //! keys with a 65,536-value cache went from 0.48-0.57 to 0.87-1.08 M
 //! records/s (six interleaved runs each).
 
-use super::heap::{prefetch_probe, read_group, table_hash};
+use super::heap::{prefetch_lookup, read_group, table_hash, Prefetch};
 use super::snapshot::{NativeCheckpoint, RestoreState};
 use super::store::{
     checkpoint_dir, write_key, ColumnFamily, Database, EmbeddedStore, MergeFunction, SortedWrites,
@@ -107,8 +107,8 @@ trait CachedState<K>: Send {
     fn evict(&mut self, n: usize) -> usize;
     /// Whether a record has used this state since the database opened.
     fn used(&self) -> bool;
-    /// Starts loading the cache's bucket of `hash`.
-    fn prefetch(&self, hash: u64);
+    /// Starts loading what a lookup of `hash` in the cache reads at `stage`.
+    fn prefetch(&self, hash: u64, stage: Prefetch);
     /// Reads the values of `keys` (at `slots`) that the cache misses, at
     /// most `room` of them, in one multi-get, and caches them; returns how
     /// many it cached.
@@ -273,8 +273,8 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
     }
 
     #[inline]
-    fn prefetch(&self, hash: u64) {
-        prefetch_probe(&self.cache, hash);
+    fn prefetch(&self, hash: u64, stage: Prefetch) {
+        prefetch_lookup(&self.cache, hash, stage);
     }
 
     fn read_ahead(&mut self, read: ReadAhead<'_, K>, room: usize) -> Result<usize, StateError> {
@@ -662,13 +662,13 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         Ok(())
     }
 
-    /// Starts loading the cached values of `slot`, in every state: with
-    /// keys beyond the CPU's caches, a record's lookup then does not wait
-    /// for memory.
+    /// Starts loading what the lookups of `slot` in the cache read at
+    /// `stage`, in every state: with keys beyond the CPU's caches, a
+    /// record's lookup then does not wait for memory.
     #[inline]
-    pub fn prefetch(&self, slot: KeySlot) {
+    pub(crate) fn prefetch(&self, slot: KeySlot, stage: Prefetch) {
         for state in &self.states {
-            state.prefetch(slot.hash);
+            state.prefetch(slot.hash, stage);
         }
     }
 

@@ -25,7 +25,7 @@ pub use self::ttl::{StateTtlConfig, StateVisibility, UpdateType};
 pub use self::ttl_views::{TtlList, TtlMap};
 
 use self::cached::CachedValue;
-use self::heap::{table_hash, GroupTable};
+use self::heap::{table_hash, GroupTable, Prefetch};
 use self::ttl::{Form, TtlReduce, TtlValue};
 use hashbrown::hash_table;
 
@@ -43,24 +43,30 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use timers::TimerService;
 
-/// How many records ahead of the one a keyed step processes the state of
-/// its batch is prefetched: far enough for a miss to memory (about 100 ns)
-/// to be over when its record comes, near enough for the lines to stay in
-/// the first-level cache.
+/// How many records ahead of the one a keyed step processes the entries
+/// of its batch are prefetched: far enough for a miss to memory (about
+/// 100 ns) to be over when its record comes, near enough for the lines to
+/// stay in the first-level cache. Their control bytes are prefetched as far
+/// again ahead, so that finding the entry does not wait either.
 pub(crate) const PREFETCH_DISTANCE: usize = 16;
 
-/// `prefetch` of the slot `PREFETCH_DISTANCE` after record `i` (and,
-/// before the first record, of those up to it).
+/// `prefetch` of the control bytes of the slot `2 * PREFETCH_DISTANCE`
+/// after record `i` and of the entry `PREFETCH_DISTANCE` after it (and,
+/// before the first record, of the control bytes of those up to it).
 #[inline(always)]
-fn prefetch_slots(slots: &[KeySlot], i: usize, prefetch: impl Fn(KeySlot)) {
+fn prefetch_slots(slots: &[KeySlot], i: usize, prefetch: impl Fn(KeySlot, Prefetch)) {
+    let probe = 2 * PREFETCH_DISTANCE;
     if i == 0 {
         slots
             .iter()
-            .take(PREFETCH_DISTANCE)
-            .for_each(|s| prefetch(*s));
+            .take(probe)
+            .for_each(|s| prefetch(*s, Prefetch::Probe));
+    }
+    if let Some(slot) = slots.get(i + probe) {
+        prefetch(*slot, Prefetch::Probe);
     }
     if let Some(slot) = slots.get(i + PREFETCH_DISTANCE) {
-        prefetch(*slot);
+        prefetch(*slot, Prefetch::Entry);
     }
 }
 
@@ -266,8 +272,8 @@ impl<K: Key> KeyedStateBackend<K> {
     #[inline]
     pub fn prefetch_ahead(&self, slots: &[KeySlot], i: usize) {
         match self {
-            KeyedStateBackend::Heap(b) => prefetch_slots(slots, i, |s| b.prefetch(s)),
-            KeyedStateBackend::Embedded(b) => prefetch_slots(slots, i, |s| b.prefetch(s)),
+            KeyedStateBackend::Heap(b) => prefetch_slots(slots, i, |s, t| b.prefetch(s, t)),
+            KeyedStateBackend::Embedded(b) => prefetch_slots(slots, i, |s, t| b.prefetch(s, t)),
         }
     }
 
