@@ -14,11 +14,19 @@
 //! snapshot into either kind of operator fires each window once: keys whose
 //! snapshot held keyed timers keep them, and the windows of the others,
 //! which have not fired, get the timers the operator keeps.
+//!
+//! Tumbling and sliding windows with implied timers and no early firing
+//! are kept as slices (`Slicing`): a key's entry holds one slice's
+//! accumulator, its window is the slice's start and the end of the next
+//! window to fire with it. A record adds to one slice; a firing merges the
+//! key's slices of that end and moves each on to the next window, until the
+//! last that holds it. A window stored whole, by a snapshot from before
+//! slices, is the one slice of its only window, and fires as it did.
 
 use crate::dataflow::operator::{Collector, KeyedProcessFunction};
 use crate::state::timers::RestoredTimers;
 use crate::state::{AllKeys, Key, KeyedContext, StateRegistrar, ValueState};
-use crate::time::window::{AggregateFunction, TimeWindow, WindowAssigner};
+use crate::time::window::{AggregateFunction, Slicing, TimeWindow, WindowAssigner};
 use crate::time::{TimeDomain, Timestamped};
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -42,10 +50,11 @@ pub type WindowEmit<K, R, O> = Arc<dyn Fn(&K, &TimeWindow, R, &mut Collector<'_,
 /// output); without one, late records are dropped and counted.
 pub type LateData<T, O> = Arc<dyn Fn(T, &mut Collector<'_, O>) + Send + Sync>;
 
-/// A key's open windows and their accumulators. Most keys of tumbling
-/// windows have one open at a time, held without an allocation; stored as
-/// a sequence, as a `Vec` is.
-type Windows<Acc> = SmallVec<[(TimeWindow, Acc); 1]>;
+/// A key's open windows (or slices) and their accumulators. Most keys of
+/// tumbling windows have one open at a time, and most of sparse sliding
+/// windows one or two slices, held without an allocation: a firing then
+/// reads no memory but the key's entry. Stored as a sequence, as a `Vec` is.
+type Windows<Acc> = SmallVec<[(TimeWindow, Acc); 2]>;
 
 /// The keyed state name of a window operator's windows.
 pub const WINDOWS_STATE: &str = "windows";
@@ -55,6 +64,8 @@ pub const WINDOWS_STATE: &str = "windows";
 pub struct WindowOperator<K, T, A: AggregateFunction<T>, O> {
     assigner: WindowAssigner,
     settings: WindowConfig,
+    /// How windows are sliced, if they are.
+    slicing: Option<Slicing>,
     aggregate: Arc<A>,
     emit: WindowEmit<K, A::Result, O>,
     late: Option<LateData<T, O>>,
@@ -76,9 +87,14 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
         emit: WindowEmit<K, A::Result, O>,
         late: Option<LateData<T, O>>,
     ) -> Self {
+        let implied = assigner.domain == TimeDomain::EventTime && settings.allowed_lateness == 0;
+        let slicing = assigner
+            .slicing()
+            .filter(|_| implied && settings.early_firing.is_none());
         WindowOperator {
             assigner,
             settings,
+            slicing,
             aggregate,
             emit,
             late,
@@ -147,6 +163,100 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
         }
         if windows.is_empty() {
             entry.clear();
+        }
+    }
+
+    /// Adds `record` to the key's slice of `timestamp`: the entry of that
+    /// slice whose next window is the first not yet fired. The windows it
+    /// goes into go to `touched`, new unless another slice of the key lies
+    /// in them.
+    fn add_to_slice(
+        &mut self,
+        slicing: Slicing,
+        record: &T,
+        timestamp: u64,
+        now: Option<u64>,
+        ctx: &mut KeyedContext<'_, K>,
+    ) {
+        let start = slicing.start(timestamp);
+        let mut end = slicing.first_end(start);
+        if let Some(now) = now {
+            // The windows ending at or before `now + 1` have fired.
+            let fired = i64::try_from(now).unwrap_or(i64::MAX).saturating_add(1);
+            if end <= fired {
+                let behind = (fired - end) / slicing.slide() + 1;
+                end = end.saturating_add(behind.saturating_mul(slicing.slide()));
+            }
+        }
+        if end > slicing.last_end(start) {
+            return;
+        }
+        let slice = TimeWindow { start, end };
+        let mut entry = ctx.value(&self.windows);
+        let slices = entry.get_or_default();
+        // The windows from each slice's next to its last have timers.
+        let timed: SmallVec<[(i64, i64); 4]> = slices
+            .iter()
+            .map(|(s, _)| (s.end, slicing.last_end(s.start)))
+            .collect();
+        for window in slicing.windows(start, end) {
+            let new = !timed
+                .iter()
+                .any(|&(from, to)| (from..=to).contains(&window.end));
+            self.touched.push((window, new));
+        }
+        match slices.iter_mut().find(|(s, _)| *s == slice) {
+            Some((_, acc)) => self.aggregate.add(acc, record),
+            None => {
+                let mut acc = A::Acc::default();
+                self.aggregate.add(&mut acc, record);
+                slices.push((slice, acc));
+            }
+        }
+    }
+
+    /// Fires the window ending after `timestamp` with the key's slices
+    /// whose next window it is, merged; each then waits for its next
+    /// window, or is gone after its last.
+    fn fire_slices(
+        &mut self,
+        slicing: Slicing,
+        timestamp: u64,
+        ctx: &mut KeyedContext<'_, K>,
+        out: &mut Collector<'_, O>,
+    ) {
+        let end = i64::try_from(timestamp).map_or(i64::MAX, |t| t.saturating_add(1));
+        let aggregate = &self.aggregate;
+        let fired = ctx.value(&self.windows).update(
+            |slices| {
+                let mut due = slices.iter().filter(|(s, _)| s.end == end);
+                let result = due.next().map(|(_, first)| {
+                    let mut rest = due.peekable();
+                    if rest.peek().is_none() {
+                        return aggregate.result(first);
+                    }
+                    let mut acc = first.clone();
+                    for (_, other) in rest {
+                        aggregate.merge(&mut acc, other.clone());
+                    }
+                    aggregate.result(&acc)
+                });
+                slices.retain_mut(|(s, _)| {
+                    if s.end != end {
+                        return true;
+                    }
+                    s.end = end.saturating_add(slicing.slide());
+                    s.end <= slicing.last_end(s.start)
+                });
+                if slices.spilled() && slices.len() <= slices.inline_size() {
+                    slices.shrink_to_fit();
+                }
+                result
+            },
+            |slices| !slices.is_empty(),
+        );
+        if let Some(result) = fired.flatten() {
+            self.fire(ctx, &slicing.window(end), result, out);
         }
     }
 
@@ -257,6 +367,8 @@ where
         };
         if self.assigner.is_merging() {
             self.add_to_session(&record, timestamp, now, ctx);
+        } else if let Some(slicing) = self.slicing {
+            self.add_to_slice(slicing, &record, timestamp, now, ctx);
         } else {
             self.add_to_windows(&record, timestamp, now, ctx);
         }
@@ -296,6 +408,22 @@ where
         if self.assigner.domain != TimeDomain::EventTime {
             return;
         }
+        if let Some(slicing) = self.slicing {
+            // Each window a key's slices lie in has fired for none of them.
+            for (key, slices) in states.values(&self.windows) {
+                let mut ends: SmallVec<[i64; 16]> = slices
+                    .iter()
+                    .flat_map(|(s, _)| slicing.windows(s.start, s.end))
+                    .map(|w| w.end)
+                    .collect();
+                ends.sort_unstable();
+                ends.dedup();
+                for end in ends {
+                    timers.imply_unless_keyed(key.clone(), slicing.window(end).max_timestamp());
+                }
+            }
+            return;
+        }
         // A key whose snapshot held keyed timers keeps them: they know
         // which windows fired (with allowed lateness, or before timers were
         // implied). The others' windows have not fired.
@@ -319,8 +447,15 @@ where
         out: &mut Collector<'_, O>,
     ) {
         // A timer of the windows' own clock fires and cleans up the windows
-        // of that time; one of the other clock is an early firing.
+        // of that time; one of the other clock is an early firing, of which
+        // sliced windows have none (one left by a snapshot fires nothing).
         let early = ctx.timer_domain() != Some(self.assigner.domain);
+        if let Some(slicing) = self.slicing {
+            if !early {
+                self.fire_slices(slicing, timestamp, ctx, out);
+            }
+            return;
+        }
         let watermark = ctx.current_watermark();
         let mut due = std::mem::take(&mut self.due);
         let mut moved = None;

@@ -16,7 +16,7 @@ pub use timers::{TimeCounters, TimeDomain, TimeMarks, TimeMetrics};
 pub use watermark::{
     WatermarkEvent, WatermarkGenerator, WatermarkStatus, WatermarkStrategy, WatermarkValve,
 };
-pub use window::{AggregateFunction, Count, TimeWindow, WindowAssigner};
+pub use window::{AggregateFunction, Count, Slicing, TimeWindow, WindowAssigner};
 
 /// A record that carries its event timestamp, in milliseconds. Sources with
 /// a [`WatermarkStrategy`] and event-time windows read it through this trait.

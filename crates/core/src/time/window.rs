@@ -114,6 +114,26 @@ impl WindowAssigner {
         matches!(self.kind, WindowKind::Session { .. })
     }
 
+    /// How tumbling and sliding windows are sliced; sessions are not.
+    pub fn slicing(&self) -> Option<Slicing> {
+        let (size, slide) = match self.kind {
+            WindowKind::Tumbling { size } => (size, size),
+            WindowKind::Sliding { size, slide } => (size, slide),
+            WindowKind::Session { .. } => return None,
+        };
+        let gcd = |mut a: i64, mut b: i64| {
+            while b != 0 {
+                (a, b) = (b, a % b);
+            }
+            a
+        };
+        Some(Slicing {
+            size,
+            slide,
+            width: gcd(size, slide),
+        })
+    }
+
     /// The windows a record of timestamp `timestamp` belongs to, before
     /// merging, latest start first.
     pub fn assign(&self, timestamp: u64) -> impl Iterator<Item = TimeWindow> {
@@ -138,6 +158,59 @@ impl WindowAssigner {
     }
 }
 
+/// Tumbling or sliding windows cut into slices (Flink SQL's
+/// `SliceAssigner`): slices as wide as the greatest common divisor of size
+/// and slide, so that each window is a run of whole slices and a record adds
+/// to its one slice rather than to each of its windows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slicing {
+    size: i64,
+    slide: i64,
+    width: i64,
+}
+
+impl Slicing {
+    /// Distance between window ends, ms.
+    pub fn slide(&self) -> i64 {
+        self.slide
+    }
+
+    /// The start of the slice holding `timestamp`.
+    pub fn start(&self, timestamp: u64) -> i64 {
+        let ts = i64::try_from(timestamp).unwrap_or(i64::MAX - 1);
+        ts - ts.rem_euclid(self.width)
+    }
+
+    /// The end of the first window holding the slice that starts at `start`:
+    /// the first window start at or after `start + width - size`.
+    pub fn first_end(&self, start: i64) -> i64 {
+        let from = start.saturating_add(self.width).saturating_sub(self.size);
+        let first = from.div_euclid(self.slide) + i64::from(from.rem_euclid(self.slide) != 0);
+        first.saturating_mul(self.slide).saturating_add(self.size)
+    }
+
+    /// The end of the last window holding the slice that starts at `start`.
+    pub fn last_end(&self, start: i64) -> i64 {
+        (start.div_euclid(self.slide) * self.slide).saturating_add(self.size)
+    }
+
+    /// The window ending at `end`.
+    pub fn window(&self, end: i64) -> TimeWindow {
+        TimeWindow {
+            start: end.saturating_sub(self.size),
+            end,
+        }
+    }
+
+    /// The windows from the one ending at `from` to the last holding the
+    /// slice that starts at `start`.
+    pub fn windows(&self, start: i64, from: i64) -> impl Iterator<Item = TimeWindow> + use<> {
+        let (last, this) = (self.last_end(start), *self);
+        let step = usize::try_from(self.slide).expect("a slide is positive");
+        (from..=last).step_by(step).map(move |end| this.window(end))
+    }
+}
+
 /// An incremental aggregation (Flink's `AggregateFunction`): records are
 /// added to an accumulator as they arrive; sessions merge accumulators.
 pub trait AggregateFunction<T>: Send + Sync + 'static {
@@ -147,7 +220,9 @@ pub trait AggregateFunction<T>: Send + Sync + 'static {
     type Result: Send;
     /// Adds `record` to `acc`.
     fn add(&self, acc: &mut Self::Acc, record: &T);
-    /// Adds `other` into `acc` (two sessions became one).
+    /// Adds `other` into `acc`: two sessions became one, or a window fires
+    /// with the accumulators of its slices, merged in the order the key's
+    /// records opened them.
     fn merge(&self, acc: &mut Self::Acc, other: Self::Acc);
     /// The window's result.
     fn result(&self, acc: &Self::Acc) -> Self::Result;
@@ -201,5 +276,29 @@ mod tests {
         assert!(w(0, 10).intersects(&w(10, 20)), "touching sessions merge");
         assert!(!w(0, 10).intersects(&w(11, 20)));
         assert_eq!(w(0, 10).max_timestamp(), 9);
+    }
+
+    /// A record's slice lies in exactly the windows the assigner puts the
+    /// record in: those ending from the slice's first end to its last, one
+    /// slide apart.
+    #[test]
+    fn slices_lie_in_the_windows_of_their_records() {
+        let shapes = [(10, 10), (10, 5), (1000, 400), (7, 3), (6, 4), (5, 10)];
+        for (size, slide) in shapes {
+            let assigner = WindowAssigner::sliding(ms(size), ms(slide));
+            let slicing = assigner.slicing().unwrap();
+            for ts in 0..60 {
+                let start = slicing.start(ts);
+                let mut ends: Vec<i64> = assigner.assign(ts).map(|w| w.end).collect();
+                ends.sort();
+                let first = slicing.first_end(start);
+                let from_slice: Vec<i64> = slicing.windows(start, first).map(|w| w.end).collect();
+                assert_eq!(from_slice, ends, "size {size}, slide {slide}, ts {ts}");
+                for t in start..start + slicing.width {
+                    assert_eq!(slicing.start(t as u64), start, "one slice");
+                }
+            }
+        }
+        assert_eq!(WindowAssigner::session(ms(10)).slicing(), None);
     }
 }
