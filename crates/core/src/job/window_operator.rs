@@ -21,7 +21,8 @@
 //! window to fire with it. A record adds to one slice; a firing merges the
 //! key's slices of that end and moves each on to the next window, until the
 //! last that holds it. A window stored whole, by a snapshot from before
-//! slices, is the one slice of its only window, and fires as it did.
+//! slices, is the one slice of its only window, and fires as it did; slices
+//! restored where windows are kept whole become the windows they lie in.
 
 use crate::dataflow::operator::{Collector, KeyedProcessFunction};
 use crate::state::timers::RestoredTimers;
@@ -132,6 +133,27 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
         (self.emit)(ctx.key(), window, result, out);
     }
 
+    /// Makes a key's slices, restored where windows are kept whole (with
+    /// lateness or early firing), the windows they lie in, merged. A key
+    /// whose slices each fill the window they are next in holds whole
+    /// windows already: each such slice is the only one of its window.
+    fn whole_windows(&self, windows: &mut Windows<A::Acc>) {
+        let Some(slicing) = self.assigner.slicing() else {
+            return;
+        };
+        if self.slicing.is_some() || windows.iter().all(|(w, _)| slicing.is_window(w)) {
+            return;
+        }
+        for (slice, acc) in std::mem::take(windows) {
+            for window in slicing.windows(slice.start, slice.end) {
+                match windows.iter_mut().find(|(w, _)| *w == window) {
+                    Some((_, merged)) => self.aggregate.merge(merged, acc.clone()),
+                    None => windows.push((window, acc.clone())),
+                }
+            }
+        }
+    }
+
     /// Adds `record` to the key's windows in place; the windows it went into
     /// go to `touched`, those whose time has passed to `due` with their
     /// result.
@@ -144,6 +166,7 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
     ) {
         let mut entry = ctx.value(&self.windows);
         let windows = entry.get_or_default();
+        self.whole_windows(windows);
         for window in self.assigner.assign(timestamp) {
             if is_late(now, self.cleanup_time(&window)) {
                 continue;
@@ -427,7 +450,8 @@ where
         // A key whose snapshot held keyed timers keeps them: they know
         // which windows fired (with allowed lateness, or before timers were
         // implied). The others' windows have not fired.
-        for (key, windows) in states.values(&self.windows) {
+        for (key, mut windows) in states.values(&self.windows) {
+            self.whole_windows(&mut windows);
             for (window, _) in windows {
                 let fire = window.max_timestamp();
                 if self.implies_timers() {
@@ -461,6 +485,7 @@ where
         let mut moved = None;
         let open = ctx.value(&self.windows).update(
             |windows| {
+                self.whole_windows(windows);
                 if early {
                     // Windows that fired for good wait only for late records.
                     let open = windows

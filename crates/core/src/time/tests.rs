@@ -488,7 +488,8 @@ fn drive_across_a_restore(
 /// fires once with the records that came before the watermark passed it;
 /// records late for all their windows go to the late output. An early
 /// firing that never comes keeps the model's windows whole; a snapshot of
-/// whole windows (as before slices) restores into slices.
+/// whole windows (as before slices) restores into slices, and one of
+/// slices into whole windows.
 #[test]
 fn sliced_windows_fire_what_whole_windows_fire() {
     let shapes = [(10, 10), (10, 5), (1000, 400), (7, 3), (6, 4), (5, 10)];
@@ -532,6 +533,11 @@ fn sliced_windows_fire_what_whole_windows_fire() {
             assert_eq!(
                 upgraded, expected,
                 "whole to sliced, {size}/{slide}, {kind}"
+            );
+            let whole_again = drive_across_a_restore(kind, [&sliced, &whole], &steps, half);
+            assert_eq!(
+                whole_again, expected,
+                "sliced to whole, {size}/{slide}, {kind}"
             );
         }
     }

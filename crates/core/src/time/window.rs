@@ -1,9 +1,10 @@
 //! Windows on keyed streams (Flink's `WindowOperator`): tumbling, sliding
 //! and session windows in event or processing time, aggregated
-//! incrementally. A key's open windows and their accumulators are one keyed
-//! value, their firing and cleanup times keyed timers or timers that value
-//! implies: nothing about a window is special to checkpoints, rescaling or
-//! either backend.
+//! incrementally. A key's open windows (or, for tumbling and sliding
+//! windows in event time, the slices they are cut into) and their
+//! accumulators are one keyed value, their firing and cleanup times keyed
+//! timers or timers that value implies: nothing about a window is special
+//! to checkpoints, rescaling or either backend.
 
 use super::timers::TimeDomain;
 use crate::model::batch::Data;
@@ -192,6 +193,11 @@ impl Slicing {
     /// The end of the last window holding the slice that starts at `start`.
     pub fn last_end(&self, start: i64) -> i64 {
         (start.div_euclid(self.slide) * self.slide).saturating_add(self.size)
+    }
+
+    /// Whether `window` is one of these windows, not a slice of them.
+    pub fn is_window(&self, window: &TimeWindow) -> bool {
+        window.end - window.start == self.size
     }
 
     /// The window ending at `end`.
