@@ -67,6 +67,9 @@ pub struct WindowOperator<K, T, A: AggregateFunction<T>, O> {
     settings: WindowConfig,
     /// How windows are sliced, if they are.
     slicing: Option<Slicing>,
+    /// Where tumbling or sliding windows are kept whole: how restored
+    /// slices are cut, to make windows of them.
+    whole: Option<Slicing>,
     aggregate: Arc<A>,
     emit: WindowEmit<K, A::Result, O>,
     late: Option<LateData<T, O>>,
@@ -89,13 +92,15 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
         late: Option<LateData<T, O>>,
     ) -> Self {
         let implied = assigner.domain == TimeDomain::EventTime && settings.allowed_lateness == 0;
-        let slicing = assigner
-            .slicing()
-            .filter(|_| implied && settings.early_firing.is_none());
+        let (slicing, whole) = match implied && settings.early_firing.is_none() {
+            true => (assigner.slicing(), None),
+            false => (None, assigner.slicing()),
+        };
         WindowOperator {
             assigner,
             settings,
             slicing,
+            whole,
             aggregate,
             emit,
             late,
@@ -138,10 +143,10 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
     /// whose slices each fill the window they are next in holds whole
     /// windows already: each such slice is the only one of its window.
     fn whole_windows(&self, windows: &mut Windows<A::Acc>) {
-        let Some(slicing) = self.assigner.slicing() else {
+        let Some(slicing) = self.whole else {
             return;
         };
-        if self.slicing.is_some() || windows.iter().all(|(w, _)| slicing.is_window(w)) {
+        if windows.iter().all(|(w, _)| slicing.is_window(w)) {
             return;
         }
         for (slice, acc) in std::mem::take(windows) {
@@ -208,7 +213,12 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
             let fired = i64::try_from(now).unwrap_or(i64::MAX).saturating_add(1);
             if end <= fired {
                 let behind = (fired - end) / slicing.slide() + 1;
-                end = end.saturating_add(behind.saturating_mul(slicing.slide()));
+                let next = behind.checked_mul(slicing.slide());
+                match next.and_then(|n| end.checked_add(n)) {
+                    Some(next) => end = next,
+                    // No window ends after the time that has passed.
+                    None => return,
+                }
             }
         }
         if end > slicing.last_end(start) {
@@ -240,7 +250,10 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
 
     /// Fires the window ending after `timestamp` with the key's slices
     /// whose next window it is, merged; each then waits for its next
-    /// window, or is gone after its last.
+    /// window, or is gone after its last. Timers fire in time order, so an
+    /// entry whose next window ended before is a whole window that fired
+    /// and waited for late records, restored from a snapshot taken with
+    /// lateness: it goes.
     fn fire_slices(
         &mut self,
         slicing: Slicing,
@@ -253,33 +266,39 @@ impl<K: Key, T, A: AggregateFunction<T>, O> WindowOperator<K, T, A, O> {
         let fired = ctx.value(&self.windows).update(
             |slices| {
                 let mut due = slices.iter().filter(|(s, _)| s.end == end);
-                let result = due.next().map(|(_, first)| {
+                let fired = due.next().map(|(s, first)| {
+                    let window = slicing.window(s.start, end);
                     let mut rest = due.peekable();
                     if rest.peek().is_none() {
-                        return aggregate.result(first);
+                        return (window, aggregate.result(first));
                     }
                     let mut acc = first.clone();
                     for (_, other) in rest {
                         aggregate.merge(&mut acc, other.clone());
                     }
-                    aggregate.result(&acc)
+                    (window, aggregate.result(&acc))
                 });
                 slices.retain_mut(|(s, _)| {
                     if s.end != end {
-                        return true;
+                        return s.end > end;
                     }
-                    s.end = end.saturating_add(slicing.slide());
-                    s.end <= slicing.last_end(s.start)
+                    match end.checked_add(slicing.slide()) {
+                        Some(next) if next <= slicing.last_end(s.start) => {
+                            s.end = next;
+                            true
+                        }
+                        _ => false,
+                    }
                 });
                 if slices.spilled() && slices.len() <= slices.inline_size() {
                     slices.shrink_to_fit();
                 }
-                result
+                fired
             },
             |slices| !slices.is_empty(),
         );
-        if let Some(result) = fired.flatten() {
-            self.fire(ctx, &slicing.window(end), result, out);
+        if let Some((window, result)) = fired.flatten() {
+            self.fire(ctx, &window, result, out);
         }
     }
 
@@ -434,15 +453,15 @@ where
         if let Some(slicing) = self.slicing {
             // Each window a key's slices lie in has fired for none of them.
             for (key, slices) in states.values(&self.windows) {
-                let mut ends: SmallVec<[i64; 16]> = slices
+                let mut fires: SmallVec<[u64; 16]> = slices
                     .iter()
                     .flat_map(|(s, _)| slicing.windows(s.start, s.end))
-                    .map(|w| w.end)
+                    .map(|w| w.max_timestamp())
                     .collect();
-                ends.sort_unstable();
-                ends.dedup();
-                for end in ends {
-                    timers.imply_unless_keyed(key.clone(), slicing.window(end).max_timestamp());
+                fires.sort_unstable();
+                fires.dedup();
+                for fire in fires {
+                    timers.imply_unless_keyed(key.clone(), fire);
                 }
             }
             return;

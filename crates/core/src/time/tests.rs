@@ -543,6 +543,70 @@ fn sliced_windows_fire_what_whole_windows_fire() {
     }
 }
 
+/// A window that fired and waited for late records (allowed lateness),
+/// restored where windows are sliced, goes with its cleanup timer: a later
+/// snapshot does not fire it again.
+#[test]
+fn a_window_kept_for_late_records_restored_into_slices_fires_no_more() {
+    let tumbling = |allowed_lateness| {
+        let settings = WindowConfig {
+            allowed_lateness,
+            early_firing: None,
+        };
+        windows::<Out>(
+            WindowAssigner::tumbling(Duration::from_millis(10)),
+            settings,
+            false,
+        )
+    };
+    for kind in 0..3 {
+        let mut dirs = vec![tempfile::tempdir().unwrap()];
+        let mut d = Driver::new(backends(&dirs[0], range(1, 0)).remove(kind), &tumbling(100));
+        d.records(&(0..20).map(|k| ev(k, 3)).collect::<Vec<_>>());
+        assert_eq!(d.watermark(9).len(), 20);
+        for round in 0..2 {
+            let (states, _) = restore_states(&mut d.process, round + 1, 1);
+            dirs.push(tempfile::tempdir().unwrap());
+            let backend = backends(dirs.last().unwrap(), range(1, 0)).remove(kind);
+            let metrics = Arc::new(TimeMetrics::default());
+            let mut process = operator(backend, &tumbling(0), metrics.clone());
+            process.restore(&states[0]).unwrap();
+            d = Driver { process, metrics };
+            assert_eq!(
+                d.watermark(120 * (round + 1)),
+                [],
+                "backend {kind}, round {round}"
+            );
+        }
+    }
+}
+
+/// A window at the end of time (its end clamped to the largest timestamp)
+/// fires once, across a restore too, sliced as whole.
+#[test]
+fn windows_at_the_end_of_time_fire_once() {
+    let last = i64::MAX as u64 - 3;
+    let steps = [Input::Record(ev(1, last)), Input::Watermark(u64::MAX)];
+    for late in [
+        WindowConfig::default(),
+        WindowConfig {
+            allowed_lateness: 0,
+            early_firing: Some(u64::MAX / 2),
+        },
+    ] {
+        let factory = windows::<Out>(
+            WindowAssigner::tumbling(Duration::from_millis(10)),
+            late,
+            false,
+        );
+        for kind in 0..3 {
+            let fired = drive_across_a_restore(kind, [&factory; 2], &steps, steps.len());
+            let start = (last - last % 10) as i64;
+            assert_eq!(fired, [Out::Fired(1, start, i64::MAX, 1)], "backend {kind}");
+        }
+    }
+}
+
 /// Sessions without lateness imply their timers too: a session lengthened
 /// or merged leaves its old timer, which fires to no effect, before and
 /// after a restore.

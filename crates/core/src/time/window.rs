@@ -200,12 +200,15 @@ impl Slicing {
         window.end - window.start == self.size
     }
 
-    /// The window ending at `end`.
-    pub fn window(&self, end: i64) -> TimeWindow {
-        TimeWindow {
-            start: end.saturating_sub(self.size),
-            end,
-        }
+    /// The window ending at `end` that holds the slice starting at
+    /// `start`. One whose end is clamped to the largest timestamp, as
+    /// `WindowAssigner::assign` clamps it, is the slice's last.
+    pub fn window(&self, start: i64, end: i64) -> TimeWindow {
+        let first = match end {
+            i64::MAX => start.div_euclid(self.slide) * self.slide,
+            _ => end - self.size,
+        };
+        TimeWindow { start: first, end }
     }
 
     /// The windows from the one ending at `from` to the last holding the
@@ -213,12 +216,16 @@ impl Slicing {
     pub fn windows(&self, start: i64, from: i64) -> impl Iterator<Item = TimeWindow> + use<> {
         let (last, this) = (self.last_end(start), *self);
         let step = usize::try_from(self.slide).expect("a slide is positive");
-        (from..=last).step_by(step).map(move |end| this.window(end))
+        (from..=last)
+            .step_by(step)
+            .map(move |end| this.window(start, end))
     }
 }
 
 /// An incremental aggregation (Flink's `AggregateFunction`): records are
-/// added to an accumulator as they arrive; sessions merge accumulators.
+/// added to an accumulator as they arrive; sessions and sliced windows
+/// merge accumulators, so `merge` must give what adding the records would
+/// have given, in whatever order they came.
 pub trait AggregateFunction<T>: Send + Sync + 'static {
     /// What is kept per window, in keyed state.
     type Acc: Data + Default;
