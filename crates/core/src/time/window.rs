@@ -197,7 +197,7 @@ impl Slicing {
 
     /// Whether `window` is one of these windows, not a slice of them.
     pub fn is_window(&self, window: &TimeWindow) -> bool {
-        window.end - window.start == self.size
+        window.end.checked_sub(window.start) == Some(self.size)
     }
 
     /// The window ending at `end` that holds the slice starting at
@@ -293,7 +293,8 @@ mod tests {
 
     /// A record's slice lies in exactly the windows the assigner puts the
     /// record in: those ending from the slice's first end to its last, one
-    /// slide apart.
+    /// slide apart, at the end of time too (ends clamped, as assign clamps
+    /// them).
     #[test]
     fn slices_lie_in_the_windows_of_their_records() {
         let shapes = [(10, 10), (10, 5), (1000, 400), (7, 3), (6, 4), (5, 10)];
@@ -302,16 +303,24 @@ mod tests {
             let slicing = assigner.slicing().unwrap();
             for ts in 0..60 {
                 let start = slicing.start(ts);
-                let mut ends: Vec<i64> = assigner.assign(ts).map(|w| w.end).collect();
-                ends.sort();
+                let mut windows: Vec<TimeWindow> = assigner.assign(ts).collect();
+                windows.sort();
                 let first = slicing.first_end(start);
-                let from_slice: Vec<i64> = slicing.windows(start, first).map(|w| w.end).collect();
-                assert_eq!(from_slice, ends, "size {size}, slide {slide}, ts {ts}");
+                let from_slice: Vec<TimeWindow> = slicing.windows(start, first).collect();
+                assert_eq!(from_slice, windows, "size {size}, slide {slide}, ts {ts}");
                 for t in start..start + slicing.width {
                     assert_eq!(slicing.start(t as u64), start, "one slice");
                 }
             }
         }
+        let tumbling = WindowAssigner::tumbling(ms(10));
+        let slicing = tumbling.slicing().unwrap();
+        let last = i64::MAX as u64 - 3;
+        let start = slicing.start(last);
+        let from_slice: Vec<TimeWindow> =
+            slicing.windows(start, slicing.first_end(start)).collect();
+        assert_eq!(from_slice, tumbling.assign(last).collect::<Vec<_>>());
+        assert!(!slicing.is_window(&w(-10, i64::MAX)), "no overflow");
         assert_eq!(WindowAssigner::session(ms(10)).slicing(), None);
     }
 }
