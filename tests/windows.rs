@@ -388,9 +388,13 @@ fn killed_spec(seed: u64) -> Spec {
 /// happened, no uncommitted file is left, and checkpoint storage holds only
 /// the retained checkpoint. Returns the reports.
 fn kills(seeds: std::ops::Range<u64>, extra: &[&str]) -> Vec<RunReport> {
+    kills_of(seeds.map(killed_spec), extra)
+}
+
+/// [`kills`] of `specs`.
+fn kills_of(specs: impl Iterator<Item = Spec>, extra: &[&str]) -> Vec<RunReport> {
     let mut reports = Vec::new();
-    for seed in seeds {
-        let spec = killed_spec(seed);
+    for spec in specs {
         let (output, checkpoints) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut args = vec![
             "--inject-failures=3".to_string(),
@@ -479,6 +483,20 @@ fn heap_aligned_kills_are_exactly_once() {
 #[test]
 fn heap_unaligned_kills_are_exactly_once() {
     assert_inflight_replayed(&kills(5..10, &UNALIGNED));
+}
+
+/// 100,000 keys in three 1 s windows: each window end makes about 30,000
+/// timers due in each subtask, more than one turn fires, so unaligned
+/// barriers come between the turns.
+#[test]
+fn heap_unaligned_kills_while_windows_fire_in_turns_are_exactly_once() {
+    let spec = Spec {
+        records: 300_000,
+        keys: 100_000,
+        events_per_ms: 100,
+        ..TUMBLING
+    };
+    kills_of((30..32).map(|seed| spec.with_seed(seed)), &UNALIGNED);
 }
 
 #[test]

@@ -19,6 +19,7 @@ use crate::messages::{
     SplitRequest, Stop, SubtaskFailed, SubtaskFinished, ToSubtask, TriggerCheckpoint,
 };
 use crate::metrics::{JobMetrics, SubtaskCounters};
+use actix::fut::ActorFutureExt;
 use actix::{Actor, ActorContext, Addr, AsyncContext, Context, Handler, Message};
 use futures::future::{AbortHandle, AbortRegistration, Abortable, Either};
 use std::future::Future;
@@ -141,6 +142,9 @@ pub struct SubtaskActor {
     checkpointer: SubtaskCheckpointer<AbortHandle>,
     /// The processing-time timer a wake-up is armed for.
     wake_at: Option<u64>,
+    /// Watermark status events behind a watermark whose timers have yet to
+    /// fire (`Task::timers_due`): they go on after it.
+    held_events: Vec<WatermarkEvent>,
     counters: Arc<SubtaskCounters>,
     /// Since when output waits for credit.
     blocked_since: Option<Instant>,
@@ -218,6 +222,7 @@ impl SubtaskActor {
             collecting: None,
             checkpointer: SubtaskCheckpointer::new(incremental, spec.shared_base),
             wake_at: None,
+            held_events: Vec::new(),
         }
     }
 
@@ -303,6 +308,9 @@ impl SubtaskActor {
     fn forward_watermarks(&mut self) {
         let mut events = Vec::new();
         self.task.take_watermarks(&mut events);
+        if !self.task.timers_due() {
+            events.append(&mut self.held_events);
+        }
         for event in events {
             self.broadcast_event(event.into());
         }
@@ -332,6 +340,21 @@ impl SubtaskActor {
                 },
             );
         }
+    }
+
+    /// Drives again once the arbiter's thread ran what else was ready: a
+    /// notified `Drive` would run before the actors sharing the thread, and
+    /// an input endpoint among them may hold an unaligned barrier.
+    fn drive_after_yielding(&mut self, ctx: &mut Context<Self>) {
+        if self.drive_scheduled {
+            return;
+        }
+        self.drive_scheduled = true;
+        let yielded = actix::fut::wrap_future::<_, Self>(actix_rt::task::yield_now());
+        ctx.spawn(yielded.map(|(), act, ctx| {
+            act.drive_scheduled = false;
+            act.drive(ctx);
+        }));
     }
 
     /// Output held back for lack of credit: take no more input until it left.
@@ -371,6 +394,21 @@ impl SubtaskActor {
                 if self.task.input_blocked() {
                     return;
                 }
+            }
+            if self.task.timers_due() {
+                // A turn of timers, then one of the mailbox, and no input
+                // until they all fired.
+                if self.guarded(|task, out| task.fire_due(out)).is_none() {
+                    return;
+                }
+                self.send_outgoing();
+                self.forward_watermarks();
+                self.advance_processing_time(ctx);
+                if self.task.timers_due() {
+                    self.drive_after_yielding(ctx);
+                    return;
+                }
+                continue;
             }
             if self.is_source {
                 if !self.produce_scheduled && !self.awaiting_splits {
@@ -415,7 +453,11 @@ impl SubtaskActor {
                                 continue;
                             }
                         }
-                        self.broadcast_event(event.into());
+                        if self.task.timers_due() {
+                            self.held_events.push(event);
+                        } else {
+                            self.broadcast_event(event.into());
+                        }
                     }
                 }
                 Some(Polled::Batch {

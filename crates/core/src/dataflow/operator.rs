@@ -114,6 +114,21 @@ pub trait Step: Send {
         false
     }
 
+    /// The head fires the event-time timers a watermark made due a turn at
+    /// a time, and some have yet to: the subtask takes no input until they
+    /// all fired, and calls [`fire_due`](Self::fire_due) once its mailbox
+    /// had a turn, so that an unaligned barrier is not held up behind a
+    /// watermark that makes millions due (Flink's interruptible timers).
+    fn timers_due(&self) -> bool {
+        false
+    }
+
+    /// Fires the next turn's share of the due timers; the watermark goes
+    /// on ([`take_watermarks`](Self::take_watermarks)) after the last.
+    fn fire_due(&mut self, _out: &mut Outgoing) -> Result<(), TaskError> {
+        Ok(())
+    }
+
     /// The watermarks the head let go since the last call.
     fn take_watermarks(&mut self, _watermarks: &mut Vec<u64>) {}
 }
@@ -481,11 +496,33 @@ pub struct KeyedProcess<K: Key, I, O> {
     /// A keyed broadcast operator's test for the records of its broadcast
     /// input, which have no key.
     keyless: Option<fn(&I) -> bool>,
+    /// The watermark whose event-time timers fire a turn at a time
+    /// ([`Step::fire_due`]); it goes on once they all fired.
+    firing_to: Option<u64>,
+    /// The keys of a time taken out of the index and not all fired when
+    /// the last turn ended.
+    firing: Option<Firing<K>>,
+    /// Watermarks whose timers all fired, for the subtask to send on.
+    released: Vec<u64>,
+}
+
+/// The keys of one timer time taken out of the index, fired in turns.
+struct Firing<K> {
+    timestamp: u64,
+    keys: Vec<K>,
+    /// How many of `keys` fired.
+    fired: usize,
+    implied: bool,
 }
 
 impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
     /// Keys of one timer time readied at once: a batch's worth.
     const FIRED_PER_PREPARE: usize = 1024;
+
+    /// Event-time timers fired in one turn: a batch's worth, well under a
+    /// millisecond on the heap and some milliseconds on RocksDB, so that an
+    /// unaligned barrier waits no longer than that behind them.
+    pub(crate) const FIRED_PER_TURN: usize = Self::FIRED_PER_PREPARE;
 
     /// Opens the function `factory` builds, declaring its states and the
     /// timers' in `states`; `key_of` extracts a record's key; what it
@@ -511,6 +548,9 @@ impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
             slots: Vec::new(),
             broadcast: BroadcastStates::default(),
             keyless: None,
+            firing_to: None,
+            firing: None,
+            released: Vec::new(),
         }
     }
 
@@ -523,37 +563,94 @@ impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
         self
     }
 
-    /// Fires the timers of `domain` due at `upto`, earliest first; timers
-    /// they set that are due fire in the same call. An indexed timer the
-    /// keyed state no longer holds was deleted, or fired already. The keys
-    /// of a time are readied as a batch's are, [`Self::FIRED_PER_PREPARE`]
-    /// at a time: prefetched on the heap, read ahead on RocksDB.
-    fn fire(&mut self, domain: TimeDomain, upto: u64) {
+    /// Fires the timers of `domain` due at `upto`, earliest first, until
+    /// `budget` keys were visited; timers they set that are due fire in the
+    /// same call. Returns whether none is left due; if some are, the rest
+    /// of a time's keys wait in `self.firing` (event time only: processing
+    /// time fires without a budget).
+    fn fire(&mut self, domain: TimeDomain, upto: u64, budget: usize) -> bool {
         let mut slots = std::mem::take(&mut self.slots);
-        while let Some((timestamp, keys, implied)) = self.timers.pop_due(domain, upto) {
-            for keys in keys.chunks(Self::FIRED_PER_PREPARE) {
-                self.states.prepare(keys, &mut slots);
-                for (i, key) in keys.iter().enumerate() {
-                    self.states.prefetch_ahead(&slots, i);
-                    let mut ctx = KeyedContext::located(
-                        &mut self.states,
-                        key,
-                        slots[i],
-                        &mut self.timers,
-                        &self.broadcast,
-                    )
-                    .firing(domain);
-                    // Deleted since it was indexed, or indexed twice.
-                    if !implied && !ctx.remove_timer(domain, timestamp) {
-                        continue;
-                    }
-                    ctx.time_counters().timers_fired += 1;
-                    self.function
-                        .on_timer(timestamp, &mut ctx, &mut self.next.collector());
+        let mut visited = 0;
+        let done = 'times: loop {
+            let resumed = match domain {
+                TimeDomain::EventTime => self.firing.take(),
+                TimeDomain::ProcessingTime => None,
+            };
+            let popped = || {
+                let (timestamp, keys, implied) = self.timers.pop_due(domain, upto)?;
+                Some(Firing {
+                    timestamp,
+                    keys,
+                    fired: 0,
+                    implied,
+                })
+            };
+            let Some(mut firing) = resumed.or_else(popped) else {
+                break true;
+            };
+            while firing.fired < firing.keys.len() {
+                if visited >= budget {
+                    self.firing = Some(firing);
+                    break 'times false;
                 }
+                let chunk = Self::FIRED_PER_PREPARE.min(budget - visited);
+                let end = firing.keys.len().min(firing.fired + chunk);
+                self.fire_keys(domain, &firing, end, &mut slots);
+                visited += end - firing.fired;
+                firing.fired = end;
             }
-        }
+        };
         self.slots = slots;
+        done
+    }
+
+    /// Fires the timers of `firing`'s keys up to `end`. An indexed timer
+    /// the keyed state no longer holds was deleted, or fired already. The
+    /// keys are readied as a batch's are: prefetched on the heap, read
+    /// ahead on RocksDB.
+    fn fire_keys(
+        &mut self,
+        domain: TimeDomain,
+        firing: &Firing<K>,
+        end: usize,
+        slots: &mut Vec<KeySlot>,
+    ) {
+        let keys = &firing.keys[firing.fired..end];
+        self.states.prepare(keys, slots);
+        for (i, key) in keys.iter().enumerate() {
+            self.states.prefetch_ahead(slots, i);
+            let mut ctx = KeyedContext::located(
+                &mut self.states,
+                key,
+                slots[i],
+                &mut self.timers,
+                &self.broadcast,
+            )
+            .firing(domain);
+            // Deleted since it was indexed, or indexed twice.
+            if !firing.implied && !ctx.remove_timer(domain, firing.timestamp) {
+                continue;
+            }
+            ctx.time_counters().timers_fired += 1;
+            self.function
+                .on_timer(firing.timestamp, &mut ctx, &mut self.next.collector());
+        }
+    }
+
+    /// Fires the event-time timers the watermark made due, `budget` keys'
+    /// worth, and sends the watermark on once none is left.
+    fn fire_event_time(&mut self, budget: usize, out: &mut Outgoing) -> Result<(), TaskError> {
+        let Some(watermark) = self.firing_to else {
+            return Ok(());
+        };
+        let done = self.fire(TimeDomain::EventTime, watermark, budget);
+        self.publish_counters();
+        if !done {
+            return self.next.flush(out);
+        }
+        self.firing_to = None;
+        self.released.push(watermark);
+        self.next.advance_watermark(watermark, out)
     }
 
     /// Sets the timers a function named after a restore for keys the
@@ -647,6 +744,8 @@ impl<K: Key, I: Send, O: Send> Step for KeyedProcess<K, I, O> {
     }
 
     fn end_input(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        // What the last watermark made due fires before the end.
+        self.fire_event_time(usize::MAX, out)?;
         self.states.flush()?;
         self.function
             .end_input(AllKeys::new(&self.states), &mut self.next.collector());
@@ -661,7 +760,13 @@ impl<K: Key, I: Send, O: Send> Step for KeyedProcess<K, I, O> {
         snapshot: &mut TaskSnapshot,
     ) -> Result<(), TaskError> {
         snapshot.keyed = Some(self.states.snapshot(checkpoint)?);
-        snapshot.timers = self.timers.len();
+        // Implied timers taken out of the index to fire are not in it.
+        let implied_firing = self
+            .firing
+            .as_ref()
+            .filter(|f| f.implied)
+            .map_or(0, |f| f.keys.len() - f.fired);
+        snapshot.timers = self.timers.len() + implied_firing as u64;
         self.broadcast.snapshot(&mut snapshot.operator)?;
         self.next.snapshot(checkpoint, out, snapshot)
     }
@@ -688,9 +793,24 @@ impl<K: Key, I: Send, O: Send> Step for KeyedProcess<K, I, O> {
     fn advance_watermark(&mut self, watermark: u64, out: &mut Outgoing) -> Result<(), TaskError> {
         self.timers.set_watermark(watermark);
         self.metrics.observe_watermark(watermark);
-        self.fire(TimeDomain::EventTime, watermark);
-        self.publish_counters();
-        self.next.advance_watermark(watermark, out)
+        self.firing_to = Some(watermark);
+        self.fire_event_time(Self::FIRED_PER_TURN, out)
+    }
+
+    fn timers_due(&self) -> bool {
+        self.firing_to.is_some()
+    }
+
+    fn fire_due(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.fire_event_time(Self::FIRED_PER_TURN, out)
+    }
+
+    fn holds_watermarks(&self) -> bool {
+        true
+    }
+
+    fn take_watermarks(&mut self, watermarks: &mut Vec<u64>) {
+        watermarks.append(&mut self.released);
     }
 
     fn advance_processing_time(
@@ -700,7 +820,7 @@ impl<K: Key, I: Send, O: Send> Step for KeyedProcess<K, I, O> {
     ) -> Result<Option<Millis>, TaskError> {
         self.timers.set_now(now);
         self.states.set_time(now);
-        self.fire(TimeDomain::ProcessingTime, now);
+        self.fire(TimeDomain::ProcessingTime, now, usize::MAX);
         self.publish_counters();
         let rest = self.next.advance_processing_time(now, out)?;
         Ok(earliest(self.timers.next_processing_timer(), rest))

@@ -128,7 +128,9 @@ pub trait Task: Send {
     fn retain_owned(&self, input: usize, batch: Batch) -> Result<Batch, TaskError>;
 
     /// The subtask's watermark reached `watermark`: event-time timers up to
-    /// it fire; the shell forwards the watermark after `out`.
+    /// it fire (a keyed head fires a turn of them, see
+    /// [`timers_due`](Self::timers_due)); the shell forwards the watermark
+    /// after `out`, or takes it from a head that holds watermarks.
     fn advance_watermark(&mut self, watermark: u64, out: &mut Outgoing) -> Result<(), TaskError>;
 
     /// Processing time is `now`: due processing-time timers fire. Returns
@@ -171,6 +173,14 @@ pub trait Task: Send {
     /// Watermarks go on through [`take_watermarks`](Self::take_watermarks),
     /// behind what the chain held back, not as they come.
     fn holds_watermarks(&self) -> bool;
+
+    /// Event-time timers a watermark made due have yet to fire: the shell
+    /// takes no input and calls [`fire_due`](Self::fire_due) after each
+    /// turn of its mailbox (`Step::timers_due`).
+    fn timers_due(&self) -> bool;
+
+    /// Fires the next turn's share of the due timers.
+    fn fire_due(&mut self, out: &mut Outgoing) -> Result<(), TaskError>;
 }
 
 /// What one `produce` call read.
@@ -510,6 +520,14 @@ impl<T: Data> Task for ChainTask<T> {
 
     fn holds_watermarks(&self) -> bool {
         self.next.holds_watermarks()
+    }
+
+    fn timers_due(&self) -> bool {
+        self.next.timers_due()
+    }
+
+    fn fire_due(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {
+        self.next.fire_due(out)
     }
 
     fn retain_owned(&self, input: usize, batch: Batch) -> Result<Batch, TaskError> {

@@ -223,6 +223,113 @@ fn timers_survive_a_snapshot_and_follow_their_key_groups_to_another_parallelism(
     }
 }
 
+/// The records and outputs of one check of firing in turns: `keys`
+/// records that make as many timers due at `watermark`, fired once each as
+/// `fired` says.
+struct Turns<O> {
+    factory: KeyedFunctionFactory<u64, Ev, O>,
+    records: Vec<Ev>,
+    watermark: u64,
+    /// The output of each key's timer.
+    fired: fn(u64) -> O,
+    /// Timers the snapshot counts besides the event-time ones left.
+    others: u64,
+}
+
+/// Calls `fire_due` until no timer is due, as the subtask does between turns of its mailbox.
+fn fire_remaining<O: Data>(process: &mut KeyedProcess<u64, Ev, O>, out: &mut Outgoing) {
+    while process.timers_due() {
+        process.fire_due(out).unwrap();
+    }
+}
+
+fn fires_in_turns<O: Data + Ord + std::fmt::Debug>(turns: Turns<O>) {
+    let turn = KeyedProcess::<u64, Ev, O>::FIRED_PER_TURN;
+    let dir = tempfile::tempdir().unwrap();
+    let mut expected: Vec<O> = turns.records.iter().map(|e| (turns.fired)(e.key)).collect();
+    expected.sort();
+    for (kind, backend) in backends(&dir, range(1, 0)).into_iter().enumerate() {
+        let metrics = Arc::new(TimeMetrics::default());
+        let mut process = operator(backend, &turns.factory, metrics.clone());
+        process.restore(&RestoreState::default()).unwrap();
+        for &e in &turns.records {
+            process.push(e);
+        }
+        let mut out = Vec::new();
+        process
+            .advance_watermark(turns.watermark, &mut out)
+            .unwrap();
+        let before: Vec<O> = output(out);
+        assert_eq!(before.len(), turn, "one turn's worth, backend {kind}");
+        let mut released = Vec::new();
+        process.take_watermarks(&mut released);
+        assert!(released.is_empty() && process.timers_due());
+
+        let (states, timers) = restore_states(&mut process, 1, 2);
+        let left = (turns.records.len() - turn) as u64;
+        assert_eq!(timers, left + turns.others, "backend {kind}");
+
+        let mut out = Vec::new();
+        fire_remaining(&mut process, &mut out);
+        process.take_watermarks(&mut released);
+        assert_eq!(released, [turns.watermark], "once all fired");
+        let mut all: Vec<O> = before.iter().cloned().chain(output(out)).collect();
+        all.sort();
+        assert_eq!(all, expected, "backend {kind}");
+
+        // Restored from between the turns: what had not fired, once, here
+        // fired by the end of input.
+        let mut restored_fired = before;
+        let mut ended_firing = 0;
+        for (i, state) in states.iter().enumerate() {
+            let backend = backends(&dir, range(2, i as u32)).remove(kind);
+            let mut restored = operator(backend, &turns.factory, metrics.clone());
+            restored.restore(state).unwrap();
+            let mut out = Vec::new();
+            restored
+                .advance_watermark(turns.watermark, &mut out)
+                .unwrap();
+            ended_firing += usize::from(restored.timers_due());
+            restored.end_input(&mut out).unwrap();
+            assert!(!restored.timers_due());
+            restored_fired.extend(output::<O>(out));
+        }
+        assert!(ended_firing > 0, "more than a turn left in a subtask");
+        restored_fired.sort();
+        assert_eq!(restored_fired, expected, "restored, backend {kind}");
+    }
+}
+
+/// A watermark that makes more timers due than a turn fires holds itself
+/// back until the last has fired; a snapshot between two turns holds those
+/// yet to fire, and they fire once after a restore. Keyed and implied
+/// timers alike.
+#[test]
+fn due_timers_fire_in_turns_and_a_snapshot_between_them_keeps_the_rest() {
+    // More than two turns left after the first: more than one in a
+    // subtask of two.
+    let keys = 3 * KeyedProcess::<u64, Ev, Out>::FIRED_PER_TURN as u64 + 100;
+    fires_in_turns(Turns {
+        factory: echo(),
+        // Three timer times, so that a turn ends within one.
+        records: (0..keys).map(|k| ev(k, k % 3)).collect(),
+        watermark: 10,
+        fired: |k| (k, k % 3, true),
+        others: keys,
+    });
+    fires_in_turns(Turns {
+        factory: windows::<Out>(
+            WindowAssigner::tumbling(Duration::from_millis(10)),
+            WindowConfig::default(),
+            false,
+        ),
+        records: (0..keys).map(|k| ev(k, k % 3)).collect(),
+        watermark: 10,
+        fired: |k| Out::Fired(k, 0, 10, 1),
+        others: 0,
+    });
+}
+
 fn windows<O>(
     assigner: WindowAssigner,
     settings: WindowConfig,
@@ -249,7 +356,7 @@ where
     })
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 enum Out {
     Fired(u64, i64, i64, u64),
     Late(u64, u64),
