@@ -486,8 +486,8 @@ fn heap_unaligned_kills_are_exactly_once() {
 }
 
 /// 100,000 keys in three 1 s windows: each window end makes about 30,000
-/// timers due in each subtask, more than one turn fires, so unaligned
-/// barriers come between the turns.
+/// timers due in each subtask, some 30 turns' worth, so that unaligned
+/// barriers can come between the turns.
 #[test]
 fn heap_unaligned_kills_while_windows_fire_in_turns_are_exactly_once() {
     let spec = Spec {
@@ -496,7 +496,10 @@ fn heap_unaligned_kills_while_windows_fire_in_turns_are_exactly_once() {
         events_per_ms: 100,
         ..TUMBLING
     };
-    kills_of((30..32).map(|seed| spec.with_seed(seed)), &UNALIGNED);
+    assert_inflight_replayed(&kills_of(
+        (30..32).map(|seed| spec.with_seed(seed)),
+        &UNALIGNED,
+    ));
 }
 
 #[test]

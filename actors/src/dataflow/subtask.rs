@@ -303,8 +303,10 @@ impl SubtaskActor {
         }
     }
 
-    /// Sends what the source's watermark generator emitted, behind the
-    /// batches already written out.
+    /// Sends the watermarks the task let go (a source's generator, a head
+    /// that holds them until its results or timers are out), and then the
+    /// status events held behind them, after the batches already written
+    /// out.
     fn forward_watermarks(&mut self) {
         let mut events = Vec::new();
         self.task.take_watermarks(&mut events);
@@ -396,14 +398,19 @@ impl SubtaskActor {
                 }
             }
             if self.task.timers_due() {
-                // A turn of timers, then one of the mailbox, and no input
-                // until they all fired.
+                // One turn of timers per yield of the thread, fired by the
+                // drive scheduled after it (not by every message that
+                // drives), and no input until they all fired.
+                if self.drive_scheduled {
+                    return;
+                }
                 if self.guarded(|task, out| task.fire_due(out)).is_none() {
                     return;
                 }
                 self.send_outgoing();
-                self.forward_watermarks();
+                // Timers may have set processing-time timers.
                 self.advance_processing_time(ctx);
+                self.forward_watermarks();
                 if self.task.timers_due() {
                     self.drive_after_yielding(ctx);
                     return;
@@ -447,6 +454,10 @@ impl SubtaskActor {
                             self.send_outgoing();
                             // Timers may have set processing-time timers.
                             self.advance_processing_time(ctx);
+                            if self.task.timers_due() {
+                                // The next turn after a yield.
+                                self.drive_after_yielding(ctx);
+                            }
                             if self.task.holds_watermarks() {
                                 // Behind the results the chain held back.
                                 self.forward_watermarks();

@@ -70,9 +70,10 @@ pub trait Step: Send {
     fn restore(&mut self, state: &RestoreState) -> Result<(), TaskError>;
 
     /// The watermark reached `watermark`: event-time timers up to it fire,
-    /// and what they emit is written out before the watermark goes on. A
-    /// step with a next step passes it on; the last step (the default)
-    /// only flushes.
+    /// and what they emit is written out before the watermark goes on (a
+    /// keyed step fires them in turns, see [`timers_due`](Self::timers_due),
+    /// and passes it on after the last). A step with a next step passes it
+    /// on; the last step (the default) only flushes.
     fn advance_watermark(&mut self, _watermark: u64, out: &mut Outgoing) -> Result<(), TaskError> {
         self.flush(out)
     }
@@ -116,8 +117,8 @@ pub trait Step: Send {
 
     /// The head fires the event-time timers a watermark made due a turn at
     /// a time, and some have yet to: the subtask takes no input until they
-    /// all fired, and calls [`fire_due`](Self::fire_due) once its mailbox
-    /// had a turn, so that an unaligned barrier is not held up behind a
+    /// all fired, and calls [`fire_due`](Self::fire_due) after yielding its
+    /// thread, so that an unaligned barrier is not held up behind a
     /// watermark that makes millions due (Flink's interruptible timers).
     fn timers_due(&self) -> bool {
         false
@@ -565,9 +566,9 @@ impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
 
     /// Fires the timers of `domain` due at `upto`, earliest first, until
     /// `budget` keys were visited; timers they set that are due fire in the
-    /// same call. Returns whether none is left due; if some are, the rest
-    /// of a time's keys wait in `self.firing` (event time only: processing
-    /// time fires without a budget).
+    /// same call or a later turn. Returns whether none is left due; if some
+    /// are, the rest of a time's keys wait in `self.firing` (event time
+    /// only: processing time fires without a budget).
     fn fire(&mut self, domain: TimeDomain, upto: u64, budget: usize) -> bool {
         let mut slots = std::mem::take(&mut self.slots);
         let mut visited = 0;

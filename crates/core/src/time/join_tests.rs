@@ -17,7 +17,7 @@ use crate::state::{KeyedStateBackend, StateBackend};
 use bytes::Bytes;
 use std::sync::Arc;
 
-use super::tests::{Ev, MAX_P};
+use super::tests::{fire_remaining, Ev, MAX_P};
 
 /// A joined pair: the key, the left record's time, the right record's.
 type Pair = (u64, u64, u64);
@@ -78,7 +78,10 @@ impl Driver {
             match i {
                 L(key, ts) => self.process.push(Either::Left(Ev { key, ts })),
                 R(key, ts) => self.process.push(Either::Right(Ev { key, ts })),
-                Watermark(w) => self.process.advance_watermark(w, &mut out).unwrap(),
+                Watermark(w) => {
+                    self.process.advance_watermark(w, &mut out).unwrap();
+                    fire_remaining(&mut self.process, &mut out);
+                }
             }
         }
         self.process.flush(&mut out).unwrap();

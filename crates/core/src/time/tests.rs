@@ -236,8 +236,9 @@ struct Turns<O> {
     others: u64,
 }
 
-/// Calls `fire_due` until no timer is due, as the subtask does between turns of its mailbox.
-fn fire_remaining<O: Data>(process: &mut KeyedProcess<u64, Ev, O>, out: &mut Outgoing) {
+/// Calls `fire_due` until no timer is due, as the subtask does after each
+/// yield of its thread.
+pub(super) fn fire_remaining(process: &mut impl Step, out: &mut Outgoing) {
     while process.timers_due() {
         process.fire_due(out).unwrap();
     }
@@ -399,6 +400,7 @@ impl Driver {
     fn watermark(&mut self, watermark: u64) -> Vec<Out> {
         let mut out = Vec::new();
         self.process.advance_watermark(watermark, &mut out).unwrap();
+        fire_remaining(&mut self.process, &mut out);
         output(out)
     }
 
@@ -491,6 +493,7 @@ fn fire_restored(
         restored.restore(state).unwrap();
         let mut out = Vec::new();
         restored.advance_watermark(u64::MAX, &mut out).unwrap();
+        fire_remaining(&mut restored, &mut out);
         fired.extend(output::<Out>(out));
     }
     fired
