@@ -5,12 +5,18 @@
 //! and for RocksDB with incremental checkpoints (its default write-back
 //! cache of 1,048,576 values per subtask). Then the event-time operators on
 //! the heap at the same keys: tumbling, sliding and session windows and the
-//! interval join, with the timers their checkpoints held. Prints the
-//! Markdown tables docs/cost-of-state.md shows.
+//! interval join, with the timers their checkpoints held. Last, timers
+//! falling due all at once: 10,000,000 keys in 100 s tumbling windows
+//! that each hold as many records, over two windows' records, so that the
+//! first window's end makes most keys' timers due at once (fewer keys run
+//! out of records before a checkpoint comes), with unaligned checkpoints
+//! every 500 ms on the heap and RocksDB: how long a checkpoint takes while
+//! they fire.
+//! Prints the Markdown tables docs/cost-of-state.md shows.
 //!
-//! cargo bench --bench growth [-- wordcount | time]
+//! cargo bench --bench growth [-- wordcount | time | due]
 //!
-//! With `wordcount` or `time`, only that table.
+//! With `wordcount`, `time` or `due`, only that table.
 //!
 //! Every run is a child process of its own, so that peak memory belongs to
 //! one configuration. `TIDEMARK_BENCH_RECORDS` (default 100,000,000) sets
@@ -64,7 +70,9 @@ fn main() {
     }
     let only = |table: &str| {
         let args: Vec<String> = std::env::args().collect();
-        let any = args.iter().any(|a| a == "wordcount" || a == "time");
+        let any = args
+            .iter()
+            .any(|a| ["wordcount", "time", "due"].contains(&a.as_str()));
         !any || args.iter().any(|a| a == table)
     };
     if only("wordcount") {
@@ -72,6 +80,9 @@ fn main() {
     }
     if only("time") {
         time_table();
+    }
+    if only("due") {
+        due_table();
     }
 }
 
@@ -125,5 +136,37 @@ fn time_table() {
                 off.peak_rss_mib.max(on.peak_rss_mib),
             );
         }
+    }
+}
+
+fn due_table() {
+    println!();
+    let keys = KEYS[2];
+    println!("timers falling due at once: windows tumbling 100 s, {keys} keys, twice as many records, p=2, unaligned checkpoints every 500 ms, one run per cell");
+    println!(
+        "| state | keys | M records/s | timers in a checkpoint, max | checkpoint p50 ms | checkpoint max ms | peak RSS MiB |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for (backend, extra) in BACKENDS {
+        let mut args = vec![
+            "windows".to_string(),
+            // As many records as keys, at 100 records per ms.
+            "--window=tumbling:100s".to_string(),
+            format!("--records={}", 2 * keys),
+            format!("--keys={keys}"),
+            "--parallelism=2".to_string(),
+            "--checkpoint-interval=500ms".to_string(),
+            "--mode=unaligned".to_string(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let run = run_in_child(&args);
+        println!(
+            "| {backend} | {keys} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            run.number("/throughput_rps") / 1e6,
+            run.number("/timers_in_checkpoint_max"),
+            run.number("/checkpoint_duration_ms/p50"),
+            run.number("/checkpoint_duration_ms/max"),
+            run.peak_rss_mib,
+        );
     }
 }
