@@ -43,13 +43,14 @@
 //!   times, and the large run is rewritten only when the others add up to
 //!   half of it. Under full churn (every key updated between checkpoints)
 //!   every flush is a new run holding every key, and every older run is
-//!   stale: compaction starts at 2 runs, so that the new run and the old
-//!   one merge at once rather than piling up to 8. Measured at 1,000,000
-//!   keys against the settings before (LZ4, 4 KiB blocks, compaction from
-//!   8 runs at 200 % size amplification, merges at least 4 wide): the state
-//!   a full-churn checkpoint references went from 35-93 MB to about 12 MB
-//!   (Flink: 15 MB), and uploads at 1 % change per checkpoint from 2.90 %
-//!   of a 9.0 MiB state to 2.92 % of 5.3 MiB (`benches/incremental.rs`).
+//!   stale: compaction starts at [`COMPACTION_RUNS`] runs, so that they
+//!   merge into one before they pile up to 8. Measured at 1,000,000 keys
+//!   against the settings before (LZ4, 4 KiB blocks, compaction from 8
+//!   runs at 200 % size amplification, merges at least 4 wide): the state
+//!   a full-churn checkpoint references went from 35-93 MB to 10-16 MB at
+//!   2 runs (Flink: 15 MB), and uploads at 1 % change per checkpoint from
+//!   2.90 % of a 9.0 MiB state to 2.92 % of 5.3 MiB
+//!   (`benches/incremental.rs`).
 
 use ::rocksdb::checkpoint::Checkpoint;
 use ::rocksdb::compaction_filter::{CompactionFilter as RocksFilter, Decision};
@@ -89,6 +90,16 @@ const MEMTABLE_BLOOM_RATIO: f64 = 0.02;
 const BLOCK_CACHE_BYTES: usize = 64 << 20;
 /// Uncompressed size of an SST data block: larger blocks compress better.
 const BLOCK_BYTES: usize = 16 << 10;
+
+/// Sorted runs at which compaction starts. Under full churn each run
+/// holds every key, and merging them is most of the CPU time a checkpoint
+/// costs: at 2 runs each checkpoint's new run merged with the old one at
+/// once, at 4 three checkpoints' runs merge together. Wordcount at
+/// 1,000,000 keys with 1 s checkpoints then took 15-24 CPU-seconds for
+/// 100 M records instead of 23-34 and uploaded 5.5 MB a checkpoint instead
+/// of 9.7, for a referenced state of 18-23 MB instead of 12-15. Under
+/// small change nothing moved (`benches/incremental.rs`).
+const COMPACTION_RUNS: i32 = 4;
 
 /// Bytes of imported entries written at once.
 const IMPORT_BATCH_BYTES: usize = 4 << 20;
@@ -148,14 +159,14 @@ impl RocksDb {
         // off: each insert would look its key up first, and the write-back
         // in a checkpoint's synchronous part took 2-3 times as long.
         options.set_allow_concurrent_memtable_write(false);
-        // See the module doc: merge 2 runs under full churn, at least 8
-        // under small change.
+        // See the module doc: merge a few runs under full churn, at least
+        // 8 under small change.
         options.set_compaction_style(DBCompactionStyle::Universal);
         let mut universal = UniversalCompactOptions::default();
         universal.set_min_merge_width(8);
         universal.set_max_size_amplification_percent(50);
         options.set_universal_compaction_options(&universal);
-        options.set_level_zero_file_num_compaction_trigger(2);
+        options.set_level_zero_file_num_compaction_trigger(COMPACTION_RUNS);
         options.set_max_background_jobs(2);
         options.set_log_level(LogLevel::Warn);
         options.set_keep_log_file_num(1);
