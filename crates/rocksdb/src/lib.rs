@@ -43,7 +43,7 @@
 //!   times, and the large run is rewritten only when the others add up to
 //!   half of it. Under full churn (every key updated between checkpoints)
 //!   every flush is a new run holding every key, and every older run is
-//!   stale: compaction starts at [`COMPACTION_RUNS`] runs, so that they
+//!   stale: compaction starts at 4 runs (`COMPACTION_RUNS`), so that they
 //!   merge into one before they pile up to 8. Measured at 1,000,000 keys
 //!   against the settings before (LZ4, 4 KiB blocks, compaction from 8
 //!   runs at 200 % size amplification, merges at least 4 wide): the state
