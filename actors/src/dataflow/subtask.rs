@@ -142,9 +142,6 @@ pub struct SubtaskActor {
     checkpointer: SubtaskCheckpointer<AbortHandle>,
     /// The processing-time timer a wake-up is armed for.
     wake_at: Option<u64>,
-    /// Watermark status events behind a watermark whose timers have yet to
-    /// fire (`Task::timers_due`): they go on after it.
-    held_events: Vec<WatermarkEvent>,
     counters: Arc<SubtaskCounters>,
     /// Since when output waits for credit.
     blocked_since: Option<Instant>,
@@ -222,7 +219,6 @@ impl SubtaskActor {
             collecting: None,
             checkpointer: SubtaskCheckpointer::new(incremental, spec.shared_base),
             wake_at: None,
-            held_events: Vec::new(),
         }
     }
 
@@ -303,19 +299,50 @@ impl SubtaskActor {
         }
     }
 
-    /// Sends the watermarks the task let go (a source's generator, a head
-    /// that holds them until its results or timers are out), and then the
-    /// status events held behind them, after the batches already written
-    /// out.
+    /// Sends the watermark events the task let go (a source's generator, a
+    /// head that holds watermarks until its results or timers are out, the
+    /// status changes behind them), after the batches already written out.
     fn forward_watermarks(&mut self) {
         let mut events = Vec::new();
         self.task.take_watermarks(&mut events);
-        if !self.task.timers_due() {
-            events.append(&mut self.held_events);
-        }
         for event in events {
             self.broadcast_event(event.into());
         }
+    }
+
+    /// Passes a watermark event of the inputs through the task and on;
+    /// false if the task failed. A status change goes through the task too,
+    /// which keeps it behind a watermark whose timers are still firing.
+    fn pass_watermark_event(&mut self, event: WatermarkEvent, ctx: &mut Context<Self>) -> bool {
+        let watermark = match event {
+            WatermarkEvent::Watermark(watermark) => watermark,
+            WatermarkEvent::Status(status) => {
+                self.task.pass_status(status);
+                self.forward_watermarks();
+                return true;
+            }
+        };
+        self.counters.set_input_watermark(watermark);
+        if self
+            .guarded(|task, out| task.advance_watermark(watermark, out))
+            .is_none()
+        {
+            return false;
+        }
+        self.send_outgoing();
+        // Timers may have set processing-time timers.
+        self.advance_processing_time(ctx);
+        if self.task.timers_due() {
+            // The next turn after a yield.
+            self.drive_after_yielding(ctx);
+        }
+        if self.task.holds_watermarks() {
+            // Behind the results the chain held back.
+            self.forward_watermarks();
+        } else {
+            self.broadcast_event(event.into());
+        }
+        true
     }
 
     /// Fires the processing-time timers due now and arms a wake-up for the
@@ -443,31 +470,8 @@ impl SubtaskActor {
                 Some(Polled::Actions(actions)) => self.apply(actions, ctx),
                 Some(Polled::Watermarks(events)) => {
                     for event in events {
-                        if let WatermarkEvent::Watermark(watermark) = event {
-                            self.counters.set_input_watermark(watermark);
-                            if self
-                                .guarded(|task, out| task.advance_watermark(watermark, out))
-                                .is_none()
-                            {
-                                return;
-                            }
-                            self.send_outgoing();
-                            // Timers may have set processing-time timers.
-                            self.advance_processing_time(ctx);
-                            if self.task.timers_due() {
-                                // The next turn after a yield.
-                                self.drive_after_yielding(ctx);
-                            }
-                            if self.task.holds_watermarks() {
-                                // Behind the results the chain held back.
-                                self.forward_watermarks();
-                                continue;
-                            }
-                        }
-                        if self.task.timers_due() {
-                            self.held_events.push(event);
-                        } else {
-                            self.broadcast_event(event.into());
+                        if !self.pass_watermark_event(event, ctx) {
+                            return;
                         }
                     }
                 }

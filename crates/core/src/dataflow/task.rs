@@ -15,7 +15,8 @@ use crate::state::StateBackend;
 use crate::time::split_watermarks::SplitWatermarks;
 use crate::time::watermark::GeneratorState;
 use crate::time::{
-    Millis, TimeMetrics, Timestamped, WatermarkEvent, WatermarkGenerator, WatermarkStrategy,
+    Millis, TimeMetrics, Timestamped, WatermarkEvent, WatermarkGenerator, WatermarkStatus,
+    WatermarkStrategy,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -155,10 +156,18 @@ pub trait Task: Send {
     /// Split sources: the source coordinator has no more splits for it.
     fn no_more_splits(&mut self) -> Result<(), TaskError>;
 
-    /// Sources: the watermark events due since the last call (after
-    /// `produce`, a tick or the end of input), for the shell to send on every
-    /// output channel after the batches already written out.
+    /// The watermark events due since the last call, for the shell to send
+    /// on every output channel after the batches already written out: a
+    /// source's (after `produce`, a tick or the end of input), the
+    /// watermarks a head let go ([`holds_watermarks`](Self::holds_watermarks)),
+    /// and the status changes passed in behind them.
     fn take_watermarks(&mut self, events: &mut Vec<WatermarkEvent>);
+
+    /// The inputs' watermark status changed: it goes on through
+    /// [`take_watermarks`](Self::take_watermarks), after the timers of the
+    /// watermark before it fired, so that downstream never sees an input
+    /// idle (or active) ahead of a watermark it came behind.
+    fn pass_status(&mut self, status: WatermarkStatus);
 
     /// An async operator's requests completed: take their results in and
     /// push what may leave through the chain (`Step::poll_async`).
@@ -258,6 +267,9 @@ pub struct ChainTask<T> {
     next: Box<dyn Downstream<T>>,
     /// By input, for keyed chains only.
     retain: Vec<Retain>,
+    /// Status changes that came behind a watermark whose timers have yet to
+    /// fire (`timers_due`).
+    statuses: Vec<WatermarkStatus>,
 }
 
 impl<T> ChainTask<T> {
@@ -283,6 +295,7 @@ impl<T> ChainTask<T> {
             decoders: Vec::new(),
             next,
             retain: Vec::new(),
+            statuses: Vec::new(),
         }
     }
 
@@ -332,6 +345,7 @@ impl<T> ChainTask<T> {
             decoders,
             next,
             retain,
+            statuses: Vec::new(),
         }
     }
 }
@@ -501,9 +515,16 @@ impl<T: Data> Task for ChainTask<T> {
         if let Some(w) = self.watermarks() {
             events.append(&mut w.due);
         }
-        let mut held = Vec::new();
-        self.next.take_watermarks(&mut held);
-        events.extend(held.into_iter().map(WatermarkEvent::Watermark));
+        let mut released = Vec::new();
+        self.next.take_watermarks(&mut released);
+        events.extend(released.into_iter().map(WatermarkEvent::Watermark));
+        if !self.next.timers_due() {
+            events.extend(self.statuses.drain(..).map(WatermarkEvent::Status));
+        }
+    }
+
+    fn pass_status(&mut self, status: WatermarkStatus) {
+        self.statuses.push(status);
     }
 
     fn poll_async(&mut self, out: &mut Outgoing) -> Result<(), TaskError> {

@@ -7,7 +7,7 @@ use crate::dataflow::operator::{
     Collector, Downstream, KeyedFunctionFactory, KeyedProcess, KeyedProcessFunction, Outgoing,
     Output, RecordWriter, Route, Step,
 };
-use crate::dataflow::task::{KeyedSnapshot, RestoreState, TaskSnapshot};
+use crate::dataflow::task::{decoder, ChainTask, KeyedSnapshot, RestoreState, Task, TaskSnapshot};
 use crate::job::window_operator::{WindowConfig, WindowOperator};
 use crate::model::batch::Data;
 use crate::model::ids::{CheckpointId, KeyGroup, SubtaskIndex};
@@ -329,6 +329,60 @@ fn due_timers_fire_in_turns_and_a_snapshot_between_them_keeps_the_rest() {
         fired: |k| Out::Fired(k, 0, 10, 1),
         others: 0,
     });
+}
+
+/// A watermark status change that comes behind a watermark whose timers
+/// still fire goes on after their last turn, behind the watermark: a
+/// subtask downstream never sees this input idle (or active) ahead of a
+/// watermark it came behind. With no timers due it goes on at once.
+#[test]
+fn a_status_change_waits_behind_the_watermark_whose_timers_fire() {
+    let keys = 2 * KeyedProcess::<u64, Ev, Out>::FIRED_PER_TURN as u64 + 1;
+    let factory = windows::<Out>(
+        WindowAssigner::tumbling(Duration::from_millis(10)),
+        WindowConfig::default(),
+        false,
+    );
+    let taken = |task: &mut ChainTask<Ev>| {
+        let mut events = Vec::new();
+        task.take_watermarks(&mut events);
+        events
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for backend in backends(&dir, range(1, 0)) {
+        let mut process = operator(backend, &factory, Arc::default());
+        process.restore(&RestoreState::default()).unwrap();
+        for key in 0..keys {
+            process.push(ev(key, 1));
+        }
+        let mut out = Vec::new();
+        process.flush(&mut out).unwrap();
+        let mut task = ChainTask::input(vec![decoder(|e: Ev| e)], Vec::new(), Box::new(process));
+
+        task.pass_status(WatermarkStatus::Idle);
+        assert_eq!(
+            taken(&mut task),
+            [WatermarkEvent::Status(WatermarkStatus::Idle)]
+        );
+
+        task.advance_watermark(10, &mut out).unwrap();
+        task.pass_status(WatermarkStatus::Active);
+        let mut turns = 1;
+        while task.timers_due() {
+            assert_eq!(taken(&mut task), [], "turn {turns}");
+            task.fire_due(&mut out).unwrap();
+            turns += 1;
+        }
+        assert_eq!(turns, 3);
+        assert_eq!(
+            taken(&mut task),
+            [
+                WatermarkEvent::Watermark(10),
+                WatermarkEvent::Status(WatermarkStatus::Active)
+            ]
+        );
+        assert_eq!(output::<Out>(out).len() as u64, keys);
+    }
 }
 
 fn windows<O>(
