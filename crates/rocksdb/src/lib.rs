@@ -47,10 +47,10 @@
 //!   merge into one before they pile up to 8. Measured at 1,000,000 keys
 //!   against the settings before (LZ4, 4 KiB blocks, compaction from 8
 //!   runs at 200 % size amplification, merges at least 4 wide): the state
-//!   a full-churn checkpoint references went from 35-93 MB to 10-16 MB at
-//!   2 runs (Flink: 15 MB), and uploads at 1 % change per checkpoint from
-//!   2.90 % of a 9.0 MiB state to 2.92 % of 5.3 MiB
-//!   (`benches/incremental.rs`).
+//!   a full-churn checkpoint references went from 35-93 MB to 10-16 MB
+//!   with compaction at 2 runs (Flink: 15 MB), 14-23 MB at 4, and uploads
+//!   at 1 % change per checkpoint from 2.90 % of a 9.0 MiB state to 2.92 %
+//!   of 5.3 MiB (`benches/incremental.rs`).
 
 use ::rocksdb::checkpoint::Checkpoint;
 use ::rocksdb::compaction_filter::{CompactionFilter as RocksFilter, Decision};
@@ -94,11 +94,11 @@ const BLOCK_BYTES: usize = 16 << 10;
 /// Sorted runs at which compaction starts. Under full churn each run
 /// holds every key, and merging them is most of the CPU time a checkpoint
 /// costs: at 2 runs each checkpoint's new run merged with the old one at
-/// once, at 4 three checkpoints' runs merge together. Wordcount at
-/// 1,000,000 keys with 1 s checkpoints then took 15-24 CPU-seconds for
-/// 100 M records instead of 23-34 and uploaded 5.5 MB a checkpoint instead
-/// of 9.7, for a referenced state of 18-23 MB instead of 12-15. Under
-/// small change nothing moved (`benches/incremental.rs`).
+/// once; at 4 the old one merges with three checkpoints' new ones.
+/// Wordcount at 1,000,000 keys with 1 s checkpoints then took 15-24
+/// CPU-seconds for 100 M records instead of 23-34 and uploaded 5.5 MB a
+/// checkpoint instead of 9.7, for a referenced state of 14-23 MB instead
+/// of 10-16. Under small change nothing moved (`benches/incremental.rs`).
 const COMPACTION_RUNS: i32 = 4;
 
 /// Bytes of imported entries written at once.

@@ -164,9 +164,11 @@ pub trait Task: Send {
     fn take_watermarks(&mut self, events: &mut Vec<WatermarkEvent>);
 
     /// The inputs' watermark status changed: it goes on through
-    /// [`take_watermarks`](Self::take_watermarks), after the timers of the
-    /// watermark before it fired, so that downstream never sees an input
-    /// idle (or active) ahead of a watermark it came behind.
+    /// [`take_watermarks`](Self::take_watermarks) once the watermarks before
+    /// it did (a head that holds watermarks lets them go after its due
+    /// timers fired, or its earlier results left), so that downstream never
+    /// sees an input idle (or active) ahead of a watermark it came behind:
+    /// a valve drops the watermarks of an idle channel.
     fn pass_status(&mut self, status: WatermarkStatus);
 
     /// An async operator's requests completed: take their results in and
@@ -267,8 +269,10 @@ pub struct ChainTask<T> {
     next: Box<dyn Downstream<T>>,
     /// By input, for keyed chains only.
     retain: Vec<Retain>,
-    /// Status changes that came behind a watermark whose timers have yet to
-    /// fire (`timers_due`).
+    /// The newest watermark passed to a head that holds watermarks, until
+    /// it (or a later one) went on.
+    unreleased: Option<u64>,
+    /// Status changes passed in, until every watermark before them went on.
     statuses: Vec<WatermarkStatus>,
 }
 
@@ -295,6 +299,7 @@ impl<T> ChainTask<T> {
             decoders: Vec::new(),
             next,
             retain: Vec::new(),
+            unreleased: None,
             statuses: Vec::new(),
         }
     }
@@ -345,6 +350,7 @@ impl<T> ChainTask<T> {
             decoders,
             next,
             retain,
+            unreleased: None,
             statuses: Vec::new(),
         }
     }
@@ -471,6 +477,9 @@ impl<T: Data> Task for ChainTask<T> {
     }
 
     fn advance_watermark(&mut self, watermark: u64, out: &mut Outgoing) -> Result<(), TaskError> {
+        if self.next.holds_watermarks() {
+            self.unreleased = Some(watermark);
+        }
         self.next.advance_watermark(watermark, out)
     }
 
@@ -517,8 +526,17 @@ impl<T: Data> Task for ChainTask<T> {
         }
         let mut released = Vec::new();
         self.next.take_watermarks(&mut released);
+        // Watermarks go on in order, and a head may let a newer one go in
+        // place of those before it.
+        let newest = released.last().copied();
+        if self
+            .unreleased
+            .is_some_and(|held| newest.is_some_and(|newest| newest >= held))
+        {
+            self.unreleased = None;
+        }
         events.extend(released.into_iter().map(WatermarkEvent::Watermark));
-        if !self.next.timers_due() {
+        if self.unreleased.is_none() {
             events.extend(self.statuses.drain(..).map(WatermarkEvent::Status));
         }
     }
@@ -558,5 +576,100 @@ impl<T: Data> Task for ChainTask<T> {
             )
         })?;
         retain(batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A head that holds each watermark until its earlier results leave,
+    /// as an async operator's does: here, until `poll_async`.
+    #[derive(Default)]
+    struct Holding {
+        held: Vec<u64>,
+        released: Vec<u64>,
+    }
+
+    impl Downstream<u64> for Holding {
+        fn push(&mut self, _record: u64) {}
+    }
+
+    impl crate::dataflow::operator::Step for Holding {
+        fn flush(&mut self, _out: &mut Outgoing) -> Result<(), TaskError> {
+            Ok(())
+        }
+
+        fn end_input(&mut self, _out: &mut Outgoing) -> Result<(), TaskError> {
+            Ok(())
+        }
+
+        fn snapshot(
+            &mut self,
+            _checkpoint: CheckpointId,
+            _out: &mut Outgoing,
+            _snapshot: &mut TaskSnapshot,
+        ) -> Result<(), TaskError> {
+            Ok(())
+        }
+
+        fn notify_complete(&mut self, _checkpoint: CheckpointId) -> Result<(), TaskError> {
+            Ok(())
+        }
+
+        fn restore(&mut self, _state: &RestoreState) -> Result<(), TaskError> {
+            Ok(())
+        }
+
+        fn advance_watermark(
+            &mut self,
+            watermark: u64,
+            _out: &mut Outgoing,
+        ) -> Result<(), TaskError> {
+            self.held.push(watermark);
+            Ok(())
+        }
+
+        fn poll_async(&mut self, _out: &mut Outgoing) -> Result<(), TaskError> {
+            self.released.append(&mut self.held);
+            Ok(())
+        }
+
+        fn holds_watermarks(&self) -> bool {
+            true
+        }
+
+        fn take_watermarks(&mut self, watermarks: &mut Vec<u64>) {
+            watermarks.append(&mut self.released);
+        }
+    }
+
+    /// A status change behind a watermark that a head holds with no timers
+    /// due (an async operator's, behind requests in flight) waits for it
+    /// too: were it to go first, the valve downstream would take the
+    /// channel for idle and drop the watermark.
+    #[test]
+    fn a_status_change_waits_behind_a_watermark_a_head_holds() {
+        let mut task = ChainTask::input(Vec::new(), Vec::new(), Box::new(Holding::default()));
+        let mut out = Vec::new();
+        let mut events = Vec::new();
+        task.advance_watermark(9, &mut out).unwrap();
+        task.pass_status(WatermarkStatus::Idle);
+        task.take_watermarks(&mut events);
+        assert_eq!(events, []);
+        task.poll_async(&mut out).unwrap();
+        task.take_watermarks(&mut events);
+        assert_eq!(
+            events,
+            [
+                WatermarkEvent::Watermark(9),
+                WatermarkEvent::Status(WatermarkStatus::Idle)
+            ]
+        );
+        // Nothing held: at once.
+        events.clear();
+        task.pass_status(WatermarkStatus::Active);
+        task.take_watermarks(&mut events);
+        assert_eq!(events, [WatermarkEvent::Status(WatermarkStatus::Active)]);
     }
 }
