@@ -312,7 +312,7 @@ impl SubtaskActor {
 
     /// Passes a watermark event of the inputs through the task and on;
     /// false if the task failed. A status change goes through the task too,
-    /// which keeps it behind a watermark whose timers are still firing.
+    /// which keeps it behind the watermarks its head still holds.
     fn pass_watermark_event(&mut self, event: WatermarkEvent, ctx: &mut Context<Self>) -> bool {
         let watermark = match event {
             WatermarkEvent::Watermark(watermark) => watermark,
