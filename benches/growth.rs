@@ -150,7 +150,8 @@ fn due_table() {
     for (backend, extra) in BACKENDS {
         let mut args = vec![
             "windows".to_string(),
-            // As many records as keys, at 100 records per ms.
+            // Two windows' records, at 100 records per ms: each window
+            // holds about as many records as there are keys.
             "--window=tumbling:100s".to_string(),
             format!("--records={}", 2 * keys),
             format!("--keys={keys}"),

@@ -2,7 +2,8 @@
 //! (moto) and into time buckets of a local directory, across injected
 //! failures and a SIGKILL, checked from the committed files alone; and
 //! nothing in progress left behind: no hidden file, no upload record, no
-//! multipart upload the server still holds open.
+//! multipart upload the server still holds open (after a SIGKILL, none
+//! but those created right before it, which no record names).
 
 use tidemark_testkit as common;
 use tidemark_testkit::storage;
@@ -91,9 +92,9 @@ fn committed_json(url: &str) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// The multipart uploads moto holds open under `url`'s key prefix, asked
-/// without a signature (moto does not check them).
-fn open_multipart_uploads(url: &str) -> usize {
+/// The keys of the multipart uploads moto holds open under `url`'s key
+/// prefix, asked without a signature (moto does not check them).
+fn open_multipart_uploads(url: &str) -> Vec<String> {
     let endpoint = std::env::var("AWS_ENDPOINT_URL").expect("the S3 tests' server");
     let address = endpoint.trim_start_matches("http://").trim_end_matches('/');
     let (bucket, prefix) = url.strip_prefix("s3://").unwrap().split_once('/').unwrap();
@@ -106,18 +107,32 @@ fn open_multipart_uploads(url: &str) -> usize {
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    response.matches("<UploadId>").count()
+    response
+        .split("<Upload>")
+        .skip(1)
+        .map(|upload| {
+            let key = upload.split_once("<Key>").unwrap().1;
+            key.split_once("</Key>").unwrap().0.to_owned()
+        })
+        .collect()
 }
 
-/// Nothing in progress is left under the S3 directory `url`.
-fn assert_nothing_pending_in_s3(url: &str, context: &str) {
+/// No hidden file and no upload record is left under the S3 directory
+/// `url`. A record goes only once its upload completed or was aborted.
+fn assert_no_record_left_in_s3(url: &str, context: &str) {
     let hidden: Vec<String> = objects(url)
         .into_iter()
         .map(|(path, _)| path)
         .filter(|path| hidden(path))
         .collect();
     assert!(hidden.is_empty(), "{context}: left behind: {hidden:?}");
-    assert_eq!(open_multipart_uploads(url), 0, "{context}: open uploads");
+}
+
+/// Nothing in progress is left under the S3 directory `url`.
+fn assert_nothing_pending_in_s3(url: &str, context: &str) {
+    assert_no_record_left_in_s3(url, context);
+    let open = open_multipart_uploads(url);
+    assert!(open.is_empty(), "{context}: open uploads {open:?}");
 }
 
 #[test]
@@ -164,16 +179,34 @@ fn a_job_killed_while_writing_into_s3_commits_once_after_its_restore() {
         || {
             let open = open_multipart_uploads(&out);
             cleanup(false);
-            assert_eq!(
-                open_multipart_uploads(&out),
-                open,
-                "a report aborts nothing"
+            // The server may still create one the killed run asked for.
+            let after = open_multipart_uploads(&out);
+            assert!(
+                open.iter().all(|key| after.contains(key)),
+                "a report aborts nothing: {open:?} then {after:?}"
             );
         },
     );
     let context = "jsonl into S3, SIGKILL and --restore latest";
     assert_counts_exactly_once(committed_json(&out), RECORDS, KEYS, SEED, context);
-    assert_nothing_pending_in_s3(&out, context);
+    assert_no_record_left_in_s3(&out, context);
+    // A kill between creating an upload and writing the record that names
+    // it (`create_upload` writes it once the store gave the upload its id)
+    // leaves an upload nothing finds through `object_store`: only the
+    // bucket's lifecycle rule ends it. At most one per subtask, each
+    // subtask creating its uploads one at a time, and none of a committed
+    // file.
+    let committed: Vec<String> = objects(&out).into_iter().map(|(path, _)| path).collect();
+    let unnamed = open_multipart_uploads(&out);
+    assert!(unnamed.len() <= 2, "{context}: open uploads {unnamed:?}");
+    for key in &unnamed {
+        assert!(
+            !committed
+                .iter()
+                .any(|path| key.ends_with(&format!("/{path}"))),
+            "{context}: {key} committed, its upload still open"
+        );
+    }
     let sweep = cleanup(true);
     assert_eq!((sweep.stale_uploads.len(), sweep.kept_uploads), (0, 0));
 }

@@ -223,9 +223,9 @@ fn timers_survive_a_snapshot_and_follow_their_key_groups_to_another_parallelism(
     }
 }
 
-/// The records and outputs of one check of firing in turns: `keys`
-/// records that make as many timers due at `watermark`, fired once each as
-/// `fired` says.
+/// The records and outputs of one check of firing in turns: `records`,
+/// each of its own key, that make as many timers due at `watermark`, fired
+/// once each as `fired` says.
 struct Turns<O> {
     factory: KeyedFunctionFactory<u64, Ev, O>,
     records: Vec<Ev>,
