@@ -260,7 +260,7 @@ fn probe_start<T>(table: &HashTable<T>, hash: u64) -> Option<(*const u8, *const 
 
 /// A hint to load the cache line at `address`.
 #[inline]
-fn prefetch<T>(address: *const T) {
+pub(super) fn prefetch<T>(address: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch reads nothing the program sees and never faults.
     unsafe {

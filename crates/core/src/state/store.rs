@@ -11,9 +11,10 @@
 //! MessagePack encoding, so that a key group is one contiguous run and a
 //! range of them is cut out with one range delete or read with one seek.
 
+use super::heap::prefetch;
 use super::snapshot::NativeFile;
 use super::ttl::CompactionFilter;
-use super::StateError;
+use super::{StateError, PREFETCH_DISTANCE};
 use crate::model::ids::CheckpointId;
 use crate::model::key_group::KeyGroupRange;
 use serde::Serialize;
@@ -160,6 +161,13 @@ struct Placed {
     merge: bool,
 }
 
+impl Placed {
+    /// Its bytes: key and value.
+    fn len(&self) -> usize {
+        self.key_len + self.value_len.unwrap_or(0)
+    }
+}
+
 /// One write, as the database applies it.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Write<'a> {
@@ -223,9 +231,20 @@ impl SortedWrites {
         self.writes.len()
     }
 
-    /// The writes, in key order.
+    /// The writes, in key order. Their bytes lie in the order they were
+    /// pushed, which is not: those of the write `PREFETCH_DISTANCE` ahead
+    /// are prefetched, so that the store's first read of each (RocksDB's
+    /// SST writer checks the order) does not wait for memory. Without it,
+    /// that check took a fifth of the CPU time RocksDB wordcount spent on
+    /// 1 s checkpoints at 1,000,000 keys.
     pub fn iter(&self) -> impl Iterator<Item = Write<'_>> {
-        self.writes.iter().map(|w| {
+        self.writes.iter().enumerate().map(|(i, w)| {
+            if let Some(ahead) = self.writes.get(i + PREFETCH_DISTANCE) {
+                let bytes = self.bytes.as_ptr().wrapping_add(ahead.start);
+                prefetch(bytes);
+                // A write may straddle two cache lines.
+                prefetch(bytes.wrapping_add(ahead.len().saturating_sub(1)));
+            }
             let key = &self.bytes[w.start..w.start + w.key_len];
             match w.value_len {
                 Some(len) if w.merge => {
