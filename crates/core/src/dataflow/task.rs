@@ -73,7 +73,7 @@ pub use crate::checkpoint::entries::{
     SOURCE_WATERMARK,
 };
 pub use crate::state::snapshot::{
-    KeyedSnapshot, NativeCheckpoint, NativeFile, PendingNative, RestoreState, TaskSnapshot,
+    KeyedSnapshot, NativeCheckpoint, NativeFile, RestoreState, TaskSnapshot,
 };
 
 impl RestoreState {

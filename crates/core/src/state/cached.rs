@@ -17,7 +17,7 @@
 //! records/s (six interleaved runs each).
 
 use super::heap::{prefetch_lookup, read_group, table_hash, Prefetch};
-use super::snapshot::{NativeCheckpoint, PendingNative, RestoreState};
+use super::snapshot::{NativeCheckpoint, RestoreState};
 use super::store::{
     checkpoint_dir, write_key, ColumnFamily, Database, EmbeddedStore, MergeFunction, SortedWrites,
     MAX_KEY_GROUPS,
@@ -33,7 +33,6 @@ use std::any::Any;
 use std::fmt::Debug;
 use std::path::Path;
 use std::sync::Arc;
-use std::thread::{self, JoinHandle};
 
 /// A value as an entry sees it: read once from the database, changed in
 /// place, written back by the cache when `dirty`.
@@ -141,8 +140,7 @@ struct State<K, S: Clone> {
 
 /// What a read-ahead of one state needs besides the state.
 struct ReadAhead<'a, K> {
-    /// Waited for only if some key is missed.
-    db: &'a mut Db,
+    db: &'a dyn Database,
     keys: &'a [K],
     slots: &'a [KeySlot],
     /// Key group of slot group 0.
@@ -315,16 +313,12 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
             write_key(&mut encoded, group, key);
             missed.push((start..encoded.len(), key, hash));
         }
-        if missed.is_empty() {
-            return Ok(added);
-        }
         // Stores read sorted keys block by block.
         missed.sort_unstable_by(|a, b| encoded[a.0.clone()].cmp(&encoded[b.0.clone()]));
         let keys: Vec<&[u8]> = missed.iter().map(|(r, _, _)| &encoded[r.clone()]).collect();
         let mut stored: Vec<Option<(S, bool)>> = Vec::new();
         stored.resize_with(missed.len(), || None);
-        let db = read.db.settled()?.expect("opened before reading ahead");
-        db.multi_get(&self.name, &keys, &mut |i, bytes| {
+        read.db.multi_get(&self.name, &keys, &mut |i, bytes| {
             stored[i] = Some(decode(
                 &self.name,
                 &self.form,
@@ -358,62 +352,6 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
     }
 }
 
-/// The database as the subtask has it: open, or away with a checkpoint's
-/// write-back (see [`EmbeddedKeyedStateBackend::snapshot`]). Only what
-/// reads or writes the database waits for it to come back: records whose
-/// keys are cached go on meanwhile.
-#[derive(Default)]
-struct Db {
-    /// `None` until opened, and while away.
-    here: Option<Box<dyn Database>>,
-    /// The thread writing a checkpoint's write-back.
-    away: Option<JoinHandle<Back>>,
-    /// Set once a checkpoint's write-back failed: every later use fails.
-    failed: Option<StateError>,
-}
-
-/// The database back from a checkpoint's write-back, and whether the
-/// writes went in.
-type Back = (Box<dyn Database>, Result<(), StateError>);
-
-impl Db {
-    /// Opened, whether here or away.
-    fn is_open(&self) -> bool {
-        self.here.is_some() || self.away.is_some()
-    }
-
-    /// The database once back (waiting for its write-back), if open; an
-    /// error if some write-back failed.
-    fn settled(&mut self) -> Result<Option<&mut (dyn Database + 'static)>, StateError> {
-        if let Some(away) = self.away.take() {
-            let (db, written) = away.join().unwrap_or_else(|panic| {
-                // The database went with the thread: nothing may open anew.
-                let failed = StateError::WriteBackFailed("its thread panicked".into());
-                self.failed = Some(failed);
-                std::panic::resume_unwind(panic)
-            });
-            self.here = Some(db);
-            self.failed = written
-                .err()
-                .map(|e| StateError::WriteBackFailed(e.to_string()));
-        }
-        match &self.failed {
-            Some(failed) => Err(failed.clone()),
-            None => Ok(self.here.as_deref_mut()),
-        }
-    }
-}
-
-impl Drop for Db {
-    /// The database goes (and its working directory with it) once a
-    /// checkpoint's write-back is done with it.
-    fn drop(&mut self) {
-        if let Some(away) = self.away.take() {
-            let _ = away.join();
-        }
-    }
-}
-
 /// Keyed state in an embedded store's database.
 ///
 /// In front of the database sits a write-back cache of typed values, bounded
@@ -421,9 +359,8 @@ impl Drop for Db {
 /// cache once; later records of the same key find it there, deserialized.
 /// When the cache is full, a record whose key is not in it first writes every
 /// dirty value back, sorted by key, then evicts the values not used since
-/// the last such sweep and others until the cache is half full. `AllKeys`
-/// writes it back first, and a snapshot takes the dirty values to write
-/// them back on a thread of its own; both keep the values, clean. With
+/// the last such sweep and others until the cache is half full. Snapshots
+/// and `AllKeys` write it back first and keep the values, clean. With
 /// uniform keys the cache mostly batches the writes and coalesces repeated
 /// updates; with skewed keys it also saves the reads of the hot ones.
 /// Capacity 1 is a write-back per record.
@@ -445,7 +382,7 @@ pub struct EmbeddedKeyedStateBackend<K: Key> {
     /// Reused: no allocation per key once it has grown.
     key: Vec<u8>,
     writes: SortedWrites,
-    db: Db,
+    db: Option<Box<dyn Database>>,
     /// The TTL of each state, if it has one.
     ttl: Vec<Option<StateTtlConfig>>,
     /// Processing time, as the subtask last set it: shared with the
@@ -481,7 +418,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             cache_capacity: cache_capacity.max(1),
             key: Vec::new(),
             writes: SortedWrites::default(),
-            db: Db::default(),
+            db: None,
             ttl: Vec::new(),
             clock: Arc::new(TtlClock::default()),
         }
@@ -497,10 +434,9 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         self.max_parallelism
     }
 
-    /// The working directory, once the database is open and not away with
-    /// a checkpoint's write-back.
+    /// The working directory, once the database is open.
     pub fn working_dir(&self) -> Option<&Path> {
-        self.db.here.as_ref().map(|db| db.working_dir())
+        self.db.as_ref().map(|db| db.working_dir())
     }
 
     pub(super) fn register<S: Data>(
@@ -522,10 +458,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             clock: self.clock.clone(),
         });
         self.ttl.push(form.ttl);
-        if let Err(e) = self.settle() {
-            panic!("declaring keyed state {name:?}: {e}");
-        }
-        if let Some(db) = &mut self.db.here {
+        if let Some(db) = &mut self.db {
             db.create_family(&state.column_family())
                 .unwrap_or_else(|e| panic!("creating the column family of {name:?}: {e}"));
         }
@@ -566,38 +499,20 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
 
     /// Opens the database: empty, or on the files of a native checkpoint.
     fn open(&mut self, native: Option<&Path>) -> Result<(), StateError> {
-        debug_assert!(!self.db.is_open());
+        debug_assert!(self.db.is_none());
         let families = self.families();
-        self.db.here = Some(
+        self.db = Some(
             self.store
                 .open(&self.label, self.range, &families, native)?,
         );
         Ok(())
     }
 
-    /// Takes the database back from a checkpoint's write-back, waiting for
-    /// it to be done, and fails if some write-back failed.
-    fn settle(&mut self) -> Result<(), StateError> {
-        self.db.settled().map(|_| ())
-    }
-
     fn ensure_open(&mut self) -> Result<&mut dyn Database, StateError> {
-        if self.db.settled()?.is_none() {
+        if self.db.is_none() {
             self.open(None)?;
         }
-        Ok(self.db.here.as_deref_mut().expect("opened above"))
-    }
-
-    /// Opens the database unless it is open, here or away; an error once
-    /// a write-back is known to have failed.
-    fn ensure_opened(&mut self) -> Result<(), StateError> {
-        if let Some(failed) = &self.db.failed {
-            return Err(failed.clone());
-        }
-        if !self.db.is_open() {
-            self.open(None)?;
-        }
-        Ok(())
+        Ok(self.db.as_deref_mut().expect("opened above"))
     }
 
     /// The cached value of `key` in state `id`, read from the database if it
@@ -610,7 +525,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         slot: KeySlot,
     ) -> &mut CachedValue<S> {
         let group = self.make_way::<S>(id, key, slot);
-        let db = &mut self.db;
+        let db = self.db.as_deref().expect("opened above");
         let State {
             name,
             cache,
@@ -625,13 +540,9 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             buffer.clear();
             write_key(buffer, group, key);
             let mut stored = None;
-            let read = db.settled().and_then(|db| {
-                let db = db.expect("opened by make_way");
-                db.get(name, buffer, &mut |bytes| {
-                    stored = Some(decode(name, form, clock, key, bytes));
-                })
-            });
-            if let Err(e) = read {
+            if let Err(e) = db.get(name, buffer, &mut |bytes| {
+                stored = Some(decode(name, form, clock, key, bytes));
+            }) {
                 panic!("reading keyed state {name:?} of {key:?}: {e}");
             }
             stored
@@ -699,12 +610,12 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
     }
 
     /// Readies the cache for a record's access to `key` in state `id`: the
-    /// database open (maybe away), and room made if the key is not cached
-    /// and the cache is full; returns the key's group. Database errors here
-    /// are fatal to the subtask: they panic, and the panic fails the subtask.
+    /// database open, and room made if the key is not cached and the cache
+    /// is full; returns the key's group. Database errors here are fatal to
+    /// the subtask: they panic, and the panic fails the subtask.
     fn make_way<S: Data>(&mut self, id: usize, key: &K, slot: KeySlot) -> u16 {
-        if let Err(e) = self.ensure_opened() {
-            panic!("using the keyed state of {}: {e}", self.label);
+        if let Err(e) = self.ensure_open() {
+            panic!("opening the keyed state of {}: {e}", self.label);
         }
         if self.cached >= self.cache_capacity
             && state_mut::<K, S>(&mut self.states[id])
@@ -727,7 +638,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
     /// record. A full cache makes room first; a batch larger than the room
     /// reads the rest one by one, as it is processed.
     pub(super) fn read_ahead(&mut self, keys: &[K], slots: &[KeySlot]) -> Result<(), StateError> {
-        self.ensure_opened()?;
+        self.ensure_open()?;
         let used = self.states.iter().filter(|s| s.used()).count();
         if used == 0 {
             return Ok(());
@@ -735,9 +646,10 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         if self.cached + keys.len() * used > self.cache_capacity {
             self.make_room()?;
         }
+        let db = self.db.as_deref().expect("opened above");
         for state in self.states.iter_mut().filter(|s| s.used()) {
             let read = ReadAhead {
-                db: &mut self.db,
+                db,
                 keys,
                 slots,
                 first_group: self.range.start,
@@ -764,13 +676,11 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
     /// values stay cached, clean (the partial values of reducing states
     /// emptied: they are merge operands in the database now).
     pub fn write_back(&mut self) -> Result<(), StateError> {
-        self.settle()?;
         if !self.dirty {
             return Ok(());
         }
         let db = self
             .db
-            .here
             .as_deref_mut()
             .expect("values are cached only once open");
         for state in &mut self.states {
@@ -806,68 +716,35 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         self.dirty = false;
     }
 
-    /// The synchronous part of a checkpoint: takes the cache's dirty values
-    /// as written and hands them with the database to a thread of its own.
-    /// That thread sorts them, writes them back and makes a native
-    /// checkpoint of the database (for RocksDB: the memtables flushed, hard
-    /// links of the SST files, copies of the small metadata files) in a new
-    /// directory beside the working directory, `<working dir>-<checkpoint>`.
-    /// Meanwhile the subtask goes on with its cache, and so do the subtasks
-    /// sharing its thread (a barrier they forward no longer waits for the
-    /// write-back); its next access to the database waits for the database.
-    pub fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<PendingNative, StateError> {
+    /// The synchronous part of a checkpoint: writes the cache back and
+    /// makes a native checkpoint of the database (for RocksDB: the
+    /// memtables flushed, hard links of the SST files, copies of the small
+    /// metadata files) in a new directory beside the working directory,
+    /// `<working dir>-<checkpoint>`.
+    pub fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<NativeCheckpoint, StateError> {
         self.ensure_open()?;
-        let mut writes = Vec::new();
-        if self.dirty {
-            for state in &mut self.states {
-                let mut taken = SortedWrites::default();
-                state.write_back(&mut taken);
-                writes.push((state.name().to_owned(), taken));
-            }
-            self.dirty = false;
-        }
-        let names: Vec<String> = self.states.iter().map(|s| s.name().to_owned()).collect();
-        let mut db = self.db.here.take().expect("opened above");
+        self.write_back()?;
+        let names: Vec<&str> = self.states.iter().map(|s| s.name()).collect();
+        let db = self.db.as_deref_mut().expect("opened above");
         let dir = checkpoint_dir(db.working_dir(), checkpoint);
-        let native = NativeCheckpoint {
-            dir: dir.clone(),
+        let files = db.checkpoint(&names, &dir)?;
+        Ok(NativeCheckpoint {
+            dir,
             key_groups: self.range,
             instance: db.instance(),
-            files: Vec::new(),
-        };
-        let (pending, makes) = PendingNative::new();
-        let away = thread::Builder::new()
-            .name(format!("{}-{checkpoint}", self.label))
-            .spawn(move || {
-                let written = write_all(&mut *db, &mut writes);
-                let made = match &written {
-                    Ok(()) => make_checkpoint(&mut *db, &names, native),
-                    Err(e) => Err(e.clone()),
-                };
-                makes.made(made);
-                (db, written)
-            });
-        match away {
-            Ok(away) => self.db.away = Some(away),
-            // The database and the values taken went with the closure.
-            Err(e) => {
-                let failed = StateError::WriteBackFailed(StateError::io(&dir, e).to_string());
-                return Err(self.db.failed.insert(failed).clone());
-            }
-        }
-        Ok(pending)
+            files,
+        })
     }
 
     /// Opens the database on `state.native` if there is one, copies in the
     /// key groups it owns from `state.imports`, then writes the key groups
     /// of `state` (heap snapshot format) into it.
     pub fn restore(&mut self, state: &RestoreState) -> Result<(), StateError> {
-        self.settle()?;
         self.clock.restore(state.time);
         if let Some(native) = &state.native {
             // Whatever was there before is replaced, cache included.
             self.clear_cache();
-            self.db.here = None;
+            self.db = None;
             self.open(Some(native))?;
         }
         for import in &state.imports {
@@ -875,7 +752,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             self.write_back()?;
             self.clear_cache();
             let families = self.families();
-            let db = self.db.here.as_deref_mut().expect("opened above");
+            let db = self.db.as_deref_mut().expect("opened above");
             db.import(import, self.range, &families)?;
         }
         for (group, bytes) in &state.key_groups {
@@ -894,7 +771,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         self.write_back()?;
         self.clear_cache();
         let now = self.now();
-        let db = self.db.here.as_deref_mut().expect("opened above");
+        let db = self.db.as_deref_mut().expect("opened above");
         let (states, writes) = (&mut self.states, &mut self.writes);
         read_group(bytes, |name, entries| {
             let state = states
@@ -910,7 +787,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
     /// must have been written back.
     pub(super) fn entries<V: Data>(&self, id: usize) -> impl Iterator<Item = (K, V)> + '_ {
         assert!(
-            !self.dirty && self.db.away.is_none(),
+            !self.dirty,
             "the cache is written back before reading all keys"
         );
         let state: &State<K, V> = self.states[id]
@@ -918,34 +795,11 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             .downcast_ref()
             .expect("a state handle is only used with the backend that issued it");
         Values {
-            cursor: self.db.here.as_deref().map(|db| db.scan(&state.name)),
+            cursor: self.db.as_deref().map(|db| db.scan(&state.name)),
             form: state.form,
             restored: self.clock.restored(),
         }
     }
-}
-
-/// Writes each state's taken values into its column family (a
-/// checkpoint's write-back, off the subtask).
-fn write_all(
-    db: &mut dyn Database,
-    writes: &mut [(String, SortedWrites)],
-) -> Result<(), StateError> {
-    writes
-        .iter_mut()
-        .try_for_each(|(family, writes)| write_sorted(db, family, writes))
-}
-
-/// Lists the files of `native` once the database has made it, of the
-/// column families `families`.
-fn make_checkpoint(
-    db: &mut dyn Database,
-    families: &[String],
-    mut native: NativeCheckpoint,
-) -> Result<NativeCheckpoint, StateError> {
-    let families: Vec<&str> = families.iter().map(String::as_str).collect();
-    native.files = db.checkpoint(&families, &native.dir)?;
-    Ok(native)
 }
 
 /// Sorts `writes`, applies them to `family` and empties them.

@@ -1,7 +1,7 @@
 //! What a subtask's snapshot captured and what it resumes from: the
 //! records between its task and the state backends, below both.
 
-use super::{HeapSnapshot, StateError};
+use super::HeapSnapshot;
 use crate::checkpoint::ChannelState;
 use crate::model::ids::KeyGroup;
 use crate::model::key_group::KeyGroupRange;
@@ -9,7 +9,6 @@ use crate::time::Millis;
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 /// What the synchronous part of a snapshot captured.
 #[derive(Default)]
@@ -26,81 +25,8 @@ pub struct TaskSnapshot {
 pub enum KeyedSnapshot {
     /// An owned copy, serialized off the subtask into the key-group format.
     Heap(HeapSnapshot),
-    /// A RocksDB native checkpoint, made and uploaded off the subtask.
-    Native(PendingNative),
-}
-
-/// A native checkpoint being made off the subtask's thread: the cache's
-/// write-back into the database, then the checkpoint. The asynchronous
-/// part waits for it; dropped unwaited (a declined or aborted checkpoint),
-/// it removes the checkpoint's directory once made.
-pub struct PendingNative(Arc<(Mutex<Making>, Condvar)>);
-
-enum Making {
-    Waiting,
-    Made(Result<NativeCheckpoint, StateError>),
-    /// Taken by the waiter, or dropped by it unwaited.
-    Gone,
-}
-
-/// The maker's end of a [`PendingNative`]. Dropped without having made
-/// the checkpoint (its thread panicked), it fails the wait.
-pub(crate) struct MakesNative(Option<Arc<(Mutex<Making>, Condvar)>>);
-
-impl PendingNative {
-    pub(crate) fn new() -> (PendingNative, MakesNative) {
-        let shared = Arc::new((Mutex::new(Making::Waiting), Condvar::new()));
-        (PendingNative(shared.clone()), MakesNative(Some(shared)))
-    }
-
-    /// The checkpoint, once made. Blocks: off the runtime's threads.
-    pub fn wait(self) -> Result<NativeCheckpoint, StateError> {
-        let (slot, made) = &*self.0;
-        let slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut slot = made
-            .wait_while(slot, |s| matches!(s, Making::Waiting))
-            .unwrap_or_else(PoisonError::into_inner);
-        match std::mem::replace(&mut *slot, Making::Gone) {
-            Making::Made(made) => made,
-            Making::Waiting | Making::Gone => unreachable!("waited for once, until made"),
-        }
-    }
-}
-
-impl Drop for PendingNative {
-    fn drop(&mut self) {
-        let mut slot = self.0 .0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Making::Made(Ok(native)) = std::mem::replace(&mut *slot, Making::Gone) {
-            let _ = std::fs::remove_dir_all(native.dir);
-        }
-    }
-}
-
-impl MakesNative {
-    /// Hands `made` to the waiter; if it is gone, removes the checkpoint.
-    pub(crate) fn made(mut self, made: Result<NativeCheckpoint, StateError>) {
-        let shared = self.0.take().expect("made once");
-        let (slot, waiter) = &*shared;
-        let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
-        match &*slot {
-            Making::Gone => {
-                if let Ok(native) = made {
-                    let _ = std::fs::remove_dir_all(native.dir);
-                }
-            }
-            _ => *slot = Making::Made(made),
-        }
-        waiter.notify_all();
-    }
-}
-
-impl Drop for MakesNative {
-    fn drop(&mut self) {
-        if self.0.is_some() {
-            let stopped = StateError::Store("the checkpoint's write-back stopped".into());
-            MakesNative(self.0.take()).made(Err(stopped));
-        }
-    }
+    /// A RocksDB native checkpoint, uploaded off the subtask.
+    Native(NativeCheckpoint),
 }
 
 /// The files of a RocksDB native checkpoint: hard links in a local

@@ -278,9 +278,7 @@ pub fn restorable(backend: &mut KeyedStateBackend<u64>) -> RestoreState {
                 .collect(),
             ..RestoreState::default()
         },
-        KeyedSnapshot::Native(pending) => {
-            restore_native(&pending.wait().expect("a native checkpoint").dir)
-        }
+        KeyedSnapshot::Native(native) => restore_native(&native.dir),
     }
 }
 
