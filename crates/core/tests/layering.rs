@@ -88,6 +88,7 @@ const HOST_FACTS: &[&str] = &[
     "std::net",
     "temp_dir",
     "thread::spawn",
+    "thread::Builder",
     "thread::sleep",
 ];
 
