@@ -48,7 +48,8 @@ fn snapshot_bytes(backend: &mut KeyedStateBackend<u64>, id: u64) -> u64 {
             snapshot.write(&mut out);
             out.len() as u64
         }
-        KeyedSnapshot::Native(native) => {
+        KeyedSnapshot::Native(pending) => {
+            let native = pending.wait().expect("the native checkpoint is made");
             std::fs::remove_dir_all(&native.dir).expect("the checkpoint's directory");
             native
                 .files

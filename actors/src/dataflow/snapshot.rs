@@ -30,7 +30,7 @@ use tidemark_core::checkpoint::{
     ChannelSide, ChannelState, ChannelStateHandle, Checksum, KeyGroupsStateHandle,
     KeyedStateHandle, NativeFileHandle, NativeStateHandle, StateHandle, SubtaskState,
 };
-use tidemark_core::dataflow::task::{KeyedSnapshot, NativeCheckpoint, TaskSnapshot};
+use tidemark_core::dataflow::task::{KeyedSnapshot, NativeCheckpoint, PendingNative, TaskSnapshot};
 use tidemark_core::model::batch::{Batch, EncodedBatch};
 use tidemark_core::model::ids::{CheckpointId, SubtaskId};
 use tidemark_storage::upload::ObjectWriter;
@@ -174,10 +174,9 @@ pub struct Started {
 
 enum Keyed {
     Heap(Encoding),
-    /// With its directory, removed on drop: whether the snapshot is
-    /// uploaded, fails or is dropped before it starts (a declined or
-    /// aborted checkpoint).
-    Native(NativeCheckpoint, Links),
+    /// Being made; its directory is removed once it is, if the snapshot
+    /// is dropped before (a declined or aborted checkpoint).
+    Native(PendingNative),
 }
 
 /// The key groups of a heap snapshot, encoded in order on the blocking pool
@@ -265,9 +264,10 @@ pub fn start(snapshot: TaskSnapshot) -> Started {
             });
             Keyed::Heap(Encoding::new(range.start, range.len(), receiver))
         }
-        KeyedSnapshot::Native(native) => {
-            let links = Links(native.dir.clone());
-            Keyed::Native(native, links)
+        KeyedSnapshot::Native(pending) => {
+            // The cache's write-back and the checkpoint, off the subtask.
+            tokio::task::spawn_blocking(pending.job());
+            Keyed::Native(pending)
         }
     });
     Started {
@@ -373,7 +373,15 @@ pub async fn prepare(
     let (heap, native, links) = match keyed {
         None => (None, None, None),
         Some(Keyed::Heap(heap)) => (Some(heap), None, None),
-        Some(Keyed::Native(native, links)) => (None, Some(native), Some(links)),
+        Some(Keyed::Native(pending)) => {
+            // Its directory is removed whether the snapshot is uploaded,
+            // fails or is dropped, even while this waits.
+            let made = blocking(move || pending.wait().map(|n| (Links(n.dir.clone()), n)));
+            let (links, native) = made
+                .await?
+                .map_err(|e| format!("making the native checkpoint failed: {e}"))?;
+            (None, Some(native), Some(links))
+        }
     };
     let channels = tokio::task::spawn_blocking(move || {
         channels

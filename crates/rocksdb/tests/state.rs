@@ -33,7 +33,7 @@ fn rocks_uncached<K: Key>(dir: &tempfile::TempDir, range: KeyGroupRange) -> Keye
 
 fn native(snapshot: KeyedSnapshot) -> NativeCheckpoint {
     match snapshot {
-        KeyedSnapshot::Native(native) => native,
+        KeyedSnapshot::Native(pending) => pending.wait().expect("the native checkpoint is made"),
         KeyedSnapshot::Heap(_) => panic!("a RocksDB backend took a heap snapshot"),
     }
 }
@@ -73,11 +73,19 @@ fn a_native_snapshot_restores_every_state_and_key_and_is_isolated_from_later_wri
     }
     // A cleared key stays cleared.
     KeyedContext::new(&mut backend, &3).value(&names).clear();
-    let snapshot = native(backend.snapshot(CheckpointId(7)).unwrap());
-    // Writes after the synchronous part do not reach the snapshot.
+    let KeyedSnapshot::Native(pending) = backend.snapshot(CheckpointId(7)).unwrap() else {
+        panic!("a RocksDB backend took a heap snapshot");
+    };
+    // Writes after the synchronous part do not reach the snapshot: to a
+    // cached key while the checkpoint is being made, and to a key the
+    // cache misses, whose read waits for the database.
     *KeyedContext::new(&mut backend, &7)
         .value(&count)
         .get_or_default() += 100;
+    *KeyedContext::new(&mut backend, &KEYS)
+        .value(&count)
+        .get_or_default() += 100;
+    let snapshot = pending.wait().unwrap();
     backend.flush().unwrap();
 
     let KeyedStateBackend::Embedded(live) = &backend else {

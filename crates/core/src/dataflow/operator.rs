@@ -1139,9 +1139,10 @@ mod tests {
         process
             .snapshot(CheckpointId(1), &mut Vec::new(), &mut snapshot)
             .unwrap();
-        let Some(crate::state::snapshot::KeyedSnapshot::Native(native)) = snapshot.keyed else {
+        let Some(crate::state::snapshot::KeyedSnapshot::Native(pending)) = snapshot.keyed else {
             panic!("an operator on an embedded store took a heap snapshot");
         };
+        // The records after the barrier go on while the checkpoint is made.
         for record in 0..1000u64 {
             process.push(record);
         }
@@ -1149,6 +1150,7 @@ mod tests {
         let expected: Vec<(u64, u64)> = (0..1000).map(|k| (k, 11)).collect();
         assert_eq!(counts(&mut process), expected);
 
+        let native = pending.wait().unwrap();
         let mut restored = counter(dir.path());
         restored
             .restore(&RestoreState {

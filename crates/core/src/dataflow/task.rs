@@ -73,7 +73,7 @@ pub use crate::checkpoint::entries::{
     SOURCE_WATERMARK,
 };
 pub use crate::state::snapshot::{
-    KeyedSnapshot, NativeCheckpoint, NativeFile, RestoreState, TaskSnapshot,
+    KeyedSnapshot, NativeCheckpoint, NativeFile, PendingNative, RestoreState, TaskSnapshot,
 };
 
 impl RestoreState {

@@ -17,12 +17,13 @@
 //! records/s (six interleaved runs each).
 
 use super::heap::{prefetch_lookup, read_group, table_hash, Prefetch};
-use super::snapshot::{NativeCheckpoint, RestoreState};
+use super::snapshot::{NativeCheckpoint, PendingNative, RestoreState};
 use super::store::{
     checkpoint_dir, write_key, ColumnFamily, Database, EmbeddedStore, MergeFunction, SortedWrites,
     MAX_KEY_GROUPS,
 };
 use super::ttl::{Form, StateTtlConfig, TtlClock};
+use super::write_back::{hand_over, Away, Job};
 use super::{Key, KeySlot, Reduce, ReduceFunction, StateError};
 use crate::model::batch::Data;
 use crate::model::ids::{CheckpointId, KeyGroup};
@@ -140,7 +141,8 @@ struct State<K, S: Clone> {
 
 /// What a read-ahead of one state needs besides the state.
 struct ReadAhead<'a, K> {
-    db: &'a dyn Database,
+    /// Waited for only if some key is missed.
+    db: &'a mut Db,
     keys: &'a [K],
     slots: &'a [KeySlot],
     /// Key group of slot group 0.
@@ -313,12 +315,16 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
             write_key(&mut encoded, group, key);
             missed.push((start..encoded.len(), key, hash));
         }
+        if missed.is_empty() {
+            return Ok(added);
+        }
         // Stores read sorted keys block by block.
         missed.sort_unstable_by(|a, b| encoded[a.0.clone()].cmp(&encoded[b.0.clone()]));
         let keys: Vec<&[u8]> = missed.iter().map(|(r, _, _)| &encoded[r.clone()]).collect();
         let mut stored: Vec<Option<(S, bool)>> = Vec::new();
         stored.resize_with(missed.len(), || None);
-        read.db.multi_get(&self.name, &keys, &mut |i, bytes| {
+        let db = read.db.settled()?.expect("opened before reading ahead");
+        db.multi_get(&self.name, &keys, &mut |i, bytes| {
             stored[i] = Some(decode(
                 &self.name,
                 &self.form,
@@ -352,6 +358,55 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
     }
 }
 
+/// The database as the subtask has it: open, or away with a checkpoint's
+/// write-back (see [`EmbeddedKeyedStateBackend::snapshot`]). Only what
+/// reads or writes the database waits for it to come back: records whose
+/// keys are cached go on meanwhile.
+#[derive(Default)]
+struct Db {
+    /// `None` until opened, and while away.
+    here: Option<Box<dyn Database>>,
+    away: Option<Away>,
+    /// Set once a checkpoint's write-back failed: every later use fails.
+    failed: Option<StateError>,
+}
+
+impl Db {
+    /// Opened, whether here or away.
+    fn is_open(&self) -> bool {
+        self.here.is_some() || self.away.is_some()
+    }
+
+    /// The database once back (waiting for its write-back, or making it
+    /// here if it has not started), if open; an error if some write-back
+    /// failed.
+    fn settled(&mut self) -> Result<Option<&mut (dyn Database + 'static)>, StateError> {
+        if let Some(away) = self.away.take() {
+            let (db, written) = away.back();
+            self.failed = match (&db, written) {
+                (Some(_), Ok(())) => None,
+                (_, Err(e)) => Some(StateError::WriteBackFailed(e.to_string())),
+                (None, Ok(())) => unreachable!("a write-back that went in gives its database back"),
+            };
+            self.here = db;
+        }
+        match &self.failed {
+            Some(failed) => Err(failed.clone()),
+            None => Ok(self.here.as_deref_mut()),
+        }
+    }
+}
+
+impl Drop for Db {
+    /// The database goes (and its working directory with it) once a
+    /// checkpoint's write-back is done with it.
+    fn drop(&mut self) {
+        if let Some(away) = self.away.take() {
+            let _ = away.back();
+        }
+    }
+}
+
 /// Keyed state in an embedded store's database.
 ///
 /// In front of the database sits a write-back cache of typed values, bounded
@@ -359,8 +414,9 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
 /// cache once; later records of the same key find it there, deserialized.
 /// When the cache is full, a record whose key is not in it first writes every
 /// dirty value back, sorted by key, then evicts the values not used since
-/// the last such sweep and others until the cache is half full. Snapshots
-/// and `AllKeys` write it back first and keep the values, clean. With
+/// the last such sweep and others until the cache is half full. `AllKeys`
+/// writes it back first, and a snapshot takes the dirty values to write
+/// them back off the subtask's thread; both keep the values, clean. With
 /// uniform keys the cache mostly batches the writes and coalesces repeated
 /// updates; with skewed keys it also saves the reads of the hot ones.
 /// Capacity 1 is a write-back per record.
@@ -382,7 +438,7 @@ pub struct EmbeddedKeyedStateBackend<K: Key> {
     /// Reused: no allocation per key once it has grown.
     key: Vec<u8>,
     writes: SortedWrites,
-    db: Option<Box<dyn Database>>,
+    db: Db,
     /// The TTL of each state, if it has one.
     ttl: Vec<Option<StateTtlConfig>>,
     /// Processing time, as the subtask last set it: shared with the
@@ -418,7 +474,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             cache_capacity: cache_capacity.max(1),
             key: Vec::new(),
             writes: SortedWrites::default(),
-            db: None,
+            db: Db::default(),
             ttl: Vec::new(),
             clock: Arc::new(TtlClock::default()),
         }
@@ -434,9 +490,10 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         self.max_parallelism
     }
 
-    /// The working directory, once the database is open.
+    /// The working directory, once the database is open and not away with
+    /// a checkpoint's write-back.
     pub fn working_dir(&self) -> Option<&Path> {
-        self.db.as_ref().map(|db| db.working_dir())
+        self.db.here.as_ref().map(|db| db.working_dir())
     }
 
     pub(super) fn register<S: Data>(
@@ -458,7 +515,10 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             clock: self.clock.clone(),
         });
         self.ttl.push(form.ttl);
-        if let Some(db) = &mut self.db {
+        if let Err(e) = self.settle() {
+            panic!("declaring keyed state {name:?}: {e}");
+        }
+        if let Some(db) = &mut self.db.here {
             db.create_family(&state.column_family())
                 .unwrap_or_else(|e| panic!("creating the column family of {name:?}: {e}"));
         }
@@ -499,20 +559,38 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
 
     /// Opens the database: empty, or on the files of a native checkpoint.
     fn open(&mut self, native: Option<&Path>) -> Result<(), StateError> {
-        debug_assert!(self.db.is_none());
+        debug_assert!(!self.db.is_open());
         let families = self.families();
-        self.db = Some(
+        self.db.here = Some(
             self.store
                 .open(&self.label, self.range, &families, native)?,
         );
         Ok(())
     }
 
+    /// Takes the database back from a checkpoint's write-back, waiting for
+    /// it to be done, and fails if some write-back failed.
+    fn settle(&mut self) -> Result<(), StateError> {
+        self.db.settled().map(|_| ())
+    }
+
     fn ensure_open(&mut self) -> Result<&mut dyn Database, StateError> {
-        if self.db.is_none() {
+        if self.db.settled()?.is_none() {
             self.open(None)?;
         }
-        Ok(self.db.as_deref_mut().expect("opened above"))
+        Ok(self.db.here.as_deref_mut().expect("opened above"))
+    }
+
+    /// Opens the database unless it is open, here or away; an error once
+    /// a write-back is known to have failed.
+    fn ensure_opened(&mut self) -> Result<(), StateError> {
+        if let Some(failed) = &self.db.failed {
+            return Err(failed.clone());
+        }
+        if !self.db.is_open() {
+            self.open(None)?;
+        }
+        Ok(())
     }
 
     /// The cached value of `key` in state `id`, read from the database if it
@@ -525,7 +603,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         slot: KeySlot,
     ) -> &mut CachedValue<S> {
         let group = self.make_way::<S>(id, key, slot);
-        let db = self.db.as_deref().expect("opened above");
+        let db = &mut self.db;
         let State {
             name,
             cache,
@@ -540,9 +618,13 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             buffer.clear();
             write_key(buffer, group, key);
             let mut stored = None;
-            if let Err(e) = db.get(name, buffer, &mut |bytes| {
-                stored = Some(decode(name, form, clock, key, bytes));
-            }) {
+            let read = db.settled().and_then(|db| {
+                let db = db.expect("opened by make_way");
+                db.get(name, buffer, &mut |bytes| {
+                    stored = Some(decode(name, form, clock, key, bytes));
+                })
+            });
+            if let Err(e) = read {
                 panic!("reading keyed state {name:?} of {key:?}: {e}");
             }
             stored
@@ -610,12 +692,12 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
     }
 
     /// Readies the cache for a record's access to `key` in state `id`: the
-    /// database open, and room made if the key is not cached and the cache
-    /// is full; returns the key's group. Database errors here are fatal to
-    /// the subtask: they panic, and the panic fails the subtask.
+    /// database open (maybe away), and room made if the key is not cached
+    /// and the cache is full; returns the key's group. Database errors here
+    /// are fatal to the subtask: they panic, and the panic fails the subtask.
     fn make_way<S: Data>(&mut self, id: usize, key: &K, slot: KeySlot) -> u16 {
-        if let Err(e) = self.ensure_open() {
-            panic!("opening the keyed state of {}: {e}", self.label);
+        if let Err(e) = self.ensure_opened() {
+            panic!("using the keyed state of {}: {e}", self.label);
         }
         if self.cached >= self.cache_capacity
             && state_mut::<K, S>(&mut self.states[id])
@@ -638,7 +720,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
     /// record. A full cache makes room first; a batch larger than the room
     /// reads the rest one by one, as it is processed.
     pub(super) fn read_ahead(&mut self, keys: &[K], slots: &[KeySlot]) -> Result<(), StateError> {
-        self.ensure_open()?;
+        self.ensure_opened()?;
         let used = self.states.iter().filter(|s| s.used()).count();
         if used == 0 {
             return Ok(());
@@ -646,10 +728,9 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         if self.cached + keys.len() * used > self.cache_capacity {
             self.make_room()?;
         }
-        let db = self.db.as_deref().expect("opened above");
         for state in self.states.iter_mut().filter(|s| s.used()) {
             let read = ReadAhead {
-                db,
+                db: &mut self.db,
                 keys,
                 slots,
                 first_group: self.range.start,
@@ -676,11 +757,13 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
     /// values stay cached, clean (the partial values of reducing states
     /// emptied: they are merge operands in the database now).
     pub fn write_back(&mut self) -> Result<(), StateError> {
+        self.settle()?;
         if !self.dirty {
             return Ok(());
         }
         let db = self
             .db
+            .here
             .as_deref_mut()
             .expect("values are cached only once open");
         for state in &mut self.states {
@@ -716,35 +799,53 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         self.dirty = false;
     }
 
-    /// The synchronous part of a checkpoint: writes the cache back and
-    /// makes a native checkpoint of the database (for RocksDB: the
-    /// memtables flushed, hard links of the SST files, copies of the small
-    /// metadata files) in a new directory beside the working directory,
-    /// `<working dir>-<checkpoint>`.
-    pub fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<NativeCheckpoint, StateError> {
+    /// The synchronous part of a checkpoint: takes the cache's dirty values
+    /// as written and hands them with the database to a job that sorts
+    /// them, writes them back and makes a native checkpoint of the database
+    /// (for RocksDB: the memtables flushed, hard links of the SST files,
+    /// copies of the small metadata files) in a new directory beside the
+    /// working directory, `<working dir>-<checkpoint>`. The shell runs the
+    /// job off the subtask's thread (module `write_back`). Meanwhile the subtask
+    /// goes on with its cache, and so do the subtasks sharing its thread (a
+    /// barrier they forward no longer waits for the write-back); its next
+    /// access to the database waits for the database.
+    pub fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<PendingNative, StateError> {
         self.ensure_open()?;
-        self.write_back()?;
-        let names: Vec<&str> = self.states.iter().map(|s| s.name()).collect();
-        let db = self.db.as_deref_mut().expect("opened above");
-        let dir = checkpoint_dir(db.working_dir(), checkpoint);
-        let files = db.checkpoint(&names, &dir)?;
-        Ok(NativeCheckpoint {
-            dir,
+        let dirty = std::mem::take(&mut self.dirty);
+        let writes = self
+            .states
+            .iter_mut()
+            .map(|state| {
+                let mut taken = SortedWrites::default();
+                if dirty {
+                    state.write_back(&mut taken);
+                }
+                (state.name().to_owned(), taken)
+            })
+            .collect();
+        let db = self.db.here.take().expect("opened above");
+        let native = NativeCheckpoint {
+            dir: checkpoint_dir(db.working_dir(), checkpoint),
             key_groups: self.range,
             instance: db.instance(),
-            files,
-        })
+            files: Vec::new(),
+        };
+        let job = Job { db, writes, native };
+        let (pending, away) = hand_over(job, self.store.clone());
+        self.db.away = Some(away);
+        Ok(pending)
     }
 
     /// Opens the database on `state.native` if there is one, copies in the
     /// key groups it owns from `state.imports`, then writes the key groups
     /// of `state` (heap snapshot format) into it.
     pub fn restore(&mut self, state: &RestoreState) -> Result<(), StateError> {
+        self.settle()?;
         self.clock.restore(state.time);
         if let Some(native) = &state.native {
             // Whatever was there before is replaced, cache included.
             self.clear_cache();
-            self.db = None;
+            self.db.here = None;
             self.open(Some(native))?;
         }
         for import in &state.imports {
@@ -752,7 +853,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             self.write_back()?;
             self.clear_cache();
             let families = self.families();
-            let db = self.db.as_deref_mut().expect("opened above");
+            let db = self.db.here.as_deref_mut().expect("opened above");
             db.import(import, self.range, &families)?;
         }
         for (group, bytes) in &state.key_groups {
@@ -771,7 +872,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         self.write_back()?;
         self.clear_cache();
         let now = self.now();
-        let db = self.db.as_deref_mut().expect("opened above");
+        let db = self.db.here.as_deref_mut().expect("opened above");
         let (states, writes) = (&mut self.states, &mut self.writes);
         read_group(bytes, |name, entries| {
             let state = states
@@ -787,7 +888,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
     /// must have been written back.
     pub(super) fn entries<V: Data>(&self, id: usize) -> impl Iterator<Item = (K, V)> + '_ {
         assert!(
-            !self.dirty,
+            !self.dirty && self.db.away.is_none(),
             "the cache is written back before reading all keys"
         );
         let state: &State<K, V> = self.states[id]
@@ -795,7 +896,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             .downcast_ref()
             .expect("a state handle is only used with the backend that issued it");
         Values {
-            cursor: self.db.as_deref().map(|db| db.scan(&state.name)),
+            cursor: self.db.here.as_deref().map(|db| db.scan(&state.name)),
             form: state.form,
             restored: self.clock.restored(),
         }

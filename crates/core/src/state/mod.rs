@@ -16,6 +16,7 @@ pub mod store;
 pub mod timers;
 pub mod ttl;
 mod ttl_views;
+mod write_back;
 
 pub use self::broadcast::{BroadcastContext, BroadcastStates, KeyedState, MapStateDescriptor};
 pub use self::cached::EmbeddedKeyedStateBackend;
@@ -133,7 +134,7 @@ impl PartialEq for StateBackend {
 impl Eq for StateBackend {}
 
 /// Why keyed state could not be restored, read or snapshotted.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum StateError {
     /// The snapshot holds a state (by name) that the operator did not
     /// declare: the job's code changed in a way the state cannot follow.
@@ -157,6 +158,12 @@ pub enum StateError {
     /// The embedded store returned an error (its name leads the message).
     #[error("{0}")]
     Store(String),
+    /// A checkpoint's write-back into the embedded store failed: the values
+    /// it took from the cache as written are lost, so the state refuses
+    /// every later access and the subtask restores from a completed
+    /// checkpoint.
+    #[error("writing keyed state back for a checkpoint failed, so it can no longer be used: {0}")]
+    WriteBackFailed(String),
     /// A local file or directory of the state could not be used.
     #[error("{path}: {message}")]
     Io {
@@ -320,7 +327,7 @@ impl<K: Key> KeyedStateBackend<K> {
 
     /// The synchronous part of checkpoint `checkpoint`: the heap's tables
     /// lent to the snapshot (see `heap`), or a RocksDB native checkpoint in a
-    /// fresh directory.
+    /// fresh directory, made off the subtask's thread.
     pub fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<KeyedSnapshot, StateError> {
         match self {
             KeyedStateBackend::Heap(b) => Ok(KeyedSnapshot::Heap(b.snapshot())),
@@ -338,8 +345,8 @@ impl<K: Key> KeyedStateBackend<K> {
         }
     }
 
-    /// Writes back what the backend holds in front of its store: before
-    /// reading every key, and before a snapshot.
+    /// Writes back what the backend holds in front of its store, before
+    /// reading every key.
     pub fn flush(&mut self) -> Result<(), StateError> {
         match self {
             KeyedStateBackend::Heap(_) => Ok(()),

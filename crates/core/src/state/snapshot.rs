@@ -1,6 +1,7 @@
 //! What a subtask's snapshot captured and what it resumes from: the
 //! records between its task and the state backends, below both.
 
+pub use super::write_back::PendingNative;
 use super::HeapSnapshot;
 use crate::checkpoint::ChannelState;
 use crate::model::ids::KeyGroup;
@@ -25,8 +26,8 @@ pub struct TaskSnapshot {
 pub enum KeyedSnapshot {
     /// An owned copy, serialized off the subtask into the key-group format.
     Heap(HeapSnapshot),
-    /// A RocksDB native checkpoint, uploaded off the subtask.
-    Native(NativeCheckpoint),
+    /// A RocksDB native checkpoint, made and uploaded off the subtask.
+    Native(PendingNative),
 }
 
 /// The files of a RocksDB native checkpoint: hard links in a local

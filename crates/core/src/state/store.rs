@@ -51,6 +51,9 @@ pub trait EmbeddedStore: Debug + Send + Sync {
         families: &[ColumnFamily],
         native: Option<&Path>,
     ) -> Result<Box<dyn Database>, StateError>;
+    /// Removes the directory of a native checkpoint that nobody uploads
+    /// (its checkpoint was declined or aborted while it was being made).
+    fn remove_checkpoint(&self, dir: &Path);
 }
 
 /// How a reducing state's stored value and merge operands (oldest first)

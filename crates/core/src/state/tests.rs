@@ -329,3 +329,74 @@ fn the_heap_cleans_up_a_few_expired_entries_per_record() {
     }
     assert_eq!(all(&mut backend, &count), vec![]);
 }
+
+/// Snapshot `checkpoint` of `backend`, waited for.
+fn native(backend: &mut KeyedStateBackend<u64>, checkpoint: u64) -> Result<PathBuf, StateError> {
+    match backend.snapshot(CheckpointId(checkpoint))? {
+        KeyedSnapshot::Native(pending) => pending.wait().map(|native| native.dir),
+        KeyedSnapshot::Heap(_) => unreachable!("an embedded store snapshots natively"),
+    }
+}
+
+#[test]
+fn a_native_checkpoint_that_cannot_be_made_fails_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = embedded::<u64>(&dir, whole());
+    let count = StateRegistrar::new(&mut backend).value::<u64>("count");
+    let add = |backend: &mut KeyedStateBackend<u64>| {
+        for key in 0..100 {
+            *KeyedContext::new(backend, &key)
+                .value(&count)
+                .get_or_default() += 1;
+        }
+    };
+    add(&mut backend);
+    let first = native(&mut backend, 1).unwrap();
+    // Where the second checkpoint would go is taken.
+    let taken = PathBuf::from(first.to_string_lossy().replace("chk-1", "chk-2"));
+    std::fs::create_dir(&taken).unwrap();
+    add(&mut backend);
+    match native(&mut backend, 2) {
+        Err(StateError::Io { path, .. }) => assert_eq!(path, taken),
+        other => panic!("checkpoint 2 was made: {other:?}"),
+    }
+    // Its write-back went in: the next checkpoint, with nothing more
+    // written, holds both adds.
+    let third = native(&mut backend, 3).unwrap();
+    let mut restored = embedded::<u64>(&dir, whole());
+    let count = StateRegistrar::new(&mut restored).value::<u64>("count");
+    restored.restore(&restore_native(&third)).unwrap();
+    for key in 0..100 {
+        let value = KeyedContext::new(&mut restored, &key)
+            .value(&count)
+            .get()
+            .copied();
+        assert_eq!(value, Some(2), "count of {key}");
+    }
+}
+
+#[test]
+fn a_failed_write_back_fails_every_later_access_rather_than_lose_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = embedded::<u64>(&dir, whole());
+    // The sorted maps merge as they are written: a panicking reduce fails
+    // the write.
+    let sum = StateRegistrar::new(&mut backend).reducing("sum", |acc: &mut u64, n: u64| {
+        assert_ne!(*acc, 13, "thirteen");
+        *acc += n;
+    });
+    KeyedContext::new(&mut backend, &1).reducing(&sum).add(13);
+    native(&mut backend, 1).unwrap();
+    KeyedContext::new(&mut backend, &1).reducing(&sum).add(1);
+    let failed = native(&mut backend, 2).expect_err("the merge failed");
+    assert!(matches!(failed, StateError::Store(_)), "{failed:?}");
+    // The add it took as written is in no checkpoint to come.
+    let next = native(&mut backend, 3).expect_err("the add is lost");
+    assert!(matches!(next, StateError::WriteBackFailed(_)), "{next:?}");
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        KeyedContext::new(&mut backend, &2).reducing(&sum).add(1);
+    }));
+    let message = read.expect_err("the state refuses");
+    let message = message.downcast_ref::<String>().expect("a formatted panic");
+    assert!(message.contains("can no longer be used"), "{message}");
+}

@@ -278,7 +278,9 @@ pub fn restorable(backend: &mut KeyedStateBackend<u64>) -> RestoreState {
                 .collect(),
             ..RestoreState::default()
         },
-        KeyedSnapshot::Native(native) => restore_native(&native.dir),
+        KeyedSnapshot::Native(pending) => {
+            restore_native(&pending.wait().expect("a native checkpoint").dir)
+        }
     }
 }
 

@@ -44,6 +44,10 @@ impl EmbeddedStore for MemoryStore {
         "memory"
     }
 
+    fn remove_checkpoint(&self, dir: &Path) {
+        let _ = fs::remove_dir_all(dir);
+    }
+
     fn local_dir(&self) -> &Path {
         &self.local_dir
     }

@@ -36,6 +36,11 @@ fn ev(key: u64, ts: u64) -> Ev {
     Ev { key, ts }
 }
 
+/// The directory of a native checkpoint, once made.
+fn native_dir(pending: crate::state::snapshot::PendingNative) -> std::path::PathBuf {
+    pending.wait().expect("the native checkpoint is made").dir
+}
+
 fn range(p: u32, index: u32) -> KeyGroupRange {
     KeyGroupRange::for_subtask(MAX_P, p, SubtaskIndex(index))
 }
@@ -125,9 +130,9 @@ fn restore_states<O: Data>(
                 .collect()
         }
         // A restore takes a native checkpoint's files over: one each.
-        KeyedSnapshot::Native(first) => std::iter::once(first.dir)
+        KeyedSnapshot::Native(first) => std::iter::once(native_dir(first))
             .chain((1..p).map(|i| match take(checkpoint + u64::from(i)).keyed {
-                Some(KeyedSnapshot::Native(native)) => native.dir,
+                Some(KeyedSnapshot::Native(native)) => native_dir(native),
                 _ => unreachable!("an embedded store snapshots natively"),
             }))
             .map(|dir| RestoreState {
