@@ -72,7 +72,7 @@ fn run(name: &str, mut backend: KeyedStateBackend<u64>, keys: Keys, records: u64
             let native = pending.wait().expect("the native checkpoint is made");
             let made_ms = started.elapsed().as_secs_f64() * 1e3;
             println!(
-                "{name:<22} {rate:>12.0} records/s   snapshot sync {sync_ms:>7.1} ms, made in {made_ms:.1} ms, {} files, {:.1} MiB",
+                "{name:<22} {rate:>12.0} records/s   snapshot sync {sync_ms:>7.1} ms, made {made_ms:.1} ms after the barrier, {} files, {:.1} MiB",
                 native.files.len(),
                 mib(native.files.iter().map(|f| f.size).sum()),
             );

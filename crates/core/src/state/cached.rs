@@ -364,7 +364,8 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
 /// keys are cached go on meanwhile.
 #[derive(Default)]
 struct Db {
-    /// `None` until opened, and while away.
+    /// `None` until opened, while away, and once a write-back panicked
+    /// (then `failed` says so).
     here: Option<Box<dyn Database>>,
     away: Option<Away>,
     /// Set once a checkpoint's write-back failed: every later use fails.

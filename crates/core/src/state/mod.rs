@@ -159,9 +159,10 @@ pub enum StateError {
     #[error("{0}")]
     Store(String),
     /// A checkpoint's write-back into the embedded store failed: the values
-    /// it took from the cache as written are lost, so the state refuses
-    /// every later access and the subtask restores from a completed
-    /// checkpoint.
+    /// it took from the cache as written are lost, so once the failure is
+    /// known (at the next access to the store, the next checkpoint at the
+    /// latest) the state refuses every access and the subtask restores
+    /// from a completed checkpoint.
     #[error("writing keyed state back for a checkpoint failed, so it can no longer be used: {0}")]
     WriteBackFailed(String),
     /// A local file or directory of the state could not be used.
@@ -327,7 +328,8 @@ impl<K: Key> KeyedStateBackend<K> {
 
     /// The synchronous part of checkpoint `checkpoint`: the heap's tables
     /// lent to the snapshot (see `heap`), or a RocksDB native checkpoint in a
-    /// fresh directory, made off the subtask's thread.
+    /// fresh directory, made off the subtask's thread unless the subtask
+    /// needs its database first.
     pub fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<KeyedSnapshot, StateError> {
         match self {
             KeyedStateBackend::Heap(b) => Ok(KeyedSnapshot::Heap(b.snapshot())),
