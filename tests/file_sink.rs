@@ -3,7 +3,8 @@
 //! failures and a SIGKILL, checked from the committed files alone; and
 //! nothing in progress left behind: no hidden file, no upload record, no
 //! multipart upload the server still holds open (after a SIGKILL, none
-//! but those created right before it, which no record names).
+//! but those no record names: created right before it, or by a retried
+//! create).
 
 use tidemark_testkit as common;
 use tidemark_testkit::storage;

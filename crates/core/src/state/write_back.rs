@@ -85,42 +85,46 @@ impl Shared {
     /// Runs the job unless it has started; waits until it is done.
     fn finish(&self) -> MutexGuard<'_, Inner> {
         let mut inner = self.lock();
-        if let Making::Ready(_) = inner.making {
-            let Making::Ready(mut job) = std::mem::replace(&mut inner.making, Making::Running)
-            else {
-                unreachable!("matched above")
-            };
-            drop(inner);
-            let ran = catch_unwind(AssertUnwindSafe(|| job.run()));
-            inner = self.lock();
-            inner.making = match ran {
-                Ok((written, made)) => Making::Done {
-                    db: Some(job.db),
-                    made: Some(made).filter(|m| !(inner.abandoned && self.discard(m))),
-                    written,
-                },
-                Err(_) => {
-                    let panicked = StateError::Store("the write-back panicked".into());
-                    Making::Done {
-                        db: None,
-                        written: Err(panicked.clone()),
-                        made: Some(Err(panicked)),
+        match std::mem::replace(&mut inner.making, Making::Running) {
+            Making::Ready(mut job) => {
+                drop(inner);
+                let ran = catch_unwind(AssertUnwindSafe(|| job.run()));
+                inner = self.lock();
+                inner.making = match ran {
+                    Ok((written, made)) => {
+                        // Nobody will upload it.
+                        if inner.abandoned {
+                            self.discard(&made);
+                        }
+                        Making::Done {
+                            db: Some(job.db),
+                            made: (!inner.abandoned).then_some(made),
+                            written,
+                        }
                     }
-                }
-            };
-            self.done.notify_all();
+                    Err(_) => {
+                        let panicked = StateError::Store("the write-back panicked".into());
+                        Making::Done {
+                            db: None,
+                            written: Err(panicked.clone()),
+                            made: Some(Err(panicked)),
+                        }
+                    }
+                };
+                self.done.notify_all();
+            }
+            started => inner.making = started,
         }
         self.done
             .wait_while(inner, |i| matches!(i.making, Making::Running))
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Removes the directory of a made checkpoint; true if it was made.
-    fn discard(&self, made: &Result<NativeCheckpoint, StateError>) -> bool {
+    /// Removes the directory of a made checkpoint.
+    fn discard(&self, made: &Result<NativeCheckpoint, StateError>) {
         if let Ok(native) = made {
             self.store.remove_checkpoint(&native.dir);
         }
-        made.is_ok()
     }
 }
 
