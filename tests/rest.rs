@@ -770,8 +770,11 @@ fn the_page_shows_the_history_and_marks_the_slow_subtask() {
         &dirs,
         &[
             "--checkpoint-interval=100ms",
+            // 1 ms a record backpressures subtask 1, so that its barrier
+            // waits behind full inputs for seconds: at 20 µs it was late by
+            // less than the noise of a loaded machine.
             "--slow-subtask=1",
-            "--slow-ns=20000",
+            "--slow-ns=1000000",
             "--records=2000000",
         ],
     ));
