@@ -28,21 +28,21 @@
 //!   lookups of keys that are not in them cheap.
 //! - One LRU block cache per database, shared by its column families, so that
 //!   a busy state can use what an idle one does not.
-//! - SST files of 4 KiB blocks, compressed with ZSTD at every level (a
-//!   sorted run of wordcount's 1,000,000 keys was 6.9 MB with 16 KiB
-//!   blocks, 11.3 MB with LZ4 and 4 KiB; LZ4 stays linked: checkpoints
-//!   written before still open), and a 10 bits/key bloom filter in every
-//!   level; no hash index in data blocks. State beyond the block cache is
-//!   read a block per lookup, and a lookup of a new key (a window's, a
-//!   session's) used to reach the last level, which had no filter.
-//!   10,000,000 session windows (`run windows --window session:1h --keys
-//!   1000000000 --records 10000000 --parallelism 2 --state rocksdb
-//!   --incremental --checkpoint-interval=off`) took 30-38 s to read and
-//!   56-61 s to fire with 16 KiB blocks and no filter there, 12.4-12.7 s
-//!   and 38-39 s now, the difference mostly ZSTD decompressing blocks
-//!   (LZ4: 11.9 s and 27 s). Wordcount at 1,000,000 keys with 1 s
-//!   checkpoints kept its rate and checkpoint p50; the state a checkpoint
-//!   references went from 21.4-21.6 MB to 23.2-23.4 MB (LZ4: 33-35 MB).
+//! - SST files of 16 KiB blocks, compressed with ZSTD at every level: a
+//!   sorted run of wordcount's 1,000,000 keys is 6.9 MB, against 11.3 MB
+//!   with LZ4 and 4 KiB blocks (LZ4 stays linked: checkpoints written
+//!   before still open). A 10 bits/key bloom filter in every level: a
+//!   lookup of a new key (a window's, a session's) otherwise reaches the
+//!   last level and reads a block there. 10,000,000 session windows (`run
+//!   windows --window session:1h --keys 1000000000 --records 10000000
+//!   --parallelism 2 --state rocksdb --incremental --checkpoint-interval
+//!   off`) took 79-82 s without that filter and 62-68 s with it;
+//!   wordcount kept its rate and checkpoint p50, and its state grew 3-6 %.
+//!   4 KiB blocks fire those sessions faster still (48-50 s: the firing
+//!   reads state far beyond the block cache, and decompresses a whole
+//!   block per read), but cost wordcount with `--emit updates` and a
+//!   65,536-value cache, whose state stays in the block cache, 13 % of its
+//!   rate (8 KiB: 51-54 s and 7 %). No hash index in data blocks.
 //! - Universal compaction, tuned for the two ends of churn. Under small
 //!   change over a large state, an incremental checkpoint should upload
 //!   about the change: recent small runs merge among themselves, at least
@@ -97,7 +97,7 @@ const MEMTABLE_BLOOM_RATIO: f64 = 0.02;
 const BLOCK_CACHE_BYTES: usize = 64 << 20;
 /// Uncompressed size of an SST data block: larger blocks compress better,
 /// but a lookup beyond the block cache decompresses a whole block.
-const BLOCK_BYTES: usize = 4 << 10;
+const BLOCK_BYTES: usize = 16 << 10;
 
 /// Sorted runs at which compaction starts. Under full churn each run
 /// holds every key, and merging them is most of the CPU time a checkpoint
