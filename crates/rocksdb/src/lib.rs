@@ -59,7 +59,10 @@
 //!   a full-churn checkpoint references went from 35-93 MB to 10-16 MB
 //!   with compaction at 2 runs (Flink: 15 MB), 14-23 MB at 4, and uploads
 //!   at 1 % change per checkpoint from 2.90 % of a 9.0 MiB state to 2.92 %
-//!   of 5.3 MiB (`benches/incremental.rs`).
+//!   of 5.3 MiB (`benches/incremental.rs`). Where the write-back cache
+//!   holds the whole state, full churn compacts nothing: a checkpoint
+//!   replaces the column family with every value (`Database::replace`:
+//!   the family dropped and created anew, its files deleted unread).
 
 use ::rocksdb::checkpoint::Checkpoint;
 use ::rocksdb::compaction_filter::{CompactionFilter as RocksFilter, Decision};
@@ -233,6 +236,7 @@ impl EmbeddedStore for RocksDb {
         let open = Open {
             db,
             options,
+            families: families.to_vec(),
             read: ReadOptions::default(),
             write,
             dir,
@@ -342,6 +346,8 @@ fn rocks(error: ::rocksdb::Error) -> StateError {
 struct Open {
     db: DB,
     options: Options,
+    /// The declared states' families: what a replaced one is created as.
+    families: Vec<ColumnFamily>,
     read: ReadOptions,
     write: WriteOptions,
     dir: tempfile::TempDir,
@@ -363,6 +369,13 @@ impl Open {
     /// checkpoint, the flush of them into a file like this one. A memtable
     /// holding keys in its range is flushed first, so that it stays older.
     fn ingest(&mut self, family: &str, writes: &SortedWrites) -> Result<(), StateError> {
+        let file = self.write_file(writes)?;
+        self.ingest_file(family, file)
+    }
+
+    /// Writes the sorted, non-empty `writes` into a new SST file in the
+    /// working directory.
+    fn write_file(&mut self, writes: &SortedWrites) -> Result<PathBuf, StateError> {
         self.ingested += 1;
         let path = self
             .dir
@@ -379,6 +392,11 @@ impl Open {
             .map_err(rocks)?;
         }
         file.finish().map_err(rocks)?;
+        Ok(path)
+    }
+
+    /// Moves the SST file `path` into `family`, newer than all it holds.
+    fn ingest_file(&self, family: &str, path: PathBuf) -> Result<(), StateError> {
         let mut ingest = IngestExternalFileOptions::default();
         ingest.set_move_files(true);
         self.db
@@ -422,7 +440,9 @@ impl Database for Open {
             return Ok(());
         }
         let options = family_options(&self.options, Some(family));
-        self.db.create_cf(&family.name, &options).map_err(rocks)
+        self.db.create_cf(&family.name, &options).map_err(rocks)?;
+        self.families.push(family.clone());
+        Ok(())
     }
 
     fn get(
@@ -474,6 +494,34 @@ impl Database for Open {
             }
         }
         self.db.write_opt(batch, &self.write).map_err(rocks)
+    }
+
+    /// Drops the column family and creates it anew with the values in one
+    /// SST file: RocksDB deletes the old family's files once no checkpoint
+    /// links them, without reading them. The file is written first, so a
+    /// failure to write it leaves the family as it was. The default family
+    /// cannot be dropped: a state of that name has its keys range-deleted
+    /// instead, and compaction drops them.
+    fn replace(&mut self, family: &str, writes: &SortedWrites) -> Result<(), StateError> {
+        let file = match writes.is_empty() {
+            true => None,
+            false => Some(self.write_file(writes)?),
+        };
+        if family == DEFAULT_COLUMN_FAMILY_NAME {
+            let all = (group_prefix(0), group_prefix(MAX_KEY_GROUPS));
+            self.db
+                .delete_range_cf_opt(self.cf(family), all.0, all.1, &self.write)
+                .map_err(rocks)?;
+        } else {
+            let declared = self.families.iter().find(|f| f.name == family);
+            let options = family_options(&self.options, declared);
+            self.db.drop_cf(family).map_err(rocks)?;
+            self.db.create_cf(family, &options).map_err(rocks)?;
+        }
+        match file {
+            Some(file) => self.ingest_file(family, file),
+            None => Ok(()),
+        }
     }
 
     /// Flushes the memtables and makes a RocksDB checkpoint: hard links of

@@ -576,3 +576,115 @@ fn a_checkpoint_of_mostly_expired_state_shrinks_after_compaction() {
     );
     assert_eq!(all(&mut backend, &count).len(), 20_000);
 }
+
+/// The names of the SST files a native checkpoint links.
+fn sst_files(checkpoint: &NativeCheckpoint) -> Vec<String> {
+    let files = checkpoint.files.iter().filter(|f| f.is_shared());
+    files.map(|f| f.name.clone()).collect()
+}
+
+type Sum = fn(&mut u64, u64);
+
+/// A value state and a reducing state.
+fn churned_states(
+    backend: &mut KeyedStateBackend<u64>,
+) -> (ValueState<u64>, ReducingState<u64, Sum>) {
+    let mut reg = StateRegistrar::new(backend);
+    let sum: Sum = |acc, n| *acc += n;
+    (reg.value("count"), reg.reducing("sum", sum))
+}
+
+/// Adds 1 to `count` and the key to `sum` for `keys`, then clears `count`
+/// of the keys in `cleared`.
+fn churn(
+    backend: &mut KeyedStateBackend<u64>,
+    (count, sum): &(ValueState<u64>, ReducingState<u64, Sum>),
+    keys: std::ops::Range<u64>,
+    cleared: std::ops::Range<u64>,
+) {
+    for key in keys {
+        let mut ctx = KeyedContext::new(backend, &key);
+        *ctx.value(count).get_or_default() += 1;
+        ctx.reducing(sum).add(key);
+    }
+    for key in cleared {
+        KeyedContext::new(backend, &key).value(count).clear();
+    }
+}
+
+/// A cache that holds the whole state and whose values mostly changed
+/// since the last checkpoint replaces each column family with them: the
+/// checkpoint links none of the files before it, and restores every value
+/// and nothing cleared. Whether to replace is judged by the change at the
+/// checkpoint before, so the one after the churn replaces too, and the
+/// next that changes little is incremental again. A cache that evicted
+/// never replaces.
+#[test]
+fn a_checkpoint_under_churn_replaces_the_state_and_restores_it_whole() {
+    for (capacity, replaces) in [(StateBackend::DEFAULT_CACHE_ENTRIES, true), (500, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut backend = rocks_cached::<u64>(&dir, whole(), capacity);
+        let states = churned_states(&mut backend);
+        let checkpoint = |backend: &mut KeyedStateBackend<u64>, id| {
+            let made = native(backend.snapshot(CheckpointId(id)).unwrap());
+            // A family's writes each went through its memtable, and into
+            // one SST file at the checkpoint: too few runs to compact.
+            (sst_files(&made), made.dir)
+        };
+        let linked = |a: &[String], b: &[String]| a.iter().filter(|f| b.contains(f)).count();
+        churn(&mut backend, &states, 0..2000, 0..0);
+        let (first, _) = checkpoint(&mut backend, 1);
+        churn(&mut backend, &states, 0..2000, 0..100);
+        let (second, _) = checkpoint(&mut backend, 2);
+        assert_eq!(first.len(), 2);
+        let kept = if replaces { 0 } else { 2 };
+        assert_eq!(linked(&first, &second), kept, "capacity {capacity}");
+        churn(&mut backend, &states, 0..10, 0..0);
+        let (third, _) = checkpoint(&mut backend, 3);
+        churn(&mut backend, &states, 0..10, 0..0);
+        let (fourth, dir_4) = checkpoint(&mut backend, 4);
+        if replaces {
+            assert_eq!(linked(&second, &third), 0, "the churn before counts");
+            assert_eq!(linked(&third, &fourth), 2, "a small change adds");
+        }
+
+        let mut restored = rocks::<u64>(&dir, whole());
+        let (count, sum) = churned_states(&mut restored);
+        restored.restore(&restore_native(&dir_4)).unwrap();
+        // Keys below 10 were counted four times, the others twice.
+        let times = |key: u64| 2 + 2 * u64::from(key < 10);
+        let counted = (0..10)
+            .map(|k| (k, 2))
+            .chain((100..2000).map(|k| (k, times(k))));
+        assert_eq!(all(&mut restored, &count), counted.collect::<Vec<_>>());
+        let summed = (0..2000).map(|k| (k, k * times(k)));
+        assert_eq!(all(&mut restored, &sum), summed.collect::<Vec<_>>());
+    }
+}
+
+/// RocksDB's default column family cannot be dropped: a state of that name
+/// is replaced by deleting every key it had.
+#[test]
+fn a_state_named_as_the_default_family_is_replaced_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = rocks::<u64>(&dir, whole());
+    let default = StateRegistrar::new(&mut backend).value::<u64>("default");
+    let checkpoint = |backend: &mut KeyedStateBackend<u64>, id, values: std::ops::Range<u64>| {
+        for key in 0..1000u64 {
+            let mut ctx = KeyedContext::new(backend, &key);
+            match values.contains(&key) {
+                true => ctx.value(&default).set(key + id),
+                false => drop(ctx.value(&default).clear()),
+            }
+        }
+        native(backend.snapshot(CheckpointId(id)).unwrap()).dir
+    };
+    checkpoint(&mut backend, 1, 0..1000);
+    checkpoint(&mut backend, 2, 100..1000);
+    let replaced = checkpoint(&mut backend, 3, 200..1000);
+    let mut restored = rocks::<u64>(&dir, whole());
+    let default = StateRegistrar::new(&mut restored).value::<u64>("default");
+    restored.restore(&restore_native(&replaced)).unwrap();
+    let expected = (200..1000).map(|k| (k, k + 3));
+    assert_eq!(all(&mut restored, &default), expected.collect::<Vec<_>>());
+}

@@ -96,6 +96,9 @@ pub trait Database: Send {
     ) -> Result<(), StateError>;
     /// Applies `writes`, in their (sorted) order.
     fn write(&mut self, family: &str, writes: &SortedWrites) -> Result<(), StateError>;
+    /// Makes the values of `writes` all that a column family holds: what
+    /// it held before is gone, without being read or merged.
+    fn replace(&mut self, family: &str, writes: &SortedWrites) -> Result<(), StateError>;
     /// Flushes `families` and makes a native checkpoint of the database in
     /// the new directory `into`; returns its files, sorted by name.
     fn checkpoint(&mut self, families: &[&str], into: &Path)

@@ -378,13 +378,15 @@ fn a_native_checkpoint_that_cannot_be_made_fails_alone() {
 #[test]
 fn a_failed_write_back_fails_every_later_access_rather_than_lose_values() {
     let dir = tempfile::tempdir().unwrap();
-    let mut backend = embedded::<u64>(&dir, whole());
+    let mut backend = embedded_cached::<u64>(&dir, whole(), 1);
     // The sorted maps merge as they are written: a panicking reduce fails
     // the write.
     let sum = StateRegistrar::new(&mut backend).reducing("sum", |acc: &mut u64, n: u64| {
         assert_ne!(*acc, 13, "thirteen");
         *acc += n;
     });
+    // Once the cache has evicted, adds are merge operands.
+    KeyedContext::new(&mut backend, &0).reducing(&sum).add(1);
     KeyedContext::new(&mut backend, &1).reducing(&sum).add(13);
     native(&mut backend, 1).unwrap();
     KeyedContext::new(&mut backend, &1).reducing(&sum).add(1);

@@ -12,32 +12,44 @@ use super::StateError;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
+/// The values a checkpoint took from one state's cache.
+pub(super) struct Taken {
+    /// The state's name: its column family.
+    pub(super) family: String,
+    pub(super) writes: SortedWrites,
+    /// They are every value the state holds, and replace the family's.
+    pub(super) whole: bool,
+}
+
 /// What the job writes and makes.
 pub(super) struct Job {
     pub(super) db: Box<dyn Database>,
-    /// Each state's name and the values taken from its cache.
-    pub(super) writes: Vec<(String, SortedWrites)>,
+    /// What was taken from each state's cache.
+    pub(super) writes: Vec<Taken>,
     /// The checkpoint to make, its files not yet listed.
     pub(super) native: NativeCheckpoint,
 }
 
 impl Job {
-    /// Sorts and writes each state's values into its column family, then
-    /// makes the checkpoint of every family; returns whether the writes
-    /// went in, and the checkpoint.
+    /// Sorts and writes each state's values into its column family (or
+    /// replaces the family's with them), then makes the checkpoint of every
+    /// family; returns whether the writes went in, and the checkpoint.
     fn run(&mut self) -> (Result<(), StateError>, Result<NativeCheckpoint, StateError>) {
         let db = &mut *self.db;
         let written = self
             .writes
             .iter_mut()
-            .filter(|(_, writes)| !writes.is_empty())
-            .try_for_each(|(family, writes)| {
-                writes.sort();
-                db.write(family, writes)
+            .filter(|taken| taken.whole || !taken.writes.is_empty())
+            .try_for_each(|taken| {
+                taken.writes.sort();
+                match taken.whole {
+                    true => db.replace(&taken.family, &taken.writes),
+                    false => db.write(&taken.family, &taken.writes),
+                }
             });
         let made = match &written {
             Ok(()) => {
-                let families: Vec<&str> = self.writes.iter().map(|(f, _)| f.as_str()).collect();
+                let families: Vec<&str> = self.writes.iter().map(|t| t.family.as_str()).collect();
                 let mut native = self.native.clone();
                 db.checkpoint(&families, &native.dir).map(|files| {
                     native.files = files;

@@ -159,6 +159,11 @@ impl Database for MemoryDb {
         Ok(())
     }
 
+    fn replace(&mut self, family: &str, writes: &SortedWrites) -> Result<(), StateError> {
+        self.families.get_mut(family).expect("declared").1.clear();
+        self.write(family, writes)
+    }
+
     fn checkpoint(&mut self, _: &[&str], into: &Path) -> Result<Vec<NativeFile>, StateError> {
         let maps: BTreeMap<&String, &Entries> =
             self.families.iter().map(|(n, (_, e))| (n, e)).collect();
