@@ -7,18 +7,17 @@
 //! batch's keys is read ahead, before its records run, in one sorted
 //! multi-get per state that records read.
 //!
-//! A cache over a database that opened empty, or that a restore read
-//! whole, holds every value until it first evicts: a key it misses has
-//! none, so nothing is read, and added values are whole. Otherwise
-//! reducing states add without reading: a key the cache misses is cached
-//! with only what was added to it, written back as a merge operand, and
-//! the column family's merge operator (the state's reduce function)
-//! combines operands and values when the store reads, flushes or
-//! compacts. A record whose key is beyond the cache then costs one
-//! memtable insert instead of a lookup and an insert (not with TTL: see
-//! `ttl::TtlReduce`): wordcount on RocksDB at 1,000,000 keys with a
-//! 65,536-value cache went from 0.48-0.57 to 0.87-1.08 M records/s (six
-//! interleaved runs each).
+//! A cache over a database that opened empty holds every value until it
+//! first evicts: a key it misses has none, so nothing is read, and added
+//! values are whole. Otherwise reducing states add without reading: a key
+//! the cache misses is cached with only what was added to it, written
+//! back as a merge operand, and the column family's merge operator (the
+//! state's reduce function)
+//! combines operands and values when the store reads, flushes or compacts.
+//! A record whose key is beyond the cache then costs one memtable insert
+//! instead of a lookup and an insert (not with TTL: see `ttl::TtlReduce`): wordcount on RocksDB at 1,000,000
+//! keys with a 65,536-value cache went from 0.48-0.57 to 0.87-1.08 M
+//! records/s (six interleaved runs each).
 
 use super::heap::{prefetch_lookup, read_group, table_hash, Prefetch};
 use super::snapshot::{NativeCheckpoint, PendingNative, RestoreState};
@@ -124,9 +123,6 @@ trait CachedState<K>: Send {
     /// most `room` of them, in one multi-get, and caches them; returns how
     /// many it cached.
     fn read_ahead(&mut self, read: ReadAhead<'_, K>, room: usize) -> Result<usize, StateError>;
-    /// Caches every value stored in `db`, clean, if there are at most
-    /// `room`; returns how many, or `None` (and caches none) if more.
-    fn load(&mut self, db: &dyn Database, room: usize) -> Option<usize>;
     /// Decodes the entries of one key group in the heap snapshot format and
     /// adds them to `writes`; `now` stamps values without TTL restored into
     /// a state with one.
@@ -379,30 +375,6 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
         Ok(added)
     }
 
-    fn load(&mut self, db: &dyn Database, room: usize) -> Option<usize> {
-        let mut cursor = db.scan(&self.name);
-        while let Some((bytes, value)) = cursor.next_entry() {
-            if self.cache.len() == room {
-                self.cache.clear();
-                return None;
-            }
-            let key: K = rmp_serde::from_slice(&bytes[2..])
-                .unwrap_or_else(|e| panic!("a key of keyed state does not decode: {e}"));
-            let (value, stamped) = decode(&self.name, &self.form, &self.clock, &key, value);
-            let mut cell = CachedValue::new(Some(value));
-            cell.dirty = stamped;
-            let cached = Cached {
-                group: u16::from_be_bytes([bytes[0], bytes[1]]),
-                key,
-                referenced: false,
-                cell,
-            };
-            self.cache
-                .insert_unique(table_hash(&cached.key), cached, |c| table_hash(&c.key));
-        }
-        Some(self.cache.len())
-    }
-
     fn restore_group(
         &mut self,
         group: u16,
@@ -497,8 +469,7 @@ pub struct EmbeddedKeyedStateBackend<K: Key> {
     /// Some cached value may have changed since the last write-back.
     dirty: bool,
     /// The cache holds every value stored: the database was empty when it
-    /// opened, or a restore read all of it, and nothing has been evicted
-    /// since. A miss is then a key
+    /// opened, and nothing has been evicted since. A miss is then a key
     /// with no value, which is not looked up, and a reducing state adds to
     /// it as to any value, not as a merge operand.
     whole: bool,
@@ -967,30 +938,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         for (group, bytes) in &state.key_groups {
             self.restore_group(*group, bytes)?;
         }
-        self.ensure_open()?;
-        self.load_whole();
-        Ok(())
-    }
-
-    /// Makes the cache whole again after a restore, if every value stored
-    /// fits in half of it: reading them costs the restore what the first
-    /// misses would have, and the checkpoints after it can replace the
-    /// state (see [`Self::snapshot`]). A larger state is read no further.
-    fn load_whole(&mut self) {
-        self.clear_cache();
-        let db = self.db.here.as_deref().expect("open after a restore");
-        let half = self.cache_capacity / 2;
-        let mut room = half;
-        for state in &mut self.states {
-            match state.load(db, room) {
-                Some(loaded) => room -= loaded,
-                None => return self.clear_cache(),
-            }
-        }
-        self.cached = half - room;
-        // Values stamped as they were read are dirty.
-        self.dirty = self.ttl.iter().any(Option::is_some);
-        self.whole = true;
+        self.ensure_open().map(|_| ())
     }
 
     /// Loads one key group as `HeapSnapshot::write` wrote it.
