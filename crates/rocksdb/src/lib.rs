@@ -436,13 +436,16 @@ impl Database for Open {
     }
 
     fn create_family(&mut self, family: &ColumnFamily) -> Result<(), StateError> {
+        // Recorded even where the family exists (the default one), so that
+        // a replace recreates every declared family with its options.
+        if !self.families.iter().any(|f| f.name == family.name) {
+            self.families.push(family.clone());
+        }
         if self.db.cf_handle(&family.name).is_some() {
             return Ok(());
         }
         let options = family_options(&self.options, Some(family));
-        self.db.create_cf(&family.name, &options).map_err(rocks)?;
-        self.families.push(family.clone());
-        Ok(())
+        self.db.create_cf(&family.name, &options).map_err(rocks)
     }
 
     fn get(
