@@ -153,24 +153,32 @@ pub struct SortedWrites {
     writes: Vec<Placed>,
 }
 
-/// One write in `SortedWrites::bytes`.
+/// One write in `SortedWrites::bytes`: what it does ([`PUT`], [`MERGE`]
+/// or [`DELETE`]), its key and its value. 24 bytes, so that the sort
+/// moves half of what it moved at 48.
 struct Placed {
-    /// The key's first eight bytes, big endian and zero-padded: most
-    /// comparisons of the sort end here, without reaching into `bytes`
-    /// (2-3 times faster at 500,000 writes).
+    /// The key's first eight bytes, big endian and zero-padded: the sort
+    /// orders by them alone, and by the whole key only where they tie.
     prefix: u64,
     start: usize,
-    key_len: usize,
-    /// `None`: a delete.
-    value_len: Option<usize>,
-    /// A merge operand rather than a value.
-    merge: bool,
+    /// Lengths fit in 32 bits, as RocksDB requires of keys and values.
+    key_len: u32,
+    value_len: u32,
 }
 
+/// What a write does: the first of its bytes.
+const PUT: u8 = 0;
+const MERGE: u8 = 1;
+const DELETE: u8 = 2;
+
 impl Placed {
-    /// Its bytes: key and value.
+    /// Its bytes: kind, key and value.
     fn len(&self) -> usize {
-        self.key_len + self.value_len.unwrap_or(0)
+        1 + self.key_len as usize + self.value_len as usize
+    }
+
+    fn key<'b>(&self, bytes: &'b [u8]) -> &'b [u8] {
+        &bytes[self.start + 1..][..self.key_len as usize]
     }
 }
 
@@ -197,29 +205,42 @@ impl SortedWrites {
         encode: fn(&mut Vec<u8>, &S),
     ) {
         let start = self.bytes.len();
-        write_key(&mut self.bytes, group, key);
-        let key_len = self.bytes.len() - start;
-        let mut prefix = [0u8; 8];
-        let head = &self.bytes[start..][..key_len.min(8)];
-        prefix[..head.len()].copy_from_slice(head);
-        let value_len = value.map(|value| {
-            encode(&mut self.bytes, value);
-            self.bytes.len() - start - key_len
+        self.bytes.push(match (value, merge) {
+            (None, _) => DELETE,
+            (Some(_), true) => MERGE,
+            (Some(_), false) => PUT,
         });
+        write_key(&mut self.bytes, group, key);
+        let key_len = self.bytes.len() - start - 1;
+        let mut prefix = [0u8; 8];
+        let head = &self.bytes[start + 1..][..key_len.min(8)];
+        prefix[..head.len()].copy_from_slice(head);
+        if let Some(value) = value {
+            encode(&mut self.bytes, value);
+        }
+        let value_len = self.bytes.len() - start - 1 - key_len;
+        let length =
+            |len: usize| u32::try_from(len).expect("RocksDB's keys and values are under 4 GiB");
         self.writes.push(Placed {
             prefix: u64::from_be_bytes(prefix),
             start,
-            key_len,
-            value_len,
-            merge,
+            key_len: length(key_len),
+            value_len: length(value_len),
         });
     }
 
+    /// Sorts by key: by the keys' prefixes, then each run of equal
+    /// prefixes by the whole keys. Sorting 500,000 wordcount writes took
+    /// 45 ms with a comparison that may reach into the bytes and 48-byte
+    /// writes, 24 ms by prefix alone, and 16 ms with 24-byte writes.
     pub(super) fn sort(&mut self) {
+        self.writes.sort_unstable_by_key(|write| write.prefix);
         let bytes = &self.bytes;
-        let key = |write: &Placed| &bytes[write.start..write.start + write.key_len];
-        self.writes
-            .sort_unstable_by(|a, b| a.prefix.cmp(&b.prefix).then_with(|| key(a).cmp(key(b))));
+        for run in self.writes.chunk_by_mut(|a, b| a.prefix == b.prefix) {
+            if run.len() > 1 {
+                run.sort_unstable_by(|a, b| a.key(bytes).cmp(b.key(bytes)));
+            }
+        }
     }
 
     pub(super) fn clear(&mut self) {
@@ -251,14 +272,71 @@ impl SortedWrites {
                 // A write may straddle two cache lines.
                 prefetch(bytes.wrapping_add(ahead.len().saturating_sub(1)));
             }
-            let key = &self.bytes[w.start..w.start + w.key_len];
-            match w.value_len {
-                Some(len) if w.merge => {
-                    Write::Merge(key, &self.bytes[w.start + w.key_len..][..len])
-                }
-                Some(len) => Write::Put(key, &self.bytes[w.start + w.key_len..][..len]),
-                None => Write::Delete(key),
+            let key = w.key(&self.bytes);
+            let value = &self.bytes[w.start + 1 + key.len()..][..w.value_len as usize];
+            match self.bytes[w.start] {
+                PUT => Write::Put(key, value),
+                MERGE => Write::Merge(key, value),
+                _ => Write::Delete(key),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(out: &mut Vec<u8>, value: &&str) {
+        out.extend_from_slice(value.as_bytes());
+    }
+
+    /// Keys that tie on their first eight bytes (key group and the start
+    /// of a string) come out in byte order all the same, each with what it
+    /// does and its value.
+    #[test]
+    fn writes_come_out_in_key_order_with_their_values() {
+        let keys = [
+            "shared-prefix-b",
+            "zebra",
+            "shared-prefix",
+            "shared-prefix-a",
+            "a",
+            "shared",
+            "shared-prefix-aa",
+        ];
+        let mut writes = SortedWrites::default();
+        for (i, key) in keys.iter().enumerate() {
+            let group = if *key == "zebra" { 0 } else { 7 };
+            let (value, merge) = match i % 3 {
+                0 => (Some(key), false),
+                1 => (Some(key), true),
+                _ => (None, false),
+            };
+            writes.push(group, key, value, merge, text);
+        }
+        writes.sort();
+        let mut expected: Vec<(Vec<u8>, usize)> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| {
+                let mut encoded = Vec::new();
+                write_key(&mut encoded, if *key == "zebra" { 0 } else { 7 }, key);
+                (encoded, i)
+            })
+            .collect();
+        expected.sort();
+        let expected: Vec<Write<'_>> = expected
+            .iter()
+            .map(|(key, i)| {
+                let value = keys[*i].as_bytes();
+                match i % 3 {
+                    0 => Write::Put(key, value),
+                    1 => Write::Merge(key, value),
+                    _ => Write::Delete(key),
+                }
+            })
+            .collect();
+        assert_eq!(writes.iter().collect::<Vec<_>>(), expected);
     }
 }
