@@ -13,6 +13,7 @@ use crate::tls::TlsFlags;
 use crate::topologies::enrich::Enrich;
 use crate::topologies::join::Join;
 use crate::topologies::rules::Rules;
+use crate::topologies::timers::Timers;
 use crate::topologies::windows::{Events, Windows};
 use crate::topologies::wordcount::{Emit, Input, Keys, Wordcount};
 use clap::{Args, ValueEnum};
@@ -49,6 +50,9 @@ pub enum Topology {
     /// Enrich records with an HTTP service's answers, many requests in
     /// flight (async I/O).
     Enrich,
+    /// Set an event-time timer per record, a delay after its timestamp,
+    /// and emit each timer that fires.
+    Timers,
 }
 
 impl Topology {
@@ -60,6 +64,7 @@ impl Topology {
             Topology::Join => crate::topologies::join::JOB_NAME,
             Topology::Rules => crate::topologies::rules::JOB_NAME,
             Topology::Enrich => crate::topologies::enrich::JOB_NAME,
+            Topology::Timers => crate::topologies::timers::JOB_NAME,
         }
     }
 
@@ -67,7 +72,9 @@ impl Topology {
     /// it: the one `--slow-subtask` slows. The sources come before it.
     pub fn keyed_operator(self) -> OperatorId {
         match self {
-            Topology::Wordcount | Topology::Windows | Topology::Enrich => OperatorId(1),
+            Topology::Wordcount | Topology::Windows | Topology::Enrich | Topology::Timers => {
+                OperatorId(1)
+            }
             // After the sources, and the rules' rebalance.
             Topology::Join | Topology::Rules => OperatorId(2),
         }
@@ -76,7 +83,11 @@ impl Topology {
     /// Records all its sources read for `--records` records.
     fn records_in(self, records: u64) -> u64 {
         match self {
-            Topology::Wordcount | Topology::Windows | Topology::Rules | Topology::Enrich => records,
+            Topology::Wordcount
+            | Topology::Windows
+            | Topology::Rules
+            | Topology::Enrich
+            | Topology::Timers => records,
             Topology::Join => records.saturating_mul(2),
         }
     }
@@ -137,17 +148,20 @@ pub struct RunArgs {
     /// Retries of a failed request, 100 ms apart (enrich).
     #[arg(long, default_value_t = 3)]
     pub retries: u32,
-    /// Records per millisecond of event time (windows, join).
+    /// Records per millisecond of event time (windows, join, timers).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     pub events_per_ms: u64,
     /// The most a record's timestamp lags behind its place in the input
-    /// (windows, join); the sources' watermarks trail by as much.
+    /// (windows, join, timers); the sources' watermarks trail by as much.
     #[arg(long, default_value = "100ms", value_parser = crate::config::values::flag_duration)]
     pub max_disorder: Duration,
     /// The windows (windows): tumbling:SIZE, sliding:SIZE/SLIDE or
     /// session:GAP.
     #[arg(long, default_value = "tumbling:1s", value_parser = crate::topologies::windows::parse_window)]
     pub window: WindowAssigner,
+    /// How long after a record's timestamp its timer fires (timers).
+    #[arg(long, default_value = "1s", value_parser = crate::config::values::flag_duration)]
+    pub timer_delay: Duration,
     /// The most the timestamps of two joined records differ by (join).
     #[arg(long, default_value = "20ms", value_parser = crate::config::values::flag_duration)]
     pub interval: Duration,
@@ -172,9 +186,9 @@ pub struct RunArgs {
     /// [&monitor-interval=1s]` with DIR a path, `file://` or `s3://` URL;
     /// or a Kafka topic, `kafka://HOST:PORT/TOPIC[?format=json|text]
     /// [&start=earliest|latest][&bounded=latest]`. Text lines are split
-    /// into words; records are counted by their `key` field, and windows
-    /// and join take event time from `ts` (Kafka: the record's timestamp
-    /// if absent).
+    /// into words; records are counted by their `key` field, and windows,
+    /// join and timers take event time from `ts` (Kafka: the record's
+    /// timestamp if absent).
     #[arg(long, default_value = "gen", value_name = "URL", value_parser = parse_source)]
     pub source: Input,
     /// Where the join's right side's records come from, as `--source`.
@@ -518,6 +532,14 @@ impl RunArgs {
                 input: self.source.clone(),
             }
             .job(config),
+            Topology::Timers => Timers {
+                records: self.records,
+                events: events(),
+                delay: self.timer_delay,
+                sink: sink.clone(),
+                input: self.source.clone(),
+            }
+            .job(config),
             Topology::Join => Join {
                 records: self.records,
                 events: events(),
@@ -632,7 +654,7 @@ impl RunArgs {
         }
         let records = "reads records with a key and a ts: files of format=jsonl, csv or parquet, or Kafka's JSON values";
         match self.topology {
-            Topology::Wordcount | Topology::Windows | Topology::Rules
+            Topology::Wordcount | Topology::Windows | Topology::Rules | Topology::Timers
                 if !matches!(self.right_source, Input::Generator) =>
             {
                 return Err(usage(
@@ -650,7 +672,7 @@ impl RunArgs {
             Topology::Enrich if !matches!(self.source, Input::Generator) => {
                 return Err(usage("--source", "enrich reads the generator only".into()))
             }
-            Topology::Windows | Topology::Join if self.source.is_text() => {
+            Topology::Windows | Topology::Join | Topology::Timers if self.source.is_text() => {
                 return Err(usage(
                     "--source",
                     format!("{} {records}", self.topology.job_name()),

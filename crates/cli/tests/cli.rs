@@ -934,3 +934,66 @@ fn the_readme_features_and_not_yet_agree_with_the_commands() {
         );
     }
 }
+
+/// `run timers` fires every record's timer once, `--timer-delay` after its
+/// timestamp, on the heap and on RocksDB, through failures that restore
+/// timers held in checkpoints: the committed lines are exactly the
+/// generator's distinct (key, timestamp + delay).
+#[test]
+fn timers_fire_once_each_after_their_delay_through_failures() {
+    use tidemark_cli::topologies::windows::Events;
+    use tidemark_cli::topologies::wordcount::Records;
+    let (records, delay) = (40_000, 300);
+    let events = Events {
+        keys: 500,
+        seed: 7,
+        events_per_ms: 10,
+        max_disorder: 100,
+    };
+    let expected: BTreeSet<String> = (0..records)
+        .map(|i| events.record(i))
+        .map(|e| format!("{},{}", e.key, e.timestamp + delay))
+        .collect();
+    for state in [
+        &["--state=heap"][..],
+        &["--state=rocksdb", "--state-dir=db"],
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args(["run", "timers", "--keys=500", "--seed=7"])
+            .arg(format!("--records={records}"))
+            .arg(format!("--timer-delay={delay}ms"))
+            .args(["--events-per-ms=10", "--max-disorder=100ms"])
+            .args(["--parallelism=2", "--rate=100000"])
+            .args(["--checkpoint-interval=50ms", "--inject-failures=2"])
+            .args(["--restart-delay=20ms", "--json"])
+            .args(state)
+            .current_dir(dir.path())
+            .arg(format!(
+                "--checkpoint-dir={}",
+                dir.path().join("ck").display()
+            ))
+            .arg(format!("--output={}", dir.path().join("out").display()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{state:?}: {}", stderr(&out));
+        let mut lines = Vec::new();
+        let committed = files(&dir.path().join("out"))
+            .into_iter()
+            .filter(|name| !name.starts_with(['.', '_']));
+        for name in committed {
+            let text = std::fs::read_to_string(dir.path().join("out").join(name)).unwrap();
+            lines.extend(text.lines().map(str::to_owned));
+        }
+        assert_eq!(
+            lines.len(),
+            expected.len(),
+            "{state:?}: a timer fired twice or never"
+        );
+        assert_eq!(
+            lines.into_iter().collect::<BTreeSet<_>>(),
+            expected,
+            "{state:?}"
+        );
+    }
+}
