@@ -11,17 +11,21 @@
 //! first window's end makes most keys' timers due at once (fewer keys run
 //! out of records before a checkpoint comes), with unaligned checkpoints
 //! every 500 ms on the heap and RocksDB: how long a checkpoint takes while
-//! they fire.
+//! they fire. Then timers held: `run timers` with a keyed event-time timer
+//! per record (a key each), held until the input ends, then all fired,
+//! against the same records whose timers fire as the watermark passes.
 //! Prints the Markdown tables docs/cost-of-state.md shows.
 //!
-//! cargo bench --bench growth [-- wordcount | time | due]
+//! cargo bench --bench growth [-- wordcount | time | due | timers]
 //!
-//! With `wordcount`, `time` or `due`, only that table.
+//! With `wordcount`, `time`, `due` or `timers`, only that table.
 //!
 //! Every run is a child process of its own, so that peak memory belongs to
 //! one configuration. `TIDEMARK_BENCH_RECORDS` (default 100,000,000) sets
 //! the records of a wordcount run, which has at least ten per key;
-//! `TIDEMARK_BENCH_TIME_RECORDS` (default 20,000,000) those of the others.
+//! `TIDEMARK_BENCH_TIME_RECORDS` (default 20,000,000) those of the others
+//! but the timers', whose records (and timers) `TIDEMARK_BENCH_TIMERS`
+//! sets (default 10,000,000).
 
 mod common;
 
@@ -72,7 +76,7 @@ fn main() {
         let args: Vec<String> = std::env::args().collect();
         let any = args
             .iter()
-            .any(|a| ["wordcount", "time", "due"].contains(&a.as_str()));
+            .any(|a| ["wordcount", "time", "due", "timers"].contains(&a.as_str()));
         !any || args.iter().any(|a| a == table)
     };
     if only("wordcount") {
@@ -83,6 +87,9 @@ fn main() {
     }
     if only("due") {
         due_table();
+    }
+    if only("timers") {
+        timers_table();
     }
 }
 
@@ -168,6 +175,45 @@ fn due_table() {
             run.number("/checkpoint_duration_ms/p50"),
             run.number("/checkpoint_duration_ms/max"),
             run.peak_rss_mib,
+        );
+    }
+}
+
+fn timers_table() {
+    let timers = env_or("TIDEMARK_BENCH_TIMERS", 10_000_000);
+    // At the default 100 records per ms: a delay past the input's end.
+    let held = format!("--timer-delay={}ms", timers / 100 + 1000);
+    println!();
+    println!("timers held: run timers, {timers} records and keys, a timer each, p=2, 1 s checkpoints, one run per cell");
+    println!(
+        "| state | timers | M timers/s, held then fired | M timers/s, fired as due | timers in a checkpoint, max | checkpoint p50 ms | checkpoint max ms | upload p50 MB | upload max MB | peak RSS MiB |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for (backend, extra) in BACKENDS {
+        let run = |delay: &str| {
+            let mut args = vec![
+                "timers".to_string(),
+                format!("--records={timers}"),
+                format!("--keys={timers}"),
+                delay.to_string(),
+                "--parallelism=2".to_string(),
+                "--checkpoint-interval=1s".to_string(),
+            ];
+            args.extend(extra.iter().map(|a| a.to_string()));
+            run_in_child(&args)
+        };
+        let (held, due) = (run(&held), run("--timer-delay=0ms"));
+        let rate = |run: &ChildRun| run.number("/timers_fired") / run.number("/elapsed_s") / 1e6;
+        println!(
+            "| {backend} | {timers} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.0} |",
+            rate(&held),
+            rate(&due),
+            held.number("/timers_in_checkpoint_max"),
+            held.number("/checkpoint_duration_ms/p50"),
+            held.number("/checkpoint_duration_ms/max"),
+            held.number("/bytes_uploaded_per_checkpoint/p50") / 1e6,
+            held.number("/bytes_uploaded_per_checkpoint/max") / 1e6,
+            held.peak_rss_mib,
         );
     }
 }
