@@ -6,15 +6,14 @@
 //! ends: what a job holding many timers costs.
 
 use crate::sinks::{sink_into, Target};
-use crate::topologies::windows::{timed_events, Event, Events};
-use crate::topologies::wordcount::{Generator, Input};
+use crate::topologies::windows::{events_job, Event, Events, OverEvents};
+use crate::topologies::wordcount::Input;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tidemark_connectors::rows::{Column, Row, SqlField, SqlType, Value};
 use tidemark_core::dataflow::operator::{Collector, KeyedProcessFunction};
 use tidemark_core::job::JobConfig;
 use tidemark_core::state::KeyedContext;
-use tidemark_core::time::WatermarkStrategy;
 use tidemark_core::{Job, Key, KeyedStream, UserError};
 
 /// A timer that fired, as the sink writes it.
@@ -29,15 +28,10 @@ pub struct Fired<K = u64> {
 /// Columns `key` and `timestamp`, both the key in upsert mode.
 impl<K: SqlField + Send + 'static> Row for Fired<K> {
     fn columns() -> Vec<Column> {
+        let column = |name, sql_type| Column { name, sql_type };
         vec![
-            Column {
-                name: "key",
-                sql_type: K::SQL_TYPE,
-            },
-            Column {
-                name: "timestamp",
-                sql_type: SqlType::BigInt,
-            },
+            column("key", K::SQL_TYPE),
+            column("timestamp", SqlType::BigInt),
         ]
     }
 
@@ -102,31 +96,22 @@ pub struct Timers {
 
 impl Timers {
     /// The job, named [`JOB_NAME`], with operator uids `generator` and
-    /// `timers`, its watermarks those of the windows topology.
+    /// `timers`.
     pub fn job(&self, config: JobConfig) -> Job {
-        let Timers {
-            records, events, ..
-        } = *self;
-        let strategy =
-            WatermarkStrategy::bounded_out_of_orderness(Duration::from_millis(events.max_disorder));
-        let builder = Job::builder(JOB_NAME).config(config);
-        match timed_events(&builder, &self.input, "", strategy) {
-            Some(keyed) => self.time_out(keyed),
-            None => self.time_out(
-                builder
-                    .split_source_with_watermarks(
-                        "generator",
-                        strategy,
-                        Generator::of(records, events),
-                    )
-                    .uid("generator")
-                    .key_by(|event: &Event| event.key),
-            ),
-        }
+        events_job(
+            JOB_NAME,
+            config,
+            self.records,
+            self.events,
+            &self.input,
+            self,
+        )
     }
+}
 
+impl OverEvents for Timers {
     /// Sets the timers of `keyed`'s records; their firings go to the sink.
-    fn time_out<K: Key + SqlField>(&self, keyed: KeyedStream<K, Event<K>>) -> Job {
+    fn over<K: Key + SqlField>(&self, keyed: KeyedStream<K, Event<K>>) -> Job {
         let delay = u64::try_from(self.delay.as_millis()).unwrap_or(u64::MAX);
         let fired = keyed
             .process("timers", move |_| Timeouts { delay })

@@ -209,33 +209,23 @@ pub struct Windows {
 
 impl Windows {
     /// The job, named [`JOB_NAME`], with operator uids `generator` and
-    /// `window` (what savepoints match). Sources use bounded
-    /// out-of-orderness of the generator's disorder, so no record is late.
-    /// Output files are named as wordcount's (`Wordcount::job`).
+    /// `window` (what savepoints match). Output files are named as
+    /// wordcount's (`Wordcount::job`).
     pub fn job(&self, config: JobConfig) -> Job {
-        let Windows {
-            records, events, ..
-        } = *self;
-        let strategy =
-            WatermarkStrategy::bounded_out_of_orderness(Duration::from_millis(events.max_disorder));
-        let builder = Job::builder(JOB_NAME).config(config);
-        match timed_events(&builder, &self.input, "", strategy) {
-            Some(keyed) => self.count(keyed),
-            None => self.count(
-                builder
-                    .split_source_with_watermarks(
-                        "generator",
-                        strategy,
-                        Generator::of(records, events),
-                    )
-                    .uid("generator")
-                    .key_by(|event: &Event| event.key),
-            ),
-        }
+        events_job(
+            JOB_NAME,
+            config,
+            self.records,
+            self.events,
+            &self.input,
+            self,
+        )
     }
+}
 
+impl OverEvents for Windows {
     /// Counts the events of `keyed` per key and window into the sink.
-    fn count<K: Key + SqlField>(&self, keyed: KeyedStream<K, Event<K>>) -> Job {
+    fn over<K: Key + SqlField>(&self, keyed: KeyedStream<K, Event<K>>) -> Job {
         let counted = keyed
             .window(self.window)
             .aggregate("window", Count, |key: &K, window, count, out| {
@@ -247,6 +237,39 @@ impl Windows {
             })
             .uid("window");
         sink_into(counted, &self.sink)
+    }
+}
+
+/// What a job makes of keyed events, whatever type their keys are (text
+/// from files or Kafka, numbers from the generator).
+pub trait OverEvents {
+    /// The rest of the job, from `keyed`.
+    fn over<K: Key + SqlField>(&self, keyed: KeyedStream<K, Event<K>>) -> Job;
+}
+
+/// The job `name` over the events of `input` or, for the generator,
+/// `records` events made by `events` from a source with uid `generator`,
+/// keyed by their keys; `rest` makes the rest. Sources use bounded
+/// out-of-orderness of the generator's disorder, so no record is late.
+pub fn events_job(
+    name: &str,
+    config: JobConfig,
+    records: u64,
+    events: Events,
+    input: &Input,
+    rest: &impl OverEvents,
+) -> Job {
+    let strategy =
+        WatermarkStrategy::bounded_out_of_orderness(Duration::from_millis(events.max_disorder));
+    let builder = Job::builder(name).config(config);
+    match timed_events(&builder, input, "", strategy) {
+        Some(keyed) => rest.over(keyed),
+        None => rest.over(
+            builder
+                .split_source_with_watermarks("generator", strategy, Generator::of(records, events))
+                .uid("generator")
+                .key_by(|event: &Event| event.key),
+        ),
     }
 }
 
