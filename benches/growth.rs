@@ -12,8 +12,9 @@
 //! out of records before a checkpoint comes), with unaligned checkpoints
 //! every 500 ms on the heap and RocksDB: how long a checkpoint takes while
 //! they fire. Then timers held: `run timers` with a keyed event-time timer
-//! per record (a key each), held until the input ends, then all fired,
-//! against the same records whose timers fire as the watermark passes.
+//! per record (as many keys as records), held until the input ends, then
+//! all fired, against the same records whose timers fire as the watermark
+//! passes.
 //! Prints the Markdown tables docs/cost-of-state.md shows.
 //!
 //! cargo bench --bench growth [-- wordcount | time | due | timers]

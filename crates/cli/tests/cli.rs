@@ -977,6 +977,20 @@ fn timers_fire_once_each_after_their_delay_through_failures() {
             .output()
             .unwrap();
         assert!(out.status.success(), "{state:?}: {}", stderr(&out));
+        let report: serde_json::Value = serde_json::from_slice(
+            out.stdout
+                .trim_ascii_end()
+                .rsplit(|&b| b == b'\n')
+                .next()
+                .unwrap(),
+        )
+        .unwrap();
+        // The restores had timers to bring back.
+        assert_eq!(report["restarts"], 2, "{state:?}");
+        assert!(
+            report["timers_in_checkpoint_max"].as_u64().unwrap() > 0,
+            "{state:?}: no checkpoint held a timer"
+        );
         let mut lines = Vec::new();
         let committed = files(&dir.path().join("out"))
             .into_iter()

@@ -305,15 +305,15 @@ mod tests {
             "shared",
             "shared-prefix-aa",
         ];
+        let group = |key: &str| if key == "zebra" { 0 } else { 7 };
         let mut writes = SortedWrites::default();
         for (i, key) in keys.iter().enumerate() {
-            let group = if *key == "zebra" { 0 } else { 7 };
             let (value, merge) = match i % 3 {
                 0 => (Some(key), false),
                 1 => (Some(key), true),
                 _ => (None, false),
             };
-            writes.push(group, key, value, merge, text);
+            writes.push(group(key), key, value, merge, text);
         }
         writes.sort();
         let mut expected: Vec<(Vec<u8>, usize)> = keys
@@ -321,7 +321,7 @@ mod tests {
             .enumerate()
             .map(|(i, key)| {
                 let mut encoded = Vec::new();
-                write_key(&mut encoded, if *key == "zebra" { 0 } else { 7 }, key);
+                write_key(&mut encoded, group(key), key);
                 (encoded, i)
             })
             .collect();
