@@ -612,63 +612,107 @@ fn churn(
     }
 }
 
-/// A cache that holds the whole state and whose values mostly changed
-/// since the last checkpoint replaces each column family with them: the
-/// checkpoint links none of the files before it, and restores every value
-/// and nothing cleared. Whether to replace is judged by the change at the
-/// checkpoint before, so the one after the churn replaces too, and the
-/// next that changes little is incremental again. A cache that evicted
-/// never replaces.
-#[test]
-fn a_checkpoint_under_churn_replaces_the_state_and_restores_it_whole() {
-    for (capacity, replaces) in [(StateBackend::DEFAULT_CACHE_ENTRIES, true), (500, false)] {
-        let dir = tempfile::tempdir().unwrap();
-        let mut backend = rocks_cached::<u64>(&dir, whole(), capacity);
-        let states = churned_states(&mut backend);
-        let checkpoint = |backend: &mut KeyedStateBackend<u64>, id| {
-            let made = native(backend.snapshot(CheckpointId(id)).unwrap());
-            // A family's writes each went through its memtable, and into
-            // one SST file at the checkpoint: too few runs to compact.
-            (sst_files(&made), made.dir)
-        };
-        let linked = |a: &[String], b: &[String]| a.iter().filter(|f| b.contains(f)).count();
-        churn(&mut backend, &states, 0..2000, 0..0);
-        let (first, _) = checkpoint(&mut backend, 1);
-        churn(&mut backend, &states, 0..2000, 0..100);
-        let (second, _) = checkpoint(&mut backend, 2);
-        assert_eq!(first.len(), 2);
-        let kept = if replaces { 0 } else { 2 };
-        assert_eq!(linked(&first, &second), kept, "capacity {capacity}");
-        churn(&mut backend, &states, 0..10, 0..0);
-        let (third, _) = checkpoint(&mut backend, 3);
-        churn(&mut backend, &states, 0..10, 0..0);
-        let (fourth, dir_4) = checkpoint(&mut backend, 4);
-        if replaces {
-            assert_eq!(linked(&second, &third), 0, "the churn before counts");
-            assert_eq!(linked(&third, &fourth), 2, "a small change adds");
-        }
+type Range = std::ops::Range<u64>;
 
-        let mut restored = rocks::<u64>(&dir, whole());
+/// The counts and sums `churn` leaves, kept beside the backend.
+#[derive(Clone, Default)]
+struct Churned {
+    count: BTreeMap<u64, u64>,
+    sum: BTreeMap<u64, u64>,
+}
+
+impl Churned {
+    fn churn(&mut self, keys: Range, cleared: Range) {
+        for key in keys {
+            *self.count.entry(key).or_default() += 1;
+            *self.sum.entry(key).or_default() += key;
+        }
+        for key in cleared {
+            self.count.remove(&key);
+        }
+    }
+
+    /// Whether a backend restored from `state` holds exactly these.
+    fn restored_from(&self, dir: &tempfile::TempDir, state: &RestoreState) {
+        let mut restored = rocks::<u64>(dir, whole());
         let (count, sum) = churned_states(&mut restored);
-        restored.restore(&restore_native(&dir_4)).unwrap();
-        // Keys below 10 were counted four times, the others twice.
-        let times = |key: u64| 2 + 2 * u64::from(key < 10);
-        let counted = (0..10)
-            .map(|k| (k, 2))
-            .chain((100..2000).map(|k| (k, times(k))));
-        assert_eq!(all(&mut restored, &count), counted.collect::<Vec<_>>());
-        let summed = (0..2000).map(|k| (k, k * times(k)));
-        assert_eq!(all(&mut restored, &sum), summed.collect::<Vec<_>>());
+        restored.restore(state).unwrap();
+        let expected = |m: &BTreeMap<u64, u64>| m.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>();
+        assert_eq!(all(&mut restored, &count), expected(&self.count));
+        assert_eq!(all(&mut restored, &sum), expected(&self.sum));
     }
 }
 
-/// RocksDB's default column family cannot be dropped: a state of that name
-/// is replaced by deleting every key it had.
+/// A cache that holds the whole state, and whose values mostly changed at
+/// the checkpoint before, copies them out in the heap format: the database
+/// gets none of them, and a restore from the copy sees every value and
+/// nothing cleared. The checkpoint after one that changed little is native
+/// again: its write-back brings the database up to date, values only ever
+/// copied out included, and the next native one adds to it. A cache that
+/// evicted never copies out.
+#[test]
+fn a_checkpoint_under_churn_copies_the_whole_cache_and_the_database_catches_up() {
+    for (capacity, copies) in [(StateBackend::DEFAULT_CACHE_ENTRIES, true), (500, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut backend = rocks_cached::<u64>(&dir, whole(), capacity);
+        let states = churned_states(&mut backend);
+        let mut model = Churned::default();
+        let mut step = |backend: &mut KeyedStateBackend<u64>, id, keys: Range, cleared: Range| {
+            churn(backend, &states, keys.clone(), cleared.clone());
+            model.churn(keys, cleared);
+            (backend.snapshot(CheckpointId(id)).unwrap(), model.clone())
+        };
+        let is_copy = |snapshot: &KeyedSnapshot| matches!(snapshot, KeyedSnapshot::Heap(_));
+        let linked = |a: &NativeCheckpoint, b: &NativeCheckpoint| {
+            let b = sst_files(b);
+            sst_files(a).iter().filter(|f| b.contains(f)).count()
+        };
+        let (first, _) = step(&mut backend, 1, 0..2000, 0..0);
+        let first = native(first);
+        // A family's writes each went through its memtable, and into one
+        // SST file at the checkpoint: too few runs to compact.
+        assert_eq!(sst_files(&first).len(), 2);
+        let (second, at_second) = step(&mut backend, 2, 0..2000, 0..100);
+        assert_eq!(is_copy(&second), copies, "capacity {capacity}");
+        let second = match second {
+            KeyedSnapshot::Native(pending) => {
+                let second = pending.wait().unwrap();
+                assert_eq!(linked(&first, &second), 2, "capacity {capacity}");
+                restore_native(&second.dir)
+            }
+            copy => restore_from(copy),
+        };
+        let (third, at_third) = step(&mut backend, 3, 0..10, 0..0);
+        assert_eq!(is_copy(&third), copies, "the churn before counts");
+        let third = restore_from(third);
+        let (fourth, at_fourth) = step(&mut backend, 4, 0..10, 0..0);
+        let fourth = native(fourth);
+        let (fifth, at_fifth) = step(&mut backend, 5, 0..10, 0..0);
+        let fifth = native(fifth);
+        if copies {
+            let added = sst_files(&fourth).len();
+            assert_eq!(linked(&fourth, &fifth), added, "a small change adds");
+        }
+        at_second.restored_from(&dir, &second);
+        at_third.restored_from(&dir, &third);
+        at_fourth.restored_from(&dir, &restore_native(&fourth.dir));
+        at_fifth.restored_from(&dir, &restore_native(&fifth.dir));
+    }
+}
+
+/// A whole cache under churn in one state only, beside a state that stays
+/// as it is, replaces the churned state's column family at a native
+/// checkpoint. RocksDB's default column family cannot be dropped: a state
+/// of that name is replaced by deleting every key it had.
 #[test]
 fn a_state_named_as_the_default_family_is_replaced_too() {
     let dir = tempfile::tempdir().unwrap();
     let mut backend = rocks::<u64>(&dir, whole());
-    let default = StateRegistrar::new(&mut backend).value::<u64>("default");
+    let mut reg = StateRegistrar::new(&mut backend);
+    let (default, still) = (reg.value::<u64>("default"), reg.value::<u64>("still"));
+    for key in 0..5000u64 {
+        KeyedContext::new(&mut backend, &key).value(&still).set(key);
+    }
     let checkpoint = |backend: &mut KeyedStateBackend<u64>, id, values: std::ops::Range<u64>| {
         for key in 0..1000u64 {
             let mut ctx = KeyedContext::new(backend, &key);
@@ -677,14 +721,21 @@ fn a_state_named_as_the_default_family_is_replaced_too() {
                 false => drop(ctx.value(&default).clear()),
             }
         }
-        native(backend.snapshot(CheckpointId(id)).unwrap()).dir
+        backend.snapshot(CheckpointId(id)).unwrap()
     };
-    checkpoint(&mut backend, 1, 0..1000);
-    checkpoint(&mut backend, 2, 100..1000);
-    let replaced = checkpoint(&mut backend, 3, 200..1000);
+    native(checkpoint(&mut backend, 1, 0..1000));
+    // Every value changed at the first checkpoint: the second copies out.
+    let copied = checkpoint(&mut backend, 2, 100..1000);
+    assert!(matches!(copied, KeyedSnapshot::Heap(_)));
+    let replaced = native(checkpoint(&mut backend, 3, 200..1000));
     let mut restored = rocks::<u64>(&dir, whole());
-    let default = StateRegistrar::new(&mut restored).value::<u64>("default");
-    restored.restore(&restore_native(&replaced)).unwrap();
+    let mut reg = StateRegistrar::new(&mut restored);
+    let (default, still) = (reg.value::<u64>("default"), reg.value::<u64>("still"));
+    restored.restore(&restore_native(&replaced.dir)).unwrap();
     let expected = (200..1000).map(|k| (k, k + 3));
     assert_eq!(all(&mut restored, &default), expected.collect::<Vec<_>>());
+    assert_eq!(
+        all(&mut restored, &still),
+        (0..5000).map(|k| (k, k)).collect::<Vec<_>>()
+    );
 }

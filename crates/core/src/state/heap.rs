@@ -58,7 +58,7 @@ trait StateTable: Send {
 }
 
 /// One state's table of one key group, shared with a snapshot.
-trait SharedTable: Send {
+pub(super) trait SharedTable: Send {
     fn write(&self, out: &mut Vec<u8>);
 }
 
@@ -279,7 +279,7 @@ impl<K: Key, S: Data> SharedTable for Lent<K, S> {
         let written = match &self.form.ttl {
             None => {
                 if let Some(counts) = (table as &dyn Any).downcast_ref::<GroupTable<u64, u64>>() {
-                    return write_u64_pairs(counts, out);
+                    return write_u64_pairs(counts.iter(), out);
                 }
                 serde::Serializer::collect_seq(&mut serializer, table.iter())
             }
@@ -305,10 +305,10 @@ impl<K: Key, S: Data> SharedTable for Lent<K, S> {
 /// by integer key, the commonest keyed state), written directly: rmp-serde
 /// spends about 21 ns an entry in serde's calls, this about 13, and a
 /// snapshot's encoding is most of a heap checkpoint's critical path.
-fn write_u64_pairs(table: &GroupTable<u64, u64>, out: &mut Vec<u8>) {
-    out.reserve(5 + table.len() * 3);
-    write_array_len(table.len(), out);
-    for &(key, value) in table.iter() {
+fn write_u64_pairs<'a>(pairs: impl ExactSizeIterator<Item = &'a (u64, u64)>, out: &mut Vec<u8>) {
+    out.reserve(5 + pairs.len() * 3);
+    write_array_len(pairs.len(), out);
+    for &(key, value) in pairs {
         out.push(0x92);
         write_uint(key, out);
         write_uint(value, out);
@@ -348,6 +348,22 @@ fn write_uint(n: u64, out: &mut Vec<u8>) {
             out.push(0xcf);
             out.extend_from_slice(&n.to_be_bytes());
         }
+    }
+}
+
+/// One state's entries of one key group, copied out of an embedded
+/// store's write-back cache (`EmbeddedKeyedStateBackend::snapshot`).
+pub(super) struct Copied<K, S>(pub(super) Vec<(K, S)>);
+
+impl<K: Key, S: Data> SharedTable for Copied<K, S> {
+    /// As [`Lent`] writes a table without TTL.
+    fn write(&self, out: &mut Vec<u8>) {
+        if let Some(counts) = (&self.0 as &dyn Any).downcast_ref::<Vec<(u64, u64)>>() {
+            return write_u64_pairs(counts.iter(), out);
+        }
+        let mut serializer = rmp_serde::Serializer::new(&mut *out);
+        serde::Serializer::collect_seq(&mut serializer, self.0.iter())
+            .expect("writing to a vector cannot fail");
     }
 }
 
@@ -411,6 +427,23 @@ pub struct HeapSnapshot {
 }
 
 impl HeapSnapshot {
+    /// A snapshot of key groups `range` that owns its tables: per key
+    /// group (by offset in the range), one table per state of `names`.
+    pub(super) fn of_tables(
+        range: KeyGroupRange,
+        names: Vec<String>,
+        groups: Vec<Vec<Box<dyn SharedTable>>>,
+    ) -> Self {
+        let groups = groups
+            .into_iter()
+            .map(|tables| Mutex::new(Group::Shared(tables)))
+            .collect();
+        HeapSnapshot {
+            range,
+            groups: Arc::new(Groups { names, groups }),
+        }
+    }
+
     /// The key groups it holds.
     pub fn key_groups(&self) -> KeyGroupRange {
         self.range

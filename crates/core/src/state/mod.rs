@@ -333,7 +333,7 @@ impl<K: Key> KeyedStateBackend<K> {
     pub fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<KeyedSnapshot, StateError> {
         match self {
             KeyedStateBackend::Heap(b) => Ok(KeyedSnapshot::Heap(b.snapshot())),
-            KeyedStateBackend::Embedded(b) => b.snapshot(checkpoint).map(KeyedSnapshot::Native),
+            KeyedStateBackend::Embedded(b) => b.snapshot(checkpoint),
         }
     }
 
@@ -926,7 +926,9 @@ impl<'a, K: Key, T: Data> Slot<'a, K, T> {
                 .find_mut(*hash, |(k, _)| k == *key)
                 .map(|(_, value)| value),
             Slot::Embedded(cached) => {
-                cached.dirty |= cached.value.is_some();
+                if cached.value.is_some() {
+                    cached.mark();
+                }
                 cached.value.as_mut()
             }
         }
@@ -944,7 +946,7 @@ impl<'a, K: Key, T: Data> Slot<'a, K, T> {
             }
             Slot::Embedded(cached) => {
                 cached.value = Some(value);
-                cached.dirty = true;
+                cached.mark();
             }
         }
     }
@@ -957,7 +959,9 @@ impl<'a, K: Key, T: Data> Slot<'a, K, T> {
             }
             Slot::Embedded(cached) => {
                 let old = cached.value.take();
-                cached.dirty |= old.is_some();
+                if old.is_some() {
+                    cached.mark();
+                }
                 old
             }
         }
@@ -980,10 +984,10 @@ impl<'a, K: Key, T: Data> Slot<'a, K, T> {
             Slot::Embedded(cached) => {
                 let value = cached.value.as_mut()?;
                 let result = f(value);
-                cached.dirty = true;
                 if !keep(value) {
                     cached.value = None;
                 }
+                cached.mark();
                 Some(result)
             }
         }
@@ -1001,7 +1005,7 @@ impl<'a, K: Key, T: Data> Slot<'a, K, T> {
                     .1
             }
             Slot::Embedded(cached) => {
-                cached.dirty = true;
+                cached.mark();
                 cached.value.get_or_insert_with(make)
             }
         }

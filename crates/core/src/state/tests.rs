@@ -341,7 +341,8 @@ fn native(backend: &mut KeyedStateBackend<u64>, checkpoint: u64) -> Result<PathB
 #[test]
 fn a_native_checkpoint_that_cannot_be_made_fails_alone() {
     let dir = tempfile::tempdir().unwrap();
-    let mut backend = embedded::<u64>(&dir, whole());
+    // A cache that evicts, so that full churn is checkpointed natively.
+    let mut backend = embedded_cached::<u64>(&dir, whole(), 50);
     let count = StateRegistrar::new(&mut backend).value::<u64>("count");
     let add = |backend: &mut KeyedStateBackend<u64>| {
         for key in 0..100 {

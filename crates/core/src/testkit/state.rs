@@ -264,11 +264,18 @@ pub fn restored<S>(
 /// A snapshot of `backend` to restore from: its key groups for the heap,
 /// its native checkpoint for an embedded store.
 pub fn restorable(backend: &mut KeyedStateBackend<u64>) -> RestoreState {
+    restore_from(
+        backend
+            .snapshot(crate::model::ids::CheckpointId(1))
+            .unwrap(),
+    )
+}
+
+/// What restores `snapshot`: its key groups, encoded, or its native
+/// checkpoint, made.
+pub fn restore_from(snapshot: crate::state::snapshot::KeyedSnapshot) -> RestoreState {
     use crate::state::snapshot::KeyedSnapshot;
-    match backend
-        .snapshot(crate::model::ids::CheckpointId(1))
-        .unwrap()
-    {
+    match snapshot {
         KeyedSnapshot::Heap(snapshot) => RestoreState {
             key_groups: snapshot
                 .key_groups()
