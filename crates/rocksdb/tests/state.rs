@@ -700,6 +700,33 @@ fn a_checkpoint_under_churn_copies_the_whole_cache_and_the_database_catches_up()
     }
 }
 
+/// Key groups restored into an empty database stay in the cache while they
+/// fit in it, which stays whole: the first checkpoint copies them out, and
+/// the native one after a small change writes them all into the database.
+/// Beyond the cache, the restore writes them into the database.
+#[test]
+fn key_groups_restore_into_a_whole_cache_while_they_fit() {
+    for (capacity, copies) in [(StateBackend::DEFAULT_CACHE_ENTRIES, true), (1000, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut source = heap::<u64>(whole());
+        let source_states = churned_states(&mut source);
+        churn(&mut source, &source_states, 0..2000, 0..100);
+        let mut model = Churned::default();
+        model.churn(0..2000, 0..100);
+        let mut backend = rocks_cached::<u64>(&dir, whole(), capacity);
+        let states = churned_states(&mut backend);
+        backend.restore(&restorable(&mut source)).unwrap();
+        let first = backend.snapshot(CheckpointId(1)).unwrap();
+        let is_copy = matches!(first, KeyedSnapshot::Heap(_));
+        assert_eq!(is_copy, copies, "capacity {capacity}");
+        model.restored_from(&dir, &restore_from(first));
+        churn(&mut backend, &states, 0..10, 0..0);
+        model.churn(0..10, 0..0);
+        let second = native(backend.snapshot(CheckpointId(2)).unwrap());
+        model.restored_from(&dir, &restore_native(&second.dir));
+    }
+}
+
 /// A whole cache under churn in one state only, beside a state that stays
 /// as it is, replaces the churned state's column family at a native
 /// checkpoint. RocksDB's default column family cannot be dropped: a state
