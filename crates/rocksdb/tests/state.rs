@@ -34,7 +34,9 @@ fn rocks_uncached<K: Key>(dir: &tempfile::TempDir, range: KeyGroupRange) -> Keye
 fn native(snapshot: KeyedSnapshot) -> NativeCheckpoint {
     match snapshot {
         KeyedSnapshot::Native(pending) => pending.wait().expect("the native checkpoint is made"),
-        KeyedSnapshot::Heap(_) => panic!("a RocksDB backend took a heap snapshot"),
+        KeyedSnapshot::Heap(_) => {
+            panic!("a copy of the cache where a native checkpoint was expected")
+        }
     }
 }
 
@@ -74,7 +76,7 @@ fn a_native_snapshot_restores_every_state_and_key_and_is_isolated_from_later_wri
     // A cleared key stays cleared.
     KeyedContext::new(&mut backend, &3).value(&names).clear();
     let KeyedSnapshot::Native(pending) = backend.snapshot(CheckpointId(7)).unwrap() else {
-        panic!("a RocksDB backend took a heap snapshot");
+        panic!("a copy of the cache where a native checkpoint was expected");
     };
     // Writes after the synchronous part do not reach the snapshot: to a
     // cached key while the checkpoint is being made, and to a key the
@@ -632,9 +634,13 @@ impl Churned {
         }
     }
 
-    /// Whether a backend restored from `state` holds exactly these.
+    /// Whether RocksDB restored from `state` holds exactly these.
     fn restored_from(&self, dir: &tempfile::TempDir, state: &RestoreState) {
-        let mut restored = rocks::<u64>(dir, whole());
+        self.restored_into(rocks::<u64>(dir, whole()), state);
+    }
+
+    /// Whether `restored`, restored from `state`, holds exactly these.
+    fn restored_into(&self, mut restored: KeyedStateBackend<u64>, state: &RestoreState) {
         let (count, sum) = churned_states(&mut restored);
         restored.restore(state).unwrap();
         let expected = |m: &BTreeMap<u64, u64>| m.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>();
@@ -690,14 +696,38 @@ fn a_checkpoint_under_churn_copies_the_whole_cache_and_the_database_catches_up()
         let (fifth, at_fifth) = step(&mut backend, 5, 0..10, 0..0);
         let fifth = native(fifth);
         if copies {
+            assert_eq!(linked(&first, &fourth), 0, "what was copied replaces");
             let added = sst_files(&fourth).len();
             assert_eq!(linked(&fourth, &fifth), added, "a small change adds");
+            // A copy is in the heap's format.
+            at_second.restored_into(heap(whole()), &second);
         }
         at_second.restored_from(&dir, &second);
         at_third.restored_from(&dir, &third);
         at_fourth.restored_from(&dir, &restore_native(&fourth.dir));
         at_fifth.restored_from(&dir, &restore_native(&fifth.dir));
     }
+}
+
+/// Values copied out and never written are written when the cache first
+/// evicts: a native checkpoint after that holds them.
+#[test]
+fn values_only_copied_out_are_written_back_when_the_cache_evicts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = rocks_cached::<u64>(&dir, whole(), 5000);
+    let states = churned_states(&mut backend);
+    let mut model = Churned::default();
+    for (id, keys) in [(1, 0..2000), (2, 0..2000)] {
+        churn(&mut backend, &states, keys.clone(), 0..0);
+        model.churn(keys, 0..0);
+        let snapshot = backend.snapshot(CheckpointId(id)).unwrap();
+        assert_eq!(matches!(snapshot, KeyedSnapshot::Heap(_)), id == 2);
+    }
+    // Two values a key: 3,000 keys more overflow the cache.
+    churn(&mut backend, &states, 2000..5000, 0..0);
+    model.churn(2000..5000, 0..0);
+    let evicted = native(backend.snapshot(CheckpointId(3)).unwrap());
+    model.restored_from(&dir, &restore_native(&evicted.dir));
 }
 
 /// Key groups restored into an empty database stay in the cache while they

@@ -9,8 +9,8 @@
 //!
 //! A cache over a database that opened empty holds every value until it
 //! first evicts, key groups restored into it included: a key it misses has
-//! none, so nothing is read, and added values are whole. Otherwise reducing states add without reading: a key
-//! the cache misses is cached with only what was added to it, written
+//! none, so nothing is read, and added values are whole. Otherwise
+//! reducing states add without reading: a key the cache misses is cached with only what was added to it, written
 //! back as a merge operand, and the column family's merge operator (the
 //! state's reduce function)
 //! combines operands and values when the store reads, flushes or compacts.
@@ -46,8 +46,9 @@ pub(crate) struct CachedValue<S> {
     pub(crate) value: Option<S>,
     /// Not in the database as it is: the next write-back writes it.
     dirty: bool,
-    /// Changed since the last checkpoint, which a checkpoint in the heap
-    /// format leaves dirty: how a whole cache judges its churn.
+    /// Changed since the last checkpoint or write-back (a checkpoint in
+    /// the heap format leaves values dirty): how a whole cache judges its
+    /// churn.
     changed: bool,
     /// A reducing state's key whose stored value was not read: `value`
     /// holds what was added since it was cached or last written back,
@@ -529,7 +530,8 @@ impl Drop for Db {
 /// dirty value back, sorted by key, then evicts the values not used since
 /// the last such sweep and others until the cache is half full. `AllKeys`
 /// writes it back first, and a snapshot takes the dirty values to write
-/// them back off the subtask's thread; both keep the values, clean. With
+/// them back off the subtask's thread; both keep the values, clean (unless
+/// the snapshot copies a whole cache out: see [`Self::snapshot`]). With
 /// uniform keys the cache mostly batches the writes and coalesces repeated
 /// updates; with skewed keys it also saves the reads of the hot ones.
 /// Capacity 1 is a write-back per record.
@@ -559,6 +561,11 @@ pub struct EmbeddedKeyedStateBackend<K: Key> {
     /// with every value, instead of adding the dirty ones to it (see
     /// [`Self::snapshot`]).
     churn: Vec<usize>,
+    /// The last checkpoint copied the cache out, so the database lacks
+    /// what changed since the native checkpoint before: where the cache
+    /// is still whole, the next native one replaces every state instead
+    /// of adding a run of nearly every value to the stale ones.
+    copied: bool,
     /// Reused: no allocation per key once it has grown.
     key: Vec<u8>,
     writes: SortedWrites,
@@ -597,6 +604,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             dirty: false,
             whole: true,
             churn: Vec::new(),
+            copied: false,
             cache_capacity: cache_capacity.max(1),
             key: Vec::new(),
             writes: SortedWrites::default(),
@@ -971,6 +979,7 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             return Ok(KeyedSnapshot::Heap(self.copy_out()));
         }
         let dirty = std::mem::take(&mut self.dirty);
+        let copied = std::mem::take(&mut self.copied);
         let writes = self
             .states
             .iter_mut()
@@ -978,8 +987,8 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             .zip(&self.ttl)
             .map(|((state, churn), ttl)| {
                 let mut writes = SortedWrites::default();
-                let whole =
-                    dirty && self.whole && ttl.is_none() && *churn > 0 && 2 * *churn >= state.len();
+                let churned = *churn > 0 && 2 * *churn >= state.len();
+                let whole = dirty && self.whole && ttl.is_none() && (copied || churned);
                 *churn = match (dirty, whole) {
                     (false, _) => 0,
                     (true, true) => state.write_all(&mut writes),
@@ -1028,12 +1037,13 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         let (first, groups) = (self.range.start as u16, self.range.len());
         let mut tables: Vec<Vec<Box<dyn SharedTable>>> = (0..groups).map(|_| Vec::new()).collect();
         for (state, churn) in self.states.iter_mut().zip(&mut self.churn) {
-            let (copied, changed) = state.copy_out(first, groups);
+            let (copies, changed) = state.copy_out(first, groups);
             *churn = changed;
-            for (group, table) in tables.iter_mut().zip(copied) {
+            for (group, table) in tables.iter_mut().zip(copies) {
                 group.push(table);
             }
         }
+        self.copied = true;
         let names = self.states.iter().map(|s| s.name().to_owned()).collect();
         HeapSnapshot::of_tables(self.range, names, tables)
     }
@@ -1090,12 +1100,15 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
     }
 
     /// Loads one key group into a whole cache (the database opened empty
-    /// and nothing was evicted): its values stay cached, dirty, as records
-    /// leave theirs, until the cache overflows (it then writes everything
-    /// back and is no longer whole) or a checkpoint writes them. They count
+    /// and nothing was evicted): its values are cached, dirty, as records
+    /// leave theirs, and written back as theirs are (a keyed operator
+    /// writes the cache back right after its restore); a cache they
+    /// overflow writes everything back and is no longer whole. They count
     /// as churn, so that the first checkpoint copies them out: a restored
     /// job checkpoints as fast as it did before.
     fn restore_cached(&mut self, group: KeyGroup, bytes: &[u8]) -> Result<(), StateError> {
+        // Before any value is cached: a write-back must never pass over one.
+        self.dirty = true;
         let now = self.now();
         let (states, churn, cached) = (&mut self.states, &mut self.churn, &mut self.cached);
         read_group(bytes, |name, entries| {
@@ -1108,7 +1121,6 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
             *cached += added;
             Ok(())
         })?;
-        self.dirty = true;
         if self.cached > self.cache_capacity {
             self.make_room()?;
         }

@@ -83,7 +83,8 @@ pub enum StateBackend {
     Heap,
     /// One database of `store` per subtask, in a working directory of its
     /// own under the store's local directory that is removed when the
-    /// subtask's instance goes away; snapshots are native checkpoints.
+    /// subtask's instance goes away; snapshots are native checkpoints, or
+    /// copies of a write-back cache that holds every value.
     /// `cache_entries` bounds the write-back cache of typed values in front
     /// of each database.
     Embedded {
@@ -329,7 +330,8 @@ impl<K: Key> KeyedStateBackend<K> {
     /// The synchronous part of checkpoint `checkpoint`: the heap's tables
     /// lent to the snapshot (see `heap`), or a RocksDB native checkpoint in a
     /// fresh directory, made off the subtask's thread unless the subtask
-    /// needs its database first.
+    /// needs its database first, or a copy of a churned write-back cache
+    /// that holds every value, in the heap's format.
     pub fn snapshot(&mut self, checkpoint: CheckpointId) -> Result<KeyedSnapshot, StateError> {
         match self {
             KeyedStateBackend::Heap(b) => Ok(KeyedSnapshot::Heap(b.snapshot())),

@@ -334,7 +334,9 @@ fn the_heap_cleans_up_a_few_expired_entries_per_record() {
 fn native(backend: &mut KeyedStateBackend<u64>, checkpoint: u64) -> Result<PathBuf, StateError> {
     match backend.snapshot(CheckpointId(checkpoint))? {
         KeyedSnapshot::Native(pending) => pending.wait().map(|native| native.dir),
-        KeyedSnapshot::Heap(_) => unreachable!("an embedded store snapshots natively"),
+        KeyedSnapshot::Heap(_) => {
+            panic!("a copy of the cache where a native checkpoint was expected")
+        }
     }
 }
 

@@ -133,7 +133,7 @@ fn restore_states<O: Data>(
         KeyedSnapshot::Native(first) => std::iter::once(native_dir(first))
             .chain((1..p).map(|i| match take(checkpoint + u64::from(i)).keyed {
                 Some(KeyedSnapshot::Native(native)) => native_dir(native),
-                _ => unreachable!("an embedded store snapshots natively"),
+                _ => panic!("a copy of the cache where a native checkpoint was expected"),
             }))
             .map(|dir| RestoreState {
                 native: Some(dir),
