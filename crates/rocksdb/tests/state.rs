@@ -624,6 +624,19 @@ struct Churned {
 }
 
 impl Churned {
+    /// Churns the states of `backend` (with the function `churn`) and
+    /// these alike.
+    fn churn_in(
+        &mut self,
+        backend: &mut KeyedStateBackend<u64>,
+        states: &(ValueState<u64>, ReducingState<u64, Sum>),
+        keys: Range,
+        cleared: Range,
+    ) {
+        churn(backend, states, keys.clone(), cleared.clone());
+        self.churn(keys, cleared);
+    }
+
     fn churn(&mut self, keys: Range, cleared: Range) {
         for key in keys {
             *self.count.entry(key).or_default() += 1;
@@ -664,8 +677,7 @@ fn a_checkpoint_under_churn_copies_the_whole_cache_and_the_database_catches_up()
         let states = churned_states(&mut backend);
         let mut model = Churned::default();
         let mut step = |backend: &mut KeyedStateBackend<u64>, id, keys: Range, cleared: Range| {
-            churn(backend, &states, keys.clone(), cleared.clone());
-            model.churn(keys, cleared);
+            model.churn_in(backend, &states, keys, cleared);
             (backend.snapshot(CheckpointId(id)).unwrap(), model.clone())
         };
         let is_copy = |snapshot: &KeyedSnapshot| matches!(snapshot, KeyedSnapshot::Heap(_));
@@ -718,14 +730,12 @@ fn values_only_copied_out_are_written_back_when_the_cache_evicts() {
     let states = churned_states(&mut backend);
     let mut model = Churned::default();
     for (id, keys) in [(1, 0..2000), (2, 0..2000)] {
-        churn(&mut backend, &states, keys.clone(), 0..0);
-        model.churn(keys, 0..0);
+        model.churn_in(&mut backend, &states, keys, 0..0);
         let snapshot = backend.snapshot(CheckpointId(id)).unwrap();
         assert_eq!(matches!(snapshot, KeyedSnapshot::Heap(_)), id == 2);
     }
     // Two values a key: 3,000 keys more overflow the cache.
-    churn(&mut backend, &states, 2000..5000, 0..0);
-    model.churn(2000..5000, 0..0);
+    model.churn_in(&mut backend, &states, 2000..5000, 0..0);
     let evicted = native(backend.snapshot(CheckpointId(3)).unwrap());
     model.restored_from(&dir, &restore_native(&evicted.dir));
 }
@@ -740,9 +750,8 @@ fn key_groups_restore_into_a_whole_cache_while_they_fit() {
         let dir = tempfile::tempdir().unwrap();
         let mut source = heap::<u64>(whole());
         let source_states = churned_states(&mut source);
-        churn(&mut source, &source_states, 0..2000, 0..100);
         let mut model = Churned::default();
-        model.churn(0..2000, 0..100);
+        model.churn_in(&mut source, &source_states, 0..2000, 0..100);
         let mut backend = rocks_cached::<u64>(&dir, whole(), capacity);
         let states = churned_states(&mut backend);
         backend.restore(&restorable(&mut source)).unwrap();
@@ -750,8 +759,7 @@ fn key_groups_restore_into_a_whole_cache_while_they_fit() {
         let is_copy = matches!(first, KeyedSnapshot::Heap(_));
         assert_eq!(is_copy, copies, "capacity {capacity}");
         model.restored_from(&dir, &restore_from(first));
-        churn(&mut backend, &states, 0..10, 0..0);
-        model.churn(0..10, 0..0);
+        model.churn_in(&mut backend, &states, 0..10, 0..0);
         let second = native(backend.snapshot(CheckpointId(2)).unwrap());
         model.restored_from(&dir, &restore_native(&second.dir));
     }
