@@ -25,6 +25,12 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// The report `--json` prints as the last line of stdout.
+fn report(out: &Output) -> serde_json::Value {
+    let stdout = std::str::from_utf8(&out.stdout).expect("stdout is text");
+    serde_json::from_str(stdout.lines().last().expect("a report")).expect("the report is JSON")
+}
+
 #[test]
 fn json_report_is_the_last_line_of_stdout() {
     let checkpoints = tempfile::tempdir().unwrap();
@@ -42,9 +48,7 @@ fn json_report_is_the_last_line_of_stdout() {
         "--json",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let last = stdout.lines().last().expect("a report");
-    let report: serde_json::Value = serde_json::from_str(last).unwrap();
+    let report = report(&out);
     assert_eq!(report["records_in"], 50_000);
     assert_eq!(report["parallelism"], 2);
     assert!(report["elapsed_s"].as_f64().unwrap() > 0.0);
@@ -458,8 +462,7 @@ fn inspect_shows_a_savepoint_and_a_checkpoint_for_people_and_as_json() {
         ],
     );
     assert!(out.status.success(), "{}", stderr(&out));
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let report = report(&out);
     let savepoint = report["savepoint"]
         .as_str()
         .expect("a savepoint")
@@ -551,8 +554,7 @@ fn a_configuration_file_sets_the_job_and_a_flag_given_wins_over_it() {
         "--json",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let report = report(&out);
     assert_eq!(report["parallelism"], 2, "the flag, not the file's 3");
     assert!(
         job_dir(&checkpoints).ends_with(job_id("wordcount").to_string()),
@@ -849,14 +851,7 @@ fn injected_failures_log_one_line_each_and_the_report_sums_restart_waits() {
         !err.contains("panicked") && !err.contains("backtrace"),
         "{err}"
     );
-    let report: serde_json::Value = serde_json::from_slice(
-        out.stdout
-            .trim_ascii_end()
-            .rsplit(|&b| b == b'\n')
-            .next()
-            .unwrap(),
-    )
-    .unwrap();
+    let report = report(&out);
     let restarts = report["restarts"].as_u64().unwrap();
     assert!(restarts >= 1, "no failure was injected: {err}");
     assert_eq!(
@@ -977,28 +972,17 @@ fn timers_fire_once_each_after_their_delay_through_failures() {
             .output()
             .unwrap();
         assert!(out.status.success(), "{state:?}: {}", stderr(&out));
-        let report: serde_json::Value = serde_json::from_slice(
-            out.stdout
-                .trim_ascii_end()
-                .rsplit(|&b| b == b'\n')
-                .next()
-                .unwrap(),
-        )
-        .unwrap();
+        let report = report(&out);
         // The restores had timers to bring back.
         assert_eq!(report["restarts"], 2, "{state:?}");
         assert!(
             report["timers_in_checkpoint_max"].as_u64().unwrap() > 0,
             "{state:?}: no checkpoint held a timer"
         );
-        let mut lines = Vec::new();
-        let committed = files(&dir.path().join("out"))
+        let lines: Vec<String> = tidemark_testkit::committed_lines(&dir.path().join("out"))
             .into_iter()
-            .filter(|name| !name.starts_with(['.', '_']));
-        for name in committed {
-            let text = std::fs::read_to_string(dir.path().join("out").join(name)).unwrap();
-            lines.extend(text.lines().map(str::to_owned));
-        }
+            .map(|(_, line)| line)
+            .collect();
         assert_eq!(
             lines.len(),
             expected.len(),
