@@ -1,13 +1,18 @@
 //! Event time through the embedding API: allowed lateness and the late-data
 //! output behave as Flink's, with a source that sends a watermark after
 //! every record (one record per batch), so that what is late is decided by
-//! the input alone; and a keyed process function's event-time timers fire
-//! once each, at the final watermark for those still pending.
+//! the input alone; a keyed process function's event-time timers fire
+//! once each, at the final watermark for those still pending; and an
+//! aligned checkpoint does not wait for the timers a watermark made due.
 
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use tidemark::checkpoint::{CheckpointConfig, CheckpointPolicy};
 use tidemark::dataflow::source::Items;
+use tidemark::model::event::CheckpointKind;
+use tidemark::model::ids::CheckpointId;
 use tidemark::time::{Count, TimeWindow, Timestamped, WatermarkStrategy, WindowAssigner};
 use tidemark::BatchLimits;
 use tidemark_actors::prelude::*;
@@ -192,7 +197,7 @@ fn event_time_timers_fire_once_at_their_watermark_and_the_rest_at_the_end() {
 struct HoldOpen {
     first: Option<Vec<Ev>>,
     until: Arc<dyn Fn() -> bool + Send + Sync>,
-    started: std::time::Instant,
+    started: Instant,
 }
 
 impl Source<Ev> for HoldOpen {
@@ -235,7 +240,7 @@ fn processing_time_windows_fire_on_the_clock_while_no_input_comes() {
                 },
             ]),
             until: until.clone(),
-            started: std::time::Instant::now(),
+            started: Instant::now(),
         })
         .key_by(|e: &Ev| e.key.clone())
         .window(WindowAssigner::tumbling(Duration::from_millis(20)).processing_time())
@@ -253,4 +258,102 @@ fn processing_time_windows_fire_on_the_clock_while_no_input_comes() {
     // Without a wake-up at the window's end it would never fire: no record
     // follows, and the end of input fires no processing-time timer.
     assert_eq!(*results.lock().unwrap(), [("a".to_string(), 2)]);
+}
+
+/// Sets a timer 10 ms after each record; when one fires, sets it again at
+/// the same time (due at once, so it fires again, a turn of timers at a
+/// time) until `done` holds or 5 s have passed, and then emits (key, timer,
+/// times fired, whether `done` ended it). The first firing sends on
+/// `firing`.
+struct Refire {
+    fired: u64,
+    firing: Mutex<std::sync::mpsc::Sender<()>>,
+    done: Arc<AtomicBool>,
+    since: Option<Instant>,
+}
+
+impl KeyedProcessFunction<String, Ev, (String, u64, u64, bool)> for Refire {
+    fn process(
+        &mut self,
+        e: Ev,
+        ctx: &mut KeyedContext<'_, String>,
+        _out: &mut Collector<'_, (String, u64, u64, bool)>,
+    ) {
+        ctx.register_event_time_timer(e.ts + 10);
+    }
+
+    fn on_timer(
+        &mut self,
+        ts: u64,
+        ctx: &mut KeyedContext<'_, String>,
+        out: &mut Collector<'_, (String, u64, u64, bool)>,
+    ) {
+        self.fired += 1;
+        let since = *self.since.get_or_insert_with(|| {
+            let _ = self.firing.lock().unwrap().send(());
+            Instant::now()
+        });
+        let done = self.done.load(Ordering::SeqCst);
+        if !done && since.elapsed() < Duration::from_secs(5) {
+            return ctx.register_event_time_timer(ts);
+        }
+        out.collect((ctx.key().clone(), ts, std::mem::take(&mut self.fired), done));
+        self.since = None;
+    }
+}
+
+/// An aligned checkpoint whose barrier comes while the watermark before it
+/// keeps timers due completes between two turns of them: it does not wait
+/// for the last to fire (here, they fire until it completes).
+#[test]
+fn an_aligned_checkpoint_completes_while_timers_are_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = Arc::new(Mutex::new(Vec::new()));
+    let collected = results.clone();
+    let done = Arc::new(AtomicBool::new(false));
+    let (firing, fired) = std::sync::mpsc::channel();
+    let (until, ended) = (done.clone(), done.clone());
+    let handle = Job::builder("refire")
+        .parallelism(1)
+        .checkpointing(CheckpointConfig {
+            policy: CheckpointPolicy {
+                interval: None,
+                ..CheckpointPolicy::default()
+            },
+            ..CheckpointConfig::new(dir.path().to_str().unwrap())
+        })
+        .source_with_watermarks("events", WatermarkStrategy::monotonous(), move |_| {
+            HoldOpen {
+                first: Some(Arc::unwrap_or_clone(events(&[0, 100]))),
+                until: Arc::new({
+                    let until = until.clone();
+                    move || until.load(Ordering::SeqCst)
+                }),
+                started: Instant::now(),
+            }
+        })
+        .key_by(|e: &Ev| e.key.clone())
+        .process("refire", move |_| Refire {
+            fired: 0,
+            firing: Mutex::new(firing.clone()),
+            done: ended.clone(),
+            since: None,
+        })
+        .sink("collect", move |_| Collect::new(collected.clone()))
+        .build()
+        .run()
+        .unwrap();
+    fired
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the timer fires");
+    let checkpoint = handle.trigger_checkpoint(CheckpointKind::Checkpoint);
+    done.store(true, Ordering::SeqCst);
+    assert_eq!(checkpoint, Ok(CheckpointId(1)));
+    handle.wait().unwrap();
+    let results = results.lock().unwrap();
+    let [(key, 10, times, true), (_, 110, 1, true)] = results.as_slice() else {
+        panic!("the checkpoint completed only once the timer stopped firing: {results:?}");
+    };
+    assert_eq!(key, "a");
+    assert!(*times > 1, "fired {times} times");
 }

@@ -427,8 +427,16 @@ impl SubtaskActor {
             if self.task.timers_due() {
                 // One turn of timers per yield of the thread, fired by the
                 // drive scheduled after it (not by every message that
-                // drives), and no input until they all fired.
+                // drives), and no input until they all fired but barriers
+                // with nothing ahead of them: an aligned one need not wait
+                // behind the timers either.
                 if self.drive_scheduled {
+                    return;
+                }
+                while let Some(actions) = self.handler.poll_control(Instant::now()) {
+                    self.apply(actions, ctx);
+                }
+                if self.phase != Phase::Running {
                     return;
                 }
                 if self.guarded(|task, out| task.fire_due(out)).is_none() {

@@ -23,7 +23,7 @@
 
 use crate::model::batch::Batch;
 use crate::model::event::{Alignment, Barrier, ChannelEvent};
-use crate::model::gate::{Input, InputGate};
+use crate::model::gate::{Control, Input, InputGate};
 use crate::model::ids::CheckpointId;
 use crate::time::{WatermarkEvent, WatermarkValve};
 use std::time::{Duration, Instant};
@@ -274,11 +274,10 @@ impl BarrierHandler {
                 return Some(self.batch(channel, batch, true))
             }
             Input::Delivered(ChannelEvent::Barrier(barrier)) => {
-                self.on_barrier(now, channel, barrier, &mut actions)
+                self.on_control(now, channel, Control::Barrier(barrier), &mut actions)
             }
             Input::Delivered(ChannelEvent::CancelMarker(checkpoint)) => {
-                // One marker settles the checkpoint for the whole gate.
-                self.abandon(checkpoint, AbortReason::CancelMarker, &mut actions)
+                self.on_control(now, channel, Control::Cancel(checkpoint), &mut actions)
             }
             Input::Delivered(ChannelEvent::EndOfPartition) => {
                 self.on_end_of_partition(now, channel, &mut actions)
@@ -295,6 +294,42 @@ impl BarrierHandler {
             }
         }
         Some(Polled::Actions(actions))
+    }
+
+    /// While the operator takes no input (it fires the timers a watermark
+    /// made due, in turns), the actions of a barrier or cancel marker that
+    /// nothing is queued ahead of on its channel, or of a due alignment
+    /// timeout; `None` when there is none. The operator's state between
+    /// two turns is as consistent as after the last: the timers yet to fire
+    /// are in it, and fire once the watermark comes again (a restored
+    /// source sends its own first). So an aligned checkpoint need not wait
+    /// for millions of timers, as an unaligned one does not.
+    pub fn poll_control(&mut self, now: Instant) -> Option<Vec<BarrierAction>> {
+        let timed_out = self.on_timeout(now);
+        if !timed_out.is_empty() {
+            return Some(timed_out);
+        }
+        let (channel, control) = self.gate.poll_control()?;
+        let mut actions = Vec::new();
+        self.on_control(now, channel, control, &mut actions);
+        Some(actions)
+    }
+
+    /// A barrier or cancel marker reached the operator's side of the gate.
+    fn on_control(
+        &mut self,
+        now: Instant,
+        channel: usize,
+        control: Control,
+        actions: &mut Vec<BarrierAction>,
+    ) {
+        match control {
+            Control::Barrier(barrier) => self.on_barrier(now, channel, barrier, actions),
+            // One marker settles the checkpoint for the whole gate.
+            Control::Cancel(checkpoint) => {
+                self.abandon(checkpoint, AbortReason::CancelMarker, actions)
+            }
+        }
     }
 
     /// The coordinator aborted `checkpoint` (notify abort): end it if it is
@@ -909,6 +944,70 @@ pub(super) mod tests {
         assert!(
             snapshot_at < advanced_at,
             "a watermark behind a barrier reached the operator before the snapshot: {got:?}"
+        );
+    }
+
+    /// What `poll_control` gave until it gave nothing, comparable.
+    fn drain_control(h: &mut BarrierHandler, now: Instant) -> Vec<Vec<Seen>> {
+        std::iter::from_fn(|| h.poll_control(now).map(seen)).collect()
+    }
+
+    /// While the operator fires timers, a barrier with nothing ahead of it
+    /// is taken and aligned, and the alignment completes once every
+    /// channel's barrier is at its head; a barrier behind a record or a
+    /// watermark waits for `poll`, and nothing else is taken.
+    #[test]
+    fn barriers_at_the_head_pass_while_the_operator_takes_no_input() {
+        let mut h = BarrierHandler::new(3);
+        deliver(&mut h, t(0), A, in_band(barrier(1)));
+        deliver(&mut h, t(0), A, records(1));
+        deliver(&mut h, t(0), B, records(2));
+        deliver(&mut h, t(0), B, in_band(barrier(1)));
+        deliver(&mut h, t(0), C, ChannelEvent::Watermark(4));
+        deliver(&mut h, t(0), C, in_band(barrier(1)));
+        assert_eq!(drain_control(&mut h, t(1)), [vec![]]);
+        assert_eq!(blocked(&h), [A]);
+        assert_eq!(h.pending(), Some(chk(1)));
+
+        let b = Got::Batch {
+            channel: B,
+            values: vec![0, 0],
+            credited: true,
+        };
+        assert_eq!(poll(&mut h, t(2)), Some(b));
+        assert_eq!(drain_control(&mut h, t(3)), [vec![]]);
+        assert_eq!(blocked(&h), [A, B]);
+        assert!(matches!(poll(&mut h, t(4)), Some(Got::Watermarks(_))));
+        assert_eq!(drain_control(&mut h, t(5)), [vec![snapshot(1, 4, 16)]]);
+        assert_eq!(blocked(&h), Vec::<usize>::new());
+        assert_eq!(drain_control(&mut h, t(6)), Vec::<Vec<Seen>>::new());
+        assert_eq!(drain(&mut h, t(7)).len(), 1, "A's record stays queued");
+
+        // A cancel marker at the head settles the checkpoint.
+        deliver(&mut h, t(8), A, in_band(barrier(2)));
+        deliver(&mut h, t(8), B, cancel(2));
+        assert_eq!(
+            drain_control(&mut h, t(9)),
+            [vec![aborted(2, CancelMarker)], vec![]]
+        );
+        assert_eq!(blocked(&h), Vec::<usize>::new());
+    }
+
+    /// An alignment that outlasts its timeout while the operator fires
+    /// timers switches to unaligned there too.
+    #[test]
+    fn an_alignment_times_out_while_the_operator_takes_no_input() {
+        let mut h = BarrierHandler::new(2);
+        deliver(&mut h, t(0), A, in_band(with_timeout(1, 10)));
+        deliver(&mut h, t(0), B, records(3));
+        deliver(&mut h, t(0), B, in_band(with_timeout(1, 10)));
+        assert_eq!(drain_control(&mut h, t(1)), [vec![]]);
+        assert_eq!(
+            drain_control(&mut h, t(11)),
+            [vec![
+                unaligned_snapshot(1, true, 10, 0),
+                state(1, [&[], &[0, 0, 0]], 10)
+            ]]
         );
     }
 

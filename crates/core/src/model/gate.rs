@@ -5,7 +5,7 @@
 //! and answers that.
 
 use crate::model::batch::Batch;
-use crate::model::event::ChannelEvent;
+use crate::model::event::{Barrier, ChannelEvent};
 use crate::model::ids::CheckpointId;
 use std::collections::VecDeque;
 
@@ -17,6 +17,16 @@ pub enum Input {
     Replayed(Batch),
     /// An event the input endpoint delivered.
     Delivered(ChannelEvent),
+}
+
+/// An event that needs nothing of the operator but its snapshot, which
+/// [`InputGate::poll_control`] gives out.
+#[derive(Debug)]
+pub enum Control {
+    /// A barrier, in band.
+    Barrier(Barrier),
+    /// A cancel marker.
+    Cancel(CheckpointId),
 }
 
 #[derive(Debug, Default)]
@@ -93,6 +103,32 @@ impl InputGate {
             }
         }
         (batches, false)
+    }
+
+    /// A barrier or cancel marker at the head of an unblocked channel, and
+    /// its channel, round robin as [`Self::poll`]: what can be taken while
+    /// the operator takes nothing else. Nothing while restored channel
+    /// state is left, which comes before anything delivered.
+    pub fn poll_control(&mut self) -> Option<(usize, Control)> {
+        if self.channels.iter().any(|c| !c.replay.is_empty()) {
+            return None;
+        }
+        let n = self.channels.len();
+        let channel = (0..n).map(|step| (self.next + step) % n).find(|&channel| {
+            let c = &self.channels[channel];
+            !c.blocked
+                && matches!(
+                    c.queue.front(),
+                    Some(ChannelEvent::Barrier(_) | ChannelEvent::CancelMarker(_))
+                )
+        })?;
+        let control = match self.channels[channel].queue.pop_front()? {
+            ChannelEvent::Barrier(barrier) => Control::Barrier(barrier),
+            ChannelEvent::CancelMarker(checkpoint) => Control::Cancel(checkpoint),
+            _ => unreachable!("the head was found to be a barrier or cancel marker"),
+        };
+        self.next = (channel + 1) % n;
+        Some((channel, control))
     }
 
     /// Next input and its channel, from an unblocked channel, round robin so
@@ -195,6 +231,41 @@ mod tests {
                 (0, false, "[3]".to_string()),
             ]
         );
+    }
+
+    #[test]
+    fn control_polls_only_barriers_and_cancel_markers_at_the_head() {
+        let mut gate = InputGate::new(4);
+        gate.push(0, ChannelEvent::Batch(batch(1)));
+        gate.push(0, barrier(1));
+        gate.push(1, barrier(1));
+        gate.push(1, ChannelEvent::Batch(batch(2)));
+        gate.push(2, ChannelEvent::CancelMarker(CheckpointId(2)));
+        gate.push(3, ChannelEvent::Watermark(5));
+        gate.push(3, barrier(1));
+        let polled: Vec<_> = std::iter::from_fn(|| gate.poll_control())
+            .map(|(channel, control)| match control {
+                Control::Barrier(b) => (channel, b.id),
+                Control::Cancel(checkpoint) => (channel, checkpoint),
+            })
+            .collect();
+        assert_eq!(polled, [(1, CheckpointId(1)), (2, CheckpointId(2))]);
+        assert_eq!(
+            drain(&mut gate)
+                .into_iter()
+                .map(|(c, ..)| c)
+                .collect::<Vec<_>>(),
+            [3, 0, 1, 3, 0],
+            "the rest stays queued, in order"
+        );
+
+        gate.push(0, barrier(3));
+        gate.set_blocked(0, true);
+        assert!(gate.poll_control().is_none(), "a blocked channel waits");
+        gate.unblock_all();
+        gate.replay(1, vec![batch(4)]);
+        assert!(gate.poll_control().is_none(), "replayed state comes first");
+        assert_eq!(drain(&mut gate).len(), 2);
     }
 
     #[test]

@@ -18,7 +18,9 @@
 //! of exactly the records its sources had read, with what its channel
 //! state holds in flight). At the end: the committed
 //! output is exactly `(key, 1..=n)` for every key's `n` records, whatever
-//! failed; and once faults stop, the job finishes. A seed may stop the job
+//! failed; and once faults stop, the job finishes. A task may take a
+//! barrier with nothing ahead of it while it takes no records, as one
+//! firing the timers a watermark made due does. A seed may stop the job
 //! with a savepoint: a new run resumes from the savepoint's own copy and
 //! the output of both runs together is exactly once.
 //!
@@ -166,6 +168,9 @@ enum Step {
     Emit(usize),
     Transmit(usize),
     Deliver(usize),
+    /// The task takes what its barrier handler lets through; at times only
+    /// a barrier or cancel marker with nothing ahead of it, if there is
+    /// one, as a subtask firing timers between two turns does.
     Process(usize),
     Mail(usize),
     Coordinator,
@@ -483,7 +488,11 @@ impl Sim {
                     }
                 }
             }
-            Step::Process(t) => self.process(t)?,
+            Step::Process(t) => {
+                if !(self.rng.next_below(4) == 0 && self.control(t)?) {
+                    self.process(t)?
+                }
+            }
             Step::Mail(t) => self.take_mail(t)?,
             Step::Coordinator => self.coordinator_mail()?,
             Step::Complete(op) => {

@@ -409,6 +409,23 @@ impl Sim {
         }
     }
 
+    /// Task `t` takes a barrier or cancel marker with nothing ahead of it
+    /// (`BarrierHandler::poll_control`); false if there is none.
+    pub(super) fn control(&mut self, t: usize) -> Result<bool, Failed> {
+        let now = self.now().instant;
+        let Some(actions) = self.tasks[t]
+            .handler
+            .as_mut()
+            .and_then(|h| h.poll_control(now))
+        else {
+            return Ok(false);
+        };
+        for action in actions {
+            self.barrier_action(t, action)?;
+        }
+        Ok(true)
+    }
+
     fn records(&mut self, t: usize, batch: Batch) -> Result<(), Failed> {
         match &mut self.tasks[t].role {
             Role::Counter { counts } => {
