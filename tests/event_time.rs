@@ -193,7 +193,7 @@ fn event_time_timers_fire_once_at_their_watermark_and_the_rest_at_the_end() {
 }
 
 /// Emits `first` once, then nothing (but is not finished) until `until`
-/// holds, then finishes; fails the job after 10 s.
+/// holds, then finishes; fails the job after 60 s.
 struct HoldOpen {
     first: Option<Vec<Ev>>,
     until: Arc<dyn Fn() -> bool + Send + Sync>,
@@ -205,8 +205,8 @@ impl Source<Ev> for HoldOpen {
         if let Some(first) = self.first.take() {
             out.extend(first);
         }
-        if self.started.elapsed() > Duration::from_secs(10) {
-            return Err("nothing happened downstream within 10 s".into());
+        if self.started.elapsed() > Duration::from_secs(60) {
+            return Err("nothing happened downstream within 60 s".into());
         }
         Ok(if (self.until)() {
             SourceStatus::Finished
@@ -262,7 +262,7 @@ fn processing_time_windows_fire_on_the_clock_while_no_input_comes() {
 
 /// Sets a timer 10 ms after each record; when one fires, sets it again at
 /// the same time (due at once, so it fires again, a turn of timers at a
-/// time) until `done` holds or 5 s have passed, and then emits (key, timer,
+/// time) until `done` holds or 30 s have passed, and then emits (key, timer,
 /// times fired, whether `done` ended it). The first firing sends on
 /// `firing`.
 struct Refire {
@@ -294,7 +294,7 @@ impl KeyedProcessFunction<String, Ev, (String, u64, u64, bool)> for Refire {
             Instant::now()
         });
         let done = self.done.load(Ordering::SeqCst);
-        if !done && since.elapsed() < Duration::from_secs(5) {
+        if !done && since.elapsed() < Duration::from_secs(30) {
             return ctx.register_event_time_timer(ts);
         }
         out.collect((ctx.key().clone(), ts, std::mem::take(&mut self.fired), done));

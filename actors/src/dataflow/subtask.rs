@@ -425,29 +425,7 @@ impl SubtaskActor {
                 }
             }
             if self.task.timers_due() {
-                // One turn of timers per yield of the thread, fired by the
-                // drive scheduled after it (not by every message that
-                // drives), and no input until they all fired but barriers
-                // with nothing ahead of them: an aligned one need not wait
-                // behind the timers either.
-                if self.drive_scheduled {
-                    return;
-                }
-                while let Some(actions) = self.handler.poll_control(Instant::now()) {
-                    self.apply(actions, ctx);
-                }
-                if self.phase != Phase::Running {
-                    return;
-                }
-                if self.guarded(|task, out| task.fire_due(out)).is_none() {
-                    return;
-                }
-                self.send_outgoing();
-                // Timers may have set processing-time timers.
-                self.advance_processing_time(ctx);
-                self.forward_watermarks();
-                if self.task.timers_due() {
-                    self.drive_after_yielding(ctx);
+                if !self.fire_turn(ctx) {
                     return;
                 }
                 continue;
@@ -517,6 +495,39 @@ impl SubtaskActor {
                 }
             }
         }
+    }
+
+    /// One turn of the timers a watermark made due per yield of the
+    /// thread, fired by the drive scheduled after it (not by every message
+    /// that drives), and no input until they all fired but checkpoint
+    /// barriers and cancel markers with nothing ahead of them: an aligned
+    /// barrier need not wait behind the timers either. False when the
+    /// drive stops here.
+    fn fire_turn(&mut self, ctx: &mut Context<Self>) -> bool {
+        if self.drive_scheduled {
+            return false;
+        }
+        while self.phase == Phase::Running && !self.output_blocked() {
+            let Some(actions) = self.handler.poll_control(Instant::now()) else {
+                break;
+            };
+            self.apply(actions, ctx);
+        }
+        if self.phase != Phase::Running || self.output_blocked() {
+            return false;
+        }
+        if self.guarded(|task, out| task.fire_due(out)).is_none() {
+            return false;
+        }
+        self.send_outgoing();
+        // Timers may have set processing-time timers.
+        self.advance_processing_time(ctx);
+        self.forward_watermarks();
+        if self.task.timers_due() {
+            self.drive_after_yielding(ctx);
+            return false;
+        }
+        true
     }
 
     fn apply(&mut self, actions: Vec<BarrierAction>, ctx: &mut Context<Self>) {

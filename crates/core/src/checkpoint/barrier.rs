@@ -184,7 +184,8 @@ impl BarrierHandler {
     }
 
     /// The input endpoint of `channel` delivered `event`, in order. Barriers
-    /// and cancel markers take effect when `poll` reaches them, except that a
+    /// and cancel markers take effect when `poll` (or `poll_control`)
+    /// reaches them, except that a
     /// barrier or end of partition ends its channel's part of the channel
     /// state being recorded the moment it is delivered.
     pub fn deliver(
@@ -297,11 +298,13 @@ impl BarrierHandler {
     }
 
     /// While the operator takes no input (it fires the timers a watermark
-    /// made due, in turns), the actions of a barrier or cancel marker that
-    /// nothing is queued ahead of on its channel, or of a due alignment
-    /// timeout; `None` when there is none. The operator's state between
-    /// two turns is as consistent as after the last: the timers yet to fire
-    /// are in it, and fire once the watermark comes again (a restored
+    /// made due, in turns), the actions of a checkpoint's barrier or a
+    /// cancel marker that nothing is queued ahead of on its channel
+    /// (`InputGate::poll_control`), or of a due alignment timeout; `None`
+    /// when there is none. The operator's state between two turns is as
+    /// consistent as after the last: the keyed timers yet to fire are in
+    /// it, implied ones in the function's state that names them again on
+    /// restore, and they fire once the watermark comes again (a restored
     /// source sends its own first). So an aligned checkpoint need not wait
     /// for millions of timers, as an unaligned one does not.
     pub fn poll_control(&mut self, now: Instant) -> Option<Vec<BarrierAction>> {

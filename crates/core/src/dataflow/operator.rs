@@ -117,7 +117,8 @@ pub trait Step: Send {
 
     /// The head fires the event-time timers a watermark made due a turn at
     /// a time, and some have yet to: the subtask takes no input until they
-    /// all fired (but barriers with nothing ahead of them), and calls
+    /// all fired (but checkpoint barriers and cancel markers with nothing
+    /// ahead of them), and calls
     /// [`fire_due`](Self::fire_due) after yielding its thread, so that a
     /// barrier is not held up behind a watermark that makes millions due
     /// (Flink's interruptible timers).

@@ -186,8 +186,8 @@ pub trait Task: Send {
     fn holds_watermarks(&self) -> bool;
 
     /// Event-time timers a watermark made due have yet to fire: the shell
-    /// takes no input but barriers and cancel markers with nothing ahead
-    /// of them (`BarrierHandler::poll_control`), and calls
+    /// takes no input but checkpoint barriers and cancel markers with
+    /// nothing ahead of them (`BarrierHandler::poll_control`), and calls
     /// [`fire_due`](Self::fire_due) each time it has yielded its thread
     /// (`Step::timers_due`).
     fn timers_due(&self) -> bool;

@@ -5,7 +5,7 @@
 //! and answers that.
 
 use crate::model::batch::Batch;
-use crate::model::event::{Barrier, ChannelEvent};
+use crate::model::event::{Barrier, ChannelEvent, CheckpointKind};
 use crate::model::ids::CheckpointId;
 use std::collections::VecDeque;
 
@@ -105,10 +105,12 @@ impl InputGate {
         (batches, false)
     }
 
-    /// A barrier or cancel marker at the head of an unblocked channel, and
-    /// its channel, round robin as [`Self::poll`]: what can be taken while
-    /// the operator takes nothing else. Nothing while restored channel
-    /// state is left, which comes before anything delivered.
+    /// A checkpoint's barrier or a cancel marker at the head of an
+    /// unblocked channel, and its channel, round robin as [`Self::poll`]:
+    /// what can be taken while the operator takes nothing else. Nothing
+    /// while restored channel state is left, which comes before anything
+    /// delivered. A savepoint's barrier waits for `poll`: a job stopped
+    /// with it must have emitted what it holds, and nothing after.
     pub fn poll_control(&mut self) -> Option<(usize, Control)> {
         if self.channels.iter().any(|c| !c.replay.is_empty()) {
             return None;
@@ -116,16 +118,12 @@ impl InputGate {
         let n = self.channels.len();
         let channel = (0..n).map(|step| (self.next + step) % n).find(|&channel| {
             let c = &self.channels[channel];
-            !c.blocked
-                && matches!(
-                    c.queue.front(),
-                    Some(ChannelEvent::Barrier(_) | ChannelEvent::CancelMarker(_))
-                )
+            !c.blocked && c.queue.front().is_some_and(passes_control)
         })?;
         let control = match self.channels[channel].queue.pop_front()? {
             ChannelEvent::Barrier(barrier) => Control::Barrier(barrier),
             ChannelEvent::CancelMarker(checkpoint) => Control::Cancel(checkpoint),
-            _ => unreachable!("the head was found to be a barrier or cancel marker"),
+            _ => unreachable!("the head was found to pass control"),
         };
         self.next = (channel + 1) % n;
         Some((channel, control))
@@ -154,6 +152,15 @@ impl InputGate {
             return Some((channel, input));
         }
         None
+    }
+}
+
+/// Whether [`InputGate::poll_control`] takes `event`.
+fn passes_control(event: &ChannelEvent) -> bool {
+    match event {
+        ChannelEvent::Barrier(barrier) => barrier.options.kind == CheckpointKind::Checkpoint,
+        ChannelEvent::CancelMarker(_) => true,
+        _ => false,
     }
 }
 
@@ -234,7 +241,7 @@ mod tests {
     }
 
     #[test]
-    fn control_polls_only_barriers_and_cancel_markers_at_the_head() {
+    fn control_polls_only_checkpoint_barriers_and_cancel_markers_at_the_head() {
         let mut gate = InputGate::new(4);
         gate.push(0, ChannelEvent::Batch(batch(1)));
         gate.push(0, barrier(1));
@@ -259,6 +266,13 @@ mod tests {
             "the rest stays queued, in order"
         );
 
+        let mut savepoint = barrier(3);
+        if let ChannelEvent::Barrier(b) = &mut savepoint {
+            b.options.kind = CheckpointKind::Savepoint;
+        }
+        gate.push(2, savepoint);
+        assert!(gate.poll_control().is_none(), "a savepoint's barrier waits");
+        assert_eq!(drain(&mut gate).len(), 1);
         gate.push(0, barrier(3));
         gate.set_blocked(0, true);
         assert!(gate.poll_control().is_none(), "a blocked channel waits");

@@ -108,17 +108,14 @@ impl Serialize for KeyTimers {
 
 impl<'de> Deserialize<'de> for KeyTimers {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // Stored as sets: pushed without a search each.
         let stored = Stored::deserialize(deserializer)?;
-        let mut timers = KeyTimers::default();
-        for (domain, of) in [
-            (TimeDomain::EventTime, stored.event),
-            (TimeDomain::ProcessingTime, stored.processing),
-        ] {
-            for timestamp in of.one.into_iter().chain(of.more) {
-                timers.insert(domain, timestamp);
-            }
-        }
-        Ok(timers)
+        let of = |domain, t: Timestamps| t.one.into_iter().chain(t.more).map(move |t| (domain, t));
+        Ok(KeyTimers(
+            of(TimeDomain::EventTime, stored.event)
+                .chain(of(TimeDomain::ProcessingTime, stored.processing))
+                .collect(),
+        ))
     }
 }
 

@@ -19,8 +19,9 @@
 //! state holds in flight). At the end: the committed
 //! output is exactly `(key, 1..=n)` for every key's `n` records, whatever
 //! failed; and once faults stop, the job finishes. A task may take a
-//! barrier with nothing ahead of it while it takes no records, as one
-//! firing the timers a watermark made due does. A seed may stop the job
+//! checkpoint's barrier or a cancel marker with nothing ahead of it before
+//! what its other channels hold (`BarrierHandler::poll_control`, which a
+//! subtask firing timers calls between two turns). A seed may stop the job
 //! with a savepoint: a new run resumes from the savepoint's own copy and
 //! the output of both runs together is exactly once.
 //!
