@@ -4,6 +4,7 @@
 
 pub mod async_io;
 pub mod broadcast;
+pub(crate) mod due_reads;
 pub mod error;
 pub mod operator;
 pub mod rate;

@@ -3,6 +3,7 @@
 //! a record writer (partitioning into output channels) or a sink. Only whole
 //! batches cross channels; inside a chain records are passed one by one.
 
+use crate::dataflow::due_reads::DueReads;
 use crate::dataflow::error::TaskError;
 use crate::dataflow::sink::Sink;
 use crate::model::batch::{Batch, Data};
@@ -507,6 +508,8 @@ pub struct KeyedProcess<K: Key, I, O> {
     firing: Option<Firing<K>>,
     /// Watermarks whose timers all fired, for the subtask to send on.
     released: Vec<u64>,
+    /// The keys of due event-time timers, read ahead of firing.
+    due_reads: DueReads<K>,
 }
 
 /// The keys of one timer time taken out of the index, fired in turns.
@@ -554,6 +557,7 @@ impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
             firing_to: None,
             firing: None,
             released: Vec::new(),
+            due_reads: DueReads::new(),
         }
     }
 
@@ -568,10 +572,11 @@ impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
 
     /// Fires the timers of `domain` due at `upto`, earliest first, until
     /// `budget` keys were visited; timers they set that are due fire in the
-    /// same call or a later turn. Returns whether none is left due; if some
-    /// are, the rest of a time's keys wait in `self.firing` (event time
-    /// only: processing time fires without a budget).
-    fn fire(&mut self, domain: TimeDomain, upto: u64, budget: usize) -> bool {
+    /// same call or a later turn. Returns whether none is left due, and the
+    /// keys visited; if some are left, the rest of a time's keys wait in
+    /// `self.firing` (event time only: processing time fires without a
+    /// budget).
+    fn fire(&mut self, domain: TimeDomain, upto: u64, budget: usize) -> (bool, usize) {
         let mut slots = std::mem::take(&mut self.slots);
         let mut visited = 0;
         let done = 'times: loop {
@@ -604,7 +609,7 @@ impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
             }
         };
         self.slots = slots;
-        done
+        (done, visited)
     }
 
     /// Fires the timers of `firing`'s keys up to `end`. An indexed timer
@@ -646,11 +651,16 @@ impl<K: Key, I, O: Send> KeyedProcess<K, I, O> {
         let Some(watermark) = self.firing_to else {
             return Ok(());
         };
-        let done = self.fire(TimeDomain::EventTime, watermark, budget);
+        let firing = self.firing.iter().flat_map(|f| &f.keys[f.fired..]);
+        let due = firing.chain(self.timers.due_event_keys(watermark));
+        self.due_reads.turn(&mut self.states, due);
+        let (done, visited) = self.fire(TimeDomain::EventTime, watermark, budget);
+        self.due_reads.fired(visited);
         self.publish_counters();
         if !done {
             return self.next.flush(out);
         }
+        self.due_reads.clear();
         self.firing_to = None;
         self.released.push(watermark);
         self.next.advance_watermark(watermark, out)

@@ -380,10 +380,12 @@ impl<K: Key, S: Data> CachedState<K> for State<K, S> {
                 .entry(hash, |c| c.key == *key, |c| table_hash(&c.key))
             {
                 hash_table::Entry::Vacant(vacant) => {
+                    // Read to be used soon (timers due later in the chunk
+                    // of `DueReads` included): it survives the next sweep.
                     vacant.insert(Cached {
                         key: key.clone(),
                         group,
-                        referenced: false,
+                        referenced: true,
                         cell: CachedValue::new(None),
                     });
                     added += 1;
@@ -852,6 +854,12 @@ impl<K: Key> EmbeddedKeyedStateBackend<K> {
         // The access may change the value: the next write-back looks.
         self.dirty = true;
         (self.range.start as usize + slot.group) as u16
+    }
+
+    /// Whether a key the cache misses may have a value in the database:
+    /// not while the cache is whole.
+    pub(super) fn reads_on_miss(&self) -> bool {
+        !self.whole
     }
 
     /// Reads into the cache what it misses of the state of a batch's `keys`

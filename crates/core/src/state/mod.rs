@@ -256,6 +256,15 @@ impl<K: Key> KeyedStateBackend<K> {
         }
     }
 
+    /// Whether readying keys ([`Self::prepare`]) may read them from a
+    /// database: on an embedded backend whose cache is not whole.
+    pub fn reads_on_miss(&self) -> bool {
+        match self {
+            KeyedStateBackend::Heap(_) => false,
+            KeyedStateBackend::Embedded(b) => b.reads_on_miss(),
+        }
+    }
+
     /// Readies the state of the keys of a batch, before any of its records
     /// is processed: where each lives goes to `slots` (emptied first), and
     /// the RocksDB backend reads what its cache misses in one multi-get per

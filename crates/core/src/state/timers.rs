@@ -134,6 +134,26 @@ impl<K: Key> TimerService<K> {
         }
     }
 
+    /// The keys indexed at event times up to `upto`, in the order
+    /// [`Self::pop_due`] takes them out: what firing them will read.
+    pub(crate) fn due_event_keys(&self, upto: u64) -> impl Iterator<Item = &K> {
+        let mut keyed = self.event.range(..=upto).peekable();
+        let mut implied = self.implied.range(..=upto).peekable();
+        std::iter::from_fn(move || {
+            let implied_first = match (keyed.peek(), implied.peek()) {
+                (Some((k, _)), Some((i, _))) => i < k,
+                (keyed, _) => keyed.is_none(),
+            };
+            let (_, keys) = if implied_first {
+                implied.next()
+            } else {
+                keyed.next()
+            }?;
+            Some(keys)
+        })
+        .flatten()
+    }
+
     /// The earliest processing-time timer, for the shell to wake up then
     /// (possibly one since deleted: waking up for it fires nothing).
     pub fn next_processing_timer(&self) -> Option<Millis> {

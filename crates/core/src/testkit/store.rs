@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// The file of a native checkpoint.
 const FAMILIES: &str = "families";
@@ -27,7 +28,12 @@ type Entries = BTreeMap<Vec<u8>, Vec<u8>>;
 pub struct MemoryStore {
     local_dir: PathBuf,
     opened: AtomicU64,
+    multi_gets: MultiGets,
 }
+
+/// What each multi-get of the store's databases read: its column family
+/// and the key group of each key, in order.
+type MultiGets = Arc<Mutex<Vec<(String, Vec<u16>)>>>;
 
 impl MemoryStore {
     /// A store whose working directories go under `local_dir`.
@@ -35,7 +41,19 @@ impl MemoryStore {
         MemoryStore {
             local_dir: local_dir.into(),
             opened: AtomicU64::new(0),
+            multi_gets: MultiGets::default(),
         }
+    }
+
+    /// The key groups each multi-get of column family `family` read, in
+    /// order, since the last call: what tests of reading ahead look at.
+    pub fn take_multi_gets(&self, family: &str) -> Vec<Vec<u16>> {
+        let taken = std::mem::take(&mut *self.multi_gets.lock().unwrap());
+        taken
+            .into_iter()
+            .filter(|(f, _)| f == family)
+            .map(|(_, groups)| groups)
+            .collect()
     }
 }
 
@@ -65,6 +83,7 @@ impl EmbeddedStore for MemoryStore {
         let mut db = MemoryDb {
             dir,
             instance,
+            multi_gets: self.multi_gets.clone(),
             families: families
                 .iter()
                 .map(|f| (f.name.clone(), (f.clone(), Entries::new())))
@@ -80,6 +99,7 @@ impl EmbeddedStore for MemoryStore {
 struct MemoryDb {
     dir: PathBuf,
     instance: u64,
+    multi_gets: MultiGets,
     families: BTreeMap<String, (ColumnFamily, Entries)>,
 }
 
@@ -129,6 +149,9 @@ impl Database for MemoryDb {
         keys: &[&[u8]],
         found: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<(), StateError> {
+        let groups = keys.iter().map(|k| u16::from_be_bytes([k[0], k[1]]));
+        let read = (family.to_owned(), groups.collect());
+        self.multi_gets.lock().unwrap().push(read);
         for (i, key) in keys.iter().enumerate() {
             self.get(family, key, &mut |value| found(i, value))?;
         }

@@ -336,6 +336,56 @@ fn due_timers_fire_in_turns_and_a_snapshot_between_them_keeps_the_rest() {
     });
 }
 
+/// On an embedded backend whose cache misses them, the keys of due timers
+/// are read ahead of firing, a slice of a chunk each turn, in key-group
+/// order (`dataflow::due_reads`): a store sorted by key then reads the
+/// keys near each other together, not one turn's keys spread over all key
+/// groups. Each key is read once, and every timer fires.
+#[test]
+fn due_keys_are_read_ahead_a_slice_a_turn_in_key_group_order() {
+    let slice = crate::dataflow::due_reads::DueReads::<u64>::SLICE;
+    let keys = 3 * slice as u64;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(crate::testkit::store::MemoryStore::new(dir.path()));
+    let embedded = || {
+        let config = StateBackend::Embedded {
+            store: store.clone(),
+            cache_entries: StateBackend::DEFAULT_CACHE_ENTRIES,
+        };
+        KeyedStateBackend::new(&config, "op-0-128", range(1, 0), MAX_P)
+    };
+    // Timers due in key-group order, so that firing takes the slices in
+    // the order they are read.
+    let mut by_group: Vec<u64> = (0..keys).collect();
+    by_group.sort_by_key(|k| key_group_of(k, MAX_P));
+    let metrics = Arc::new(TimeMetrics::default());
+    let mut process = operator(embedded(), &echo(), metrics.clone());
+    process.restore(&RestoreState::default()).unwrap();
+    for (ts, &key) in by_group.iter().enumerate() {
+        process.push(ev(key, ts as u64));
+    }
+    // Restored from a native checkpoint, the cache holds nothing.
+    let (states, _) = restore_states(&mut process, 1, 1);
+    let mut restored = operator(embedded(), &echo(), metrics);
+    restored.restore(&states[0]).unwrap();
+    // A record first, as one would come: the cache reads ahead only the
+    // states that records use. Its timer is set already.
+    restored.push(ev(by_group[0], 0));
+    store.take_multi_gets(timers::TIMERS_STATE);
+
+    let mut out = Vec::new();
+    restored.advance_watermark(u64::MAX, &mut out).unwrap();
+    fire_remaining(&mut restored, &mut out);
+    let fired: Vec<(u64, u64, bool)> = output(out);
+    assert_eq!(fired.len(), keys as usize);
+    let reads = store.take_multi_gets(timers::TIMERS_STATE);
+    // Each key once: the record's key was cached already.
+    let lens: Vec<usize> = reads.iter().map(Vec::len).collect();
+    assert_eq!(lens, [slice - 1, slice, slice]);
+    let groups: Vec<u16> = reads.concat();
+    assert!(groups.is_sorted(), "read in key-group order");
+}
+
 /// A watermark status change that comes behind a watermark whose timers
 /// still fire goes on after their last turn, behind the watermark: a
 /// subtask downstream never sees this input idle (or active) ahead of a
