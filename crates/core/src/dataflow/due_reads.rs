@@ -1,7 +1,7 @@
 //! Reading the state of due timers' keys ahead of firing them, on an
 //! embedded backend. A watermark that makes many timers due fires them in
-//! time order, which is random order to a store sorted by key: each turn's
-//! read-ahead of 1,024 keys found about one key per data block and
+//! time order, which is random order to a store sorted by key: the keys of
+//! one time, read ahead together, found about one key per data block and
 //! decompressed a block for each. Taking the next keys due a chunk at a
 //! time, sorted by key group, and reading a slice of the chunk each turn
 //! while earlier ones fire, reads each block once for all the chunk's keys

@@ -258,7 +258,7 @@ impl<K: Key> KeyedStateBackend<K> {
 
     /// Whether readying keys ([`Self::prepare`]) may read them from a
     /// database: on an embedded backend whose cache is not whole.
-    pub fn reads_on_miss(&self) -> bool {
+    pub(crate) fn reads_on_miss(&self) -> bool {
         match self {
             KeyedStateBackend::Heap(_) => false,
             KeyedStateBackend::Embedded(b) => b.reads_on_miss(),
